@@ -1,0 +1,75 @@
+//! The store's key layout. Every key is a sequence of `/`-separated tokens; prefix queries match
+//! whole tokens only, so `apps/web` finds `apps/web/spec` but never `apps/webshop/spec`.
+
+/// Key of an app's spec.
+pub fn app_spec(app: &str) -> String {
+    format!("apps/{app}/spec")
+}
+
+/// Prefix under which every app's records live.
+pub const APPS: &str = "apps";
+
+/// Key of a user record.
+pub fn user(name: &str) -> String {
+    format!("users/{name}")
+}
+
+/// Prefix of all users.
+pub const USERS: &str = "users";
+
+/// Key of a node record.
+pub fn node(id: &str) -> String {
+    format!("nodes/{id}")
+}
+
+/// Prefix of all nodes.
+pub const NODES: &str = "nodes";
+
+/// Key of an instance record.
+pub fn instance(app: &str, id: &str) -> String {
+    format!("instances/{app}/{id}")
+}
+
+/// Prefix of all instances of one app.
+pub fn app_instances(app: &str) -> String {
+    format!("instances/{app}")
+}
+
+/// Prefix of all instances.
+pub const INSTANCES: &str = "instances";
+
+/// Key of the clearance lattice.
+pub const LATTICE: &str = "lattice";
+
+/// True when `key` lies under `prefix` by whole tokens: it equals the prefix or continues it
+/// with `/`. The empty prefix matches everything. A trailing `/` on the prefix is ignored.
+pub fn under_prefix(prefix: &str, key: &str) -> bool {
+    let prefix = prefix.trim_end_matches('/');
+    if prefix.is_empty() {
+        return true;
+    }
+    match key.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_match_whole_tokens_only() {
+        assert!(under_prefix("apps/web", "apps/web/spec"));
+        assert!(under_prefix("apps/web", "apps/web"));
+        assert!(under_prefix("apps/web/", "apps/web/spec"));
+        assert!(!under_prefix("apps/web", "apps/webshop/spec"));
+        assert!(!under_prefix("apps/web", "apps"));
+        assert!(under_prefix("", "anything"));
+        assert_eq!(app_spec("demo"), "apps/demo/spec");
+        assert!(under_prefix(
+            &app_instances("demo"),
+            &instance("demo", "x1")
+        ));
+    }
+}

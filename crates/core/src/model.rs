@@ -1,0 +1,213 @@
+//! Records stored under the keys of [`crate::keys`], serialised as JSON.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::name::{validate_name, NameError};
+
+/// Default time the gateway waits for a new instance to accept connections.
+pub const DEFAULT_START_TIMEOUT_MS: u64 = 10_000;
+/// Longest start timeout an app may ask for.
+pub const MAX_START_TIMEOUT_MS: u64 = 120_000;
+
+/// How to run an app and who may reach it. Stored at `apps/<name>/spec`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppSpec {
+    /// The app's name: the gateway serves it under `/apps/<name>/`.
+    pub name: String,
+    /// Program and arguments. The program finds its port in the `PORT` env var and must listen on
+    /// 127.0.0.1 at that port.
+    pub command: Vec<String>,
+    /// Extra environment for every instance.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory of instances; the agent's own when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// Host names whose requests go to this app (matched against the Host header, port ignored).
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Groups allowed to use the app; empty means every authenticated user.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// How long the gateway holds a request while a new instance starts, in milliseconds.
+    #[serde(default = "default_start_timeout_ms")]
+    pub start_timeout_ms: u64,
+}
+
+fn default_start_timeout_ms() -> u64 {
+    DEFAULT_START_TIMEOUT_MS
+}
+
+/// Why an app spec was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// A name in the spec is malformed.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// The command is empty.
+    #[error("command is empty; give the program to run and its arguments, e.g. [\"./server\", \"--quiet\"]")]
+    EmptyCommand,
+    /// The start timeout is out of range.
+    #[error("start_timeout_ms is {0}; use a value from 1 to {MAX_START_TIMEOUT_MS}")]
+    StartTimeout(u64),
+    /// A host name is not usable.
+    #[error("host {0:?} is not a plain host name (letters, digits, '-' and '.')")]
+    BadHost(String),
+}
+
+// === impl AppSpec ===
+
+impl AppSpec {
+    /// Checks the invariants serde cannot express.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        validate_name("app", &self.name)?;
+        if self.command.first().is_none_or(|c| c.is_empty()) {
+            return Err(SpecError::EmptyCommand);
+        }
+        if self.start_timeout_ms == 0 || self.start_timeout_ms > MAX_START_TIMEOUT_MS {
+            return Err(SpecError::StartTimeout(self.start_timeout_ms));
+        }
+        for g in &self.groups {
+            validate_name("group", g)?;
+        }
+        for h in &self.hosts {
+            let ok = !h.is_empty()
+                && h.len() <= 253
+                && h.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+            if !ok {
+                return Err(SpecError::BadHost(h.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A user who may sign in at the gateway. Stored at `users/<name>`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserRecord {
+    /// Login name.
+    pub name: String,
+    /// Argon2id hash in PHC string form (salt and parameters included). Never the password.
+    pub password_hash: String,
+    /// Clearance label, in the lattice's canonical text form.
+    pub clearance: String,
+    /// Groups the user belongs to.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+impl fmt::Debug for UserRecord {
+    // The hash is not the password, but it is an offline-cracking target: keep it out of logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserRecord")
+            .field("name", &self.name)
+            .field("password_hash", &"<redacted>")
+            .field("clearance", &self.clearance)
+            .field("groups", &self.groups)
+            .finish()
+    }
+}
+
+/// Life stage of an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceState {
+    /// Started, not yet accepting connections.
+    Starting,
+    /// Accepting connections.
+    Ready,
+}
+
+/// A running instance of an app. Stored at `instances/<app>/<id>` under its agent's lease, so it
+/// vanishes when the agent does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceRecord {
+    /// Instance id, unique across the platform.
+    pub id: String,
+    /// App it runs.
+    pub app: String,
+    /// Clearance label it serves; only users with exactly this clearance are routed to it.
+    pub label: String,
+    /// Node whose agent runs it.
+    pub node: String,
+    /// Address the gateway forwards to.
+    pub addr: String,
+    /// Process id on its node.
+    pub pid: u32,
+    /// Life stage.
+    pub state: InstanceState,
+    /// Start time, milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+}
+
+/// A node running an agent. Stored at `nodes/<id>` under the agent's lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRecord {
+    /// Node id.
+    pub id: String,
+    /// Host name of the machine.
+    pub hostname: String,
+    /// Process id of the warden process hosting the agent.
+    pub pid: u32,
+    /// Start time, milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+}
+
+/// Milliseconds since the Unix epoch, for record timestamps.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> AppSpec {
+        serde_json::from_str(r#"{"name":"demo","command":["./demo"]}"#).expect("valid spec")
+    }
+
+    #[test]
+    fn spec_defaults_and_validation() {
+        let s = spec();
+        assert_eq!(s.start_timeout_ms, DEFAULT_START_TIMEOUT_MS);
+        assert!(s.validate().is_ok());
+        let mut bad = s.clone();
+        bad.command.clear();
+        assert_eq!(bad.validate(), Err(SpecError::EmptyCommand));
+        let mut bad = s.clone();
+        bad.start_timeout_ms = 0;
+        assert_eq!(bad.validate(), Err(SpecError::StartTimeout(0)));
+        let mut bad = s;
+        bad.hosts = vec!["a b".into()];
+        assert!(matches!(bad.validate(), Err(SpecError::BadHost(_))));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = serde_json::from_str::<AppSpec>(r#"{"name":"d","command":["x"],"comand":1}"#)
+            .expect_err("unknown field");
+        assert!(err.to_string().contains("comand"), "{err}");
+    }
+
+    #[test]
+    fn user_debug_hides_hash() {
+        let u = UserRecord {
+            name: "a".into(),
+            password_hash: "$argon2id$secret".into(),
+            clearance: "SECRET".into(),
+            groups: vec![],
+        };
+        assert!(!format!("{u:?}").contains("argon2id"));
+    }
+}

@@ -1,0 +1,288 @@
+//! The embedded backend: a redb file in the data directory.
+//!
+//! redb gives MVCC (readers never wait for the writer) and crash-safe commits. On top of it this
+//! module adds what the [`Store`] contract needs: global revisions, a bounded change log for
+//! watchers, and leases. All writes go through one thread ([`writer`]) that group-commits.
+
+mod codec;
+mod watch;
+mod writer;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::{broadcast, oneshot};
+
+use crate::{CasOutcome, Entry, Event, Hash, LeaseId, Listing, Revision, Store, StoreError, Watch};
+use writer::{Op, Writer};
+
+const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const LEASES: TableDefinition<u64, u64> = TableDefinition::new("leases");
+const LEASE_KEYS: TableDefinition<(u64, &str), ()> = TableDefinition::new("lease_keys");
+
+/// State shared by readers, watchers and the writer thread.
+struct Shared {
+    db: Database,
+    events: broadcast::Sender<Arc<Vec<Event>>>,
+    revision: AtomicU64,
+    compacted: AtomicU64,
+    commits: AtomicU64,
+}
+
+/// A [`Store`] kept in one redb file.
+pub struct EmbeddedStore {
+    shared: Arc<Shared>,
+    ops: Option<Mutex<mpsc::Sender<Op>>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+fn read_err(e: impl Into<redb::Error>) -> StoreError {
+    StoreError::Engine {
+        op: "read",
+        reason: e.into().to_string(),
+    }
+}
+
+// === impl EmbeddedStore ===
+
+impl EmbeddedStore {
+    /// Opens (or creates) the store file at `path`. A damaged file, a file another process has
+    /// open, or a file of another format gives [`StoreError::Open`] naming the file.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let open_err = |reason: String| StoreError::Open {
+            path: path.display().to_string(),
+            reason,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| open_err(format!("cannot create its directory: {e}")))?;
+        }
+        // redb reports damage as errors, but the file is input we did not write this run: a panic
+        // deep in a parser must still become a clear message, not a crash.
+        let db = std::panic::catch_unwind(|| Database::create(path))
+            .map_err(|_| open_err("the file is damaged (the storage engine could not parse it); restore it from a backup or move it away to start with an empty store".into()))?
+            .map_err(|e| {
+                let hint = match e {
+                    redb::DatabaseError::DatabaseAlreadyOpen => {
+                        "another warden process has it open; stop that one or use another --data-dir"
+                    }
+                    _ => "the file is damaged or not a warden store; restore it from a backup or move it away to start with an empty store",
+                };
+                open_err(format!("{e}; {hint}"))
+            })?;
+        let init = || -> Result<(), redb::Error> {
+            let txn = db.begin_write()?;
+            txn.open_table(KV)?;
+            txn.open_table(LOG)?;
+            txn.open_table(META)?;
+            txn.open_table(LEASES)?;
+            txn.open_table(LEASE_KEYS)?;
+            txn.commit()?;
+            Ok(())
+        };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(init))
+            .map_err(|_| {
+                open_err("the file is damaged; restore it from a backup or move it away".into())
+            })?
+            .map_err(|e| open_err(format!("{e}; the file is damaged or not a warden store")))?;
+        let (events, _) = broadcast::channel(1024);
+        let shared = Arc::new(Shared {
+            db,
+            events,
+            revision: AtomicU64::new(0),
+            compacted: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+        });
+        let writer = Writer::load(shared.clone()).map_err(|e| open_err(e.to_string()))?;
+        let (tx, rx) = mpsc::channel();
+        let writer = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| open_err(format!("cannot start the writer thread: {e}")))?;
+        Ok(Self {
+            shared,
+            ops: Some(Mutex::new(tx)),
+            writer: Some(writer),
+        })
+    }
+
+    /// How many transactions have been committed since open. Concurrent writes share commits, so
+    /// this grows more slowly than the number of writes.
+    pub fn commits(&self) -> u64 {
+        self.shared.commits.load(Ordering::Relaxed)
+    }
+
+    async fn send<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Op,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let ops = self.ops.as_ref().ok_or(StoreError::Closed)?;
+            let ops = ops.lock().map_err(|_| StoreError::Closed)?;
+            ops.send(make(tx)).map_err(|_| StoreError::Closed)?;
+        }
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || f(&shared.db))
+            .await
+            .map_err(|e| StoreError::Engine {
+                op: "read",
+                reason: e.to_string(),
+            })?
+    }
+}
+
+impl Drop for EmbeddedStore {
+    // Closing the queue ends the writer after its current batch; waiting for it means the file
+    // is released (and every answered write is on disk) when the store is gone.
+    fn drop(&mut self) {
+        self.ops.take();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// The inclusive-exclusive key range that holds everything strictly under `prefix/`.
+pub(crate) fn child_range(prefix: &str) -> (String, String) {
+    (format!("{prefix}/"), format!("{prefix}0")) // '0' is the byte after '/'
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+        let key = key.to_owned();
+        self.read(move |db| {
+            let txn = db.begin_read().map_err(read_err)?;
+            let kv = txn.open_table(KV).map_err(read_err)?;
+            match kv.get(key.as_str()).map_err(read_err)? {
+                Some(v) => Ok(Some(codec::decode_entry(&key, v.value())?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn get_hash(&self, key: &str) -> Result<Option<(Hash, Revision)>, StoreError> {
+        let key = key.to_owned();
+        self.read(move |db| {
+            let txn = db.begin_read().map_err(read_err)?;
+            let kv = txn.open_table(KV).map_err(read_err)?;
+            match kv.get(key.as_str()).map_err(read_err)? {
+                Some(v) => {
+                    let m = codec::decode_meta(&key, v.value())?;
+                    Ok(Some((m.hash, m.mod_revision)))
+                }
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
+        let prefix = prefix.trim_end_matches('/').to_owned();
+        self.read(move |db| {
+            let txn = db.begin_read().map_err(read_err)?;
+            let kv = txn.open_table(KV).map_err(read_err)?;
+            let meta = txn.open_table(META).map_err(read_err)?;
+            let revision = meta
+                .get("revision")
+                .map_err(read_err)?
+                .map(|v| v.value())
+                .unwrap_or(0);
+            let mut entries = Vec::new();
+            let mut push = |k: &str, v: &[u8]| -> Result<(), StoreError> {
+                entries.push(codec::decode_entry(k, v)?);
+                Ok(())
+            };
+            if prefix.is_empty() {
+                for row in kv.iter().map_err(read_err)? {
+                    let (k, v) = row.map_err(read_err)?;
+                    push(k.value(), v.value())?;
+                }
+            } else {
+                if let Some(v) = kv.get(prefix.as_str()).map_err(read_err)? {
+                    push(&prefix, v.value())?;
+                }
+                let (lo, hi) = child_range(&prefix);
+                for row in kv.range(lo.as_str()..hi.as_str()).map_err(read_err)? {
+                    let (k, v) = row.map_err(read_err)?;
+                    push(k.value(), v.value())?;
+                }
+            }
+            Ok(Listing { entries, revision })
+        })
+        .await
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> Result<Revision, StoreError> {
+        let key = key.to_owned();
+        self.send(|reply| Op::Put {
+            key,
+            value,
+            lease,
+            reply,
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str) -> Result<Option<Revision>, StoreError> {
+        let key = key.to_owned();
+        self.send(|reply| Op::Delete { key, reply }).await
+    }
+
+    async fn compare_and_swap(
+        &self,
+        key: &str,
+        expected: Option<Revision>,
+        value: Option<Vec<u8>>,
+        lease: Option<LeaseId>,
+    ) -> Result<CasOutcome, StoreError> {
+        let key = key.to_owned();
+        self.send(|reply| Op::Cas {
+            key,
+            expected,
+            value,
+            lease,
+            reply,
+        })
+        .await
+    }
+
+    async fn watch(&self, prefix: &str, from: Revision) -> Result<Watch, StoreError> {
+        watch::start(self.shared.clone(), prefix, from)
+    }
+
+    async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
+        self.send(|reply| Op::Grant { ttl, reply }).await
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<(), StoreError> {
+        self.send(|reply| Op::KeepAlive { lease, reply }).await
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<(), StoreError> {
+        self.send(|reply| Op::Revoke { lease, reply }).await
+    }
+}
+
+#[cfg(test)]
+mod tests;
