@@ -1,0 +1,89 @@
+//! The `process` driver: an app instance is a plain child process listening on a loopback port.
+//!
+//! Needs no privileges. Isolation is limited to a clean environment and a process group of its
+//! own; the sandbox driver (namespaces, seccomp, limits) comes later.
+#![allow(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::Stdio;
+
+use tokio::process::{Child, Command};
+
+/// PATH given to instances; the agent's own environment (which may hold credentials such as
+/// WARDEN_TOKEN) is never passed on.
+const INSTANCE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// What to start.
+pub(crate) struct Launch<'a> {
+    pub command: &'a [String],
+    pub workdir: Option<&'a str>,
+    pub env: BTreeMap<String, String>,
+    pub log: &'a Path,
+}
+
+/// A free loopback port. Another process could take it before the instance binds; the instance
+/// then exits at once and the start fails with its message, never a hang.
+pub(crate) fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+}
+
+/// Loopback address of `port`.
+pub(crate) fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
+/// Starts the process with a clean environment, output appended to `log`, in its own process
+/// group, and tied to the agent's life by a parent-death signal.
+pub(crate) fn spawn(l: &Launch<'_>) -> std::io::Result<Child> {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(l.log)?;
+    let (program, args) = l.command.split_first().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command")
+    })?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", INSTANCE_PATH)
+        .envs(&l.env)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .kill_on_drop(false);
+    if let Some(dir) = l.workdir {
+        cmd.current_dir(dir);
+    }
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which is
+    // async-signal-safe; it allocates nothing and touches no locks.
+    unsafe {
+        cmd.pre_exec(|| {
+            // If warden dies, even by SIGKILL, the kernel kills the instance: no orphans. The
+            // signal is tied to the forking thread, and instances are spawned from the runtime's
+            // worker threads, which live as long as warden does.
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
+    cmd.spawn()
+}
+
+/// Sends `signal` to the instance's whole process group.
+pub(crate) fn signal_group(pid: u32, signal: nix::sys::signal::Signal) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), signal);
+    }
+}
+
+/// The last `lines` lines of a log file, for error messages.
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(4096)));
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
