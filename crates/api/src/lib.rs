@@ -1,1 +1,147 @@
-//! placeholder
+//! The control-plane API: JSON over HTTP for apps, users, instances, nodes and the lattice.
+//!
+//! This crate owns the admin interface and its validation: every body is parsed into a type that
+//! refuses unknown fields, every error is JSON saying what to do. It writes desired state to the
+//! store and asks the local agent to start or kill instances; it never serves app traffic.
+//!
+//! Access needs the admin token (`Authorization: Bearer …`), compared in constant time. Request
+//! bodies may hold passwords: they are hashed at once and never logged or returned.
+#![forbid(unsafe_code)]
+
+pub mod error;
+pub mod routes;
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use subtle::ConstantTimeEq;
+use warden_agent::Agent;
+use warden_store::Store;
+
+pub use error::ApiError;
+
+/// The OpenAPI document of this API, kept in the repository beside the code it describes.
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
+/// Every (method, path) the router serves, in OpenAPI path syntax. A test checks it against
+/// both the router and `openapi.json`.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/healthz"),
+    ("get", "/v1/openapi.json"),
+    ("get", "/v1/status"),
+    ("get", "/v1/apps"),
+    ("post", "/v1/apps"),
+    ("get", "/v1/apps/{name}"),
+    ("delete", "/v1/apps/{name}"),
+    ("get", "/v1/users"),
+    ("post", "/v1/users"),
+    ("get", "/v1/users/{name}"),
+    ("delete", "/v1/users/{name}"),
+    ("get", "/v1/instances"),
+    ("post", "/v1/instances"),
+    ("delete", "/v1/instances/{id}"),
+    ("get", "/v1/nodes"),
+    ("get", "/v1/lattice"),
+    ("put", "/v1/lattice"),
+];
+
+/// What handlers share.
+#[derive(Clone)]
+pub struct Api {
+    /// The state store.
+    pub store: Arc<dyn Store>,
+    /// The agent in this process, if it runs one.
+    pub agent: Option<Agent>,
+    token: Arc<str>,
+}
+
+// === impl Api ===
+
+impl Api {
+    /// API state guarded by `admin_token`.
+    pub fn new(store: Arc<dyn Store>, agent: Option<Agent>, admin_token: &str) -> Self {
+        Self { store, agent, token: admin_token.into() }
+    }
+
+    /// The router with every route of [`ROUTES`].
+    pub fn router(self) -> Router {
+        use axum::routing::delete;
+        use routes::*;
+        let admin = Router::new()
+            .route("/v1/status", get(status::show))
+            .route("/v1/apps", get(apps::list).post(apps::create))
+            .route("/v1/apps/{name}", get(apps::show).delete(apps::remove))
+            .route("/v1/users", get(users::list).post(users::create))
+            .route("/v1/users/{name}", get(users::show).delete(users::remove))
+            .route("/v1/instances", get(instances::list).post(instances::start))
+            .route("/v1/instances/{id}", delete(instances::kill))
+            .route("/v1/nodes", get(nodes::list))
+            .route("/v1/lattice", get(lattice::show).put(lattice::replace))
+            .route_layer(axum::middleware::from_fn_with_state(self.clone(), require_admin));
+        Router::new()
+            .route("/healthz", get(|| async { Json(serde_json::json!({ "status": "ok" })) }))
+            .route("/v1/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }))
+            .merge(admin)
+            .fallback(|| async {
+                ApiError::not_found("no such route; GET /v1/openapi.json lists the API")
+            })
+            .method_not_allowed_fallback(|| async {
+                ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route; GET /v1/openapi.json lists the API")
+            })
+            .layer(axum::extract::DefaultBodyLimit::max(1024 * 1024))
+            .with_state(self)
+    }
+}
+
+async fn require_admin(State(api): State<Api>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if bool::from(presented.as_bytes().ct_eq(api.token.as_bytes())) {
+        return next.run(req).await;
+    }
+    let mut resp = ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "admin token required: send `Authorization: Bearer <token>` (the token is in DATA_DIR/admin-token)",
+    )
+    .into_response();
+    resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    resp
+}
+
+/// Serves the API on `listener` until `shutdown` turns true.
+pub async fn serve(listener: tokio::net::TcpListener, api: Api, mut shutdown: tokio::sync::watch::Receiver<bool>) -> std::io::Result<()> {
+    axum::serve(listener, api.router())
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openapi_document_lists_exactly_the_routes() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).expect("openapi.json is JSON");
+        let mut documented: Vec<(String, String)> = Vec::new();
+        for (path, ops) in doc["paths"].as_object().expect("paths object") {
+            for method in ops.as_object().expect("operations").keys() {
+                documented.push((method.clone(), path.clone()));
+            }
+        }
+        documented.sort();
+        let mut served: Vec<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+        served.sort();
+        assert_eq!(documented, served);
+    }
+}

@@ -1,0 +1,61 @@
+//! `/v1/apps`: register, list, show and remove apps.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use warden_core::{keys, AppSpec};
+use warden_store::{decode, CasOutcome};
+
+use crate::error::{ApiError, ApiJson};
+use crate::Api;
+
+/// `GET /v1/apps`
+pub async fn list(State(api): State<Api>) -> Result<Json<Vec<AppSpec>>, ApiError> {
+    let listing = api.store.list(keys::APPS).await?;
+    let apps = listing
+        .entries
+        .iter()
+        .filter(|e| e.key.ends_with("/spec"))
+        .map(|e| decode::<AppSpec>(&e.key, &e.value))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(apps))
+}
+
+/// `POST /v1/apps`
+pub async fn create(State(api): State<Api>, ApiJson(spec): ApiJson<AppSpec>) -> Result<(StatusCode, Json<AppSpec>), ApiError> {
+    spec.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
+    match api.store.compare_and_swap(&keys::app_spec(&spec.name), None, Some(bytes), None).await? {
+        CasOutcome::Done(_) => {
+            tracing::info!(app = %spec.name, "app created");
+            Ok((StatusCode::CREATED, Json(spec)))
+        }
+        CasOutcome::Conflict { .. } => Err(ApiError::conflict(format!(
+            "app {:?} already exists; remove it first with `warden apps rm {}`",
+            spec.name, spec.name
+        ))),
+    }
+}
+
+/// `GET /v1/apps/{name}`
+pub async fn show(State(api): State<Api>, Path(name): Path<String>) -> Result<Json<AppSpec>, ApiError> {
+    warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&name))
+        .await?
+        .map(|(s, _)| Json(s))
+        .ok_or_else(|| no_app(&name))
+}
+
+/// `DELETE /v1/apps/{name}`: agents stop the app's instances when they see the delete.
+pub async fn remove(State(api): State<Api>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    match api.store.delete(&keys::app_spec(&name)).await? {
+        Some(_) => {
+            tracing::info!(app = %name, "app removed");
+            Ok(StatusCode::NO_CONTENT)
+        }
+        None => Err(no_app(&name)),
+    }
+}
+
+pub(crate) fn no_app(name: &str) -> ApiError {
+    ApiError::not_found(format!("no app named {name:?}; `warden apps list` shows the registered apps"))
+}

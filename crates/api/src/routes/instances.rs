@@ -1,0 +1,68 @@
+//! `/v1/instances`: list, start and kill app instances.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use warden_agent::AgentError;
+use warden_core::{keys, AppSpec, InstanceRecord};
+use warden_store::decode;
+
+use crate::error::{ApiError, ApiJson};
+use crate::Api;
+
+/// Body of `POST /v1/instances`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartRequest {
+    /// App to run.
+    pub app: String,
+    /// Clearance label the instance serves.
+    pub label: String,
+}
+
+pub(crate) async fn all(api: &Api) -> Result<Vec<InstanceRecord>, ApiError> {
+    let listing = api.store.list(keys::INSTANCES).await?;
+    Ok(listing
+        .entries
+        .iter()
+        .map(|e| decode::<InstanceRecord>(&e.key, &e.value))
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
+/// `GET /v1/instances`
+pub async fn list(State(api): State<Api>) -> Result<Json<Vec<InstanceRecord>>, ApiError> {
+    all(&api).await.map(Json)
+}
+
+/// `POST /v1/instances`: the ready instance for app and label, started if none runs.
+pub async fn start(State(api): State<Api>, ApiJson(req): ApiJson<StartRequest>) -> Result<(StatusCode, Json<InstanceRecord>), ApiError> {
+    if warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&req.app)).await?.is_none() {
+        return Err(crate::routes::apps::no_app(&req.app));
+    }
+    let lattice = crate::routes::lattice::current(&api).await?;
+    let label = lattice.canonical(&req.label).map_err(|e| ApiError::bad_request(format!("label: {e}")))?;
+    let agent = api.agent.as_ref().ok_or_else(|| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no agent runs in this process; start warden with the agent role")
+    })?;
+    match agent.ensure(&req.app, &label).await {
+        Ok(r) => Ok((StatusCode::CREATED, Json(r))),
+        Err(AgentError::UnknownApp(a)) => Err(crate::routes::apps::no_app(&a)),
+        Err(e @ (AgentError::Exited { .. } | AgentError::Spawn { .. } | AgentError::Timeout { .. })) => {
+            Err(ApiError::new(StatusCode::BAD_GATEWAY, e.to_string()))
+        }
+        Err(e) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+    }
+}
+
+/// `DELETE /v1/instances/{id}`
+pub async fn kill(State(api): State<Api>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    let agent = api.agent.as_ref().ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no agent runs in this process"))?;
+    match agent.kill(&id).await {
+        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        Err(AgentError::UnknownInstance(_)) => Err(ApiError::not_found(format!(
+            "no instance {id:?} runs on this node; `warden instances list` shows the running ones"
+        ))),
+        Err(e) => Err(ApiError::internal(e)),
+    }
+}
