@@ -1,1 +1,289 @@
-//! placeholder
+//! The command-line client: `warden apps|users|instances|status`.
+//!
+//! It talks to the api role over HTTP and owns only presentation: tables for people, `--json`
+//! for scripts, and errors that say what to do next. It never touches the store directly. The
+//! admin token is read from a flag, the environment, a config file or the data directory, and is
+//! never printed.
+#![forbid(unsafe_code)]
+
+mod client;
+mod config;
+mod table;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+
+pub use config::Endpoint;
+
+/// How to reach the API.
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// API base URL, e.g. http://127.0.0.1:7701 [default: from the config file or DATA_DIR/endpoints.json]
+    #[arg(long, env = "WARDEN_API", global = true)]
+    pub api: Option<String>,
+    /// Admin token [default: from the config file or DATA_DIR/admin-token]
+    #[arg(long, env = "WARDEN_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// Config file with `api = "..."` and `token = "..."` or `token_file = "..."`
+    #[arg(long, env = "WARDEN_CONFIG", global = true)]
+    pub config: Option<std::path::PathBuf>,
+    /// Data directory of a local `warden up`, used to find the API and token when nothing else says
+    #[arg(long, env = "WARDEN_DATA_DIR", global = true, default_value = "warden-data")]
+    pub data_dir: std::path::PathBuf,
+    /// Print JSON instead of tables
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// `warden apps ...`
+#[derive(Debug, Subcommand)]
+pub enum AppsCommand {
+    /// Register an app: `warden apps create NAME [options] -- PROGRAM [ARGS...]`
+    Create {
+        /// App name (a-z, 0-9, '-', '_')
+        name: String,
+        /// Program and arguments; it must listen on 127.0.0.1:$PORT
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+        /// Extra environment, KEY=VALUE (repeatable)
+        #[arg(long = "env", value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// Host name routed to this app (repeatable)
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// Group allowed to use the app (repeatable; none: every authenticated user)
+        #[arg(long = "group")]
+        groups: Vec<String>,
+        /// Working directory of instances
+        #[arg(long)]
+        workdir: Option<String>,
+        /// How long the gateway waits for a new instance, in milliseconds
+        #[arg(long)]
+        start_timeout_ms: Option<u64>,
+    },
+    /// List apps
+    List,
+    /// Show one app
+    Show {
+        /// App name
+        name: String,
+    },
+    /// Remove an app and stop its instances
+    Rm {
+        /// App name
+        name: String,
+    },
+}
+
+/// `warden users ...`
+#[derive(Debug, Subcommand)]
+pub enum UsersCommand {
+    /// Add a user. Without --password-stdin a password is generated and printed once.
+    Add {
+        /// Login name
+        name: String,
+        /// Clearance label, e.g. SECRET
+        #[arg(long)]
+        clearance: String,
+        /// Group (repeatable)
+        #[arg(long = "group")]
+        groups: Vec<String>,
+        /// Read the password from standard input (first line)
+        #[arg(long)]
+        password_stdin: bool,
+    },
+    /// List users
+    List,
+    /// Remove a user
+    Rm {
+        /// Login name
+        name: String,
+    },
+}
+
+/// `warden instances ...`
+#[derive(Debug, Subcommand)]
+pub enum InstancesCommand {
+    /// List running instances
+    List,
+    /// Kill an instance
+    Kill {
+        /// Instance id
+        id: String,
+    },
+}
+
+/// A client command.
+#[derive(Debug, Subcommand)]
+pub enum ClientCommand {
+    /// Manage apps
+    #[command(subcommand)]
+    Apps(AppsCommand),
+    /// Manage users
+    #[command(subcommand)]
+    Users(UsersCommand),
+    /// Inspect and kill instances
+    #[command(subcommand)]
+    Instances(InstancesCommand),
+    /// Show the platform's state
+    Status,
+}
+
+/// Runs a client command.
+pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
+    let endpoint = config::resolve(args)?;
+    let api = client::Client::new(endpoint);
+    let out = Output { json: args.json };
+    match cmd {
+        ClientCommand::Apps(c) => apps(&api, &out, c).await,
+        ClientCommand::Users(c) => users(&api, &out, c).await,
+        ClientCommand::Instances(c) => instances(&api, &out, c).await,
+        ClientCommand::Status => status(&api, &out).await,
+    }
+}
+
+struct Output {
+    json: bool,
+}
+
+impl Output {
+    fn value(&self, v: &Value, human: impl FnOnce(&Value)) {
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+        } else {
+            human(v);
+        }
+    }
+
+    fn done(&self, what: String) {
+        if self.json {
+            println!("{}", json!({ "ok": true }));
+        } else {
+            println!("{what}");
+        }
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        Value::Array(a) => a.iter().map(s).collect::<Vec<_>>().join(","),
+        other => other.to_string(),
+    }
+}
+
+async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::Result<()> {
+    match cmd {
+        AppsCommand::Create { name, command, env, hosts, groups, workdir, start_timeout_ms } => {
+            let mut envs = BTreeMap::new();
+            for kv in env {
+                let Some((k, v)) = kv.split_once('=') else { bail!("--env {kv:?} must be KEY=VALUE") };
+                envs.insert(k.to_owned(), v.to_owned());
+            }
+            let mut body = json!({ "name": name, "command": command, "env": envs, "hosts": hosts, "groups": groups });
+            if let Some(w) = workdir {
+                body["workdir"] = json!(w);
+            }
+            if let Some(t) = start_timeout_ms {
+                body["start_timeout_ms"] = json!(t);
+            }
+            let v = api.send("POST", "/v1/apps", Some(body)).await?;
+            out.value(&v, |v| println!("app {} created; it is served at /apps/{}/", s(&v["name"]), s(&v["name"])));
+        }
+        AppsCommand::List => {
+            let v = api.send("GET", "/v1/apps", None).await?;
+            out.value(&v, |v| {
+                let rows = v.as_array().into_iter().flatten().map(|a| {
+                    vec![s(&a["name"]), s(&a["command"]).replace(',', " "), s(&a["groups"]), s(&a["hosts"])]
+                });
+                table::print(&["NAME", "COMMAND", "GROUPS", "HOSTS"], rows);
+            });
+        }
+        AppsCommand::Show { name } => {
+            let v = api.send("GET", &format!("/v1/apps/{name}"), None).await?;
+            out.value(&v, |v| println!("{}", serde_json::to_string_pretty(v).unwrap_or_default()));
+        }
+        AppsCommand::Rm { name } => {
+            api.send("DELETE", &format!("/v1/apps/{name}"), None).await?;
+            out.done(format!("app {name} removed; its instances are stopping"));
+        }
+    }
+    Ok(())
+}
+
+async fn users(api: &client::Client, out: &Output, cmd: UsersCommand) -> anyhow::Result<()> {
+    match cmd {
+        UsersCommand::Add { name, clearance, groups, password_stdin } => {
+            let (password, generated) = if password_stdin {
+                let mut line = String::new();
+                std::io::stdin().read_to_string(&mut line).context("reading the password from standard input")?;
+                let p = line.lines().next().unwrap_or("").to_owned();
+                (p, false)
+            } else {
+                (warden_auth::generate_password(), true)
+            };
+            let body = json!({ "name": name, "password": password, "clearance": clearance, "groups": groups });
+            let mut v = api.send("POST", "/v1/users", Some(body)).await?;
+            if generated {
+                v["password"] = json!(password);
+            }
+            out.value(&v, |v| {
+                println!("user {} added with clearance {}", s(&v["name"]), s(&v["clearance"]));
+                if generated {
+                    println!("password (shown once): {password}");
+                }
+            });
+        }
+        UsersCommand::List => {
+            let v = api.send("GET", "/v1/users", None).await?;
+            out.value(&v, |v| {
+                let rows = v.as_array().into_iter().flatten().map(|u| vec![s(&u["name"]), s(&u["clearance"]), s(&u["groups"])]);
+                table::print(&["NAME", "CLEARANCE", "GROUPS"], rows);
+            });
+        }
+        UsersCommand::Rm { name } => {
+            api.send("DELETE", &format!("/v1/users/{name}"), None).await?;
+            out.done(format!("user {name} removed"));
+        }
+    }
+    Ok(())
+}
+
+async fn instances(api: &client::Client, out: &Output, cmd: InstancesCommand) -> anyhow::Result<()> {
+    match cmd {
+        InstancesCommand::List => {
+            let v = api.send("GET", "/v1/instances", None).await?;
+            out.value(&v, |v| {
+                let rows = v.as_array().into_iter().flatten().map(|i| {
+                    vec![s(&i["id"]), s(&i["app"]), s(&i["label"]), s(&i["state"]), s(&i["node"]), s(&i["addr"]), s(&i["pid"])]
+                });
+                table::print(&["ID", "APP", "LABEL", "STATE", "NODE", "ADDR", "PID"], rows);
+            });
+        }
+        InstancesCommand::Kill { id } => {
+            api.send("DELETE", &format!("/v1/instances/{id}"), None).await?;
+            out.done(format!("instance {id} killed"));
+        }
+    }
+    Ok(())
+}
+
+async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
+    let v = api.send("GET", "/v1/status", None).await?;
+    out.value(&v, |v| {
+        println!("nodes: {}   users: {}   store revision: {}", s(&v["nodes"]), s(&v["users"]), s(&v["revision"]));
+        let rows = v["apps"].as_array().into_iter().flatten().map(|a| {
+            let inst = a["instances"].as_object().map(|m| {
+                m.iter().map(|(l, n)| format!("{l}={n}")).collect::<Vec<_>>().join(" ")
+            });
+            vec![s(&a["name"]), inst.filter(|x| !x.is_empty()).unwrap_or_else(|| "-".into())]
+        });
+        table::print(&["APP", "INSTANCES BY LABEL"], rows);
+    });
+    Ok(())
+}

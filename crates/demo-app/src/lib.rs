@@ -42,6 +42,8 @@ fn respond(id: &Identity, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         "method": req.method().as_str(),
         "path": req.uri().path(),
         "user": user,
+        // Lets tests prove the gateway never passes the user's credentials on.
+        "saw_authorization": req.headers().contains_key(http::header::AUTHORIZATION),
     });
     Response::builder()
         .header(http::header::CONTENT_TYPE, "application/json")

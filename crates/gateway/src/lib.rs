@@ -75,7 +75,7 @@ impl Gateway {
                         continue;
                     }
                 },
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
             };
             let _ = stream.set_nodelay(true);
             let state = self.state.clone();

@@ -1,1 +1,95 @@
-fn main() {}
+//! `warden`: one binary for every role and the client.
+//!
+//! This file only parses flags and hands over: `up` runs the platform (see `up.rs`), the client
+//! commands go to `warden-cli`, and the hidden `demo-app` runs the demo app.
+#![forbid(unsafe_code)]
+
+mod demo;
+mod files;
+mod up;
+
+use clap::{Parser, Subcommand};
+use warden_cli::{ClientArgs, ClientCommand};
+
+/// warden: a self-hosted platform that runs web apps whose users must not see each other's data.
+#[derive(Debug, Parser)]
+#[command(name = "warden", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the platform: gateway, agent and API in one process on the embedded store
+    Up(up::UpArgs),
+    /// Manage apps
+    Apps(AppsCmd),
+    /// Manage users
+    Users(UsersCmd),
+    /// Inspect and kill instances
+    Instances(InstancesCmd),
+    /// Show the platform's state
+    Status(ClientArgs),
+    /// Run the demo app (started by the agent; listens on 127.0.0.1:$PORT)
+    #[command(hide = true)]
+    DemoApp,
+}
+
+#[derive(Debug, clap::Args)]
+struct AppsCmd {
+    #[command(subcommand)]
+    command: warden_cli::AppsCommand,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct UsersCmd {
+    #[command(subcommand)]
+    command: warden_cli::UsersCommand,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct InstancesCmd {
+    #[command(subcommand)]
+    command: warden_cli::InstancesCommand,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WARDEN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Up(args) => {
+            init_logs();
+            up::run(args).await
+        }
+        Command::Apps(c) => warden_cli::run(&c.client, ClientCommand::Apps(c.command)).await,
+        Command::Users(c) => warden_cli::run(&c.client, ClientCommand::Users(c.command)).await,
+        Command::Instances(c) => warden_cli::run(&c.client, ClientCommand::Instances(c.command)).await,
+        Command::Status(c) => warden_cli::run(&c, ClientCommand::Status).await,
+        Command::DemoApp => demo::run_app().await,
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

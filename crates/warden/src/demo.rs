@@ -1,0 +1,90 @@
+//! `--demo`: a clearance lattice, users at several clearances, and the demo app.
+//!
+//! Passwords are generated once per data directory and kept in `demo-users.json` (mode 0600);
+//! only their Argon2id hashes go into the store.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use warden_auth::Lattice;
+use warden_core::{keys, AppSpec, UserRecord};
+use warden_store::Store;
+
+use crate::files;
+
+/// Levels of the demo lattice, lowest first.
+pub const LEVELS: [&str; 5] = ["UNCLASSIFIED", "RESTRICTED", "CONFIDENTIAL", "SECRET", "TOP SECRET"];
+
+/// A demo user as written to `demo-users.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DemoUser {
+    pub name: String,
+    pub password: String,
+    pub clearance: String,
+    pub groups: Vec<String>,
+}
+
+fn fresh_users() -> Vec<DemoUser> {
+    let user = |name: &str, clearance: &str, groups: &[&str]| DemoUser {
+        name: name.into(),
+        password: warden_auth::generate_password(),
+        clearance: clearance.into(),
+        groups: groups.iter().map(|g| g.to_string()).collect(),
+    };
+    vec![
+        user("alice", "SECRET", &["staff"]),
+        user("bob", "CONFIDENTIAL", &["staff"]),
+        user("carol", "TOP SECRET", &["admin", "staff"]),
+        user("dave", "UNCLASSIFIED", &[]),
+    ]
+}
+
+/// Sets up the demo and returns its users (with passwords, for the welcome message).
+pub async fn setup(store: &dyn Store, data_dir: &Path) -> anyhow::Result<Vec<DemoUser>> {
+    if warden_store::get_json::<Lattice>(store, keys::LATTICE).await?.is_none() {
+        warden_store::put_json(store, keys::LATTICE, &Lattice::linear(LEVELS), None).await?;
+    }
+    let path = data_dir.join("demo-users.json");
+    let users = match files::read_private(&path)? {
+        Some(text) => serde_json::from_str(&text).with_context(|| {
+            format!("{} is damaged; delete it and start again to get new demo passwords", path.display())
+        })?,
+        None => fresh_users(),
+    };
+    files::write_private(&path, serde_json::to_string_pretty(&users)?.as_bytes())?;
+    for u in &users {
+        let existing = warden_store::get_json::<UserRecord>(store, &keys::user(&u.name)).await?;
+        let current = existing.as_ref().is_some_and(|(r, _)| {
+            warden_auth::verify_password(Some(&r.password_hash), &u.password) && r.clearance == u.clearance
+        });
+        if !current {
+            let password = u.password.clone();
+            let hash = tokio::task::spawn_blocking(move || warden_auth::hash_password(&password)).await??;
+            let record = UserRecord { name: u.name.clone(), password_hash: hash, clearance: u.clearance.clone(), groups: u.groups.clone() };
+            warden_store::put_json(store, &keys::user(&u.name), &record, None).await?;
+        }
+    }
+    let exe = std::env::current_exe().context("cannot find the warden binary to run the demo app")?;
+    let spec = AppSpec {
+        name: "demo".into(),
+        command: vec![exe.display().to_string(), "demo-app".into()],
+        env: Default::default(),
+        workdir: None,
+        hosts: vec!["demo.localhost".into()],
+        groups: vec![],
+        start_timeout_ms: warden_core::model::DEFAULT_START_TIMEOUT_MS,
+    };
+    warden_store::put_json(store, &keys::app_spec("demo"), &spec, None).await?;
+    Ok(users)
+}
+
+/// The hidden `warden demo-app` command.
+pub async fn run_app() -> anyhow::Result<()> {
+    let port: u16 = std::env::var("PORT")
+        .context("PORT is not set; the demo app is started by the warden agent")?
+        .parse()
+        .context("PORT is not a port number")?;
+    warden_demo_app::serve(port, warden_demo_app::Identity::from_env()).await?;
+    Ok(())
+}

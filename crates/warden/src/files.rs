@@ -1,0 +1,49 @@
+//! Files in the data directory that hold secrets: created with mode 0600, replaced atomically.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use anyhow::Context;
+
+/// Creates `dir` (mode 0700) if missing.
+pub fn ensure_private_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create data directory {}", dir.display()))
+}
+
+/// Writes `contents` to `path` with mode 0600 via a temporary file and rename, so a crash never
+/// leaves a half-written secret behind.
+pub fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    f.write_all(contents).and_then(|_| f.sync_all()).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot move {} into place", path.display()))?;
+    Ok(())
+}
+
+/// Reads a secret file, refusing one that others can read.
+pub fn read_private(path: &Path) -> anyhow::Result<Option<String>> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.permissions().mode() & 0o077 != 0 => anyhow::bail!(
+            "{} is readable by other users (mode {:o}); run `chmod 600 {}` and start again",
+            path.display(),
+            m.permissions().mode() & 0o777,
+            path.display()
+        ),
+        Ok(_) => Ok(Some(
+            std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?,
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}

@@ -1,0 +1,123 @@
+//! `warden up`: every role in one process on the embedded store.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::watch;
+
+use crate::{demo, files};
+
+/// Flags of `warden up`.
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Directory for the store, secrets and instance logs (created with mode 0700)
+    #[arg(long, env = "WARDEN_DATA_DIR", default_value = "warden-data")]
+    data_dir: PathBuf,
+    /// Gateway address; port 0 picks a free one
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    listen: SocketAddr,
+    /// API address; port 0 picks a free one
+    #[arg(long, default_value = "127.0.0.1:7701")]
+    api_listen: SocketAddr,
+    /// Store backend
+    #[arg(long, default_value = "embedded")]
+    store: String,
+    /// Create a demo lattice, demo users and the demo app
+    #[arg(long)]
+    demo: bool,
+}
+
+fn load_or_create(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
+    if let Some(v) = files::read_private(path)? {
+        let v = v.trim().to_owned();
+        if !v.is_empty() {
+            return Ok(v);
+        }
+    }
+    let v = make();
+    files::write_private(path, v.as_bytes())?;
+    Ok(v)
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Runs until SIGINT or SIGTERM, then stops every instance before returning.
+pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    let dir = &args.data_dir;
+    files::ensure_private_dir(dir)?;
+    let endpoints = dir.join("endpoints.json");
+    let _ = std::fs::remove_file(&endpoints);
+    let store = warden_store::open(&args.store, dir).context("cannot open the store")?;
+    let token = load_or_create(&dir.join("admin-token"), warden_core::id::secret_token)?;
+    let node = load_or_create(&dir.join("node-id"), warden_core::id::short_id)?;
+    let demo_users = if args.demo { Some(demo::setup(&*store, dir).await?) } else { None };
+
+    let agent = warden_agent::Agent::start(
+        store.clone(),
+        warden_agent::AgentConfig { node: node.clone(), log_dir: dir.join("logs"), lease_ttl: Duration::from_secs(10) },
+    )
+    .await
+    .context("cannot start the agent")?;
+    let gateway = warden_gateway::Gateway::bind(args.listen, store.clone(), agent.clone())
+        .await
+        .with_context(|| format!("cannot listen for the gateway on {}", args.listen))?;
+    let api_listener = tokio::net::TcpListener::bind(args.api_listen)
+        .await
+        .with_context(|| format!("cannot listen for the API on {}", args.api_listen))?;
+    let gateway_addr = gateway.local_addr()?;
+    let api_addr = api_listener.local_addr()?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let gateway_task = tokio::spawn(gateway.serve(stop_rx.clone()));
+    let api = warden_api::Api::new(store.clone(), Some(agent.clone()), &token);
+    let api_task = tokio::spawn(warden_api::serve(api_listener, api, stop_rx));
+
+    let ep = serde_json::json!({ "gateway": format!("http://{gateway_addr}"), "api": format!("http://{api_addr}") });
+    files::write_private(&endpoints, ep.to_string().as_bytes())?;
+    welcome(dir, &args.store, &node, gateway_addr, api_addr, demo_users.as_deref());
+    tracing::info!(%gateway_addr, %api_addr, node = %node, "warden is up");
+
+    shutdown_signal().await;
+    tracing::info!("stopping: no new requests, stopping instances");
+    let _ = stop_tx.send(true);
+    agent.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = gateway_task.await;
+        let _ = api_task.await;
+    })
+    .await;
+    let _ = std::fs::remove_file(&endpoints);
+    Ok(())
+}
+
+fn welcome(dir: &Path, store: &str, node: &str, gw: SocketAddr, api: SocketAddr, users: Option<&[demo::DemoUser]>) {
+    println!("warden is up (node {node}, {store} store in {})", dir.display());
+    println!("  gateway      http://{gw}/apps/<app>/");
+    println!("  api          http://{api}/v1/   (OpenAPI: /v1/openapi.json)");
+    println!("  admin token  {}", dir.join("admin-token").display());
+    if let Some(users) = users {
+        println!("  demo users   {}", dir.join("demo-users.json").display());
+        for u in users {
+            println!("    {:<6} {:<13} groups: {}", u.name, u.clearance, if u.groups.is_empty() { "-".into() } else { u.groups.join(",") });
+        }
+        if let Some(a) = users.first() {
+            println!("try:");
+            println!("  curl -u {}:{} http://{gw}/apps/demo/", a.name, a.password);
+        }
+    }
+    println!("stop with Ctrl-C; instances stop with warden.");
+}
