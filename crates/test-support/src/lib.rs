@@ -1,1 +1,221 @@
-//! placeholder
+//! Launchers for integration tests: the real `warden` binary on ephemeral ports, and a plain
+//! HTTP/1.1 client over a real socket.
+//!
+//! Owns nothing of the product; tests use it to drive warden from outside, as a user would.
+//! Waits are conditions with deadlines, never fixed sleeps.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+pub mod http;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use http::{request, Response};
+
+/// Polls `f` until it yields `Some`, panicking with `what` after `limit`.
+pub fn wait_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// True while a process with this pid exists (and is not a zombie).
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// A running `warden up`.
+pub struct Warden {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    pub gateway: String,
+    pub api: String,
+    pub token: String,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+/// Options for starting warden.
+pub struct Launch {
+    bin: PathBuf,
+    dir: Option<PathBuf>,
+    demo: bool,
+    extra: Vec<String>,
+}
+
+impl Launch {
+    /// `warden up` from `bin` (pass `env!("CARGO_BIN_EXE_warden")`).
+    pub fn new(bin: impl AsRef<Path>) -> Self {
+        Self { bin: bin.as_ref().to_owned(), dir: None, demo: true, extra: vec![] }
+    }
+
+    /// Uses `dir` as data dir instead of a fresh temporary one.
+    pub fn data_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.dir = Some(dir.as_ref().to_owned());
+        self
+    }
+
+    /// Without `--demo`.
+    pub fn no_demo(mut self) -> Self {
+        self.demo = false;
+        self
+    }
+
+    /// Runs `warden up` and waits until it has written its endpoints.
+    pub fn start(self) -> Warden {
+        let (dir, tmp) = match self.dir {
+            Some(d) => (d, None),
+            None => {
+                let t = tempfile::Builder::new().prefix("warden-it").tempdir().unwrap();
+                (t.path().join("data"), Some(t))
+            }
+        };
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(["up", "--listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&dir)
+            .args(&self.extra)
+            .env("WARDEN_LOG", "info,warden=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if self.demo {
+            cmd.arg("--demo");
+        }
+        let mut child = cmd.spawn().expect("warden binary starts");
+        let stdout = capture(child.stdout.take().unwrap());
+        let stderr = capture(child.stderr.take().unwrap());
+        let endpoints = dir.join("endpoints.json");
+        let ep: serde_json::Value = wait_until("warden to write endpoints.json", Duration::from_secs(60), || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("warden up exited early ({status}); stderr:\n{}", stderr.lock().unwrap());
+            }
+            std::fs::read_to_string(&endpoints).ok().and_then(|t| serde_json::from_str(&t).ok())
+        });
+        // The welcome text is printed right after the endpoints are written.
+        wait_until("the welcome text", Duration::from_secs(30), || stdout.lock().unwrap().contains("stop with Ctrl-C").then_some(()));
+        let token = std::fs::read_to_string(dir.join("admin-token")).unwrap().trim().to_owned();
+        Warden {
+            child: Some(child),
+            dir,
+            _tmp: tmp,
+            gateway: ep["gateway"].as_str().unwrap().to_owned(),
+            api: ep["api"].as_str().unwrap().to_owned(),
+            token,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+fn capture(r: impl std::io::Read + Send + 'static) -> Arc<Mutex<String>> {
+    let buf = Arc::new(Mutex::new(String::new()));
+    let b = buf.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            let mut b = b.lock().unwrap();
+            b.push_str(&line);
+            b.push('\n');
+        }
+    });
+    buf
+}
+
+impl Warden {
+    /// `warden up --demo` in a fresh data dir.
+    pub fn demo(bin: impl AsRef<Path>) -> Self {
+        Launch::new(bin).start()
+    }
+
+    /// The warden process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Everything warden printed to stdout so far.
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    /// Everything warden logged so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// A demo user's password, from `demo-users.json`.
+    pub fn password(&self, user: &str) -> String {
+        let users: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(self.dir.join("demo-users.json")).unwrap()).unwrap();
+        users.as_array().unwrap().iter().find(|u| u["name"] == user).expect("demo user")["password"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// GET on the gateway with Basic credentials.
+    pub fn get_as(&self, user: &str, password: &str, path: &str) -> Response {
+        request("GET", &format!("{}{path}", self.gateway), &[("authorization", &http::basic(user, password))], b"")
+    }
+
+    /// An API call with the admin token.
+    pub fn api(&self, method: &str, path: &str, body: Option<serde_json::Value>) -> Response {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        request(
+            method,
+            &format!("{}{path}", self.api),
+            &[("authorization", &format!("Bearer {}", self.token)), ("content-type", "application/json")],
+            body.as_bytes(),
+        )
+    }
+
+    /// Sends `signal` and waits for warden to exit.
+    pub fn signal_and_wait(&mut self, signal: nix::sys::signal::Signal) -> ExitStatus {
+        let mut child = self.child.take().expect("warden is running");
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
+        wait_until("warden to exit", Duration::from_secs(60), || child.try_wait().unwrap())
+    }
+
+    /// SIGTERM, the polite stop.
+    pub fn stop(&mut self) -> ExitStatus {
+        self.signal_and_wait(nix::sys::signal::Signal::SIGTERM)
+    }
+}
+
+impl Drop for Warden {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = self.stop();
+        }
+    }
+}
+
+/// Runs the warden CLI with `args`, returning (exit success, stdout, stderr).
+pub fn cli(bin: impl AsRef<Path>, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = Command::new(bin.as_ref())
+        .args(args)
+        .env_remove("WARDEN_API")
+        .env_remove("WARDEN_TOKEN")
+        .env_remove("WARDEN_CONFIG")
+        .env_remove("WARDEN_DATA_DIR")
+        .env("XDG_CONFIG_HOME", "/nonexistent-warden-test")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("warden cli runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
