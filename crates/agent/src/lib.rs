@@ -134,6 +134,7 @@ impl Agent {
             }),
         };
         agent.put_node().await?;
+        agent.remove_stale_records().await?;
         tokio::spawn(agent.clone().renew_lease());
         tokio::spawn(agent.clone().follow_app_deletes());
         Ok(agent)
@@ -158,6 +159,21 @@ impl Agent {
             started_at_ms: now_ms(),
         };
         put_json(&*self.inner.store, &keys::node(&record.id), &record, Some(self.lease())).await?;
+        Ok(())
+    }
+
+    /// Deletes instance records this node left behind when it last died: their processes died
+    /// with it (parent-death signal), and routing to them until their old lease expires would
+    /// only produce errors.
+    async fn remove_stale_records(&self) -> Result<(), StoreError> {
+        let listing = self.inner.store.list(keys::INSTANCES).await?;
+        for e in listing.entries {
+            let Ok(r) = warden_store::decode::<InstanceRecord>(&e.key, &e.value) else { continue };
+            if r.node == self.node() && e.lease != Some(self.lease()) {
+                tracing::info!(app = %r.app, instance = %r.id, "removing the record of an instance from before a crash");
+                self.inner.store.compare_and_swap(&e.key, Some(e.mod_revision), None, None).await?;
+            }
+        }
         Ok(())
     }
 

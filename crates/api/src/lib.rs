@@ -50,6 +50,15 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("put", "/v1/lattice"),
 ];
 
+/// Waits until a local consumer (the gateway in the same process) has applied a write: key and
+/// revision in, resolves when applied.
+pub type SyncHook = Arc<dyn Fn(String, u64) -> BoxFuture + Send + Sync>;
+/// The future a [`SyncHook`] returns.
+pub type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Longest a write waits for the local gateway to apply it before answering anyway.
+const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What handlers share.
 #[derive(Clone)]
 pub struct Api {
@@ -58,6 +67,7 @@ pub struct Api {
     /// The agent in this process, if it runs one.
     pub agent: Option<Agent>,
     token: Arc<str>,
+    sync: Option<SyncHook>,
 }
 
 // === impl Api ===
@@ -65,7 +75,23 @@ pub struct Api {
 impl Api {
     /// API state guarded by `admin_token`.
     pub fn new(store: Arc<dyn Store>, agent: Option<Agent>, admin_token: &str) -> Self {
-        Self { store, agent, token: admin_token.into() }
+        Self { store, agent, token: admin_token.into(), sync: None }
+    }
+
+    /// Makes writes answer only once `hook` says they are applied, so that a user or app created
+    /// through this API is usable at the gateway of this process as soon as the call returns.
+    pub fn with_sync(mut self, hook: SyncHook) -> Self {
+        self.sync = Some(hook);
+        self
+    }
+
+    /// Waits (bounded) until the local consumers have applied the write of `key` at `revision`.
+    pub(crate) async fn applied(&self, key: &str, revision: u64) {
+        if let Some(hook) = &self.sync {
+            if tokio::time::timeout(SYNC_WAIT, hook(key.to_owned(), revision)).await.is_err() {
+                tracing::warn!(key, revision, "the local gateway has not applied a write yet; answering anyway");
+            }
+        }
     }
 
     /// The router with every route of [`ROUTES`].

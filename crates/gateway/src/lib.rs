@@ -63,6 +63,12 @@ impl Gateway {
         self.listener.local_addr()
     }
 
+    /// A handle that tells when the gateway's views have caught up with a store revision; the API
+    /// uses it so a client that created a user or app can use it at once.
+    pub fn view_sync(&self) -> ViewSync {
+        ViewSync { views: self.state.views.clone() }
+    }
+
     /// Serves until `shutdown` turns true.
     pub async fn serve(self, mut shutdown: watch::Receiver<bool>) {
         loop {
@@ -93,6 +99,19 @@ impl Gateway {
                 }
             });
         }
+    }
+}
+
+/// See [`Gateway::view_sync`].
+#[derive(Clone)]
+pub struct ViewSync {
+    views: Arc<views::Shared>,
+}
+
+impl ViewSync {
+    /// Resolves once the view following `key` has applied every change up to `revision`.
+    pub async fn caught_up(&self, key: &str, revision: u64) {
+        self.views.caught_up(key, revision).await
     }
 }
 

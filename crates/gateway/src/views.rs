@@ -26,20 +26,56 @@ pub(crate) struct Views {
 pub(crate) struct Shared {
     views: RwLock<Views>,
     cursor: AtomicUsize,
+    /// Per view, the store revision up to which it has applied every change.
+    applied: [watch::Sender<u64>; 3],
 }
 
 #[derive(Clone, Copy)]
 enum Kind {
-    Apps,
-    Users,
-    Instances,
+    Apps = 0,
+    Users = 1,
+    Instances = 2,
+}
+
+impl Kind {
+    fn of(prefix: &str) -> Option<Self> {
+        match prefix.split('/').next() {
+            Some(keys::APPS) => Some(Self::Apps),
+            Some(keys::USERS) => Some(Self::Users),
+            Some(keys::INSTANCES) => Some(Self::Instances),
+            _ => None,
+        }
+    }
 }
 
 // === impl Shared ===
 
 impl Shared {
     pub fn new() -> Arc<Self> {
-        Arc::new(Self { views: RwLock::new(Views::default()), cursor: AtomicUsize::new(0) })
+        Arc::new(Self {
+            views: RwLock::new(Views::default()),
+            cursor: AtomicUsize::new(0),
+            applied: std::array::from_fn(|_| watch::channel(0).0),
+        })
+    }
+
+    fn mark(&self, kind: Kind, revision: u64) {
+        self.applied[kind as usize].send_if_modified(|r| {
+            let newer = revision > *r;
+            if newer {
+                *r = revision;
+            }
+            newer
+        });
+    }
+
+    /// Waits until the view holding keys under `key` has applied every change up to `revision`.
+    /// Keys no view follows are trivially applied.
+    pub async fn caught_up(&self, key: &str, revision: u64) {
+        if let Some(kind) = Kind::of(key) {
+            let mut rx = self.applied[kind as usize].subscribe();
+            let _ = rx.wait_for(|r| *r >= revision).await;
+        }
     }
 
     pub fn read(&self) -> std::sync::RwLockReadGuard<'_, Views> {
@@ -179,6 +215,7 @@ async fn follow(store: Arc<dyn Store>, shared: Arc<Shared>, kind: Kind, prefix: 
         for e in &listing.entries {
             shared.apply(kind, &e.key, Some(&e.value));
         }
+        shared.mark(kind, listing.revision);
         let _ = loaded.send(true);
         let Ok(mut w) = store.watch(prefix, listing.revision + 1).await else { continue };
         backoff = Duration::from_millis(50);
@@ -190,6 +227,7 @@ async fn follow(store: Arc<dyn Store>, shared: Arc<Shared>, kind: Kind, prefix: 
                         warden_store::EventKind::Delete => None,
                     };
                     shared.apply(kind, &ev.key, value);
+                    shared.mark(kind, ev.revision);
                 }
                 Some(Err(e)) => {
                     tracing::warn!(prefix, error = %e, "gateway view watch broke; listing again");

@@ -96,6 +96,8 @@ impl Launch {
         if self.demo {
             cmd.arg("--demo");
         }
+        // A warden killed with SIGKILL leaves its endpoints behind; never read a stale one.
+        let _ = std::fs::remove_file(dir.join("endpoints.json"));
         let mut child = cmd.spawn().expect("warden binary starts");
         let stdout = capture(child.stdout.take().unwrap());
         let stderr = capture(child.stderr.take().unwrap());

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -82,8 +83,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let api_addr = api_listener.local_addr()?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let sync = gateway.view_sync();
+    let api = warden_api::Api::new(store.clone(), Some(agent.clone()), &token).with_sync(Arc::new(move |key, rev| {
+        let sync = sync.clone();
+        Box::pin(async move { sync.caught_up(&key, rev).await })
+    }));
     let gateway_task = tokio::spawn(gateway.serve(stop_rx.clone()));
-    let api = warden_api::Api::new(store.clone(), Some(agent.clone()), &token);
     let api_task = tokio::spawn(warden_api::serve(api_listener, api, stop_rx));
 
     let ep = serde_json::json!({ "gateway": format!("http://{gateway_addr}"), "api": format!("http://{api_addr}") });

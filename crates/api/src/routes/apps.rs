@@ -26,7 +26,8 @@ pub async fn create(State(api): State<Api>, ApiJson(spec): ApiJson<AppSpec>) -> 
     spec.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
     let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
     match api.store.compare_and_swap(&keys::app_spec(&spec.name), None, Some(bytes), None).await? {
-        CasOutcome::Done(_) => {
+        CasOutcome::Done(rev) => {
+            api.applied(&keys::app_spec(&spec.name), rev).await;
             tracing::info!(app = %spec.name, "app created");
             Ok((StatusCode::CREATED, Json(spec)))
         }
@@ -48,7 +49,8 @@ pub async fn show(State(api): State<Api>, Path(name): Path<String>) -> Result<Js
 /// `DELETE /v1/apps/{name}`: agents stop the app's instances when they see the delete.
 pub async fn remove(State(api): State<Api>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     match api.store.delete(&keys::app_spec(&name)).await? {
-        Some(_) => {
+        Some(rev) => {
+            api.applied(&keys::app_spec(&name), rev).await;
             tracing::info!(app = %name, "app removed");
             Ok(StatusCode::NO_CONTENT)
         }

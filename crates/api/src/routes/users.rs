@@ -72,7 +72,8 @@ pub async fn create(State(api): State<Api>, ApiJson(new): ApiJson<NewUser>) -> R
     let record = UserRecord { name: new.name, password_hash: hash, clearance, groups: new.groups };
     let bytes = serde_json::to_vec(&record).map_err(ApiError::internal)?;
     match api.store.compare_and_swap(&keys::user(&record.name), None, Some(bytes), None).await? {
-        CasOutcome::Done(_) => {
+        CasOutcome::Done(rev) => {
+            api.applied(&keys::user(&record.name), rev).await;
             tracing::info!(user = %record.name, clearance = %record.clearance, "user created");
             Ok((StatusCode::CREATED, Json(record.into())))
         }
@@ -94,7 +95,10 @@ pub async fn show(State(api): State<Api>, Path(name): Path<String>) -> Result<Js
 /// `DELETE /v1/users/{name}`
 pub async fn remove(State(api): State<Api>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     match api.store.delete(&keys::user(&name)).await? {
-        Some(_) => Ok(StatusCode::NO_CONTENT),
+        Some(rev) => {
+            api.applied(&keys::user(&name), rev).await;
+            Ok(StatusCode::NO_CONTENT)
+        }
         None => Err(no_user(&name)),
     }
 }
