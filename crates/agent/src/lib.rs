@@ -39,7 +39,9 @@ pub enum AgentError {
         reason: String,
     },
     /// The program exited before accepting connections.
-    #[error("app {app:?} exited ({status}) before accepting connections; its last output:\n{log_tail}")]
+    #[error(
+        "app {app:?} exited ({status}) before accepting connections; its last output:\n{log_tail}"
+    )]
     Exited {
         /// App name.
         app: String,
@@ -120,7 +122,10 @@ impl Agent {
     pub async fn start(store: Arc<dyn Store>, config: AgentConfig) -> Result<Self, AgentError> {
         std::fs::create_dir_all(&config.log_dir).map_err(|e| AgentError::Spawn {
             app: String::new(),
-            reason: format!("cannot create log directory {}: {e}", config.log_dir.display()),
+            reason: format!(
+                "cannot create log directory {}: {e}",
+                config.log_dir.display()
+            ),
         })?;
         let lease = store.grant_lease(config.lease_ttl).await?;
         let agent = Self {
@@ -158,7 +163,13 @@ impl Agent {
             pid: std::process::id(),
             started_at_ms: now_ms(),
         };
-        put_json(&*self.inner.store, &keys::node(&record.id), &record, Some(self.lease())).await?;
+        put_json(
+            &*self.inner.store,
+            &keys::node(&record.id),
+            &record,
+            Some(self.lease()),
+        )
+        .await?;
         Ok(())
     }
 
@@ -168,10 +179,15 @@ impl Agent {
     async fn remove_stale_records(&self) -> Result<(), StoreError> {
         let listing = self.inner.store.list(keys::INSTANCES).await?;
         for e in listing.entries {
-            let Ok(r) = warden_store::decode::<InstanceRecord>(&e.key, &e.value) else { continue };
+            let Ok(r) = warden_store::decode::<InstanceRecord>(&e.key, &e.value) else {
+                continue;
+            };
             if r.node == self.node() && e.lease != Some(self.lease()) {
                 tracing::info!(app = %r.app, instance = %r.id, "removing the record of an instance from before a crash");
-                self.inner.store.compare_and_swap(&e.key, Some(e.mod_revision), None, None).await?;
+                self.inner
+                    .store
+                    .compare_and_swap(&e.key, Some(e.mod_revision), None, None)
+                    .await?;
             }
         }
         Ok(())
@@ -202,12 +218,25 @@ impl Agent {
     }
 
     async fn reregister(&self) -> Result<(), StoreError> {
-        let lease = self.inner.store.grant_lease(self.inner.config.lease_ttl).await?;
+        let lease = self
+            .inner
+            .store
+            .grant_lease(self.inner.config.lease_ttl)
+            .await?;
         *lock(&self.inner.lease) = lease;
         self.put_node().await?;
-        let records: Vec<InstanceRecord> = lock(&self.inner.running).values().map(|r| r.record.clone()).collect();
+        let records: Vec<InstanceRecord> = lock(&self.inner.running)
+            .values()
+            .map(|r| r.record.clone())
+            .collect();
         for r in records {
-            put_json(&*self.inner.store, &keys::instance(&r.app, &r.id), &r, Some(lease)).await?;
+            put_json(
+                &*self.inner.store,
+                &keys::instance(&r.app, &r.id),
+                &r,
+                Some(lease),
+            )
+            .await?;
         }
         Ok(())
     }
@@ -215,7 +244,9 @@ impl Agent {
     /// Stops the instances of apps that are deleted.
     async fn follow_app_deletes(self) {
         let mut stopping = self.inner.stopping.subscribe();
-        let Ok(mut w) = self.inner.store.watch(keys::APPS, 0).await else { return };
+        let Ok(mut w) = self.inner.store.watch(keys::APPS, 0).await else {
+            return;
+        };
         loop {
             let ev = tokio::select! {
                 ev = w.next() => ev,
@@ -223,7 +254,11 @@ impl Agent {
             };
             match ev {
                 Some(Ok(ev)) if ev.kind == warden_store::EventKind::Delete => {
-                    if let Some(app) = ev.key.strip_prefix("apps/").and_then(|k| k.strip_suffix("/spec")) {
+                    if let Some(app) = ev
+                        .key
+                        .strip_prefix("apps/")
+                        .and_then(|k| k.strip_suffix("/spec"))
+                    {
                         let ids: Vec<String> = lock(&self.inner.running)
                             .values()
                             .filter(|r| r.record.app == app)
@@ -284,7 +319,10 @@ impl Agent {
                 }
             }
         };
-        let done = rx.wait_for(|r| r.is_some()).await.map_err(|_| AgentError::ShuttingDown)?;
+        let done = rx
+            .wait_for(|r| r.is_some())
+            .await
+            .map_err(|_| AgentError::ShuttingDown)?;
         done.clone().unwrap_or(Err(AgentError::ShuttingDown))
     }
 
@@ -294,15 +332,24 @@ impl Agent {
             .await?
             .ok_or_else(|| AgentError::UnknownApp(app.to_owned()))?;
         let id = warden_core::id::short_id();
-        let spawn_err = |reason: String| AgentError::Spawn { app: app.to_owned(), reason };
-        let port = process::free_port().map_err(|e| spawn_err(format!("no free loopback port: {e}")))?;
+        let spawn_err = |reason: String| AgentError::Spawn {
+            app: app.to_owned(),
+            reason,
+        };
+        let port =
+            process::free_port().map_err(|e| spawn_err(format!("no free loopback port: {e}")))?;
         let log = self.log_path(app, &id);
         let mut env: BTreeMap<String, String> = spec.env.clone();
         env.insert("PORT".into(), port.to_string());
         env.insert("WARDEN_APP".into(), app.to_owned());
         env.insert("WARDEN_LABEL".into(), label.to_owned());
         env.insert("WARDEN_INSTANCE".into(), id.clone());
-        let launch = process::Launch { command: &spec.command, workdir: spec.workdir.as_deref(), env, log: &log };
+        let launch = process::Launch {
+            command: &spec.command,
+            workdir: spec.workdir.as_deref(),
+            env,
+            log: &log,
+        };
         let started = Instant::now();
         let mut child = process::spawn(&launch).map_err(|e| spawn_err(e.to_string()))?;
         let pid = child.id().unwrap_or(0);
@@ -319,7 +366,13 @@ impl Agent {
         };
         let (exit_tx, exit_rx) = watch::channel(false);
         let (status_tx, status_rx) = tokio::sync::oneshot::channel::<String>();
-        lock(&self.inner.running).insert(id.clone(), Running { record: record.clone(), exited: exit_rx.clone() });
+        lock(&self.inner.running).insert(
+            id.clone(),
+            Running {
+                record: record.clone(),
+                exited: exit_rx.clone(),
+            },
+        );
         tracing::info!(app, label, instance = %id, pid, %addr, "instance starting");
         // The monitor owns the child: it reaps it and cleans up whenever it exits.
         let key = keys::instance(app, &id);
@@ -396,11 +449,16 @@ impl Agent {
     pub async fn kill(&self, id: &str) -> Result<(), AgentError> {
         let (pid, mut exited) = {
             let running = lock(&self.inner.running);
-            let r = running.get(id).ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
+            let r = running
+                .get(id)
+                .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
             (r.record.pid, r.exited.clone())
         };
         process::signal_group(pid, Signal::SIGTERM);
-        if tokio::time::timeout(STOP_GRACE, exited.wait_for(|e| *e)).await.is_err() {
+        if tokio::time::timeout(STOP_GRACE, exited.wait_for(|e| *e))
+            .await
+            .is_err()
+        {
             process::signal_group(pid, Signal::SIGKILL);
             let _ = exited.wait_for(|e| *e).await;
         }
@@ -409,7 +467,10 @@ impl Agent {
 
     /// Instances running on this node.
     pub fn instances(&self) -> Vec<InstanceRecord> {
-        let mut v: Vec<_> = lock(&self.inner.running).values().map(|r| r.record.clone()).collect();
+        let mut v: Vec<_> = lock(&self.inner.running)
+            .values()
+            .map(|r| r.record.clone())
+            .collect();
         v.sort_by(|a, b| (&a.app, &a.label, &a.id).cmp(&(&b.app, &b.label, &b.id)));
         v
     }
@@ -433,7 +494,11 @@ enum Ready {
 }
 
 /// Waits until `addr` accepts a TCP connection, the process exits, or `timeout` passes.
-async fn wait_ready(addr: std::net::SocketAddr, mut exited: watch::Receiver<bool>, timeout: Duration) -> Ready {
+async fn wait_ready(
+    addr: std::net::SocketAddr,
+    mut exited: watch::Receiver<bool>,
+    timeout: Duration,
+) -> Ready {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut pause = Duration::from_millis(1);
     loop {

@@ -26,7 +26,9 @@ pub(crate) struct Launch<'a> {
 /// A free loopback port. Another process could take it before the instance binds; the instance
 /// then exits at once and the start fails with its message, never a hang.
 pub(crate) fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+        .local_addr()?
+        .port())
 }
 
 /// Loopback address of `port`.
@@ -37,10 +39,14 @@ pub(crate) fn loopback(port: u16) -> SocketAddr {
 /// Starts the process with a clean environment, output appended to `log`, in its own process
 /// group, and tied to the agent's life by a parent-death signal.
 pub(crate) fn spawn(l: &Launch<'_>) -> std::io::Result<Child> {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(l.log)?;
-    let (program, args) = l.command.split_first().ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command")
-    })?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(l.log)?;
+    let (program, args) = l
+        .command
+        .split_first()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"))?;
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env_clear()
@@ -78,7 +84,9 @@ pub(crate) fn signal_group(pid: u32, signal: nix::sys::signal::Signal) {
 /// The last `lines` lines of a log file, for error messages.
 pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
     use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else { return String::new() };
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let _ = f.seek(SeekFrom::Start(len.saturating_sub(4096)));
     let mut buf = Vec::new();

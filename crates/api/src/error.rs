@@ -19,7 +19,10 @@ pub struct ApiError {
 impl ApiError {
     /// An error with a status and a message that says what to do.
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self { status, message: message.into() }
+        Self {
+            status,
+            message: message.into(),
+        }
     }
 
     /// 400 Bad Request.
@@ -45,7 +48,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(serde_json::json!({ "error": self.message }))).into_response()
+        (
+            self.status,
+            Json(serde_json::json!({ "error": self.message })),
+        )
+            .into_response()
     }
 }
 
@@ -77,5 +84,11 @@ fn json_rejection(r: JsonRejection) -> ApiError {
         JsonRejection::JsonDataError(_) => StatusCode::UNPROCESSABLE_ENTITY,
         _ => StatusCode::BAD_REQUEST,
     };
-    ApiError::new(status, format!("{}; the body must be a JSON object as the OpenAPI document describes", r.body_text()))
+    ApiError::new(
+        status,
+        format!(
+            "{}; the body must be a JSON object as the OpenAPI document describes",
+            r.body_text()
+        ),
+    )
 }

@@ -75,7 +75,12 @@ pub struct Api {
 impl Api {
     /// API state guarded by `admin_token`.
     pub fn new(store: Arc<dyn Store>, agent: Option<Agent>, admin_token: &str) -> Self {
-        Self { store, agent, token: admin_token.into(), sync: None }
+        Self {
+            store,
+            agent,
+            token: admin_token.into(),
+            sync: None,
+        }
     }
 
     /// Makes writes answer only once `hook` says they are applied, so that a user or app created
@@ -88,8 +93,15 @@ impl Api {
     /// Waits (bounded) until the local consumers have applied the write of `key` at `revision`.
     pub(crate) async fn applied(&self, key: &str, revision: u64) {
         if let Some(hook) = &self.sync {
-            if tokio::time::timeout(SYNC_WAIT, hook(key.to_owned(), revision)).await.is_err() {
-                tracing::warn!(key, revision, "the local gateway has not applied a write yet; answering anyway");
+            if tokio::time::timeout(SYNC_WAIT, hook(key.to_owned(), revision))
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    key,
+                    revision,
+                    "the local gateway has not applied a write yet; answering anyway"
+                );
             }
         }
     }
@@ -108,16 +120,28 @@ impl Api {
             .route("/v1/instances/{id}", delete(instances::kill))
             .route("/v1/nodes", get(nodes::list))
             .route("/v1/lattice", get(lattice::show).put(lattice::replace))
-            .route_layer(axum::middleware::from_fn_with_state(self.clone(), require_admin));
+            .route_layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                require_admin,
+            ));
         Router::new()
-            .route("/healthz", get(|| async { Json(serde_json::json!({ "status": "ok" })) }))
-            .route("/v1/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }))
+            .route(
+                "/healthz",
+                get(|| async { Json(serde_json::json!({ "status": "ok" })) }),
+            )
+            .route(
+                "/v1/openapi.json",
+                get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
+            )
             .merge(admin)
             .fallback(|| async {
                 ApiError::not_found("no such route; GET /v1/openapi.json lists the API")
             })
             .method_not_allowed_fallback(|| async {
-                ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route; GET /v1/openapi.json lists the API")
+                ApiError::new(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "method not allowed on this route; GET /v1/openapi.json lists the API",
+                )
             })
             .layer(axum::extract::DefaultBodyLimit::max(1024 * 1024))
             .with_state(self)
@@ -139,12 +163,19 @@ async fn require_admin(State(api): State<Api>, req: Request, next: Next) -> Resp
         "admin token required: send `Authorization: Bearer <token>` (the token is in DATA_DIR/admin-token)",
     )
     .into_response();
-    resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    resp.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
     resp
 }
 
 /// Serves the API on `listener` until `shutdown` turns true.
-pub async fn serve(listener: tokio::net::TcpListener, api: Api, mut shutdown: tokio::sync::watch::Receiver<bool>) -> std::io::Result<()> {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    api: Api,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
     axum::serve(listener, api.router())
         .with_graceful_shutdown(async move {
             let _ = shutdown.wait_for(|s| *s).await;
@@ -166,7 +197,10 @@ mod tests {
             }
         }
         documented.sort();
-        let mut served: Vec<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+        let mut served: Vec<(String, String)> = ROUTES
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
         served.sort();
         assert_eq!(documented, served);
     }

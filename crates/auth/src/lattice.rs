@@ -35,7 +35,9 @@ pub enum LatticeError {
     #[error("the lattice is empty; give at least one level or category")]
     Empty,
     /// A level or category name is unusable.
-    #[error("{0:?} is not a usable level or category name: use letters, digits, spaces, '_' and '-'")]
+    #[error(
+        "{0:?} is not a usable level or category name: use letters, digits, spaces, '_' and '-'"
+    )]
     BadName(String),
     /// A name appears twice.
     #[error("{0:?} appears twice in the lattice")]
@@ -66,7 +68,10 @@ pub enum LatticeError {
 impl Lattice {
     /// A linear lattice of `levels`, lowest first.
     pub fn linear<S: Into<String>>(levels: impl IntoIterator<Item = S>) -> Self {
-        Self { levels: levels.into_iter().map(Into::into).collect(), categories: vec![] }
+        Self {
+            levels: levels.into_iter().map(Into::into).collect(),
+            categories: vec![],
+        }
     }
 
     /// Checks names: non-empty, no separators, no duplicates.
@@ -79,7 +84,8 @@ impl Lattice {
             let ok = !n.trim().is_empty()
                 && n.len() <= 64
                 && n.trim() == n
-                && n.chars().all(|c| c.is_alphanumeric() || c == ' ' || c == '_' || c == '-');
+                && n.chars()
+                    .all(|c| c.is_alphanumeric() || c == ' ' || c == '_' || c == '-');
             if !ok {
                 return Err(LatticeError::BadName(n.clone()));
             }
@@ -97,26 +103,40 @@ impl Lattice {
         let (level_part, cat_part) = if let Some(rest) = text.strip_prefix('{') {
             (None, Some(rest))
         } else if let Some((l, c)) = text.split_once(':') {
-            (Some(l.trim()), Some(c.trim().strip_prefix('{').ok_or_else(malformed)?))
+            (
+                Some(l.trim()),
+                Some(c.trim().strip_prefix('{').ok_or_else(malformed)?),
+            )
         } else {
             (Some(text), None)
         };
         let level = match level_part {
             Some(l) => Some(self.levels.iter().position(|x| x == l).ok_or_else(|| {
-                LatticeError::UnknownLevel { level: l.to_owned(), known: self.levels.join(" < ") }
+                LatticeError::UnknownLevel {
+                    level: l.to_owned(),
+                    known: self.levels.join(" < "),
+                }
             })?),
             None => None,
         };
         if level.is_none() && !self.levels.is_empty() {
-            return Err(LatticeError::UnknownLevel { level: String::new(), known: self.levels.join(" < ") });
+            return Err(LatticeError::UnknownLevel {
+                level: String::new(),
+                known: self.levels.join(" < "),
+            });
         }
         let mut categories = BTreeSet::new();
         if let Some(c) = cat_part {
             let inner = c.strip_suffix('}').ok_or_else(malformed)?;
             for name in inner.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                let i = self.categories.iter().position(|x| x == name).ok_or_else(|| {
-                    LatticeError::UnknownCategory { category: name.to_owned(), known: self.categories.join(", ") }
-                })?;
+                let i = self
+                    .categories
+                    .iter()
+                    .position(|x| x == name)
+                    .ok_or_else(|| LatticeError::UnknownCategory {
+                        category: name.to_owned(),
+                        known: self.categories.join(", "),
+                    })?;
                 categories.insert(i);
             }
         }
@@ -126,7 +146,11 @@ impl Lattice {
     /// The canonical text form of `label`.
     pub fn format(&self, label: &Label) -> String {
         let cats = || {
-            let names: Vec<&str> = label.categories.iter().map(|&i| self.categories[i].as_str()).collect();
+            let names: Vec<&str> = label
+                .categories
+                .iter()
+                .map(|&i| self.categories[i].as_str())
+                .collect();
             format!("{{{}}}", names.join(","))
         };
         match (label.level, self.categories.is_empty()) {
@@ -148,7 +172,10 @@ impl Lattice {
 
     /// The least upper bound of `a` and `b`.
     pub fn join(&self, a: &Label, b: &Label) -> Label {
-        Label { level: a.level.max(b.level), categories: a.categories.union(&b.categories).copied().collect() }
+        Label {
+            level: a.level.max(b.level),
+            categories: a.categories.union(&b.categories).copied().collect(),
+        }
     }
 }
 
@@ -157,7 +184,13 @@ mod tests {
     use super::*;
 
     fn nato() -> Lattice {
-        Lattice::linear(["UNCLASSIFIED", "RESTRICTED", "CONFIDENTIAL", "SECRET", "TOP SECRET"])
+        Lattice::linear([
+            "UNCLASSIFIED",
+            "RESTRICTED",
+            "CONFIDENTIAL",
+            "SECRET",
+            "TOP SECRET",
+        ])
     }
 
     #[test]
@@ -169,12 +202,18 @@ mod tests {
         assert!(l.flows_to(&conf, &ts));
         assert!(!l.flows_to(&ts, &conf));
         assert_eq!(l.format(&l.join(&conf, &ts)), "TOP SECRET");
-        assert!(matches!(l.parse("COSMIC"), Err(LatticeError::UnknownLevel { .. })));
+        assert!(matches!(
+            l.parse("COSMIC"),
+            Err(LatticeError::UnknownLevel { .. })
+        ));
     }
 
     #[test]
     fn subsets_and_products() {
-        let l = Lattice { levels: vec![], categories: vec!["A".into(), "B".into(), "C".into()] };
+        let l = Lattice {
+            levels: vec![],
+            categories: vec!["A".into(), "B".into(), "C".into()],
+        };
         let ab = l.parse("{B, A}").expect("parses");
         assert_eq!(l.format(&ab), "{A,B}");
         let c = l.parse("{C}").expect("parses");
@@ -182,21 +221,36 @@ mod tests {
         assert_eq!(l.format(&l.join(&ab, &c)), "{A,B,C}");
         assert_eq!(l.canonical("{}").expect("bottom"), "{}");
 
-        let p = Lattice { levels: vec!["LOW".into(), "HIGH".into()], categories: vec!["X".into(), "Y".into()] };
+        let p = Lattice {
+            levels: vec!["LOW".into(), "HIGH".into()],
+            categories: vec!["X".into(), "Y".into()],
+        };
         assert_eq!(p.canonical("HIGH:{Y,X}").expect("parses"), "HIGH:{X,Y}");
         assert_eq!(p.canonical("LOW").expect("parses"), "LOW:{}");
         let a = p.parse("LOW:{X}").expect("parses");
         let b = p.parse("HIGH:{Y}").expect("parses");
         assert_eq!(p.format(&p.join(&a, &b)), "HIGH:{X,Y}");
-        assert!(matches!(p.parse("HIGH:{Z}"), Err(LatticeError::UnknownCategory { .. })));
+        assert!(matches!(
+            p.parse("HIGH:{Z}"),
+            Err(LatticeError::UnknownCategory { .. })
+        ));
         assert!(matches!(p.parse("HIGH:X"), Err(LatticeError::Malformed(_))));
-        assert!(matches!(p.parse("{X}"), Err(LatticeError::UnknownLevel { .. })));
+        assert!(matches!(
+            p.parse("{X}"),
+            Err(LatticeError::UnknownLevel { .. })
+        ));
     }
 
     #[test]
     fn bad_lattices_are_refused() {
         assert_eq!(Lattice::default().validate(), Err(LatticeError::Empty));
-        assert!(matches!(Lattice::linear(["A", "A"]).validate(), Err(LatticeError::Duplicate(_))));
-        assert!(matches!(Lattice::linear(["A:B"]).validate(), Err(LatticeError::BadName(_))));
+        assert!(matches!(
+            Lattice::linear(["A", "A"]).validate(),
+            Err(LatticeError::Duplicate(_))
+        ));
+        assert!(matches!(
+            Lattice::linear(["A:B"]).validate(),
+            Err(LatticeError::BadName(_))
+        ));
     }
 }

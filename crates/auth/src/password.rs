@@ -5,7 +5,9 @@
 
 use std::sync::OnceLock;
 
-use argon2::password_hash::{rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::{
+    rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString,
+};
 use argon2::Argon2;
 use rand::Rng;
 
@@ -55,8 +57,12 @@ pub fn verify_password(phc: Option<&str>, password: &str) -> bool {
         Some(p) => (p, true),
         None => (dummy_hash(), false),
     };
-    let Ok(parsed) = PasswordHash::new(phc) else { return false };
-    let ok = Argon2::default().verify_password(password.as_bytes(), &parsed).is_ok();
+    let Ok(parsed) = PasswordHash::new(phc) else {
+        return false;
+    };
+    let ok = Argon2::default()
+        .verify_password(password.as_bytes(), &parsed)
+        .is_ok();
     ok && real
 }
 
@@ -72,7 +78,9 @@ fn dummy_hash() -> &'static str {
 pub fn generate_password() -> String {
     const ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789";
     let mut rng = rand::rngs::OsRng;
-    (0..24).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect()
+    (0..24)
+        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+        .collect()
 }
 
 #[cfg(test)]
@@ -88,13 +96,20 @@ mod tests {
         assert!(!verify_password(Some(&h), "correct horsf"));
         assert!(!verify_password(None, "correct horse"));
         assert!(!verify_password(Some("not a phc string"), "x"));
-        assert_ne!(h, hash_password("correct horse").expect("hash"), "salts differ");
+        assert_ne!(
+            h,
+            hash_password("correct horse").expect("hash"),
+            "salts differ"
+        );
     }
 
     #[test]
     fn bad_passwords_are_refused() {
         assert_eq!(hash_password("short"), Err(PasswordError::TooShort));
-        assert_eq!(hash_password(&"x".repeat(2000)), Err(PasswordError::TooLong));
+        assert_eq!(
+            hash_password(&"x".repeat(2000)),
+            Err(PasswordError::TooLong)
+        );
         let p = generate_password();
         assert_eq!(p.len(), 24);
         assert_ne!(p, generate_password());

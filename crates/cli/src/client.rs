@@ -16,29 +16,57 @@ pub(crate) struct Client {
 
 impl Client {
     pub fn new(endpoint: Endpoint) -> Self {
-        Self { endpoint, http: HyperClient::builder(TokioExecutor::new()).build_http() }
+        Self {
+            endpoint,
+            http: HyperClient::builder(TokioExecutor::new()).build_http(),
+        }
     }
 
     /// Sends a request and returns the JSON answer (Null for an empty one). A non-2xx answer
     /// becomes an error carrying the API's message.
-    pub async fn send(&self, method: &str, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.endpoint.api);
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let req = http::Request::builder()
             .method(method)
             .uri(&url)
-            .header(http::header::AUTHORIZATION, format!("Bearer {}", self.endpoint.token))
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", self.endpoint.token),
+            )
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
-            .with_context(|| format!("{url} is not a usable URL; pass --api like http://127.0.0.1:7701"))?;
+            .with_context(|| {
+                format!("{url} is not a usable URL; pass --api like http://127.0.0.1:7701")
+            })?;
         let resp = self.http.request(req).await.map_err(|e| {
-            anyhow!("cannot reach the warden API at {}: {e}; is `warden up` running there?", self.endpoint.api)
+            anyhow!(
+                "cannot reach the warden API at {}: {e}; is `warden up` running there?",
+                self.endpoint.api
+            )
         })?;
         let status = resp.status();
-        let bytes = resp.into_body().collect().await.context("reading the API's answer")?.to_bytes();
-        let value: Value = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or(Value::Null) };
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .context("reading the API's answer")?
+            .to_bytes();
+        let value: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+        };
         if !status.is_success() {
-            let msg = value["error"].as_str().map(str::to_owned).unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+            let msg = value["error"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
             bail!("{msg} (HTTP {})", status.as_u16());
         }
         Ok(value)

@@ -19,7 +19,10 @@ pub struct Endpoint {
 
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint").field("api", &self.api).field("token", &"<redacted>").finish()
+        f.debug_struct("Endpoint")
+            .field("api", &self.api)
+            .field("token", &"<redacted>")
+            .finish()
     }
 }
 
@@ -51,8 +54,11 @@ fn read_file_config(args: &ClientArgs) -> anyhow::Result<FileConfig> {
         },
     };
     match std::fs::read_to_string(&path) {
-        Ok(text) => toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(FileConfig::default()),
+        Ok(text) => toml::from_str(&text)
+            .with_context(|| format!("config file {} is not valid", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
+            Ok(FileConfig::default())
+        }
         Err(e) => Err(e).with_context(|| format!("cannot read config file {}", path.display())),
     }
 }
@@ -97,5 +103,8 @@ pub(crate) fn resolve(args: &ClientArgs) -> anyhow::Result<Endpoint> {
             read_token(&p)?
         }
     };
-    Ok(Endpoint { api: api.trim_end_matches('/').to_owned(), token })
+    Ok(Endpoint {
+        api: api.trim_end_matches('/').to_owned(),
+        token,
+    })
 }

@@ -32,7 +32,12 @@ pub struct ClientArgs {
     #[arg(long, env = "WARDEN_CONFIG", global = true)]
     pub config: Option<std::path::PathBuf>,
     /// Data directory of a local `warden up`, used to find the API and token when nothing else says
-    #[arg(long, env = "WARDEN_DATA_DIR", global = true, default_value = "warden-data")]
+    #[arg(
+        long,
+        env = "WARDEN_DATA_DIR",
+        global = true,
+        default_value = "warden-data"
+    )]
     pub data_dir: std::path::PathBuf,
     /// Print JSON instead of tables
     #[arg(long, global = true)]
@@ -179,10 +184,20 @@ fn s(v: &Value) -> String {
 
 async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::Result<()> {
     match cmd {
-        AppsCommand::Create { name, command, env, hosts, groups, workdir, start_timeout_ms } => {
+        AppsCommand::Create {
+            name,
+            command,
+            env,
+            hosts,
+            groups,
+            workdir,
+            start_timeout_ms,
+        } => {
             let mut envs = BTreeMap::new();
             for kv in env {
-                let Some((k, v)) = kv.split_once('=') else { bail!("--env {kv:?} must be KEY=VALUE") };
+                let Some((k, v)) = kv.split_once('=') else {
+                    bail!("--env {kv:?} must be KEY=VALUE")
+                };
                 envs.insert(k.to_owned(), v.to_owned());
             }
             let mut body = json!({ "name": name, "command": command, "env": envs, "hosts": hosts, "groups": groups });
@@ -193,23 +208,37 @@ async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::R
                 body["start_timeout_ms"] = json!(t);
             }
             let v = api.send("POST", "/v1/apps", Some(body)).await?;
-            out.value(&v, |v| println!("app {} created; it is served at /apps/{}/", s(&v["name"]), s(&v["name"])));
+            out.value(&v, |v| {
+                println!(
+                    "app {} created; it is served at /apps/{}/",
+                    s(&v["name"]),
+                    s(&v["name"])
+                )
+            });
         }
         AppsCommand::List => {
             let v = api.send("GET", "/v1/apps", None).await?;
             out.value(&v, |v| {
                 let rows = v.as_array().into_iter().flatten().map(|a| {
-                    vec![s(&a["name"]), s(&a["command"]).replace(',', " "), s(&a["groups"]), s(&a["hosts"])]
+                    vec![
+                        s(&a["name"]),
+                        s(&a["command"]).replace(',', " "),
+                        s(&a["groups"]),
+                        s(&a["hosts"]),
+                    ]
                 });
                 table::print(&["NAME", "COMMAND", "GROUPS", "HOSTS"], rows);
             });
         }
         AppsCommand::Show { name } => {
             let v = api.send("GET", &format!("/v1/apps/{name}"), None).await?;
-            out.value(&v, |v| println!("{}", serde_json::to_string_pretty(v).unwrap_or_default()));
+            out.value(&v, |v| {
+                println!("{}", serde_json::to_string_pretty(v).unwrap_or_default())
+            });
         }
         AppsCommand::Rm { name } => {
-            api.send("DELETE", &format!("/v1/apps/{name}"), None).await?;
+            api.send("DELETE", &format!("/v1/apps/{name}"), None)
+                .await?;
             out.done(format!("app {name} removed; its instances are stopping"));
         }
     }
@@ -218,10 +247,17 @@ async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::R
 
 async fn users(api: &client::Client, out: &Output, cmd: UsersCommand) -> anyhow::Result<()> {
     match cmd {
-        UsersCommand::Add { name, clearance, groups, password_stdin } => {
+        UsersCommand::Add {
+            name,
+            clearance,
+            groups,
+            password_stdin,
+        } => {
             let (password, generated) = if password_stdin {
                 let mut line = String::new();
-                std::io::stdin().read_to_string(&mut line).context("reading the password from standard input")?;
+                std::io::stdin()
+                    .read_to_string(&mut line)
+                    .context("reading the password from standard input")?;
                 let p = line.lines().next().unwrap_or("").to_owned();
                 (p, false)
             } else {
@@ -233,7 +269,11 @@ async fn users(api: &client::Client, out: &Output, cmd: UsersCommand) -> anyhow:
                 v["password"] = json!(password);
             }
             out.value(&v, |v| {
-                println!("user {} added with clearance {}", s(&v["name"]), s(&v["clearance"]));
+                println!(
+                    "user {} added with clearance {}",
+                    s(&v["name"]),
+                    s(&v["clearance"])
+                );
                 if generated {
                     println!("password (shown once): {password}");
                 }
@@ -242,31 +282,52 @@ async fn users(api: &client::Client, out: &Output, cmd: UsersCommand) -> anyhow:
         UsersCommand::List => {
             let v = api.send("GET", "/v1/users", None).await?;
             out.value(&v, |v| {
-                let rows = v.as_array().into_iter().flatten().map(|u| vec![s(&u["name"]), s(&u["clearance"]), s(&u["groups"])]);
+                let rows = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|u| vec![s(&u["name"]), s(&u["clearance"]), s(&u["groups"])]);
                 table::print(&["NAME", "CLEARANCE", "GROUPS"], rows);
             });
         }
         UsersCommand::Rm { name } => {
-            api.send("DELETE", &format!("/v1/users/{name}"), None).await?;
+            api.send("DELETE", &format!("/v1/users/{name}"), None)
+                .await?;
             out.done(format!("user {name} removed"));
         }
     }
     Ok(())
 }
 
-async fn instances(api: &client::Client, out: &Output, cmd: InstancesCommand) -> anyhow::Result<()> {
+async fn instances(
+    api: &client::Client,
+    out: &Output,
+    cmd: InstancesCommand,
+) -> anyhow::Result<()> {
     match cmd {
         InstancesCommand::List => {
             let v = api.send("GET", "/v1/instances", None).await?;
             out.value(&v, |v| {
                 let rows = v.as_array().into_iter().flatten().map(|i| {
-                    vec![s(&i["id"]), s(&i["app"]), s(&i["label"]), s(&i["state"]), s(&i["node"]), s(&i["addr"]), s(&i["pid"])]
+                    vec![
+                        s(&i["id"]),
+                        s(&i["app"]),
+                        s(&i["label"]),
+                        s(&i["state"]),
+                        s(&i["node"]),
+                        s(&i["addr"]),
+                        s(&i["pid"]),
+                    ]
                 });
-                table::print(&["ID", "APP", "LABEL", "STATE", "NODE", "ADDR", "PID"], rows);
+                table::print(
+                    &["ID", "APP", "LABEL", "STATE", "NODE", "ADDR", "PID"],
+                    rows,
+                );
             });
         }
         InstancesCommand::Kill { id } => {
-            api.send("DELETE", &format!("/v1/instances/{id}"), None).await?;
+            api.send("DELETE", &format!("/v1/instances/{id}"), None)
+                .await?;
             out.done(format!("instance {id} killed"));
         }
     }
@@ -276,12 +337,23 @@ async fn instances(api: &client::Client, out: &Output, cmd: InstancesCommand) ->
 async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
     let v = api.send("GET", "/v1/status", None).await?;
     out.value(&v, |v| {
-        println!("nodes: {}   users: {}   store revision: {}", s(&v["nodes"]), s(&v["users"]), s(&v["revision"]));
+        println!(
+            "nodes: {}   users: {}   store revision: {}",
+            s(&v["nodes"]),
+            s(&v["users"]),
+            s(&v["revision"])
+        );
         let rows = v["apps"].as_array().into_iter().flatten().map(|a| {
             let inst = a["instances"].as_object().map(|m| {
-                m.iter().map(|(l, n)| format!("{l}={n}")).collect::<Vec<_>>().join(" ")
+                m.iter()
+                    .map(|(l, n)| format!("{l}={n}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
             });
-            vec![s(&a["name"]), inst.filter(|x| !x.is_empty()).unwrap_or_else(|| "-".into())]
+            vec![
+                s(&a["name"]),
+                inst.filter(|x| !x.is_empty()).unwrap_or_else(|| "-".into()),
+            ]
         });
         table::print(&["APP", "INSTANCES BY LABEL"], rows);
     });

@@ -14,7 +14,11 @@ pub(crate) fn render(headers: &[&str], rows: impl IntoIterator<Item = Vec<String
         }
     }
     let line = |cells: Vec<&str>| {
-        let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
         padded.join("  ").trim_end().to_owned() + "\n"
     };
     let mut out = line(headers.to_vec());

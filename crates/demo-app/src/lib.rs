@@ -28,12 +28,20 @@ impl Identity {
     /// Reads the identity from the environment; missing values read as "unknown".
     pub fn from_env() -> Self {
         let var = |k: &str| std::env::var(k).unwrap_or_else(|_| "unknown".into());
-        Self { app: var("WARDEN_APP"), label: var("WARDEN_LABEL"), instance: var("WARDEN_INSTANCE") }
+        Self {
+            app: var("WARDEN_APP"),
+            label: var("WARDEN_LABEL"),
+            instance: var("WARDEN_INSTANCE"),
+        }
     }
 }
 
 fn respond(id: &Identity, req: &Request<Incoming>) -> Response<Full<Bytes>> {
-    let user = req.headers().get("x-warden-user").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let user = req
+        .headers()
+        .get("x-warden-user")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     let body = serde_json::json!({
         "app": id.app,
         "label": id.label,
@@ -53,7 +61,8 @@ fn respond(id: &Identity, req: &Request<Incoming>) -> Response<Full<Bytes>> {
 
 /// Serves on 127.0.0.1:`port` until the process is killed.
 pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
+    let listener =
+        tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
     loop {
         let (stream, _) = listener.accept().await?;
         let id = id.clone();
@@ -62,7 +71,9 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                 let resp = respond(&id, &req);
                 async move { Ok::<_, Infallible>(resp) }
             });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
         });
     }
 }

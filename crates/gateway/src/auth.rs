@@ -26,16 +26,27 @@ pub(crate) fn basic(headers: &HeaderMap) -> Option<Basic> {
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;
     }
-    let decoded = base64::engine::general_purpose::STANDARD.decode(rest.trim()).ok()?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .ok()?;
     let text = String::from_utf8(decoded).ok()?;
     let (user, password) = text.split_once(':')?;
-    Some(Basic { user: user.to_owned(), password: password.to_owned() })
+    Some(Basic {
+        user: user.to_owned(),
+        password: password.to_owned(),
+    })
 }
 
 /// Verifies credentials against `user` (absent users cost the same as present ones) on the
 /// blocking pool, at most `pool` verifications at once.
-pub(crate) async fn verify(pool: &Semaphore, user: Option<Arc<UserRecord>>, password: String) -> bool {
-    let Ok(_permit) = pool.acquire().await else { return false };
+pub(crate) async fn verify(
+    pool: &Semaphore,
+    user: Option<Arc<UserRecord>>,
+    password: String,
+) -> bool {
+    let Ok(_permit) = pool.acquire().await else {
+        return false;
+    };
     tokio::task::spawn_blocking(move || {
         warden_auth::verify_password(user.as_deref().map(|u| u.password_hash.as_str()), &password)
     })
@@ -51,7 +62,10 @@ mod tests {
     fn parses_basic_and_refuses_junk() {
         let mut h = HeaderMap::new();
         assert!(basic(&h).is_none());
-        h.insert(http::header::AUTHORIZATION, "Basic YWxpY2U6cDpw".parse().expect("header"));
+        h.insert(
+            http::header::AUTHORIZATION,
+            "Basic YWxpY2U6cDpw".parse().expect("header"),
+        );
         let b = basic(&h).expect("parses");
         assert_eq!((b.user.as_str(), b.password.as_str()), ("alice", "p:p"));
         for junk in ["Bearer abc", "Basic !!!", "Basic YWxpY2U=", "Basic"] {

@@ -49,12 +49,23 @@ pub struct Gateway {
 impl Gateway {
     /// Binds `addr` and loads the views of apps, users and instances before returning, so the
     /// first request already sees them.
-    pub async fn bind(addr: SocketAddr, store: Arc<dyn Store>, agent: Agent) -> std::io::Result<Self> {
+    pub async fn bind(
+        addr: SocketAddr,
+        store: Arc<dyn Store>,
+        agent: Agent,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let views = views::Shared::new();
         views::follow_all(store, views.clone()).await;
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        let state = Arc::new(State { views, agent, client: proxy::client(), verify_pool: Semaphore::new(cores) });
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let state = Arc::new(State {
+            views,
+            agent,
+            client: proxy::client(),
+            verify_pool: Semaphore::new(cores),
+        });
         Ok(Self { listener, state })
     }
 
@@ -66,7 +77,9 @@ impl Gateway {
     /// A handle that tells when the gateway's views have caught up with a store revision; the API
     /// uses it so a client that created a user or app can use it at once.
     pub fn view_sync(&self) -> ViewSync {
-        ViewSync { views: self.state.views.clone() }
+        ViewSync {
+            views: self.state.views.clone(),
+        }
     }
 
     /// Serves until `shutdown` turns true.
@@ -115,51 +128,72 @@ impl ViewSync {
     }
 }
 
-/// Where a request is going: the app and the path to send it.
-struct Target {
-    app: String,
-    path_and_query: String,
+/// Where a request is going.
+enum Route {
+    /// To an app, with the path to send it.
+    App { app: String, path_and_query: String },
+    /// To the same path with a trailing slash, so the app's relative links resolve.
+    AddSlash(String),
+    /// Nowhere.
+    Nowhere(String),
 }
 
-fn target(state: &State, req: &Request<Incoming>) -> Result<Target, Response<Body>> {
+fn route(state: &State, req: &Request<Incoming>) -> Route {
     let path = req.uri().path();
-    let query = req.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
+    let query = req
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
     if let Some(rest) = path.strip_prefix("/apps/") {
-        let (app, tail) = match rest.split_once('/') {
-            Some((a, t)) => (a, format!("/{t}")),
-            None => {
-                // `/apps/demo` → `/apps/demo/`, so relative links in the app resolve.
-                let mut resp = Response::new(respond::full(bytes::Bytes::new()));
-                *resp.status_mut() = StatusCode::PERMANENT_REDIRECT;
-                if let Ok(v) = http::HeaderValue::from_str(&format!("{path}/{query}")) {
-                    resp.headers_mut().insert(http::header::LOCATION, v);
-                }
-                return Err(resp);
-            }
+        return match rest.split_once('/') {
+            Some((app, tail)) => Route::App {
+                app: app.to_owned(),
+                path_and_query: format!("/{tail}{query}"),
+            },
+            None => Route::AddSlash(format!("{path}/{query}")),
         };
-        return Ok(Target { app: app.to_owned(), path_and_query: format!("{tail}{query}") });
     }
     let host = req
         .headers()
         .get(http::header::HOST)
         .and_then(|h| h.to_str().ok())
-        .map(|h| h.rsplit_once(':').map_or(h, |(name, _)| name).to_ascii_lowercase());
-    if let Some(app) = host.and_then(|h| state.views.read().hosts.get(&h).cloned()) {
-        return Ok(Target { app, path_and_query: format!("{path}{query}") });
+        .map(|h| {
+            h.rsplit_once(':')
+                .map_or(h, |(name, _)| name)
+                .to_ascii_lowercase()
+        });
+    match host.and_then(|h| state.views.read().hosts.get(&h).cloned()) {
+        Some(app) => Route::App {
+            app,
+            path_and_query: format!("{path}{query}"),
+        },
+        None => Route::Nowhere(format!(
+            "nothing is served at {path}; apps are under /apps/<name>/ or at their host names"
+        )),
     }
-    Err(GatewayError::NotFound(format!(
-        "nothing is served at {path}; apps are under /apps/<name>/ or at their host names"
-    ))
-    .into_response())
+}
+
+fn redirect(location: &str) -> Response<Body> {
+    let mut resp = Response::new(respond::full(bytes::Bytes::new()));
+    *resp.status_mut() = StatusCode::PERMANENT_REDIRECT;
+    if let Ok(v) = http::HeaderValue::from_str(location) {
+        resp.headers_mut().insert(http::header::LOCATION, v);
+    }
+    resp
 }
 
 async fn handle(state: &State, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
     if req.uri().path() == "/healthz" {
         return respond::json(StatusCode::OK, &serde_json::json!({ "status": "ok" }));
     }
-    let target = match target(state, &req) {
-        Ok(t) => t,
-        Err(resp) => return resp,
+    let (app, path_and_query) = match route(state, &req) {
+        Route::App {
+            app,
+            path_and_query,
+        } => (app, path_and_query),
+        Route::AddSlash(location) => return redirect(&location),
+        Route::Nowhere(why) => return GatewayError::NotFound(why).into_response(),
     };
     // Authenticate before saying whether the app exists, so strangers learn nothing.
     let Some(creds) = auth::basic(req.headers()) else {
@@ -167,18 +201,24 @@ async fn handle(state: &State, req: Request<Incoming>, peer: SocketAddr) -> Resp
     };
     let (user, spec) = {
         let v = state.views.read();
-        (v.users.get(&creds.user).cloned(), v.apps.get(&target.app).cloned())
+        (v.users.get(&creds.user).cloned(), v.apps.get(&app).cloned())
     };
     if !auth::verify(&state.verify_pool, user.clone(), creds.password).await {
         tracing::info!(user = %creds.user, %peer, "authentication failed");
         return GatewayError::Unauthenticated.into_response();
     }
-    let Some(user) = user else { return GatewayError::Unauthenticated.into_response() };
+    let Some(user) = user else {
+        return GatewayError::Unauthenticated.into_response();
+    };
     let Some(spec) = spec else {
-        return GatewayError::NotFound(format!("no app named {:?}", target.app)).into_response();
+        return GatewayError::NotFound(format!("no app named {app:?}")).into_response();
     };
     if !spec.groups.is_empty() && !spec.groups.iter().any(|g| user.groups.contains(g)) {
-        return GatewayError::Forbidden { user: user.name.clone(), app: spec.name.clone() }.into_response();
+        return GatewayError::Forbidden {
+            user: user.name.clone(),
+            app: spec.name.clone(),
+        }
+        .into_response();
     }
     let label = user.clearance.as_str();
     let instance = match state.views.pick(&spec.name, label) {
@@ -188,8 +228,21 @@ async fn handle(state: &State, req: Request<Incoming>, peer: SocketAddr) -> Resp
             Err(e) => return e.into_response(),
         },
     };
-    let who = proxy::Forwarded { user: &user.name, label, client: peer.ip() };
-    match proxy::forward(&state.client, req, &instance.addr, &target.path_and_query, who, &spec.name).await {
+    let who = proxy::Forwarded {
+        user: &user.name,
+        label,
+        client: peer.ip(),
+    };
+    match proxy::forward(
+        &state.client,
+        req,
+        &instance.addr,
+        &path_and_query,
+        who,
+        &spec.name,
+    )
+    .await
+    {
         Ok(resp) => resp,
         Err((e, refused)) => {
             if refused {
@@ -211,19 +264,30 @@ async fn start(
     let wait = Duration::from_millis(spec.start_timeout_ms);
     let app = spec.name.clone();
     // The agent enforces the start timeout itself; this bound only covers its own stalls.
-    match tokio::time::timeout(wait + Duration::from_secs(1), state.agent.ensure(&spec.name, label)).await {
-        Err(_) | Ok(Err(AgentError::Timeout { .. })) => {
-            Err(GatewayError::StartTimeout { app, ms: spec.start_timeout_ms })
-        }
+    match tokio::time::timeout(
+        wait + Duration::from_secs(1),
+        state.agent.ensure(&spec.name, label),
+    )
+    .await
+    {
+        Err(_) | Ok(Err(AgentError::Timeout { .. })) => Err(GatewayError::StartTimeout {
+            app,
+            ms: spec.start_timeout_ms,
+        }),
         Ok(Ok(r)) => {
             state.views.add_instance(r.clone());
             Ok(r)
         }
-        Ok(Err(AgentError::UnknownApp(_))) => Err(GatewayError::NotFound(format!("no app named {app:?}"))),
+        Ok(Err(AgentError::UnknownApp(_))) => {
+            Err(GatewayError::NotFound(format!("no app named {app:?}")))
+        }
         Ok(Err(e @ (AgentError::Exited { .. } | AgentError::Spawn { .. }))) => {
             tracing::warn!(app = %spec.name, label, error = %e, "instance failed to start");
             Err(GatewayError::StartFailed { app })
         }
-        Ok(Err(e)) => Err(GatewayError::Unavailable { app, reason: e.to_string() }),
+        Ok(Err(e)) => Err(GatewayError::Unavailable {
+            app,
+            reason: e.to_string(),
+        }),
     }
 }

@@ -61,7 +61,12 @@ pub(crate) async fn forward(
 ) -> Result<Response<Body>, (GatewayError, bool)> {
     let uri: Uri = format!("http://{addr}{path_and_query}")
         .parse()
-        .map_err(|e| (GatewayError::BadRequest(format!("unusable path: {e}")), false))?;
+        .map_err(|e| {
+            (
+                GatewayError::BadRequest(format!("unusable path: {e}")),
+                false,
+            )
+        })?;
     *req.uri_mut() = uri;
     let h = req.headers_mut();
     strip_hop_by_hop(h);
@@ -87,7 +92,13 @@ pub(crate) async fn forward(
         }
         Err(e) => {
             let refused = e.is_connect();
-            Err((GatewayError::Upstream { app: app.to_owned(), reason: e.to_string() }, refused))
+            Err((
+                GatewayError::Upstream {
+                    app: app.to_owned(),
+                    reason: e.to_string(),
+                },
+                refused,
+            ))
         }
     }
 }

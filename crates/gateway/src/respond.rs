@@ -82,7 +82,10 @@ impl GatewayError {
         let h = resp.headers_mut();
         match self {
             Self::Unauthenticated => {
-                h.insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Basic realm=\"warden\", charset=\"UTF-8\""));
+                h.insert(
+                    header::WWW_AUTHENTICATE,
+                    header::HeaderValue::from_static("Basic realm=\"warden\", charset=\"UTF-8\""),
+                );
             }
             Self::Unavailable { .. } => {
                 h.insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
@@ -97,7 +100,10 @@ impl GatewayError {
 pub fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
     let mut resp = Response::new(full(Bytes::from(value.to_string() + "\n")));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     resp
 }
 

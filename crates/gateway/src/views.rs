@@ -113,15 +113,20 @@ impl Shared {
         let mut v = self.write();
         let parse_err = |e: warden_store::StoreError| tracing::warn!(key, error = %e, "ignoring unreadable record");
         match (kind, value) {
-            (Kind::Apps, Some(bytes)) if key.ends_with("/spec") => match decode::<AppSpec>(key, bytes) {
-                Ok(spec) => {
-                    v.apps.insert(spec.name.clone(), Arc::new(spec));
-                    rebuild_hosts(&mut v);
+            (Kind::Apps, Some(bytes)) if key.ends_with("/spec") => {
+                match decode::<AppSpec>(key, bytes) {
+                    Ok(spec) => {
+                        v.apps.insert(spec.name.clone(), Arc::new(spec));
+                        rebuild_hosts(&mut v);
+                    }
+                    Err(e) => parse_err(e),
                 }
-                Err(e) => parse_err(e),
-            },
+            }
             (Kind::Apps, None) => {
-                if let Some(name) = key.strip_prefix("apps/").and_then(|k| k.strip_suffix("/spec")) {
+                if let Some(name) = key
+                    .strip_prefix("apps/")
+                    .and_then(|k| k.strip_suffix("/spec"))
+                {
                     v.apps.remove(name);
                     rebuild_hosts(&mut v);
                 }
@@ -167,14 +172,21 @@ fn rebuild_hosts(v: &mut Views) {
     v.hosts = v
         .apps
         .values()
-        .flat_map(|a| a.hosts.iter().map(move |h| (h.to_ascii_lowercase(), a.name.clone())))
+        .flat_map(|a| {
+            a.hosts
+                .iter()
+                .map(move |h| (h.to_ascii_lowercase(), a.name.clone()))
+        })
         .collect();
 }
 
 fn upsert_instance(v: &mut Views, r: InstanceRecord) {
     remove_instance(v, &r.id);
     if r.state == InstanceState::Ready {
-        v.instances.entry((r.app.clone(), r.label.clone())).or_default().push(r);
+        v.instances
+            .entry((r.app.clone(), r.label.clone()))
+            .or_default()
+            .push(r);
     }
 }
 
@@ -188,7 +200,11 @@ fn remove_instance(v: &mut Views, id: &str) {
 /// Starts following apps, users and instances; resolves once all three are loaded.
 pub(crate) async fn follow_all(store: Arc<dyn Store>, shared: Arc<Shared>) {
     let mut loaded = Vec::new();
-    for (kind, prefix) in [(Kind::Apps, keys::APPS), (Kind::Users, keys::USERS), (Kind::Instances, keys::INSTANCES)] {
+    for (kind, prefix) in [
+        (Kind::Apps, keys::APPS),
+        (Kind::Users, keys::USERS),
+        (Kind::Instances, keys::INSTANCES),
+    ] {
         let (tx, rx) = watch::channel(false);
         tokio::spawn(follow(store.clone(), shared.clone(), kind, prefix, tx));
         loaded.push(rx);
@@ -198,7 +214,13 @@ pub(crate) async fn follow_all(store: Arc<dyn Store>, shared: Arc<Shared>) {
     }
 }
 
-async fn follow(store: Arc<dyn Store>, shared: Arc<Shared>, kind: Kind, prefix: &'static str, loaded: watch::Sender<bool>) {
+async fn follow(
+    store: Arc<dyn Store>,
+    shared: Arc<Shared>,
+    kind: Kind,
+    prefix: &'static str,
+    loaded: watch::Sender<bool>,
+) {
     let mut backoff = Duration::from_millis(50);
     loop {
         let listing = match store.list(prefix).await {
@@ -217,7 +239,9 @@ async fn follow(store: Arc<dyn Store>, shared: Arc<Shared>, kind: Kind, prefix: 
         }
         shared.mark(kind, listing.revision);
         let _ = loaded.send(true);
-        let Ok(mut w) = store.watch(prefix, listing.revision + 1).await else { continue };
+        let Ok(mut w) = store.watch(prefix, listing.revision + 1).await else {
+            continue;
+        };
         backoff = Duration::from_millis(50);
         loop {
             match w.next().await {

@@ -24,7 +24,10 @@ pub fn wait_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(100));
     }
@@ -33,7 +36,9 @@ pub fn wait_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<
 /// True while a process with this pid exists (and is not a zombie).
 pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
         Err(_) => false,
     }
 }
@@ -61,7 +66,12 @@ pub struct Launch {
 impl Launch {
     /// `warden up` from `bin` (pass `env!("CARGO_BIN_EXE_warden")`).
     pub fn new(bin: impl AsRef<Path>) -> Self {
-        Self { bin: bin.as_ref().to_owned(), dir: None, demo: true, extra: vec![] }
+        Self {
+            bin: bin.as_ref().to_owned(),
+            dir: None,
+            demo: true,
+            extra: vec![],
+        }
     }
 
     /// Uses `dir` as data dir instead of a fresh temporary one.
@@ -81,18 +91,28 @@ impl Launch {
         let (dir, tmp) = match self.dir {
             Some(d) => (d, None),
             None => {
-                let t = tempfile::Builder::new().prefix("warden-it").tempdir().unwrap();
+                let t = tempfile::Builder::new()
+                    .prefix("warden-it")
+                    .tempdir()
+                    .unwrap();
                 (t.path().join("data"), Some(t))
             }
         };
         let mut cmd = Command::new(&self.bin);
-        cmd.args(["up", "--listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--data-dir"])
-            .arg(&dir)
-            .args(&self.extra)
-            .env("WARDEN_LOG", "info,warden=debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(&dir)
+        .args(&self.extra)
+        .env("WARDEN_LOG", "info,warden=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
         if self.demo {
             cmd.arg("--demo");
         }
@@ -102,15 +122,33 @@ impl Launch {
         let stdout = capture(child.stdout.take().unwrap());
         let stderr = capture(child.stderr.take().unwrap());
         let endpoints = dir.join("endpoints.json");
-        let ep: serde_json::Value = wait_until("warden to write endpoints.json", Duration::from_secs(60), || {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("warden up exited early ({status}); stderr:\n{}", stderr.lock().unwrap());
-            }
-            std::fs::read_to_string(&endpoints).ok().and_then(|t| serde_json::from_str(&t).ok())
-        });
+        let ep: serde_json::Value = wait_until(
+            "warden to write endpoints.json",
+            Duration::from_secs(60),
+            || {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "warden up exited early ({status}); stderr:\n{}",
+                        stderr.lock().unwrap()
+                    );
+                }
+                std::fs::read_to_string(&endpoints)
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+            },
+        );
         // The welcome text is printed right after the endpoints are written.
-        wait_until("the welcome text", Duration::from_secs(30), || stdout.lock().unwrap().contains("stop with Ctrl-C").then_some(()));
-        let token = std::fs::read_to_string(dir.join("admin-token")).unwrap().trim().to_owned();
+        wait_until("the welcome text", Duration::from_secs(30), || {
+            stdout
+                .lock()
+                .unwrap()
+                .contains("stop with Ctrl-C")
+                .then_some(())
+        });
+        let token = std::fs::read_to_string(dir.join("admin-token"))
+            .unwrap()
+            .trim()
+            .to_owned();
         Warden {
             child: Some(child),
             dir,
@@ -161,9 +199,16 @@ impl Warden {
 
     /// A demo user's password, from `demo-users.json`.
     pub fn password(&self, user: &str) -> String {
-        let users: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(self.dir.join("demo-users.json")).unwrap()).unwrap();
-        users.as_array().unwrap().iter().find(|u| u["name"] == user).expect("demo user")["password"]
+        let users: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(self.dir.join("demo-users.json")).unwrap(),
+        )
+        .unwrap();
+        users
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["name"] == user)
+            .expect("demo user")["password"]
             .as_str()
             .unwrap()
             .to_owned()
@@ -171,7 +216,12 @@ impl Warden {
 
     /// GET on the gateway with Basic credentials.
     pub fn get_as(&self, user: &str, password: &str, path: &str) -> Response {
-        request("GET", &format!("{}{path}", self.gateway), &[("authorization", &http::basic(user, password))], b"")
+        request(
+            "GET",
+            &format!("{}{path}", self.gateway),
+            &[("authorization", &http::basic(user, password))],
+            b"",
+        )
     }
 
     /// An API call with the admin token.
@@ -180,7 +230,10 @@ impl Warden {
         request(
             method,
             &format!("{}{path}", self.api),
-            &[("authorization", &format!("Bearer {}", self.token)), ("content-type", "application/json")],
+            &[
+                ("authorization", &format!("Bearer {}", self.token)),
+                ("content-type", "application/json"),
+            ],
             body.as_bytes(),
         )
     }
@@ -189,7 +242,9 @@ impl Warden {
     pub fn signal_and_wait(&mut self, signal: nix::sys::signal::Signal) -> ExitStatus {
         let mut child = self.child.take().expect("warden is running");
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
-        wait_until("warden to exit", Duration::from_secs(60), || child.try_wait().unwrap())
+        wait_until("warden to exit", Duration::from_secs(60), || {
+            child.try_wait().unwrap()
+        })
     }
 
     /// SIGTERM, the polite stop.
@@ -219,5 +274,9 @@ pub fn cli(bin: impl AsRef<Path>, args: &[&str], env: &[(&str, &str)]) -> (bool,
         .stdin(Stdio::null())
         .output()
         .expect("warden cli runs");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }

@@ -14,7 +14,13 @@ use warden_store::Store;
 use crate::files;
 
 /// Levels of the demo lattice, lowest first.
-pub const LEVELS: [&str; 5] = ["UNCLASSIFIED", "RESTRICTED", "CONFIDENTIAL", "SECRET", "TOP SECRET"];
+pub const LEVELS: [&str; 5] = [
+    "UNCLASSIFIED",
+    "RESTRICTED",
+    "CONFIDENTIAL",
+    "SECRET",
+    "TOP SECRET",
+];
 
 /// A demo user as written to `demo-users.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -42,13 +48,19 @@ fn fresh_users() -> Vec<DemoUser> {
 
 /// Sets up the demo and returns its users (with passwords, for the welcome message).
 pub async fn setup(store: &dyn Store, data_dir: &Path) -> anyhow::Result<Vec<DemoUser>> {
-    if warden_store::get_json::<Lattice>(store, keys::LATTICE).await?.is_none() {
+    if warden_store::get_json::<Lattice>(store, keys::LATTICE)
+        .await?
+        .is_none()
+    {
         warden_store::put_json(store, keys::LATTICE, &Lattice::linear(LEVELS), None).await?;
     }
     let path = data_dir.join("demo-users.json");
     let users = match files::read_private(&path)? {
         Some(text) => serde_json::from_str(&text).with_context(|| {
-            format!("{} is damaged; delete it and start again to get new demo passwords", path.display())
+            format!(
+                "{} is damaged; delete it and start again to get new demo passwords",
+                path.display()
+            )
         })?,
         None => fresh_users(),
     };
@@ -56,16 +68,24 @@ pub async fn setup(store: &dyn Store, data_dir: &Path) -> anyhow::Result<Vec<Dem
     for u in &users {
         let existing = warden_store::get_json::<UserRecord>(store, &keys::user(&u.name)).await?;
         let current = existing.as_ref().is_some_and(|(r, _)| {
-            warden_auth::verify_password(Some(&r.password_hash), &u.password) && r.clearance == u.clearance
+            warden_auth::verify_password(Some(&r.password_hash), &u.password)
+                && r.clearance == u.clearance
         });
         if !current {
             let password = u.password.clone();
-            let hash = tokio::task::spawn_blocking(move || warden_auth::hash_password(&password)).await??;
-            let record = UserRecord { name: u.name.clone(), password_hash: hash, clearance: u.clearance.clone(), groups: u.groups.clone() };
+            let hash = tokio::task::spawn_blocking(move || warden_auth::hash_password(&password))
+                .await??;
+            let record = UserRecord {
+                name: u.name.clone(),
+                password_hash: hash,
+                clearance: u.clearance.clone(),
+                groups: u.groups.clone(),
+            };
             warden_store::put_json(store, &keys::user(&u.name), &record, None).await?;
         }
     }
-    let exe = std::env::current_exe().context("cannot find the warden binary to run the demo app")?;
+    let exe =
+        std::env::current_exe().context("cannot find the warden binary to run the demo app")?;
     let spec = AppSpec {
         name: "demo".into(),
         command: vec![exe.display().to_string(), "demo-app".into()],

@@ -26,8 +26,11 @@ pub fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
         .mode(0o600)
         .open(&tmp)
         .with_context(|| format!("cannot create {}", tmp.display()))?;
-    f.write_all(contents).and_then(|_| f.sync_all()).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot move {} into place", path.display()))?;
+    f.write_all(contents)
+        .and_then(|_| f.sync_all())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("cannot move {} into place", path.display()))?;
     Ok(())
 }
 
@@ -40,9 +43,11 @@ pub fn read_private(path: &Path) -> anyhow::Result<Option<String>> {
             m.permissions().mode() & 0o777,
             path.display()
         ),
-        Ok(_) => Ok(Some(
-            std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?,
-        )),
+        Ok(_) => {
+            Ok(Some(std::fs::read_to_string(path).with_context(|| {
+                format!("cannot read {}", path.display())
+            })?))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }

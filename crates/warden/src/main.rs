@@ -81,7 +81,9 @@ async fn main() -> std::process::ExitCode {
         }
         Command::Apps(c) => warden_cli::run(&c.client, ClientCommand::Apps(c.command)).await,
         Command::Users(c) => warden_cli::run(&c.client, ClientCommand::Users(c.command)).await,
-        Command::Instances(c) => warden_cli::run(&c.client, ClientCommand::Instances(c.command)).await,
+        Command::Instances(c) => {
+            warden_cli::run(&c.client, ClientCommand::Instances(c.command)).await
+        }
         Command::Status(c) => warden_cli::run(&c, ClientCommand::Status).await,
         Command::DemoApp => demo::run_app().await,
     };

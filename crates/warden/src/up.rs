@@ -65,11 +65,19 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let store = warden_store::open(&args.store, dir).context("cannot open the store")?;
     let token = load_or_create(&dir.join("admin-token"), warden_core::id::secret_token)?;
     let node = load_or_create(&dir.join("node-id"), warden_core::id::short_id)?;
-    let demo_users = if args.demo { Some(demo::setup(&*store, dir).await?) } else { None };
+    let demo_users = if args.demo {
+        Some(demo::setup(&*store, dir).await?)
+    } else {
+        None
+    };
 
     let agent = warden_agent::Agent::start(
         store.clone(),
-        warden_agent::AgentConfig { node: node.clone(), log_dir: dir.join("logs"), lease_ttl: Duration::from_secs(10) },
+        warden_agent::AgentConfig {
+            node: node.clone(),
+            log_dir: dir.join("logs"),
+            lease_ttl: Duration::from_secs(10),
+        },
     )
     .await
     .context("cannot start the agent")?;
@@ -84,16 +92,25 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let sync = gateway.view_sync();
-    let api = warden_api::Api::new(store.clone(), Some(agent.clone()), &token).with_sync(Arc::new(move |key, rev| {
-        let sync = sync.clone();
-        Box::pin(async move { sync.caught_up(&key, rev).await })
-    }));
+    let api = warden_api::Api::new(store.clone(), Some(agent.clone()), &token).with_sync(Arc::new(
+        move |key, rev| {
+            let sync = sync.clone();
+            Box::pin(async move { sync.caught_up(&key, rev).await })
+        },
+    ));
     let gateway_task = tokio::spawn(gateway.serve(stop_rx.clone()));
     let api_task = tokio::spawn(warden_api::serve(api_listener, api, stop_rx));
 
     let ep = serde_json::json!({ "gateway": format!("http://{gateway_addr}"), "api": format!("http://{api_addr}") });
     files::write_private(&endpoints, ep.to_string().as_bytes())?;
-    welcome(dir, &args.store, &node, gateway_addr, api_addr, demo_users.as_deref());
+    welcome(
+        dir,
+        &args.store,
+        &node,
+        gateway_addr,
+        api_addr,
+        demo_users.as_deref(),
+    );
     tracing::info!(%gateway_addr, %api_addr, node = %node, "warden is up");
 
     shutdown_signal().await;
@@ -109,15 +126,34 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn welcome(dir: &Path, store: &str, node: &str, gw: SocketAddr, api: SocketAddr, users: Option<&[demo::DemoUser]>) {
-    println!("warden is up (node {node}, {store} store in {})", dir.display());
+fn welcome(
+    dir: &Path,
+    store: &str,
+    node: &str,
+    gw: SocketAddr,
+    api: SocketAddr,
+    users: Option<&[demo::DemoUser]>,
+) {
+    println!(
+        "warden is up (node {node}, {store} store in {})",
+        dir.display()
+    );
     println!("  gateway      http://{gw}/apps/<app>/");
     println!("  api          http://{api}/v1/   (OpenAPI: /v1/openapi.json)");
     println!("  admin token  {}", dir.join("admin-token").display());
     if let Some(users) = users {
         println!("  demo users   {}", dir.join("demo-users.json").display());
         for u in users {
-            println!("    {:<6} {:<13} groups: {}", u.name, u.clearance, if u.groups.is_empty() { "-".into() } else { u.groups.join(",") });
+            println!(
+                "    {:<6} {:<13} groups: {}",
+                u.name,
+                u.clearance,
+                if u.groups.is_empty() {
+                    "-".into()
+                } else {
+                    u.groups.join(",")
+                }
+            );
         }
         if let Some(a) = users.first() {
             println!("try:");

@@ -1,5 +1,7 @@
 //! What the gateway answers when starting an instance goes wrong, and group authorisation.
 
+#![allow(clippy::unwrap_used)]
+
 use serde_json::json;
 use warden_test_support::Warden;
 
@@ -14,7 +16,14 @@ fn an_app_that_never_listens_gets_504_after_its_start_timeout() {
     assert_eq!(r.status, 504, "{}", r.text());
     assert!(r.json()["error"].as_str().unwrap().contains("500 ms"));
     // The half-started instance is not left running.
-    assert_eq!(w.api("GET", "/v1/instances", None).json().as_array().unwrap().len(), 0);
+    assert_eq!(
+        w.api("GET", "/v1/instances", None)
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
 }
 
 #[test]
@@ -24,11 +33,21 @@ fn an_app_that_crashes_on_start_gets_502_and_its_output_is_kept() {
     assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
     let r = w.get_as("alice", &w.password("alice"), "/apps/crash/");
     assert_eq!(r.status, 502, "{}", r.text());
-    assert!(!r.text().contains("boom"), "app output is for operators, not users");
-    let started = w.api("POST", "/v1/instances", Some(json!({"app": "crash", "label": "SECRET"})));
+    assert!(
+        !r.text().contains("boom"),
+        "app output is for operators, not users"
+    );
+    let started = w.api(
+        "POST",
+        "/v1/instances",
+        Some(json!({"app": "crash", "label": "SECRET"})),
+    );
     assert_eq!(started.status, 502);
     let msg = started.json()["error"].as_str().unwrap().to_owned();
-    assert!(msg.contains("boom: missing config") && msg.contains("exit status: 3"), "{msg}");
+    assert!(
+        msg.contains("boom: missing config") && msg.contains("exit status: 3"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -36,9 +55,24 @@ fn a_missing_program_gets_502_with_a_clear_error_for_the_operator() {
     let w = Warden::demo(BIN);
     let spec = json!({"name": "ghost", "command": ["/nonexistent/program"]});
     assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
-    assert_eq!(w.get_as("alice", &w.password("alice"), "/apps/ghost/").status, 502);
-    let r = w.api("POST", "/v1/instances", Some(json!({"app": "ghost", "label": "SECRET"})));
-    assert!(r.json()["error"].as_str().unwrap().contains("cannot start app"), "{}", r.text());
+    assert_eq!(
+        w.get_as("alice", &w.password("alice"), "/apps/ghost/")
+            .status,
+        502
+    );
+    let r = w.api(
+        "POST",
+        "/v1/instances",
+        Some(json!({"app": "ghost", "label": "SECRET"})),
+    );
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot start app"),
+        "{}",
+        r.text()
+    );
 }
 
 #[test]
@@ -50,7 +84,10 @@ fn apps_limited_to_groups_answer_403_to_others() {
     assert_eq!(carol.status, 200);
     let alice = w.get_as("alice", &w.password("alice"), "/apps/admin-only/");
     assert_eq!(alice.status, 403);
-    assert!(alice.json()["error"].as_str().unwrap().contains("not in a group"));
+    assert!(alice.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("not in a group"));
 }
 
 #[test]
@@ -60,6 +97,12 @@ fn instance_env_does_not_leak_warden_secrets() {
     assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
     let _ = w.get_as("alice", &w.password("alice"), "/apps/envdump/");
     let dump = std::fs::read_to_string(w.dir.join("env-dump")).unwrap();
-    assert!(dump.contains("WARDEN_LABEL=SECRET") && dump.contains("PORT="), "{dump}");
-    assert!(!dump.contains(&w.token) && !dump.contains("WARDEN_LOG"), "agent env leaked: {dump}");
+    assert!(
+        dump.contains("WARDEN_LABEL=SECRET") && dump.contains("PORT="),
+        "{dump}"
+    );
+    assert!(
+        !dump.contains(&w.token) && !dump.contains("WARDEN_LOG"),
+        "agent env leaked: {dump}"
+    );
 }

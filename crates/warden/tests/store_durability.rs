@@ -1,6 +1,8 @@
 //! The embedded store through the real binary: acknowledged writes survive `kill -9`, damaged
 //! files stop warden with a message naming the file, two wardens cannot share one store.
 
+#![allow(clippy::unwrap_used)]
+
 use serde_json::json;
 use warden_test_support::{cli, Launch};
 
@@ -17,21 +19,40 @@ fn acknowledged_writes_survive_kill_9() {
     w.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
     let w = Launch::new(BIN).data_dir(dir.path()).no_demo().start();
     let apps = w.api("GET", "/v1/apps", None).json();
-    assert_eq!(apps.as_array().unwrap().len(), 20, "every acknowledged app is back: {apps}");
+    assert_eq!(
+        apps.as_array().unwrap().len(),
+        20,
+        "every acknowledged app is back: {apps}"
+    );
 }
 
 #[test]
 fn a_restarted_node_drops_the_records_of_instances_that_died_with_it() {
     let dir = tempfile::tempdir().unwrap();
     let mut w = Launch::new(BIN).data_dir(dir.path()).start();
-    assert_eq!(w.get_as("alice", &w.password("alice"), "/apps/demo/").status, 200);
+    assert_eq!(
+        w.get_as("alice", &w.password("alice"), "/apps/demo/")
+            .status,
+        200
+    );
     w.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
     let w = Launch::new(BIN).data_dir(dir.path()).start();
     // The agent removes what its previous life left behind before serving, so nobody is routed
     // to an instance that died with it.
-    assert_eq!(w.api("GET", "/v1/instances", None).json().as_array().unwrap().len(), 0);
+    assert_eq!(
+        w.api("GET", "/v1/instances", None)
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
     let nodes = w.api("GET", "/v1/nodes", None).json();
-    assert_eq!(nodes.as_array().unwrap().len(), 1, "only the live node remains: {nodes}");
+    assert_eq!(
+        nodes.as_array().unwrap().len(),
+        1,
+        "only the live node remains: {nodes}"
+    );
     let again = w.get_as("alice", &w.password("alice"), "/apps/demo/");
     assert_eq!(again.status, 200, "{}", again.text());
 }
@@ -39,7 +60,15 @@ fn a_restarted_node_drops_the_records_of_instances_that_died_with_it() {
 fn up_fails_with(dir: &std::path::Path) -> String {
     let (ok, _, stderr) = cli(
         BIN,
-        &["up", "--listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--data-dir", dir.to_str().unwrap()],
+        &[
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.to_str().unwrap(),
+        ],
         &[],
     );
     assert!(!ok, "warden up must refuse to start");
@@ -52,8 +81,14 @@ fn a_corrupt_store_file_is_a_clear_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("store.redb"), vec![0xA5; 100_000]).unwrap();
     let err = up_fails_with(dir.path());
-    assert!(err.contains(&dir.path().join("store.redb").display().to_string()), "{err}");
-    assert!(err.contains("backup") || err.contains("move it away"), "{err}");
+    assert!(
+        err.contains(&dir.path().join("store.redb").display().to_string()),
+        "{err}"
+    );
+    assert!(
+        err.contains("backup") || err.contains("move it away"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -65,14 +100,33 @@ fn a_truncated_store_file_never_panics() {
     }
     let path = dir.path().join("store.redb");
     let len = std::fs::metadata(&path).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len / 4).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len / 4)
+        .unwrap();
     let (ok, _, stderr) = cli(
         BIN,
-        &["up", "--listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", "--data-dir", dir.path().to_str().unwrap()],
+        &[
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+        ],
         &[],
     );
-    assert!(!ok, "a truncated store must not be opened as if nothing happened");
-    assert!(stderr.contains("store.redb") && !stderr.contains("panicked"), "{stderr}");
+    assert!(
+        !ok,
+        "a truncated store must not be opened as if nothing happened"
+    );
+    assert!(
+        stderr.contains("store.redb") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
 }
 
 #[test]

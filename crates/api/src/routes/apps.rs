@@ -22,10 +22,18 @@ pub async fn list(State(api): State<Api>) -> Result<Json<Vec<AppSpec>>, ApiError
 }
 
 /// `POST /v1/apps`
-pub async fn create(State(api): State<Api>, ApiJson(spec): ApiJson<AppSpec>) -> Result<(StatusCode, Json<AppSpec>), ApiError> {
-    spec.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+pub async fn create(
+    State(api): State<Api>,
+    ApiJson(spec): ApiJson<AppSpec>,
+) -> Result<(StatusCode, Json<AppSpec>), ApiError> {
+    spec.validate()
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
-    match api.store.compare_and_swap(&keys::app_spec(&spec.name), None, Some(bytes), None).await? {
+    match api
+        .store
+        .compare_and_swap(&keys::app_spec(&spec.name), None, Some(bytes), None)
+        .await?
+    {
         CasOutcome::Done(rev) => {
             api.applied(&keys::app_spec(&spec.name), rev).await;
             tracing::info!(app = %spec.name, "app created");
@@ -39,7 +47,10 @@ pub async fn create(State(api): State<Api>, ApiJson(spec): ApiJson<AppSpec>) -> 
 }
 
 /// `GET /v1/apps/{name}`
-pub async fn show(State(api): State<Api>, Path(name): Path<String>) -> Result<Json<AppSpec>, ApiError> {
+pub async fn show(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+) -> Result<Json<AppSpec>, ApiError> {
     warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&name))
         .await?
         .map(|(s, _)| Json(s))
@@ -47,7 +58,10 @@ pub async fn show(State(api): State<Api>, Path(name): Path<String>) -> Result<Js
 }
 
 /// `DELETE /v1/apps/{name}`: agents stop the app's instances when they see the delete.
-pub async fn remove(State(api): State<Api>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn remove(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
     match api.store.delete(&keys::app_spec(&name)).await? {
         Some(rev) => {
             api.applied(&keys::app_spec(&name), rev).await;
@@ -59,5 +73,7 @@ pub async fn remove(State(api): State<Api>, Path(name): Path<String>) -> Result<
 }
 
 pub(crate) fn no_app(name: &str) -> ApiError {
-    ApiError::not_found(format!("no app named {name:?}; `warden apps list` shows the registered apps"))
+    ApiError::not_found(format!(
+        "no app named {name:?}; `warden apps list` shows the registered apps"
+    ))
 }

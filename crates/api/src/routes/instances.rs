@@ -36,28 +36,47 @@ pub async fn list(State(api): State<Api>) -> Result<Json<Vec<InstanceRecord>>, A
 }
 
 /// `POST /v1/instances`: the ready instance for app and label, started if none runs.
-pub async fn start(State(api): State<Api>, ApiJson(req): ApiJson<StartRequest>) -> Result<(StatusCode, Json<InstanceRecord>), ApiError> {
-    if warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&req.app)).await?.is_none() {
+pub async fn start(
+    State(api): State<Api>,
+    ApiJson(req): ApiJson<StartRequest>,
+) -> Result<(StatusCode, Json<InstanceRecord>), ApiError> {
+    if warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&req.app))
+        .await?
+        .is_none()
+    {
         return Err(crate::routes::apps::no_app(&req.app));
     }
     let lattice = crate::routes::lattice::current(&api).await?;
-    let label = lattice.canonical(&req.label).map_err(|e| ApiError::bad_request(format!("label: {e}")))?;
+    let label = lattice
+        .canonical(&req.label)
+        .map_err(|e| ApiError::bad_request(format!("label: {e}")))?;
     let agent = api.agent.as_ref().ok_or_else(|| {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no agent runs in this process; start warden with the agent role")
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no agent runs in this process; start warden with the agent role",
+        )
     })?;
     match agent.ensure(&req.app, &label).await {
         Ok(r) => Ok((StatusCode::CREATED, Json(r))),
         Err(AgentError::UnknownApp(a)) => Err(crate::routes::apps::no_app(&a)),
-        Err(e @ (AgentError::Exited { .. } | AgentError::Spawn { .. } | AgentError::Timeout { .. })) => {
-            Err(ApiError::new(StatusCode::BAD_GATEWAY, e.to_string()))
-        }
-        Err(e) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+        Err(
+            e @ (AgentError::Exited { .. } | AgentError::Spawn { .. } | AgentError::Timeout { .. }),
+        ) => Err(ApiError::new(StatusCode::BAD_GATEWAY, e.to_string())),
+        Err(e) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            e.to_string(),
+        )),
     }
 }
 
 /// `DELETE /v1/instances/{id}`
 pub async fn kill(State(api): State<Api>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    let agent = api.agent.as_ref().ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no agent runs in this process"))?;
+    let agent = api.agent.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no agent runs in this process",
+        )
+    })?;
     match agent.kill(&id).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
         Err(AgentError::UnknownInstance(_)) => Err(ApiError::not_found(format!(

@@ -14,17 +14,28 @@ pub(crate) async fn current(api: &Api) -> Result<Lattice, ApiError> {
     warden_store::get_json::<Lattice>(&*api.store, keys::LATTICE)
         .await?
         .map(|(l, _)| l)
-        .ok_or_else(|| ApiError::conflict("no clearance lattice is defined yet; define it first with PUT /v1/lattice"))
+        .ok_or_else(|| {
+            ApiError::conflict(
+                "no clearance lattice is defined yet; define it first with PUT /v1/lattice",
+            )
+        })
 }
 
 /// `GET /v1/lattice`
 pub async fn show(State(api): State<Api>) -> Result<Json<Lattice>, ApiError> {
-    current(&api).await.map(Json).map_err(|_| ApiError::not_found("no clearance lattice is defined yet; define it with PUT /v1/lattice"))
+    current(&api).await.map(Json).map_err(|_| {
+        ApiError::not_found("no clearance lattice is defined yet; define it with PUT /v1/lattice")
+    })
 }
 
 /// `PUT /v1/lattice`: refused while users hold clearances the new lattice cannot express.
-pub async fn replace(State(api): State<Api>, ApiJson(lattice): ApiJson<Lattice>) -> Result<Json<Lattice>, ApiError> {
-    lattice.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+pub async fn replace(
+    State(api): State<Api>,
+    ApiJson(lattice): ApiJson<Lattice>,
+) -> Result<Json<Lattice>, ApiError> {
+    lattice
+        .validate()
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let users = api.store.list(keys::USERS).await?;
     let mut stranded = Vec::new();
     for e in &users.entries {

@@ -41,14 +41,26 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
     let apps = apps
         .entries
         .iter()
-        .filter_map(|e| e.key.strip_prefix("apps/").and_then(|k| k.strip_suffix("/spec")))
+        .filter_map(|e| {
+            e.key
+                .strip_prefix("apps/")
+                .and_then(|k| k.strip_suffix("/spec"))
+        })
         .map(|name| {
             let mut by_label = BTreeMap::new();
             for i in instances.iter().filter(|i| i.app == name) {
                 *by_label.entry(i.label.clone()).or_insert(0) += 1;
             }
-            AppStatus { name: name.to_owned(), instances: by_label }
+            AppStatus {
+                name: name.to_owned(),
+                instances: by_label,
+            }
         })
         .collect();
-    Ok(Json(Status { revision: users.revision, nodes: nodes.entries.len(), users: users.entries.len(), apps }))
+    Ok(Json(Status {
+        revision: users.revision,
+        nodes: nodes.entries.len(),
+        users: users.entries.len(),
+        apps,
+    }))
 }

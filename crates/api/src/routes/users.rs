@@ -39,7 +39,11 @@ pub struct UserView {
 
 impl From<UserRecord> for UserView {
     fn from(u: UserRecord) -> Self {
-        Self { name: u.name, clearance: u.clearance, groups: u.groups }
+        Self {
+            name: u.name,
+            clearance: u.clearance,
+            groups: u.groups,
+        }
     }
 }
 
@@ -55,7 +59,10 @@ pub async fn list(State(api): State<Api>) -> Result<Json<Vec<UserView>>, ApiErro
 }
 
 /// `POST /v1/users`
-pub async fn create(State(api): State<Api>, ApiJson(new): ApiJson<NewUser>) -> Result<(StatusCode, Json<UserView>), ApiError> {
+pub async fn create(
+    State(api): State<Api>,
+    ApiJson(new): ApiJson<NewUser>,
+) -> Result<(StatusCode, Json<UserView>), ApiError> {
     validate_name("user", &new.name).map_err(|e| ApiError::bad_request(e.to_string()))?;
     for g in &new.groups {
         validate_name("group", g).map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -69,9 +76,18 @@ pub async fn create(State(api): State<Api>, ApiJson(new): ApiJson<NewUser>) -> R
         .await
         .map_err(ApiError::internal)?
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let record = UserRecord { name: new.name, password_hash: hash, clearance, groups: new.groups };
+    let record = UserRecord {
+        name: new.name,
+        password_hash: hash,
+        clearance,
+        groups: new.groups,
+    };
     let bytes = serde_json::to_vec(&record).map_err(ApiError::internal)?;
-    match api.store.compare_and_swap(&keys::user(&record.name), None, Some(bytes), None).await? {
+    match api
+        .store
+        .compare_and_swap(&keys::user(&record.name), None, Some(bytes), None)
+        .await?
+    {
         CasOutcome::Done(rev) => {
             api.applied(&keys::user(&record.name), rev).await;
             tracing::info!(user = %record.name, clearance = %record.clearance, "user created");
@@ -85,7 +101,10 @@ pub async fn create(State(api): State<Api>, ApiJson(new): ApiJson<NewUser>) -> R
 }
 
 /// `GET /v1/users/{name}`
-pub async fn show(State(api): State<Api>, Path(name): Path<String>) -> Result<Json<UserView>, ApiError> {
+pub async fn show(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+) -> Result<Json<UserView>, ApiError> {
     warden_store::get_json::<UserRecord>(&*api.store, &keys::user(&name))
         .await?
         .map(|(u, _)| Json(u.into()))
@@ -93,7 +112,10 @@ pub async fn show(State(api): State<Api>, Path(name): Path<String>) -> Result<Js
 }
 
 /// `DELETE /v1/users/{name}`
-pub async fn remove(State(api): State<Api>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn remove(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
     match api.store.delete(&keys::user(&name)).await? {
         Some(rev) => {
             api.applied(&keys::user(&name), rev).await;
@@ -104,5 +126,7 @@ pub async fn remove(State(api): State<Api>, Path(name): Path<String>) -> Result<
 }
 
 fn no_user(name: &str) -> ApiError {
-    ApiError::not_found(format!("no user named {name:?}; `warden users list` shows the users"))
+    ApiError::not_found(format!(
+        "no user named {name:?}; `warden users list` shows the users"
+    ))
 }
