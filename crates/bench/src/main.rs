@@ -42,13 +42,18 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
-        Cmd::FirstRequest { runs, warden, out } => first_request(runs.clamp(1, 1000), &warden, &out),
+        Cmd::FirstRequest { runs, warden, out } => {
+            first_request(runs.clamp(1, 1000), &warden, &out)
+        }
     }
 }
 
 fn first_request(runs: usize, warden: &PathBuf, out: &PathBuf) -> anyhow::Result<()> {
     if !warden.exists() {
-        bail!("{} does not exist; build it with `cargo build --release`", warden.display());
+        bail!(
+            "{} does not exist; build it with `cargo build --release`",
+            warden.display()
+        );
     }
     std::fs::create_dir_all(out)?;
     let mut rows = vec!["run,cold_ms,warm_ms,direct_ms".to_owned()];
@@ -62,11 +67,21 @@ fn first_request(runs: usize, warden: &PathBuf, out: &PathBuf) -> anyhow::Result
         let t = Instant::now();
         let second = w.get_as("alice", &pw, "/apps/demo/");
         let h = t.elapsed().as_secs_f64() * 1e3;
-        if first.status != 200 || second.status != 200 || first.json()["instance"] != second.json()["instance"] {
-            bail!("run {run}: unexpected answers {} / {}", first.status, second.status);
+        if first.status != 200
+            || second.status != 200
+            || first.json()["instance"] != second.json()["instance"]
+        {
+            bail!(
+                "run {run}: unexpected answers {} / {}",
+                first.status,
+                second.status
+            );
         }
         // The floor: the same request straight to the instance, no gateway, no Argon2id.
-        let addr = w.api("GET", "/v1/instances", None).json()[0]["addr"].as_str().unwrap_or_default().to_owned();
+        let addr = w.api("GET", "/v1/instances", None).json()[0]["addr"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         let t = Instant::now();
         let bare = warden_test_support::request("GET", &format!("http://{addr}/"), &[], b"");
         let d = t.elapsed().as_secs_f64() * 1e3;
@@ -79,13 +94,18 @@ fn first_request(runs: usize, warden: &PathBuf, out: &PathBuf) -> anyhow::Result
         direct.push(d);
     }
     let csv = out.join("first-request.csv");
-    std::fs::write(&csv, rows.join("\n") + "\n").with_context(|| format!("writing {}", csv.display()))?;
+    std::fs::write(&csv, rows.join("\n") + "\n")
+        .with_context(|| format!("writing {}", csv.display()))?;
     cold.sort_by(f64::total_cmp);
     warm.sort_by(f64::total_cmp);
     direct.sort_by(f64::total_cmp);
     println!("| request | median ms | p90 ms | min ms | max ms |");
     println!("|---|---|---|---|---|");
-    for (name, v) in [("first (cold: start instance)", &cold), ("second (warm)", &warm), ("direct to the instance (floor)", &direct)] {
+    for (name, v) in [
+        ("first (cold: start instance)", &cold),
+        ("second (warm)", &warm),
+        ("direct to the instance (floor)", &direct),
+    ] {
         println!(
             "| {name} | {:.2} | {:.2} | {:.2} | {:.2} |",
             percentile(v, 0.5),

@@ -122,9 +122,28 @@ pub enum InstancesCommand {
     },
 }
 
+/// `warden lattice ...`
+#[derive(Debug, Subcommand)]
+pub enum LatticeCommand {
+    /// Show the clearance lattice
+    Show,
+    /// Define the clearance lattice (refused while users hold clearances it cannot express)
+    Set {
+        /// Levels, lowest first, comma-separated: --levels "UNCLASSIFIED,SECRET,TOP SECRET"
+        #[arg(long, value_delimiter = ',')]
+        levels: Vec<String>,
+        /// Categories, comma-separated: --categories "A,B,C"
+        #[arg(long, value_delimiter = ',')]
+        categories: Vec<String>,
+    },
+}
+
 /// A client command.
 #[derive(Debug, Subcommand)]
 pub enum ClientCommand {
+    /// Show or define the clearance lattice
+    #[command(subcommand)]
+    Lattice(LatticeCommand),
     /// Manage apps
     #[command(subcommand)]
     Apps(AppsCommand),
@@ -148,6 +167,7 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
         ClientCommand::Users(c) => users(&api, &out, c).await,
         ClientCommand::Instances(c) => instances(&api, &out, c).await,
         ClientCommand::Status => status(&api, &out).await,
+        ClientCommand::Lattice(c) => lattice(&api, &out, c).await,
     }
 }
 
@@ -331,6 +351,53 @@ async fn instances(
             out.done(format!("instance {id} killed"));
         }
     }
+    Ok(())
+}
+
+async fn lattice(api: &client::Client, out: &Output, cmd: LatticeCommand) -> anyhow::Result<()> {
+    let v = match cmd {
+        LatticeCommand::Show => api.send("GET", "/v1/lattice", None).await?,
+        LatticeCommand::Set { levels, categories } => {
+            let trim = |v: Vec<String>| {
+                v.into_iter()
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect::<Vec<_>>()
+            };
+            let body = json!({ "levels": trim(levels), "categories": trim(categories) });
+            api.send("PUT", "/v1/lattice", Some(body)).await?
+        }
+    };
+    out.value(&v, |v| {
+        let levels: Vec<String> = v["levels"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(s)
+            .collect();
+        let cats: Vec<String> = v["categories"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(s)
+            .collect();
+        println!(
+            "levels:     {}",
+            if levels.is_empty() {
+                "-".into()
+            } else {
+                levels.join(" < ")
+            }
+        );
+        println!(
+            "categories: {}",
+            if cats.is_empty() {
+                "-".into()
+            } else {
+                cats.join(", ")
+            }
+        );
+    });
     Ok(())
 }
 

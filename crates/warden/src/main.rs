@@ -29,6 +29,8 @@ enum Command {
     Users(UsersCmd),
     /// Inspect and kill instances
     Instances(InstancesCmd),
+    /// Show or define the clearance lattice
+    Lattice(LatticeCmd),
     /// Show the platform's state
     Status(ClientArgs),
     /// Run the demo app (started by the agent; listens on 127.0.0.1:$PORT)
@@ -48,6 +50,14 @@ struct AppsCmd {
 struct UsersCmd {
     #[command(subcommand)]
     command: warden_cli::UsersCommand,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct LatticeCmd {
+    #[command(subcommand)]
+    command: warden_cli::LatticeCommand,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -84,6 +94,7 @@ async fn main() -> std::process::ExitCode {
         Command::Instances(c) => {
             warden_cli::run(&c.client, ClientCommand::Instances(c.command)).await
         }
+        Command::Lattice(c) => warden_cli::run(&c.client, ClientCommand::Lattice(c.command)).await,
         Command::Status(c) => warden_cli::run(&c, ClientCommand::Status).await,
         Command::DemoApp => demo::run_app().await,
     };

@@ -59,6 +59,14 @@ fn apps_create_list_show_rm() {
         200
     );
     assert!(run(&w, &["apps", "rm", "hello"]).0);
+    warden_test_support::wait_until(
+        "the removed app's instance to stop",
+        std::time::Duration::from_secs(30),
+        || {
+            let list = w.api("GET", "/v1/instances", None).json();
+            (!list.as_array().unwrap().iter().any(|i| i["app"] == "hello")).then_some(())
+        },
+    );
     let (ok, _, err) = run(&w, &["apps", "show", "hello"]);
     assert!(!ok);
     assert!(
@@ -207,4 +215,54 @@ fn errors_say_what_to_do_next() {
     std::fs::write(&bad, "api = 1\nfoo = 2\n").unwrap();
     let (ok, _, err) = cli(BIN, &["status", "--config", bad.to_str().unwrap()], &[]);
     assert!(!ok && err.contains("bad.toml"), "{err}");
+}
+
+#[test]
+fn a_platform_without_demo_is_set_up_from_the_cli() {
+    let w = warden_test_support::Launch::new(BIN).no_demo().start();
+    let (ok, _, err) = run(&w, &["users", "add", "ann", "--clearance", "LOW"]);
+    assert!(
+        !ok && err.contains("warden lattice set"),
+        "the error says what to do first: {err}"
+    );
+    let (ok, out, err) = run(
+        &w,
+        &[
+            "lattice",
+            "set",
+            "--levels",
+            "LOW,HIGH",
+            "--categories",
+            "NAVY, ARMY",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("LOW < HIGH") && out.contains("NAVY, ARMY"),
+        "{out}"
+    );
+    let (ok, out, _) = run(
+        &w,
+        &[
+            "users",
+            "add",
+            "ann",
+            "--clearance",
+            "HIGH:{ARMY,NAVY}",
+            "--json",
+        ],
+    );
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["clearance"], "HIGH:{NAVY,ARMY}",
+        "clearances are stored in canonical order"
+    );
+    let (ok, _, err) = run(&w, &["lattice", "set", "--levels", "ONLY"]);
+    assert!(
+        !ok && err.contains("ann"),
+        "a lattice that strands users is refused: {err}"
+    );
+    let (ok, out, _) = run(&w, &["lattice", "show", "--json"]);
+    assert!(ok && out.contains("HIGH"));
 }

@@ -96,7 +96,15 @@ fn instance_env_does_not_leak_warden_secrets() {
     let spec = json!({"name": "envdump", "command": ["/bin/sh", "-c", "env > \"$DUMP\"; exec sleep 60"], "env": {"DUMP": w.dir.join("env-dump").display().to_string()}, "start_timeout_ms": 300});
     assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
     let _ = w.get_as("alice", &w.password("alice"), "/apps/envdump/");
-    let dump = std::fs::read_to_string(w.dir.join("env-dump")).unwrap();
+    let dump = warden_test_support::wait_until(
+        "the instance to dump its env",
+        std::time::Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(w.dir.join("env-dump"))
+                .ok()
+                .filter(|d| d.contains("WARDEN_INSTANCE="))
+        },
+    );
     assert!(
         dump.contains("WARDEN_LABEL=SECRET") && dump.contains("PORT="),
         "{dump}"

@@ -16,7 +16,7 @@ pub(crate) async fn current(api: &Api) -> Result<Lattice, ApiError> {
         .map(|(l, _)| l)
         .ok_or_else(|| {
             ApiError::conflict(
-                "no clearance lattice is defined yet; define it first with PUT /v1/lattice",
+                "no clearance lattice is defined yet; define it first with `warden lattice set --levels ...` (PUT /v1/lattice)",
             )
         })
 }
@@ -24,7 +24,7 @@ pub(crate) async fn current(api: &Api) -> Result<Lattice, ApiError> {
 /// `GET /v1/lattice`
 pub async fn show(State(api): State<Api>) -> Result<Json<Lattice>, ApiError> {
     current(&api).await.map(Json).map_err(|_| {
-        ApiError::not_found("no clearance lattice is defined yet; define it with PUT /v1/lattice")
+        ApiError::not_found("no clearance lattice is defined yet; define it with `warden lattice set --levels ...` (PUT /v1/lattice)")
     })
 }
 
