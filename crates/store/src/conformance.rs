@@ -1,7 +1,7 @@
 //! The behaviour every [`Store`] backend must show, written once and run per backend.
 //!
 //! Each check takes a fresh store handle and works under its own random key prefix, so backends
-//! that share one server (etcd) can run the checks side by side. Use [`store_conformance!`] in a
+//! that share one server (etcd) can run the checks side by side. Use [`crate::store_conformance!`] in a
 //! backend's tests to turn every check into a test.
 #![allow(clippy::unwrap_used, missing_docs)]
 

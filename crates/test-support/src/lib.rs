@@ -238,6 +238,15 @@ impl Warden {
         )
     }
 
+    /// The instance records the API lists.
+    pub fn instances(&self) -> Vec<serde_json::Value> {
+        self.api("GET", "/v1/instances", None)
+            .json()
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// Sends `signal` and waits for warden to exit.
     pub fn signal_and_wait(&mut self, signal: nix::sys::signal::Signal) -> ExitStatus {
         let mut child = self.child.take().expect("warden is running");

@@ -16,14 +16,7 @@ fn an_app_that_never_listens_gets_504_after_its_start_timeout() {
     assert_eq!(r.status, 504, "{}", r.text());
     assert!(r.json()["error"].as_str().unwrap().contains("500 ms"));
     // The half-started instance is not left running.
-    assert_eq!(
-        w.api("GET", "/v1/instances", None)
-            .json()
-            .as_array()
-            .unwrap()
-            .len(),
-        0
-    );
+    assert_eq!(w.instances().len(), 0);
 }
 
 #[test]

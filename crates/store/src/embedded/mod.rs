@@ -2,7 +2,7 @@
 //!
 //! redb gives MVCC (readers never wait for the writer) and crash-safe commits. On top of it this
 //! module adds what the [`Store`] contract needs: global revisions, a bounded change log for
-//! watchers, and leases. All writes go through one thread ([`writer`]) that group-commits.
+//! watchers, and leases. All writes go through one thread (the `writer` module) that group-commits.
 
 mod codec;
 mod watch;
