@@ -465,6 +465,36 @@ impl Agent {
         Ok(())
     }
 
+    /// Raises an instance's label (after taint): it stops serving its old label, serves the new
+    /// one if that label has no instance yet, and its record says so.
+    pub async fn relabel(&self, id: &str, label: &str) -> Result<(), AgentError> {
+        let record = {
+            let mut running = lock(&self.inner.running);
+            let r = running
+                .get_mut(id)
+                .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
+            let old = (r.record.app.clone(), r.record.label.clone());
+            r.record.label = label.to_owned();
+            let record = r.record.clone();
+            let mut slots = lock(&self.inner.slots);
+            if matches!(slots.get(&old), Some(Slot::Ready(x)) if x.id == id) {
+                slots.remove(&old);
+            }
+            slots
+                .entry((record.app.clone(), label.to_owned()))
+                .or_insert_with(|| Slot::Ready(record.clone()));
+            record
+        };
+        put_json(
+            &*self.inner.store,
+            &keys::instance(&record.app, id),
+            &record,
+            Some(self.lease()),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Instances running on this node.
     pub fn instances(&self) -> Vec<InstanceRecord> {
         let mut v: Vec<_> = lock(&self.inner.running)

@@ -32,6 +32,7 @@ pub const OPENAPI: &str = include_str!("../openapi.json");
 /// both the router and `openapi.json`.
 pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/healthz"),
+    ("get", "/metrics"),
     ("get", "/v1/openapi.json"),
     ("get", "/v1/status"),
     ("get", "/v1/apps"),
@@ -68,6 +69,7 @@ pub struct Api {
     pub agent: Option<Agent>,
     token: Arc<str>,
     sync: Option<SyncHook>,
+    metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
 }
 
 // === impl Api ===
@@ -80,7 +82,14 @@ impl Api {
             agent,
             token: admin_token.into(),
             sync: None,
+            metrics: None,
         }
+    }
+
+    /// Serves `/metrics` (Prometheus text) from `render`.
+    pub fn with_metrics(mut self, render: Arc<dyn Fn() -> String + Send + Sync>) -> Self {
+        self.metrics = Some(render);
+        self
     }
 
     /// Makes writes answer only once `hook` says they are applied, so that a user or app created
@@ -133,6 +142,7 @@ impl Api {
                 "/v1/openapi.json",
                 get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
             )
+            .route("/metrics", get(metrics))
             .merge(admin)
             .fallback(|| async {
                 ApiError::not_found("no such route; GET /v1/openapi.json lists the API")
@@ -146,6 +156,16 @@ impl Api {
             .layer(axum::extract::DefaultBodyLimit::max(1024 * 1024))
             .with_state(self)
     }
+}
+
+/// Prometheus text; no token needed, as scrapers expect, and nothing secret in it.
+async fn metrics(State(api): State<Api>) -> Response {
+    let body = api
+        .metrics
+        .as_ref()
+        .map(|render| render())
+        .unwrap_or_default();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
 async fn require_admin(State(api): State<Api>, req: Request, next: Next) -> Response {

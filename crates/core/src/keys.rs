@@ -38,6 +38,14 @@ pub fn app_instances(app: &str) -> String {
 /// Prefix of all instances.
 pub const INSTANCES: &str = "instances";
 
+/// Key of a login session, by the SHA-256 (hex) of its token; the token itself is never stored.
+pub fn session(token_hash: &str) -> String {
+    format!("sessions/{token_hash}")
+}
+
+/// Prefix of all sessions.
+pub const SESSIONS: &str = "sessions";
+
 /// Key of the clearance lattice.
 pub const LATTICE: &str = "lattice";
 

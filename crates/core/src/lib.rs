@@ -10,5 +10,5 @@ pub mod keys;
 pub mod model;
 pub mod name;
 
-pub use model::{AppSpec, InstanceRecord, InstanceState, NodeRecord, UserRecord};
+pub use model::{AppSpec, InstanceRecord, InstanceState, NodeRecord, SessionRecord, UserRecord};
 pub use name::{validate_name, NameError};

@@ -36,6 +36,20 @@ pub struct AppSpec {
     /// How long the gateway holds a request while a new instance starts, in milliseconds.
     #[serde(default = "default_start_timeout_ms")]
     pub start_timeout_ms: u64,
+    /// How the gateway spreads requests over the ready instances of one label.
+    #[serde(default)]
+    pub balance: Balance,
+}
+
+/// Load-balancing policy across the instances of one app and label.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    /// Each instance in turn.
+    #[default]
+    RoundRobin,
+    /// The instance with the fewest requests in flight.
+    LeastOutstanding,
 }
 
 fn default_start_timeout_ms() -> u64 {
@@ -159,6 +173,18 @@ pub struct NodeRecord {
     pub pid: u32,
     /// Start time, milliseconds since the Unix epoch.
     pub started_at_ms: u64,
+}
+
+/// A login session. Stored at `sessions/<sha256 of token>` under a lease that ends it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRecord {
+    /// User the session belongs to.
+    pub user: String,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_ms: u64,
+    /// Expiry time, milliseconds since the Unix epoch.
+    pub expires_ms: u64,
 }
 
 /// Milliseconds since the Unix epoch, for record timestamps.

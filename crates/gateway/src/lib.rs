@@ -1,41 +1,82 @@
 //! The gateway: the single entry point through which users reach app instances.
 //!
-//! It owns the request path: accept, authenticate (HTTP Basic against Argon2id hashes), authorise
-//! (the app's allowed groups), choose the instance whose label equals the user's clearance, ask
-//! the local agent to start one if none runs, and forward. It reads only in-memory views fed by
-//! store watches, never the store itself, and never starts processes itself.
+//! It owns the request path: accept (HTTP/1.1 with keep-alive, or HTTP/2 over cleartext),
+//! authenticate (session tokens, or HTTP Basic against Argon2id hashes with a verified-credential
+//! cache and failure throttling), authorise (the app's allowed groups), choose an instance whose
+//! label equals the user's clearance, ask the local agent to start one if none runs, forward with
+//! retries, and apply taint. It reads only in-memory views fed by store watches; it writes to the
+//! store only to log users in and out. It never starts processes itself.
 //!
-//! Logs never contain passwords or Authorization headers: credentials are parsed into a value
-//! that is dropped after verification, and the header is removed before forwarding.
+//! Logs never contain passwords, session tokens or Authorization headers: credentials are parsed
+//! into values dropped after verification, and removed before forwarding.
 #![forbid(unsafe_code)]
 
 mod auth;
+mod forward;
+mod login;
+mod metrics;
 mod proxy;
 mod respond;
 mod views;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
-use warden_agent::{Agent, AgentError};
+use warden_agent::Agent;
 use warden_store::Store;
 
+pub use auth::AuthConfig;
+pub use metrics::Metrics;
 pub use respond::{Body, GatewayError};
 
-/// Time allowed for a client to send its request headers.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Gateway settings.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Lifetime of a login session.
+    pub session_ttl: Duration,
+    /// Open client connections beyond which new ones are refused with 503.
+    pub max_connections: usize,
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// Largest request head accepted (431 beyond).
+    pub max_header_bytes: usize,
+    /// Time a client gets to send a request head (408 after).
+    pub header_timeout: Duration,
+    /// Authentication tuning.
+    pub auth: AuthConfig,
+}
+
+impl GatewayConfig {
+    /// Defaults for `listen`.
+    pub fn new(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            session_ttl: Duration::from_secs(12 * 3600),
+            max_connections: 10_000,
+            max_body_bytes: 10 * 1024 * 1024,
+            max_header_bytes: 16 * 1024,
+            header_timeout: Duration::from_secs(15),
+            auth: AuthConfig::default(),
+        }
+    }
+}
 
 struct State {
+    config: GatewayConfig,
+    store: Arc<dyn Store>,
     views: Arc<views::Shared>,
     agent: Agent,
     client: proxy::Upstream,
-    verify_pool: Semaphore,
+    auth: auth::Authenticator,
+    metrics: Arc<Metrics>,
 }
 
 /// A bound gateway, ready to serve.
@@ -47,24 +88,26 @@ pub struct Gateway {
 // === impl Gateway ===
 
 impl Gateway {
-    /// Binds `addr` and loads the views of apps, users and instances before returning, so the
-    /// first request already sees them.
+    /// Binds the listen address and loads the views before returning, so the first request
+    /// already sees apps, users and sessions.
     pub async fn bind(
-        addr: SocketAddr,
+        config: GatewayConfig,
         store: Arc<dyn Store>,
         agent: Agent,
     ) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = TcpListener::bind(config.listen).await?;
         let views = views::Shared::new();
-        views::follow_all(store, views.clone()).await;
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
+        views::follow_all(store.clone(), views.clone()).await;
+        let metrics = Arc::new(Metrics::new().map_err(std::io::Error::other)?);
+        let auth = auth::Authenticator::new(&config.auth);
         let state = Arc::new(State {
+            config,
+            store,
             views,
             agent,
             client: proxy::client(),
-            verify_pool: Semaphore::new(cores),
+            auth,
+            metrics,
         });
         Ok(Self { listener, state })
     }
@@ -72,6 +115,11 @@ impl Gateway {
     /// The address the gateway listens on.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// The gateway's metrics, for whoever serves `/metrics`.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.state.metrics.clone()
     }
 
     /// A handle that tells when the gateway's views have caught up with a store revision; the API
@@ -84,11 +132,13 @@ impl Gateway {
 
     /// Serves until `shutdown` turns true.
     pub async fn serve(self, mut shutdown: watch::Receiver<bool>) {
+        let slots = Arc::new(Semaphore::new(self.state.config.max_connections));
         loop {
             let (stream, peer) = tokio::select! {
                 r = self.listener.accept() => match r {
                     Ok(x) => x,
                     Err(e) => {
+                        // Out of file descriptors, usually: back off instead of spinning.
                         tracing::warn!(error = %e, "accept failed");
                         tokio::time::sleep(Duration::from_millis(10)).await;
                         continue;
@@ -96,22 +146,67 @@ impl Gateway {
                 },
                 _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
             };
-            let _ = stream.set_nodelay(true);
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                self.state.metrics.refused_connections.inc();
+                tokio::spawn(refuse(stream));
+                continue;
+            };
             let state = self.state.clone();
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let state = state.clone();
-                    async move { Ok::<_, std::convert::Infallible>(handle(&state, req, peer).await) }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_TIMEOUT)
-                    .serve_connection(TokioIo::new(stream), svc);
-                if let Err(e) = conn.await {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
-                }
+                state.metrics.connections.inc();
+                serve_connection(state.clone(), stream, peer).await;
+                state.metrics.connections.dec();
+                drop(slot);
             });
         }
+    }
+}
+
+/// Answers a connection over the limit with 503 and closes it; costs one write.
+async fn refuse(mut stream: TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let _ = stream
+        .write_all(b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        .await;
+}
+
+async fn serve_connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    // A second handle on the socket lets us answer 408 after hyper gives up on a slow head.
+    let spare = stream.into_std().and_then(|s| Ok((s.try_clone()?, s)));
+    let (spare, stream) = match spare.and_then(|(spare, s)| Ok((spare, TcpStream::from_std(s)?))) {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot set up a connection");
+            return;
+        }
+    };
+    let svc_state = state.clone();
+    let svc = hyper::service::service_fn(move |req| {
+        let state = svc_state.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(&state, req, peer).await) }
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(state.config.header_timeout)
+        .max_buf_size(state.config.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(state.config.max_header_bytes as u32);
+    if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
+        let timed_out = e
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(|e| e.is_timeout());
+        if timed_out {
+            use std::io::Write;
+            let _ = (&spare).write(
+                b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            );
+        }
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
 }
 
@@ -134,8 +229,21 @@ enum Route {
     App { app: String, path_and_query: String },
     /// To the same path with a trailing slash, so the app's relative links resolve.
     AddSlash(String),
-    /// Nowhere.
-    Nowhere(String),
+    /// To the gateway itself.
+    Gateway,
+}
+
+fn host_of(req: &Request<Incoming>) -> Option<String> {
+    let raw = req
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))?;
+    Some(
+        raw.rsplit_once(':')
+            .map_or(raw, |(name, _)| name)
+            .to_ascii_lowercase(),
+    )
 }
 
 fn route(state: &State, req: &Request<Incoming>) -> Route {
@@ -145,6 +253,12 @@ fn route(state: &State, req: &Request<Incoming>) -> Route {
         .query()
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
+    if let Some(app) = host_of(req).and_then(|h| state.views.read().hosts.get(&h).cloned()) {
+        return Route::App {
+            app,
+            path_and_query: format!("{path}{query}"),
+        };
+    }
     if let Some(rest) = path.strip_prefix("/apps/") {
         return match rest.split_once('/') {
             Some((app, tail)) => Route::App {
@@ -154,24 +268,7 @@ fn route(state: &State, req: &Request<Incoming>) -> Route {
             None => Route::AddSlash(format!("{path}/{query}")),
         };
     }
-    let host = req
-        .headers()
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(|h| {
-            h.rsplit_once(':')
-                .map_or(h, |(name, _)| name)
-                .to_ascii_lowercase()
-        });
-    match host.and_then(|h| state.views.read().hosts.get(&h).cloned()) {
-        Some(app) => Route::App {
-            app,
-            path_and_query: format!("{path}{query}"),
-        },
-        None => Route::Nowhere(format!(
-            "nothing is served at {path}; apps are under /apps/<name>/ or at their host names"
-        )),
-    }
+    Route::Gateway
 }
 
 fn redirect(location: &str) -> Response<Body> {
@@ -184,110 +281,39 @@ fn redirect(location: &str) -> Response<Body> {
 }
 
 async fn handle(state: &State, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-    if req.uri().path() == "/healthz" {
-        return respond::json(StatusCode::OK, &serde_json::json!({ "status": "ok" }));
-    }
-    let (app, path_and_query) = match route(state, &req) {
+    let started = Instant::now();
+    let (app, resp) = match route(state, &req) {
         Route::App {
             app,
             path_and_query,
-        } => (app, path_and_query),
-        Route::AddSlash(location) => return redirect(&location),
-        Route::Nowhere(why) => return GatewayError::NotFound(why).into_response(),
-    };
-    // Authenticate before saying whether the app exists, so strangers learn nothing.
-    let Some(creds) = auth::basic(req.headers()) else {
-        return GatewayError::Unauthenticated.into_response();
-    };
-    let (user, spec) = {
-        let v = state.views.read();
-        (v.users.get(&creds.user).cloned(), v.apps.get(&app).cloned())
-    };
-    if !auth::verify(&state.verify_pool, user.clone(), creds.password).await {
-        tracing::info!(user = %creds.user, %peer, "authentication failed");
-        return GatewayError::Unauthenticated.into_response();
-    }
-    let Some(user) = user else {
-        return GatewayError::Unauthenticated.into_response();
-    };
-    let Some(spec) = spec else {
-        return GatewayError::NotFound(format!("no app named {app:?}")).into_response();
-    };
-    if !spec.groups.is_empty() && !spec.groups.iter().any(|g| user.groups.contains(g)) {
-        return GatewayError::Forbidden {
-            user: user.name.clone(),
-            app: spec.name.clone(),
+        } => {
+            let resp = forward::to_app(state, req, peer, &app, &path_and_query).await;
+            (app, resp)
         }
-        .into_response();
-    }
-    let label = user.clearance.as_str();
-    let instance = match state.views.pick(&spec.name, label) {
-        Some(i) => i,
-        None => match start(state, &spec, label).await {
-            Ok(i) => i,
-            Err(e) => return e.into_response(),
-        },
+        Route::AddSlash(location) => ("-".to_owned(), redirect(&location)),
+        Route::Gateway => ("-".to_owned(), gateway_endpoint(state, req, peer).await),
     };
-    let who = proxy::Forwarded {
-        user: &user.name,
-        label,
-        client: peer.ip(),
-    };
-    match proxy::forward(
-        &state.client,
-        req,
-        &instance.addr,
-        &path_and_query,
-        who,
-        &spec.name,
-    )
-    .await
-    {
-        Ok(resp) => resp,
-        Err((e, refused)) => {
-            if refused {
-                // The instance is gone; route around it until its record's delete arrives.
-                state.views.drop_instance(&instance.id);
-            }
-            tracing::warn!(app = %spec.name, instance = %instance.id, error = %e, "forwarding failed");
-            e.into_response()
-        }
-    }
+    state.metrics.request(&app, resp.status().as_u16());
+    state
+        .metrics
+        .request_seconds
+        .observe(started.elapsed().as_secs_f64());
+    resp
 }
 
-/// Asks the local agent for an instance and holds the request until it is ready.
-async fn start(
+/// The gateway's own endpoints, reached when no app route matched.
+async fn gateway_endpoint(
     state: &State,
-    spec: &warden_core::AppSpec,
-    label: &str,
-) -> Result<warden_core::InstanceRecord, GatewayError> {
-    let wait = Duration::from_millis(spec.start_timeout_ms);
-    let app = spec.name.clone();
-    // The agent enforces the start timeout itself; this bound only covers its own stalls.
-    match tokio::time::timeout(
-        wait + Duration::from_secs(1),
-        state.agent.ensure(&spec.name, label),
-    )
-    .await
-    {
-        Err(_) | Ok(Err(AgentError::Timeout { .. })) => Err(GatewayError::StartTimeout {
-            app,
-            ms: spec.start_timeout_ms,
-        }),
-        Ok(Ok(r)) => {
-            state.views.add_instance(r.clone());
-            Ok(r)
-        }
-        Ok(Err(AgentError::UnknownApp(_))) => {
-            Err(GatewayError::NotFound(format!("no app named {app:?}")))
-        }
-        Ok(Err(e @ (AgentError::Exited { .. } | AgentError::Spawn { .. }))) => {
-            tracing::warn!(app = %spec.name, label, error = %e, "instance failed to start");
-            Err(GatewayError::StartFailed { app })
-        }
-        Ok(Err(e)) => Err(GatewayError::Unavailable {
-            app,
-            reason: e.to_string(),
-        }),
+    req: Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<Body> {
+    match req.uri().path() {
+        "/healthz" => respond::json(StatusCode::OK, &serde_json::json!({ "status": "ok" })),
+        "/login" => login::login(state, req, peer).await,
+        "/logout" => login::logout(state, req).await,
+        path => GatewayError::NotFound(format!(
+            "nothing is served at {path}; apps are under /apps/<name>/ or at their host names"
+        ))
+        .into_response(),
     }
 }

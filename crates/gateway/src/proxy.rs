@@ -1,21 +1,27 @@
 //! Forwarding a request to an instance and its answer back, with header hygiene.
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri};
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
-use crate::respond::{Body, GatewayError};
+use crate::respond::Body;
 
 /// Pooled keep-alive client to instances.
-pub(crate) type Upstream = Client<HttpConnector, Incoming>;
+pub(crate) type Upstream = Client<HttpConnector, Full<Bytes>>;
+
+/// Response header with which an instance reports it has read data of a higher class.
+pub(crate) const TAINT: &str = "x-warden-taint";
 
 pub(crate) fn client() -> Upstream {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new()).build(connector)
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .pool_max_idle_per_host(1024)
+        .build(connector)
 }
 
 /// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1).
@@ -50,30 +56,33 @@ pub(crate) struct Forwarded<'a> {
     pub client: std::net::IpAddr,
 }
 
-/// Sends `req` with its path replaced by `path_and_query` to `addr`.
-pub(crate) async fn forward(
-    client: &Upstream,
-    mut req: Request<Incoming>,
-    addr: &str,
-    path_and_query: &str,
+/// A request ready to send, any number of times (the body is buffered).
+pub(crate) struct Prepared {
+    parts: http::request::Parts,
+    body: Bytes,
+}
+
+/// Cleans a client request for forwarding: drops hop-by-hop headers and every credential meant
+/// for the gateway (Authorization, the session cookie), and says who the user is.
+pub(crate) fn prepare(
+    mut parts: http::request::Parts,
+    body: Bytes,
     who: Forwarded<'_>,
-    app: &str,
-) -> Result<Response<Body>, (GatewayError, bool)> {
-    let uri: Uri = format!("http://{addr}{path_and_query}")
-        .parse()
-        .map_err(|e| {
-            (
-                GatewayError::BadRequest(format!("unusable path: {e}")),
-                false,
-            )
-        })?;
-    *req.uri_mut() = uri;
-    let h = req.headers_mut();
+) -> Prepared {
+    let h = &mut parts.headers;
     strip_hop_by_hop(h);
-    // The app must never see the user's password; it learns who the user is from the gateway.
+    // The app must never see the user's password or session token.
     h.remove(header::AUTHORIZATION);
-    for name in ["x-warden-user", "x-warden-label"] {
-        h.remove(name);
+    crate::auth::session::strip_cookie(h);
+    if !h.contains_key(header::HOST) {
+        // HTTP/2 carries the host in the URI; HTTP/1.1 to the app needs the header.
+        if let Some(v) = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        {
+            h.insert(header::HOST, v);
+        }
     }
     let set = |h: &mut HeaderMap, name: &'static str, v: &str| {
         if let Ok(v) = HeaderValue::from_str(v) {
@@ -84,21 +93,44 @@ pub(crate) async fn forward(
     set(h, "x-warden-label", who.label);
     set(h, "x-forwarded-for", &who.client.to_string());
     set(h, "x-forwarded-proto", "http");
-    match client.request(req).await {
-        Ok(resp) => {
-            let (mut parts, body) = resp.into_parts();
-            strip_hop_by_hop(&mut parts.headers);
-            Ok(Response::from_parts(parts, body.boxed()))
-        }
-        Err(e) => {
-            let refused = e.is_connect();
-            Err((
-                GatewayError::Upstream {
-                    app: app.to_owned(),
-                    reason: e.to_string(),
-                },
-                refused,
-            ))
+    parts.version = http::Version::HTTP_11;
+    Prepared { parts, body }
+}
+
+/// How a forward failed.
+pub(crate) enum Failure {
+    /// The connection was refused: the request never reached the app, so it is safe to retry.
+    Refused(String),
+    /// Anything else: the app may have seen the request.
+    Other(String),
+}
+
+impl Prepared {
+    /// True for methods that may be repeated without changing the outcome (RFC 9110 §9.2.2).
+    pub fn idempotent(&self) -> bool {
+        self.parts.method.is_idempotent()
+    }
+
+    /// Sends to `addr` with the path replaced by `path_and_query`.
+    pub async fn send(
+        &self,
+        client: &Upstream,
+        addr: &str,
+        path_and_query: &str,
+    ) -> Result<Response<Body>, Failure> {
+        let uri: Uri = format!("http://{addr}{path_and_query}")
+            .parse()
+            .map_err(|e| Failure::Other(format!("unusable path: {e}")))?;
+        let mut req = Request::from_parts(self.parts.clone(), Full::new(self.body.clone()));
+        *req.uri_mut() = uri;
+        match client.request(req).await {
+            Ok(resp) => {
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Ok(Response::from_parts(parts, body.boxed()))
+            }
+            Err(e) if e.is_connect() => Err(Failure::Refused(e.to_string())),
+            Err(e) => Err(Failure::Other(e.to_string())),
         }
     }
 }

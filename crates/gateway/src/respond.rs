@@ -57,6 +57,24 @@ pub enum GatewayError {
     /// The request is malformed.
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// Too many failed sign-ins from this user or address.
+    #[error("too many failed sign-ins; try again in {retry_after} s")]
+    Throttled {
+        /// Seconds until the window ends.
+        retry_after: u64,
+    },
+    /// The password verification queue is full.
+    #[error("the gateway is busy verifying passwords; try again shortly")]
+    Busy,
+    /// The body is larger than allowed.
+    #[error("request body is larger than {limit} bytes")]
+    PayloadTooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// Method not allowed on a gateway endpoint.
+    #[error("{0}")]
+    MethodNotAllowed(&'static str),
 }
 
 // === impl GatewayError ===
@@ -72,6 +90,10 @@ impl GatewayError {
             Self::StartFailed { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
             Self::StartTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 
@@ -87,8 +109,11 @@ impl GatewayError {
                     header::HeaderValue::from_static("Basic realm=\"warden\", charset=\"UTF-8\""),
                 );
             }
-            Self::Unavailable { .. } => {
+            Self::Unavailable { .. } | Self::Busy => {
                 h.insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            }
+            Self::Throttled { retry_after } => {
+                h.insert(header::RETRY_AFTER, header::HeaderValue::from(retry_after));
             }
             _ => {}
         }

@@ -1,4 +1,5 @@
-//! In-memory views of the store that the request path reads: apps, users and ready instances.
+//! In-memory views of the store that the request path reads: apps, users, sessions, the
+//! lattice and ready instances.
 //!
 //! Each view is filled by a list and kept current by a watch from the listing's revision, so the
 //! request path never waits on the store. If a watch breaks, the view is listed again.
@@ -8,18 +9,52 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use sha2::{Digest, Sha256};
 use tokio::sync::watch;
-use warden_core::{keys, AppSpec, InstanceRecord, InstanceState, UserRecord};
+use warden_auth::Lattice;
+use warden_core::{keys, AppSpec, InstanceRecord, InstanceState, SessionRecord, UserRecord};
 use warden_store::{decode, Store};
+
+/// A user as the request path needs it.
+pub(crate) struct User {
+    pub record: UserRecord,
+    /// SHA-256 of the PHC hash: cached verifications are valid only while it is unchanged.
+    pub fingerprint: [u8; 32],
+}
+
+/// A ready instance and the requests it is serving now.
+pub(crate) struct Routed {
+    pub record: InstanceRecord,
+    pub outstanding: AtomicUsize,
+}
+
+/// Counts a request as outstanding on an instance until dropped.
+pub(crate) struct InFlight(pub Arc<Routed>);
+
+impl InFlight {
+    fn new(r: Arc<Routed>) -> Self {
+        r.outstanding.fetch_add(1, Ordering::Relaxed);
+        Self(r)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// What the gateway knows of the platform.
 #[derive(Default)]
 pub(crate) struct Views {
     pub apps: HashMap<String, Arc<AppSpec>>,
     pub hosts: HashMap<String, String>,
-    pub users: HashMap<String, Arc<UserRecord>>,
+    pub users: HashMap<String, Arc<User>>,
+    /// Sessions by token hash.
+    pub sessions: HashMap<String, SessionRecord>,
     /// Ready instances by (app, label).
-    pub instances: HashMap<(String, String), Vec<InstanceRecord>>,
+    pub instances: HashMap<(String, String), Vec<Arc<Routed>>>,
+    pub lattice: Option<Arc<Lattice>>,
 }
 
 /// Shared views with a round-robin cursor.
@@ -27,7 +62,7 @@ pub(crate) struct Shared {
     views: RwLock<Views>,
     cursor: AtomicUsize,
     /// Per view, the store revision up to which it has applied every change.
-    applied: [watch::Sender<u64>; 3],
+    applied: [watch::Sender<u64>; 5],
 }
 
 #[derive(Clone, Copy)]
@@ -35,6 +70,8 @@ enum Kind {
     Apps = 0,
     Users = 1,
     Instances = 2,
+    Sessions = 3,
+    Lattice = 4,
 }
 
 impl Kind {
@@ -43,6 +80,8 @@ impl Kind {
             Some(keys::APPS) => Some(Self::Apps),
             Some(keys::USERS) => Some(Self::Users),
             Some(keys::INSTANCES) => Some(Self::Instances),
+            Some(keys::SESSIONS) => Some(Self::Sessions),
+            Some(keys::LATTICE) => Some(Self::Lattice),
             _ => None,
         }
     }
@@ -86,15 +125,34 @@ impl Shared {
         self.views.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The next ready instance for (app, label), round robin.
-    pub fn pick(&self, app: &str, label: &str) -> Option<InstanceRecord> {
+    /// A ready instance for (app, label) not in `skip`: round robin, or the one with the fewest
+    /// outstanding requests.
+    pub fn pick(
+        &self,
+        app: &str,
+        label: &str,
+        least_outstanding: bool,
+        skip: &[String],
+    ) -> Option<InFlight> {
         let v = self.read();
         let list = v.instances.get(&(app.to_owned(), label.to_owned()))?;
-        if list.is_empty() {
+        let candidates: Vec<&Arc<Routed>> = list
+            .iter()
+            .filter(|r| !skip.contains(&r.record.id))
+            .collect();
+        if candidates.is_empty() {
             return None;
         }
-        let i = self.cursor.fetch_add(1, Ordering::Relaxed) % list.len();
-        Some(list[i].clone())
+        let chosen = if least_outstanding {
+            let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+            // Rotate the start so ties spread instead of piling onto the first instance.
+            (0..candidates.len())
+                .map(|k| candidates[(start + k) % candidates.len()])
+                .min_by_key(|r| r.outstanding.load(Ordering::Relaxed))
+        } else {
+            Some(candidates[self.cursor.fetch_add(1, Ordering::Relaxed) % candidates.len()])
+        };
+        chosen.map(|r| InFlight::new(r.clone()))
     }
 
     /// Records an instance the agent just reported ready, ahead of its watch event.
@@ -133,7 +191,14 @@ impl Shared {
             }
             (Kind::Users, Some(bytes)) => match decode::<UserRecord>(key, bytes) {
                 Ok(u) => {
-                    v.users.insert(u.name.clone(), Arc::new(u));
+                    let fingerprint = Sha256::digest(u.password_hash.as_bytes()).into();
+                    v.users.insert(
+                        u.name.clone(),
+                        Arc::new(User {
+                            record: u,
+                            fingerprint,
+                        }),
+                    );
                 }
                 Err(e) => parse_err(e),
             },
@@ -151,6 +216,24 @@ impl Shared {
                     remove_instance(&mut v, id);
                 }
             }
+            (Kind::Sessions, Some(bytes)) => match decode::<SessionRecord>(key, bytes) {
+                Ok(sess) => {
+                    if let Some(hash) = key.strip_prefix("sessions/") {
+                        v.sessions.insert(hash.to_owned(), sess);
+                    }
+                }
+                Err(e) => parse_err(e),
+            },
+            (Kind::Sessions, None) => {
+                if let Some(hash) = key.strip_prefix("sessions/") {
+                    v.sessions.remove(hash);
+                }
+            }
+            (Kind::Lattice, Some(bytes)) => match decode::<Lattice>(key, bytes) {
+                Ok(l) => v.lattice = Some(Arc::new(l)),
+                Err(e) => parse_err(e),
+            },
+            (Kind::Lattice, None) => v.lattice = None,
             _ => {}
         }
     }
@@ -164,6 +247,8 @@ impl Shared {
             }
             Kind::Users => v.users.clear(),
             Kind::Instances => v.instances.clear(),
+            Kind::Sessions => v.sessions.clear(),
+            Kind::Lattice => v.lattice = None,
         }
     }
 }
@@ -181,29 +266,40 @@ fn rebuild_hosts(v: &mut Views) {
 }
 
 fn upsert_instance(v: &mut Views, r: InstanceRecord) {
+    // Keep the outstanding count of an instance whose record did not change.
+    let key = (r.app.clone(), r.label.clone());
+    if v.instances
+        .get(&key)
+        .is_some_and(|l| l.iter().any(|x| x.record == r))
+    {
+        return;
+    }
     remove_instance(v, &r.id);
     if r.state == InstanceState::Ready {
-        v.instances
-            .entry((r.app.clone(), r.label.clone()))
-            .or_default()
-            .push(r);
+        let routed = Arc::new(Routed {
+            record: r,
+            outstanding: AtomicUsize::new(0),
+        });
+        v.instances.entry(key).or_default().push(routed);
     }
 }
 
 fn remove_instance(v: &mut Views, id: &str) {
     v.instances.retain(|_, list| {
-        list.retain(|r| r.id != id);
+        list.retain(|r| r.record.id != id);
         !list.is_empty()
     });
 }
 
-/// Starts following apps, users and instances; resolves once all three are loaded.
+/// Starts following every view; resolves once all are loaded.
 pub(crate) async fn follow_all(store: Arc<dyn Store>, shared: Arc<Shared>) {
     let mut loaded = Vec::new();
     for (kind, prefix) in [
         (Kind::Apps, keys::APPS),
         (Kind::Users, keys::USERS),
         (Kind::Instances, keys::INSTANCES),
+        (Kind::Sessions, keys::SESSIONS),
+        (Kind::Lattice, keys::LATTICE),
     ] {
         let (tx, rx) = watch::channel(false);
         tokio::spawn(follow(store.clone(), shared.clone(), kind, prefix, tx));

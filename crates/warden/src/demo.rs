@@ -94,6 +94,7 @@ pub async fn setup(store: &dyn Store, data_dir: &Path) -> anyhow::Result<Vec<Dem
         hosts: vec!["demo.localhost".into()],
         groups: vec![],
         start_timeout_ms: warden_core::model::DEFAULT_START_TIMEOUT_MS,
+        balance: Default::default(),
     };
     warden_store::put_json(store, &keys::app_spec("demo"), &spec, None).await?;
     Ok(users)

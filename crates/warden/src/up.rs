@@ -28,6 +28,12 @@ pub struct UpArgs {
     /// Create a demo lattice, demo users and the demo app
     #[arg(long)]
     demo: bool,
+    /// Lifetime of a login session, in seconds
+    #[arg(long, default_value_t = 12 * 3600)]
+    session_ttl_secs: u64,
+    /// Open gateway connections beyond which new ones get 503
+    #[arg(long, default_value_t = 10_000)]
+    max_connections: usize,
 }
 
 fn load_or_create(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
@@ -81,7 +87,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     )
     .await
     .context("cannot start the agent")?;
-    let gateway = warden_gateway::Gateway::bind(args.listen, store.clone(), agent.clone())
+    let mut gw_config = warden_gateway::GatewayConfig::new(args.listen);
+    gw_config.session_ttl = Duration::from_secs(args.session_ttl_secs);
+    gw_config.max_connections = args.max_connections;
+    let gateway = warden_gateway::Gateway::bind(gw_config, store.clone(), agent.clone())
         .await
         .with_context(|| format!("cannot listen for the gateway on {}", args.listen))?;
     let api_listener = tokio::net::TcpListener::bind(args.api_listen)
@@ -92,12 +101,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let sync = gateway.view_sync();
-    let api = warden_api::Api::new(store.clone(), Some(agent.clone()), &token).with_sync(Arc::new(
-        move |key, rev| {
+    let metrics = gateway.metrics();
+    let api = warden_api::Api::new(store.clone(), Some(agent.clone()), &token)
+        .with_sync(Arc::new(move |key, rev| {
             let sync = sync.clone();
             Box::pin(async move { sync.caught_up(&key, rev).await })
-        },
-    ));
+        }))
+        .with_metrics(Arc::new(move || metrics.render()));
     let gateway_task = tokio::spawn(gateway.serve(stop_rx.clone()));
     let api_task = tokio::spawn(warden_api::serve(api_listener, api, stop_rx));
 

@@ -1,11 +1,7 @@
-//! HTTP Basic credentials, checked against the user view with Argon2id off the executor.
-
-use std::sync::Arc;
+//! HTTP Basic credentials.
 
 use base64::Engine;
 use http::HeaderMap;
-use tokio::sync::Semaphore;
-use warden_core::UserRecord;
 
 /// Credentials from a request. The password is dropped as soon as it is verified.
 pub(crate) struct Basic {
@@ -35,23 +31,6 @@ pub(crate) fn basic(headers: &HeaderMap) -> Option<Basic> {
         user: user.to_owned(),
         password: password.to_owned(),
     })
-}
-
-/// Verifies credentials against `user` (absent users cost the same as present ones) on the
-/// blocking pool, at most `pool` verifications at once.
-pub(crate) async fn verify(
-    pool: &Semaphore,
-    user: Option<Arc<UserRecord>>,
-    password: String,
-) -> bool {
-    let Ok(_permit) = pool.acquire().await else {
-        return false;
-    };
-    tokio::task::spawn_blocking(move || {
-        warden_auth::verify_password(user.as_deref().map(|u| u.password_hash.as_str()), &password)
-    })
-    .await
-    .unwrap_or(false)
 }
 
 #[cfg(test)]

@@ -1,0 +1,165 @@
+//! Authentication on the request path: session tokens, and HTTP Basic passwords checked with
+//! Argon2id at most once per credential.
+//!
+//! Argon2id never runs on the async executor: verifications run on the blocking pool, at most
+//! one per core at a time, with a bounded queue; past it the gateway answers 503 at once. The
+//! password is dropped as soon as it is verified and is never logged.
+
+pub(crate) mod basic;
+pub(crate) mod cache;
+pub(crate) mod session;
+pub(crate) mod throttle;
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::HeaderMap;
+use tokio::sync::Semaphore;
+
+use crate::metrics::Metrics;
+use crate::respond::GatewayError;
+use crate::views::{Shared, User};
+
+/// Tuning of authentication.
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    /// How long a verified credential is trusted without hashing again.
+    pub cache_ttl: Duration,
+    /// How long a refused credential is answered from memory.
+    pub negative_ttl: Duration,
+    /// Failed sign-ins per user per window before 429.
+    pub failures_per_user: u32,
+    /// Failed sign-ins per client address per window before 429.
+    pub failures_per_addr: u32,
+    /// The throttling window.
+    pub window: Duration,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            cache_ttl: Duration::from_secs(300),
+            negative_ttl: Duration::from_secs(30),
+            failures_per_user: 10,
+            failures_per_addr: 50,
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+pub(crate) struct Authenticator {
+    cache: cache::CredentialCache,
+    throttle: throttle::Throttle,
+    pool: Semaphore,
+    waiting: AtomicUsize,
+    max_waiting: usize,
+}
+
+impl Authenticator {
+    pub fn new(config: &AuthConfig) -> Self {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        Self {
+            cache: cache::CredentialCache::new(config.cache_ttl, config.negative_ttl, 100_000),
+            throttle: throttle::Throttle::new(
+                config.window,
+                config.failures_per_user,
+                config.failures_per_addr,
+            ),
+            pool: Semaphore::new(cores),
+            waiting: AtomicUsize::new(0),
+            max_waiting: 64 * cores,
+        }
+    }
+
+    /// The user a request is from: session token (bearer or cookie) first, then Basic.
+    pub async fn authenticate(
+        &self,
+        views: &Shared,
+        headers: &HeaderMap,
+        peer: IpAddr,
+        m: &Metrics,
+    ) -> Result<Arc<User>, GatewayError> {
+        if let Some(token) = session::token(headers) {
+            return session_user(views, &token);
+        }
+        let Some(creds) = basic::basic(headers) else {
+            return Err(GatewayError::Unauthenticated);
+        };
+        self.password(views, &creds.user, creds.password, peer, m)
+            .await
+    }
+
+    /// Checks a name and password.
+    pub async fn password(
+        &self,
+        views: &Shared,
+        name: &str,
+        password: String,
+        peer: IpAddr,
+        m: &Metrics,
+    ) -> Result<Arc<User>, GatewayError> {
+        let user = views.read().users.get(name).cloned();
+        let fingerprint = user.as_ref().map_or([0; 32], |u| u.fingerprint);
+        let key = self.cache.key(name, &password);
+        let cached = self.cache.lookup(&key, &fingerprint);
+        if cached == Some(true) {
+            m.cache("hit");
+            return user.ok_or(GatewayError::Unauthenticated);
+        }
+        if let Err(wait) = self.throttle.check(name, peer) {
+            m.throttled.inc();
+            return Err(GatewayError::Throttled {
+                retry_after: wait.as_secs().max(1),
+            });
+        }
+        if cached == Some(false) {
+            m.cache("negative");
+            self.throttle.fail(name, peer);
+            return Err(GatewayError::Unauthenticated);
+        }
+        m.cache("miss");
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(GatewayError::Busy);
+        }
+        let queued = Instant::now();
+        let permit = self.pool.acquire().await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        m.phase("queue", queued.elapsed());
+        let Ok(_permit) = permit else {
+            return Err(GatewayError::Busy);
+        };
+        let phc = user.as_ref().map(|u| u.record.password_hash.clone());
+        let ok = tokio::task::spawn_blocking(move || {
+            warden_auth::verify_password(phc.as_deref(), &password)
+        })
+        .await
+        .unwrap_or(false);
+        self.cache.insert(key, ok, fingerprint);
+        match (ok, user) {
+            (true, Some(u)) => Ok(u),
+            _ => {
+                self.throttle.fail(name, peer);
+                tracing::info!(user = %name, %peer, "sign-in refused");
+                Err(GatewayError::Unauthenticated)
+            }
+        }
+    }
+}
+
+fn session_user(views: &Shared, token: &str) -> Result<Arc<User>, GatewayError> {
+    let hash = session::token_hash(token);
+    let v = views.read();
+    let s = v.sessions.get(&hash).ok_or(GatewayError::Unauthenticated)?;
+    if s.expires_ms <= warden_core::model::now_ms() {
+        return Err(GatewayError::Unauthenticated);
+    }
+    v.users
+        .get(&s.user)
+        .cloned()
+        .ok_or(GatewayError::Unauthenticated)
+}

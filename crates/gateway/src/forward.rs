@@ -1,0 +1,213 @@
+//! The app half of the request path: authenticate, authorise, pick or start an instance,
+//! forward with retries, apply taint.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use warden_agent::AgentError;
+use warden_core::model::Balance;
+use warden_core::{AppSpec, InstanceRecord};
+
+use crate::proxy::{self, Failure};
+use crate::respond::{Body, GatewayError};
+use crate::State;
+
+/// Attempts per request: enough to get past a dead instance or two, bounded so a broken app
+/// cannot keep a request going around.
+const MAX_ATTEMPTS: usize = 4;
+
+pub(crate) async fn to_app(
+    state: &State,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    app: &str,
+    path_and_query: &str,
+) -> Response<Body> {
+    match serve(state, req, peer, app, path_and_query).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn serve(
+    state: &State,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    app: &str,
+    path_and_query: &str,
+) -> Result<Response<Body>, GatewayError> {
+    let m = &state.metrics;
+    // Authenticate before saying whether the app exists, so strangers learn nothing.
+    let t = Instant::now();
+    let user = state
+        .auth
+        .authenticate(&state.views, req.headers(), peer.ip(), m)
+        .await?;
+    m.phase("auth", t.elapsed());
+    let spec = state.views.read().apps.get(app).cloned();
+    let spec = spec.ok_or_else(|| GatewayError::NotFound(format!("no app named {app:?}")))?;
+    let groups = &user.record.groups;
+    if !spec.groups.is_empty() && !spec.groups.iter().any(|g| groups.contains(g)) {
+        return Err(GatewayError::Forbidden {
+            user: user.record.name.clone(),
+            app: spec.name.clone(),
+        });
+    }
+
+    let limit = state.config.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(GatewayError::PayloadTooLarge { limit });
+    }
+    let (parts, body) = req.into_parts();
+    // Buffered so a request refused by a dying instance can be sent to the next one.
+    let body = Limited::new(body, limit).collect().await.map_err(|e| {
+        if e.downcast_ref::<http_body_util::LengthLimitError>()
+            .is_some()
+        {
+            GatewayError::PayloadTooLarge { limit }
+        } else {
+            GatewayError::BadRequest(format!("reading the request body failed: {e}"))
+        }
+    })?;
+    let label = user.record.clearance.as_str();
+    let who = proxy::Forwarded {
+        user: &user.record.name,
+        label,
+        client: peer.ip(),
+    };
+    let prepared = proxy::prepare(parts, body.to_bytes(), who);
+
+    let lor = spec.balance == Balance::LeastOutstanding;
+    let mut tried: Vec<String> = Vec::new();
+    let mut started = false;
+    let mut last = String::new();
+    for _ in 0..MAX_ATTEMPTS {
+        let inflight = match state.views.pick(&spec.name, label, lor, &tried) {
+            Some(i) => i,
+            None if !started => {
+                started = true;
+                let t = Instant::now();
+                let r = start(state, &spec, label).await?;
+                m.phase("start", t.elapsed());
+                if tried.contains(&r.id) {
+                    // The agent has not noticed yet that this instance is gone.
+                    break;
+                }
+                state.views.add_instance(r);
+                continue;
+            }
+            None => break,
+        };
+        let instance = &inflight.0.record;
+        let t = Instant::now();
+        match prepared
+            .send(&state.client, &instance.addr, path_and_query)
+            .await
+        {
+            Ok(mut resp) => {
+                m.phase("upstream", t.elapsed());
+                if let Some(taint) = resp.headers_mut().remove(proxy::TAINT) {
+                    apply_taint(state, instance, taint.to_str().unwrap_or(""));
+                }
+                return Ok(resp);
+            }
+            Err(Failure::Refused(e)) => {
+                // Never reached the app: route around it until its record's delete arrives.
+                tracing::info!(app = %spec.name, instance = %instance.id, error = %e, "instance refused the connection; trying another");
+                state.views.drop_instance(&instance.id);
+                tried.push(instance.id.clone());
+                last = e;
+            }
+            Err(Failure::Other(e)) if prepared.idempotent() => {
+                tracing::info!(app = %spec.name, instance = %instance.id, error = %e, "instance failed an idempotent request; trying another");
+                tried.push(instance.id.clone());
+                last = e;
+            }
+            Err(Failure::Other(e)) => {
+                tracing::warn!(app = %spec.name, instance = %instance.id, error = %e, "forwarding failed");
+                return Err(GatewayError::Upstream {
+                    app: spec.name.clone(),
+                    reason: e,
+                });
+            }
+        }
+    }
+    Err(GatewayError::Upstream {
+        app: spec.name.clone(),
+        reason: if last.is_empty() {
+            "no instance answered".into()
+        } else {
+            last
+        },
+    })
+}
+
+/// Asks the local agent for an instance and holds the request until it is ready.
+async fn start(state: &State, spec: &AppSpec, label: &str) -> Result<InstanceRecord, GatewayError> {
+    let wait = Duration::from_millis(spec.start_timeout_ms);
+    let app = spec.name.clone();
+    // The agent enforces the start timeout itself; this bound only covers its own stalls.
+    match tokio::time::timeout(
+        wait + Duration::from_secs(1),
+        state.agent.ensure(&spec.name, label),
+    )
+    .await
+    {
+        Err(_) | Ok(Err(AgentError::Timeout { .. })) => Err(GatewayError::StartTimeout {
+            app,
+            ms: spec.start_timeout_ms,
+        }),
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(AgentError::UnknownApp(_))) => {
+            Err(GatewayError::NotFound(format!("no app named {app:?}")))
+        }
+        Ok(Err(e @ (AgentError::Exited { .. } | AgentError::Spawn { .. }))) => {
+            tracing::warn!(app = %spec.name, label, error = %e, "instance failed to start");
+            Err(GatewayError::StartFailed { app })
+        }
+        Ok(Err(e)) => Err(GatewayError::Unavailable {
+            app,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// An instance said it read data of class `taint`: its label becomes the join, and it stops
+/// serving the lower label at once. A taint the lattice cannot parse gets the instance stopped:
+/// it may hold anything.
+fn apply_taint(state: &State, instance: &InstanceRecord, taint: &str) {
+    let lattice = state.views.read().lattice.clone();
+    let joined = lattice.as_ref().and_then(|l| {
+        let old = l.parse(&instance.label).ok()?;
+        let t = l.parse(taint).ok()?;
+        Some(l.format(&l.join(&old, &t)))
+    });
+    let agent = state.agent.clone();
+    let id = instance.id.clone();
+    match joined {
+        Some(label) if label == instance.label => {}
+        Some(label) => {
+            tracing::info!(app = %instance.app, instance = %id, from = %instance.label, to = %label, "instance tainted; relabelled");
+            state.views.drop_instance(&id);
+            tokio::spawn(async move {
+                if let Err(e) = agent.relabel(&id, &label).await {
+                    tracing::warn!(instance = %id, error = %e, "relabelling a tainted instance failed");
+                }
+            });
+        }
+        None => {
+            tracing::warn!(app = %instance.app, instance = %id, "instance sent a taint the lattice does not know; stopping it");
+            state.views.drop_instance(&id);
+            tokio::spawn(async move {
+                let _ = agent.kill(&id).await;
+            });
+        }
+    }
+}

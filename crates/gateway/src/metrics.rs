@@ -1,0 +1,106 @@
+//! Prometheus metrics of the gateway: requests by app and status, time per phase, credential
+//! cache results, throttled sign-ins, connections.
+
+use std::time::Duration;
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
+
+/// The gateway's metrics, registered in their own registry.
+pub struct Metrics {
+    pub(crate) registry: Registry,
+    requests: IntCounterVec,
+    phases: HistogramVec,
+    cache: IntCounterVec,
+    pub(crate) throttled: IntCounter,
+    pub(crate) connections: IntGauge,
+    pub(crate) refused_connections: IntCounter,
+    pub(crate) request_seconds: Histogram,
+}
+
+/// Buckets from 50 µs to 10 s: the gateway's own phases are sub-millisecond, starts are tens of
+/// milliseconds, Argon2id is tens of milliseconds.
+const BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+];
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new_custom(Some("warden_gateway".into()), None)?;
+        let requests = IntCounterVec::new(
+            Opts::new("requests_total", "Requests answered, by app and status"),
+            &["app", "status"],
+        )?;
+        let phases = HistogramVec::new(
+            HistogramOpts::new("phase_seconds", "Time spent per request phase: auth, queue (waiting to verify a password), start (waiting for an instance), upstream (until the app's response head)").buckets(BUCKETS.to_vec()),
+            &["phase"],
+        )?;
+        let cache = IntCounterVec::new(
+            Opts::new(
+                "credential_cache_total",
+                "Password checks by cache result: hit, negative (known wrong), miss (Argon2id ran)",
+            ),
+            &["result"],
+        )?;
+        let throttled = IntCounter::new(
+            "throttled_total",
+            "Sign-ins refused with 429 because of earlier failures",
+        )?;
+        let connections = IntGauge::new("connections", "Open client connections")?;
+        let refused_connections = IntCounter::new(
+            "refused_connections_total",
+            "Connections refused at the connection limit",
+        )?;
+        let request_seconds = Histogram::with_opts(
+            HistogramOpts::new("request_seconds", "Whole request time in the gateway")
+                .buckets(BUCKETS.to_vec()),
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(phases.clone()))?;
+        registry.register(Box::new(cache.clone()))?;
+        registry.register(Box::new(throttled.clone()))?;
+        registry.register(Box::new(connections.clone()))?;
+        registry.register(Box::new(refused_connections.clone()))?;
+        registry.register(Box::new(request_seconds.clone()))?;
+        Ok(Self {
+            registry,
+            requests,
+            phases,
+            cache,
+            throttled,
+            connections,
+            refused_connections,
+            request_seconds,
+        })
+    }
+
+    pub(crate) fn request(&self, app: &str, status: u16) {
+        self.requests
+            .with_label_values(&[app, itoa(status).as_str()])
+            .inc();
+    }
+
+    pub(crate) fn phase(&self, phase: &str, d: Duration) {
+        self.phases
+            .with_label_values(&[phase])
+            .observe(d.as_secs_f64());
+    }
+
+    pub(crate) fn cache(&self, result: &str) {
+        self.cache.with_label_values(&[result]).inc();
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus::TextEncoder::new().encode_utf8(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+fn itoa(n: u16) -> String {
+    n.to_string()
+}
