@@ -5,7 +5,6 @@
 //! warden app must, and owns nothing else.
 #![forbid(unsafe_code)]
 
-use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
 
 use bytes::Bytes;
@@ -36,6 +35,35 @@ impl Identity {
     }
 }
 
+/// What a request asks of the demo app besides the usual answer. These hooks let tests make an
+/// instance misbehave on purpose.
+enum Action {
+    Answer,
+    /// `?taint=LABEL`: report taint, as an instance that read data of that class would.
+    Taint(String),
+    /// `/_close`: stop accepting connections but keep running, as a wedged instance would.
+    Close,
+    /// `/_drop?instance=ID`: if this is that instance, abort the connection without answering.
+    Drop,
+}
+
+fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
+    req.uri().query()?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == name).then(|| v.replace("%20", " ").replace('+', " "))
+    })
+}
+
+fn action(id: &Identity, req: &Request<Incoming>) -> Action {
+    match req.uri().path() {
+        "/_close" => Action::Close,
+        "/_drop" if query_param(req, "instance").as_deref() == Some(id.instance.as_str()) => {
+            Action::Drop
+        }
+        _ => query_param(req, "taint").map_or(Action::Answer, Action::Taint),
+    }
+}
+
 fn respond(id: &Identity, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     let user = req
         .headers()
@@ -63,17 +91,50 @@ fn respond(id: &Identity, req: &Request<Incoming>) -> Response<Full<Bytes>> {
 pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
+    let (closed_tx, closed) = tokio::sync::watch::channel(false);
+    let closed_tx = std::sync::Arc::new(closed_tx);
     loop {
-        let (stream, _) = listener.accept().await?;
+        let mut closing = closed.clone();
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => r?,
+            _ = closing.wait_for(|c| *c) => break,
+        };
         let id = id.clone();
+        let closed_tx = closed_tx.clone();
+        let mut closing = closed.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
-                let resp = respond(&id, &req);
-                async move { Ok::<_, Infallible>(resp) }
+                let result = match action(&id, &req) {
+                    Action::Answer => Ok(respond(&id, &req)),
+                    Action::Taint(label) => {
+                        let mut resp = respond(&id, &req);
+                        if let Ok(v) = http::HeaderValue::from_str(&label) {
+                            resp.headers_mut().insert("x-warden-taint", v);
+                        }
+                        Ok(resp)
+                    }
+                    Action::Close => {
+                        let _ = closed_tx.send(true);
+                        Ok(respond(&id, &req))
+                    }
+                    Action::Drop => Err(std::io::Error::other("dropped on request")),
+                };
+                async move { result }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = closing.wait_for(|c| *c) => {}
+            }
+            // Finish the answer in flight (the one to `/_close` itself), then hang up.
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
         });
     }
+    // Closed: stay alive without listening or talking, so only refused connections tell.
+    drop(listener);
+    std::future::pending::<()>().await;
+    Ok(())
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use base64::Engine;
 
+pub use ::http::Version;
+
 /// A parsed response.
 #[derive(Debug, Clone)]
 pub struct Response {
@@ -77,7 +79,17 @@ pub fn raw(host: &str, wire: &[u8]) -> Response {
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     s.write_all(wire).unwrap();
     let mut buf = Vec::new();
-    s.read_to_end(&mut buf).unwrap();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        match s.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            // A server that refuses a request may close with unread input, which resets the
+            // connection after its answer; keep what arrived.
+            Err(e) if !buf.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("reading from {host}: {e}"),
+        }
+    }
     parse(&buf)
 }
 
@@ -137,4 +149,37 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
         out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
         b = &b[(eol + 4 + size).min(b.len())..];
     }
+}
+
+/// A GET over HTTP/2 with prior knowledge (h2c), through hyper's client; returns the version
+/// the server answered with, its status and body.
+pub fn h2c_get(url: &str, headers: &[(&str, &str)]) -> (http::Version, u16, Vec<u8>) {
+    use http_body_util::{BodyExt, Empty};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .http2_only(true)
+                .build_http::<Empty<bytes::Bytes>>();
+        let mut req = http::Request::get(url);
+        for (n, v) in headers {
+            req = req.header(*n, *v);
+        }
+        let resp = client
+            .request(req.body(Empty::new()).unwrap())
+            .await
+            .unwrap();
+        let (version, status) = (resp.version(), resp.status().as_u16());
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        (version, status, body)
+    })
 }

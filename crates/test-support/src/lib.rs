@@ -74,6 +74,12 @@ impl Launch {
         }
     }
 
+    /// Extra flags for `warden up`.
+    pub fn arg(mut self, a: &str) -> Self {
+        self.extra.push(a.to_owned());
+        self
+    }
+
     /// Uses `dir` as data dir instead of a fresh temporary one.
     pub fn data_dir(mut self, dir: impl AsRef<Path>) -> Self {
         self.dir = Some(dir.as_ref().to_owned());

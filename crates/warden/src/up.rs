@@ -34,6 +34,9 @@ pub struct UpArgs {
     /// Open gateway connections beyond which new ones get 503
     #[arg(long, default_value_t = 10_000)]
     max_connections: usize,
+    /// Time a client gets to send a request head before 408, in milliseconds
+    #[arg(long, default_value_t = 15_000)]
+    header_timeout_ms: u64,
 }
 
 fn load_or_create(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
@@ -90,6 +93,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let mut gw_config = warden_gateway::GatewayConfig::new(args.listen);
     gw_config.session_ttl = Duration::from_secs(args.session_ttl_secs);
     gw_config.max_connections = args.max_connections;
+    gw_config.header_timeout = Duration::from_millis(args.header_timeout_ms.max(1));
     let gateway = warden_gateway::Gateway::bind(gw_config, store.clone(), agent.clone())
         .await
         .with_context(|| format!("cannot listen for the gateway on {}", args.listen))?;

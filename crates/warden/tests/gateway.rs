@@ -1,0 +1,421 @@
+//! The gateway as the single secure entry point, through the real binary: sessions, the
+//! credential cache and throttling, HTTP/2, taint, retries, limits and metrics.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde_json::json;
+use warden_test_support::http::{basic, h2c_get, raw};
+use warden_test_support::{request, Launch, Warden};
+
+const BIN: &str = env!("CARGO_BIN_EXE_warden");
+
+fn host(w: &Warden) -> String {
+    w.gateway.trim_start_matches("http://").to_owned()
+}
+
+fn metric(w: &Warden, line_start: &str) -> f64 {
+    let text = request("GET", &format!("{}/metrics", w.api), &[], b"").text();
+    text.lines()
+        .filter(|l| l.starts_with(line_start))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn login_gives_a_cookie_and_a_bearer_token_and_logout_revokes_it() {
+    let w = Warden::demo(BIN);
+    let pw = w.password("bob");
+    let r = request(
+        "POST",
+        &format!("{}/login", w.gateway),
+        &[("authorization", &basic("bob", &pw))],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let token = r.json()["token"].as_str().unwrap().to_owned();
+    assert!(token.len() >= 32);
+    let cookie = r.header("set-cookie").unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(cookie.starts_with(&format!("warden_session={token}")));
+
+    let by_bearer = request(
+        "GET",
+        &format!("{}/apps/demo/", w.gateway),
+        &[("authorization", &format!("Bearer {token}"))],
+        b"",
+    );
+    assert_eq!(
+        (by_bearer.status, by_bearer.json()["user"].as_str()),
+        (200, Some("bob"))
+    );
+    let by_cookie = request(
+        "GET",
+        &format!("{}/apps/demo/", w.gateway),
+        &[("cookie", &format!("theme=dark; warden_session={token}"))],
+        b"",
+    );
+    assert_eq!(by_cookie.status, 200);
+
+    // A JSON body works too, and a wrong password gets no session.
+    let j = request(
+        "POST",
+        &format!("{}/login", w.gateway),
+        &[("content-type", "application/json")],
+        json!({"name": "bob", "password": pw})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(j.status, 200);
+    let bad = request(
+        "POST",
+        &format!("{}/login", w.gateway),
+        &[],
+        json!({"name": "bob", "password": "nope-nope"})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(bad.status, 401);
+    assert_eq!(
+        request("GET", &format!("{}/login", w.gateway), &[], b"").status,
+        405
+    );
+
+    let out = request(
+        "POST",
+        &format!("{}/logout", w.gateway),
+        &[("authorization", &format!("Bearer {token}"))],
+        b"",
+    );
+    assert_eq!(out.status, 200);
+    assert!(out.header("set-cookie").unwrap().contains("Max-Age=0"));
+    let after = request(
+        "GET",
+        &format!("{}/apps/demo/", w.gateway),
+        &[("authorization", &format!("Bearer {token}"))],
+        b"",
+    );
+    assert_eq!(after.status, 401, "a revoked token is refused");
+    let store = std::fs::read(w.dir.join("store.redb")).unwrap();
+    assert!(
+        !store.windows(token.len()).any(|x| x == token.as_bytes()),
+        "tokens are never stored in clear"
+    );
+}
+
+#[test]
+fn sessions_expire() {
+    let w = Launch::new(BIN).arg("--session-ttl-secs").arg("1").start();
+    let pw = w.password("dave");
+    let token = request(
+        "POST",
+        &format!("{}/login", w.gateway),
+        &[("authorization", &basic("dave", &pw))],
+        b"",
+    )
+    .json()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    warden_test_support::wait_until("the session to expire", Duration::from_secs(30), || {
+        let r = request(
+            "GET",
+            &format!("{}/apps/demo/", w.gateway),
+            &[("authorization", &format!("Bearer {token}"))],
+            b"",
+        );
+        (r.status == 401).then_some(())
+    });
+}
+
+#[test]
+fn argon2_runs_once_per_credential_and_failures_are_throttled() {
+    let w = Warden::demo(BIN);
+    let pw = w.password("alice");
+    for _ in 0..5 {
+        assert_eq!(w.get_as("alice", &pw, "/apps/demo/").status, 200);
+    }
+    assert_eq!(
+        metric(&w, "warden_gateway_credential_cache_total{result=\"miss\"}"),
+        1.0,
+        "one Argon2id run"
+    );
+    assert!(metric(&w, "warden_gateway_credential_cache_total{result=\"hit\"}") >= 4.0);
+
+    // Guessing: 401 until the per-user limit, then 429 with Retry-After, without hashing.
+    let mut statuses = Vec::new();
+    for i in 0..14 {
+        let r = w.get_as("bob", &format!("guess-{i}"), "/apps/demo/");
+        if r.status == 429 {
+            assert!(r.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+        }
+        statuses.push(r.status);
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 401).count(),
+        10,
+        "{statuses:?}"
+    );
+    assert!(statuses[10..].iter().all(|s| *s == 429), "{statuses:?}");
+    assert!(metric(&w, "warden_gateway_throttled_total") >= 4.0);
+    // Bob's right password is throttled too while the window lasts...
+    assert_eq!(
+        w.get_as("bob", &w.password("bob"), "/apps/demo/").status,
+        429
+    );
+    // ...but alice, verified before, is not slowed down by anyone's failures.
+    assert_eq!(w.get_as("alice", &pw, "/apps/demo/").status, 200);
+}
+
+#[test]
+fn http2_cleartext_is_served_on_the_same_port() {
+    let w = Warden::demo(BIN);
+    let (version, status, body) = h2c_get(
+        &format!("{}/apps/demo/h2", w.gateway),
+        &[("authorization", &basic("carol", &w.password("carol")))],
+    );
+    assert_eq!(
+        (version, status),
+        (warden_test_support::http::Version::HTTP_2, 200)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (v["label"].as_str(), v["path"].as_str()),
+        (Some("TOP SECRET"), Some("/h2"))
+    );
+}
+
+#[test]
+fn keep_alive_serves_many_requests_on_one_connection() {
+    let w = Warden::demo(BIN);
+    let auth = basic("alice", &w.password("alice"));
+    let mut s = TcpStream::connect(host(&w)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    for i in 0..3 {
+        write!(
+            s,
+            "GET /apps/demo/{i} HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\n\r\n"
+        )
+        .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).contains(&format!("\"/{i}\"")) {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "connection closed after {i} requests");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    }
+}
+
+#[test]
+fn taint_raises_the_label_and_the_instance_stops_serving_the_lower_one() {
+    let w = Warden::demo(BIN);
+    let (alice, carol) = (w.password("alice"), w.password("carol"));
+    let first = w.get_as("alice", &alice, "/apps/demo/?taint=TOP%20SECRET");
+    assert_eq!(first.status, 200);
+    assert!(
+        first.header("x-warden-taint").is_none(),
+        "the taint header never reaches the client"
+    );
+    let tainted = first.json()["instance"].as_str().unwrap().to_owned();
+    warden_test_support::wait_until(
+        "the record to show the new label",
+        Duration::from_secs(30),
+        || {
+            w.instances()
+                .iter()
+                .any(|i| i["id"] == tainted.as_str() && i["label"] == "TOP SECRET")
+                .then_some(())
+        },
+    );
+    let next = w.get_as("alice", &alice, "/apps/demo/").json();
+    assert_ne!(
+        next["instance"],
+        tainted.as_str(),
+        "alice never reaches the tainted instance again"
+    );
+    assert_eq!(next["label"], "SECRET");
+    let top = w.get_as("carol", &carol, "/apps/demo/").json();
+    assert_eq!(
+        (top["instance"].as_str(), top["label"].as_str()),
+        (Some(tainted.as_str()), Some("SECRET")),
+        "carol is served by it; its env still says where it started"
+    );
+    // A taint the lattice does not know stops the instance.
+    let odd = w.get_as("carol", &carol, "/apps/demo/?taint=COSMIC").json();
+    warden_test_support::wait_until(
+        "the instance with an unknown taint to stop",
+        Duration::from_secs(30),
+        || (!w.instances().iter().any(|i| i["id"] == odd["instance"])).then_some(()),
+    );
+}
+
+/// Two TOP SECRET instances: carol's own, then alice's after a TOP SECRET taint.
+fn two_instances(w: &Warden) -> (String, String) {
+    let b = w
+        .get_as("carol", &w.password("carol"), "/apps/demo/")
+        .json()["instance"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let a = w
+        .get_as(
+            "alice",
+            &w.password("alice"),
+            "/apps/demo/?taint=TOP%20SECRET",
+        )
+        .json()["instance"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(a, b);
+    warden_test_support::wait_until("the relabel", Duration::from_secs(30), || {
+        w.instances()
+            .iter()
+            .any(|i| i["id"] == a.as_str() && i["label"] == "TOP SECRET")
+            .then_some(())
+    });
+    (a, b)
+}
+
+#[test]
+fn a_refused_connection_moves_on_so_users_see_no_error_while_one_instance_lives() {
+    let w = Warden::demo(BIN);
+    let (a, b) = two_instances(&w);
+    let carol = w.password("carol");
+    let closed = loop {
+        // Close whichever instance answers; it keeps running, so only refusals tell.
+        let r = w.get_as("carol", &carol, "/apps/demo/_close");
+        if r.status == 200 {
+            break r.json()["instance"].as_str().unwrap().to_owned();
+        }
+    };
+    let open = if closed == a { &b } else { &a };
+    for _ in 0..8 {
+        let r = w.get_as("carol", &carol, "/apps/demo/");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["instance"], open.as_str());
+    }
+}
+
+#[test]
+fn only_idempotent_requests_are_retried_after_they_may_have_reached_the_app() {
+    let w = Warden::demo(BIN);
+    let (a, b) = two_instances(&w);
+    let carol = basic("carol", &w.password("carol"));
+    for _ in 0..6 {
+        let r = request(
+            "GET",
+            &format!("{}/apps/demo/_drop?instance={a}", w.gateway),
+            &[("authorization", &carol)],
+            b"",
+        );
+        assert_eq!(
+            (r.status, r.json()["instance"].as_str()),
+            (200, Some(b.as_str())),
+            "a GET is retried on the other instance"
+        );
+    }
+    let mut posts = Vec::new();
+    for _ in 0..6 {
+        let r = request(
+            "POST",
+            &format!("{}/apps/demo/_drop?instance={a}", w.gateway),
+            &[("authorization", &carol)],
+            b"x",
+        );
+        if r.status == 200 {
+            assert_eq!(r.json()["instance"], b.as_str());
+        }
+        posts.push(r.status);
+    }
+    assert!(
+        posts.contains(&502),
+        "a POST that reached the dropping instance is not repeated: {posts:?}"
+    );
+}
+
+#[test]
+fn limits_answer_clearly() {
+    let w = Launch::new(BIN)
+        .arg("--header-timeout-ms")
+        .arg("300")
+        .arg("--max-connections")
+        .arg("4")
+        .start();
+    let h = host(&w);
+    let auth = basic("alice", &w.password("alice"));
+    // 431: a head past 16 KiB.
+    let big = "x".repeat(20 * 1024);
+    let r = raw(
+        &h,
+        format!("GET /apps/demo/ HTTP/1.1\r\nhost: x\r\nx-big: {big}\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(r.status, 431);
+    // 413: a body past the limit, refused from its declared length without reading it.
+    let r = raw(&h, format!("POST /apps/demo/ HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\ncontent-length: 20000000\r\nconnection: close\r\n\r\n").as_bytes());
+    assert_eq!(r.status, 413);
+    // 400: malformed requests never reach an app.
+    let r = raw(&h, b"GET /apps/demo/ HTTP/1.1\r\nhost x\r\n\r\n");
+    assert_eq!(r.status, 400);
+    // 408: a head that does not arrive in time.
+    let mut slow = TcpStream::connect(&h).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    slow.write_all(b"GET /apps/demo/ HTTP/1.1\r\nhost: x\r\n")
+        .unwrap();
+    let mut got = String::new();
+    slow.read_to_string(&mut got).unwrap();
+    assert!(got.starts_with("HTTP/1.1 408"), "{got:?}");
+    // 503 past the connection limit, while the others are held open.
+    let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&h).unwrap()).collect();
+    let refused =
+        warden_test_support::wait_until("a refused connection", Duration::from_secs(30), || {
+            let r = raw(&h, b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n");
+            (r.status == 503).then_some(r)
+        });
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    drop(held);
+    assert!(metric(&w, "warden_gateway_refused_connections_total") >= 1.0);
+}
+
+#[test]
+fn metrics_count_requests_and_time_phases() {
+    let w = Warden::demo(BIN);
+    w.get_as("dave", &w.password("dave"), "/apps/demo/");
+    w.get_as("dave", "wrong-password", "/apps/demo/");
+    let r = request("GET", &format!("{}/metrics", w.api), &[], b"");
+    assert_eq!(r.status, 200);
+    assert!(r.header("content-type").unwrap().starts_with("text/plain"));
+    assert_eq!(
+        metric(
+            &w,
+            "warden_gateway_requests_total{app=\"demo\",status=\"200\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &w,
+            "warden_gateway_requests_total{app=\"demo\",status=\"401\"}"
+        ),
+        1.0
+    );
+    for phase in ["auth", "start", "upstream", "queue"] {
+        assert!(
+            metric(
+                &w,
+                &format!("warden_gateway_phase_seconds_count{{phase=\"{phase}\"}}")
+            ) >= 1.0,
+            "{phase}"
+        );
+    }
+    assert!(!r.text().contains(&w.password("dave")));
+}
