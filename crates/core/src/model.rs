@@ -39,6 +39,16 @@ pub struct AppSpec {
     /// How the gateway spreads requests over the ready instances of one label.
     #[serde(default)]
     pub balance: Balance,
+    /// Directory of static files the gateway serves itself, without starting an instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_dir: Option<String>,
+    /// Path prefix (within the app) under which `static_dir` is served.
+    #[serde(default = "default_static_prefix")]
+    pub static_prefix: String,
+}
+
+fn default_static_prefix() -> String {
+    "/static/".into()
 }
 
 /// Load-balancing policy across the instances of one app and label.
@@ -71,6 +81,9 @@ pub enum SpecError {
     /// A host name is not usable.
     #[error("host {0:?} is not a plain host name (letters, digits, '-' and '.')")]
     BadHost(String),
+    /// The static settings are not usable.
+    #[error("{0}")]
+    Static(String),
 }
 
 // === impl AppSpec ===
@@ -87,6 +100,19 @@ impl AppSpec {
         }
         for g in &self.groups {
             validate_name("group", g)?;
+        }
+        if !(self.static_prefix.starts_with('/') && self.static_prefix.ends_with('/')) {
+            return Err(SpecError::Static(format!(
+                "static_prefix {:?} must start and end with '/', e.g. \"/static/\"",
+                self.static_prefix
+            )));
+        }
+        if let Some(dir) = &self.static_dir {
+            if !std::path::Path::new(dir).is_absolute() {
+                return Err(SpecError::Static(format!(
+                    "static_dir {dir:?} must be an absolute path"
+                )));
+            }
         }
         for h in &self.hosts {
             let ok = !h.is_empty()

@@ -57,6 +57,13 @@ async fn serve(
         });
     }
 
+    if let Some(root) = &spec.static_dir {
+        let path = path_and_query.split('?').next().unwrap_or("/");
+        if let Some(rel) = path.strip_prefix(spec.static_prefix.as_str()) {
+            return Ok(crate::statics::serve(root, rel, req.method(), req.headers()).await);
+        }
+    }
+
     let limit = state.config.max_body_bytes;
     let declared = req
         .headers()

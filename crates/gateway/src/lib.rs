@@ -17,6 +17,7 @@ mod login;
 mod metrics;
 mod proxy;
 mod respond;
+mod statics;
 mod views;
 
 use std::net::SocketAddr;

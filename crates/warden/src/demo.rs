@@ -95,6 +95,8 @@ pub async fn setup(store: &dyn Store, data_dir: &Path) -> anyhow::Result<Vec<Dem
         groups: vec![],
         start_timeout_ms: warden_core::model::DEFAULT_START_TIMEOUT_MS,
         balance: Default::default(),
+        static_dir: None,
+        static_prefix: "/static/".into(),
     };
     warden_store::put_json(store, &keys::app_spec("demo"), &spec, None).await?;
     Ok(users)
