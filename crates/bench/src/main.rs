@@ -4,12 +4,13 @@
 //! goes to loopback and every loop is bounded in count.
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
-use std::time::Instant;
+mod first_request;
+mod gateway;
+mod wrk;
 
-use anyhow::{bail, Context};
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand};
-use warden_test_support::Launch;
 
 #[derive(Parser)]
 #[command(about = "Benchmarks of warden against its own binary")]
@@ -33,9 +34,12 @@ enum Cmd {
         #[arg(long, default_value = "bench/out")]
         out: PathBuf,
     },
+    /// Seed 001's experiment: authentication and authorisation throughput and mean latency with
+    /// wrk at 50..3200 connections, warden beside nginx and haproxy in front of one upstream.
+    Gateway(gateway::Args),
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() - 1) as f64 * p).round() as usize;
     sorted[i]
 }
@@ -43,77 +47,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::FirstRequest { runs, warden, out } => {
-            first_request(runs.clamp(1, 1000), &warden, &out)
+            first_request::run(runs.clamp(1, 1000), &warden, &out)
         }
+        Cmd::Gateway(args) => gateway::run(&args),
     }
-}
-
-fn first_request(runs: usize, warden: &PathBuf, out: &PathBuf) -> anyhow::Result<()> {
-    if !warden.exists() {
-        bail!(
-            "{} does not exist; build it with `cargo build --release`",
-            warden.display()
-        );
-    }
-    std::fs::create_dir_all(out)?;
-    let mut rows = vec!["run,cold_ms,warm_ms,direct_ms".to_owned()];
-    let (mut cold, mut warm, mut direct) = (Vec::new(), Vec::new(), Vec::new());
-    for run in 0..runs {
-        let w = Launch::new(warden).start();
-        let pw = w.password("alice");
-        let t = Instant::now();
-        let first = w.get_as("alice", &pw, "/apps/demo/");
-        let c = t.elapsed().as_secs_f64() * 1e3;
-        let t = Instant::now();
-        let second = w.get_as("alice", &pw, "/apps/demo/");
-        let h = t.elapsed().as_secs_f64() * 1e3;
-        if first.status != 200
-            || second.status != 200
-            || first.json()["instance"] != second.json()["instance"]
-        {
-            bail!(
-                "run {run}: unexpected answers {} / {}",
-                first.status,
-                second.status
-            );
-        }
-        // The floor: the same request straight to the instance, no gateway, no Argon2id.
-        let addr = w.api("GET", "/v1/instances", None).json()[0]["addr"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let t = Instant::now();
-        let bare = warden_test_support::request("GET", &format!("http://{addr}/"), &[], b"");
-        let d = t.elapsed().as_secs_f64() * 1e3;
-        if bare.status != 200 {
-            bail!("run {run}: the instance answered {} directly", bare.status);
-        }
-        rows.push(format!("{run},{c:.3},{h:.3},{d:.3}"));
-        cold.push(c);
-        warm.push(h);
-        direct.push(d);
-    }
-    let csv = out.join("first-request.csv");
-    std::fs::write(&csv, rows.join("\n") + "\n")
-        .with_context(|| format!("writing {}", csv.display()))?;
-    cold.sort_by(f64::total_cmp);
-    warm.sort_by(f64::total_cmp);
-    direct.sort_by(f64::total_cmp);
-    println!("| request | median ms | p90 ms | min ms | max ms |");
-    println!("|---|---|---|---|---|");
-    for (name, v) in [
-        ("first (cold: start instance)", &cold),
-        ("second (warm)", &warm),
-        ("direct to the instance (floor)", &direct),
-    ] {
-        println!(
-            "| {name} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            percentile(v, 0.5),
-            percentile(v, 0.9),
-            v[0],
-            v[v.len() - 1]
-        );
-    }
-    println!("\n{runs} runs; samples in {}", csv.display());
-    Ok(())
 }

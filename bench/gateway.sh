@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Seed 001's experiment in one command: warden, nginx and haproxy in front of one upstream,
+# wrk at 50..3200 connections, CSV and plot under bench/out/.
+# Extra flags go to `warden-bench gateway` (for example --seconds 10 --connections 50,400).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null || ! command -v haproxy >/dev/null; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y wrk nginx-light haproxy
+fi
+python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib
+
+cargo build --release --locked -p warden -p warden-bench
+mkdir -p bench/out
+# Many connections per run: raise the soft limit as far as the hard limit allows.
+ulimit -n "$(ulimit -Hn)" || true
+target/release/warden-bench gateway --warden target/release/warden --out bench/out "$@"
+python3 bench/plot_gateway.py bench/out/gateway.csv bench/out/gateway.png

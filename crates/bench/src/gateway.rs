@@ -1,0 +1,407 @@
+//! Seed 001's experiment, side by side: warden, nginx (auth_basic + proxy_pass) and haproxy
+//! (http-request auth) in front of one upstream, measured with wrk at 50..3200 connections.
+//!
+//! Workloads: Basic authentication with 100% valid, 100% invalid and 89%/11% mixed credentials;
+//! authorisation by session cookie of an admin (200) and of a non-admin (403). The peers keep
+//! the password in plain text (their fastest setting); warden keeps only an Argon2id hash.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::json;
+use warden_test_support::http::basic;
+use warden_test_support::{request, wait_until, Launch, Warden};
+
+use crate::wrk;
+
+/// Flags of `warden-bench gateway`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The warden binary to measure
+    #[arg(long, default_value = "target/release/warden")]
+    warden: PathBuf,
+    /// Seconds per wrk run
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Connection counts
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "50,100,200,400,800,1600,3200"
+    )]
+    connections: Vec<usize>,
+    /// Directory for CSV and the work files of the peers
+    #[arg(long, default_value = "bench/out")]
+    out: PathBuf,
+}
+
+struct Peer {
+    name: &'static str,
+    child: Child,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // SIGTERM, not SIGKILL: nginx's master stops its workers only when asked politely.
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn wait_listening(port: u16, what: &str) {
+    wait_until(what, Duration::from_secs(30), || {
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(|_| ())
+    });
+}
+
+/// The upstream all three proxies forward to: the demo app binary, run on its own.
+fn upstream(warden: &Path) -> anyhow::Result<(Peer, u16)> {
+    let port = free_port()?;
+    let child = Command::new(warden)
+        .arg("demo-app")
+        .env("PORT", port.to_string())
+        .env("WARDEN_LABEL", "SECRET")
+        .env("WARDEN_INSTANCE", "upstream")
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting the upstream")?;
+    wait_listening(port, "the upstream");
+    Ok((
+        Peer {
+            name: "upstream",
+            child,
+        },
+        port,
+    ))
+}
+
+fn nginx(
+    dir: &Path,
+    upstream: u16,
+    password: &str,
+    admin_token: &str,
+) -> anyhow::Result<(Peer, u16)> {
+    let port = free_port()?;
+    std::fs::write(dir.join("htpasswd"), format!("alice:{{PLAIN}}{password}\n"))?;
+    let conf = format!(
+        r#"worker_processes 2;
+pid {dir}/nginx.pid;
+error_log {dir}/nginx-error.log error;
+worker_rlimit_nofile 20000;
+events {{ worker_connections 16384; multi_accept on; }}
+http {{
+  access_log off;
+  map_hash_bucket_size 128;
+  client_body_temp_path {dir}/nginx-body;
+  proxy_temp_path {dir}/nginx-proxy;
+  upstream app {{ server 127.0.0.1:{upstream}; keepalive 512; }}
+  map $cookie_warden_session $is_admin {{ "{admin_token}" 1; default 0; }}
+  server {{
+    listen 127.0.0.1:{port} backlog=65535;
+    keepalive_requests 1000000;
+    location /auth/ {{
+      auth_basic "bench";
+      auth_basic_user_file {dir}/htpasswd;
+      proxy_pass http://app/;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }}
+    location /authz/ {{
+      if ($is_admin = 0) {{ return 403; }}
+      proxy_pass http://app/;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }}
+  }}
+}}
+"#,
+        dir = dir.display()
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf)?;
+    let child = Command::new("nginx")
+        .args([
+            "-e",
+            "stderr",
+            "-g",
+            "daemon off; master_process on; user root;",
+            "-c",
+        ])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting nginx (install it with `apt-get install nginx`)")?;
+    wait_listening(port, "nginx");
+    Ok((
+        Peer {
+            name: "nginx",
+            child,
+        },
+        port,
+    ))
+}
+
+fn haproxy(
+    dir: &Path,
+    upstream: u16,
+    password: &str,
+    admin_token: &str,
+) -> anyhow::Result<(Peer, u16)> {
+    let port = free_port()?;
+    let conf = format!(
+        r#"global
+  maxconn 8000
+  nbthread 2
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+  option http-keep-alive
+  http-reuse always
+userlist users
+  user alice insecure-password {password}
+frontend fe
+  bind 127.0.0.1:{port}
+  maxconn 8000
+  acl is_auth path_beg /auth/
+  acl is_authz path_beg /authz/
+  http-request auth realm bench if is_auth !{{ http_auth(users) }}
+  http-request deny deny_status 403 if is_authz !{{ req.cook(warden_session) -m str {admin_token} }}
+  default_backend be
+backend be
+  server app 127.0.0.1:{upstream} maxconn 10000
+"#
+    );
+    let path = dir.join("haproxy.cfg");
+    std::fs::write(&path, conf)?;
+    let child = Command::new("haproxy")
+        .arg("-f")
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting haproxy (install it with `apt-get install haproxy`)")?;
+    wait_listening(port, "haproxy");
+    Ok((
+        Peer {
+            name: "haproxy",
+            child,
+        },
+        port,
+    ))
+}
+
+/// How to ask one server for one workload.
+struct Target {
+    url: String,
+    headers: Vec<String>,
+    script: Option<PathBuf>,
+    expect: u16,
+}
+
+fn mixed_script(
+    dir: &Path,
+    name: &str,
+    path: &str,
+    good: &str,
+    bad: &str,
+) -> anyhow::Result<PathBuf> {
+    let script = format!(
+        r#"-- 89% valid, 11% invalid credentials, chosen per request (seed 001).
+local good = "{good}"
+local bad = "{bad}"
+request = function()
+  local auth = good
+  if math.random() < 0.11 then auth = bad end
+  return wrk.format("GET", "{path}", {{ ["Authorization"] = auth }})
+end
+"#
+    );
+    let p = dir.join(format!("mixed-{name}.lua"));
+    std::fs::write(&p, script)?;
+    Ok(p)
+}
+
+fn login(w: &Warden, user: &str) -> anyhow::Result<String> {
+    let r = request(
+        "POST",
+        &format!("{}/login", w.gateway),
+        &[("authorization", &basic(user, &w.password(user)))],
+        b"",
+    );
+    r.json()["token"]
+        .as_str()
+        .map(str::to_owned)
+        .context("login failed")
+}
+
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    if !args.warden.exists() {
+        bail!(
+            "{} does not exist; build it with `cargo build --release`",
+            args.warden.display()
+        );
+    }
+    let work = args.out.join("gateway-work");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let work = std::fs::canonicalize(&work)?;
+
+    let w = Launch::new(&args.warden)
+        .arg("--max-connections")
+        .arg("8000")
+        .start();
+    let pw = w.password("alice");
+    let admin_spec = json!({"name": "admin", "command": [std::fs::canonicalize(&args.warden)?.display().to_string(), "demo-app"], "groups": ["admin"]});
+    if w.api("POST", "/v1/apps", Some(admin_spec)).status != 201 {
+        bail!("could not register the admin app");
+    }
+    let (admin_token, user_token) = (login(&w, "carol")?, login(&w, "alice")?);
+    // The peers compare the cookie with the admin's token; warden looks the session up.
+    let (_up, up_port) = upstream(&args.warden)?;
+    let (ngx, ngx_port) = nginx(&work, up_port, &pw, &admin_token)?;
+    let (hap, hap_port) = haproxy(&work, up_port, &pw, &admin_token)?;
+    let peers = [ngx.name, hap.name];
+
+    let good = basic("alice", &pw);
+    let bad = basic("alice", "not-the-password");
+    let wg = w.gateway.clone();
+    let cookie = |t: &str| format!("Cookie: warden_session={t}");
+    let mut targets: Vec<(&str, &str, Target)> = Vec::new();
+    for (server, base, auth_path, authz_path) in [
+        ("warden", wg.clone(), "/apps/demo/", "/apps/admin/"),
+        (
+            "nginx",
+            format!("http://127.0.0.1:{ngx_port}"),
+            "/auth/",
+            "/authz/",
+        ),
+        (
+            "haproxy",
+            format!("http://127.0.0.1:{hap_port}"),
+            "/auth/",
+            "/authz/",
+        ),
+    ] {
+        let t = |path: &str, headers: Vec<String>, expect| Target {
+            url: format!("{base}{path}"),
+            headers,
+            script: None,
+            expect,
+        };
+        targets.push((
+            server,
+            "auth-valid",
+            t(auth_path, vec![format!("Authorization: {good}")], 200),
+        ));
+        targets.push((
+            server,
+            "auth-invalid",
+            t(auth_path, vec![format!("Authorization: {bad}")], 401),
+        ));
+        let mut mixed = t(auth_path, vec![], 200);
+        mixed.script = Some(mixed_script(&work, server, auth_path, &good, &bad)?);
+        targets.push((server, "auth-mixed", mixed));
+        targets.push((
+            server,
+            "authz-admin",
+            t(authz_path, vec![cookie(&admin_token)], 200),
+        ));
+        targets.push((
+            server,
+            "authz-user",
+            t(authz_path, vec![cookie(&user_token)], 403),
+        ));
+    }
+    // One probe per target: each server must answer each workload as intended before it is timed.
+    for (server, workload, t) in &targets {
+        let headers: Vec<(String, String)> = t
+            .headers
+            .iter()
+            .filter_map(|h| {
+                h.split_once(": ")
+                    .map(|(n, v)| (n.to_owned(), v.to_owned()))
+            })
+            .collect();
+        let hv: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        let hv = if t.script.is_some() {
+            vec![("authorization", good.as_str())]
+        } else {
+            hv
+        };
+        let status = request("GET", &t.url, &hv, b"").status;
+        if status != t.expect {
+            bail!(
+                "{server} answered {status} to the {workload} probe, expected {}",
+                t.expect
+            );
+        }
+    }
+
+    let versions = format!(
+        "{} / {} / {}",
+        tool_version("nginx", &["-v"]),
+        tool_version("haproxy", &["-v"]),
+        tool_version("wrk", &["-v"])
+    );
+    let csv_path = args.out.join("gateway.csv");
+    let mut csv = String::from("workload,server,connections,requests_per_sec,mean_latency_ms,requests,non_2xx,socket_errors\n");
+    for &c in &args.connections {
+        for (server, workload, t) in &targets {
+            let o = wrk::run(&t.url, c, args.seconds, &t.headers, t.script.as_deref())?;
+            eprintln!("{workload:<13} {server:<8} c={c:<5} {:>10.0} req/s  {:>8.2} ms  non-2xx {:>8}  errors {}", o.requests_per_sec, o.mean_latency_ms, o.non_2xx, o.socket_errors);
+            let _ = writeln!(
+                csv,
+                "{workload},{server},{c},{:.1},{:.3},{},{},{}",
+                o.requests_per_sec, o.mean_latency_ms, o.requests, o.non_2xx, o.socket_errors
+            );
+            std::fs::write(&csv_path, &csv)?;
+        }
+    }
+    let cache = request("GET", &format!("{}/metrics", w.api), &[], b"").text();
+    let misses: f64 = cache
+        .lines()
+        .filter(|l| l.starts_with("warden_gateway_credential_cache_total{result=\"miss\"}"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    println!(
+        "wrote {} ({versions}); peers: {}; Argon2id verifications during the run: {misses}",
+        csv_path.display(),
+        peers.join(", ")
+    );
+    drop((ngx, hap));
+    Ok(())
+}
+
+fn tool_version(tool: &str, args: &[&str]) -> String {
+    Command::new(tool)
+        .args(args)
+        .output()
+        .map(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned()
+                + &String::from_utf8_lossy(&o.stderr);
+            text.lines().next().unwrap_or("").trim().to_owned()
+        })
+        .unwrap_or_else(|_| format!("{tool}: not found"))
+}
