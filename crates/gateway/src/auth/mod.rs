@@ -10,13 +10,14 @@ pub(crate) mod cache;
 pub(crate) mod session;
 pub(crate) mod throttle;
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::HeaderMap;
-use tokio::sync::Semaphore;
+use tokio::sync::{OnceCell, Semaphore};
 
 use crate::metrics::Metrics;
 use crate::respond::GatewayError;
@@ -55,6 +56,17 @@ pub(crate) struct Authenticator {
     pool: Semaphore,
     waiting: AtomicUsize,
     max_waiting: usize,
+    /// Verifications under way, by credential: when a cached credential expires under load,
+    /// every request carrying it waits for one Argon2id run instead of starting its own.
+    inflight: Mutex<HashMap<cache::CredKey, Arc<OnceCell<Verdict>>>>,
+}
+
+/// The outcome of one verification, shared by every request that waited for it.
+#[derive(Clone, Copy)]
+enum Verdict {
+    Valid,
+    Invalid,
+    Busy,
 }
 
 impl Authenticator {
@@ -72,6 +84,7 @@ impl Authenticator {
             pool: Semaphore::new(cores),
             waiting: AtomicUsize::new(0),
             max_waiting: 64 * cores,
+            inflight: Mutex::new(HashMap::new()),
         }
     }
 
@@ -122,16 +135,60 @@ impl Authenticator {
             return Err(GatewayError::Unauthenticated);
         }
         m.cache("miss");
+        let cell = self
+            .inflight_lock()
+            .entry(key)
+            .or_insert_with(|| Arc::new(OnceCell::new()))
+            .clone();
+        // If the request running the verification goes away, a waiting one takes it over.
+        let verdict = *cell
+            .get_or_init(|| self.verify(&user, password, key, fingerprint, m))
+            .await;
+        {
+            let mut inflight = self.inflight_lock();
+            if inflight.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                inflight.remove(&key);
+            }
+        }
+        match (verdict, user) {
+            (Verdict::Busy, _) => Err(GatewayError::Busy),
+            (Verdict::Valid, Some(u)) => Ok(u),
+            _ => {
+                self.throttle.fail(name, peer);
+                tracing::info!(user = %name, %peer, "sign-in refused");
+                Err(GatewayError::Unauthenticated)
+            }
+        }
+    }
+}
+
+impl Authenticator {
+    fn inflight_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<cache::CredKey, Arc<OnceCell<Verdict>>>> {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One Argon2id run on the bounded pool; its result goes into the cache.
+    async fn verify(
+        &self,
+        user: &Option<Arc<User>>,
+        password: String,
+        key: cache::CredKey,
+        fingerprint: cache::Fingerprint,
+        m: &Metrics,
+    ) -> Verdict {
+        // Counted through a guard, so a request that goes away while queued frees its place.
+        let waiting = Waiting(&self.waiting);
         if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(GatewayError::Busy);
+            return Verdict::Busy;
         }
         let queued = Instant::now();
         let permit = self.pool.acquire().await;
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        drop(waiting);
         m.phase("queue", queued.elapsed());
         let Ok(_permit) = permit else {
-            return Err(GatewayError::Busy);
+            return Verdict::Busy;
         };
         let phc = user.as_ref().map(|u| u.record.password_hash.clone());
         let ok = tokio::task::spawn_blocking(move || {
@@ -140,14 +197,19 @@ impl Authenticator {
         .await
         .unwrap_or(false);
         self.cache.insert(key, ok, fingerprint);
-        match (ok, user) {
-            (true, Some(u)) => Ok(u),
-            _ => {
-                self.throttle.fail(name, peer);
-                tracing::info!(user = %name, %peer, "sign-in refused");
-                Err(GatewayError::Unauthenticated)
-            }
+        if ok {
+            Verdict::Valid
+        } else {
+            Verdict::Invalid
         }
+    }
+}
+
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
