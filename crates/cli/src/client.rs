@@ -71,4 +71,17 @@ impl Client {
         }
         Ok(value)
     }
+
+    /// GETs a plain-text document (such as `/metrics`); `None` if it cannot be had.
+    pub async fn text(&self, path: &str) -> Option<String> {
+        let req = http::Request::get(format!("{}{path}", self.endpoint.api))
+            .body(Full::new(Bytes::new()))
+            .ok()?;
+        let resp = self.http.request(req).await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+        Some(String::from_utf8_lossy(&bytes).into_owned())
+    }
 }

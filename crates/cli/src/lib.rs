@@ -8,6 +8,7 @@
 
 mod client;
 mod config;
+mod phases;
 mod table;
 
 use std::collections::BTreeMap;
@@ -402,7 +403,10 @@ async fn lattice(api: &client::Client, out: &Output, cmd: LatticeCommand) -> any
 }
 
 async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
-    let v = api.send("GET", "/v1/status", None).await?;
+    let mut v = api.send("GET", "/v1/status", None).await?;
+    if let Some(text) = api.text("/metrics").await {
+        v["gateway"] = phases::summary(&text);
+    }
     out.value(&v, |v| {
         println!(
             "nodes: {}   users: {}   store revision: {}",
@@ -423,6 +427,10 @@ async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
             ]
         });
         table::print(&["APP", "INSTANCES BY LABEL"], rows);
+        if v["gateway"].is_object() {
+            println!();
+            phases::print(&v["gateway"]);
+        }
     });
     Ok(())
 }

@@ -23,10 +23,11 @@ pub(crate) async fn to_app(
     state: &State,
     req: Request<Incoming>,
     peer: SocketAddr,
+    https: bool,
     app: &str,
     path_and_query: &str,
 ) -> Response<Body> {
-    match serve(state, req, peer, app, path_and_query).await {
+    match serve(state, req, peer, https, app, path_and_query).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     }
@@ -36,6 +37,7 @@ async fn serve(
     state: &State,
     req: Request<Incoming>,
     peer: SocketAddr,
+    https: bool,
     app: &str,
     path_and_query: &str,
 ) -> Result<Response<Body>, GatewayError> {
@@ -88,6 +90,7 @@ async fn serve(
         user: &user.record.name,
         label,
         client: peer.ip(),
+        https,
     };
     let prepared = proxy::prepare(parts, body.to_bytes(), who);
 

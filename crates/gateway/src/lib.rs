@@ -15,9 +15,11 @@ mod auth;
 mod forward;
 mod login;
 mod metrics;
+mod phases;
 mod proxy;
 mod respond;
 mod statics;
+mod tls;
 mod views;
 
 use std::net::SocketAddr;
@@ -35,6 +37,7 @@ use warden_store::Store;
 pub use auth::AuthConfig;
 pub use metrics::Metrics;
 pub use respond::{Body, GatewayError};
+pub use tls::{AdmissionConfig, CertFiles, TlsError, TlsSettings};
 
 /// Gateway settings.
 #[derive(Debug, Clone)]
@@ -53,6 +56,27 @@ pub struct GatewayConfig {
     pub header_timeout: Duration,
     /// Authentication tuning.
     pub auth: AuthConfig,
+    /// A TLS listener besides the plain one.
+    pub tls: Option<TlsSettings>,
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// TLS could not be set up.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The metrics registry refused a metric (a bug).
+    #[error("cannot register metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
 }
 
 impl GatewayConfig {
@@ -66,6 +90,7 @@ impl GatewayConfig {
             max_header_bytes: 16 * 1024,
             header_timeout: Duration::from_secs(15),
             auth: AuthConfig::default(),
+            tls: None,
         }
     }
 }
@@ -78,11 +103,13 @@ struct State {
     client: proxy::Upstream,
     auth: auth::Authenticator,
     metrics: Arc<Metrics>,
+    tls: Option<tls::Tls>,
 }
 
 /// A bound gateway, ready to serve.
 pub struct Gateway {
     listener: TcpListener,
+    tls_listener: Option<TcpListener>,
     state: Arc<State>,
 }
 
@@ -95,11 +122,22 @@ impl Gateway {
         config: GatewayConfig,
         store: Arc<dyn Store>,
         agent: Agent,
-    ) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(config.listen).await?;
+    ) -> Result<Self, StartError> {
+        // Certificates first: a bad file must stop the start before anything listens.
+        let tls = config.tls.as_ref().map(tls::Tls::new).transpose()?;
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Listen { addr, source })
+        };
+        let listener = bind(config.listen).await?;
+        let tls_listener = match &config.tls {
+            Some(t) => Some(bind(t.listen).await?),
+            None => None,
+        };
         let views = views::Shared::new();
         views::follow_all(store.clone(), views.clone()).await;
-        let metrics = Arc::new(Metrics::new().map_err(std::io::Error::other)?);
+        let metrics = Arc::new(Metrics::new()?);
         let auth = auth::Authenticator::new(&config.auth);
         let state = Arc::new(State {
             config,
@@ -109,8 +147,18 @@ impl Gateway {
             client: proxy::client(),
             auth,
             metrics,
+            tls,
         });
-        Ok(Self { listener, state })
+        Ok(Self {
+            listener,
+            tls_listener,
+            state,
+        })
+    }
+
+    /// The address of the TLS listener, if there is one.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_listener.as_ref()?.local_addr().ok()
     }
 
     /// The address the gateway listens on.
@@ -132,11 +180,36 @@ impl Gateway {
     }
 
     /// Serves until `shutdown` turns true.
-    pub async fn serve(self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn serve(self, shutdown: watch::Receiver<bool>) {
+        // One connection limit across both listeners.
         let slots = Arc::new(Semaphore::new(self.state.config.max_connections));
+        let tls_task = self.tls_listener.map(|l| {
+            tokio::spawn(accept_loop(
+                l,
+                self.state.clone(),
+                slots.clone(),
+                shutdown.clone(),
+                true,
+            ))
+        });
+        accept_loop(self.listener, self.state, slots, shutdown, false).await;
+        if let Some(t) = tls_task {
+            let _ = t.await;
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<State>,
+    slots: Arc<Semaphore>,
+    mut shutdown: watch::Receiver<bool>,
+    tls: bool,
+) {
+    {
         loop {
             let (stream, peer) = tokio::select! {
-                r = self.listener.accept() => match r {
+                r = listener.accept() => match r {
                     Ok(x) => x,
                     Err(e) => {
                         // Out of file descriptors, usually: back off instead of spinning.
@@ -148,14 +221,20 @@ impl Gateway {
                 _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
             };
             let Ok(slot) = slots.clone().try_acquire_owned() else {
-                self.state.metrics.refused_connections.inc();
-                tokio::spawn(refuse(stream));
+                state.metrics.refused_connections.inc();
+                if !tls {
+                    tokio::spawn(refuse(stream));
+                }
                 continue;
             };
-            let state = self.state.clone();
+            let state = state.clone();
             tokio::spawn(async move {
                 state.metrics.connections.inc();
-                serve_connection(state.clone(), stream, peer).await;
+                if tls {
+                    serve_tls(state.clone(), stream, peer).await;
+                } else {
+                    serve_plain(state.clone(), stream, peer).await;
+                }
                 state.metrics.connections.dec();
                 drop(slot);
             });
@@ -171,7 +250,77 @@ async fn refuse(mut stream: TcpStream) {
         .await;
 }
 
-async fn serve_connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
+/// A fatal `internal_error` alert: the cheapest clear "not now" a TLS client understands.
+const TLS_REFUSAL: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x50];
+
+async fn serve_tls(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
+    use tokio::io::AsyncWriteExt;
+    let Some(tls) = state.tls.as_ref() else {
+        return;
+    };
+    let _ = stream.set_nodelay(true);
+    let m = &state.metrics;
+    let started = Instant::now();
+    let first = match tokio::time::timeout(
+        state.config.header_timeout,
+        tls::hello::read_first_record(&mut stream),
+    )
+    .await
+    {
+        Ok(Ok(b)) => b,
+        _ => return,
+    };
+    let resumption = match tls::hello::classify(&first, |id| tls.sessions.contains(id)) {
+        tls::hello::First::NotTls => {
+            tls::answer_plain_http(tls::stream::Prefixed::new(first, stream)).await;
+            return;
+        }
+        tls::hello::First::Tls { resumption } => resumption,
+    };
+    // Resumption attempts are always admitted: they are cheap and finish sessions.
+    let admitted = if resumption {
+        None
+    } else {
+        match tls.admission.admit_full().await {
+            Some(a) => Some(a),
+            None => {
+                m.tls.refused.inc();
+                let _ = stream.write_all(&TLS_REFUSAL).await;
+                return;
+            }
+        }
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
+    let io = tls::stream::Prefixed::new(first, stream);
+    let conn = match tokio::time::timeout(tls.handshake_timeout, acceptor.accept(io)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            m.tls.failed.inc();
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            m.tls.failed.inc();
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    drop(admitted);
+    let took = started.elapsed().as_secs_f64();
+    if conn.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+        m.tls.resumed.inc();
+        m.conn_phase.handshake_resumed.observe(took);
+    } else {
+        m.tls.full.inc();
+        m.conn_phase.handshake_full.observe(took);
+        if resumption {
+            m.tls.resumption_missed.inc();
+        }
+    }
+    serve_io(state, conn, peer, None, true).await;
+}
+
+async fn serve_plain(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
     // A second handle on the socket lets us answer 408 after hyper gives up on a slow head.
     let spare = stream.into_std().and_then(|s| Ok((s.try_clone()?, s)));
@@ -182,10 +331,32 @@ async fn serve_connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr
             return;
         }
     };
+    serve_io(state, stream, peer, Some(spare), false).await;
+}
+
+/// Serves HTTP/1.1 or HTTP/2 on an established connection. `spare` is a second handle on a plain
+/// socket, used to answer 408 after hyper gives up on a slow request head.
+async fn serve_io<S>(
+    state: Arc<State>,
+    io: S,
+    peer: SocketAddr,
+    spare: Option<std::net::TcpStream>,
+    https: bool,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let clock = phases::Clock::new(state.metrics.clone());
     let svc_state = state.clone();
+    let svc_clock = clock.clone();
     let svc = hyper::service::service_fn(move |req| {
         let state = svc_state.clone();
-        async move { Ok::<_, std::convert::Infallible>(handle(&state, req, peer).await) }
+        let clock = svc_clock.clone();
+        async move {
+            clock.service_start();
+            let resp = handle(&state, req, peer, https).await;
+            clock.service_end();
+            Ok::<_, std::convert::Infallible>(resp)
+        }
     });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
@@ -199,18 +370,20 @@ async fn serve_connection(state: Arc<State>, stream: TcpStream, peer: SocketAddr
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(state.config.max_header_bytes as u32);
-    if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
+    let io = TokioIo::new(phases::Timed::new(io, clock.clone()));
+    if let Err(e) = builder.serve_connection(io, svc).await {
         let timed_out = e
             .downcast_ref::<hyper::Error>()
             .is_some_and(|e| e.is_timeout());
-        if timed_out {
+        if let (true, Some(spare)) = (timed_out, &spare) {
             use std::io::Write;
-            let _ = (&spare).write(
+            let _ = (&*spare).write(
                 b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
             );
         }
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
+    clock.closed();
 }
 
 /// See [`Gateway::view_sync`].
@@ -293,7 +466,12 @@ fn head_size(req: &Request<Incoming>) -> usize {
         .sum::<usize>()
 }
 
-async fn handle(state: &State, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+async fn handle(
+    state: &State,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    https: bool,
+) -> Response<Body> {
     let started = Instant::now();
     if head_size(&req) > state.config.max_header_bytes {
         let mut resp = respond::json(
@@ -312,11 +490,14 @@ async fn handle(state: &State, req: Request<Incoming>, peer: SocketAddr) -> Resp
             app,
             path_and_query,
         } => {
-            let resp = forward::to_app(state, req, peer, &app, &path_and_query).await;
+            let resp = forward::to_app(state, req, peer, https, &app, &path_and_query).await;
             (app, resp)
         }
         Route::AddSlash(location) => ("-".to_owned(), redirect(&location)),
-        Route::Gateway => ("-".to_owned(), gateway_endpoint(state, req, peer).await),
+        Route::Gateway => (
+            "-".to_owned(),
+            gateway_endpoint(state, req, peer, https).await,
+        ),
     };
     state.metrics.request(&app, resp.status().as_u16());
     state
@@ -331,11 +512,12 @@ async fn gateway_endpoint(
     state: &State,
     req: Request<Incoming>,
     peer: SocketAddr,
+    https: bool,
 ) -> Response<Body> {
     match req.uri().path() {
         "/healthz" => respond::json(StatusCode::OK, &serde_json::json!({ "status": "ok" })),
-        "/login" => login::login(state, req, peer).await,
-        "/logout" => login::logout(state, req).await,
+        "/login" => login::login(state, req, peer, https).await,
+        "/logout" => login::logout(state, req, https).await,
         path => GatewayError::NotFound(format!(
             "nothing is served at {path}; apps are under /apps/<name>/ or at their host names"
         ))

@@ -25,9 +25,12 @@ struct LoginBody {
     password: String,
 }
 
-fn cookie(value: &str, max_age: u64) -> header::HeaderValue {
+/// The session cookie; `Secure` when the client came over TLS, so a browser never sends it back
+/// over plain HTTP.
+fn cookie(value: &str, max_age: u64, https: bool) -> header::HeaderValue {
+    let secure = if https { "; Secure" } else { "" };
     let c = format!(
-        "{}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}",
+        "{}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}",
         session::COOKIE
     );
     header::HeaderValue::from_str(&c).unwrap_or(header::HeaderValue::from_static(""))
@@ -37,8 +40,9 @@ pub(crate) async fn login(
     state: &State,
     req: Request<Incoming>,
     peer: SocketAddr,
+    https: bool,
 ) -> Response<Body> {
-    match try_login(state, req, peer).await {
+    match try_login(state, req, peer, https).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -48,6 +52,7 @@ async fn try_login(
     state: &State,
     req: Request<Incoming>,
     peer: SocketAddr,
+    https: bool,
 ) -> Result<Response<Body>, GatewayError> {
     if req.method() != Method::POST {
         return Err(GatewayError::MethodNotAllowed(
@@ -102,7 +107,7 @@ async fn try_login(
         &serde_json::json!({ "token": token, "user": record.user, "expires_in": ttl.as_secs() }),
     );
     resp.headers_mut()
-        .insert(header::SET_COOKIE, cookie(&token, ttl.as_secs()));
+        .insert(header::SET_COOKIE, cookie(&token, ttl.as_secs(), https));
     resp.headers_mut().insert(
         header::CACHE_CONTROL,
         header::HeaderValue::from_static("no-store"),
@@ -110,7 +115,7 @@ async fn try_login(
     Ok(resp)
 }
 
-pub(crate) async fn logout(state: &State, req: Request<Incoming>) -> Response<Body> {
+pub(crate) async fn logout(state: &State, req: Request<Incoming>, https: bool) -> Response<Body> {
     if req.method() != Method::POST {
         return GatewayError::MethodNotAllowed(
             "use POST /logout with the session cookie or bearer token",
@@ -140,6 +145,7 @@ pub(crate) async fn logout(state: &State, req: Request<Incoming>) -> Response<Bo
         let _ = state.store.revoke_lease(lease).await;
     }
     let mut resp = respond::json(StatusCode::OK, &serde_json::json!({ "logged_out": true }));
-    resp.headers_mut().insert(header::SET_COOKIE, cookie("", 0));
+    resp.headers_mut()
+        .insert(header::SET_COOKIE, cookie("", 0, https));
     resp
 }

@@ -17,6 +17,28 @@ pub struct Metrics {
     pub(crate) connections: IntGauge,
     pub(crate) refused_connections: IntCounter,
     pub(crate) request_seconds: Histogram,
+    pub(crate) conn_phase: ConnPhases,
+    pub(crate) tls: TlsCounters,
+}
+
+/// Time per connection phase (seed 004 Figure 5), one histogram per phase.
+pub(crate) struct ConnPhases {
+    pub handshake_full: Histogram,
+    pub handshake_resumed: Histogram,
+    pub request: Histogram,
+    pub service: Histogram,
+    pub idle: Histogram,
+}
+
+/// TLS handshakes by outcome, and admission control's decisions.
+pub(crate) struct TlsCounters {
+    pub full: IntCounter,
+    pub resumed: IntCounter,
+    pub failed: IntCounter,
+    /// Full handshakes refused by admission control.
+    pub refused: IntCounter,
+    /// Offers to resume that ended in a full handshake (unknown or expired ticket).
+    pub resumption_missed: IntCounter,
 }
 
 /// Buckets from 50 µs to 10 s: the gateway's own phases are sub-millisecond, starts are tens of
@@ -58,6 +80,43 @@ impl Metrics {
             HistogramOpts::new("request_seconds", "Whole request time in the gateway")
                 .buckets(BUCKETS.to_vec()),
         )?;
+        let phase_vec = HistogramVec::new(
+            HistogramOpts::new("connection_phase_seconds", "Time connections spend per phase: handshake_full, handshake_resumed, request (reading a request, no service), service, idle (keep-alive wait)").buckets(BUCKETS.to_vec()),
+            &["phase"],
+        )?;
+        let conn_phase = ConnPhases {
+            handshake_full: phase_vec.with_label_values(&["handshake_full"]),
+            handshake_resumed: phase_vec.with_label_values(&["handshake_resumed"]),
+            request: phase_vec.with_label_values(&["request"]),
+            service: phase_vec.with_label_values(&["service"]),
+            idle: phase_vec.with_label_values(&["idle"]),
+        };
+        let handshakes = IntCounterVec::new(
+            Opts::new(
+                "tls_handshakes_total",
+                "TLS handshakes by result: full, resumed, failed",
+            ),
+            &["result"],
+        )?;
+        let refused = IntCounter::new(
+            "tls_admission_refused_total",
+            "Full TLS handshakes refused by admission control",
+        )?;
+        let resumption_missed = IntCounter::new(
+            "tls_resumption_missed_total",
+            "Handshakes admitted as resumption attempts that ended as full handshakes",
+        )?;
+        let tls = TlsCounters {
+            full: handshakes.with_label_values(&["full"]),
+            resumed: handshakes.with_label_values(&["resumed"]),
+            failed: handshakes.with_label_values(&["failed"]),
+            refused: refused.clone(),
+            resumption_missed: resumption_missed.clone(),
+        };
+        registry.register(Box::new(phase_vec))?;
+        registry.register(Box::new(handshakes))?;
+        registry.register(Box::new(refused))?;
+        registry.register(Box::new(resumption_missed))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(phases.clone()))?;
         registry.register(Box::new(cache.clone()))?;
@@ -74,6 +133,8 @@ impl Metrics {
             connections,
             refused_connections,
             request_seconds,
+            conn_phase,
+            tls,
         })
     }
 

@@ -54,6 +54,8 @@ pub(crate) struct Forwarded<'a> {
     pub user: &'a str,
     pub label: &'a str,
     pub client: std::net::IpAddr,
+    /// Whether the client reached the gateway over TLS.
+    pub https: bool,
 }
 
 /// A request ready to send, any number of times (the body is buffered).
@@ -92,7 +94,11 @@ pub(crate) fn prepare(
     set(h, "x-warden-user", who.user);
     set(h, "x-warden-label", who.label);
     set(h, "x-forwarded-for", &who.client.to_string());
-    set(h, "x-forwarded-proto", "http");
+    set(
+        h,
+        "x-forwarded-proto",
+        if who.https { "https" } else { "http" },
+    );
     parts.version = http::Version::HTTP_11;
     Prepared { parts, body }
 }

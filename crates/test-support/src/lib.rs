@@ -50,6 +50,8 @@ pub struct Warden {
     _tmp: Option<tempfile::TempDir>,
     pub gateway: String,
     pub api: String,
+    /// `https://ADDR` of the TLS listener, if one is open.
+    pub tls: Option<String>,
     pub token: String,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
@@ -120,7 +122,8 @@ impl Launch {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
         if self.demo {
-            cmd.arg("--demo");
+            // Never the fixed demo TLS port: tests run side by side.
+            cmd.args(["--demo", "--tls-listen", "127.0.0.1:0"]);
         }
         // A warden killed with SIGKILL leaves its endpoints behind; never read a stale one.
         let _ = std::fs::remove_file(dir.join("endpoints.json"));
@@ -161,6 +164,7 @@ impl Launch {
             _tmp: tmp,
             gateway: ep["gateway"].as_str().unwrap().to_owned(),
             api: ep["api"].as_str().unwrap().to_owned(),
+            tls: ep["tls"].as_str().map(str::to_owned),
             token,
             stdout,
             stderr,

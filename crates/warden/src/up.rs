@@ -37,6 +37,101 @@ pub struct UpArgs {
     /// Time a client gets to send a request head before 408, in milliseconds
     #[arg(long, default_value_t = 15_000)]
     header_timeout_ms: u64,
+    /// TLS listen address (with --demo: 127.0.0.1:7443 and a self-signed certificate)
+    #[arg(long)]
+    tls_listen: Option<SocketAddr>,
+    /// PEM certificate chain for TLS; repeat for several names (SNI picks, the first is default)
+    #[arg(long = "tls-cert", value_name = "FILE")]
+    tls_cert: Vec<PathBuf>,
+    /// PEM private key of the --tls-cert in the same position
+    #[arg(long = "tls-key", value_name = "FILE")]
+    tls_key: Vec<PathBuf>,
+    /// Admit every TLS handshake: switches handshake admission control off
+    #[arg(long)]
+    no_tls_admission: bool,
+    /// Full TLS handshakes in progress at once [default: 16 per core]
+    #[arg(long)]
+    tls_handshake_concurrency: Option<usize>,
+    /// Full TLS handshakes that may wait for a slot before the rest are refused [default: 16 per core]
+    #[arg(long)]
+    tls_handshake_queue: Option<usize>,
+    /// Longest wait of a full TLS handshake in the queue, in milliseconds
+    #[arg(long, default_value_t = 250)]
+    tls_queue_wait_ms: u64,
+    /// Time a client gets to finish its TLS handshake, in milliseconds
+    #[arg(long, default_value_t = 10_000)]
+    tls_handshake_timeout_ms: u64,
+}
+
+/// Where `--demo` opens its TLS listener when none is given.
+const DEMO_TLS_LISTEN: &str = "127.0.0.1:7443";
+
+/// The TLS settings the flags ask for, generating the demo certificate when needed.
+fn tls_settings(args: &UpArgs) -> anyhow::Result<Option<warden_gateway::TlsSettings>> {
+    if args.tls_cert.len() != args.tls_key.len() {
+        anyhow::bail!(
+            "give one --tls-key per --tls-cert (got {} certificates and {} keys)",
+            args.tls_cert.len(),
+            args.tls_key.len()
+        );
+    }
+    let listen = match (args.tls_listen, args.demo) {
+        (Some(a), _) => a,
+        (None, true) => DEMO_TLS_LISTEN.parse()?,
+        (None, false) if args.tls_cert.is_empty() => return Ok(None),
+        (None, false) => {
+            anyhow::bail!("--tls-cert needs --tls-listen ADDR to say where to serve TLS")
+        }
+    };
+    let mut certs: Vec<warden_gateway::CertFiles> = args
+        .tls_cert
+        .iter()
+        .zip(&args.tls_key)
+        .map(|(cert, key)| warden_gateway::CertFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        })
+        .collect();
+    if certs.is_empty() {
+        if !args.demo {
+            anyhow::bail!("--tls-listen needs a certificate: pass --tls-cert FILE --tls-key FILE");
+        }
+        certs.push(demo_certificate(&args.data_dir)?);
+    }
+    let mut admission = warden_gateway::AdmissionConfig {
+        enabled: !args.no_tls_admission,
+        ..Default::default()
+    };
+    if let Some(n) = args.tls_handshake_concurrency {
+        admission.concurrency = n;
+    }
+    if let Some(n) = args.tls_handshake_queue {
+        admission.queue = n;
+    }
+    admission.queue_wait = Duration::from_millis(args.tls_queue_wait_ms);
+    Ok(Some(warden_gateway::TlsSettings {
+        listen,
+        certs,
+        admission,
+        handshake_timeout: Duration::from_millis(args.tls_handshake_timeout_ms.max(1)),
+    }))
+}
+
+/// A self-signed certificate for localhost and 127.0.0.1, made once per data dir.
+fn demo_certificate(dir: &Path) -> anyhow::Result<warden_gateway::CertFiles> {
+    let tls_dir = dir.join("tls");
+    files::ensure_private_dir(&tls_dir)?;
+    let files = warden_gateway::CertFiles {
+        cert: tls_dir.join("demo-cert.pem"),
+        key: tls_dir.join("demo-key.pem"),
+    };
+    if !(files.cert.exists() && files.key.exists()) {
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
+            .context("cannot generate the demo TLS certificate")?;
+        files::write_private(&files.key, ck.key_pair.serialize_pem().as_bytes())?;
+        files::write_private(&files.cert, ck.cert.pem().as_bytes())?;
+    }
+    Ok(files)
 }
 
 fn load_or_create(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
@@ -94,13 +189,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     gw_config.session_ttl = Duration::from_secs(args.session_ttl_secs);
     gw_config.max_connections = args.max_connections;
     gw_config.header_timeout = Duration::from_millis(args.header_timeout_ms.max(1));
+    gw_config.tls = tls_settings(&args)?;
     let gateway = warden_gateway::Gateway::bind(gw_config, store.clone(), agent.clone())
         .await
-        .with_context(|| format!("cannot listen for the gateway on {}", args.listen))?;
+        .context("cannot start the gateway")?;
     let api_listener = tokio::net::TcpListener::bind(args.api_listen)
         .await
         .with_context(|| format!("cannot listen for the API on {}", args.api_listen))?;
     let gateway_addr = gateway.local_addr()?;
+    let tls_addr = gateway.tls_addr();
     let api_addr = api_listener.local_addr()?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -115,13 +212,17 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let gateway_task = tokio::spawn(gateway.serve(stop_rx.clone()));
     let api_task = tokio::spawn(warden_api::serve(api_listener, api, stop_rx));
 
-    let ep = serde_json::json!({ "gateway": format!("http://{gateway_addr}"), "api": format!("http://{api_addr}") });
+    let mut ep = serde_json::json!({ "gateway": format!("http://{gateway_addr}"), "api": format!("http://{api_addr}") });
+    if let Some(a) = tls_addr {
+        ep["tls"] = format!("https://{a}").into();
+    }
     files::write_private(&endpoints, ep.to_string().as_bytes())?;
     welcome(
         dir,
         &args.store,
         &node,
         gateway_addr,
+        tls_addr,
         api_addr,
         demo_users.as_deref(),
     );
@@ -145,6 +246,7 @@ fn welcome(
     store: &str,
     node: &str,
     gw: SocketAddr,
+    tls: Option<SocketAddr>,
     api: SocketAddr,
     users: Option<&[demo::DemoUser]>,
 ) {
@@ -153,6 +255,9 @@ fn welcome(
         dir.display()
     );
     println!("  gateway      http://{gw}/apps/<app>/");
+    if let Some(t) = tls {
+        println!("  gateway TLS  https://{t}/apps/<app>/");
+    }
     println!("  api          http://{api}/v1/   (OpenAPI: /v1/openapi.json)");
     println!("  admin token  {}", dir.join("admin-token").display());
     if let Some(users) = users {
@@ -172,6 +277,16 @@ fn welcome(
         if let Some(a) = users.first() {
             println!("try:");
             println!("  curl -u {}:{} http://{gw}/apps/demo/", a.name, a.password);
+            let cert = dir.join("tls").join("demo-cert.pem");
+            if let (Some(t), true) = (tls, cert.exists()) {
+                println!(
+                    "  curl --cacert {} -u {}:{} https://localhost:{}/apps/demo/",
+                    cert.display(),
+                    a.name,
+                    a.password,
+                    t.port()
+                );
+            }
         }
     }
     println!("stop with Ctrl-C; instances stop with warden.");
