@@ -379,14 +379,15 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             std::fs::write(&csv_path, &csv)?;
         }
     }
-    let cache = request("GET", &format!("{}/metrics", w.api), &[], b"").text();
-    let misses: f64 = cache
+    let metrics = request("GET", &format!("{}/metrics", w.api), &[], b"").text();
+    // One queue observation per Argon2id run: requests that wait for a run under way do not add.
+    let runs: f64 = metrics
         .lines()
-        .filter(|l| l.starts_with("warden_gateway_credential_cache_total{result=\"miss\"}"))
+        .filter(|l| l.starts_with("warden_gateway_phase_seconds_count{phase=\"queue\"}"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     println!(
-        "wrote {} ({versions}); peers: {}; Argon2id verifications during the run: {misses}",
+        "wrote {} ({versions}); peers: {}; Argon2id runs in warden during the run: {runs}",
         csv_path.display(),
         peers.join(", ")
     );
