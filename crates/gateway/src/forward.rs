@@ -118,7 +118,7 @@ async fn serve(
         let instance = &inflight.0.record;
         let t = Instant::now();
         match prepared
-            .send(&state.client, &instance.addr, path_and_query)
+            .send(&state.upstream, &instance.addr, path_and_query)
             .await
         {
             Ok(mut resp) => {
@@ -132,6 +132,7 @@ async fn serve(
                 // Never reached the app: route around it until its record's delete arrives.
                 tracing::info!(app = %spec.name, instance = %instance.id, error = %e, "instance refused the connection; trying another");
                 state.views.drop_instance(&instance.id);
+                state.upstream.forget(&instance.addr);
                 tried.push(instance.id.clone());
                 last = e;
             }

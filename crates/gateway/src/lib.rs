@@ -20,6 +20,7 @@ mod proxy;
 mod respond;
 mod statics;
 mod tls;
+mod upstream;
 mod views;
 
 use std::net::SocketAddr;
@@ -100,7 +101,7 @@ struct State {
     store: Arc<dyn Store>,
     views: Arc<views::Shared>,
     agent: Agent,
-    client: proxy::Upstream,
+    upstream: upstream::Pool,
     auth: auth::Authenticator,
     metrics: Arc<Metrics>,
     tls: Option<tls::Tls>,
@@ -144,7 +145,7 @@ impl Gateway {
             store,
             views,
             agent,
-            client: proxy::client(),
+            upstream: upstream::Pool::default(),
             auth,
             metrics,
             tls,

@@ -3,26 +3,13 @@
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
+use http_body_util::Full;
 
 use crate::respond::Body;
-
-/// Pooled keep-alive client to instances.
-pub(crate) type Upstream = Client<HttpConnector, Full<Bytes>>;
+use crate::upstream::Pool;
 
 /// Response header with which an instance reports it has read data of a higher class.
 pub(crate) const TAINT: &str = "x-warden-taint";
-
-pub(crate) fn client() -> Upstream {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(std::time::Duration::from_secs(30))
-        .pool_max_idle_per_host(1024)
-        .build(connector)
-}
 
 /// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 7] = [
@@ -120,23 +107,25 @@ impl Prepared {
     /// Sends to `addr` with the path replaced by `path_and_query`.
     pub async fn send(
         &self,
-        client: &Upstream,
+        pool: &Pool,
         addr: &str,
         path_and_query: &str,
     ) -> Result<Response<Body>, Failure> {
-        let uri: Uri = format!("http://{addr}{path_and_query}")
+        // Origin form: the connection already goes to the instance.
+        let uri: Uri = path_and_query
             .parse()
             .map_err(|e| Failure::Other(format!("unusable path: {e}")))?;
         let mut req = Request::from_parts(self.parts.clone(), Full::new(self.body.clone()));
         *req.uri_mut() = uri;
-        match client.request(req).await {
-            Ok(resp) => {
-                let (mut parts, body) = resp.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
-                Ok(Response::from_parts(parts, body.boxed()))
+        if !req.headers().contains_key(header::HOST) {
+            // An HTTP/1.0 client may send none; HTTP/1.1 to the app needs one.
+            if let Ok(v) = HeaderValue::from_str(addr) {
+                req.headers_mut().insert(header::HOST, v);
             }
-            Err(e) if e.is_connect() => Err(Failure::Refused(e.to_string())),
-            Err(e) => Err(Failure::Other(e.to_string())),
         }
+        let resp = pool.send(req, addr).await?;
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        Ok(Response::from_parts(parts, body))
     }
 }
