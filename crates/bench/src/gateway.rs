@@ -38,9 +38,9 @@ pub(crate) struct Args {
     out: PathBuf,
 }
 
-struct Peer {
-    name: &'static str,
-    child: Child,
+pub(crate) struct Peer {
+    pub name: &'static str,
+    pub child: Child,
 }
 
 impl Drop for Peer {
@@ -56,13 +56,13 @@ impl Drop for Peer {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-fn wait_listening(port: u16, what: &str) {
+pub(crate) fn wait_listening(port: u16, what: &str) {
     wait_until(what, Duration::from_secs(30), || {
         std::net::TcpStream::connect(("127.0.0.1", port))
             .ok()
@@ -71,7 +71,7 @@ fn wait_listening(port: u16, what: &str) {
 }
 
 /// The upstream all three proxies forward to: the demo app binary, run on its own.
-fn upstream(warden: &Path) -> anyhow::Result<(Peer, u16)> {
+pub(crate) fn upstream(warden: &Path) -> anyhow::Result<(Peer, u16)> {
     let port = free_port()?;
     let child = Command::new(warden)
         .arg("demo-app")
@@ -395,7 +395,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn tool_version(tool: &str, args: &[&str]) -> String {
+pub(crate) fn tool_version(tool: &str, args: &[&str]) -> String {
     Command::new(tool)
         .args(args)
         .output()

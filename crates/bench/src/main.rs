@@ -6,6 +6,7 @@
 
 mod first_request;
 mod gateway;
+mod tls;
 mod wrk;
 
 use std::path::PathBuf;
@@ -37,6 +38,10 @@ enum Cmd {
     /// Seed 001's experiment: authentication and authorisation throughput and mean latency with
     /// wrk at 50..3200 connections, warden beside nginx and haproxy in front of one upstream.
     Gateway(gateway::Args),
+    /// Seed 004's experiment: TLS handshake cost (ECDSA and RSA, TLS 1.2 and 1.3, full and
+    /// resumed) and sessions under overload, warden with and without handshake admission control
+    /// beside nginx.
+    Tls(tls::Args),
 }
 
 pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -50,5 +55,6 @@ fn main() -> anyhow::Result<()> {
             first_request::run(runs.clamp(1, 1000), &warden, &out)
         }
         Cmd::Gateway(args) => gateway::run(&args),
+        Cmd::Tls(args) => tls::run(&args),
     }
 }

@@ -116,6 +116,22 @@ pub struct Gateway {
 
 // === impl Gateway ===
 
+/// Accept queue length asked of the kernel (which caps it at net.core.somaxconn). tokio's
+/// default of 1024 overflows in a burst of new clients; a dropped SYN is retried by the client
+/// only after a second or more, which under overload turns into client timeouts.
+const LISTEN_BACKLOG: u32 = 65_535;
+
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 impl Gateway {
     /// Binds the listen address and loads the views before returning, so the first request
     /// already sees apps, users and sessions.
@@ -126,14 +142,11 @@ impl Gateway {
     ) -> Result<Self, StartError> {
         // Certificates first: a bad file must stop the start before anything listens.
         let tls = config.tls.as_ref().map(tls::Tls::new).transpose()?;
-        let bind = |addr: SocketAddr| async move {
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartError::Listen { addr, source })
-        };
-        let listener = bind(config.listen).await?;
+        let bind =
+            |addr: SocketAddr| listen(addr).map_err(|source| StartError::Listen { addr, source });
+        let listener = bind(config.listen)?;
         let tls_listener = match &config.tls {
-            Some(t) => Some(bind(t.listen).await?),
+            Some(t) => Some(bind(t.listen)?),
             None => None,
         };
         let views = views::Shared::new();

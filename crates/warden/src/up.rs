@@ -49,10 +49,10 @@ pub struct UpArgs {
     /// Admit every TLS handshake: switches handshake admission control off
     #[arg(long)]
     no_tls_admission: bool,
-    /// Full TLS handshakes in progress at once [default: 16 per core]
+    /// Full TLS handshakes in progress at once [default: 64 per core]
     #[arg(long)]
     tls_handshake_concurrency: Option<usize>,
-    /// Full TLS handshakes that may wait for a slot before the rest are refused [default: 16 per core]
+    /// Full TLS handshakes that may wait for a slot before the rest are refused [default: 64 per core]
     #[arg(long)]
     tls_handshake_queue: Option<usize>,
     /// Longest wait of a full TLS handshake in the queue, in milliseconds

@@ -27,14 +27,17 @@ pub struct AdmissionConfig {
 }
 
 impl AdmissionConfig {
-    /// Defaults scaled by the number of cores: a full ECDSA handshake costs well under a
-    /// millisecond of CPU, so 16 in progress per core finish within tens of milliseconds.
+    /// Defaults scaled by the number of cores. A full handshake needs about a millisecond of
+    /// CPU (RSA-2048; ECDSA less), but holds its slot for much longer: across the client's round
+    /// trip and, under load, across the scheduling delay of a busy runtime. The benchmark
+    /// (docs/BENCHMARKS.md, TLS) found 16 per core refusing handshakes the CPU could have done,
+    /// halving throughput at 3x load, and 64 per core keeping the peak.
     pub fn for_cores(cores: usize) -> Self {
         let cores = cores.max(1);
         Self {
             enabled: true,
-            concurrency: 16 * cores,
-            queue: 16 * cores,
+            concurrency: 64 * cores,
+            queue: 64 * cores,
             queue_wait: Duration::from_millis(250),
         }
     }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Seed 004's experiment in one command: TLS handshake cost and sessions under overload for
+# warden (with and without handshake admission control) beside nginx. CSV and plots under
+# bench/out/. Extra flags go to `warden-bench tls` (for example --overload-seconds 10).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v nginx >/dev/null || ! command -v openssl >/dev/null; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y nginx-light openssl
+fi
+python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib
+
+cargo build --release --locked -p warden -p warden-bench
+mkdir -p bench/out
+# Thousands of emulated clients, each with a socket: raise the soft limit to the hard limit.
+ulimit -n "$(ulimit -Hn)" || true
+target/release/warden-bench tls --warden target/release/warden --out bench/out "$@"
+python3 bench/plot_tls.py bench/out/tls-handshakes.csv bench/out/tls-overload.csv bench/out/tls.png
