@@ -135,7 +135,13 @@ http {{
     );
     let path = dir.join("nginx.conf");
     std::fs::write(&path, conf)?;
-    let child = Command::new("nginx")
+    start_nginx(Command::new("nginx"), &path, port)
+}
+
+/// Runs nginx in the foreground with `conf` (through `cmd`, which may be a CPU-pinning
+/// wrapper) and waits until it listens on `port`.
+pub(crate) fn start_nginx(mut cmd: Command, conf: &Path, port: u16) -> anyhow::Result<(Peer, u16)> {
+    let child = cmd
         .args([
             "-e",
             "stderr",
@@ -143,7 +149,7 @@ http {{
             "daemon off; master_process on; user root;",
             "-c",
         ])
-        .arg(&path)
+        .arg(conf)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -253,17 +259,22 @@ fn login(w: &Warden, user: &str) -> anyhow::Result<String> {
         .context("login failed")
 }
 
-pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    if !args.warden.exists() {
+/// Checks that the binary to measure exists and makes an empty work directory `out/name`.
+pub(crate) fn prepare(warden: &Path, out: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    if !warden.exists() {
         bail!(
             "{} does not exist; build it with `cargo build --release`",
-            args.warden.display()
+            warden.display()
         );
     }
-    let work = args.out.join("gateway-work");
+    let work = out.join(name);
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
-    let work = std::fs::canonicalize(&work)?;
+    Ok(std::fs::canonicalize(&work)?)
+}
+
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let work = prepare(&args.warden, &args.out, "gateway-work")?;
 
     let w = Launch::new(&args.warden)
         .arg("--max-connections")

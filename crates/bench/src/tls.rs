@@ -33,7 +33,7 @@ use tokio_rustls::TlsConnector;
 use warden_test_support::http::basic;
 use warden_test_support::{Launch, Warden};
 
-use crate::gateway::{free_port, tool_version, upstream, wait_listening, Peer};
+use crate::gateway::{free_port, prepare, start_nginx, tool_version, upstream, Peer};
 
 /// Flags of `warden-bench tls`.
 #[derive(Debug, clap::Args)]
@@ -191,28 +191,9 @@ http {{
     );
     let path = dir.join("nginx-tls.conf");
     std::fs::write(&path, conf)?;
-    let child = Command::new(runner)
-        .args([
-            "nginx",
-            "-e",
-            "stderr",
-            "-g",
-            "daemon off; master_process on; user root;",
-            "-c",
-        ])
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting nginx (install it with `apt-get install nginx`)")?;
-    wait_listening(port, "nginx");
-    Ok((
-        Peer {
-            name: "nginx",
-            child,
-        },
-        port,
-    ))
+    let mut cmd = Command::new(runner);
+    cmd.arg("nginx");
+    start_nginx(cmd, &path, port)
 }
 
 /// CPUs for the servers and for the load generator: on a machine of n CPUs the servers get
@@ -633,16 +614,7 @@ fn version_name(v: &SupportedProtocolVersion) -> &'static str {
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
-    if !args.warden.exists() {
-        bail!(
-            "{} does not exist; build it with `cargo build --release`",
-            args.warden.display()
-        );
-    }
-    let work = args.out.join("tls-work");
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work)?;
-    let work = std::fs::canonicalize(&work)?;
+    let work = prepare(&args.warden, &args.out, "tls-work")?;
     let certs = make_certs(&work.join("certs"))?;
     let pinning = pin()?;
     let warden_bin = std::fs::canonicalize(&args.warden)?;
