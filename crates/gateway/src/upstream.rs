@@ -32,47 +32,64 @@ struct Pooled {
     idle_since: Instant,
 }
 
+impl Pooled {
+    fn reusable(&self) -> bool {
+        !self.sender.is_closed() && self.idle_since.elapsed() < IDLE_TIMEOUT
+    }
+}
+
 /// Responses up to this size are read whole on the request's task; larger ones stream.
 const BUFFER_LIMIT: u64 = 256 * 1024;
 /// Idle connections older than this are not reused (the app may have closed them).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_IDLE_PER_ADDR: usize = 1024;
 
+/// How often check-ins sweep out connections that can no longer be reused.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+struct Idle {
+    by_addr: HashMap<String, Vec<Pooled>>,
+    last_sweep: Option<Instant>,
+}
+
 /// Idle connections by instance address.
 #[derive(Default)]
 pub(crate) struct Pool {
-    idle: Mutex<HashMap<String, Vec<Pooled>>>,
+    idle: Mutex<Idle>,
 }
 
-/// Runs `f` while also driving `conn`; `conn_done` turns true if the connection ended.
-async fn drive<F: Future>(conn: &mut Conn, conn_done: &mut bool, f: F) -> F::Output {
+/// Runs `f` while also driving `conn`. A connection that ends is dropped at once: that fails
+/// whatever `f` still waits for on it (a queued request comes back unsent) instead of leaving
+/// `f` waiting on a channel nobody reads.
+async fn drive<F: Future>(conn: &mut Option<Conn>, f: F) -> F::Output {
     tokio::pin!(f);
     loop {
-        if *conn_done {
+        let Some(c) = conn.as_mut() else {
             return f.await;
-        }
+        };
         tokio::select! {
             biased;
             out = &mut f => return out,
-            _ = conn.as_mut() => *conn_done = true,
+            _ = c.as_mut() => *conn = None,
         }
     }
 }
 
 impl Pool {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Pooled>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Idle> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn checkout(&self, addr: &str) -> Option<Pooled> {
         let mut idle = self.lock();
-        let list = idle.get_mut(addr)?;
+        let list = idle.by_addr.get_mut(addr)?;
         while let Some(p) = list.pop() {
-            if !p.sender.is_closed() && p.idle_since.elapsed() < IDLE_TIMEOUT {
+            if p.reusable() {
                 return Some(p);
             }
         }
-        idle.remove(addr);
+        idle.by_addr.remove(addr);
         None
     }
 
@@ -82,7 +99,16 @@ impl Pool {
         }
         p.idle_since = Instant::now();
         let mut idle = self.lock();
-        let list = idle.entry(addr.to_owned()).or_default();
+        // Connections to instances that are gone would otherwise keep their sockets open until
+        // someone asked for that address again, which for a stopped instance is never.
+        if idle.last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
+            idle.last_sweep = Some(Instant::now());
+            idle.by_addr.retain(|_, list| {
+                list.retain(Pooled::reusable);
+                !list.is_empty()
+            });
+        }
+        let list = idle.by_addr.entry(addr.to_owned()).or_default();
         if list.len() < MAX_IDLE_PER_ADDR {
             list.push(p);
         }
@@ -90,7 +116,7 @@ impl Pool {
 
     /// Forgets every idle connection to `addr` (its instance is gone).
     pub fn forget(&self, addr: &str) {
-        self.lock().remove(addr);
+        self.lock().by_addr.remove(addr);
     }
 
     async fn connect(addr: &str) -> Result<Pooled, Failure> {
@@ -117,13 +143,18 @@ impl Pool {
     ) -> Result<Response<Body>, Failure> {
         let mut req = req;
         loop {
-            let (mut p, fresh) = match self.checkout(addr) {
+            let (p, fresh) = match self.checkout(addr) {
                 Some(p) => (p, false),
                 None => (Self::connect(addr).await?, true),
             };
-            let mut conn_done = false;
-            let sent = p.sender.try_send_request(req);
-            let resp = match drive(&mut p.conn, &mut conn_done, sent).await {
+            let Pooled {
+                mut sender,
+                conn,
+                idle_since,
+            } = p;
+            let mut conn = Some(conn);
+            let sent = sender.try_send_request(req);
+            let resp = match drive(&mut conn, sent).await {
                 Ok(resp) => resp,
                 Err(mut e) => match e.take_message() {
                     Some(unsent) if !fresh => {
@@ -138,19 +169,26 @@ impl Pool {
             let small = hyper::body::Body::size_hint(&body)
                 .exact()
                 .is_some_and(|n| n <= BUFFER_LIMIT);
-            if !small || conn_done {
+            if !small {
                 // Stream it: the connection gets its own task and is not reused.
-                if !conn_done {
-                    tokio::spawn(p.conn);
+                if let Some(conn) = conn {
+                    tokio::spawn(conn);
                 }
                 return Ok(Response::from_parts(parts, body.boxed()));
             }
-            let body = drive(&mut p.conn, &mut conn_done, body.collect())
+            let body = drive(&mut conn, body.collect())
                 .await
                 .map_err(|e| Failure::Other(format!("reading the response body: {e}")))?
                 .to_bytes();
-            if !conn_done {
-                self.checkin(addr, p);
+            if let Some(conn) = conn {
+                self.checkin(
+                    addr,
+                    Pooled {
+                        sender,
+                        conn,
+                        idle_since,
+                    },
+                );
             }
             return Ok(Response::from_parts(parts, crate::respond::full(body)));
         }
