@@ -1,75 +1,41 @@
 //! The node agent: starts, supervises and stops app instances on this machine.
 //!
-//! The agent owns the life of instances on its node: it starts one on request (one shared
-//! instance per app and label), waits until it accepts connections, records it in the store
-//! under the node's lease, removes the record when the process exits, and kills every instance
-//! when it shuts down. It never routes requests and never decides who may see what: the gateway
-//! does that. Instance environments never carry the agent's own environment.
+//! The agent owns the life of instances on its node: it starts them through a driver (a plain
+//! process or a sandbox), waits until they accept connections, records them in the store under
+//! the node's lease, enforces their lifetime (shared per label, per user, per request; idle
+//! reaping; per-app and per-node maximums), keeps each app's desired count running with
+//! backoff after crashes, publishes the node's load, and kills every instance when it shuts
+//! down. It never routes requests and never decides who may see what: the gateway does that.
+//! Instance environments never carry the agent's own environment.
 #![deny(unsafe_code)]
 
+mod driver;
+mod error;
+mod keep;
+mod load;
 mod process;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
-use warden_core::{keys, model::now_ms, AppSpec, InstanceRecord, InstanceState, NodeRecord};
+use warden_core::{
+    keys, model::now_ms, AppSpec, DriverKind, InstanceRecord, InstanceState, Lifetime, NodeRecord,
+};
 use warden_store::{get_json, put_json, LeaseId, Store, StoreError};
 
-/// Lines of an instance's output quoted in start errors.
+pub use error::AgentError;
+
+/// Lines of an instance's output quoted in start errors and crash reports.
 const LOG_TAIL_LINES: usize = 10;
 /// Time an instance gets to exit after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(3);
-
-/// Why an instance could not be started or found.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum AgentError {
-    /// No app of that name is registered.
-    #[error("no app named {0:?} is registered; create it with `warden apps create`")]
-    UnknownApp(String),
-    /// The program could not be started.
-    #[error("cannot start app {app:?}: {reason}; check the app's command and workdir")]
-    Spawn {
-        /// App name.
-        app: String,
-        /// OS error.
-        reason: String,
-    },
-    /// The program exited before accepting connections.
-    #[error(
-        "app {app:?} exited ({status}) before accepting connections; its last output:\n{log_tail}"
-    )]
-    Exited {
-        /// App name.
-        app: String,
-        /// Exit status.
-        status: String,
-        /// Last lines the instance printed.
-        log_tail: String,
-    },
-    /// The program did not accept connections in time.
-    #[error("app {app:?} did not accept connections within {waited_ms} ms; it must listen on 127.0.0.1:$PORT. Its last output:\n{log_tail}")]
-    Timeout {
-        /// App name.
-        app: String,
-        /// How long the agent waited.
-        waited_ms: u64,
-        /// Last lines the instance printed.
-        log_tail: String,
-    },
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The agent is stopping.
-    #[error("the agent is shutting down")]
-    ShuttingDown,
-    /// No instance with that id runs on this node.
-    #[error("no instance {0:?} runs on this node")]
-    UnknownInstance(String),
-}
+/// Logs of this many exited instances stay readable; older ones are deleted.
+const KEEP_EXITED_LOGS: usize = 64;
 
 /// Agent settings.
 #[derive(Debug, Clone)]
@@ -78,11 +44,72 @@ pub struct AgentConfig {
     pub node: String,
     /// Directory for instance logs.
     pub log_dir: PathBuf,
+    /// Directory under which each instance gets its private writable directory.
+    pub instance_dir: PathBuf,
     /// TTL of the node's lease; records vanish this long after the agent dies.
     pub lease_ttl: Duration,
+    /// Most instances this node runs at once.
+    pub max_instances: u32,
+}
+
+/// Whom an instance is for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Owner {
+    /// Everyone with the label.
+    Shared,
+    /// One user.
+    User(String),
+    /// One request: a fresh instance, never handed out again.
+    Request,
+}
+
+impl Owner {
+    /// The owner an app's lifetime asks for, given the user a request comes from.
+    pub fn for_lifetime(lifetime: Lifetime, user: &str) -> Self {
+        match lifetime {
+            Lifetime::Shared => Self::Shared,
+            Lifetime::PerUser => Self::User(user.to_owned()),
+            Lifetime::PerRequest => Self::Request,
+        }
+    }
+}
+
+/// Use of an instance as the gateway reports it, read by the idle reaper.
+#[derive(Debug, Default)]
+pub struct Activity {
+    last_used_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+/// Marks a request in flight on an instance until dropped.
+pub struct ActivityGuard(Arc<Activity>);
+
+impl Activity {
+    /// Marks one request as in flight until the guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> ActivityGuard {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.last_used_ms.store(now_ms(), Ordering::Relaxed);
+        ActivityGuard(self.clone())
+    }
+
+    fn idle_for(&self, now: u64) -> Option<Duration> {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        let last = self.last_used_ms.load(Ordering::Relaxed);
+        Some(Duration::from_millis(now.saturating_sub(last)))
+    }
+}
+
+impl Drop for ActivityGuard {
+    fn drop(&mut self) {
+        self.0.last_used_ms.store(now_ms(), Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 type StartResult = Option<Result<InstanceRecord, AgentError>>;
+type SlotKey = (String, String, String);
 
 enum Slot {
     Starting(watch::Receiver<StartResult>),
@@ -92,14 +119,29 @@ enum Slot {
 struct Running {
     record: InstanceRecord,
     exited: watch::Receiver<bool>,
+    activity: Arc<Activity>,
+    idle_timeout: Duration,
+    /// Set when the agent stops the instance itself, so its exit is not a crash.
+    stopping: Arc<AtomicBool>,
+    log: PathBuf,
+}
+
+#[derive(Default)]
+struct Counts {
+    per_app: HashMap<String, u32>,
+    total: u32,
 }
 
 struct Inner {
     store: Arc<dyn Store>,
     config: AgentConfig,
     lease: Mutex<LeaseId>,
-    slots: Mutex<HashMap<(String, String), Slot>>,
+    slots: Mutex<HashMap<SlotKey, Slot>>,
     running: Mutex<HashMap<String, Running>>,
+    counts: Mutex<Counts>,
+    /// Logs of exited instances, oldest first: (id, app, path).
+    exited: Mutex<VecDeque<(String, String, PathBuf)>>,
+    keeper: keep::Keeper,
     stopping: watch::Sender<bool>,
 }
 
@@ -114,19 +156,38 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+fn slot_key(app: &str, label: &str, owner: &Owner) -> Option<SlotKey> {
+    let who = match owner {
+        Owner::Shared => String::new(),
+        Owner::User(u) => u.clone(),
+        Owner::Request => return None,
+    };
+    Some((app.to_owned(), label.to_owned(), who))
+}
+
+fn record_slot(r: &InstanceRecord) -> Option<SlotKey> {
+    match r.lifetime {
+        Lifetime::PerRequest => None,
+        _ => Some((
+            r.app.clone(),
+            r.label.clone(),
+            r.owner.clone().unwrap_or_default(),
+        )),
+    }
+}
+
 // === impl Agent ===
 
 impl Agent {
-    /// Registers the node under a fresh lease and starts the background duties (lease renewal,
-    /// stopping instances of deleted apps).
+    /// Registers the node under a fresh lease and starts the background duties (lease renewal
+    /// with the node's load, stopping instances of deleted apps, desired counts, idle reaping).
     pub async fn start(store: Arc<dyn Store>, config: AgentConfig) -> Result<Self, AgentError> {
-        std::fs::create_dir_all(&config.log_dir).map_err(|e| AgentError::Spawn {
-            app: String::new(),
-            reason: format!(
-                "cannot create log directory {}: {e}",
-                config.log_dir.display()
-            ),
-        })?;
+        for dir in [&config.log_dir, &config.instance_dir] {
+            std::fs::create_dir_all(dir).map_err(|e| AgentError::Spawn {
+                app: String::new(),
+                reason: format!("cannot create directory {}: {e}", dir.display()),
+            })?;
+        }
         let lease = store.grant_lease(config.lease_ttl).await?;
         let agent = Self {
             inner: Arc::new(Inner {
@@ -135,6 +196,9 @@ impl Agent {
                 lease: Mutex::new(lease),
                 slots: Mutex::new(HashMap::new()),
                 running: Mutex::new(HashMap::new()),
+                counts: Mutex::new(Counts::default()),
+                exited: Mutex::new(VecDeque::new()),
+                keeper: keep::Keeper::default(),
                 stopping: watch::channel(false).0,
             }),
         };
@@ -142,6 +206,7 @@ impl Agent {
         agent.remove_stale_records().await?;
         tokio::spawn(agent.clone().renew_lease());
         tokio::spawn(agent.clone().follow_app_deletes());
+        tokio::spawn(agent.clone().supervise());
         Ok(agent)
     }
 
@@ -155,6 +220,8 @@ impl Agent {
     }
 
     async fn put_node(&self) -> Result<(), StoreError> {
+        let mut load = load::sample();
+        load.instances = lock(&self.inner.counts).total;
         let record = NodeRecord {
             id: self.inner.config.node.clone(),
             hostname: nix::unistd::gethostname()
@@ -162,6 +229,7 @@ impl Agent {
                 .unwrap_or_default(),
             pid: std::process::id(),
             started_at_ms: now_ms(),
+            load,
         };
         put_json(
             &*self.inner.store,
@@ -193,8 +261,9 @@ impl Agent {
         Ok(())
     }
 
-    /// Keeps the lease alive; if it was lost (the store expired it while we stalled), takes a new
-    /// one and writes the node's records again so nothing stays missing.
+    /// Keeps the lease alive and the node's load current; if the lease was lost (the store
+    /// expired it while we stalled), takes a new one and writes the node's records again so
+    /// nothing stays missing.
     async fn renew_lease(self) {
         let mut stopping = self.inner.stopping.subscribe();
         let period = self.inner.config.lease_ttl / 3;
@@ -204,7 +273,11 @@ impl Agent {
                 _ = stopping.changed() => return,
             }
             match self.inner.store.keep_alive(self.lease()).await {
-                Ok(()) => {}
+                Ok(()) => {
+                    if let Err(e) = self.put_node().await {
+                        tracing::warn!(error = %e, "publishing the node's load failed");
+                    }
+                }
                 Err(StoreError::LeaseNotFound(_)) => {
                     tracing::warn!(node = %self.node(), "node lease was lost; registering again");
                     if let Err(e) = self.reregister().await {
@@ -238,6 +311,7 @@ impl Agent {
             )
             .await?;
         }
+        self.inner.keeper.republish_all();
         Ok(())
     }
 
@@ -267,6 +341,12 @@ impl Agent {
                         for id in ids {
                             let _ = self.kill(&id).await;
                         }
+                        self.inner.keeper.forget_app(app);
+                        let _ = self
+                            .inner
+                            .store
+                            .delete(&keys::health(app, self.node()))
+                            .await;
                     }
                 }
                 Some(Ok(_)) => {}
@@ -282,37 +362,36 @@ impl Agent {
         }
     }
 
-    /// A ready instance of `app` for `label`, starting one if none runs. Concurrent callers for
-    /// the same app and label share one start.
-    pub async fn ensure(&self, app: &str, label: &str) -> Result<InstanceRecord, AgentError> {
+    /// A ready instance of `app` for `label` and `owner`. Shared and per-user instances are
+    /// started once and handed out again; concurrent callers share one start. A per-request
+    /// instance is always new and never handed out again: stop it with [`Agent::retire`] after
+    /// its request.
+    pub async fn ensure(
+        &self,
+        app: &str,
+        label: &str,
+        owner: &Owner,
+    ) -> Result<InstanceRecord, AgentError> {
         if *self.inner.stopping.borrow() {
             return Err(AgentError::ShuttingDown);
         }
-        let slot_key = (app.to_owned(), label.to_owned());
+        let Some(key) = slot_key(app, label, owner) else {
+            return self.start_instance(app, label, owner, false).await;
+        };
         let mut rx = {
             let mut slots = lock(&self.inner.slots);
-            match slots.get(&slot_key) {
+            match slots.get(&key) {
                 Some(Slot::Ready(r)) => return Ok(r.clone()),
                 Some(Slot::Starting(rx)) => rx.clone(),
                 None => {
                     let (tx, rx) = watch::channel(None);
-                    slots.insert(slot_key.clone(), Slot::Starting(rx.clone()));
+                    slots.insert(key.clone(), Slot::Starting(rx.clone()));
                     // The start runs on its own task so that a caller giving up does not leave
                     // a half-started instance behind.
-                    let agent = self.clone();
+                    let (agent, owner) = (self.clone(), owner.clone());
                     tokio::spawn(async move {
-                        let result = agent.start_instance(&slot_key.0, &slot_key.1).await;
-                        {
-                            let mut slots = lock(&agent.inner.slots);
-                            match &result {
-                                Ok(r) if lock(&agent.inner.running).contains_key(&r.id) => {
-                                    slots.insert(slot_key, Slot::Ready(r.clone()));
-                                }
-                                _ => {
-                                    slots.remove(&slot_key);
-                                }
-                            }
-                        }
+                        let result = agent.start_instance(&key.0, &key.1, &owner, false).await;
+                        agent.settle_slot(key, &result);
                         let _ = tx.send(Some(result));
                     });
                     rx
@@ -326,70 +405,159 @@ impl Agent {
         done.clone().unwrap_or(Err(AgentError::ShuttingDown))
     }
 
-    async fn start_instance(&self, app: &str, label: &str) -> Result<InstanceRecord, AgentError> {
+    /// After a start, the slot holds the instance if it still runs, and is free otherwise.
+    fn settle_slot(&self, key: SlotKey, result: &Result<InstanceRecord, AgentError>) {
+        let mut slots = lock(&self.inner.slots);
+        match result {
+            Ok(r) if lock(&self.inner.running).contains_key(&r.id) => {
+                slots.insert(key, Slot::Ready(r.clone()));
+            }
+            _ => {
+                if matches!(slots.get(&key), Some(Slot::Starting(_))) {
+                    slots.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Counts a new instance against the app's and the node's maximum, or says which is full.
+    fn reserve(&self, spec: &AppSpec) -> Result<(), AgentError> {
+        let mut c = lock(&self.inner.counts);
+        let node_max = self.inner.config.max_instances;
+        if c.total >= node_max {
+            return Err(AgentError::Full {
+                what: "this node".into(),
+                limit: node_max,
+            });
+        }
+        let n = c.per_app.entry(spec.name.clone()).or_default();
+        if spec.max_instances > 0 && *n >= spec.max_instances {
+            return Err(AgentError::Full {
+                what: format!("app {:?}", spec.name),
+                limit: spec.max_instances,
+            });
+        }
+        *n += 1;
+        c.total += 1;
+        Ok(())
+    }
+
+    fn release(&self, app: &str) {
+        let mut c = lock(&self.inner.counts);
+        if let Some(n) = c.per_app.get_mut(app) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.per_app.remove(app);
+            }
+        }
+        c.total = c.total.saturating_sub(1);
+    }
+
+    async fn start_instance(
+        &self,
+        app: &str,
+        label: &str,
+        owner: &Owner,
+        kept: bool,
+    ) -> Result<InstanceRecord, AgentError> {
         let store = &*self.inner.store;
         let (spec, _) = get_json::<AppSpec>(store, &keys::app_spec(app))
             .await?
             .ok_or_else(|| AgentError::UnknownApp(app.to_owned()))?;
+        self.reserve(&spec)?;
         let id = warden_core::id::short_id();
-        let spawn_err = |reason: String| AgentError::Spawn {
-            app: app.to_owned(),
-            reason,
-        };
-        let port =
-            process::free_port().map_err(|e| spawn_err(format!("no free loopback port: {e}")))?;
         let log = self.log_path(app, &id);
+        let dir = self.inner.config.instance_dir.join(&id);
         let mut env: BTreeMap<String, String> = spec.env.clone();
-        env.insert("PORT".into(), port.to_string());
         env.insert("WARDEN_APP".into(), app.to_owned());
         env.insert("WARDEN_LABEL".into(), label.to_owned());
         env.insert("WARDEN_INSTANCE".into(), id.clone());
-        let launch = process::Launch {
-            command: &spec.command,
-            workdir: spec.workdir.as_deref(),
-            env,
-            log: &log,
-        };
         let started = Instant::now();
-        let mut child = process::spawn(&launch).map_err(|e| spawn_err(e.to_string()))?;
+        let launched = std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))
+            .and_then(|()| {
+                let launch = driver::Launch {
+                    spec: &spec,
+                    env,
+                    log: &log,
+                    dir: &dir,
+                };
+                driver_for(spec.driver).start(&launch)
+            });
+        let driver::Started { mut child, addr } = match launched {
+            Ok(s) => s,
+            Err(reason) => {
+                self.release(app);
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(AgentError::Spawn {
+                    app: app.to_owned(),
+                    reason,
+                });
+            }
+        };
         let pid = child.id().unwrap_or(0);
-        let addr = process::loopback(port);
         let mut record = InstanceRecord {
             id: id.clone(),
             app: app.to_owned(),
             label: label.to_owned(),
             node: self.node().to_owned(),
-            addr: addr.to_string(),
+            addr: addr.clone(),
             pid,
             state: InstanceState::Starting,
             started_at_ms: now_ms(),
+            lifetime: spec.lifetime,
+            owner: match owner {
+                Owner::User(u) => Some(u.clone()),
+                _ => None,
+            },
+            kept,
         };
         let (exit_tx, exit_rx) = watch::channel(false);
         let (status_tx, status_rx) = tokio::sync::oneshot::channel::<String>();
+        let activity = Arc::new(Activity::default());
+        activity.last_used_ms.store(now_ms(), Ordering::Relaxed);
+        let stopping = Arc::new(AtomicBool::new(false));
         lock(&self.inner.running).insert(
             id.clone(),
             Running {
                 record: record.clone(),
                 exited: exit_rx.clone(),
+                activity,
+                idle_timeout: Duration::from_millis(spec.idle_timeout_ms),
+                stopping: stopping.clone(),
+                log: log.clone(),
             },
         );
-        tracing::info!(app, label, instance = %id, pid, %addr, "instance starting");
+        tracing::info!(app, label, instance = %id, pid, %addr, driver = ?spec.driver, "instance starting");
         // The monitor owns the child: it reaps it and cleans up whenever it exits.
         let key = keys::instance(app, &id);
-        let (agent, monitor_key, monitor_id) = (self.clone(), key.clone(), id.clone());
+        let (agent, monitor_key, monitor_record) = (self.clone(), key.clone(), record.clone());
         tokio::spawn(async move {
             let status = match child.wait().await {
                 Ok(s) => s.to_string(),
                 Err(e) => format!("wait failed: {e}"),
             };
             let _ = status_tx.send(status.clone());
-            agent.forget(&monitor_key, &monitor_id, &status).await;
+            agent.forget(&monitor_key, &monitor_record, &status).await;
+            let crashed = !stopping.load(Ordering::Relaxed);
+            if monitor_record.kept && crashed {
+                let tail = process::log_tail(
+                    &agent.log_path(&monitor_record.app, &monitor_record.id),
+                    LOG_TAIL_LINES,
+                );
+                agent.inner.keeper.crashed(
+                    &monitor_record.app,
+                    &monitor_record.label,
+                    &status,
+                    &tail,
+                );
+            }
             let _ = exit_tx.send(true);
         });
         put_json(store, &key, &record, Some(self.lease())).await?;
 
         let timeout = Duration::from_millis(spec.start_timeout_ms);
-        match wait_ready(addr, exit_rx, timeout).await {
+        match wait_ready(&addr, exit_rx, timeout).await {
             Ready::Yes => {}
             Ready::Exited => {
                 let status = status_rx.await.unwrap_or_else(|_| "unknown status".into());
@@ -428,17 +596,28 @@ impl Agent {
         self.inner.config.log_dir.join(format!("{app}-{id}.log"))
     }
 
-    /// Drops every trace of an exited instance.
-    async fn forget(&self, key: &str, id: &str, status: &str) {
+    /// Drops every trace of an exited instance but its log, which stays readable for a while.
+    async fn forget(&self, key: &str, record: &InstanceRecord, status: &str) {
+        let id = &record.id;
         let gone = lock(&self.inner.running).remove(id);
         if let Some(r) = &gone {
-            let mut slots = lock(&self.inner.slots);
-            let slot_key = (r.record.app.clone(), r.record.label.clone());
-            if matches!(slots.get(&slot_key), Some(Slot::Ready(x)) if x.id == id) {
-                slots.remove(&slot_key);
+            if let Some(slot) = record_slot(&r.record) {
+                let mut slots = lock(&self.inner.slots);
+                if matches!(slots.get(&slot), Some(Slot::Ready(x)) if &x.id == id) {
+                    slots.remove(&slot);
+                }
             }
+            self.release(&r.record.app);
             tracing::info!(app = %r.record.app, instance = %id, %status, "instance exited");
+            let mut exited = lock(&self.inner.exited);
+            exited.push_back((id.clone(), r.record.app.clone(), r.log.clone()));
+            while exited.len() > KEEP_EXITED_LOGS {
+                if let Some((_, _, old)) = exited.pop_front() {
+                    let _ = std::fs::remove_file(old);
+                }
+            }
         }
+        let _ = std::fs::remove_dir_all(self.inner.config.instance_dir.join(id));
         if let Err(e) = self.inner.store.delete(key).await {
             tracing::warn!(instance = %id, error = %e, "could not remove the instance record; its lease will");
         }
@@ -452,6 +631,7 @@ impl Agent {
             let r = running
                 .get(id)
                 .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
+            r.stopping.store(true, Ordering::Relaxed);
             (r.record.pid, r.exited.clone())
         };
         process::signal_group(pid, Signal::SIGTERM);
@@ -465,6 +645,28 @@ impl Agent {
         Ok(())
     }
 
+    /// Stops a per-request instance after its request, in the background. It is killed at
+    /// once: it has served the one request it was for.
+    pub fn retire(&self, id: &str) {
+        let target = {
+            let running = lock(&self.inner.running);
+            running.get(id).map(|r| {
+                r.stopping.store(true, Ordering::Relaxed);
+                r.record.pid
+            })
+        };
+        if let Some(pid) = target {
+            process::signal_group(pid, Signal::SIGKILL);
+        }
+    }
+
+    /// The activity handle of a local instance, for the gateway to mark requests in flight.
+    pub fn activity(&self, id: &str) -> Option<Arc<Activity>> {
+        lock(&self.inner.running)
+            .get(id)
+            .map(|r| r.activity.clone())
+    }
+
     /// Raises an instance's label (after taint): it stops serving its old label, serves the new
     /// one if that label has no instance yet, and its record says so.
     pub async fn relabel(&self, id: &str, label: &str) -> Result<(), AgentError> {
@@ -473,16 +675,22 @@ impl Agent {
             let r = running
                 .get_mut(id)
                 .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
-            let old = (r.record.app.clone(), r.record.label.clone());
+            let old = record_slot(&r.record);
             r.record.label = label.to_owned();
+            // A tainted instance no longer counts toward its old label's desired count.
+            r.record.kept = false;
             let record = r.record.clone();
             let mut slots = lock(&self.inner.slots);
-            if matches!(slots.get(&old), Some(Slot::Ready(x)) if x.id == id) {
-                slots.remove(&old);
+            if let Some(old) = old {
+                if matches!(slots.get(&old), Some(Slot::Ready(x)) if x.id == id) {
+                    slots.remove(&old);
+                }
             }
-            slots
-                .entry((record.app.clone(), label.to_owned()))
-                .or_insert_with(|| Slot::Ready(record.clone()));
+            if let Some(new) = record_slot(&record) {
+                slots
+                    .entry(new)
+                    .or_insert_with(|| Slot::Ready(record.clone()));
+            }
             record
         };
         put_json(
@@ -505,6 +713,21 @@ impl Agent {
         v
     }
 
+    /// The last `lines` lines an instance of this node printed, running or recently exited.
+    pub fn logs(&self, id: &str, lines: usize) -> Result<String, AgentError> {
+        let path = lock(&self.inner.running)
+            .get(id)
+            .map(|r| r.log.clone())
+            .or_else(|| {
+                lock(&self.inner.exited)
+                    .iter()
+                    .find(|(x, _, _)| x == id)
+                    .map(|(_, _, p)| p.clone())
+            })
+            .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
+        Ok(process::log_tail(&path, lines))
+    }
+
     /// Stops every instance, removes the node's records and ends its lease.
     pub async fn shutdown(&self) {
         let _ = self.inner.stopping.send(true);
@@ -517,6 +740,24 @@ impl Agent {
     }
 }
 
+fn driver_for(kind: DriverKind) -> &'static dyn driver::Driver {
+    match kind {
+        DriverKind::Process => &process::ProcessDriver,
+        DriverKind::Sandbox => &NoSandbox,
+    }
+}
+
+/// Stands in until the sandbox driver lands: refuses rather than run an app unconfined.
+struct NoSandbox;
+
+impl driver::Driver for NoSandbox {
+    fn start(&self, _: &driver::Launch<'_>) -> Result<Started, String> {
+        Err("the sandbox driver is not available in this build; use driver \"process\"".into())
+    }
+}
+
+use driver::Started;
+
 enum Ready {
     Yes,
     Exited,
@@ -524,11 +765,7 @@ enum Ready {
 }
 
 /// Waits until `addr` accepts a TCP connection, the process exits, or `timeout` passes.
-async fn wait_ready(
-    addr: std::net::SocketAddr,
-    mut exited: watch::Receiver<bool>,
-    timeout: Duration,
-) -> Ready {
+async fn wait_ready(addr: &str, mut exited: watch::Receiver<bool>, timeout: Duration) -> Ready {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut pause = Duration::from_millis(1);
     loop {

@@ -1,7 +1,7 @@
 //! The `process` driver: an app instance is a plain child process listening on a loopback port.
 //!
 //! Needs no privileges. Isolation is limited to a clean environment and a process group of its
-//! own; the sandbox driver (namespaces, seccomp, limits) comes later.
+//! own; the `sandbox` driver adds namespaces, seccomp and limits on top of the same spawn.
 #![allow(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -11,17 +11,11 @@ use std::process::Stdio;
 
 use tokio::process::{Child, Command};
 
+use crate::driver::{Driver, Launch, Started};
+
 /// PATH given to instances; the agent's own environment (which may hold credentials such as
 /// WARDEN_TOKEN) is never passed on.
 const INSTANCE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-
-/// What to start.
-pub(crate) struct Launch<'a> {
-    pub command: &'a [String],
-    pub workdir: Option<&'a str>,
-    pub env: BTreeMap<String, String>,
-    pub log: &'a Path,
-}
 
 /// A free loopback port. Another process could take it before the instance binds; the instance
 /// then exits at once and the start fails with its message, never a hang.
@@ -36,30 +30,55 @@ pub(crate) fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
 
-/// Starts the process with a clean environment, output appended to `log`, in its own process
-/// group, and tied to the agent's life by a parent-death signal.
-pub(crate) fn spawn(l: &Launch<'_>) -> std::io::Result<Child> {
+/// The `process` driver: a plain child process on a loopback port.
+pub(crate) struct ProcessDriver;
+
+impl Driver for ProcessDriver {
+    fn start(&self, l: &Launch<'_>) -> Result<Started, String> {
+        let port = free_port().map_err(|e| format!("no free loopback port: {e}"))?;
+        let mut env = l.env.clone();
+        env.insert("PORT".into(), port.to_string());
+        env.insert("WARDEN_DATA_DIR".into(), l.dir.display().to_string());
+        let mut cmd = command(&l.spec.command, &env, l.log).map_err(|e| e.to_string())?;
+        if let Some(dir) = &l.spec.workdir {
+            cmd.current_dir(dir);
+        }
+        let child = spawn(cmd).map_err(|e| e.to_string())?;
+        Ok(Started {
+            child,
+            addr: loopback(port).to_string(),
+        })
+    }
+}
+
+/// A command with a clean environment and output appended to `log`.
+pub(crate) fn command(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    log: &Path,
+) -> std::io::Result<Command> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(l.log)?;
-    let (program, args) = l
-        .command
+        .open(log)?;
+    let (program, args) = argv
         .split_first()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"))?;
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env_clear()
         .env("PATH", INSTANCE_PATH)
-        .envs(&l.env)
+        .envs(env)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
         .process_group(0)
         .kill_on_drop(false);
-    if let Some(dir) = l.workdir {
-        cmd.current_dir(dir);
-    }
+    Ok(cmd)
+}
+
+/// Spawns `cmd` in its own process group, tied to the agent's life by a parent-death signal.
+pub(crate) fn spawn(mut cmd: Command) -> std::io::Result<Child> {
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2), which is
     // async-signal-safe; it allocates nothing and touches no locks.
     unsafe {

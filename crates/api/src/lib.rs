@@ -46,6 +46,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/instances"),
     ("post", "/v1/instances"),
     ("delete", "/v1/instances/{id}"),
+    ("get", "/v1/instances/{id}/logs"),
     ("get", "/v1/nodes"),
     ("get", "/v1/lattice"),
     ("put", "/v1/lattice"),
@@ -127,6 +128,7 @@ impl Api {
             .route("/v1/users/{name}", get(users::show).delete(users::remove))
             .route("/v1/instances", get(instances::list).post(instances::start))
             .route("/v1/instances/{id}", delete(instances::kill))
+            .route("/v1/instances/{id}/logs", get(instances::logs))
             .route("/v1/nodes", get(nodes::list))
             .route("/v1/lattice", get(lattice::show).put(lattice::replace))
             .route_layer(axum::middleware::from_fn_with_state(

@@ -30,6 +30,42 @@ impl Client {
         path: &str,
         body: Option<Value>,
     ) -> anyhow::Result<Value> {
+        let (status, bytes) = self.raw(method, path, body).await?;
+        let value: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+        };
+        if !status.is_success() {
+            bail!(
+                "{} (HTTP {})",
+                error_message(&value, &bytes),
+                status.as_u16()
+            );
+        }
+        Ok(value)
+    }
+
+    /// GETs a plain-text answer with the token; a non-2xx answer becomes an error.
+    pub async fn get_text(&self, path: &str) -> anyhow::Result<String> {
+        let (status, bytes) = self.raw("GET", path, None).await?;
+        if !status.is_success() {
+            let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            bail!(
+                "{} (HTTP {})",
+                error_message(&value, &bytes),
+                status.as_u16()
+            );
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<(http::StatusCode, Bytes)> {
         let url = format!("{}{path}", self.endpoint.api);
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let req = http::Request::builder()
@@ -57,19 +93,7 @@ impl Client {
             .await
             .context("reading the API's answer")?
             .to_bytes();
-        let value: Value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null)
-        };
-        if !status.is_success() {
-            let msg = value["error"]
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
-            bail!("{msg} (HTTP {})", status.as_u16());
-        }
-        Ok(value)
+        Ok((status, bytes))
     }
 
     /// GETs a plain-text document (such as `/metrics`); `None` if it cannot be had.
@@ -84,4 +108,12 @@ impl Client {
         let bytes = resp.into_body().collect().await.ok()?.to_bytes();
         Some(String::from_utf8_lossy(&bytes).into_owned())
     }
+}
+
+/// The API's error message, or the raw answer when it is not the usual JSON error.
+fn error_message(value: &Value, bytes: &[u8]) -> String {
+    value["error"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| String::from_utf8_lossy(bytes).into_owned())
 }

@@ -156,6 +156,14 @@ pub enum ClientCommand {
     Instances(InstancesCommand),
     /// Show the platform's state
     Status,
+    /// Print the last lines an instance wrote (running or recently exited)
+    Logs {
+        /// Instance id (`warden instances list` shows them)
+        id: String,
+        /// How many of the last lines to print
+        #[arg(long, short = 'n', default_value_t = 100)]
+        lines: usize,
+    },
 }
 
 /// Runs a client command.
@@ -169,6 +177,20 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
         ClientCommand::Instances(c) => instances(&api, &out, c).await,
         ClientCommand::Status => status(&api, &out).await,
         ClientCommand::Lattice(c) => lattice(&api, &out, c).await,
+        ClientCommand::Logs { id, lines } => {
+            let text = api
+                .get_text(&format!("/v1/instances/{id}/logs?lines={lines}"))
+                .await?;
+            if out.json {
+                println!("{}", json!({ "id": id, "lines": text }));
+            } else {
+                print!("{text}");
+                if !text.is_empty() && !text.ends_with('\n') {
+                    println!();
+                }
+            }
+            Ok(())
+        }
     }
 }
 
@@ -414,19 +436,47 @@ async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
             s(&v["users"]),
             s(&v["revision"])
         );
-        let rows = v["apps"].as_array().into_iter().flatten().map(|a| {
-            let inst = a["instances"].as_object().map(|m| {
-                m.iter()
-                    .map(|(l, n)| format!("{l}={n}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            });
+        let by_label = |m: &Value| {
+            m.as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(l, n)| format!("{l}={n}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .filter(|x| !x.is_empty())
+                .unwrap_or_else(|| "-".into())
+        };
+        let apps = v["apps"].as_array().cloned().unwrap_or_default();
+        let rows = apps.iter().map(|a| {
             vec![
                 s(&a["name"]),
-                inst.filter(|x| !x.is_empty()).unwrap_or_else(|| "-".into()),
+                by_label(&a["instances"]),
+                by_label(&a["desired"]),
             ]
         });
-        table::print(&["APP", "INSTANCES BY LABEL"], rows);
+        table::print(&["APP", "RUNNING BY LABEL", "DESIRED"], rows);
+        for a in &apps {
+            for c in a["crash_loops"].as_array().into_iter().flatten() {
+                let what = if c["crash_loop"].as_bool() == Some(true) {
+                    "CRASH LOOP"
+                } else {
+                    "restarting"
+                };
+                println!();
+                println!(
+                    "{what}: app {} label {} on node {}: {} crashes in a row, last {}",
+                    s(&a["name"]),
+                    s(&c["label"]),
+                    s(&c["node"]),
+                    s(&c["crashes"]),
+                    s(&c["last_exit"])
+                );
+                for line in s(&c["last_lines"]).lines() {
+                    println!("    | {line}");
+                }
+            }
+        }
         if v["gateway"].is_object() {
             println!();
             phases::print(&v["gateway"]);

@@ -46,6 +46,14 @@ pub fn session(token_hash: &str) -> String {
 /// Prefix of all sessions.
 pub const SESSIONS: &str = "sessions";
 
+/// Key of the restart state of an app's kept instances on one node.
+pub fn health(app: &str, node: &str) -> String {
+    format!("health/{app}/{node}")
+}
+
+/// Prefix of all restart states.
+pub const HEALTH: &str = "health";
+
 /// Key of the clearance lattice.
 pub const LATTICE: &str = "lattice";
 

@@ -10,5 +10,8 @@ pub mod keys;
 pub mod model;
 pub mod name;
 
-pub use model::{AppSpec, InstanceRecord, InstanceState, NodeRecord, SessionRecord, UserRecord};
+pub use model::{
+    AppHealth, AppSpec, DriverKind, HostLoad, InstanceRecord, InstanceState, LabelHealth, Lifetime,
+    Limits, NodeRecord, SessionRecord, UserRecord,
+};
 pub use name::{validate_name, NameError};

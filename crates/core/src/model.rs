@@ -45,6 +45,89 @@ pub struct AppSpec {
     /// Path prefix (within the app) under which `static_dir` is served.
     #[serde(default = "default_static_prefix")]
     pub static_prefix: String,
+    /// How instances are run: a plain process or a sandbox.
+    #[serde(default)]
+    pub driver: DriverKind,
+    /// Whom one instance serves: everyone with one label, one user, or one request.
+    #[serde(default)]
+    pub lifetime: Lifetime,
+    /// An instance that has served no request for this long is stopped; 0 keeps it.
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// Most instances of this app one node runs at once; 0 means only the node's own limit.
+    #[serde(default)]
+    pub max_instances: u32,
+    /// Shared instances kept running per label, replaced when they crash.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub desired: BTreeMap<String, u32>,
+    /// Resource limits of each instance (enforced by the sandbox driver).
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+/// Which driver runs an app's instances.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverKind {
+    /// A child process on a loopback port; needs no privileges.
+    #[default]
+    Process,
+    /// Linux namespaces, a read-only system view, seccomp and resource limits; the instance's
+    /// network namespace holds only loopback.
+    Sandbox,
+}
+
+/// Whom one instance serves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lifetime {
+    /// Every user with the instance's label.
+    #[default]
+    Shared,
+    /// One user; never another, even one with the same label.
+    PerUser,
+    /// One request: the instance is stopped after its response and never reused.
+    PerRequest,
+}
+
+/// Resource limits of one instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Address space in MiB.
+    #[serde(default = "default_memory_mb")]
+    pub memory_mb: u64,
+    /// Processes and threads.
+    #[serde(default = "default_max_processes")]
+    pub processes: u64,
+    /// CPU time in seconds over the instance's life; 0 means unlimited.
+    #[serde(default)]
+    pub cpu_seconds: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_mb: default_memory_mb(),
+            processes: default_max_processes(),
+            cpu_seconds: 0,
+        }
+    }
+}
+
+/// Default idle timeout: ten minutes.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 600_000;
+
+fn default_idle_timeout_ms() -> u64 {
+    DEFAULT_IDLE_TIMEOUT_MS
+}
+
+fn default_memory_mb() -> u64 {
+    1024
+}
+
+fn default_max_processes() -> u64 {
+    64
 }
 
 fn default_static_prefix() -> String {
@@ -84,11 +167,36 @@ pub enum SpecError {
     /// The static settings are not usable.
     #[error("{0}")]
     Static(String),
+    /// Lifetime, desired counts or limits contradict each other.
+    #[error("{0}")]
+    Lifetime(String),
 }
 
 // === impl AppSpec ===
 
 impl AppSpec {
+    /// A spec with every optional setting at its default.
+    pub fn new(name: impl Into<String>, command: Vec<String>) -> Self {
+        Self {
+            name: name.into(),
+            command,
+            env: BTreeMap::new(),
+            workdir: None,
+            hosts: Vec::new(),
+            groups: Vec::new(),
+            start_timeout_ms: default_start_timeout_ms(),
+            balance: Balance::default(),
+            static_dir: None,
+            static_prefix: default_static_prefix(),
+            driver: DriverKind::default(),
+            lifetime: Lifetime::default(),
+            idle_timeout_ms: default_idle_timeout_ms(),
+            max_instances: 0,
+            desired: BTreeMap::new(),
+            limits: Limits::default(),
+        }
+    }
+
     /// Checks the invariants serde cannot express.
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_name("app", &self.name)?;
@@ -113,6 +221,17 @@ impl AppSpec {
                     "static_dir {dir:?} must be an absolute path"
                 )));
             }
+        }
+        if self.lifetime != Lifetime::Shared && !self.desired.is_empty() {
+            return Err(SpecError::Lifetime(
+                "desired counts keep shared instances running; remove `desired` or use lifetime \"shared\"".into(),
+            ));
+        }
+        if self.limits.memory_mb < 16 || self.limits.processes == 0 {
+            return Err(SpecError::Lifetime(format!(
+                "limits: memory_mb must be at least 16 and processes at least 1 (got {} and {})",
+                self.limits.memory_mb, self.limits.processes
+            )));
         }
         for h in &self.hosts {
             let ok = !h.is_empty()
@@ -185,10 +304,63 @@ pub struct InstanceRecord {
     pub state: InstanceState,
     /// Start time, milliseconds since the Unix epoch.
     pub started_at_ms: u64,
+    /// Whom it serves.
+    #[serde(default)]
+    pub lifetime: Lifetime,
+    /// The user it serves, for per-user instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Kept running by the app's desired count (not reaped when idle).
+    #[serde(default)]
+    pub kept: bool,
+}
+
+/// A node's load, published for placement: memory used and the 1-minute load per core.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostLoad {
+    /// Fraction of memory in use (1 - MemAvailable / MemTotal).
+    pub memory_used: f64,
+    /// 1-minute load average divided by the number of cores.
+    pub load_per_core: f64,
+    /// Instances this node runs.
+    pub instances: u32,
+}
+
+impl HostLoad {
+    /// One number to compare nodes by: the larger of the two fractions.
+    pub fn score(&self) -> f64 {
+        self.memory_used.max(self.load_per_core)
+    }
+}
+
+/// How an app's desired count fares on one node. Stored at `health/<app>/<node>` under the
+/// node's lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppHealth {
+    /// Per label: the restart state of its kept instances.
+    pub labels: BTreeMap<String, LabelHealth>,
+}
+
+/// Restart state of one label's kept instances on one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabelHealth {
+    /// Crashes in a row without an instance staying up.
+    pub crashes: u32,
+    /// True once the crashes in a row reach the crash-loop threshold.
+    pub crash_loop: bool,
+    /// How the last instance ended.
+    pub last_exit: String,
+    /// The last lines the crashed instance printed.
+    pub last_lines: String,
+    /// When the next start is allowed, milliseconds since the Unix epoch.
+    pub next_start_ms: u64,
 }
 
 /// A node running an agent. Stored at `nodes/<id>` under the agent's lease.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeRecord {
     /// Node id.
@@ -199,6 +371,9 @@ pub struct NodeRecord {
     pub pid: u32,
     /// Start time, milliseconds since the Unix epoch.
     pub started_at_ms: u64,
+    /// Host load, refreshed with the lease.
+    #[serde(default)]
+    pub load: HostLoad,
 }
 
 /// A login session. Stored at `sessions/<sha256 of token>` under a lease that ends it.
@@ -227,6 +402,20 @@ mod tests {
 
     fn spec() -> AppSpec {
         serde_json::from_str(r#"{"name":"demo","command":["./demo"]}"#).expect("valid spec")
+    }
+
+    #[test]
+    fn new_matches_the_serde_defaults() {
+        assert_eq!(AppSpec::new("demo", vec!["./demo".into()]), spec());
+    }
+
+    #[test]
+    fn desired_counts_need_shared_instances() {
+        let mut s = spec();
+        s.desired.insert("PUBLIC".into(), 2);
+        assert!(s.validate().is_ok());
+        s.lifetime = Lifetime::PerUser;
+        assert!(matches!(s.validate(), Err(SpecError::Lifetime(_))));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use warden_agent::AgentError;
+use warden_agent::{Agent, AgentError, Owner};
 use warden_core::model::Balance;
 use warden_core::{AppSpec, InstanceRecord};
 
@@ -93,18 +93,26 @@ async fn serve(
         https,
     };
     let prepared = proxy::prepare(parts, body.to_bytes(), who);
+    let owner = Owner::for_lifetime(spec.lifetime, &user.record.name);
+    if owner == Owner::Request {
+        return one_off(state, &spec, label, &prepared, path_and_query).await;
+    }
+    let owner_name = match &owner {
+        Owner::User(u) => u.as_str(),
+        _ => "",
+    };
 
     let lor = spec.balance == Balance::LeastOutstanding;
     let mut tried: Vec<String> = Vec::new();
     let mut started = false;
     let mut last = String::new();
     for _ in 0..MAX_ATTEMPTS {
-        let inflight = match state.views.pick(&spec.name, label, lor, &tried) {
+        let inflight = match state.views.pick(&spec.name, label, owner_name, lor, &tried) {
             Some(i) => i,
             None if !started => {
                 started = true;
                 let t = Instant::now();
-                let r = start(state, &spec, label).await?;
+                let r = start(state, &spec, label, &owner).await?;
                 m.phase("start", t.elapsed());
                 if tried.contains(&r.id) {
                     // The agent has not noticed yet that this instance is gone.
@@ -116,6 +124,7 @@ async fn serve(
             None => break,
         };
         let instance = &inflight.0.record;
+        let _active = inflight.0.begin(&state.agent);
         let t = Instant::now();
         match prepared
             .send(&state.upstream, &instance.addr, path_and_query)
@@ -160,14 +169,74 @@ async fn serve(
     })
 }
 
+/// Serves a request of a per-request app: a fresh instance, its one response, then the
+/// instance is stopped (once the response body is done or dropped) and never reused.
+async fn one_off(
+    state: &State,
+    spec: &AppSpec,
+    label: &str,
+    prepared: &proxy::Prepared,
+    path_and_query: &str,
+) -> Result<Response<Body>, GatewayError> {
+    let m = &state.metrics;
+    let t = Instant::now();
+    let r = start(state, spec, label, &Owner::Request).await?;
+    m.phase("start", t.elapsed());
+    let retire = Retire {
+        agent: state.agent.clone(),
+        id: r.id.clone(),
+    };
+    let t = Instant::now();
+    let result = prepared
+        .send(&state.upstream, &r.addr, path_and_query)
+        .await;
+    state.upstream.forget(&r.addr);
+    match result {
+        Ok(resp) => {
+            m.phase("upstream", t.elapsed());
+            let (mut parts, body) = resp.into_parts();
+            // Nothing can be tainted beyond this one response: the instance dies with it.
+            parts.headers.remove(proxy::TAINT);
+            let body = body
+                .map_frame(move |f| {
+                    let _ = &retire;
+                    f
+                })
+                .boxed();
+            Ok(Response::from_parts(parts, body))
+        }
+        Err(Failure::Refused(e) | Failure::Other(e)) => Err(GatewayError::Upstream {
+            app: spec.name.clone(),
+            reason: e,
+        }),
+    }
+}
+
+/// Stops a per-request instance when dropped.
+struct Retire {
+    agent: Agent,
+    id: String,
+}
+
+impl Drop for Retire {
+    fn drop(&mut self) {
+        self.agent.retire(&self.id);
+    }
+}
+
 /// Asks the local agent for an instance and holds the request until it is ready.
-async fn start(state: &State, spec: &AppSpec, label: &str) -> Result<InstanceRecord, GatewayError> {
+async fn start(
+    state: &State,
+    spec: &AppSpec,
+    label: &str,
+    owner: &Owner,
+) -> Result<InstanceRecord, GatewayError> {
     let wait = Duration::from_millis(spec.start_timeout_ms);
     let app = spec.name.clone();
     // The agent enforces the start timeout itself; this bound only covers its own stalls.
     match tokio::time::timeout(
         wait + Duration::from_secs(1),
-        state.agent.ensure(&spec.name, label),
+        state.agent.ensure(&spec.name, label, owner),
     )
     .await
     {

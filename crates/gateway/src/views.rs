@@ -6,13 +6,16 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
+use warden_agent::{Activity, ActivityGuard, Agent};
 use warden_auth::Lattice;
-use warden_core::{keys, AppSpec, InstanceRecord, InstanceState, SessionRecord, UserRecord};
+use warden_core::{
+    keys, AppSpec, InstanceRecord, InstanceState, Lifetime, SessionRecord, UserRecord,
+};
 use warden_store::{decode, Store};
 
 /// A user as the request path needs it.
@@ -26,6 +29,18 @@ pub(crate) struct User {
 pub(crate) struct Routed {
     pub record: InstanceRecord,
     pub outstanding: AtomicUsize,
+    /// The local agent's activity handle (None for instances of other nodes), looked up once.
+    activity: OnceLock<Option<Arc<Activity>>>,
+}
+
+impl Routed {
+    /// Marks a request in flight for the idle reaper of the instance's agent, if it is ours.
+    pub fn begin(&self, agent: &Agent) -> Option<ActivityGuard> {
+        self.activity
+            .get_or_init(|| agent.activity(&self.record.id))
+            .as_ref()
+            .map(|a| a.begin())
+    }
 }
 
 /// Counts a request as outstanding on an instance until dropped.
@@ -52,8 +67,9 @@ pub(crate) struct Views {
     pub users: HashMap<String, Arc<User>>,
     /// Sessions by token hash.
     pub sessions: HashMap<String, SessionRecord>,
-    /// Ready instances by (app, label).
-    pub instances: HashMap<(String, String), Vec<Arc<Routed>>>,
+    /// Ready instances by (app, label, owner); the owner is empty for shared instances.
+    /// Per-request instances are never listed: each serves only the request it started for.
+    pub instances: HashMap<(String, String, String), Vec<Arc<Routed>>>,
     pub lattice: Option<Arc<Lattice>>,
 }
 
@@ -125,17 +141,20 @@ impl Shared {
         self.views.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A ready instance for (app, label) not in `skip`: round robin, or the one with the fewest
-    /// outstanding requests.
+    /// A ready instance for (app, label, owner) not in `skip`: round robin, or the one with
+    /// the fewest outstanding requests. `owner` is empty for shared instances.
     pub fn pick(
         &self,
         app: &str,
         label: &str,
+        owner: &str,
         least_outstanding: bool,
         skip: &[String],
     ) -> Option<InFlight> {
         let v = self.read();
-        let list = v.instances.get(&(app.to_owned(), label.to_owned()))?;
+        let list = v
+            .instances
+            .get(&(app.to_owned(), label.to_owned(), owner.to_owned()))?;
         let candidates: Vec<&Arc<Routed>> = list
             .iter()
             .filter(|r| !skip.contains(&r.record.id))
@@ -266,8 +285,15 @@ fn rebuild_hosts(v: &mut Views) {
 }
 
 fn upsert_instance(v: &mut Views, r: InstanceRecord) {
+    if r.lifetime == Lifetime::PerRequest {
+        return;
+    }
     // Keep the outstanding count of an instance whose record did not change.
-    let key = (r.app.clone(), r.label.clone());
+    let key = (
+        r.app.clone(),
+        r.label.clone(),
+        r.owner.clone().unwrap_or_default(),
+    );
     if v.instances
         .get(&key)
         .is_some_and(|l| l.iter().any(|x| x.record == r))
@@ -279,6 +305,7 @@ fn upsert_instance(v: &mut Views, r: InstanceRecord) {
         let routed = Arc::new(Routed {
             record: r,
             outstanding: AtomicUsize::new(0),
+            activity: OnceLock::new(),
         });
         v.instances.entry(key).or_default().push(routed);
     }

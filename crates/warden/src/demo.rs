@@ -86,18 +86,8 @@ pub async fn setup(store: &dyn Store, data_dir: &Path) -> anyhow::Result<Vec<Dem
     }
     let exe =
         std::env::current_exe().context("cannot find the warden binary to run the demo app")?;
-    let spec = AppSpec {
-        name: "demo".into(),
-        command: vec![exe.display().to_string(), "demo-app".into()],
-        env: Default::default(),
-        workdir: None,
-        hosts: vec!["demo.localhost".into()],
-        groups: vec![],
-        start_timeout_ms: warden_core::model::DEFAULT_START_TIMEOUT_MS,
-        balance: Default::default(),
-        static_dir: None,
-        static_prefix: "/static/".into(),
-    };
+    let mut spec = AppSpec::new("demo", vec![exe.display().to_string(), "demo-app".into()]);
+    spec.hosts = vec!["demo.localhost".into()];
     warden_store::put_json(store, &keys::app_spec("demo"), &spec, None).await?;
     Ok(users)
 }

@@ -33,6 +33,8 @@ enum Command {
     Lattice(LatticeCmd),
     /// Show the platform's state
     Status(ClientArgs),
+    /// Print the last lines an instance wrote
+    Logs(LogsCmd),
     /// Run the demo app (started by the agent; listens on 127.0.0.1:$PORT)
     #[command(hide = true)]
     DemoApp,
@@ -70,6 +72,17 @@ struct InstancesCmd {
     client: ClientArgs,
 }
 
+#[derive(Debug, clap::Args)]
+struct LogsCmd {
+    /// Instance id (`warden instances list` shows them)
+    id: String,
+    /// How many of the last lines to print
+    #[arg(long, short = 'n', default_value_t = 100)]
+    lines: usize,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
 fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WARDEN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -96,6 +109,13 @@ async fn main() -> std::process::ExitCode {
         }
         Command::Lattice(c) => warden_cli::run(&c.client, ClientCommand::Lattice(c.command)).await,
         Command::Status(c) => warden_cli::run(&c, ClientCommand::Status).await,
+        Command::Logs(c) => {
+            let cmd = ClientCommand::Logs {
+                id: c.id,
+                lines: c.lines,
+            };
+            warden_cli::run(&c.client, cmd).await
+        }
         Command::DemoApp => demo::run_app().await,
     };
     match result {

@@ -61,6 +61,9 @@ pub struct UpArgs {
     /// Time a client gets to finish its TLS handshake, in milliseconds
     #[arg(long, default_value_t = 10_000)]
     tls_handshake_timeout_ms: u64,
+    /// Most app instances this node runs at once; beyond it requests get 503
+    #[arg(long, default_value_t = 256)]
+    max_instances: u32,
 }
 
 /// Where `--demo` opens its TLS listener when none is given.
@@ -180,7 +183,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         warden_agent::AgentConfig {
             node: node.clone(),
             log_dir: dir.join("logs"),
+            instance_dir: dir.join("instances"),
             lease_ttl: Duration::from_secs(10),
+            max_instances: args.max_instances,
         },
     )
     .await

@@ -24,10 +24,23 @@ pub async fn list(State(api): State<Api>) -> Result<Json<Vec<AppSpec>>, ApiError
 /// `POST /v1/apps`
 pub async fn create(
     State(api): State<Api>,
-    ApiJson(spec): ApiJson<AppSpec>,
+    ApiJson(mut spec): ApiJson<AppSpec>,
 ) -> Result<(StatusCode, Json<AppSpec>), ApiError> {
     spec.validate()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if !spec.desired.is_empty() {
+        // Instances carry canonical labels; a desired count under another spelling would
+        // never see its instances and start them forever.
+        let lattice = crate::routes::lattice::current(&api).await?;
+        let mut canonical = std::collections::BTreeMap::new();
+        for (label, n) in &spec.desired {
+            let c = lattice
+                .canonical(label)
+                .map_err(|e| ApiError::bad_request(format!("desired label {label:?}: {e}")))?;
+            canonical.insert(c, *n);
+        }
+        spec.desired = canonical;
+    }
     let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
     match api
         .store

@@ -56,7 +56,10 @@ pub async fn start(
             "no agent runs in this process; start warden with the agent role",
         )
     })?;
-    match agent.ensure(&req.app, &label).await {
+    match agent
+        .ensure(&req.app, &label, &warden_agent::Owner::Shared)
+        .await
+    {
         Ok(r) => Ok((StatusCode::CREATED, Json(r))),
         Err(AgentError::UnknownApp(a)) => Err(crate::routes::apps::no_app(&a)),
         Err(
@@ -67,6 +70,33 @@ pub async fn start(
             e.to_string(),
         )),
     }
+}
+
+/// `GET /v1/instances/{id}/logs?lines=N`: the last lines an instance of this node printed.
+pub async fn logs(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<LogsQuery>,
+) -> Result<String, ApiError> {
+    let agent = api.agent.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no agent runs in this process",
+        )
+    })?;
+    let lines = q.lines.unwrap_or(100).min(10_000);
+    agent.logs(&id, lines).map_err(|_| {
+        ApiError::not_found(format!(
+            "no logs of instance {id:?} on this node; it never ran here or exited long ago"
+        ))
+    })
+}
+
+/// Query of `GET /v1/instances/{id}/logs`.
+#[derive(Deserialize)]
+pub struct LogsQuery {
+    /// How many of the last lines to return (default 100, at most 10000).
+    pub lines: Option<usize>,
 }
 
 /// `DELETE /v1/instances/{id}`

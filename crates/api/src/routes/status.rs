@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
-use warden_core::keys;
+use warden_core::{keys, AppHealth, AppSpec, LabelHealth};
 
 use crate::error::ApiError;
 use crate::Api;
@@ -17,6 +17,22 @@ pub struct AppStatus {
     pub name: String,
     /// Running instances, by label.
     pub instances: BTreeMap<String, usize>,
+    /// Desired instances, by label.
+    pub desired: BTreeMap<String, u32>,
+    /// Labels whose kept instances crashed, per node.
+    pub crash_loops: Vec<CrashReport>,
+}
+
+/// Restart state of one label on one node.
+#[derive(Serialize)]
+pub struct CrashReport {
+    /// Label.
+    pub label: String,
+    /// Node.
+    pub node: String,
+    /// The restart state.
+    #[serde(flatten)]
+    pub health: LabelHealth,
 }
 
 /// The summary.
@@ -38,22 +54,37 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
     let nodes = api.store.list(keys::NODES).await?;
     let users = api.store.list(keys::USERS).await?;
     let instances = crate::routes::instances::all(&api).await?;
+    let health = api.store.list(keys::HEALTH).await?;
     let apps = apps
         .entries
         .iter()
-        .filter_map(|e| {
-            e.key
-                .strip_prefix("apps/")
-                .and_then(|k| k.strip_suffix("/spec"))
-        })
-        .map(|name| {
+        .filter(|e| e.key.ends_with("/spec"))
+        .filter_map(|e| warden_store::decode::<AppSpec>(&e.key, &e.value).ok())
+        .map(|spec| {
+            let name = spec.name.as_str();
             let mut by_label = BTreeMap::new();
             for i in instances.iter().filter(|i| i.app == name) {
                 *by_label.entry(i.label.clone()).or_insert(0) += 1;
             }
+            let mut crash_loops = Vec::new();
+            let prefix = keys::health(name, "");
+            for e in health.entries.iter().filter(|e| e.key.starts_with(&prefix)) {
+                let node = &e.key[prefix.len()..];
+                if let Ok(h) = warden_store::decode::<AppHealth>(&e.key, &e.value) {
+                    for (label, health) in h.labels {
+                        crash_loops.push(CrashReport {
+                            label,
+                            node: node.to_owned(),
+                            health,
+                        });
+                    }
+                }
+            }
             AppStatus {
                 name: name.to_owned(),
                 instances: by_label,
+                desired: spec.desired.clone(),
+                crash_loops,
             }
         })
         .collect();
