@@ -13,7 +13,9 @@ mod driver;
 mod error;
 mod keep;
 mod load;
+mod net;
 mod process;
+pub mod sandbox;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
@@ -29,6 +31,7 @@ use warden_core::{
 use warden_store::{get_json, put_json, LeaseId, Store, StoreError};
 
 pub use error::AgentError;
+pub use net::connect;
 
 /// Lines of an instance's output quoted in start errors and crash reports.
 const LOG_TAIL_LINES: usize = 10;
@@ -743,20 +746,9 @@ impl Agent {
 fn driver_for(kind: DriverKind) -> &'static dyn driver::Driver {
     match kind {
         DriverKind::Process => &process::ProcessDriver,
-        DriverKind::Sandbox => &NoSandbox,
+        DriverKind::Sandbox => &sandbox::SandboxDriver,
     }
 }
-
-/// Stands in until the sandbox driver lands: refuses rather than run an app unconfined.
-struct NoSandbox;
-
-impl driver::Driver for NoSandbox {
-    fn start(&self, _: &driver::Launch<'_>) -> Result<Started, String> {
-        Err("the sandbox driver is not available in this build; use driver \"process\"".into())
-    }
-}
-
-use driver::Started;
 
 enum Ready {
     Yes,
@@ -764,7 +756,7 @@ enum Ready {
     TimedOut,
 }
 
-/// Waits until `addr` accepts a TCP connection, the process exits, or `timeout` passes.
+/// Waits until the app at `addr` accepts a TCP connection, the process exits, or `timeout` passes.
 async fn wait_ready(addr: &str, mut exited: watch::Receiver<bool>, timeout: Duration) -> Ready {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut pause = Duration::from_millis(1);
@@ -772,7 +764,7 @@ async fn wait_ready(addr: &str, mut exited: watch::Receiver<bool>, timeout: Dura
         if *exited.borrow() {
             return Ready::Exited;
         }
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+        if net::connect(addr).await.is_ok() {
             return Ready::Yes;
         }
         if tokio::time::Instant::now() >= deadline {

@@ -15,7 +15,7 @@ use crate::driver::{Driver, Launch, Started};
 
 /// PATH given to instances; the agent's own environment (which may hold credentials such as
 /// WARDEN_TOKEN) is never passed on.
-const INSTANCE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+pub(crate) const INSTANCE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// A free loopback port. Another process could take it before the instance binds; the instance
 /// then exits at once and the start fails with its message, never a hang.

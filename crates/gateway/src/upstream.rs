@@ -120,7 +120,8 @@ impl Pool {
     }
 
     async fn connect(addr: &str) -> Result<Pooled, Failure> {
-        let tcp = TcpStream::connect(addr)
+        // Plain `host:port`, or a sandbox's connection-handing socket.
+        let tcp = warden_agent::connect(addr)
             .await
             .map_err(|e| Failure::Refused(e.to_string()))?;
         let _ = tcp.set_nodelay(true);

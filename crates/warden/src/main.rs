@@ -6,6 +6,7 @@
 
 mod demo;
 mod files;
+mod probe;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -38,6 +39,15 @@ enum Command {
     /// Run the demo app (started by the agent; listens on 127.0.0.1:$PORT)
     #[command(hide = true)]
     DemoApp,
+    /// Build a sandbox and run an app in it (started by the agent's sandbox driver)
+    #[command(hide = true)]
+    SandboxInit {
+        /// The instance's directory, holding plan.json
+        dir: std::path::PathBuf,
+    },
+    /// Try to escape the sandbox, print what happened, then run the demo app (for tests)
+    #[command(hide = true)]
+    SandboxProbe(probe::ProbeArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -94,9 +104,30 @@ fn init_logs() {
         .init();
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // The sandbox helper forks, so it must run before any runtime thread exists.
+    if let Command::SandboxInit { dir } = &cli.command {
+        let code = warden_agent::sandbox::init::main(dir);
+        return std::process::ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX));
+    }
+    if let Command::SandboxProbe(args) = &cli.command {
+        probe::run(args);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> std::process::ExitCode {
     let result = match cli.command {
         Command::Up(args) => {
             init_logs();
@@ -116,7 +147,8 @@ async fn main() -> std::process::ExitCode {
             };
             warden_cli::run(&c.client, cmd).await
         }
-        Command::DemoApp => demo::run_app().await,
+        Command::DemoApp | Command::SandboxProbe(_) => demo::run_app().await,
+        Command::SandboxInit { .. } => Ok(()),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

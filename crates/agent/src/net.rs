@@ -1,0 +1,74 @@
+//! Connecting to an instance, wherever its network lives.
+//!
+//! A `process` instance listens on a loopback port of the host: its address is `host:port`.
+//! A sandboxed instance listens on loopback inside its own network namespace, which nothing on
+//! the host can reach by address. Its init process listens on a Unix socket in the instance's
+//! directory instead; for each connection it opens a TCP connection to the app inside the
+//! namespace and hands the socket over with SCM_RIGHTS. The caller then holds an ordinary TCP
+//! socket to the app, with no proxy hop, and no privileges are needed on either side.
+#![allow(unsafe_code)]
+
+use std::io::{self, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use tokio::io::Interest;
+use tokio::net::{TcpStream, UnixStream};
+
+/// Address prefix of instances reached through a connection-handing socket.
+pub const FD_UNIX: &str = "fd+unix:";
+
+/// Reply byte of a successful hand-over; a failed one sends `b'e'` and the errno.
+pub(crate) const HANDED: u8 = b'k';
+
+/// Opens a TCP connection to the instance at `addr` (`host:port` or `fd+unix:<path>`).
+pub async fn connect(addr: &str) -> io::Result<TcpStream> {
+    let Some(path) = addr.strip_prefix(FD_UNIX) else {
+        return TcpStream::connect(addr).await;
+    };
+    let unix = UnixStream::connect(path).await?;
+    let fd = loop {
+        unix.readable().await?;
+        match unix.try_io(Interest::READABLE, || receive(unix.as_raw_fd())) {
+            Ok(fd) => break fd,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    let std = std::net::TcpStream::from(fd);
+    std.set_nonblocking(true)?;
+    TcpStream::from_std(std)
+}
+
+/// Receives one reply: the socket, or the errno the init process met connecting.
+fn receive(fd: RawFd) -> io::Result<OwnedFd> {
+    let mut buf = [0u8; 2];
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let msg = recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+        .map_err(io::Error::from)?;
+    let mut handed = None;
+    for c in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for raw in fds {
+                // SAFETY: the kernel just installed this descriptor in our table for us; nothing
+                // else owns it.
+                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                handed.get_or_insert(owned);
+            }
+        }
+    }
+    let n = msg.bytes;
+    match (n, buf[0], handed) {
+        (_, HANDED, Some(fd)) => Ok(fd),
+        (2, b'e', _) => Err(io::Error::from_raw_os_error(i32::from(buf[1]))),
+        (0, _, _) => Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            "the sandbox closed the connection socket without an answer",
+        )),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the sandbox sent a malformed connection hand-over",
+        )),
+    }
+}

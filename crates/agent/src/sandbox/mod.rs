@@ -1,0 +1,135 @@
+//! The `sandbox` driver: each instance in its own user, pid, mount, ipc, uts and network
+//! namespaces, with a read-only view of the system, a private writable directory, no
+//! capabilities and no new privileges, a seccomp filter and resource limits.
+//!
+//! The agent writes a plan into the instance's directory and starts `warden sandbox-init`
+//! (see [`init`]), which builds the sandbox and execs the app inside it. Network mode is
+//! `isolated`: the namespace has only loopback, and the gateway reaches the app through the
+//! connection-handing socket described in [`crate::net`]. Limits are rlimits (address space,
+//! processes, CPU seconds); cgroup v2 limits are not used yet.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use warden_core::Limits;
+
+use crate::driver::{Driver, Launch, Started};
+use crate::process;
+
+pub mod init;
+mod seccomp;
+
+/// The port an app listens on inside its own network namespace: every sandbox has its own
+/// loopback, so there is no port to race for.
+pub const SANDBOX_PORT: u16 = 8080;
+
+/// Where the app finds its private writable directory inside the sandbox.
+pub const DATA_MOUNT: &str = "/data";
+
+/// What `sandbox-init` builds, written by the agent to `plan.json` in the instance directory.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Plan {
+    /// Absolute program path, then arguments.
+    pub argv: Vec<String>,
+    /// The app's whole environment.
+    pub env: BTreeMap<String, String>,
+    /// Working directory inside the sandbox.
+    pub workdir: Option<String>,
+    /// Port the app listens on inside.
+    pub port: u16,
+    /// Limits.
+    pub limits: Limits,
+    /// Host name inside.
+    pub hostname: String,
+}
+
+/// Name of the plan file in the instance directory.
+pub(crate) const PLAN_FILE: &str = "plan.json";
+/// Name of the connection-handing socket in the instance directory.
+pub(crate) const CONN_SOCKET: &str = "conn.sock";
+/// Name of the app's writable directory in the instance directory.
+pub(crate) const DATA_DIR: &str = "data";
+
+pub(crate) struct SandboxDriver;
+
+impl Driver for SandboxDriver {
+    fn start(&self, l: &Launch<'_>) -> Result<Started, String> {
+        let program = resolve_program(&l.spec.command[0], l.spec.workdir.as_deref())?;
+        let mut argv = l.spec.command.clone();
+        argv[0] = program.display().to_string();
+        let mut env = l.env.clone();
+        env.insert("PORT".into(), SANDBOX_PORT.to_string());
+        env.insert("WARDEN_DATA_DIR".into(), DATA_MOUNT.into());
+        env.insert("HOME".into(), DATA_MOUNT.into());
+        env.insert("TMPDIR".into(), "/tmp".into());
+        env.insert("PATH".into(), process::INSTANCE_PATH.into());
+        let data = l.dir.join(DATA_DIR);
+        std::fs::create_dir_all(&data)
+            .map_err(|e| format!("cannot create {}: {e}", data.display()))?;
+        let plan = Plan {
+            argv,
+            env,
+            workdir: l.spec.workdir.clone(),
+            port: SANDBOX_PORT,
+            limits: l.spec.limits,
+            hostname: "sandbox".into(),
+        };
+        let json = serde_json::to_vec(&plan).map_err(|e| e.to_string())?;
+        write_private(&l.dir.join(PLAN_FILE), &json)
+            .map_err(|e| format!("cannot write the sandbox plan: {e}"))?;
+        let exe = std::env::current_exe()
+            .map_err(|e| format!("cannot find the warden binary to run sandbox-init: {e}"))?;
+        let argv = [
+            exe.display().to_string(),
+            "sandbox-init".into(),
+            l.dir.display().to_string(),
+        ];
+        let cmd = process::command(&argv, &BTreeMap::new(), l.log).map_err(|e| e.to_string())?;
+        let child = process::spawn(cmd).map_err(|e| e.to_string())?;
+        Ok(Started {
+            child,
+            addr: format!(
+                "{}{}",
+                crate::net::FD_UNIX,
+                l.dir.join(CONN_SOCKET).display()
+            ),
+        })
+    }
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)
+}
+
+/// The absolute path of the program: as given if absolute, under the workdir if relative with a
+/// slash, else searched in the instance PATH.
+fn resolve_program(program: &str, workdir: Option<&str>) -> Result<PathBuf, String> {
+    let candidates: Vec<PathBuf> = if program.starts_with('/') {
+        vec![PathBuf::from(program)]
+    } else if program.contains('/') {
+        let base = workdir
+            .map(PathBuf::from)
+            .unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")));
+        vec![base.join(program)]
+    } else {
+        process::INSTANCE_PATH
+            .split(':')
+            .map(|d| Path::new(d).join(program))
+            .collect()
+    };
+    candidates.into_iter().find(|p| p.is_file()).ok_or_else(|| {
+        format!(
+            "program {program:?} not found (looked in the workdir or {})",
+            process::INSTANCE_PATH
+        )
+    })
+}

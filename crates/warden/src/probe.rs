@@ -1,0 +1,141 @@
+//! `warden sandbox-probe`: tries to leave its sandbox in every way the escape tests name,
+//! prints one line per attempt to stdout (the instance's log), then serves as the demo app so
+//! that the instance becomes ready and the test can read the lines with `warden logs`.
+//!
+//! A line reads `probe <what>: blocked (<why>)` when the sandbox held, `probe <what>: ESCAPED
+//! (<how>)` when it did not, and `probe <what>: ok` for what must keep working.
+
+use std::path::PathBuf;
+
+/// Flags of `warden sandbox-probe`.
+#[derive(Debug, clap::Args)]
+pub struct ProbeArgs {
+    /// A TCP port on the host's loopback that must be unreachable
+    #[arg(long)]
+    host_port: Option<u16>,
+    /// Paths on the host that must be neither readable nor writable (repeat)
+    #[arg(long = "forbidden")]
+    forbidden: Vec<PathBuf>,
+    /// A host process id that must be invisible
+    #[arg(long)]
+    host_pid: Option<u32>,
+    /// MiB to reserve; must fail under the memory limit
+    #[arg(long)]
+    alloc_mb: Option<usize>,
+}
+
+fn report(what: &str, escaped: Option<String>, why: impl std::fmt::Display) {
+    match escaped {
+        Some(how) => println!("probe {what}: ESCAPED ({how})"),
+        None => println!("probe {what}: blocked ({why})"),
+    }
+}
+
+/// Runs every probe; never fails, only reports.
+pub fn run(args: &ProbeArgs) {
+    if let Some(port) = args.host_port {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)) {
+            Ok(_) => report("host-listener", Some(format!("connected to {addr}")), ""),
+            Err(e) => report("host-listener", None, e),
+        }
+    }
+    for path in &args.forbidden {
+        let what = format!("read {}", path.display());
+        match std::fs::read_dir(path).map(|d| d.count()) {
+            Ok(n) => report(&what, Some(format!("listed {n} entries")), ""),
+            Err(e) => match std::fs::read(path) {
+                Ok(b) => report(&what, Some(format!("read {} bytes", b.len())), ""),
+                Err(_) => report(&what, None, e),
+            },
+        }
+        let file = path.join("probe-was-here");
+        let what = format!("write {}", file.display());
+        match std::fs::write(&file, b"x") {
+            Ok(()) => report(&what, Some("created a file".into()), ""),
+            Err(e) => report(&what, None, e),
+        }
+    }
+    for dir in ["/", "/etc", "/usr", "/proc/sys/kernel"] {
+        let file = PathBuf::from(dir).join("probe-was-here");
+        let what = format!("write {}", file.display());
+        match std::fs::write(&file, b"x") {
+            Ok(()) => report(&what, Some("created a file".into()), ""),
+            Err(e) => report(&what, None, e),
+        }
+    }
+    match std::env::var("WARDEN_DATA_DIR") {
+        Ok(d) => match std::fs::write(PathBuf::from(&d).join("probe-ok"), b"x") {
+            Ok(()) => println!("probe write data dir: ok"),
+            Err(e) => println!("probe write data dir: FAILED ({e})"),
+        },
+        Err(_) => println!("probe write data dir: FAILED (WARDEN_DATA_DIR unset)"),
+    }
+    if let Some(pid) = args.host_pid {
+        let visible: Vec<u32> = std::fs::read_dir("/proc")
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        // Inside, only init and the app exist (pids 1 and 2); the host's pid numbers mean
+        // nothing here unless the namespace is the host's.
+        let escaped = (visible.len() > 3 || (pid > 2 && visible.contains(&pid))).then(|| {
+            format!(
+                "sees {} processes, host pid {pid} among them: {}",
+                visible.len(),
+                visible.contains(&pid)
+            )
+        });
+        report("host-processes", escaped, format!("sees pids {visible:?}"));
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let (cap_eff, nnp) = (field("CapEff:"), field("NoNewPrivs:"));
+    if cap_eff.is_empty() {
+        println!("probe capabilities: unknown (no /proc/self/status)");
+    } else {
+        let escaped = (!cap_eff.trim_start_matches('0').is_empty() || nnp != "1")
+            .then(|| format!("CapEff {cap_eff}, NoNewPrivs {nnp}"));
+        report(
+            "capabilities",
+            escaped,
+            format!("CapEff {cap_eff}, NoNewPrivs {nnp}"),
+        );
+    }
+    // Needs CAP_SYS_ADMIN over the sandbox's own uts namespace, which the sandbox's creator
+    // had and the app must not.
+    match nix::unistd::sethostname("escaped") {
+        Ok(()) => report("sethostname", Some("changed the host name".into()), ""),
+        Err(e) => report("sethostname", None, e),
+    }
+    match nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER) {
+        Ok(()) => report("new-user-namespace", Some("unshare succeeded".into()), ""),
+        Err(e) => report("new-user-namespace", None, e),
+    }
+    match nix::mount::mount(
+        Some("tmpfs"),
+        "/tmp",
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    ) {
+        Ok(()) => report("mount", Some("mounted a tmpfs".into()), ""),
+        Err(e) => report("mount", None, e),
+    }
+    if let Some(mb) = args.alloc_mb {
+        let mut v: Vec<u8> = Vec::new();
+        match v.try_reserve_exact(mb * 1024 * 1024) {
+            Ok(()) => report("memory-limit", Some(format!("reserved {mb} MiB")), ""),
+            Err(e) => report("memory-limit", None, e),
+        }
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+}
