@@ -46,6 +46,8 @@ pub struct ClientArgs {
 }
 
 /// `warden apps ...`
+// Parsed once per run; boxing the big variant would only add noise.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum AppsCommand {
     /// Register an app: `warden apps create NAME [options] -- PROGRAM [ARGS...]`
@@ -70,6 +72,27 @@ pub enum AppsCommand {
         /// How long the gateway waits for a new instance, in milliseconds
         #[arg(long)]
         start_timeout_ms: Option<u64>,
+        /// How instances run: process (default) or sandbox
+        #[arg(long)]
+        driver: Option<String>,
+        /// Whom one instance serves: shared (default), per_user or per_request
+        #[arg(long)]
+        lifetime: Option<String>,
+        /// Stop instances idle this long, in milliseconds (0 keeps them)
+        #[arg(long)]
+        idle_timeout_ms: Option<u64>,
+        /// Most instances of the app per node
+        #[arg(long)]
+        max_instances: Option<u32>,
+        /// Instances kept running for a label, LABEL=COUNT (repeatable)
+        #[arg(long = "desired", value_name = "LABEL=COUNT")]
+        desired: Vec<String>,
+        /// Address-space limit of each sandboxed instance, in MiB
+        #[arg(long)]
+        memory_mb: Option<u64>,
+        /// Process limit of each sandboxed instance
+        #[arg(long)]
+        processes: Option<u64>,
     },
     /// List apps
     List,
@@ -140,6 +163,7 @@ pub enum LatticeCommand {
 }
 
 /// A client command.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum ClientCommand {
     /// Show or define the clearance lattice
@@ -235,6 +259,13 @@ async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::R
             groups,
             workdir,
             start_timeout_ms,
+            driver,
+            lifetime,
+            idle_timeout_ms,
+            max_instances,
+            desired,
+            memory_mb,
+            processes,
         } => {
             let mut envs = BTreeMap::new();
             for kv in env {
@@ -249,6 +280,40 @@ async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::R
             }
             if let Some(t) = start_timeout_ms {
                 body["start_timeout_ms"] = json!(t);
+            }
+            let mut wanted = BTreeMap::new();
+            for kv in desired {
+                let Some((label, n)) = kv.rsplit_once('=') else {
+                    bail!("--desired {kv:?} must be LABEL=COUNT")
+                };
+                let n: u32 = n
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("--desired {kv:?}: COUNT must be a number"))?;
+                wanted.insert(label.to_owned(), n);
+            }
+            if !wanted.is_empty() {
+                body["desired"] = json!(wanted);
+            }
+            for (key, v) in [("driver", driver), ("lifetime", lifetime)] {
+                if let Some(v) = v {
+                    body[key] = json!(v);
+                }
+            }
+            if let Some(v) = idle_timeout_ms {
+                body["idle_timeout_ms"] = json!(v);
+            }
+            if let Some(v) = max_instances {
+                body["max_instances"] = json!(v);
+            }
+            if memory_mb.is_some() || processes.is_some() {
+                let mut limits = json!({});
+                if let Some(v) = memory_mb {
+                    limits["memory_mb"] = json!(v);
+                }
+                if let Some(v) = processes {
+                    limits["processes"] = json!(v);
+                }
+                body["limits"] = limits;
             }
             let v = api.send("POST", "/v1/apps", Some(body)).await?;
             out.value(&v, |v| {

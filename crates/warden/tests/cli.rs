@@ -81,6 +81,53 @@ fn apps_create_list_show_rm() {
 }
 
 #[test]
+fn apps_create_takes_driver_lifetime_desired_and_limits() {
+    let w = Warden::demo(BIN);
+    let (ok, _, err) = run(
+        &w,
+        &[
+            "apps",
+            "create",
+            "kept",
+            "--driver",
+            "sandbox",
+            "--lifetime",
+            "shared",
+            "--idle-timeout-ms",
+            "0",
+            "--max-instances",
+            "3",
+            "--desired",
+            "SECRET=2",
+            "--memory-mb",
+            "256",
+            "--processes",
+            "16",
+            "--",
+            "/bin/true",
+        ],
+    );
+    assert!(ok, "{err}");
+    let spec = w.api("GET", "/v1/apps/kept", None).json();
+    assert_eq!(spec["driver"], "sandbox");
+    assert_eq!(spec["desired"]["SECRET"], 2);
+    assert_eq!(spec["max_instances"], 3);
+    assert_eq!(spec["idle_timeout_ms"], 0);
+    assert_eq!(spec["limits"]["memory_mb"], 256);
+    assert_eq!(spec["limits"]["processes"], 16);
+    let (ok, _, err) = run(
+        &w,
+        &["apps", "create", "bad", "--desired", "SECRET", "--", "x"],
+    );
+    assert!(!ok && err.contains("LABEL=COUNT"), "{err}");
+    let (ok, _, err) = run(
+        &w,
+        &["apps", "create", "bad", "--lifetime", "forever", "--", "x"],
+    );
+    assert!(!ok && err.contains("forever"), "{err}");
+}
+
+#[test]
 fn users_add_with_generated_or_piped_passwords() {
     let w = Warden::demo(BIN);
     let (ok, out, err) = run(

@@ -11,7 +11,7 @@
 //!   the opened directories, the writable data directory, a private /tmp, a few device nodes,
 //!   a new /proc), pivots into it, brings loopback up and forks the app. The app gets rlimits,
 //!   no capabilities, no new privileges and the seccomp filter, then execs. Init stays to hand
-//!   out connections to the app (see [`crate::net`]) and to reap; when the app exits, init
+//!   out connections to the app (see [`crate::connect`]) and to reap; when the app exits, init
 //!   exits with its status and the kernel kills whatever is left in the namespace.
 //!
 //! Every process has a parent-death signal, so killing the helper tears the sandbox down.

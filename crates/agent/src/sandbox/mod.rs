@@ -5,7 +5,7 @@
 //! The agent writes a plan into the instance's directory and starts `warden sandbox-init`
 //! (see [`init`]), which builds the sandbox and execs the app inside it. Network mode is
 //! `isolated`: the namespace has only loopback, and the gateway reaches the app through the
-//! connection-handing socket described in [`crate::net`]. Limits are rlimits (address space,
+//! connection-handing socket described at [`crate::connect`]. Limits are rlimits (address space,
 //! processes, CPU seconds); cgroup v2 limits are not used yet.
 
 use std::collections::BTreeMap;
