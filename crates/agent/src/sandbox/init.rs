@@ -331,6 +331,18 @@ fn fd_path(fd: &OwnedFd) -> PathBuf {
 /// Builds the root under `stage` from what the helper opened.
 fn build_root(stage: &Path, shown: &[Shown]) -> Result<(), String> {
     let io = |what: &str, p: &Path, e: std::io::Error| format!("{what} {}: {e}", p.display());
+    // The private /tmp comes first: a program or workdir under the host's /tmp is bound on top
+    // of it afterwards instead of being hidden by it.
+    let tmp = stage.join("tmp");
+    std::fs::create_dir_all(&tmp).map_err(|e| io("mkdir", &tmp, e))?;
+    mount(
+        Some("tmpfs"),
+        &tmp,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=1777,size=64m"),
+    )
+    .map_err(|e| format!("mount /tmp: {e}"))?;
     for s in shown {
         match s {
             Shown::Link { path, target } => {
@@ -361,19 +373,10 @@ fn build_root(stage: &Path, shown: &[Shown]) -> Result<(), String> {
             bind(Path::new(d), &at, false)?;
         }
     }
-    for d in ["proc", "tmp", ".old"] {
+    for d in ["proc", ".old"] {
         let at = stage.join(d);
         std::fs::create_dir_all(&at).map_err(|e| io("mkdir", &at, e))?;
     }
-    let tmp = stage.join("tmp");
-    mount(
-        Some("tmpfs"),
-        &tmp,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777,size=64m"),
-    )
-    .map_err(|e| format!("mount /tmp: {e}"))?;
     Ok(())
 }
 
