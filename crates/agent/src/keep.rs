@@ -228,32 +228,16 @@ impl Agent {
 
     async fn keep_desired(&self) -> Result<(), AgentError> {
         let store = &*self.inner.store;
-        let apps: Vec<AppSpec> = store
-            .list(keys::APPS)
+        let apps: Vec<AppSpec> = list_readable::<AppSpec>(store, keys::APPS)
             .await?
-            .entries
-            .iter()
-            .filter(|e| e.key.ends_with("/spec"))
-            .filter_map(|e| decode::<AppSpec>(&e.key, &e.value).ok())
+            .into_iter()
             .filter(|a| !a.desired.is_empty() && a.lifetime == Lifetime::Shared)
             .collect();
         if apps.is_empty() {
             return Ok(());
         }
-        let instances: Vec<InstanceRecord> = store
-            .list(keys::INSTANCES)
-            .await?
-            .entries
-            .iter()
-            .filter_map(|e| decode::<InstanceRecord>(&e.key, &e.value).ok())
-            .collect();
-        let nodes: Vec<NodeRecord> = store
-            .list(keys::NODES)
-            .await?
-            .entries
-            .iter()
-            .filter_map(|e| decode::<NodeRecord>(&e.key, &e.value).ok())
-            .collect();
+        let instances: Vec<InstanceRecord> = list_readable(store, keys::INSTANCES).await?;
+        let nodes: Vec<NodeRecord> = list_readable(store, keys::NODES).await?;
         let me = self.node();
         let local: Vec<InstanceRecord> = self.instances();
         for spec in &apps {
@@ -332,6 +316,22 @@ impl Agent {
             }
         }
     }
+}
+
+/// The records under `prefix` that decode as `T`. Others are skipped: one unreadable record
+/// must not stop the healing of every app. (`apps/<app>/...` also holds non-spec keys, which
+/// simply do not decode as a spec.)
+async fn list_readable<T: serde::de::DeserializeOwned>(
+    store: &dyn warden_store::Store,
+    prefix: &str,
+) -> Result<Vec<T>, AgentError> {
+    Ok(store
+        .list(prefix)
+        .await?
+        .entries
+        .iter()
+        .filter_map(|e| decode::<T>(&e.key, &e.value).ok())
+        .collect())
 }
 
 /// True when `me` should start the next missing instance: among nodes not loaded above the

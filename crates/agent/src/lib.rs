@@ -629,14 +629,9 @@ impl Agent {
     /// Stops an instance: SIGTERM to its process group, SIGKILL after a grace period. Returns
     /// once it has exited and its record is gone.
     pub async fn kill(&self, id: &str) -> Result<(), AgentError> {
-        let (pid, mut exited) = {
-            let running = lock(&self.inner.running);
-            let r = running
-                .get(id)
-                .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
-            r.stopping.store(true, Ordering::Relaxed);
-            (r.record.pid, r.exited.clone())
-        };
+        let (pid, mut exited) = self
+            .mark_stopping(id)
+            .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
         process::signal_group(pid, Signal::SIGTERM);
         if tokio::time::timeout(STOP_GRACE, exited.wait_for(|e| *e))
             .await
@@ -651,16 +646,18 @@ impl Agent {
     /// Stops a per-request instance after its request, in the background. It is killed at
     /// once: it has served the one request it was for.
     pub fn retire(&self, id: &str) {
-        let target = {
-            let running = lock(&self.inner.running);
-            running.get(id).map(|r| {
-                r.stopping.store(true, Ordering::Relaxed);
-                r.record.pid
-            })
-        };
-        if let Some(pid) = target {
+        if let Some((pid, _)) = self.mark_stopping(id) {
             process::signal_group(pid, Signal::SIGKILL);
         }
+    }
+
+    /// Marks an instance as stopped by the agent (so its exit is no crash); its pid and exit
+    /// signal, or None if it is not running here.
+    fn mark_stopping(&self, id: &str) -> Option<(u32, watch::Receiver<bool>)> {
+        let running = lock(&self.inner.running);
+        let r = running.get(id)?;
+        r.stopping.store(true, Ordering::Relaxed);
+        Some((r.record.pid, r.exited.clone()))
     }
 
     /// The activity handle of a local instance, for the gateway to mark requests in flight.
