@@ -61,7 +61,7 @@ pub(crate) struct Keeper {
     state: Mutex<State>,
 }
 
-fn backoff(crashes: u32) -> Duration {
+pub(crate) fn backoff(crashes: u32) -> Duration {
     let exp = crashes.saturating_sub(1).min(16);
     (BACKOFF_START * 2u32.pow(exp)).min(BACKOFF_MAX)
 }
@@ -186,8 +186,17 @@ impl Agent {
                 _ = stopping.changed() => return,
             }
             self.reap_idle();
-            if let Err(e) = self.keep_desired().await {
-                tracing::warn!(error = %e, "keeping desired counts failed this round");
+            match list_readable::<AppSpec>(&*self.inner.store, keys::APPS).await {
+                Ok(apps) => {
+                    if let Err(e) = self.keep_desired(&apps).await {
+                        tracing::warn!(error = %e, "keeping desired counts failed this round");
+                    }
+                    self.trim_pools(&apps);
+                    for spec in &apps {
+                        self.refill(spec);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "listing apps failed this round"),
             }
             self.inner.keeper.settle();
             self.publish_health().await;
@@ -226,11 +235,10 @@ impl Agent {
         }
     }
 
-    async fn keep_desired(&self) -> Result<(), AgentError> {
+    async fn keep_desired(&self, apps: &[AppSpec]) -> Result<(), AgentError> {
         let store = &*self.inner.store;
-        let apps: Vec<AppSpec> = list_readable::<AppSpec>(store, keys::APPS)
-            .await?
-            .into_iter()
+        let apps: Vec<&AppSpec> = apps
+            .iter()
             .filter(|a| !a.desired.is_empty() && a.lifetime == Lifetime::Shared)
             .collect();
         if apps.is_empty() {
@@ -248,6 +256,7 @@ impl Agent {
                         && r.label == *label
                         && r.lifetime == Lifetime::Shared
                         && r.owner.is_none()
+                        && r.state != InstanceState::Spare
                 };
                 let remote: Vec<&InstanceRecord> = instances
                     .iter()
@@ -283,16 +292,18 @@ impl Agent {
         let agent = self.clone();
         tokio::spawn(async move {
             let (app, label) = (&key.0, &key.1);
-            let result = agent.start_instance(app, label, &Owner::Shared, true).await;
+            let result = agent
+                .start_instance(app, label, &Owner::Shared, crate::Purpose::Kept)
+                .await;
             agent.inner.keeper.add_pending(&key, -1);
             match &result {
                 Ok(r) => {
                     agent.inner.keeper.started(app, label);
-                    let slot = (app.clone(), label.clone(), String::new());
+                    let key = (app.clone(), label.clone(), String::new());
                     if lock(&agent.inner.running).contains_key(&r.id) {
-                        lock(&agent.inner.slots)
-                            .entry(slot)
-                            .or_insert_with(|| crate::Slot::Ready(r.clone()));
+                        lock(&agent.inner.serving)
+                            .entry(key)
+                            .or_insert_with(|| crate::Serving::Ready(r.clone()));
                     }
                 }
                 // The monitor already counted an instance that exited.

@@ -13,7 +13,9 @@ mod driver;
 mod error;
 mod keep;
 mod load;
+mod metrics;
 mod net;
+mod pool;
 mod process;
 pub mod sandbox;
 
@@ -27,6 +29,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use warden_core::{
     keys, model::now_ms, AppSpec, DriverKind, InstanceRecord, InstanceState, Lifetime, NodeRecord,
+    StartPath,
 };
 use warden_store::{get_json, put_json, LeaseId, Store, StoreError};
 
@@ -111,10 +114,21 @@ impl Drop for ActivityGuard {
     }
 }
 
-type StartResult = Option<Result<InstanceRecord, AgentError>>;
-type SlotKey = (String, String, String);
+/// Why an instance is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// A request needs it.
+    Serve,
+    /// The app's desired count wants it.
+    Kept,
+    /// The warm pool wants it.
+    Spare,
+}
 
-enum Slot {
+type StartResult = Option<Result<InstanceRecord, AgentError>>;
+type ServeKey = (String, String, String);
+
+enum Serving {
     Starting(watch::Receiver<StartResult>),
     Ready(InstanceRecord),
 }
@@ -139,12 +153,14 @@ struct Inner {
     store: Arc<dyn Store>,
     config: AgentConfig,
     lease: Mutex<LeaseId>,
-    slots: Mutex<HashMap<SlotKey, Slot>>,
+    serving: Mutex<HashMap<ServeKey, Serving>>,
     running: Mutex<HashMap<String, Running>>,
     counts: Mutex<Counts>,
     /// Logs of exited instances, oldest first: (id, app, path).
     exited: Mutex<VecDeque<(String, String, PathBuf)>>,
     keeper: keep::Keeper,
+    pools: pool::Pools,
+    metrics: metrics::Metrics,
     stopping: watch::Sender<bool>,
 }
 
@@ -159,7 +175,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn slot_key(app: &str, label: &str, owner: &Owner) -> Option<SlotKey> {
+fn serve_key(app: &str, label: &str, owner: &Owner) -> Option<ServeKey> {
     let who = match owner {
         Owner::Shared => String::new(),
         Owner::User(u) => u.clone(),
@@ -168,7 +184,7 @@ fn slot_key(app: &str, label: &str, owner: &Owner) -> Option<SlotKey> {
     Some((app.to_owned(), label.to_owned(), who))
 }
 
-fn record_slot(r: &InstanceRecord) -> Option<SlotKey> {
+fn record_key(r: &InstanceRecord) -> Option<ServeKey> {
     match r.lifetime {
         Lifetime::PerRequest => None,
         _ => Some((
@@ -191,17 +207,23 @@ impl Agent {
                 reason: format!("cannot create directory {}: {e}", dir.display()),
             })?;
         }
+        let metrics = metrics::Metrics::new().map_err(|e| AgentError::Spawn {
+            app: String::new(),
+            reason: format!("cannot register the agent's metrics: {e}"),
+        })?;
         let lease = store.grant_lease(config.lease_ttl).await?;
         let agent = Self {
             inner: Arc::new(Inner {
                 store,
                 config,
                 lease: Mutex::new(lease),
-                slots: Mutex::new(HashMap::new()),
+                serving: Mutex::new(HashMap::new()),
                 running: Mutex::new(HashMap::new()),
                 counts: Mutex::new(Counts::default()),
                 exited: Mutex::new(VecDeque::new()),
                 keeper: keep::Keeper::default(),
+                pools: pool::Pools::default(),
+                metrics,
                 stopping: watch::channel(false).0,
             }),
         };
@@ -345,6 +367,7 @@ impl Agent {
                             let _ = self.kill(&id).await;
                         }
                         self.inner.keeper.forget_app(app);
+                        self.drain_slots(Some(app));
                         let _ = self
                             .inner
                             .store
@@ -378,23 +401,25 @@ impl Agent {
         if *self.inner.stopping.borrow() {
             return Err(AgentError::ShuttingDown);
         }
-        let Some(key) = slot_key(app, label, owner) else {
-            return self.start_instance(app, label, owner, false).await;
+        let Some(key) = serve_key(app, label, owner) else {
+            return self.start_instance(app, label, owner, Purpose::Serve).await;
         };
         let mut rx = {
-            let mut slots = lock(&self.inner.slots);
-            match slots.get(&key) {
-                Some(Slot::Ready(r)) => return Ok(r.clone()),
-                Some(Slot::Starting(rx)) => rx.clone(),
+            let mut serving = lock(&self.inner.serving);
+            match serving.get(&key) {
+                Some(Serving::Ready(r)) => return Ok(r.clone()),
+                Some(Serving::Starting(rx)) => rx.clone(),
                 None => {
                     let (tx, rx) = watch::channel(None);
-                    slots.insert(key.clone(), Slot::Starting(rx.clone()));
+                    serving.insert(key.clone(), Serving::Starting(rx.clone()));
                     // The start runs on its own task so that a caller giving up does not leave
                     // a half-started instance behind.
                     let (agent, owner) = (self.clone(), owner.clone());
                     tokio::spawn(async move {
-                        let result = agent.start_instance(&key.0, &key.1, &owner, false).await;
-                        agent.settle_slot(key, &result);
+                        let result = agent
+                            .start_instance(&key.0, &key.1, &owner, Purpose::Serve)
+                            .await;
+                        agent.settle(key, &result);
                         let _ = tx.send(Some(result));
                     });
                     rx
@@ -408,16 +433,16 @@ impl Agent {
         done.clone().unwrap_or(Err(AgentError::ShuttingDown))
     }
 
-    /// After a start, the slot holds the instance if it still runs, and is free otherwise.
-    fn settle_slot(&self, key: SlotKey, result: &Result<InstanceRecord, AgentError>) {
-        let mut slots = lock(&self.inner.slots);
+    /// After a start, the serving map holds the instance if it still runs, and is free otherwise.
+    fn settle(&self, key: ServeKey, result: &Result<InstanceRecord, AgentError>) {
+        let mut serving = lock(&self.inner.serving);
         match result {
             Ok(r) if lock(&self.inner.running).contains_key(&r.id) => {
-                slots.insert(key, Slot::Ready(r.clone()));
+                serving.insert(key, Serving::Ready(r.clone()));
             }
             _ => {
-                if matches!(slots.get(&key), Some(Slot::Starting(_))) {
-                    slots.remove(&key);
+                if matches!(serving.get(&key), Some(Serving::Starting(_))) {
+                    serving.remove(&key);
                 }
             }
         }
@@ -461,32 +486,55 @@ impl Agent {
         app: &str,
         label: &str,
         owner: &Owner,
-        kept: bool,
+        purpose: Purpose,
     ) -> Result<InstanceRecord, AgentError> {
         let store = &*self.inner.store;
         let (spec, _) = get_json::<AppSpec>(store, &keys::app_spec(app))
             .await?
             .ok_or_else(|| AgentError::UnknownApp(app.to_owned()))?;
+        if purpose == Purpose::Serve && spec.start == StartPath::Warm {
+            if let Some(r) = self.take_spare(&spec, label, owner).await? {
+                return Ok(r);
+            }
+        }
         self.reserve(&spec)?;
-        let id = warden_core::id::short_id();
+        let started = Instant::now();
+        let slot = match (spec.start, purpose) {
+            (StartPath::Slot, Purpose::Serve | Purpose::Kept) => self.take_slot(&spec),
+            _ => None,
+        };
+        let (id, path, launched) = match slot {
+            Some(slot) => {
+                let id = slot.id.clone();
+                let env = BTreeMap::from([("WARDEN_LABEL".to_owned(), label.to_owned())]);
+                let launched = slot.go(env);
+                // Preparing the next slot forks a process: not on this request's time.
+                let (agent, spec) = (self.clone(), spec.clone());
+                tokio::spawn(async move { agent.refill(&spec) });
+                (id, metrics::Path::Slot, launched)
+            }
+            None => {
+                let id = warden_core::id::short_id();
+                let dir = self.inner.config.instance_dir.join(&id);
+                let log = self.log_path(app, &id);
+                let mut env = self.instance_env(&spec, &id);
+                env.insert("WARDEN_LABEL".into(), label.to_owned());
+                let launched = std::fs::create_dir_all(&dir)
+                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))
+                    .and_then(|()| {
+                        let launch = driver::Launch {
+                            spec: &spec,
+                            env,
+                            log: &log,
+                            dir: &dir,
+                        };
+                        driver_for(spec.driver).start(&launch)
+                    });
+                (id, metrics::Path::Jit, launched)
+            }
+        };
         let log = self.log_path(app, &id);
         let dir = self.inner.config.instance_dir.join(&id);
-        let mut env: BTreeMap<String, String> = spec.env.clone();
-        env.insert("WARDEN_APP".into(), app.to_owned());
-        env.insert("WARDEN_LABEL".into(), label.to_owned());
-        env.insert("WARDEN_INSTANCE".into(), id.clone());
-        let started = Instant::now();
-        let launched = std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))
-            .and_then(|()| {
-                let launch = driver::Launch {
-                    spec: &spec,
-                    env,
-                    log: &log,
-                    dir: &dir,
-                };
-                driver_for(spec.driver).start(&launch)
-            });
         let driver::Started { mut child, addr } = match launched {
             Ok(s) => s,
             Err(reason) => {
@@ -513,7 +561,7 @@ impl Agent {
                 Owner::User(u) => Some(u.clone()),
                 _ => None,
             },
-            kept,
+            kept: purpose == Purpose::Kept,
         };
         let (exit_tx, exit_rx) = watch::channel(false);
         let (status_tx, status_rx) = tokio::sync::oneshot::channel::<String>();
@@ -579,20 +627,58 @@ impl Agent {
                 });
             }
         }
-        record.state = InstanceState::Ready;
-        if let Some(r) = lock(&self.inner.running).get_mut(&id) {
-            r.record = record.clone();
+        self.inner.metrics.started(path, started.elapsed());
+        let spare = purpose == Purpose::Spare;
+        record.state = if spare {
+            InstanceState::Spare
         } else {
+            InstanceState::Ready
+        };
+        if spare {
+            // Published before it can be handed out, so a hand-out's own write comes last.
+            put_json(store, &key, &record, Some(self.lease())).await?;
+        }
+        let still_running = match lock(&self.inner.running).get_mut(&id) {
+            Some(r) => {
+                r.record = record.clone();
+                true
+            }
+            None => false,
+        };
+        if !still_running {
             // Exited between accepting and now; the monitor already cleaned up.
+            if spare {
+                let _ = store.delete(&key).await;
+            }
             return Err(AgentError::Exited {
                 app: app.to_owned(),
                 status: "exited right after starting".into(),
                 log_tail: process::log_tail(&log, LOG_TAIL_LINES),
             });
         }
-        put_json(store, &key, &record, Some(self.lease())).await?;
-        tracing::info!(app, label, instance = %id, ms = started.elapsed().as_millis() as u64, "instance ready");
+        if !spare {
+            put_json(store, &key, &record, Some(self.lease())).await?;
+        }
+        tracing::info!(app, label, instance = %id, ms = started.elapsed().as_millis() as u64, path = ?path, spare, "instance ready");
         Ok(record)
+    }
+
+    /// The environment every instance of `spec` gets, but for its label.
+    fn instance_env(&self, spec: &AppSpec, id: &str) -> BTreeMap<String, String> {
+        let mut env = spec.env.clone();
+        env.insert("WARDEN_APP".into(), spec.name.clone());
+        env.insert("WARDEN_INSTANCE".into(), id.to_owned());
+        env
+    }
+
+    /// The agent's metrics in Prometheus text format.
+    pub fn render_metrics(&self) -> String {
+        let m = &self.inner.metrics;
+        m.pool.reset();
+        for (app, label, kind, n) in self.pool_levels() {
+            m.pool.with_label_values(&[&app, &label, kind]).set(n);
+        }
+        m.render()
     }
 
     fn log_path(&self, app: &str, id: &str) -> PathBuf {
@@ -604,10 +690,10 @@ impl Agent {
         let id = &record.id;
         let gone = lock(&self.inner.running).remove(id);
         if let Some(r) = &gone {
-            if let Some(slot) = record_slot(&r.record) {
-                let mut slots = lock(&self.inner.slots);
-                if matches!(slots.get(&slot), Some(Slot::Ready(x)) if &x.id == id) {
-                    slots.remove(&slot);
+            if let Some(key) = record_key(&r.record) {
+                let mut serving = lock(&self.inner.serving);
+                if matches!(serving.get(&key), Some(Serving::Ready(x)) if &x.id == id) {
+                    serving.remove(&key);
                 }
             }
             self.release(&r.record.app);
@@ -675,21 +761,21 @@ impl Agent {
             let r = running
                 .get_mut(id)
                 .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
-            let old = record_slot(&r.record);
+            let old = record_key(&r.record);
             r.record.label = label.to_owned();
             // A tainted instance no longer counts toward its old label's desired count.
             r.record.kept = false;
             let record = r.record.clone();
-            let mut slots = lock(&self.inner.slots);
+            let mut serving = lock(&self.inner.serving);
             if let Some(old) = old {
-                if matches!(slots.get(&old), Some(Slot::Ready(x)) if x.id == id) {
-                    slots.remove(&old);
+                if matches!(serving.get(&old), Some(Serving::Ready(x)) if x.id == id) {
+                    serving.remove(&old);
                 }
             }
-            if let Some(new) = record_slot(&record) {
-                slots
+            if let Some(new) = record_key(&record) {
+                serving
                     .entry(new)
-                    .or_insert_with(|| Slot::Ready(record.clone()));
+                    .or_insert_with(|| Serving::Ready(record.clone()));
             }
             record
         };
@@ -731,6 +817,7 @@ impl Agent {
     /// Stops every instance, removes the node's records and ends its lease.
     pub async fn shutdown(&self) {
         let _ = self.inner.stopping.send(true);
+        self.drain_slots(None);
         let ids: Vec<String> = lock(&self.inner.running).keys().cloned().collect();
         let kills = ids.iter().map(|id| self.kill(id));
         futures_util::future::join_all(kills).await;

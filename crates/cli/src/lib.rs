@@ -93,6 +93,16 @@ pub enum AppsCommand {
         /// Process limit of each sandboxed instance
         #[arg(long)]
         processes: Option<u64>,
+        /// How a request that finds no instance gets one: jit (default), slot or warm
+        #[arg(long)]
+        start: Option<String>,
+        /// Prepared sandboxes kept per node with --start slot
+        #[arg(long)]
+        slots: Option<u32>,
+        /// Spare running instances kept per node for a label with --start warm, LABEL=COUNT
+        /// (repeatable)
+        #[arg(long = "warm", value_name = "LABEL=COUNT")]
+        warm: Vec<String>,
     },
     /// List apps
     List,
@@ -249,6 +259,21 @@ fn s(v: &Value) -> String {
     }
 }
 
+/// `LABEL=COUNT` pairs of `--flag`, as a map.
+fn label_counts(flag: &str, pairs: Vec<String>) -> anyhow::Result<BTreeMap<String, u32>> {
+    let mut counts = BTreeMap::new();
+    for kv in pairs {
+        let Some((label, n)) = kv.rsplit_once('=') else {
+            bail!("--{flag} {kv:?} must be LABEL=COUNT")
+        };
+        let n: u32 = n
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--{flag} {kv:?}: COUNT must be a number"))?;
+        counts.insert(label.to_owned(), n);
+    }
+    Ok(counts)
+}
+
 async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::Result<()> {
     match cmd {
         AppsCommand::Create {
@@ -266,6 +291,9 @@ async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::R
             desired,
             memory_mb,
             processes,
+            start,
+            slots,
+            warm,
         } => {
             let mut envs = BTreeMap::new();
             for kv in env {
@@ -281,20 +309,16 @@ async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::R
             if let Some(t) = start_timeout_ms {
                 body["start_timeout_ms"] = json!(t);
             }
-            let mut wanted = BTreeMap::new();
-            for kv in desired {
-                let Some((label, n)) = kv.rsplit_once('=') else {
-                    bail!("--desired {kv:?} must be LABEL=COUNT")
-                };
-                let n: u32 = n
-                    .parse()
-                    .map_err(|_| anyhow::anyhow!("--desired {kv:?}: COUNT must be a number"))?;
-                wanted.insert(label.to_owned(), n);
+            for (key, pairs) in [("desired", desired), ("warm", warm)] {
+                let counts = label_counts(key, pairs)?;
+                if !counts.is_empty() {
+                    body[key] = json!(counts);
+                }
             }
-            if !wanted.is_empty() {
-                body["desired"] = json!(wanted);
+            if let Some(v) = slots {
+                body["slots"] = json!(v);
             }
-            for (key, v) in [("driver", driver), ("lifetime", lifetime)] {
+            for (key, v) in [("driver", driver), ("lifetime", lifetime), ("start", start)] {
                 if let Some(v) = v {
                     body[key] = json!(v);
                 }
@@ -518,9 +542,10 @@ async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
                 s(&a["name"]),
                 by_label(&a["instances"]),
                 by_label(&a["desired"]),
+                by_label(&a["spares"]),
             ]
         });
-        table::print(&["APP", "RUNNING BY LABEL", "DESIRED"], rows);
+        table::print(&["APP", "RUNNING BY LABEL", "DESIRED", "SPARE"], rows);
         for a in &apps {
             for c in a["crash_loops"].as_array().into_iter().flatten() {
                 let what = if c["crash_loop"].as_bool() == Some(true) {

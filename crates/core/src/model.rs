@@ -63,6 +63,37 @@ pub struct AppSpec {
     /// Resource limits of each instance (enforced by the sandbox driver).
     #[serde(default)]
     pub limits: Limits,
+    /// How a request that finds no instance gets one: started from nothing (`jit`), from a
+    /// prepared sandbox (`slot`), or handed a spare that is already running (`warm`).
+    #[serde(default)]
+    pub start: StartPath,
+    /// Prepared sandboxes each node keeps ready for this app when `start` is `slot`.
+    #[serde(default = "default_slots")]
+    pub slots: u32,
+    /// Spare running instances each node keeps per label when `start` is `warm`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub warm: BTreeMap<String, u32>,
+}
+
+/// How a new instance is started when a request needs one (seed 002's JIT, tap pool and AOT).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartPath {
+    /// Everything is created on the request.
+    #[default]
+    Jit,
+    /// Namespaces, mounts, network and limits are prepared ahead; only the app is started on
+    /// the request. Needs the `sandbox` driver.
+    Slot,
+    /// Instances already run per label; the request takes one and a new spare starts behind it.
+    Warm,
+}
+
+/// Most prepared sandboxes or spare instances per app and label one node keeps.
+pub const MAX_POOL: u32 = 256;
+
+fn default_slots() -> u32 {
+    2
 }
 
 /// Which driver runs an app's instances.
@@ -170,6 +201,9 @@ pub enum SpecError {
     /// Lifetime, desired counts or limits contradict each other.
     #[error("{0}")]
     Lifetime(String),
+    /// The start path and its pool sizes do not fit together.
+    #[error("{0}")]
+    Pool(String),
 }
 
 // === impl AppSpec ===
@@ -194,6 +228,9 @@ impl AppSpec {
             max_instances: 0,
             desired: BTreeMap::new(),
             limits: Limits::default(),
+            start: StartPath::default(),
+            slots: default_slots(),
+            warm: BTreeMap::new(),
         }
     }
 
@@ -233,6 +270,7 @@ impl AppSpec {
                 self.limits.memory_mb, self.limits.processes
             )));
         }
+        self.validate_pools()?;
         for h in &self.hosts {
             let ok = !h.is_empty()
                 && h.len() <= 253
@@ -243,6 +281,33 @@ impl AppSpec {
             }
         }
         Ok(())
+    }
+}
+
+impl AppSpec {
+    fn validate_pools(&self) -> Result<(), SpecError> {
+        let too_big = |what: &str, n: u32| {
+            SpecError::Pool(format!("{what} is {n}; use at most {MAX_POOL} per node"))
+        };
+        if self.slots > MAX_POOL {
+            return Err(too_big("slots", self.slots));
+        }
+        if let Some((label, n)) = self.warm.iter().find(|(_, n)| **n > MAX_POOL) {
+            return Err(too_big(&format!("warm[{label:?}]"), *n));
+        }
+        match self.start {
+            StartPath::Jit => Ok(()),
+            StartPath::Slot if self.driver != DriverKind::Sandbox => Err(SpecError::Pool(
+                "start \"slot\" prepares sandboxes and needs driver \"sandbox\"; use start \"jit\" or \"warm\" with driver \"process\"".into(),
+            )),
+            StartPath::Slot if self.slots == 0 => Err(SpecError::Pool(
+                "start \"slot\" needs at least one slot; set slots to 1 or more".into(),
+            )),
+            StartPath::Warm if self.warm.values().all(|n| *n == 0) => Err(SpecError::Pool(
+                "start \"warm\" needs spare counts per label, e.g. warm: {\"public\": 1}".into(),
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -281,6 +346,9 @@ pub enum InstanceState {
     Starting,
     /// Accepting connections.
     Ready,
+    /// Accepting connections, but held back in the warm pool: no request reaches it until the
+    /// agent hands it out (and it becomes `ready`).
+    Spare,
 }
 
 /// A running instance of an app. Stored at `instances/<app>/<id>` under its agent's lease, so it

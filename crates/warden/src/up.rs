@@ -208,12 +208,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let sync = gateway.view_sync();
     let metrics = gateway.metrics();
+    let agent_metrics = agent.clone();
     let api = warden_api::Api::new(store.clone(), Some(agent.clone()), &token)
         .with_sync(Arc::new(move |key, rev| {
             let sync = sync.clone();
             Box::pin(async move { sync.caught_up(&key, rev).await })
         }))
-        .with_metrics(Arc::new(move || metrics.render()));
+        .with_metrics(Arc::new(move || {
+            metrics.render() + &agent_metrics.render_metrics()
+        }));
     let gateway_task = tokio::spawn(gateway.serve(stop_rx.clone()));
     let api_task = tokio::spawn(warden_api::serve(api_listener, api, stop_rx));
 

@@ -9,7 +9,10 @@
 //!   per-instance unprivileged uid when the agent is root); the child becomes ns root and forks
 //! - init, pid 1 of the new pid namespace, which mounts a fresh root (tmpfs, read-only binds of
 //!   the opened directories, the writable data directory, a private /tmp, a few device nodes,
-//!   a new /proc), pivots into it, brings loopback up and forks the app. The app gets rlimits,
+//!   a new /proc), pivots into it and brings loopback up. The sandbox is now prepared: init
+//!   says so on stdin (the agent's control socket) and waits there for the start message, the
+//!   rest of the app's environment. A slot of the slot pool waits here until a request needs
+//!   it; a JIT start sends the message at once. Then init forks the app. The app gets rlimits,
 //!   no capabilities, no new privileges and the seccomp filter, then execs. Init stays to hand
 //!   out connections to the app (see [`crate::connect`]) and to reap; when the app exits, init
 //!   exits with its status and the kernel kills whatever is left in the namespace.
@@ -18,9 +21,10 @@
 //! Errors go to stderr, which is the instance's log, so `warden logs` and start errors show them.
 #![allow(unsafe_code)]
 
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -31,7 +35,7 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
-use super::{Plan, CONN_SOCKET, DATA_DIR, DATA_MOUNT, PLAN_FILE};
+use super::{Go, Plan, CONN_SOCKET, DATA_DIR, DATA_MOUNT, PLAN_FILE, PREPARED};
 
 /// Host directories shown read-only inside (those that exist; symlinks are recreated).
 const SYSTEM_DIRS: &[&str] = &[
@@ -388,17 +392,43 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
         Err(e) => return fail("cannot build the sandbox", e),
     }
     drop(shown);
+    // The sandbox is prepared: everything from here on is the app's own start.
+    let env = match await_go() {
+        Ok(Some(env)) => env,
+        // The agent let go of an unused slot.
+        Ok(None) => return 0,
+        Err(e) => return fail("cannot read the start message", e),
+    };
     // SAFETY: single-threaded.
     match unsafe { fork() } {
         Err(e) => fail("fork", e),
         Ok(ForkResult::Child) => {
             drop(listener);
-            let e = exec_app(plan);
+            let e = exec_app(plan, env);
             eprintln!("warden-sandbox: cannot start {}: {e}", plan.argv[0]);
             std::process::exit(127)
         }
         Ok(ForkResult::Parent { child }) => serve(listener, child, plan.port),
     }
+}
+
+/// Tells the agent over stdin (its control socket) that the sandbox is prepared, then waits for
+/// the start message: the rest of the app's environment. `None` if the agent closed the socket
+/// without one.
+fn await_go() -> Result<Option<BTreeMap<String, String>>, String> {
+    // SAFETY: fd 0 is the control socket the agent gave sandbox-init as stdin; nothing else in
+    // this process owns it.
+    let mut control = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(0) });
+    // An agent that already sent its message and closed its end makes this fail; the message
+    // is still there to read.
+    let _ = control.write_all(&[PREPARED]);
+    let mut buf = Vec::new();
+    control.read_to_end(&mut buf).map_err(|e| e.to_string())?;
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    let go: Go = serde_json::from_slice(&buf).map_err(|e| e.to_string())?;
+    Ok(Some(go.env))
 }
 
 fn setup(plan: &Plan, shown: &[Shown]) -> Result<(), String> {
@@ -476,9 +506,22 @@ fn loopback_up() -> std::io::Result<()> {
 }
 
 /// In the app's process: limits, no privileges, seccomp, exec. Returns only on failure.
-fn exec_app(plan: &Plan) -> String {
+fn exec_app(plan: &Plan, extra_env: BTreeMap<String, String>) -> String {
     use nix::sys::resource::{setrlimit, Resource};
+    use nix::sys::signal::{signal, SigHandler};
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    // The Rust runtime ignores SIGPIPE, and an ignored signal survives exec; the app gets the
+    // default like any process started by a shell.
+    // SAFETY: restoring the default disposition installs no handler.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+    match std::fs::File::open("/dev/null") {
+        Ok(null) => {
+            if let Err(e) = nix::unistd::dup2_stdin(&null) {
+                return format!("stdin from /dev/null: {e}");
+            }
+        }
+        Err(e) => return format!("open /dev/null: {e}"),
+    }
     let dir = plan.workdir.as_deref().unwrap_or(DATA_MOUNT);
     if let Err(e) = nix::unistd::chdir(dir) {
         return format!("chdir {dir}: {e}");
@@ -515,11 +558,9 @@ fn exec_app(plan: &Plan) -> String {
         }
     }
     let argv: Vec<CString> = plan.argv.iter().map(|a| cstr(a)).collect();
-    let env: Vec<CString> = plan
-        .env
-        .iter()
-        .map(|(k, v)| cstr(&format!("{k}={v}")))
-        .collect();
+    let mut env = plan.env.clone();
+    env.extend(extra_env);
+    let env: Vec<CString> = env.iter().map(|(k, v)| cstr(&format!("{k}={v}"))).collect();
     match nix::unistd::execve(&argv[0], &argv, &env) {
         Err(e) => e.to_string(),
         Ok(never) => match never {},

@@ -44,6 +44,17 @@ pub(crate) struct Plan {
     pub hostname: String,
 }
 
+/// The start message the agent sends a prepared sandbox on its control socket: the part of the
+/// app's environment that is only known when a request needs the instance.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Go {
+    /// Added to (and overriding) the plan's environment.
+    pub env: BTreeMap<String, String>,
+}
+
+/// Byte init writes on the control socket once the sandbox is prepared.
+pub(crate) const PREPARED: u8 = b'r';
+
 /// Name of the plan file in the instance directory.
 pub(crate) const PLAN_FILE: &str = "plan.json";
 /// Name of the connection-handing socket in the instance directory.
@@ -51,50 +62,88 @@ pub(crate) const CONN_SOCKET: &str = "conn.sock";
 /// Name of the app's writable directory in the instance directory.
 pub(crate) const DATA_DIR: &str = "data";
 
+/// A sandbox being prepared or prepared: namespaces, mounts and loopback, with the app not yet
+/// started. Sending [`Go`] on `control` starts the app; closing it unsent ends the sandbox.
+pub(crate) struct Prepared {
+    /// The sandbox's outermost process.
+    pub child: tokio::process::Child,
+    /// Where the gateway connects, as in [`Started`].
+    pub addr: String,
+    /// The agent's end of the control socket (init's stdin).
+    pub control: std::os::unix::net::UnixStream,
+}
+
+/// Starts `warden sandbox-init` for `l` and returns while it prepares. `l.env` is the part of
+/// the environment known now; the rest comes with the start message.
+pub(crate) fn prepare(l: &Launch<'_>) -> Result<Prepared, String> {
+    let program = resolve_program(&l.spec.command[0], l.spec.workdir.as_deref())?;
+    let mut argv = l.spec.command.clone();
+    argv[0] = program.display().to_string();
+    let mut env = l.env.clone();
+    env.insert("PORT".into(), SANDBOX_PORT.to_string());
+    env.insert("WARDEN_DATA_DIR".into(), DATA_MOUNT.into());
+    env.insert("HOME".into(), DATA_MOUNT.into());
+    env.insert("TMPDIR".into(), "/tmp".into());
+    env.insert("PATH".into(), process::INSTANCE_PATH.into());
+    let data = l.dir.join(DATA_DIR);
+    std::fs::create_dir_all(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
+    let plan = Plan {
+        argv,
+        env,
+        workdir: l.spec.workdir.clone(),
+        port: SANDBOX_PORT,
+        limits: l.spec.limits,
+        hostname: "sandbox".into(),
+    };
+    let json = serde_json::to_vec(&plan).map_err(|e| e.to_string())?;
+    write_private(&l.dir.join(PLAN_FILE), &json)
+        .map_err(|e| format!("cannot write the sandbox plan: {e}"))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the warden binary to run sandbox-init: {e}"))?;
+    let argv = [
+        exe.display().to_string(),
+        "sandbox-init".into(),
+        l.dir.display().to_string(),
+    ];
+    let (control, theirs) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| format!("cannot create the sandbox's control socket: {e}"))?;
+    let mut cmd = process::command(&argv, &BTreeMap::new(), l.log).map_err(|e| e.to_string())?;
+    cmd.stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+        theirs,
+    )));
+    let child = process::spawn(cmd).map_err(|e| e.to_string())?;
+    Ok(Prepared {
+        child,
+        addr: format!(
+            "{}{}",
+            crate::net::FD_UNIX,
+            l.dir.join(CONN_SOCKET).display()
+        ),
+        control,
+    })
+}
+
+/// The bytes of a start message.
+pub(crate) fn go_message(env: BTreeMap<String, String>) -> Vec<u8> {
+    serde_json::to_vec(&Go { env }).unwrap_or_default()
+}
+
 pub(crate) struct SandboxDriver;
 
 impl Driver for SandboxDriver {
     fn start(&self, l: &Launch<'_>) -> Result<Started, String> {
-        let program = resolve_program(&l.spec.command[0], l.spec.workdir.as_deref())?;
-        let mut argv = l.spec.command.clone();
-        argv[0] = program.display().to_string();
-        let mut env = l.env.clone();
-        env.insert("PORT".into(), SANDBOX_PORT.to_string());
-        env.insert("WARDEN_DATA_DIR".into(), DATA_MOUNT.into());
-        env.insert("HOME".into(), DATA_MOUNT.into());
-        env.insert("TMPDIR".into(), "/tmp".into());
-        env.insert("PATH".into(), process::INSTANCE_PATH.into());
-        let data = l.dir.join(DATA_DIR);
-        std::fs::create_dir_all(&data)
-            .map_err(|e| format!("cannot create {}: {e}", data.display()))?;
-        let plan = Plan {
-            argv,
-            env,
-            workdir: l.spec.workdir.clone(),
-            port: SANDBOX_PORT,
-            limits: l.spec.limits,
-            hostname: "sandbox".into(),
-        };
-        let json = serde_json::to_vec(&plan).map_err(|e| e.to_string())?;
-        write_private(&l.dir.join(PLAN_FILE), &json)
-            .map_err(|e| format!("cannot write the sandbox plan: {e}"))?;
-        let exe = std::env::current_exe()
-            .map_err(|e| format!("cannot find the warden binary to run sandbox-init: {e}"))?;
-        let argv = [
-            exe.display().to_string(),
-            "sandbox-init".into(),
-            l.dir.display().to_string(),
-        ];
-        let cmd = process::command(&argv, &BTreeMap::new(), l.log).map_err(|e| e.to_string())?;
-        let child = process::spawn(cmd).map_err(|e| e.to_string())?;
-        Ok(Started {
+        use std::io::Write;
+        let Prepared {
             child,
-            addr: format!(
-                "{}{}",
-                crate::net::FD_UNIX,
-                l.dir.join(CONN_SOCKET).display()
-            ),
-        })
+            addr,
+            mut control,
+        } = prepare(l)?;
+        // Everything is known now: the message waits in the socket until init reads it. It is
+        // far smaller than a socket buffer, so this write does not block.
+        control
+            .write_all(&go_message(BTreeMap::new()))
+            .map_err(|e| format!("cannot send the sandbox its start message: {e}"))?;
+        Ok(Started { child, addr })
     }
 }
 

@@ -28,18 +28,20 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<AppSpec>), ApiError> {
     spec.validate()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    if !spec.desired.is_empty() {
-        // Instances carry canonical labels; a desired count under another spelling would
-        // never see its instances and start them forever.
+    if !spec.desired.is_empty() || !spec.warm.is_empty() {
+        // Instances carry canonical labels; a count under another spelling would never see its
+        // instances and start them forever.
         let lattice = crate::routes::lattice::current(&api).await?;
-        let mut canonical = std::collections::BTreeMap::new();
-        for (label, n) in &spec.desired {
-            let c = lattice
-                .canonical(label)
-                .map_err(|e| ApiError::bad_request(format!("desired label {label:?}: {e}")))?;
-            canonical.insert(c, *n);
+        for (what, counts) in [("desired", &mut spec.desired), ("warm", &mut spec.warm)] {
+            let mut canonical = std::collections::BTreeMap::new();
+            for (label, n) in counts.iter() {
+                let c = lattice
+                    .canonical(label)
+                    .map_err(|e| ApiError::bad_request(format!("{what} label {label:?}: {e}")))?;
+                canonical.insert(c, *n);
+            }
+            *counts = canonical;
         }
-        spec.desired = canonical;
     }
     let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
     match api

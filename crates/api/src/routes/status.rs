@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
-use warden_core::{keys, AppHealth, AppSpec, LabelHealth};
+use warden_core::{keys, AppHealth, AppSpec, InstanceState, LabelHealth};
 
 use crate::error::ApiError;
 use crate::Api;
@@ -15,8 +15,10 @@ use crate::Api;
 pub struct AppStatus {
     /// App name.
     pub name: String,
-    /// Running instances, by label.
+    /// Running instances that serve requests, by label.
     pub instances: BTreeMap<String, usize>,
+    /// Spare instances of the warm pool, by label.
+    pub spares: BTreeMap<String, usize>,
     /// Desired instances, by label.
     pub desired: BTreeMap<String, u32>,
     /// Labels whose kept instances crashed, per node.
@@ -62,9 +64,14 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
         .filter_map(|e| warden_store::decode::<AppSpec>(&e.key, &e.value).ok())
         .map(|spec| {
             let name = spec.name.as_str();
-            let mut by_label = BTreeMap::new();
+            let (mut by_label, mut spares) = (BTreeMap::new(), BTreeMap::new());
             for i in instances.iter().filter(|i| i.app == name) {
-                *by_label.entry(i.label.clone()).or_insert(0) += 1;
+                let counts = if i.state == InstanceState::Spare {
+                    &mut spares
+                } else {
+                    &mut by_label
+                };
+                *counts.entry(i.label.clone()).or_insert(0) += 1;
             }
             let mut crash_loops = Vec::new();
             let prefix = keys::health(name, "");
@@ -83,6 +90,7 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
             AppStatus {
                 name: name.to_owned(),
                 instances: by_label,
+                spares,
                 desired: spec.desired.clone(),
                 crash_loops,
             }

@@ -1,0 +1,86 @@
+//! Prometheus metrics of the agent: how long starts take by start path, how long a slot takes
+//! to prepare, and how full the pools are.
+
+use std::time::Duration;
+
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntGaugeVec, Opts, Registry};
+
+/// Buckets from 100 µs to 30 s: a warm hand-out is sub-millisecond, a sandbox start is
+/// milliseconds, a slow app's start is seconds.
+const BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
+];
+
+/// The agent's metrics, in their own registry.
+pub(crate) struct Metrics {
+    registry: Registry,
+    starts: HistogramVec,
+    pub(crate) slot_prepare: Histogram,
+    pub(crate) pool: IntGaugeVec,
+}
+
+/// How a new instance came to be.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Path {
+    Jit,
+    Slot,
+    Warm,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new_custom(Some("warden_agent".into()), None)?;
+        let starts = HistogramVec::new(
+            HistogramOpts::new(
+                "start_seconds",
+                "Time from deciding to start an instance until it accepts a connection, by start path: jit (everything), slot (a prepared sandbox starts only the app), warm (a running spare is handed out)",
+            )
+            .buckets(BUCKETS.to_vec()),
+            &["path"],
+        )?;
+        let slot_prepare = Histogram::with_opts(
+            HistogramOpts::new(
+                "slot_prepare_seconds",
+                "Time to prepare one sandbox slot (namespaces, mounts, loopback) until it waits for its app",
+            )
+            .buckets(BUCKETS.to_vec()),
+        )?;
+        let pool = IntGaugeVec::new(
+            Opts::new(
+                "pool_ready",
+                "Prepared slots and spare instances waiting on this node, by app, label and kind",
+            ),
+            &["app", "label", "kind"],
+        )?;
+        registry.register(Box::new(starts.clone()))?;
+        registry.register(Box::new(slot_prepare.clone()))?;
+        registry.register(Box::new(pool.clone()))?;
+        Ok(Self {
+            registry,
+            starts,
+            slot_prepare,
+            pool,
+        })
+    }
+
+    pub(crate) fn started(&self, path: Path, took: Duration) {
+        let label = match path {
+            Path::Jit => "jit",
+            Path::Slot => "slot",
+            Path::Warm => "warm",
+        };
+        self.starts
+            .with_label_values(&[label])
+            .observe(took.as_secs_f64());
+    }
+
+    pub(crate) fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let encoder = prometheus::TextEncoder::new();
+        if let Err(e) = prometheus::Encoder::encode(&encoder, &self.registry.gather(), &mut buf) {
+            tracing::warn!(error = %e, "encoding the agent's metrics failed");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
