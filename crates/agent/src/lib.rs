@@ -1,11 +1,11 @@
 //! The node agent: starts, supervises and stops app instances on this machine.
 //!
 //! The agent owns the life of instances on its node: it starts them through a driver (a plain
-//! process or a sandbox), waits until they accept connections, records them in the store under
-//! the node's lease, enforces their lifetime (shared per label, per user, per request; idle
-//! reaping; per-app and per-node maximums), keeps each app's desired count running with
-//! backoff after crashes, publishes the node's load, and kills every instance when it shuts
-//! down. It never routes requests and never decides who may see what: the gateway does that.
+//! process or a sandbox), JIT or from its slot and warm pools, waits until they accept
+//! connections, records them in the store under the node's lease, enforces their lifetime
+//! (shared per label, per user, per request; idle reaping; per-app and per-node maximums),
+//! keeps each app's desired count running with backoff after crashes, publishes the node's
+//! load, and kills every instance when it shuts down. It never routes requests and never decides who may see what: the gateway does that.
 //! Instance environments never carry the agent's own environment.
 #![deny(unsafe_code)]
 
@@ -40,6 +40,8 @@ pub use net::connect;
 const LOG_TAIL_LINES: usize = 10;
 /// Time an instance gets to exit after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(3);
+/// How long readiness is polled every millisecond before the polls back off.
+const FAST_POLL: Duration = Duration::from_millis(100);
 /// Logs of this many exited instances stay readable; older ones are deleted.
 const KEEP_EXITED_LOGS: usize = 64;
 
@@ -493,7 +495,7 @@ impl Agent {
             .await?
             .ok_or_else(|| AgentError::UnknownApp(app.to_owned()))?;
         if purpose == Purpose::Serve && spec.start == StartPath::Warm {
-            if let Some(r) = self.take_spare(&spec, label, owner).await? {
+            if let Some(r) = self.take_spare(&spec, label, owner) {
                 return Ok(r);
             }
         }
@@ -508,9 +510,7 @@ impl Agent {
                 let id = slot.id.clone();
                 let env = BTreeMap::from([("WARDEN_LABEL".to_owned(), label.to_owned())]);
                 let launched = slot.go(env);
-                // Preparing the next slot forks a process: not on this request's time.
-                let (agent, spec) = (self.clone(), spec.clone());
-                tokio::spawn(async move { agent.refill(&spec) });
+                self.refill_soon(&spec);
                 (id, metrics::Path::Slot, launched)
             }
             None => {
@@ -842,7 +842,8 @@ enum Ready {
 
 /// Waits until the app at `addr` accepts a TCP connection, the process exits, or `timeout` passes.
 async fn wait_ready(addr: &str, mut exited: watch::Receiver<bool>, timeout: Duration) -> Ready {
-    let deadline = tokio::time::Instant::now() + timeout;
+    let started = tokio::time::Instant::now();
+    let deadline = started + timeout;
     let mut pause = Duration::from_millis(1);
     loop {
         if *exited.borrow() {
@@ -859,6 +860,11 @@ async fn wait_ready(addr: &str, mut exited: watch::Receiver<bool>, timeout: Dura
             _ = exited.changed() => {}
             _ = tokio::time::sleep_until(deadline) => {}
         }
-        pause = (pause * 2).min(Duration::from_millis(50));
+        // Most apps accept within tens of milliseconds: poll at the timer's resolution until
+        // then, so a start is not rounded up to the next of a doubling series of polls, and
+        // back off for slow ones.
+        if started.elapsed() >= FAST_POLL {
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
     }
 }

@@ -30,6 +30,9 @@ use warden_core::{AppSpec, InstanceState, StartPath};
 use crate::driver::{Launch, Started};
 use crate::{keep, lock, process, sandbox, Agent, AgentError, Owner, Purpose};
 
+/// How long a refill waits after a take; see [`Agent::refill_soon`].
+const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// (app, label); the label is empty for slots, which serve any label.
 type PoolKey = (String, String);
 
@@ -124,16 +127,16 @@ impl Agent {
     }
 
     /// Hands out a spare of `spec`'s app for `label` to `owner`, if one is waiting.
-    pub(crate) async fn take_spare(
+    pub(crate) fn take_spare(
         &self,
         spec: &AppSpec,
         label: &str,
         owner: &Owner,
-    ) -> Result<Option<warden_core::InstanceRecord>, AgentError> {
+    ) -> Option<warden_core::InstanceRecord> {
         let t = Instant::now();
         let record = {
             let mut running = lock(&self.inner.running);
-            let Some(r) = running
+            let r = running
                 .values_mut()
                 .filter(|r| {
                     r.record.app == spec.name
@@ -141,10 +144,7 @@ impl Agent {
                         && r.record.state == InstanceState::Spare
                         && !r.stopping.load(Ordering::Relaxed)
                 })
-                .min_by_key(|r| r.record.started_at_ms)
-            else {
-                return Ok(None);
-            };
+                .min_by_key(|r| r.record.started_at_ms)?;
             r.record.state = InstanceState::Ready;
             r.record.owner = match owner {
                 Owner::User(u) => Some(u.clone()),
@@ -155,19 +155,40 @@ impl Agent {
                 .store(warden_core::model::now_ms(), Ordering::Relaxed);
             r.record.clone()
         };
-        warden_store::put_json(
-            &*self.inner.store,
-            &warden_core::keys::instance(&record.app, &record.id),
-            &record,
-            Some(self.lease()),
-        )
-        .await?;
+        // The record is published behind the request: the gateway asking has the record
+        // already, and a store commit is the slowest part of a hand-out.
+        let (agent, published) = (self.clone(), record.clone());
+        tokio::spawn(async move { agent.publish_taken(published).await });
         self.inner
             .metrics
             .started(crate::metrics::Path::Warm, t.elapsed());
         tracing::info!(app = %spec.name, label, instance = %record.id, "spare instance handed out");
-        self.refill(spec);
-        Ok(Some(record))
+        self.refill_soon(spec);
+        Some(record)
+    }
+
+    /// Writes the record of a handed-out spare; if the instance exited meanwhile, makes sure
+    /// the record does not outlive it.
+    async fn publish_taken(&self, record: warden_core::InstanceRecord) {
+        let key = warden_core::keys::instance(&record.app, &record.id);
+        let store = &*self.inner.store;
+        if let Err(e) = warden_store::put_json(store, &key, &record, Some(self.lease())).await {
+            tracing::warn!(instance = %record.id, error = %e, "publishing a handed-out spare failed");
+        }
+        if !lock(&self.inner.running).contains_key(&record.id) {
+            let _ = store.delete(&key).await;
+        }
+    }
+
+    /// Refills `spec`'s pools once the request that just took from them is likely served: a
+    /// start forks and builds a sandbox, which on a small machine would compete with that very
+    /// request for the CPU.
+    pub(crate) fn refill_soon(&self, spec: &AppSpec) {
+        let (agent, spec) = (self.clone(), spec.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(REFILL_DELAY).await;
+            agent.refill(&spec);
+        });
     }
 
     /// Starts what `spec`'s pools lack on this node.

@@ -246,7 +246,7 @@ end
     Ok(p)
 }
 
-fn login(w: &Warden, user: &str) -> anyhow::Result<String> {
+pub(crate) fn login(w: &Warden, user: &str) -> anyhow::Result<String> {
     let r = request(
         "POST",
         &format!("{}/login", w.gateway),

@@ -6,6 +6,7 @@
 
 mod first_request;
 mod gateway;
+mod starts;
 mod tls;
 mod wrk;
 
@@ -42,6 +43,10 @@ enum Cmd {
     /// resumed) and sessions under overload, warden with and without handshake admission control
     /// beside nginx.
     Tls(tls::Args),
+    /// Seed 002's experiment: end-to-end first-request latency for the JIT, slot-pool and
+    /// warm-pool start paths (warden restarted per sample), the agent's start and slot
+    /// preparation times, the bare fork-exec floor, and memory per idle instance.
+    Starts(starts::Args),
 }
 
 pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -56,5 +61,6 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Gateway(args) => gateway::run(&args),
         Cmd::Tls(args) => tls::run(&args),
+        Cmd::Starts(args) => starts::run(&args),
     }
 }

@@ -173,7 +173,10 @@ fn a_slot_pool_starts_the_app_in_a_prepared_sandbox() {
 
     let served = get(&w, "alice", "/apps/slotted/");
     let id = served["instance"].as_str().unwrap().to_owned();
-    assert!(before.contains(&id), "{id} was not the prepared slot {before:?}");
+    assert!(
+        before.contains(&id),
+        "{id} was not the prepared slot {before:?}"
+    );
     // The label arrived with the start message, not with the preparation.
     assert_eq!(served["label"], "SECRET");
     assert!(metric(&w, "warden_agent_start_seconds_count{path=\"slot\"}").unwrap() >= 1.0);
@@ -233,10 +236,15 @@ fn start_paths_that_cannot_work_are_refused_with_what_to_do() {
     assert!(w.api("GET", "/v1/apps/bad", None).status == 404);
 
     // The CLI passes the flags through and shows the refusal.
-    let env = [("WARDEN_API", w.api.as_str()), ("WARDEN_TOKEN", w.token.as_str())];
+    let env = [
+        ("WARDEN_API", w.api.as_str()),
+        ("WARDEN_TOKEN", w.token.as_str()),
+    ];
     let (ok, _, err) = cli(
         BIN,
-        &["apps", "create", "bad", "--start", "slot", "--", BIN, "demo-app"],
+        &[
+            "apps", "create", "bad", "--start", "slot", "--", BIN, "demo-app",
+        ],
         &env,
     );
     assert!(!ok && err.contains("needs driver"), "{err}");
@@ -252,7 +260,9 @@ fn start_paths_that_cannot_work_are_refused_with_what_to_do() {
     wait_spares(&w, "good", 1);
     let (ok, _, err) = cli(
         BIN,
-        &["apps", "create", "bad", "--warm", "SECRET", "--", BIN, "demo-app"],
+        &[
+            "apps", "create", "bad", "--warm", "SECRET", "--", BIN, "demo-app",
+        ],
         &env,
     );
     assert!(!ok && err.contains("LABEL=COUNT"), "{err}");

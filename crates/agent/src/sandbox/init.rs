@@ -392,6 +392,11 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
         Err(e) => return fail("cannot build the sandbox", e),
     }
     drop(shown);
+    // Compiled now, so that a prepared slot leaves only the app's own start for the request.
+    let filters = match super::seccomp::filters() {
+        Ok(f) => f,
+        Err(e) => return fail("cannot build the seccomp filter", e),
+    };
     // The sandbox is prepared: everything from here on is the app's own start.
     let env = match await_go() {
         Ok(Some(env)) => env,
@@ -404,7 +409,7 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
         Err(e) => fail("fork", e),
         Ok(ForkResult::Child) => {
             drop(listener);
-            let e = exec_app(plan, env);
+            let e = exec_app(plan, env, &filters);
             eprintln!("warden-sandbox: cannot start {}: {e}", plan.argv[0]);
             std::process::exit(127)
         }
@@ -506,7 +511,11 @@ fn loopback_up() -> std::io::Result<()> {
 }
 
 /// In the app's process: limits, no privileges, seccomp, exec. Returns only on failure.
-fn exec_app(plan: &Plan, extra_env: BTreeMap<String, String>) -> String {
+fn exec_app(
+    plan: &Plan,
+    extra_env: BTreeMap<String, String>,
+    filters: &[seccompiler::BpfProgram],
+) -> String {
     use nix::sys::resource::{setrlimit, Resource};
     use nix::sys::signal::{signal, SigHandler};
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
@@ -548,11 +557,7 @@ fn exec_app(plan: &Plan, extra_env: BTreeMap<String, String>) -> String {
     if let Err(e) = drop_privileges() {
         return e;
     }
-    let filters = match super::seccomp::filters() {
-        Ok(f) => f,
-        Err(e) => return e,
-    };
-    for f in &filters {
+    for f in filters {
         if let Err(e) = seccompiler::apply_filter(f) {
             return format!("seccomp: {e}");
         }
