@@ -63,6 +63,7 @@ pub struct Launch {
     dir: Option<PathBuf>,
     demo: bool,
     extra: Vec<String>,
+    wrapper: Vec<String>,
 }
 
 impl Launch {
@@ -73,7 +74,14 @@ impl Launch {
             dir: None,
             demo: true,
             extra: vec![],
+            wrapper: vec![],
         }
+    }
+
+    /// Runs warden through `wrapper` (such as `setpriv --reuid=...`), which execs the rest.
+    pub fn wrapped(mut self, wrapper: &[&str]) -> Self {
+        self.wrapper = wrapper.iter().map(|s| (*s).to_owned()).collect();
+        self
     }
 
     /// Extra flags for `warden up`.
@@ -106,7 +114,14 @@ impl Launch {
                 (t.path().join("data"), Some(t))
             }
         };
-        let mut cmd = Command::new(&self.bin);
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        };
         cmd.args([
             "up",
             "--listen",

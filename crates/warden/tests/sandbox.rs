@@ -111,3 +111,117 @@ fn a_sandboxed_app_that_cannot_start_gets_a_clear_error() {
     assert_eq!(started.status, 502, "{}", started.text());
     assert!(started.text().contains("not found"), "{}", started.text());
 }
+
+/// The sandbox driver without root: a warden running as an ordinary user (nobody, when the tests
+/// run as root) builds the same sandbox where the kernel lets that user create user namespaces,
+/// and says how to allow them where it does not.
+#[test]
+fn an_unprivileged_warden_runs_sandboxes_or_says_why_not() {
+    use std::os::unix::fs::PermissionsExt;
+    const NOBODY: u32 = 65534;
+    let tmp = tempfile::Builder::new()
+        .prefix("warden-unprivileged")
+        .tempdir()
+        .unwrap();
+    // The binary and the data dir must be reachable for the unprivileged user.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = tmp.path().join("warden");
+    std::fs::copy(BIN, &bin).unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let root = nix::unistd::geteuid().is_root();
+    let wrapper: Vec<&str> = if root {
+        std::os::unix::fs::chown(&data, Some(NOBODY), Some(NOBODY)).unwrap();
+        vec![
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ]
+    } else {
+        vec![]
+    };
+    // Whether the kernel lets this user create a user namespace, asked independently of warden.
+    let mut probe: Vec<&str> = wrapper.clone();
+    probe.extend(["unshare", "--user", "true"]);
+    let allowed = std::process::Command::new(probe[0])
+        .args(&probe[1..])
+        .status()
+        .unwrap()
+        .success();
+
+    let w = warden_test_support::Launch::new(&bin)
+        .data_dir(&data)
+        .wrapped(&wrapper)
+        .start();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", w.pid())).unwrap();
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse::<u32>()
+        .unwrap();
+    assert_ne!(uid, 0, "warden runs unprivileged");
+
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    host.set_nonblocking(true).unwrap();
+    let port = host.local_addr().unwrap().port().to_string();
+    let me = std::process::id().to_string();
+    create(
+        &w,
+        json!({
+            "name": "jail",
+            "driver": "sandbox",
+            "command": [
+                bin.to_str().unwrap(), "sandbox-probe",
+                "--host-port", port,
+                "--forbidden", data.to_str().unwrap(),
+                "--host-pid", me,
+                "--alloc-mb", "4096",
+            ],
+        }),
+    );
+    let started = w.api(
+        "POST",
+        "/v1/instances",
+        Some(json!({ "app": "jail", "label": "SECRET" })),
+    );
+    if !allowed {
+        assert_eq!(started.status, 502, "{}", started.text());
+        assert!(
+            started
+                .text()
+                .contains("user namespaces are not allowed here"),
+            "{}",
+            started.text()
+        );
+        return;
+    }
+    assert_eq!(started.status, 201, "{}", started.text());
+    let id = started.json()["id"].as_str().unwrap().to_owned();
+    // alice is SECRET: the gateway reaches the same isolated instance.
+    let r = w.get_as("alice", &w.password("alice"), "/apps/jail/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["instance"], id.as_str());
+    let out = logs(&w, &id);
+    assert!(!out.contains("ESCAPED") && !out.contains("FAILED"), "{out}");
+    for line in [
+        "probe host-listener: blocked",
+        &format!("probe read {}: blocked", data.display()),
+        "probe write /etc/probe-was-here: blocked",
+        "probe write data dir: ok",
+        "probe host-processes: blocked",
+        "probe new-user-namespace: blocked",
+        "probe mount: blocked",
+        "probe memory-limit: blocked",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+    assert!(
+        host.accept().is_err(),
+        "the host listener saw no connection"
+    );
+}
