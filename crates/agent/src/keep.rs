@@ -268,7 +268,7 @@ impl Agent {
                 let want = want as usize;
                 if have < want {
                     if self.inner.keeper.may_start(&key) && placement_target(&nodes, me) {
-                        self.start_kept(key);
+                        self.start_kept(spec, key);
                     }
                 } else if have > want {
                     let kept: Vec<&&InstanceRecord> = mine.iter().filter(|r| r.kept).collect();
@@ -287,13 +287,13 @@ impl Agent {
         Ok(())
     }
 
-    fn start_kept(&self, key: LabelKey) {
+    fn start_kept(&self, spec: &AppSpec, key: LabelKey) {
         self.inner.keeper.add_pending(&key, 1);
-        let agent = self.clone();
+        let (agent, spec) = (self.clone(), spec.clone());
         tokio::spawn(async move {
             let (app, label) = (&key.0, &key.1);
             let result = agent
-                .start_instance(app, label, &Owner::Shared, crate::Purpose::Kept)
+                .start_instance(&spec, label, &Owner::Shared, crate::Purpose::Kept)
                 .await;
             agent.inner.keeper.add_pending(&key, -1);
             match &result {

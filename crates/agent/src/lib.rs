@@ -393,18 +393,33 @@ impl Agent {
     /// A ready instance of `app` for `label` and `owner`. Shared and per-user instances are
     /// started once and handed out again; concurrent callers share one start. A per-request
     /// instance is always new and never handed out again: stop it with [`Agent::retire`] after
-    /// its request.
+    /// its request. Reads the app's spec from the store; a caller that holds it already uses
+    /// [`Agent::ensure_spec`].
     pub async fn ensure(
         &self,
         app: &str,
         label: &str,
         owner: &Owner,
     ) -> Result<InstanceRecord, AgentError> {
+        let spec = self.load_spec(app).await?;
+        self.ensure_spec(&spec, label, owner).await
+    }
+
+    /// [`Agent::ensure`] for a caller that holds the app's spec, such as the gateway, whose
+    /// request path must not wait for the store.
+    pub async fn ensure_spec(
+        &self,
+        spec: &AppSpec,
+        label: &str,
+        owner: &Owner,
+    ) -> Result<InstanceRecord, AgentError> {
         if *self.inner.stopping.borrow() {
             return Err(AgentError::ShuttingDown);
         }
-        let Some(key) = serve_key(app, label, owner) else {
-            return self.start_instance(app, label, owner, Purpose::Serve).await;
+        let Some(key) = serve_key(&spec.name, label, owner) else {
+            return self
+                .start_instance(spec, label, owner, Purpose::Serve)
+                .await;
         };
         let mut rx = {
             let mut serving = lock(&self.inner.serving);
@@ -416,10 +431,10 @@ impl Agent {
                     serving.insert(key.clone(), Serving::Starting(rx.clone()));
                     // The start runs on its own task so that a caller giving up does not leave
                     // a half-started instance behind.
-                    let (agent, owner) = (self.clone(), owner.clone());
+                    let (agent, owner, spec) = (self.clone(), owner.clone(), spec.clone());
                     tokio::spawn(async move {
                         let result = agent
-                            .start_instance(&key.0, &key.1, &owner, Purpose::Serve)
+                            .start_instance(&spec, &key.1, &owner, Purpose::Serve)
                             .await;
                         agent.settle(key, &result);
                         let _ = tx.send(Some(result));
@@ -483,26 +498,32 @@ impl Agent {
         c.total = c.total.saturating_sub(1);
     }
 
+    /// The app's spec as the store holds it.
+    async fn load_spec(&self, app: &str) -> Result<AppSpec, AgentError> {
+        let (spec, _) = get_json::<AppSpec>(&*self.inner.store, &keys::app_spec(app))
+            .await?
+            .ok_or_else(|| AgentError::UnknownApp(app.to_owned()))?;
+        Ok(spec)
+    }
+
     async fn start_instance(
         &self,
-        app: &str,
+        spec: &AppSpec,
         label: &str,
         owner: &Owner,
         purpose: Purpose,
     ) -> Result<InstanceRecord, AgentError> {
         let store = &*self.inner.store;
-        let (spec, _) = get_json::<AppSpec>(store, &keys::app_spec(app))
-            .await?
-            .ok_or_else(|| AgentError::UnknownApp(app.to_owned()))?;
+        let app = spec.name.as_str();
         if purpose == Purpose::Serve && spec.start == StartPath::Warm {
-            if let Some(r) = self.take_spare(&spec, label, owner) {
+            if let Some(r) = self.take_spare(spec, label, owner) {
                 return Ok(r);
             }
         }
-        self.reserve(&spec)?;
+        self.reserve(spec)?;
         let started = Instant::now();
         let slot = match (spec.start, purpose) {
-            (StartPath::Slot, Purpose::Serve | Purpose::Kept) => self.take_slot(&spec),
+            (StartPath::Slot, Purpose::Serve | Purpose::Kept) => self.take_slot(spec),
             _ => None,
         };
         let (id, path, launched) = match slot {
@@ -510,20 +531,20 @@ impl Agent {
                 let id = slot.id.clone();
                 let env = BTreeMap::from([("WARDEN_LABEL".to_owned(), label.to_owned())]);
                 let launched = slot.go(env);
-                self.refill_soon(&spec);
+                self.refill_soon(spec);
                 (id, metrics::Path::Slot, launched)
             }
             None => {
                 let id = warden_core::id::short_id();
                 let dir = self.inner.config.instance_dir.join(&id);
                 let log = self.log_path(app, &id);
-                let mut env = self.instance_env(&spec, &id);
+                let mut env = self.instance_env(spec, &id);
                 env.insert("WARDEN_LABEL".into(), label.to_owned());
                 let launched = std::fs::create_dir_all(&dir)
                     .map_err(|e| format!("cannot create {}: {e}", dir.display()))
                     .and_then(|()| {
                         let launch = driver::Launch {
-                            spec: &spec,
+                            spec,
                             env,
                             log: &log,
                             dir: &dir,

@@ -226,7 +226,7 @@ impl Agent {
                         if !self.pool_may_try(&key) {
                             break;
                         }
-                        self.start_spare(key.clone());
+                        self.start_spare(spec, key.clone());
                     }
                 }
             }
@@ -336,14 +336,14 @@ impl Agent {
             .count()
     }
 
-    fn start_spare(&self, key: PoolKey) {
+    fn start_spare(&self, spec: &AppSpec, key: PoolKey) {
         *lock(&self.inner.pools.pending)
             .entry(key.clone())
             .or_default() += 1;
-        let agent = self.clone();
+        let (agent, spec) = (self.clone(), spec.clone());
         tokio::spawn(async move {
             let result = agent
-                .start_instance(&key.0, &key.1, &Owner::Shared, Purpose::Spare)
+                .start_instance(&spec, &key.1, &Owner::Shared, Purpose::Spare)
                 .await;
             if let Some(n) = lock(&agent.inner.pools.pending).get_mut(&key) {
                 *n = n.saturating_sub(1);

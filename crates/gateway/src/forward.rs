@@ -236,7 +236,7 @@ async fn start(
     // The agent enforces the start timeout itself; this bound only covers its own stalls.
     match tokio::time::timeout(
         wait + Duration::from_secs(1),
-        state.agent.ensure(&spec.name, label, owner),
+        state.agent.ensure_spec(spec, label, owner),
     )
     .await
     {
