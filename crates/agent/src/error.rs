@@ -28,13 +28,15 @@ pub enum AgentError {
         /// Last lines the instance printed.
         log_tail: String,
     },
-    /// The program did not accept connections in time.
-    #[error("app {app:?} did not accept connections within {waited_ms} ms; it must listen on 127.0.0.1:$PORT. Its last output:\n{log_tail}")]
+    /// The program did not become ready in time.
+    #[error("app {app:?} did not become ready within {waited_ms} ms: {waiting_for}. Its last output:\n{log_tail}")]
     Timeout {
         /// App name.
         app: String,
         /// How long the agent waited.
         waited_ms: u64,
+        /// What readiness still lacked, and what the app must do.
+        waiting_for: String,
         /// Last lines the instance printed.
         log_tail: String,
     },

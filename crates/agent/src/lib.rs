@@ -11,6 +11,7 @@
 
 mod driver;
 mod error;
+mod health;
 mod keep;
 mod load;
 mod metrics;
@@ -629,7 +630,7 @@ impl Agent {
         put_json(store, &key, &record, Some(self.lease())).await?;
 
         let timeout = Duration::from_millis(spec.start_timeout_ms);
-        match wait_ready(&addr, exit_rx, timeout).await {
+        match wait_ready(&addr, spec.health_path.as_deref(), exit_rx, timeout).await {
             Ready::Yes => {}
             Ready::Exited => {
                 let status = status_rx.await.unwrap_or_else(|_| "unknown status".into());
@@ -639,11 +640,12 @@ impl Agent {
                     log_tail: process::log_tail(&log, LOG_TAIL_LINES),
                 });
             }
-            Ready::TimedOut => {
+            Ready::TimedOut(waiting_for) => {
                 let _ = self.kill(&id).await;
                 return Err(AgentError::Timeout {
                     app: app.to_owned(),
                     waited_ms: spec.start_timeout_ms,
+                    waiting_for,
                     log_tail: process::log_tail(&log, LOG_TAIL_LINES),
                 });
             }
@@ -858,23 +860,48 @@ fn driver_for(kind: DriverKind) -> &'static dyn driver::Driver {
 enum Ready {
     Yes,
     Exited,
-    TimedOut,
+    /// What was still missing.
+    TimedOut(String),
 }
 
-/// Waits until the app at `addr` accepts a TCP connection, the process exits, or `timeout` passes.
-async fn wait_ready(addr: &str, mut exited: watch::Receiver<bool>, timeout: Duration) -> Ready {
+/// Waits until the app at `addr` is ready, the process exits, or `timeout` passes. Ready means
+/// accepting a TCP connection and, when the app names a health path, answering it 2xx or 3xx.
+async fn wait_ready(
+    addr: &str,
+    health: Option<&str>,
+    mut exited: watch::Receiver<bool>,
+    timeout: Duration,
+) -> Ready {
     let started = tokio::time::Instant::now();
     let deadline = started + timeout;
     let mut pause = Duration::from_millis(1);
+    let mut missing = "it must listen on 127.0.0.1:$PORT".to_owned();
     loop {
         if *exited.borrow() {
             return Ready::Exited;
         }
-        if net::connect(addr).await.is_ok() {
-            return Ready::Yes;
+        if let Ok(conn) = net::connect(addr).await {
+            let Some(path) = health else {
+                return Ready::Yes;
+            };
+            // An app that accepts and never answers must not hold the start past its timeout.
+            match tokio::time::timeout_at(deadline, health::check(conn, path)).await {
+                Ok(Ok(status)) if (200..400).contains(&status) => return Ready::Yes,
+                Ok(Ok(status)) => {
+                    missing = format!(
+                        "its health path {path} answered {status}; it must answer 2xx or 3xx"
+                    )
+                }
+                Ok(Err(e)) => missing = format!(
+                    "its health path {path} gave no HTTP answer ({e}); it must answer 2xx or 3xx"
+                ),
+                // The deadline cut this check short: an earlier answer says more.
+                Err(_) if missing.contains("health path") => {}
+                Err(_) => missing = format!("its health path {path} did not answer"),
+            }
         }
         if tokio::time::Instant::now() >= deadline {
-            return Ready::TimedOut;
+            return Ready::TimedOut(missing);
         }
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}

@@ -103,6 +103,10 @@ pub enum AppsCommand {
         /// (repeatable)
         #[arg(long = "warm", value_name = "LABEL=COUNT")]
         warm: Vec<String>,
+        /// Path an instance must answer 2xx or 3xx before it counts as ready (default: accepting
+        /// a connection is enough)
+        #[arg(long)]
+        health_path: Option<String>,
     },
     /// List apps
     List,
@@ -294,6 +298,7 @@ async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::R
             start,
             slots,
             warm,
+            health_path,
         } => {
             let mut envs = BTreeMap::new();
             for kv in env {
@@ -318,7 +323,12 @@ async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::R
             if let Some(v) = slots {
                 body["slots"] = json!(v);
             }
-            for (key, v) in [("driver", driver), ("lifetime", lifetime), ("start", start)] {
+            for (key, v) in [
+                ("driver", driver),
+                ("lifetime", lifetime),
+                ("start", start),
+                ("health_path", health_path),
+            ] {
                 if let Some(v) = v {
                     body[key] = json!(v);
                 }

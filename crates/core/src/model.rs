@@ -73,6 +73,10 @@ pub struct AppSpec {
     /// Spare running instances each node keeps per label when `start` is `warm`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub warm: BTreeMap<String, u32>,
+    /// Path the agent asks with `GET` until it answers 2xx or 3xx before an instance counts as
+    /// ready; when absent, accepting a connection is enough.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_path: Option<String>,
 }
 
 /// How a new instance is started when a request needs one (seed 002's JIT, tap pool and AOT).
@@ -88,6 +92,9 @@ pub enum StartPath {
     /// Instances already run per label; the request takes one and a new spare starts behind it.
     Warm,
 }
+
+/// Longest health path an app may name.
+pub const MAX_HEALTH_PATH: usize = 1024;
 
 /// Most prepared sandboxes or spare instances per app and label one node keeps.
 pub const MAX_POOL: u32 = 256;
@@ -204,6 +211,9 @@ pub enum SpecError {
     /// The start path and its pool sizes do not fit together.
     #[error("{0}")]
     Pool(String),
+    /// The health path cannot be put in a request line.
+    #[error("{0}")]
+    Health(String),
 }
 
 // === impl AppSpec ===
@@ -231,6 +241,7 @@ impl AppSpec {
             start: StartPath::default(),
             slots: default_slots(),
             warm: BTreeMap::new(),
+            health_path: None,
         }
     }
 
@@ -271,6 +282,16 @@ impl AppSpec {
             )));
         }
         self.validate_pools()?;
+        if let Some(path) = &self.health_path {
+            let ok = path.starts_with('/')
+                && path.len() <= MAX_HEALTH_PATH
+                && path.bytes().all(|b| b.is_ascii_graphic());
+            if !ok {
+                return Err(SpecError::Health(format!(
+                    "health_path {path:?} must start with '/' and hold at most {MAX_HEALTH_PATH} printable characters without spaces, e.g. \"/healthz\""
+                )));
+            }
+        }
         for h in &self.hosts {
             let ok = !h.is_empty()
                 && h.len() <= 253
@@ -475,6 +496,21 @@ mod tests {
     #[test]
     fn new_matches_the_serde_defaults() {
         assert_eq!(AppSpec::new("demo", vec!["./demo".into()]), spec());
+    }
+
+    #[test]
+    fn health_paths_must_fit_a_request_line() {
+        let mut s = spec();
+        for ok in ["/healthz", "/_health?deep=1"] {
+            s.health_path = Some(ok.into());
+            assert_eq!(s.validate(), Ok(()), "{ok}");
+        }
+        for bad in ["healthz", "/a b", "/a\r\nX: y", ""] {
+            s.health_path = Some(bad.into());
+            assert!(matches!(s.validate(), Err(SpecError::Health(_))), "{bad:?}");
+        }
+        s.health_path = Some(format!("/{}", "a".repeat(MAX_HEALTH_PATH)));
+        assert!(matches!(s.validate(), Err(SpecError::Health(_))));
     }
 
     #[test]

@@ -6,6 +6,8 @@
 #![forbid(unsafe_code)]
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -21,6 +23,10 @@ pub struct Identity {
     pub label: String,
     /// Instance id (`WARDEN_INSTANCE`).
     pub instance: String,
+    /// How many requests to `/_health` answer 503 before the instance is healthy
+    /// (`WARDEN_DEMO_UNHEALTHY_CHECKS`, default 0). Until then every request answers 503, as an
+    /// app still loading would: this lets tests see whether the agent waits for health.
+    pub unhealthy_checks: u64,
 }
 
 impl Identity {
@@ -31,6 +37,10 @@ impl Identity {
             app: var("WARDEN_APP"),
             label: var("WARDEN_LABEL"),
             instance: var("WARDEN_INSTANCE"),
+            unhealthy_checks: std::env::var("WARDEN_DEMO_UNHEALTHY_CHECKS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
         }
     }
 }
@@ -39,6 +49,10 @@ impl Identity {
 /// instance misbehave on purpose.
 enum Action {
     Answer,
+    /// Not healthy yet: 503 to everything.
+    Unhealthy,
+    /// `/_health` once healthy.
+    Healthy,
     /// `?taint=LABEL`: report taint, as an instance that read data of that class would.
     Taint(String),
     /// `/_close`: stop accepting connections but keep running, as a wedged instance would.
@@ -54,8 +68,21 @@ fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
     })
 }
 
-fn action(id: &Identity, req: &Request<Incoming>) -> Action {
+fn action(id: &Identity, health: &AtomicU64, req: &Request<Incoming>) -> Action {
+    let is_check = req.uri().path() == "/_health";
+    let left = if is_check {
+        // Counts down to zero and stays there.
+        health
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .unwrap_or(0)
+    } else {
+        health.load(Ordering::Relaxed)
+    };
+    if left > 0 {
+        return Action::Unhealthy;
+    }
     match req.uri().path() {
+        "/_health" => Action::Healthy,
         "/_close" => Action::Close,
         "/_drop" if query_param(req, "instance").as_deref() == Some(id.instance.as_str()) => {
             Action::Drop
@@ -87,12 +114,19 @@ fn respond(id: &Identity, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         .unwrap_or_default()
 }
 
+fn plain(status: hyper::StatusCode, text: &'static str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(text)));
+    *resp.status_mut() = status;
+    resp
+}
+
 /// Serves on 127.0.0.1:`port` until the process is killed.
 pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await?;
     let (closed_tx, closed) = tokio::sync::watch::channel(false);
-    let closed_tx = std::sync::Arc::new(closed_tx);
+    let closed_tx = Arc::new(closed_tx);
+    let health = Arc::new(AtomicU64::new(id.unhealthy_checks));
     loop {
         let mut closing = closed.clone();
         let (stream, _) = tokio::select! {
@@ -100,12 +134,17 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
             _ = closing.wait_for(|c| *c) => break,
         };
         let id = id.clone();
+        let health = health.clone();
         let closed_tx = closed_tx.clone();
         let mut closing = closed.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
-                let result = match action(&id, &req) {
+                let result = match action(&id, &health, &req) {
                     Action::Answer => Ok(respond(&id, &req)),
+                    Action::Unhealthy => {
+                        Ok(plain(hyper::StatusCode::SERVICE_UNAVAILABLE, "loading"))
+                    }
+                    Action::Healthy => Ok(plain(hyper::StatusCode::OK, "ok")),
                     Action::Taint(label) => {
                         let mut resp = respond(&id, &req);
                         if let Ok(v) = http::HeaderValue::from_str(&label) {

@@ -274,3 +274,67 @@ fn nodes_publish_their_load() {
     assert!(mem > 0.0 && mem <= 1.0, "{load}");
     assert!(load["load_per_core"].as_f64().unwrap() >= 0.0, "{load}");
 }
+
+#[test]
+fn the_gateway_holds_the_first_request_until_the_health_path_answers() {
+    let w = Warden::demo(BIN);
+    // The demo app answers 503 to everything until its third health check: an app that
+    // accepts connections before it has loaded.
+    let loading = json!({ "WARDEN_DEMO_UNHEALTHY_CHECKS": "3" });
+    create_app(&w, "eager", json!({ "env": loading }));
+    let r = w.get_as("alice", &w.password("alice"), "/apps/eager/");
+    assert_eq!(
+        r.status,
+        503,
+        "without a health path the first request reaches the loading app: {}",
+        r.text()
+    );
+
+    create_app(
+        &w,
+        "patient",
+        json!({ "env": loading, "health_path": "/_health" }),
+    );
+    let served = get(&w, "alice", "/apps/patient/");
+    assert_eq!(served["path"], "/", "{served}");
+}
+
+#[test]
+fn an_instance_that_never_answers_its_health_path_fails_with_what_it_answered() {
+    let w = Warden::demo(BIN);
+    create_app(
+        &w,
+        "sick",
+        json!({
+            "env": { "WARDEN_DEMO_UNHEALTHY_CHECKS": "1000000" },
+            "health_path": "/_health",
+            "start_timeout_ms": 1500,
+        }),
+    );
+    let r = w.get_as("alice", &w.password("alice"), "/apps/sick/");
+    assert_eq!(r.status, 504, "{}", r.text());
+    let r = w.api(
+        "POST",
+        "/v1/instances",
+        Some(json!({ "app": "sick", "label": "SECRET" })),
+    );
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(
+        r.text().contains("health path /_health answered 503"),
+        "the error says what the health path answered: {}",
+        r.text()
+    );
+    wait_until(
+        "the unhealthy instances to be stopped",
+        Duration::from_secs(20),
+        || instances_of(&w, "sick").is_empty().then_some(()),
+    );
+
+    let r = w.api(
+        "POST",
+        "/v1/apps",
+        Some(json!({ "name": "crooked", "command": [BIN, "demo-app"], "health_path": "healthz" })),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("must start with '/'"), "{}", r.text());
+}
