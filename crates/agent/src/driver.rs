@@ -6,6 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
+
+use crate::sandbox::bridge::{AddrLease, Bridge};
 
 use tokio::process::Child;
 use warden_core::AppSpec;
@@ -20,6 +23,8 @@ pub(crate) struct Launch<'a> {
     pub log: &'a Path,
     /// A directory only this instance may write; removed when it exits.
     pub dir: &'a Path,
+    /// The node's bridge, for network mode `bridged`.
+    pub bridge: &'a Arc<Bridge>,
 }
 
 /// A started instance.
@@ -29,6 +34,8 @@ pub(crate) struct Started {
     /// Where the gateway connects: `host:port`, or `fd+unix:<path>` for a socket that hands
     /// out connections opened inside the instance's own network namespace.
     pub addr: String,
+    /// A bridge address the instance holds until it is gone.
+    pub lease: Option<AddrLease>,
 }
 
 /// A way to run instances.

@@ -59,6 +59,8 @@ pub struct AgentConfig {
     pub lease_ttl: Duration,
     /// Most instances this node runs at once.
     pub max_instances: u32,
+    /// The bridge of network mode `bridged`, set up when an instance first needs it.
+    pub bridge: sandbox::bridge::BridgeConfig,
 }
 
 /// Whom an instance is for.
@@ -165,6 +167,7 @@ struct Inner {
     pools: pool::Pools,
     metrics: metrics::Metrics,
     stopping: watch::Sender<bool>,
+    bridge: Arc<sandbox::bridge::Bridge>,
 }
 
 /// Handle to the agent; cheap to clone.
@@ -218,6 +221,7 @@ impl Agent {
         let agent = Self {
             inner: Arc::new(Inner {
                 store,
+                bridge: sandbox::bridge::Bridge::new(config.bridge.clone()),
                 config,
                 lease: Mutex::new(lease),
                 serving: Mutex::new(HashMap::new()),
@@ -549,6 +553,7 @@ impl Agent {
                             env,
                             log: &log,
                             dir: &dir,
+                            bridge: &self.inner.bridge,
                         };
                         driver_for(spec.driver).start(&launch)
                     });
@@ -557,7 +562,11 @@ impl Agent {
         };
         let log = self.log_path(app, &id);
         let dir = self.inner.config.instance_dir.join(&id);
-        let driver::Started { mut child, addr } = match launched {
+        let driver::Started {
+            mut child,
+            addr,
+            lease,
+        } = match launched {
             Ok(s) => s,
             Err(reason) => {
                 self.release(app);
@@ -610,6 +619,8 @@ impl Agent {
                 Ok(s) => s.to_string(),
                 Err(e) => format!("wait failed: {e}"),
             };
+            // The sandbox and its veth pair are gone: the address may be handed out again.
+            drop(lease);
             let _ = status_tx.send(status.clone());
             agent.forget(&monitor_key, &monitor_record, &status).await;
             let crashed = !stopping.load(Ordering::Relaxed);
@@ -844,6 +855,7 @@ impl Agent {
         let ids: Vec<String> = lock(&self.inner.running).keys().cloned().collect();
         let kills = ids.iter().map(|id| self.kill(id));
         futures_util::future::join_all(kills).await;
+        self.inner.bridge.remove_if_created();
         let _ = self.inner.store.delete(&keys::node(self.node())).await;
         let _ = self.inner.store.revoke_lease(self.lease()).await;
         tracing::info!(node = %self.node(), stopped = ids.len(), "agent stopped");
@@ -892,9 +904,11 @@ async fn wait_ready(
                         "its health path {path} answered {status}; it must answer 2xx or 3xx"
                     )
                 }
-                Ok(Err(e)) => missing = format!(
+                Ok(Err(e)) => {
+                    missing = format!(
                     "its health path {path} gave no HTTP answer ({e}); it must answer 2xx or 3xx"
-                ),
+                )
+                }
                 // The deadline cut this check short: an earlier answer says more.
                 Err(_) if missing.contains("health path") => {}
                 Err(_) => missing = format!("its health path {path} did not answer"),

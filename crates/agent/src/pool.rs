@@ -46,6 +46,7 @@ pub(crate) struct Slot {
     addr: String,
     control: std::os::unix::net::UnixStream,
     prepared: Arc<AtomicBool>,
+    lease: Option<sandbox::bridge::AddrLease>,
 }
 
 /// The pools of this node.
@@ -66,6 +67,7 @@ fn fingerprint(spec: &AppSpec) -> Vec<u8> {
         &spec.env,
         &spec.limits,
         spec.driver,
+        spec.network,
     ))
     .unwrap_or_default()
 }
@@ -89,6 +91,7 @@ impl Slot {
         Ok(Started {
             child: self.child,
             addr: self.addr,
+            lease: self.lease,
         })
     }
 }
@@ -375,6 +378,7 @@ impl Agent {
             env: self.instance_env(spec, &id),
             log: &log,
             dir: &dir,
+            bridge: &self.inner.bridge,
         };
         let p = match sandbox::prepare(&launch) {
             Ok(p) => p,
@@ -400,6 +404,7 @@ impl Agent {
             addr: p.addr,
             control: p.control,
             prepared: prepared.clone(),
+            lease: p.lease,
         };
         lock(&self.inner.pools.slots)
             .entry(spec.name.clone())

@@ -47,6 +47,7 @@ impl Driver for ProcessDriver {
         Ok(Started {
             child,
             addr: loopback(port).to_string(),
+            lease: None,
         })
     }
 }

@@ -107,6 +107,10 @@ pub enum AppsCommand {
         /// a connection is enough)
         #[arg(long)]
         health_path: Option<String>,
+        /// Network of sandboxed instances: isolated (default, loopback only) or bridged (a veth
+        /// on the node's bridge for egress; warden must run as root)
+        #[arg(long)]
+        network: Option<String>,
     },
     /// List apps
     List,
@@ -299,6 +303,7 @@ async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::R
             slots,
             warm,
             health_path,
+            network,
         } => {
             let mut envs = BTreeMap::new();
             for kv in env {
@@ -328,6 +333,7 @@ async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::R
                 ("lifetime", lifetime),
                 ("start", start),
                 ("health_path", health_path),
+                ("network", network),
             ] {
                 if let Some(v) = v {
                     body[key] = json!(v);

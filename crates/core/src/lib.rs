@@ -12,6 +12,6 @@ pub mod name;
 
 pub use model::{
     AppHealth, AppSpec, DriverKind, HostLoad, InstanceRecord, InstanceState, LabelHealth, Lifetime,
-    Limits, NodeRecord, SessionRecord, StartPath, UserRecord, MAX_POOL,
+    Limits, NetworkMode, NodeRecord, SessionRecord, StartPath, UserRecord, MAX_POOL,
 };
 pub use name::{validate_name, NameError};

@@ -77,6 +77,22 @@ pub struct AppSpec {
     /// ready; when absent, accepting a connection is enough.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_path: Option<String>,
+    /// What a sandboxed instance's network namespace holds besides loopback.
+    #[serde(default)]
+    pub network: NetworkMode,
+}
+
+/// The network of a sandboxed instance.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// Only loopback: the app reaches nothing, and the gateway reaches it through sockets opened
+    /// inside its namespace.
+    #[default]
+    Isolated,
+    /// Also a veth pair on the node's bridge, for apps that need egress. The bridge port is
+    /// isolated, so instances do not reach each other. Needs warden to run as root.
+    Bridged,
 }
 
 /// How a new instance is started when a request needs one (seed 002's JIT, tap pool and AOT).
@@ -211,6 +227,9 @@ pub enum SpecError {
     /// The start path and its pool sizes do not fit together.
     #[error("{0}")]
     Pool(String),
+    /// The network mode does not fit the driver.
+    #[error("{0}")]
+    Network(String),
     /// The health path cannot be put in a request line.
     #[error("{0}")]
     Health(String),
@@ -242,6 +261,7 @@ impl AppSpec {
             slots: default_slots(),
             warm: BTreeMap::new(),
             health_path: None,
+            network: NetworkMode::default(),
         }
     }
 
@@ -282,6 +302,11 @@ impl AppSpec {
             )));
         }
         self.validate_pools()?;
+        if self.network == NetworkMode::Bridged && self.driver != DriverKind::Sandbox {
+            return Err(SpecError::Network(
+                "network \"bridged\" gives a sandbox its own veth pair and needs driver \"sandbox\"; a \"process\" instance already shares the host's network".into(),
+            ));
+        }
         if let Some(path) = &self.health_path {
             let ok = path.starts_with('/')
                 && path.len() <= MAX_HEALTH_PATH
@@ -496,6 +521,15 @@ mod tests {
     #[test]
     fn new_matches_the_serde_defaults() {
         assert_eq!(AppSpec::new("demo", vec!["./demo".into()]), spec());
+    }
+
+    #[test]
+    fn bridged_network_needs_the_sandbox_driver() {
+        let mut s = spec();
+        s.network = NetworkMode::Bridged;
+        assert!(matches!(s.validate(), Err(SpecError::Network(_))));
+        s.driver = DriverKind::Sandbox;
+        assert_eq!(s.validate(), Ok(()));
     }
 
     #[test]

@@ -22,6 +22,15 @@ pub struct ProbeArgs {
     /// MiB to reserve; must fail under the memory limit
     #[arg(long)]
     alloc_mb: Option<usize>,
+    /// An address that must be reachable, HOST:PORT (repeat; network "bridged")
+    #[arg(long = "reach")]
+    reach: Vec<std::net::SocketAddr>,
+    /// An address that must not be reachable, HOST:PORT (repeat)
+    #[arg(long = "unreachable")]
+    unreachable: Vec<std::net::SocketAddr>,
+    /// A port to listen on at every address of the sandbox, so that others can try to reach it
+    #[arg(long)]
+    listen_any: Option<u16>,
 }
 
 fn report(what: &str, escaped: Option<String>, why: impl std::fmt::Display) {
@@ -38,6 +47,31 @@ pub fn run(args: &ProbeArgs) {
         match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)) {
             Ok(_) => report("host-listener", Some(format!("connected to {addr}")), ""),
             Err(e) => report("host-listener", None, e),
+        }
+    }
+    if let Ok(addr) = std::env::var("WARDEN_NETWORK_ADDR") {
+        println!("probe address: {addr}");
+    }
+    if let Some(port) = args.listen_any {
+        match std::net::TcpListener::bind(("0.0.0.0", port)) {
+            Ok(l) => {
+                println!("probe listen-any {port}: ok");
+                std::thread::spawn(move || for _ in l.incoming() {});
+            }
+            Err(e) => println!("probe listen-any {port}: FAILED ({e})"),
+        }
+    }
+    let timeout = std::time::Duration::from_secs(2);
+    for addr in &args.reach {
+        match std::net::TcpStream::connect_timeout(addr, timeout) {
+            Ok(_) => println!("probe reach {addr}: ok"),
+            Err(e) => println!("probe reach {addr}: FAILED ({e})"),
+        }
+    }
+    for addr in &args.unreachable {
+        match std::net::TcpStream::connect_timeout(addr, timeout) {
+            Ok(_) => report(&format!("unreachable {addr}"), Some("connected".into()), ""),
+            Err(e) => report(&format!("unreachable {addr}"), None, e),
         }
     }
     for path in &args.forbidden {

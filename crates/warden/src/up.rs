@@ -64,6 +64,13 @@ pub struct UpArgs {
     /// Most app instances this node runs at once; beyond it requests get 503
     #[arg(long, default_value_t = 256)]
     max_instances: u32,
+    /// Bridge that sandboxes of apps with network "bridged" are attached to; created (as root)
+    /// when first needed, removed at shutdown if warden created it
+    #[arg(long, default_value = "warden0", value_parser = parse_bridge_name)]
+    bridge: String,
+    /// IPv4 network of the bridge: the bridge takes the first address, instances the rest
+    #[arg(long, default_value = "10.213.0.0/16", value_parser = warden_agent::sandbox::bridge::BridgeConfig::parse_cidr)]
+    bridge_cidr: (std::net::Ipv4Addr, u8),
 }
 
 /// Where `--demo` opens its TLS listener when none is given.
@@ -186,6 +193,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             instance_dir: dir.join("instances"),
             lease_ttl: Duration::from_secs(10),
             max_instances: args.max_instances,
+            bridge: warden_agent::sandbox::bridge::BridgeConfig {
+                name: args.bridge.clone(),
+                network: args.bridge_cidr.0,
+                prefix: args.bridge_cidr.1,
+            },
         },
     )
     .await
@@ -298,4 +310,8 @@ fn welcome(
         }
     }
     println!("stop with Ctrl-C; instances stop with warden.");
+}
+
+fn parse_bridge_name(s: &str) -> Result<String, String> {
+    warden_agent::sandbox::bridge::BridgeConfig::validate_name(s).map(|()| s.to_owned())
 }

@@ -4,6 +4,8 @@
 #![allow(clippy::unwrap_used)]
 
 use serde_json::json;
+use std::time::Duration;
+
 use warden_test_support::Warden;
 
 const BIN: &str = env!("CARGO_BIN_EXE_warden");
@@ -223,5 +225,101 @@ fn an_unprivileged_warden_runs_sandboxes_or_says_why_not() {
     assert!(
         host.accept().is_err(),
         "the host listener saw no connection"
+    );
+}
+
+/// The probe's own bridge address, from its log.
+fn probe_address(out: &str) -> String {
+    out.lines()
+        .find_map(|l| l.strip_prefix("probe address: "))
+        .unwrap_or_else(|| panic!("no probe address in:\n{out}"))
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn a_bridged_sandbox_reaches_the_host_but_not_another_instance() {
+    // A bridge and subnet of this test's own, removed by warden when it stops.
+    let bridge = format!("wdt{:x}", std::process::id() % 0xffff);
+    let mut w = warden_test_support::Launch::new(BIN)
+        .arg("--bridge")
+        .arg(&bridge)
+        .arg("--bridge-cidr")
+        .arg("10.213.77.0/24")
+        .start();
+    let probe = |name: &str, extra: &[&str]| {
+        let mut command = vec![BIN, "sandbox-probe"];
+        command.extend_from_slice(extra);
+        create(
+            &w,
+            json!({
+                "name": name,
+                "driver": "sandbox",
+                "network": "bridged",
+                // The egress app starts in a slot, whose network is wired before the request.
+                "start": if name == "egress" { "slot" } else { "jit" },
+                "command": command,
+            }),
+        );
+        w.get_as("alice", &w.password("alice"), &format!("/apps/{name}/"))
+    };
+    let r = probe("peer", &["--listen-any", "9000"]);
+    if !nix::unistd::geteuid().is_root() {
+        assert_eq!(r.status, 502, "{}", r.text());
+        let r = w.api(
+            "POST",
+            "/v1/instances",
+            Some(json!({ "app": "peer", "label": "SECRET" })),
+        );
+        assert!(
+            r.text().contains("needs warden to run as root"),
+            "{}",
+            r.text()
+        );
+        return;
+    }
+    assert_eq!(
+        r.status,
+        200,
+        "the gateway reaches a bridged app: {}",
+        r.text()
+    );
+    let peer_out = logs(&w, r.json()["instance"].as_str().unwrap());
+    assert!(peer_out.contains("probe listen-any 9000: ok"), "{peer_out}");
+    let peer = format!("{}:9000", probe_address(&peer_out));
+    // The host is on the bridge: it reaches the peer, so the peer really listens there.
+    std::net::TcpStream::connect_timeout(&peer.parse().unwrap(), Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("the host cannot reach {peer}: {e}"));
+
+    let host = std::net::TcpListener::bind("10.213.77.1:0").unwrap();
+    host.set_nonblocking(true).unwrap();
+    let host_addr = host.local_addr().unwrap().to_string();
+    let r = probe("egress", &["--reach", &host_addr, "--unreachable", &peer]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let out = logs(&w, r.json()["instance"].as_str().unwrap());
+    assert!(!out.contains("ESCAPED") && !out.contains("FAILED"), "{out}");
+    assert!(
+        out.contains(&format!("probe reach {host_addr}: ok")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("probe unreachable {peer}: blocked")),
+        "{out}"
+    );
+    assert_ne!(probe_address(&out), probe_address(&peer_out));
+    assert!(
+        host.accept().is_ok(),
+        "the host listener saw the sandbox connect"
+    );
+
+    assert!(std::path::Path::new("/sys/class/net")
+        .join(&bridge)
+        .exists());
+    w.stop();
+    assert!(
+        !std::path::Path::new("/sys/class/net")
+            .join(&bridge)
+            .exists(),
+        "warden removes the bridge it created"
     );
 }

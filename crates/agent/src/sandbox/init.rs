@@ -9,7 +9,8 @@
 //!   per-instance unprivileged uid when the agent is root); the child becomes ns root and forks
 //! - init, pid 1 of the new pid namespace, which mounts a fresh root (tmpfs, read-only binds of
 //!   the opened directories, the writable data directory, a private /tmp, a few device nodes,
-//!   a new /proc), pivots into it and brings loopback up. The sandbox is now prepared: init
+//!   a new /proc), pivots into it and brings loopback up (and, in network mode `bridged`, the
+//!   veth end the helper moved in: see [`super::bridge`]). The sandbox is now prepared: init
 //!   says so on stdin (the agent's control socket) and waits there for the start message, the
 //!   rest of the app's environment. A slot of the slot pool waits here until a request needs
 //!   it; a JIT start sends the message at once. Then init forks the app. The app gets rlimits,
@@ -130,6 +131,17 @@ pub fn main(dir: &Path) -> i32 {
                     let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
                     let _ = waitpid(child, None);
                     return fail("cannot map the sandbox's user ids", e);
+                }
+                if let Some(b) = &plan.bridged {
+                    // The child's network namespace exists now; init configures the inner end.
+                    if let Err(e) = super::bridge::attach(b, child.as_raw().unsigned_abs()) {
+                        let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                        let _ = waitpid(child, None);
+                        return fail(
+                            &format!("cannot wire the sandbox to bridge {}", b.bridge),
+                            e,
+                        );
+                    }
                 }
                 let _ = std::fs::File::from(to_child_w).write_all(b"m");
             }
@@ -484,6 +496,10 @@ fn setup(plan: &Plan, shown: &[Shown]) -> Result<(), String> {
     .map_err(|e| format!("make the root read-only: {e}"))?;
     nix::unistd::sethostname(&plan.hostname).map_err(|e| format!("sethostname: {e}"))?;
     loopback_up().map_err(|e| format!("bring loopback up: {e}"))?;
+    if let Some(b) = &plan.bridged {
+        super::bridge::configure_inside(b)
+            .map_err(|e| format!("configure {}: {e}", super::bridge::INSIDE_IF))?;
+    }
     Ok(())
 }
 

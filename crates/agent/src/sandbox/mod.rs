@@ -5,18 +5,20 @@
 //! The agent writes a plan into the instance's directory and starts `warden sandbox-init`
 //! (see [`init`]), which builds the sandbox and execs the app inside it. Network mode is
 //! `isolated`: the namespace has only loopback, and the gateway reaches the app through the
-//! connection-handing socket described at [`crate::connect`]. Limits are rlimits (address space,
+//! connection-handing socket described at [`crate::connect`]. Network mode `bridged` adds a
+//! veth pair on the node's bridge (see [`bridge`]). Limits are rlimits (address space,
 //! processes, CPU seconds); cgroup v2 limits are not used yet.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use warden_core::Limits;
+use warden_core::{Limits, NetworkMode};
 
 use crate::driver::{Driver, Launch, Started};
 use crate::process;
 
+pub mod bridge;
 pub mod init;
 mod seccomp;
 
@@ -42,6 +44,9 @@ pub(crate) struct Plan {
     pub limits: Limits,
     /// Host name inside.
     pub hostname: String,
+    /// The veth wiring in network mode `bridged`; none in `isolated`.
+    #[serde(default)]
+    pub bridged: Option<bridge::BridgedPlan>,
 }
 
 /// The start message the agent sends a prepared sandbox on its control socket: the part of the
@@ -71,6 +76,8 @@ pub(crate) struct Prepared {
     pub addr: String,
     /// The agent's end of the control socket (init's stdin).
     pub control: std::os::unix::net::UnixStream,
+    /// The sandbox's bridge address in network mode `bridged`, held until it is gone.
+    pub lease: Option<bridge::AddrLease>,
 }
 
 /// Starts `warden sandbox-init` for `l` and returns while it prepares. `l.env` is the part of
@@ -85,6 +92,13 @@ pub(crate) fn prepare(l: &Launch<'_>) -> Result<Prepared, String> {
     env.insert("HOME".into(), DATA_MOUNT.into());
     env.insert("TMPDIR".into(), "/tmp".into());
     env.insert("PATH".into(), process::INSTANCE_PATH.into());
+    let lease = match l.spec.network {
+        NetworkMode::Isolated => None,
+        NetworkMode::Bridged => Some(l.bridge.lease()?),
+    };
+    if let Some(lease) = &lease {
+        env.insert("WARDEN_NETWORK_ADDR".into(), lease.plan.addr.to_string());
+    }
     let data = l.dir.join(DATA_DIR);
     std::fs::create_dir_all(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
     let plan = Plan {
@@ -94,6 +108,7 @@ pub(crate) fn prepare(l: &Launch<'_>) -> Result<Prepared, String> {
         port: SANDBOX_PORT,
         limits: l.spec.limits,
         hostname: "sandbox".into(),
+        bridged: lease.as_ref().map(|l| l.plan.clone()),
     };
     let json = serde_json::to_vec(&plan).map_err(|e| e.to_string())?;
     write_private(&l.dir.join(PLAN_FILE), &json)
@@ -120,6 +135,7 @@ pub(crate) fn prepare(l: &Launch<'_>) -> Result<Prepared, String> {
             l.dir.join(CONN_SOCKET).display()
         ),
         control,
+        lease,
     })
 }
 
@@ -137,13 +153,14 @@ impl Driver for SandboxDriver {
             child,
             addr,
             mut control,
+            lease,
         } = prepare(l)?;
         // Everything is known now: the message waits in the socket until init reads it. It is
         // far smaller than a socket buffer, so this write does not block.
         control
             .write_all(&go_message(BTreeMap::new()))
             .map_err(|e| format!("cannot send the sandbox its start message: {e}"))?;
-        Ok(Started { child, addr })
+        Ok(Started { child, addr, lease })
     }
 }
 
