@@ -59,6 +59,8 @@ enum Action {
     Close,
     /// `/_drop?instance=ID`: if this is that instance, abort the connection without answering.
     Drop,
+    /// `/_hang`: never answer, as a wedged instance would (other requests are still served).
+    Hang,
 }
 
 fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
@@ -84,6 +86,7 @@ fn action(id: &Identity, health: &AtomicU64, req: &Request<Incoming>) -> Action 
     match req.uri().path() {
         "/_health" => Action::Healthy,
         "/_close" => Action::Close,
+        "/_hang" => Action::Hang,
         "/_drop" if query_param(req, "instance").as_deref() == Some(id.instance.as_str()) => {
             Action::Drop
         }
@@ -139,7 +142,10 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
         let mut closing = closed.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
-                let result = match action(&id, &health, &req) {
+                let action = action(&id, &health, &req);
+                let hang = matches!(action, Action::Hang);
+                let result = match action {
+                    Action::Hang => Ok(plain(hyper::StatusCode::OK, "never sent")),
                     Action::Answer => Ok(respond(&id, &req)),
                     Action::Unhealthy => {
                         Ok(plain(hyper::StatusCode::SERVICE_UNAVAILABLE, "loading"))
@@ -158,7 +164,12 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                     }
                     Action::Drop => Err(std::io::Error::other("dropped on request")),
                 };
-                async move { result }
+                async move {
+                    if hang {
+                        std::future::pending::<()>().await;
+                    }
+                    result
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc);

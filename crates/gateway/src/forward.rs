@@ -127,7 +127,12 @@ async fn serve(
         let _active = inflight.0.begin(&state.agent);
         let t = Instant::now();
         match prepared
-            .send(&state.upstream, &instance.addr, path_and_query)
+            .send(
+                &state.upstream,
+                &instance.addr,
+                path_and_query,
+                state.config.upstream_timeout,
+            )
             .await
         {
             Ok(mut resp) => {
@@ -149,6 +154,12 @@ async fn serve(
                 tracing::info!(app = %spec.name, instance = %instance.id, error = %e, "instance failed an idempotent request; trying another");
                 tried.push(instance.id.clone());
                 last = e;
+            }
+            // Not retried, even when idempotent: a wedged app would make the client wait once per
+            // instance, and the request may still be running where it went.
+            Err(Failure::TimedOut) => {
+                tracing::warn!(app = %spec.name, instance = %instance.id, "instance did not answer in time");
+                return Err(upstream_timeout(state, &spec.name));
             }
             Err(Failure::Other(e)) => {
                 tracing::warn!(app = %spec.name, instance = %instance.id, error = %e, "forwarding failed");
@@ -188,7 +199,12 @@ async fn one_off(
     };
     let t = Instant::now();
     let result = prepared
-        .send(&state.upstream, &r.addr, path_and_query)
+        .send(
+            &state.upstream,
+            &r.addr,
+            path_and_query,
+            state.config.upstream_timeout,
+        )
         .await;
     state.upstream.forget(&r.addr);
     match result {
@@ -209,6 +225,14 @@ async fn one_off(
             app: spec.name.clone(),
             reason: e,
         }),
+        Err(Failure::TimedOut) => Err(upstream_timeout(state, &spec.name)),
+    }
+}
+
+fn upstream_timeout(state: &State, app: &str) -> GatewayError {
+    GatewayError::UpstreamTimeout {
+        app: app.to_owned(),
+        ms: u64::try_from(state.config.upstream_timeout.as_millis()).unwrap_or(u64::MAX),
     }
 }
 

@@ -55,6 +55,8 @@ pub struct GatewayConfig {
     pub max_header_bytes: usize,
     /// Time a client gets to send a request head (408 after).
     pub header_timeout: Duration,
+    /// How long an instance may take to answer a forwarded request before the client gets 504.
+    pub upstream_timeout: Duration,
     /// Authentication tuning.
     pub auth: AuthConfig,
     /// A TLS listener besides the plain one.
@@ -90,6 +92,7 @@ impl GatewayConfig {
             max_body_bytes: 10 * 1024 * 1024,
             max_header_bytes: 16 * 1024,
             header_timeout: Duration::from_secs(15),
+            upstream_timeout: Duration::from_secs(60),
             auth: AuthConfig::default(),
             tls: None,
         }

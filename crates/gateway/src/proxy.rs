@@ -96,6 +96,8 @@ pub(crate) enum Failure {
     Refused(String),
     /// Anything else: the app may have seen the request.
     Other(String),
+    /// No answer within the upstream timeout; the app may still be working on it.
+    TimedOut,
 }
 
 impl Prepared {
@@ -110,6 +112,7 @@ impl Prepared {
         pool: &Pool,
         addr: &str,
         path_and_query: &str,
+        timeout: std::time::Duration,
     ) -> Result<Response<Body>, Failure> {
         // Origin form: the connection already goes to the instance.
         let uri: Uri = path_and_query
@@ -123,7 +126,11 @@ impl Prepared {
                 req.headers_mut().insert(header::HOST, v);
             }
         }
-        let resp = pool.send(req, addr).await?;
+        // Dropping the send on timeout drops its connection too, so it never goes back to the
+        // pool with an answer still owed.
+        let resp = tokio::time::timeout(timeout, pool.send(req, addr))
+            .await
+            .map_err(|_| Failure::TimedOut)??;
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         Ok(Response::from_parts(parts, body))

@@ -54,6 +54,14 @@ pub enum GatewayError {
         /// Error from the connection.
         reason: String,
     },
+    /// The instance did not answer in time.
+    #[error("app {app:?} did not answer within {ms} ms")]
+    UpstreamTimeout {
+        /// App name.
+        app: String,
+        /// Time waited.
+        ms: u64,
+    },
     /// The request is malformed.
     #[error("bad request: {0}")]
     BadRequest(String),
@@ -88,7 +96,7 @@ impl GatewayError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::StartFailed { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            Self::StartTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::StartTimeout { .. } | Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Busy => StatusCode::SERVICE_UNAVAILABLE,

@@ -37,6 +37,10 @@ pub struct UpArgs {
     /// Time a client gets to send a request head before 408, in milliseconds
     #[arg(long, default_value_t = 15_000)]
     header_timeout_ms: u64,
+    /// Time an instance gets to answer a forwarded request before the client gets 504, in
+    /// milliseconds
+    #[arg(long, default_value_t = 60_000)]
+    upstream_timeout_ms: u64,
     /// TLS listen address (with --demo: 127.0.0.1:7443 and a self-signed certificate)
     #[arg(long)]
     tls_listen: Option<SocketAddr>,
@@ -206,6 +210,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     gw_config.session_ttl = Duration::from_secs(args.session_ttl_secs);
     gw_config.max_connections = args.max_connections;
     gw_config.header_timeout = Duration::from_millis(args.header_timeout_ms.max(1));
+    gw_config.upstream_timeout = Duration::from_millis(args.upstream_timeout_ms.max(1));
     gw_config.tls = tls_settings(&args)?;
     let gateway = warden_gateway::Gateway::bind(gw_config, store.clone(), agent.clone())
         .await

@@ -350,6 +350,35 @@ fn only_idempotent_requests_are_retried_after_they_may_have_reached_the_app() {
 }
 
 #[test]
+fn an_instance_that_never_answers_gets_504_and_keeps_serving_others() {
+    let w = Launch::new(BIN)
+        .arg("--upstream-timeout-ms")
+        .arg("1000")
+        .start();
+    let alice = basic("alice", &w.password("alice"));
+    let r = request(
+        "GET",
+        &format!("{}/apps/demo/_hang", w.gateway),
+        &[("authorization", &alice)],
+        b"",
+    );
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert!(
+        r.text().contains("did not answer within 1000 ms"),
+        "{}",
+        r.text()
+    );
+    // The wedged request's connection is dropped, not pooled: the next request is answered.
+    let r = request(
+        "GET",
+        &format!("{}/apps/demo/", w.gateway),
+        &[("authorization", &alice)],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
 fn limits_answer_clearly() {
     let w = Launch::new(BIN)
         .arg("--header-timeout-ms")
