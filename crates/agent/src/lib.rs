@@ -887,7 +887,9 @@ async fn wait_ready(
     let started = tokio::time::Instant::now();
     let deadline = started + timeout;
     let mut pause = Duration::from_millis(1);
-    let mut missing = "it must listen on 127.0.0.1:$PORT".to_owned();
+    // What the health path said last; `None` until it has answered anything.
+    let mut answer: Option<String> = None;
+    let mut accepted = false;
     loop {
         if *exited.borrow() {
             return Ready::Exited;
@@ -896,25 +898,24 @@ async fn wait_ready(
             let Some(path) = health else {
                 return Ready::Yes;
             };
-            // An app that accepts and never answers must not hold the start past its timeout.
+            accepted = true;
+            // An app that accepts and never answers must not hold the start past its timeout;
+            // a check the deadline cuts short leaves the earlier answer standing.
             match tokio::time::timeout_at(deadline, health::check(conn, path)).await {
                 Ok(Ok(status)) if (200..400).contains(&status) => return Ready::Yes,
-                Ok(Ok(status)) => {
-                    missing = format!(
-                        "its health path {path} answered {status}; it must answer 2xx or 3xx"
-                    )
-                }
-                Ok(Err(e)) => {
-                    missing = format!(
-                    "its health path {path} gave no HTTP answer ({e}); it must answer 2xx or 3xx"
-                )
-                }
-                // The deadline cut this check short: an earlier answer says more.
-                Err(_) if missing.contains("health path") => {}
-                Err(_) => missing = format!("its health path {path} did not answer"),
+                Ok(Ok(status)) => answer = Some(format!("answered {status}")),
+                Ok(Err(e)) => answer = Some(format!("gave no HTTP answer ({e})")),
+                Err(_) => {}
             }
         }
         if tokio::time::Instant::now() >= deadline {
+            let missing = match (health, answer) {
+                (Some(path), Some(a)) => {
+                    format!("its health path {path} {a}; it must answer 2xx or 3xx")
+                }
+                (Some(path), None) if accepted => format!("its health path {path} did not answer"),
+                _ => "it must listen on 127.0.0.1:$PORT".to_owned(),
+            };
             return Ready::TimedOut(missing);
         }
         tokio::select! {

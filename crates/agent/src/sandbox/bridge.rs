@@ -218,9 +218,7 @@ impl Bridge {
 /// `wv` + four hex digits of the bridge name + the host number: unique per bridge and host,
 /// within the kernel's 15 characters.
 fn host_if_name(bridge: &str, host: u32) -> String {
-    let tag = bridge.bytes().fold(0x811c_9dc5u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
+    let tag = super::init::fnv(bridge.as_bytes());
     format!("wv{:04x}{host:x}", tag & 0xffff)
 }
 

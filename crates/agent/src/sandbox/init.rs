@@ -150,8 +150,8 @@ pub fn main(dir: &Path) -> i32 {
     }
 }
 
-/// FNV-1a, to spread instance directories over the uid range.
-fn fnv(bytes: &[u8]) -> u32 {
+/// FNV-1a: a stable spread of names over small ranges (uids, interface names), not security.
+pub(crate) fn fnv(bytes: &[u8]) -> u32 {
     bytes.iter().fold(0x811c_9dc5u32, |h, b| {
         (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
     })
