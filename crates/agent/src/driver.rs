@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::sandbox::bridge::{AddrLease, Bridge};
+use crate::sandbox::bridge::Bridge;
+use crate::sandbox::cgroup::Cgroups;
+use crate::sandbox::Held;
 
 use tokio::process::Child;
 use warden_core::AppSpec;
@@ -25,6 +27,8 @@ pub(crate) struct Launch<'a> {
     pub dir: &'a Path,
     /// The node's bridge, for network mode `bridged`.
     pub bridge: &'a Arc<Bridge>,
+    /// The node's cgroups, for the sandbox's limits.
+    pub cgroups: &'a Cgroups,
 }
 
 /// A started instance.
@@ -34,8 +38,8 @@ pub(crate) struct Started {
     /// Where the gateway connects: `host:port`, or `fd+unix:<path>` for a socket that hands
     /// out connections opened inside the instance's own network namespace.
     pub addr: String,
-    /// A bridge address the instance holds until it is gone.
-    pub lease: Option<AddrLease>,
+    /// What the instance holds until it is gone (bridge address, cgroups).
+    pub held: Held,
 }
 
 /// A way to run instances.

@@ -395,6 +395,7 @@ mod tests {
                 load_per_core: 0.0,
                 instances,
             },
+            limits: String::new(),
         }
     }
 

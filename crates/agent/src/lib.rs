@@ -168,6 +168,7 @@ struct Inner {
     metrics: metrics::Metrics,
     stopping: watch::Sender<bool>,
     bridge: Arc<sandbox::bridge::Bridge>,
+    cgroups: sandbox::cgroup::Cgroups,
 }
 
 /// Handle to the agent; cheap to clone.
@@ -218,9 +219,12 @@ impl Agent {
             reason: format!("cannot register the agent's metrics: {e}"),
         })?;
         let lease = store.grant_lease(config.lease_ttl).await?;
+        let cgroups = sandbox::cgroup::Cgroups::detect();
+        tracing::info!(limits = cgroups.summary(), "sandbox limits");
         let agent = Self {
             inner: Arc::new(Inner {
                 store,
+                cgroups,
                 bridge: sandbox::bridge::Bridge::new(config.bridge.clone()),
                 config,
                 lease: Mutex::new(lease),
@@ -262,6 +266,7 @@ impl Agent {
             pid: std::process::id(),
             started_at_ms: now_ms(),
             load,
+            limits: self.inner.cgroups.summary().to_owned(),
         };
         put_json(
             &*self.inner.store,
@@ -554,6 +559,7 @@ impl Agent {
                             log: &log,
                             dir: &dir,
                             bridge: &self.inner.bridge,
+                            cgroups: &self.inner.cgroups,
                         };
                         driver_for(spec.driver).start(&launch)
                     });
@@ -565,7 +571,7 @@ impl Agent {
         let driver::Started {
             mut child,
             addr,
-            lease,
+            held,
         } = match launched {
             Ok(s) => s,
             Err(reason) => {
@@ -615,12 +621,19 @@ impl Agent {
         let key = keys::instance(app, &id);
         let (agent, monitor_key, monitor_record) = (self.clone(), key.clone(), record.clone());
         tokio::spawn(async move {
-            let status = match child.wait().await {
+            let mut status = match child.wait().await {
                 Ok(s) => s.to_string(),
                 Err(e) => format!("wait failed: {e}"),
             };
-            // The sandbox and its veth pair are gone: the address may be handed out again.
-            drop(lease);
+            // The sandbox is gone: its address may be handed out again, its cgroups removed,
+            // and a kill by the out-of-memory killer told where the operator looks.
+            if let Some(oom) = held.release().await {
+                let log = agent.log_path(&monitor_record.app, &monitor_record.id);
+                process::append_log(&log, &format!("warden: {oom}"));
+                tracing::warn!(app = %monitor_record.app, instance = %monitor_record.id, "{oom}");
+                agent.inner.metrics.oom_killed(&monitor_record.app);
+                status = format!("{status}; {oom}");
+            }
             let _ = status_tx.send(status.clone());
             agent.forget(&monitor_key, &monitor_record, &status).await;
             let crashed = !stopping.load(Ordering::Relaxed);
@@ -856,6 +869,7 @@ impl Agent {
         let kills = ids.iter().map(|id| self.kill(id));
         futures_util::future::join_all(kills).await;
         self.inner.bridge.remove_if_created();
+        self.inner.cgroups.remove();
         let _ = self.inner.store.delete(&keys::node(self.node())).await;
         let _ = self.inner.store.revoke_lease(self.lease()).await;
         tracing::info!(node = %self.node(), stopped = ids.len(), "agent stopped");

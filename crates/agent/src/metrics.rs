@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 /// Buckets from 100 µs to 30 s: a warm hand-out is sub-millisecond, a sandbox start is
 /// milliseconds, a slow app's start is seconds.
@@ -18,6 +20,7 @@ pub(crate) struct Metrics {
     starts: HistogramVec,
     pub(crate) slot_prepare: Histogram,
     pub(crate) pool: IntGaugeVec,
+    oom_kills: IntCounterVec,
 }
 
 /// How a new instance came to be.
@@ -53,14 +56,23 @@ impl Metrics {
             ),
             &["app", "label", "kind"],
         )?;
+        let oom_kills = IntCounterVec::new(
+            Opts::new(
+                "oom_killed_instances_total",
+                "Sandboxed instances in which the kernel's out-of-memory killer stopped a process at the instance's memory limit, counted when the instance exits, by app",
+            ),
+            &["app"],
+        )?;
         registry.register(Box::new(starts.clone()))?;
         registry.register(Box::new(slot_prepare.clone()))?;
         registry.register(Box::new(pool.clone()))?;
+        registry.register(Box::new(oom_kills.clone()))?;
         Ok(Self {
             registry,
             starts,
             slot_prepare,
             pool,
+            oom_kills,
         })
     }
 
@@ -73,6 +85,10 @@ impl Metrics {
         self.starts
             .with_label_values(&[label])
             .observe(took.as_secs_f64());
+    }
+
+    pub(crate) fn oom_killed(&self, app: &str) {
+        self.oom_kills.with_label_values(&[app]).inc();
     }
 
     pub(crate) fn render(&self) -> String {

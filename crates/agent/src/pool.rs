@@ -46,7 +46,7 @@ pub(crate) struct Slot {
     addr: String,
     control: std::os::unix::net::UnixStream,
     prepared: Arc<AtomicBool>,
-    lease: Option<sandbox::bridge::AddrLease>,
+    held: sandbox::Held,
 }
 
 /// The pools of this node.
@@ -91,7 +91,7 @@ impl Slot {
         Ok(Started {
             child: self.child,
             addr: self.addr,
-            lease: self.lease,
+            held: self.held,
         })
     }
 }
@@ -379,6 +379,7 @@ impl Agent {
             log: &log,
             dir: &dir,
             bridge: &self.inner.bridge,
+            cgroups: &self.inner.cgroups,
         };
         let p = match sandbox::prepare(&launch) {
             Ok(p) => p,
@@ -404,7 +405,7 @@ impl Agent {
             addr: p.addr,
             control: p.control,
             prepared: prepared.clone(),
-            lease: p.lease,
+            held: p.held,
         };
         lock(&self.inner.pools.slots)
             .entry(spec.name.clone())
@@ -461,9 +462,15 @@ impl Agent {
         kill_slot(&slot);
         let dir = self.inner.config.instance_dir.join(&slot.id);
         let _ = std::fs::remove_file(&slot.log);
-        // Dropping the child leaves the reaping to tokio.
-        drop(slot);
-        let _ = std::fs::remove_dir_all(dir);
+        let Slot {
+            mut child, held, ..
+        } = slot;
+        // The cgroups can only go once the sandbox's processes are gone.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+            held.release().await;
+            let _ = std::fs::remove_dir_all(dir);
+        });
     }
 
     fn pool_may_try(&self, key: &PoolKey) -> bool {

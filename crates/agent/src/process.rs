@@ -47,7 +47,7 @@ impl Driver for ProcessDriver {
         Ok(Started {
             child,
             addr: loopback(port).to_string(),
-            lease: None,
+            held: Default::default(),
         })
     }
 }
@@ -98,6 +98,19 @@ pub(crate) fn spawn(mut cmd: Command) -> std::io::Result<Child> {
 pub(crate) fn signal_group(pid: u32, signal: nix::sys::signal::Signal) {
     if let Ok(pid) = i32::try_from(pid) {
         let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), signal);
+    }
+}
+
+/// Adds a line of warden's own to an instance's log, where `warden logs` shows it beside the
+/// app's output.
+pub(crate) fn append_log(path: &Path, line: &str) {
+    use std::io::Write;
+    let written = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "{line}"));
+    if let Err(e) = written {
+        tracing::warn!(log = %path.display(), error = %e, "could not add to an instance's log");
     }
 }
 

@@ -87,12 +87,15 @@ pub enum AppsCommand {
         /// Instances kept running for a label, LABEL=COUNT (repeatable)
         #[arg(long = "desired", value_name = "LABEL=COUNT")]
         desired: Vec<String>,
-        /// Address-space limit of each sandboxed instance, in MiB
+        /// Memory limit of each sandboxed instance, in MiB (cgroup limit, else address space)
         #[arg(long)]
         memory_mb: Option<u64>,
         /// Process limit of each sandboxed instance
         #[arg(long)]
         processes: Option<u64>,
+        /// CPU cap of each sandboxed instance in thousandths of a core (needs the cpu cgroup)
+        #[arg(long)]
+        millicpus: Option<u64>,
         /// How a request that finds no instance gets one: jit (default), slot or warm
         #[arg(long)]
         start: Option<String>,
@@ -299,6 +302,7 @@ async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::R
             desired,
             memory_mb,
             processes,
+            millicpus,
             start,
             slots,
             warm,
@@ -345,8 +349,11 @@ async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::R
             if let Some(v) = max_instances {
                 body["max_instances"] = json!(v);
             }
-            if memory_mb.is_some() || processes.is_some() {
+            if memory_mb.is_some() || processes.is_some() || millicpus.is_some() {
                 let mut limits = json!({});
+                if let Some(v) = millicpus {
+                    limits["millicpus"] = json!(v);
+                }
                 if let Some(v) = memory_mb {
                     limits["memory_mb"] = json!(v);
                 }

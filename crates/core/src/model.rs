@@ -148,7 +148,8 @@ pub enum Lifetime {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
-    /// Address space in MiB.
+    /// Memory in MiB: the cgroup's memory limit (resident memory, files the instance writes
+    /// to its tmpfs, no swap) where cgroups are used, else the address-space rlimit.
     #[serde(default = "default_memory_mb")]
     pub memory_mb: u64,
     /// Processes and threads.
@@ -157,6 +158,10 @@ pub struct Limits {
     /// CPU time in seconds over the instance's life; 0 means unlimited.
     #[serde(default)]
     pub cpu_seconds: u64,
+    /// CPU rate in thousandths of a core (1000 = one core), enforced by the cpu cgroup
+    /// controller where it is used; 0 means uncapped.
+    #[serde(default)]
+    pub millicpus: u64,
 }
 
 impl Default for Limits {
@@ -165,6 +170,7 @@ impl Default for Limits {
             memory_mb: default_memory_mb(),
             processes: default_max_processes(),
             cpu_seconds: 0,
+            millicpus: 0,
         }
     }
 }
@@ -299,6 +305,12 @@ impl AppSpec {
             return Err(SpecError::Lifetime(format!(
                 "limits: memory_mb must be at least 16 and processes at least 1 (got {} and {})",
                 self.limits.memory_mb, self.limits.processes
+            )));
+        }
+        if self.limits.millicpus != 0 && !(10..=1_000_000).contains(&self.limits.millicpus) {
+            return Err(SpecError::Lifetime(format!(
+                "limits: millicpus is thousandths of a core, from 10 (1% of a core) to 1000000, or 0 for no cap (got {})",
+                self.limits.millicpus
             )));
         }
         self.validate_pools()?;
@@ -488,6 +500,10 @@ pub struct NodeRecord {
     /// Host load, refreshed with the lease.
     #[serde(default)]
     pub load: HostLoad,
+    /// What enforces sandbox limits on this node, e.g. `cgroup v1 (memory, pids, cpu)` or
+    /// `rlimits only (why)`.
+    #[serde(default)]
+    pub limits: String,
 }
 
 /// A login session. Stored at `sessions/<sha256 of token>` under a lease that ends it.

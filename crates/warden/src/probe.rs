@@ -19,9 +19,17 @@ pub struct ProbeArgs {
     /// A host process id that must be invisible
     #[arg(long)]
     host_pid: Option<u32>,
-    /// MiB to reserve; must fail under the memory limit
+    /// MiB to reserve and touch in a child process; must fail, or the child be killed, under
+    /// the memory limit
     #[arg(long)]
     alloc_mb: Option<usize>,
+    /// How many processes to try to run at once; must fail under the process limit
+    #[arg(long)]
+    processes: Option<usize>,
+    /// Only reserve and touch this many MiB, then exit 0 (the child of --alloc-mb); exits 2 if
+    /// the reservation is refused
+    #[arg(long, hide = true)]
+    fill_mb: Option<usize>,
     /// An address that must be reachable, HOST:PORT (repeat; network "bridged")
     #[arg(long = "reach")]
     reach: Vec<std::net::SocketAddr>,
@@ -40,8 +48,70 @@ fn report(what: &str, escaped: Option<String>, why: impl std::fmt::Display) {
     }
 }
 
+/// Reserves and touches `mb` MiB in a child process, so that the out-of-memory killer (a cgroup
+/// limit) ends the child and not the probe, which must go on to serve.
+fn alloc(mb: usize) {
+    use std::os::unix::process::ExitStatusExt;
+    let me = std::env::args().next().unwrap_or_default();
+    let status = std::process::Command::new(&me)
+        .args(["sandbox-probe", "--fill-mb", &mb.to_string()])
+        .status();
+    match status {
+        Ok(s) if s.success() => report("memory-limit", Some(format!("touched {mb} MiB")), ""),
+        Ok(s) if s.code() == Some(2) => report("memory-limit", None, "the reservation was refused"),
+        Ok(s) if s.signal() == Some(nix::sys::signal::Signal::SIGKILL as i32) => {
+            report("memory-limit", None, "killed by the kernel at the limit")
+        }
+        Ok(s) => println!("probe memory-limit: FAILED (the filler ended with {s})"),
+        Err(e) => println!("probe memory-limit: FAILED (cannot run {me}: {e})"),
+    }
+}
+
+/// Tries to have `n` processes running at once; they are stopped again before returning.
+fn spawn_many(n: usize) {
+    let mut children = Vec::new();
+    let mut refused = None;
+    for _ in 0..n {
+        match std::process::Command::new("sleep").arg("30").spawn() {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let started = children.len();
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    match refused {
+        Some(e) => report(
+            "process-limit",
+            None,
+            format!("refused after {started} processes: {e}"),
+        ),
+        None => report("process-limit", Some(format!("ran {n} processes")), ""),
+    }
+}
+
+/// The filler of [`alloc`]: exits 0 once every page is touched, 2 if the reservation fails.
+fn fill(mb: usize) -> ! {
+    let mut v: Vec<u8> = Vec::new();
+    if v.try_reserve_exact(mb * 1024 * 1024).is_err() {
+        std::process::exit(2);
+    }
+    // One write per page makes each one resident.
+    v.resize(mb * 1024 * 1024, 1);
+    std::hint::black_box(&v);
+    std::process::exit(0)
+}
+
 /// Runs every probe; never fails, only reports.
 pub fn run(args: &ProbeArgs) {
+    if let Some(mb) = args.fill_mb {
+        fill(mb);
+    }
     if let Some(port) = args.host_port {
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)) {
@@ -163,12 +233,11 @@ pub fn run(args: &ProbeArgs) {
         Ok(()) => report("mount", Some("mounted a tmpfs".into()), ""),
         Err(e) => report("mount", None, e),
     }
+    if let Some(n) = args.processes {
+        spawn_many(n);
+    }
     if let Some(mb) = args.alloc_mb {
-        let mut v: Vec<u8> = Vec::new();
-        match v.try_reserve_exact(mb * 1024 * 1024) {
-            Ok(()) => report("memory-limit", Some(format!("reserved {mb} MiB")), ""),
-            Err(e) => report("memory-limit", None, e),
-        }
+        alloc(mb);
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();

@@ -40,19 +40,30 @@ fn a_sandboxed_instance_cannot_escape() {
     host.set_nonblocking(true).unwrap();
     let port = host.local_addr().unwrap().port().to_string();
     let me = std::process::id().to_string();
+    // With a memory cgroup the probe's filler touches past a small limit and must be killed;
+    // with rlimits only, the address-space limit must refuse the reservation, and the probe
+    // (a full async server) needs a larger address space to run at all.
+    let limits = node_limits(&w);
+    let memory_cgroup = limits.starts_with("cgroup") && limits.contains("memory");
+    let (memory_mb, alloc_mb) = if memory_cgroup {
+        (128, "512")
+    } else {
+        (1024, "4096")
+    };
     create(
         &w,
         json!({
             "name": "jail",
             "driver": "sandbox",
-            "limits": { "memory_mb": 1024 },
+            "limits": { "memory_mb": memory_mb, "processes": 16, "millicpus": 500 },
             "command": [
                 BIN, "sandbox-probe",
                 "--host-port", port,
                 "--forbidden", w.dir.to_str().unwrap(),
                 "--forbidden", other_data.to_str().unwrap(),
                 "--host-pid", me,
-                "--alloc-mb", "4096",
+                "--alloc-mb", alloc_mb,
+                "--processes", "64",
             ],
         }),
     );
@@ -78,6 +89,7 @@ fn a_sandboxed_instance_cannot_escape() {
         "probe new-user-namespace: blocked",
         "probe mount: blocked",
         "probe memory-limit: blocked",
+        "probe process-limit: blocked",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
@@ -94,6 +106,97 @@ fn a_sandboxed_instance_cannot_escape() {
         std::fs::read(other_data.join("secret.txt")).unwrap(),
         b"alice's data"
     );
+    let cgroups = cgroup_dirs(w.pid(), &id);
+    if limits.starts_with("cgroup") {
+        // Every limit is written where the kernel enforces it: 128 MiB, the app's 16 processes
+        // plus the sandbox's own 2, half a core.
+        assert!(!cgroups.is_empty(), "{limits}: no cgroup of instance {id}");
+        let mut seen = Vec::new();
+        for dir in &cgroups {
+            for (file, want) in [
+                ("memory.limit_in_bytes", "134217728"),
+                ("memory.max", "134217728"),
+                ("pids.max", "18"),
+                ("cpu.cfs_quota_us", "50000"),
+                ("cpu.max", "50000 100000"),
+            ] {
+                if let Ok(v) = std::fs::read_to_string(dir.join(file)) {
+                    assert_eq!(v.trim(), want, "{}", dir.join(file).display());
+                    seen.push(file);
+                }
+            }
+        }
+        for controller in ["memory", "pids", "cpu"] {
+            if limits.contains(controller) {
+                assert!(
+                    seen.iter().any(|f| f.starts_with(controller)),
+                    "{limits}: no {controller} limit in {cgroups:?}"
+                );
+            }
+        }
+    }
+    if memory_cgroup {
+        assert!(
+            out.contains("probe memory-limit: blocked (killed by the kernel at the limit)"),
+            "{limits}: {out}"
+        );
+        // The kill is not left unnoticed: once the instance ends, its log and the agent's
+        // metrics say the out-of-memory killer stopped a process of it.
+        let r = w.api("DELETE", &format!("/v1/instances/{id}"), None);
+        assert!(r.status < 300, "{}", r.text());
+        let out = logs(&w, &id);
+        assert!(
+            out.contains("warden: out of memory: the kernel killed 1 process of this instance at its memory limit of 128 MiB"),
+            "{out}"
+        );
+        assert!(
+            cgroup_dirs(w.pid(), &id).is_empty(),
+            "the instance's cgroups are removed after it"
+        );
+        let metrics = w.api("GET", "/metrics", None).text();
+        assert!(
+            metrics.contains("warden_agent_oom_killed_instances_total{app=\"jail\"} 1"),
+            "{metrics}"
+        );
+    }
+}
+
+/// The cgroup directories of instance `id` of the warden with process id `warden`
+/// (`warden-<pid>/<id>` below some cgroup mount).
+fn cgroup_dirs(warden: u32, id: &str) -> Vec<std::path::PathBuf> {
+    fn walk(dir: &std::path::Path, depth: u32, want: &str, found: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if !e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                continue;
+            }
+            if path.ends_with(want) {
+                found.push(path);
+            } else if depth > 0 {
+                walk(&path, depth - 1, want, found);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(
+        std::path::Path::new("/sys/fs/cgroup"),
+        4,
+        &format!("warden-{warden}/{id}"),
+        &mut found,
+    );
+    found
+}
+
+/// What enforces sandbox limits on the demo warden's node, from `GET /v1/nodes`.
+fn node_limits(w: &Warden) -> String {
+    let r = w.api("GET", "/v1/nodes", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let limits = r.json()[0]["limits"].as_str().unwrap().to_owned();
+    assert!(!limits.is_empty(), "{}", r.text());
+    limits
 }
 
 #[test]

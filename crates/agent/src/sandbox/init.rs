@@ -13,7 +13,8 @@
 //!   veth end the helper moved in: see [`super::bridge`]). The sandbox is now prepared: init
 //!   says so on stdin (the agent's control socket) and waits there for the start message, the
 //!   rest of the app's environment. A slot of the slot pool waits here until a request needs
-//!   it; a JIT start sends the message at once. Then init forks the app. The app gets rlimits,
+//!   it; a JIT start sends the message at once. Then init forks the app. The app gets rlimits
+//!   (those the instance's cgroups do not already enforce: see [`super::cgroup`]),
 //!   no capabilities, no new privileges and the seccomp filter, then execs. Init stays to hand
 //!   out connections to the app (see [`crate::connect`]) and to reap; when the app exits, init
 //!   exits with its status and the kernel kills whatever is left in the namespace.
@@ -131,6 +132,18 @@ pub fn main(dir: &Path) -> i32 {
                     let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
                     let _ = waitpid(child, None);
                     return fail("cannot map the sandbox's user ids", e);
+                }
+                // The outer process joins before it forks init, so that everything inside the
+                // sandbox is counted against the instance's limits.
+                for procs in &plan.cgroup_procs {
+                    if let Err(e) = std::fs::write(procs, child.as_raw().to_string()) {
+                        let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                        let _ = waitpid(child, None);
+                        return fail(
+                            &format!("cannot put the sandbox into {}", procs.display()),
+                            e,
+                        );
+                    }
                 }
                 if let Some(b) = &plan.bridged {
                     // The child's network namespace exists now; init configures the inner end.
@@ -553,12 +566,13 @@ fn exec_app(
     }
     let l = &plan.limits;
     let mib = l.memory_mb.saturating_mul(1024 * 1024);
-    let mut limits = vec![
-        (Resource::RLIMIT_AS, mib),
-        (Resource::RLIMIT_CORE, 0),
-        (Resource::RLIMIT_NOFILE, 4096),
-    ];
-    if nix::unistd::getuid().is_root() && l.processes > 0 {
+    let mut limits = vec![(Resource::RLIMIT_CORE, 0), (Resource::RLIMIT_NOFILE, 4096)];
+    // The cgroup counts what the sandbox really uses, tmpfs files included; an address-space
+    // limit on top would only break apps that reserve more than they touch.
+    if !plan.enforced.memory {
+        limits.push((Resource::RLIMIT_AS, mib));
+    }
+    if !plan.enforced.pids && nix::unistd::getuid().is_root() && l.processes > 0 {
         // Counted per host uid: exact when the agent runs as root (one uid per instance).
         limits.push((Resource::RLIMIT_NPROC, l.processes));
     }

@@ -6,8 +6,8 @@
 //! (see [`init`]), which builds the sandbox and execs the app inside it. Network mode is
 //! `isolated`: the namespace has only loopback, and the gateway reaches the app through the
 //! connection-handing socket described at [`crate::connect`]. Network mode `bridged` adds a
-//! veth pair on the node's bridge (see [`bridge`]). Limits are rlimits (address space,
-//! processes, CPU seconds); cgroup v2 limits are not used yet.
+//! veth pair on the node's bridge (see [`bridge`]). Memory, process and CPU limits are cgroups
+//! where the node can use them (see [`cgroup`]) and rlimits otherwise.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,7 @@ use crate::driver::{Driver, Launch, Started};
 use crate::process;
 
 pub mod bridge;
+pub mod cgroup;
 pub mod init;
 mod seccomp;
 
@@ -47,6 +48,33 @@ pub(crate) struct Plan {
     /// The veth wiring in network mode `bridged`; none in `isolated`.
     #[serde(default)]
     pub bridged: Option<bridge::BridgedPlan>,
+    /// `cgroup.procs` files the sandbox's outer process joins before anything runs inside.
+    #[serde(default)]
+    pub cgroup_procs: Vec<PathBuf>,
+    /// The limits those cgroups enforce; the others are left to rlimits.
+    #[serde(default)]
+    pub enforced: cgroup::Enforced,
+}
+
+/// What a sandbox holds on the node until its process is reaped: a bridge address and its
+/// cgroups.
+#[derive(Default)]
+pub(crate) struct Held {
+    pub lease: Option<bridge::AddrLease>,
+    pub cgroup: Option<cgroup::InstanceCgroup>,
+}
+
+impl Held {
+    /// After the sandbox's process is reaped: the address is free again, the cgroups are
+    /// removed. Returns what the out-of-memory killer did in the sandbox, if anything.
+    pub(crate) async fn release(self) -> Option<String> {
+        drop(self.lease);
+        let cgroup = self.cgroup?;
+        tokio::task::spawn_blocking(move || cgroup.finish(std::time::Duration::from_secs(2)))
+            .await
+            .ok()
+            .flatten()
+    }
 }
 
 /// The start message the agent sends a prepared sandbox on its control socket: the part of the
@@ -76,8 +104,8 @@ pub(crate) struct Prepared {
     pub addr: String,
     /// The agent's end of the control socket (init's stdin).
     pub control: std::os::unix::net::UnixStream,
-    /// The sandbox's bridge address in network mode `bridged`, held until it is gone.
-    pub lease: Option<bridge::AddrLease>,
+    /// The sandbox's bridge address and cgroups, held until it is gone.
+    pub held: Held,
 }
 
 /// Starts `warden sandbox-init` for `l` and returns while it prepares. `l.env` is the part of
@@ -101,6 +129,16 @@ pub(crate) fn prepare(l: &Launch<'_>) -> Result<Prepared, String> {
     }
     let data = l.dir.join(DATA_DIR);
     std::fs::create_dir_all(&data).map_err(|e| format!("cannot create {}: {e}", data.display()))?;
+    let id = l
+        .dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let cgroup = l.cgroups.create(&id, &l.spec.limits)?;
+    let enforced = cgroup.as_ref().map(|c| c.enforced).unwrap_or_default();
+    if l.spec.limits.millicpus > 0 && !enforced.cpu {
+        tracing::warn!(app = %l.spec.name, cgroups = l.cgroups.summary(), "the app's millicpus cap is not enforced: this node does not use the cpu cgroup controller");
+    }
     let plan = Plan {
         argv,
         env,
@@ -109,7 +147,10 @@ pub(crate) fn prepare(l: &Launch<'_>) -> Result<Prepared, String> {
         limits: l.spec.limits,
         hostname: "sandbox".into(),
         bridged: lease.as_ref().map(|l| l.plan.clone()),
+        cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
+        enforced,
     };
+    let held = Held { lease, cgroup };
     let json = serde_json::to_vec(&plan).map_err(|e| e.to_string())?;
     write_private(&l.dir.join(PLAN_FILE), &json)
         .map_err(|e| format!("cannot write the sandbox plan: {e}"))?;
@@ -135,7 +176,7 @@ pub(crate) fn prepare(l: &Launch<'_>) -> Result<Prepared, String> {
             l.dir.join(CONN_SOCKET).display()
         ),
         control,
-        lease,
+        held,
     })
 }
 
@@ -153,14 +194,14 @@ impl Driver for SandboxDriver {
             child,
             addr,
             mut control,
-            lease,
+            held,
         } = prepare(l)?;
         // Everything is known now: the message waits in the socket until init reads it. It is
         // far smaller than a socket buffer, so this write does not block.
         control
             .write_all(&go_message(BTreeMap::new()))
             .map_err(|e| format!("cannot send the sandbox its start message: {e}"))?;
-        Ok(Started { child, addr, lease })
+        Ok(Started { child, addr, held })
     }
 }
 
