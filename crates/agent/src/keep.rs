@@ -55,7 +55,7 @@ struct State {
     dirty: HashSet<String>,
 }
 
-/// Restart bookkeeping of kept instances on this node.
+/// Restart bookkeeping of kept instances and warm-pool spares on this node, per app and label.
 #[derive(Default)]
 pub(crate) struct Keeper {
     state: Mutex<State>,
@@ -67,7 +67,7 @@ pub(crate) fn backoff(crashes: u32) -> Duration {
 }
 
 impl Keeper {
-    /// A kept instance of (app, label) crashed or failed to start.
+    /// A kept instance or a spare of (app, label) crashed or failed to start.
     pub(crate) fn crashed(&self, app: &str, label: &str, status: &str, tail: &str) {
         let mut s = lock(&self.state);
         let l = s
@@ -81,11 +81,11 @@ impl Keeper {
         l.next_start_ms = now_ms() + delay.as_millis() as u64;
         l.last_exit = status.to_owned();
         l.last_lines = tail.to_owned();
-        tracing::warn!(app, label, crashes = l.crashes, retry_ms = delay.as_millis() as u64, %status, "kept instance crashed; restarting after backoff");
+        tracing::warn!(app, label, crashes = l.crashes, retry_ms = delay.as_millis() as u64, %status, "kept instance or spare crashed; restarting after backoff");
         s.dirty.insert(app.to_owned());
     }
 
-    fn started(&self, app: &str, label: &str) {
+    pub(crate) fn started(&self, app: &str, label: &str) {
         let mut s = lock(&self.state);
         let key = (app.to_owned(), label.to_owned());
         if let Some(l) = s.labels.get_mut(&key) {
@@ -107,7 +107,7 @@ impl Keeper {
         s.dirty.extend(apps);
     }
 
-    fn may_start(&self, key: &LabelKey) -> bool {
+    pub(crate) fn may_start(&self, key: &LabelKey) -> bool {
         let s = lock(&self.state);
         s.labels
             .get(key)
@@ -186,6 +186,7 @@ impl Agent {
                 _ = stopping.changed() => return,
             }
             self.reap_idle();
+            self.cap_logs().await;
             match list_readable::<AppSpec>(&*self.inner.store, keys::APPS).await {
                 Ok(apps) => {
                     if let Err(e) = self.keep_desired(&apps).await {
@@ -233,6 +234,27 @@ impl Agent {
                 let _ = agent.kill(&id).await;
             });
         }
+    }
+
+    /// Cuts back the logs of running instances that outgrew `max_log_bytes`. Awaited by the
+    /// supervision loop, so two cuts of one file never overlap.
+    async fn cap_logs(&self) {
+        let max = self.inner.config.max_log_bytes;
+        let logs: Vec<(String, std::path::PathBuf)> = lock(&self.inner.running)
+            .values()
+            .map(|r| (r.record.id.clone(), r.log.clone()))
+            .collect();
+        let _ = tokio::task::spawn_blocking(move || {
+            for (id, log) in logs {
+                match crate::process::cap_log(&log, max) {
+                    Ok(true) => tracing::info!(instance = %id, max_bytes = max, "instance log cut back to its newer half"),
+                    Ok(false) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => tracing::warn!(instance = %id, log = %log.display(), error = %e, "could not cut back an instance's log"),
+                }
+            }
+        })
+        .await;
     }
 
     async fn keep_desired(&self, apps: &[AppSpec]) -> Result<(), AgentError> {

@@ -59,6 +59,8 @@ pub struct AgentConfig {
     pub lease_ttl: Duration,
     /// Most instances this node runs at once.
     pub max_instances: u32,
+    /// Size at which an instance's log is cut back to its newer half.
+    pub max_log_bytes: u64,
     /// The bridge of network mode `bridged`, set up when an instance first needs it.
     pub bridge: sandbox::bridge::BridgeConfig,
 }
@@ -620,6 +622,7 @@ impl Agent {
         // The monitor owns the child: it reaps it and cleans up whenever it exits.
         let key = keys::instance(app, &id);
         let (agent, monitor_key, monitor_record) = (self.clone(), key.clone(), record.clone());
+        let pooled = purpose == Purpose::Spare;
         tokio::spawn(async move {
             let mut status = match child.wait().await {
                 Ok(s) => s.to_string(),
@@ -635,9 +638,12 @@ impl Agent {
                 status = format!("{status}; {oom}");
             }
             let _ = status_tx.send(status.clone());
-            agent.forget(&monitor_key, &monitor_record, &status).await;
+            let state = agent.forget(&monitor_key, &monitor_record, &status).await;
             let crashed = !stopping.load(Ordering::Relaxed);
-            if monitor_record.kept && crashed {
+            // A spare that dies before it is handed out is the pool's crash, backed off and
+            // reported like a kept instance's; once handed out it is an ordinary instance.
+            let pool_crash = pooled && state != Some(InstanceState::Ready);
+            if crashed && (monitor_record.kept || pool_crash) {
                 let tail = process::log_tail(
                     &agent.log_path(&monitor_record.app, &monitor_record.id),
                     LOG_TAIL_LINES,
@@ -732,8 +738,14 @@ impl Agent {
         self.inner.config.log_dir.join(format!("{app}-{id}.log"))
     }
 
-    /// Drops every trace of an exited instance but its log, which stays readable for a while.
-    async fn forget(&self, key: &str, record: &InstanceRecord, status: &str) {
+    /// Drops every trace of an exited instance but its log, which stays readable for a while;
+    /// returns the state it was in.
+    async fn forget(
+        &self,
+        key: &str,
+        record: &InstanceRecord,
+        status: &str,
+    ) -> Option<InstanceState> {
         let id = &record.id;
         let gone = lock(&self.inner.running).remove(id);
         if let Some(r) = &gone {
@@ -757,6 +769,7 @@ impl Agent {
         if let Err(e) = self.inner.store.delete(key).await {
             tracing::warn!(instance = %id, error = %e, "could not remove the instance record; its lease will");
         }
+        gone.map(|r| r.record.state)
     }
 
     /// Stops an instance: SIGTERM to its process group, SIGKILL after a grace period. Returns

@@ -226,7 +226,7 @@ impl Agent {
                         .unwrap_or(0);
                     let have = self.spares(&spec.name, label) + pending as usize;
                     for _ in have..want as usize {
-                        if !self.pool_may_try(&key) {
+                        if !self.pool_may_try(&key) || !self.inner.keeper.may_start(&key) {
                             break;
                         }
                         self.start_spare(spec, key.clone());
@@ -354,12 +354,18 @@ impl Agent {
             match result {
                 Ok(_) => {
                     lock(&agent.inner.pools.failures).remove(&key);
+                    agent.inner.keeper.started(&key.0, &key.1);
                 }
+                // A full node is no crash: the pool waits and tries again.
+                Err(AgentError::Full { .. }) => agent.pool_failed(&key),
+                // The monitor already counted an instance that exited.
+                Err(AgentError::Exited { .. } | AgentError::ShuttingDown) => {}
                 Err(e) => {
-                    if !matches!(e, AgentError::Full { .. }) {
-                        tracing::warn!(app = %key.0, label = %key.1, error = %e, "starting a spare instance failed");
-                    }
-                    agent.pool_failed(&key);
+                    tracing::warn!(app = %key.0, label = %key.1, error = %e, "starting a spare instance failed");
+                    agent
+                        .inner
+                        .keeper
+                        .crashed(&key.0, &key.1, &e.to_string(), "");
                 }
             }
         });

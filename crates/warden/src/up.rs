@@ -68,6 +68,10 @@ pub struct UpArgs {
     /// Most app instances this node runs at once; beyond it requests get 503
     #[arg(long, default_value_t = 256)]
     max_instances: u32,
+    /// Size in MiB at which an instance's log is cut back to its newer half (checked twice a
+    /// second)
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    max_log_mb: u64,
     /// Bridge that sandboxes of apps with network "bridged" are attached to; created (as root)
     /// when first needed, removed at shutdown if warden created it
     #[arg(long, default_value = "warden0", value_parser = parse_bridge_name)]
@@ -197,6 +201,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             instance_dir: dir.join("instances"),
             lease_ttl: Duration::from_secs(10),
             max_instances: args.max_instances,
+            max_log_bytes: args.max_log_mb * 1024 * 1024,
             bridge: warden_agent::sandbox::bridge::BridgeConfig {
                 name: args.bridge.clone(),
                 network: args.bridge_cidr.0,

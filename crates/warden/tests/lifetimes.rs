@@ -1,13 +1,13 @@
 //! Instance lifetimes and self-healing through the real binary: per-request and per-user
 //! instances, idle reaping, instance maximums, desired counts kept after kill -9, crash loops
-//! in `warden status`, instance logs and the node's published load.
+//! in `warden status`, instance logs (and their size cap) and the node's published load.
 
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use warden_test_support::{cli, process_alive, wait_until, Warden};
+use warden_test_support::{cli, process_alive, wait_until, Launch, Warden};
 
 const BIN: &str = env!("CARGO_BIN_EXE_warden");
 
@@ -337,4 +337,44 @@ fn an_instance_that_never_answers_its_health_path_fails_with_what_it_answered() 
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("must start with '/'"), "{}", r.text());
+}
+
+#[test]
+fn an_instance_log_past_its_cap_keeps_its_newest_lines() {
+    let w = Launch::new(BIN).arg("--max-log-mb").arg("1").start();
+    // About 3 MiB of output, then a last line, then the app serves.
+    let script = format!(
+        "head -c 3000000 /dev/zero | tr '\\0' x | fold -w 99; echo last-line-kept; exec {BIN} demo-app"
+    );
+    let r = w.api(
+        "POST",
+        "/v1/apps",
+        Some(json!({ "name": "noisy", "command": ["/bin/sh", "-c", script] })),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = get(&w, "alice", "/apps/noisy/")["instance"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let log = w.dir.join("logs").join(format!("noisy-{id}.log"));
+    wait_until(
+        "the log cut back under 1 MiB",
+        Duration::from_secs(30),
+        || {
+            let len = std::fs::metadata(&log).ok()?.len();
+            (len <= 1024 * 1024).then_some(())
+        },
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.starts_with("warden: this log reached ")
+            && first.contains("older lines were dropped"),
+        "{first}"
+    );
+    let r = w.api("GET", &format!("/v1/instances/{id}/logs?lines=5"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("last-line-kept"), "the newest lines stay");
+    // The app keeps writing to the same file after the cut.
+    assert_eq!(get(&w, "alice", "/apps/noisy/")["instance"], id.as_str());
 }

@@ -275,3 +275,40 @@ fn start_paths_that_cannot_work_are_refused_with_what_to_do() {
     );
     assert!(!ok && err.contains("LABEL=COUNT"), "{err}");
 }
+
+#[test]
+fn spares_that_keep_crashing_are_backed_off_and_shown_as_a_crash_loop() {
+    let w = Warden::demo(BIN);
+    // Each spare prints a line, serves for a second (or never gets that far), then dies.
+    let script = format!("echo spare-lost-its-database; exec timeout -s KILL 1 {BIN} demo-app");
+    create_app(
+        &w,
+        "flaky",
+        json!({
+            "command": ["/bin/sh", "-c", script],
+            "start": "warm",
+            "warm": { "SECRET": 1 },
+        }),
+    );
+    let report = wait_until("a crash loop of the pool", Duration::from_secs(60), || {
+        let status = w.api("GET", "/v1/status", None).json();
+        let app = status["apps"]
+            .as_array()?
+            .iter()
+            .find(|a| a["name"] == "flaky")?
+            .clone();
+        let c = app["crash_loops"].as_array()?.first()?.clone();
+        (c["crash_loop"] == true).then_some(c)
+    });
+    assert_eq!(report["label"], "SECRET");
+    assert!(report["crashes"].as_u64().unwrap() >= 3, "{report}");
+    // The next refill waits: a start time is set, after the last exit.
+    assert!(report["next_start_ms"].as_u64().unwrap() > 0, "{report}");
+    assert!(
+        report["last_lines"]
+            .as_str()
+            .unwrap()
+            .contains("spare-lost-its-database"),
+        "{report}"
+    );
+}
