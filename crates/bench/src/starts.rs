@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use serde_json::{json, Value};
+use serde_json::json;
 use warden_test_support::{request, wait_until, Launch, Warden};
 
 use crate::percentile;
@@ -20,8 +20,9 @@ pub(crate) struct Args {
     /// Samples per start path (warden is restarted for each)
     #[arg(long, default_value_t = 20)]
     runs: usize,
-    /// Idle instances started to measure memory per instance
-    #[arg(long, default_value_t = 100)]
+    /// Idle instances to fill the machine with, per driver; the fill stops earlier if
+    /// MemAvailable would fall below a quarter of MemTotal or tasks pass half of pid_max
+    #[arg(long, default_value_t = 2000)]
     idle: u32,
     /// The warden binary to measure
     #[arg(long, default_value = "target/release/warden")]
@@ -148,15 +149,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     );
 
     println!(
-        "\nIdle instances ({} per driver, spares of a warm pool, all running at once):\n",
+        "\nIdle instances (up to {} per driver, spares of a warm pool, all running at once):\n",
         args.idle
     );
-    println!("| driver | PSS per instance MiB | MemAvailable drop per instance MiB | tasks per instance | fit in memory | fit under pid_max/threads-max | this machine holds |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| driver | instances held (measured) | fill ended because | PSS per instance MiB | MemAvailable drop per instance MiB | tasks per instance | fit in memory | fit under pid_max/threads-max | limit of this machine (extrapolated) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for driver in ["process", "sandbox"] {
         let i = idle_memory(warden, driver, args.idle)?;
         println!(
-            "| {driver} | {:.2} | {:.2} | {:.1} | {:.0} | {:.0} | {:.0} |",
+            "| {driver} | {} | {} | {:.2} | {:.2} | {:.1} | {:.0} | {:.0} | {:.0} |",
+            i.held,
+            i.ended,
             i.pss_mib,
             i.available_drop_mib,
             i.tasks,
@@ -304,12 +307,27 @@ fn fork_exec_floor(warden: &Path, runs: usize) -> anyhow::Result<Vec<f64>> {
 }
 
 fn mem_available_mib() -> anyhow::Result<f64> {
+    read_meminfo_mib("MemAvailable:")
+}
+
+fn read_meminfo_mib(field: &str) -> anyhow::Result<f64> {
     let text = std::fs::read_to_string("/proc/meminfo")?;
     text.lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map(|kib| kib / 1024.0)
-        .context("no MemAvailable in /proc/meminfo")
+        .with_context(|| format!("no {field} in /proc/meminfo"))
+}
+
+/// Tasks (threads) on the machine, as `/proc/loadavg`'s fourth field counts them.
+fn count_tasks() -> u64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| {
+            let field = s.split_whitespace().nth(3)?;
+            field.split_once('/')?.1.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// Proportional set size (MiB) and tasks (threads) of every process in the process groups led
@@ -345,8 +363,12 @@ fn read_number(path: &str) -> Option<f64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// What `n` idle instances of one driver cost.
+/// What idle instances of one driver cost.
 struct Idle {
+    /// Idle instances running at once at the end of the fill.
+    held: usize,
+    /// Why the fill stopped.
+    ended: String,
     pss_mib: f64,
     available_drop_mib: f64,
     tasks: f64,
@@ -356,13 +378,41 @@ struct Idle {
     by_tasks: f64,
 }
 
-/// Starts `n` idle spares with `driver` and measures them.
+/// Starts up to `n` idle spares with `driver`, stopping early at the safety floors, and
+/// measures what is running at the end.
 fn idle_memory(warden: &Path, driver: &str, n: u32) -> anyhow::Result<Idle> {
     let max = (n + 16).to_string();
-    let w = Launch::new(warden).arg("--max-instances").arg(&max).start();
+    let w = Launch::new(warden)
+        .no_demo()
+        .arg("--max-instances")
+        .arg(&max)
+        .start();
     // Let warden's own start settle before the baseline.
     std::thread::sleep(Duration::from_secs(1));
     let before = mem_available_mib()?;
+    let total = read_meminfo_mib("MemTotal:")?;
+    let task_limit = read_number("/proc/sys/kernel/pid_max")
+        .unwrap_or(32768.0)
+        .min(read_number("/proc/sys/kernel/threads-max").unwrap_or(f64::MAX));
+    // A pool holds at most 256 spares per label per node (warden_core::MAX_POOL): spread the
+    // fill over labels.
+    let per_label = 256;
+    let warm: serde_json::Map<String, serde_json::Value> = (0..n.div_ceil(per_label))
+        .map(|k| {
+            let count = (n - k * per_label).min(per_label);
+            (format!("fill-{k}"), json!(count))
+        })
+        .collect();
+    // The fill's labels are the levels of a lattice of its own (this warden has no users).
+    let levels: Vec<&String> = warm.keys().collect();
+    let r = w.api(
+        "PUT",
+        "/v1/lattice",
+        Some(json!({ "levels": levels, "categories": [] })),
+    );
+    if r.status >= 300 {
+        bail!("setting the fill's lattice: {}", r.text());
+    }
     let r = w.api(
         "POST",
         "/v1/apps",
@@ -371,36 +421,56 @@ fn idle_memory(warden: &Path, driver: &str, n: u32) -> anyhow::Result<Idle> {
             "command": [warden, "demo-app"],
             "driver": driver,
             "start": "warm",
-            "warm": { LABEL: n },
+            "warm": warm,
             "max_instances": n,
+            // Thousands of starts at once on two cores: readiness may take a while.
+            "start_timeout_ms": 120_000,
         })),
     );
     if r.status != 201 {
         bail!("creating the app: {}", r.text());
     }
-    let pids: Vec<i32> = wait_until(
-        &format!("{n} idle {driver} instances"),
-        Duration::from_secs(300),
-        || {
-            let list: Vec<Value> = w.instances();
-            let spares: Vec<i32> = list
-                .iter()
-                .filter(|i| i["state"] == "spare")
-                .filter_map(|i| i["pid"].as_i64().map(|p| p as i32))
-                .collect();
-            (spares.len() == n as usize).then_some(spares)
-        },
-    );
+    let spares = |w: &Warden| -> Vec<i32> {
+        w.instances()
+            .iter()
+            .filter(|i| i["state"] == "spare")
+            .filter_map(|i| i["pid"].as_i64().map(|p| p as i32))
+            .collect()
+    };
+    let (mut best, mut best_at) = (0, Instant::now());
+    let ended = loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = spares(&w).len();
+        if now >= n as usize {
+            break "target reached".to_owned();
+        }
+        if now > best {
+            (best, best_at) = (now, Instant::now());
+        }
+        let available = mem_available_mib()?;
+        if available < total / 4.0 {
+            break format!("memory floor: MemAvailable {available:.0} of {total:.0} MiB");
+        }
+        let tasks = count_tasks() as f64;
+        if tasks > task_limit / 2.0 {
+            break format!("task floor: {tasks:.0} tasks of {task_limit:.0}");
+        }
+        if best_at.elapsed() > Duration::from_secs(60) {
+            break format!("no new spare for 60 s at {best}");
+        }
+    };
+    // Measured as it stands; a pool stopped at a floor may still grow a little meanwhile.
+    let pids = spares(&w);
     std::thread::sleep(Duration::from_secs(1));
     let after = mem_available_mib()?;
     let (pss, tasks) = usage_of_groups(&pids);
-    let n = f64::from(n);
+    let held = pids.len();
+    let n = held.max(1) as f64;
     let tasks = tasks as f64 / n;
     let pss_mib = pss / n;
-    let task_limit = read_number("/proc/sys/kernel/pid_max")
-        .unwrap_or(32768.0)
-        .min(read_number("/proc/sys/kernel/threads-max").unwrap_or(f64::MAX));
     Ok(Idle {
+        held,
+        ended,
         pss_mib,
         available_drop_mib: (before - after) / n,
         tasks,
