@@ -657,7 +657,7 @@ impl Agent {
             }
             let _ = exit_tx.send(true);
         });
-        put_json(store, &key, &record, Some(self.lease())).await?;
+        self.publish_or_stop(&id, &key, &record).await?;
 
         let timeout = Duration::from_millis(spec.start_timeout_ms);
         match wait_ready(&addr, spec.health_path.as_deref(), exit_rx, timeout).await {
@@ -689,7 +689,7 @@ impl Agent {
         };
         if spare {
             // Published before it can be handed out, so a hand-out's own write comes last.
-            put_json(store, &key, &record, Some(self.lease())).await?;
+            self.publish_or_stop(&id, &key, &record).await?;
         }
         let still_running = match lock(&self.inner.running).get_mut(&id) {
             Some(r) => {
@@ -710,10 +710,29 @@ impl Agent {
             });
         }
         if !spare {
-            put_json(store, &key, &record, Some(self.lease())).await?;
+            self.publish_or_stop(&id, &key, &record).await?;
         }
         tracing::info!(app, label, instance = %id, ms = started.elapsed().as_millis() as u64, path = ?path, spare, "instance ready");
         Ok(record)
+    }
+
+    /// Writes a starting instance's record; if the store refuses (a lost lease under a start
+    /// storm, a full disk), stops the instance, which would otherwise run unrecorded and count
+    /// against the node's maximum until it exited by itself.
+    async fn publish_or_stop(
+        &self,
+        id: &str,
+        key: &str,
+        record: &InstanceRecord,
+    ) -> Result<(), AgentError> {
+        match put_json(&*self.inner.store, key, record, Some(self.lease())).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::warn!(app = %record.app, instance = %id, error = %e, "cannot record a starting instance; stopping it");
+                let _ = self.kill(id).await;
+                Err(e.into())
+            }
+        }
     }
 
     /// The environment every instance of `spec` gets, but for its label.

@@ -32,6 +32,8 @@ use crate::{keep, lock, process, sandbox, Agent, AgentError, Owner, Purpose};
 
 /// How long a refill waits after a take; see [`Agent::refill_soon`].
 const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
+/// Spares starting at once on a node, over all apps and labels.
+const MAX_SPARE_STARTS: u32 = 8;
 
 /// (app, label); the label is empty for slots, which serve any label.
 type PoolKey = (String, String);
@@ -88,10 +90,12 @@ impl Slot {
                 "the prepared sandbox did not take its start message: {e}"
             ));
         }
+        let mut held = self.held;
+        held.control = Some(self.control);
         Ok(Started {
             child: self.child,
             addr: self.addr,
-            held: self.held,
+            held,
         })
     }
 }
@@ -219,13 +223,20 @@ impl Agent {
             }
             StartPath::Warm => {
                 for (label, &want) in &spec.warm {
+                    // A few spares start at a time: a thousand at once would starve the
+                    // node's lease renewal and the requests being served.
+                    let starting: u32 = lock(&self.inner.pools.pending).values().sum();
+                    if starting >= MAX_SPARE_STARTS {
+                        break;
+                    }
                     let key = (spec.name.clone(), label.clone());
                     let pending = lock(&self.inner.pools.pending)
                         .get(&key)
                         .copied()
                         .unwrap_or(0);
                     let have = self.spares(&spec.name, label) + pending as usize;
-                    for _ in have..want as usize {
+                    let room = (MAX_SPARE_STARTS - starting) as usize;
+                    for _ in (have..want as usize).take(room) {
                         if !self.pool_may_try(&key) || !self.inner.keeper.may_start(&key) {
                             break;
                         }
@@ -355,6 +366,8 @@ impl Agent {
                 Ok(_) => {
                     lock(&agent.inner.pools.failures).remove(&key);
                     agent.inner.keeper.started(&key.0, &key.1);
+                    // Keeps a large fill going at its pace rather than the tick's.
+                    agent.refill(&spec);
                 }
                 // A full node is no crash: the pool waits and tries again.
                 Err(AgentError::Full { .. }) => agent.pool_failed(&key),

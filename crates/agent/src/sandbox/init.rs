@@ -453,7 +453,18 @@ fn await_go() -> Result<Option<BTreeMap<String, String>>, String> {
     // is still there to read.
     let _ = control.write_all(&[PREPARED]);
     let mut buf = Vec::new();
-    control.read_to_end(&mut buf).map_err(|e| e.to_string())?;
+    let mut chunk = [0u8; 4096];
+    loop {
+        match control.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // An agent that closed its end with our "prepared" byte unread resets the socket
+            // after its message arrived: the message is whole.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && !buf.is_empty() => break,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
     if buf.is_empty() {
         return Ok(None);
     }

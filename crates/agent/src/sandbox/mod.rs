@@ -62,6 +62,10 @@ pub(crate) struct Plan {
 pub(crate) struct Held {
     pub lease: Option<bridge::AddrLease>,
     pub cgroup: Option<cgroup::InstanceCgroup>,
+    /// The agent's end of the control socket, shut for writing once the start message is
+    /// sent. Closing it while init's "prepared" byte sits unread in it would reset init's end
+    /// (Unix sockets do), and init could lose the start message it was reading.
+    pub control: Option<std::os::unix::net::UnixStream>,
 }
 
 impl Held {
@@ -69,6 +73,7 @@ impl Held {
     /// removed. Returns what the out-of-memory killer did in the sandbox, if anything.
     pub(crate) async fn release(self) -> Option<String> {
         drop(self.lease);
+        drop(self.control);
         let cgroup = self.cgroup?;
         tokio::task::spawn_blocking(move || cgroup.finish(std::time::Duration::from_secs(2)))
             .await
@@ -150,7 +155,11 @@ pub(crate) fn prepare(l: &Launch<'_>) -> Result<Prepared, String> {
         cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
         enforced,
     };
-    let held = Held { lease, cgroup };
+    let held = Held {
+        lease,
+        cgroup,
+        control: None,
+    };
     let json = serde_json::to_vec(&plan).map_err(|e| e.to_string())?;
     write_private(&l.dir.join(PLAN_FILE), &json)
         .map_err(|e| format!("cannot write the sandbox plan: {e}"))?;
@@ -194,13 +203,15 @@ impl Driver for SandboxDriver {
             child,
             addr,
             mut control,
-            held,
+            mut held,
         } = prepare(l)?;
         // Everything is known now: the message waits in the socket until init reads it. It is
         // far smaller than a socket buffer, so this write does not block.
         control
             .write_all(&go_message(BTreeMap::new()))
+            .and_then(|()| control.shutdown(std::net::Shutdown::Write))
             .map_err(|e| format!("cannot send the sandbox its start message: {e}"))?;
+        held.control = Some(control);
         Ok(Started { child, addr, held })
     }
 }
