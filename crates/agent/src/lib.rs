@@ -61,6 +61,8 @@ pub struct AgentConfig {
     pub max_instances: u32,
     /// Size at which an instance's log is cut back to its newer half.
     pub max_log_bytes: u64,
+    /// Whether sandbox limits may use cgroups (else rlimits only).
+    pub cgroups: bool,
     /// The bridge of network mode `bridged`, set up when an instance first needs it.
     pub bridge: sandbox::bridge::BridgeConfig,
 }
@@ -221,7 +223,11 @@ impl Agent {
             reason: format!("cannot register the agent's metrics: {e}"),
         })?;
         let lease = store.grant_lease(config.lease_ttl).await?;
-        let cgroups = sandbox::cgroup::Cgroups::detect();
+        let cgroups = if config.cgroups {
+            sandbox::cgroup::Cgroups::detect()
+        } else {
+            sandbox::cgroup::Cgroups::off("turned off with warden up --cgroups off")
+        };
         tracing::info!(limits = cgroups.summary(), "sandbox limits");
         let agent = Self {
             inner: Arc::new(Inner {

@@ -40,14 +40,26 @@ const WAIT: Duration = Duration::from_secs(60);
 #[derive(Clone, Copy, PartialEq)]
 enum Start {
     Jit,
+    /// JIT on a warden told not to use cgroups: what the instance's cgroups cost a JIT start.
+    JitRlimits,
     Slot,
     Warm,
 }
 
 impl Start {
+    /// The app's start path, as the spec and the agent's metrics name it.
+    fn metric_path(self) -> &'static str {
+        match self {
+            Self::Jit | Self::JitRlimits => "jit",
+            Self::Slot => "slot",
+            Self::Warm => "warm",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Self::Jit => "jit",
+            Self::JitRlimits => "jit-rlimits",
             Self::Slot => "slot",
             Self::Warm => "warm",
         }
@@ -76,7 +88,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let runs = args.runs.clamp(1, 1000);
     let mut rows = vec!["path,run,first_ms,second_ms,start_ms,prepare_ms".to_owned()];
     let mut all = Vec::new();
-    for path in [Start::Jit, Start::Slot, Start::Warm] {
+    for path in [Start::Jit, Start::JitRlimits, Start::Slot, Start::Warm] {
         let mut samples = Vec::new();
         for run in 0..runs {
             let s = sample(warden, path).with_context(|| format!("{} run {run}", path.name()))?;
@@ -105,7 +117,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     println!("|---|---|---|---|---|---|---|---|");
     for (path, samples) in &all {
         let seed = match path {
-            Start::Jit => "63.15",
+            Start::Jit | Start::JitRlimits => "63.15",
             Start::Slot => "29.35",
             Start::Warm => "4.45",
         };
@@ -127,6 +139,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     for (path, samples) in &all {
         let what = match path {
             Start::Jit => "JIT: create the sandbox and start the app until it accepts",
+            Start::JitRlimits => "JIT without cgroups (rlimits only): the same",
             Start::Slot => "slot: start the app in a prepared sandbox until it accepts",
             Start::Warm => "warm: hand out a running spare",
         };
@@ -189,15 +202,19 @@ fn stats(v: &[f64]) -> String {
 
 /// One fresh warden, one app with `path`, one timed first request and one second request.
 fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
-    let w = Launch::new(warden).start();
+    let mut launch = Launch::new(warden);
+    if path == Start::JitRlimits {
+        launch = launch.arg("--cgroups").arg("off");
+    }
+    let w = launch.start();
     let mut spec = json!({
         "name": APP,
         "command": [warden, "demo-app"],
         "driver": "sandbox",
-        "start": path.name(),
+        "start": path.metric_path(),
     });
     match path {
-        Start::Jit => {}
+        Start::Jit | Start::JitRlimits => {}
         Start::Slot => spec["slots"] = json!(1),
         Start::Warm => spec["warm"] = json!({ LABEL: 1 }),
     }
@@ -207,7 +224,7 @@ fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
     }
     let token = crate::gateway::login(&w, USER)?;
     let pool = match path {
-        Start::Jit => None,
+        Start::Jit | Start::JitRlimits => None,
         Start::Slot => Some(format!(
             "warden_agent_pool_ready{{app=\"{APP}\",kind=\"slot\",label=\"\"}}"
         )),
@@ -248,7 +265,7 @@ fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
         );
         sum.zip(n).map(|(s, n)| s / n * 1e3)
     };
-    let start_ms = start(path.name()).context("the agent reported no start")?;
+    let start_ms = start(path.metric_path()).context("the agent reported no start")?;
     let prepare_ms = (path == Start::Slot)
         .then(|| {
             let sum = metric(&w, "warden_agent_slot_prepare_seconds_sum")?;

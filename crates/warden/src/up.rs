@@ -72,6 +72,10 @@ pub struct UpArgs {
     /// second)
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     max_log_mb: u64,
+    /// Sandbox limits through cgroups where warden may write a hierarchy (auto), or through
+    /// rlimits only (off)
+    #[arg(long, default_value = "auto", value_parser = ["auto", "off"])]
+    cgroups: String,
     /// Bridge that sandboxes of apps with network "bridged" are attached to; created (as root)
     /// when first needed, removed at shutdown if warden created it
     #[arg(long, default_value = "warden0", value_parser = parse_bridge_name)]
@@ -218,6 +222,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             lease_ttl: Duration::from_secs(10),
             max_instances: args.max_instances,
             max_log_bytes: args.max_log_mb * 1024 * 1024,
+            cgroups: args.cgroups == "auto",
             bridge: warden_agent::sandbox::bridge::BridgeConfig {
                 name: args.bridge.clone(),
                 network: args.bridge_cidr.0,

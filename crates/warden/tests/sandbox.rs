@@ -6,7 +6,7 @@
 use serde_json::json;
 use std::time::Duration;
 
-use warden_test_support::Warden;
+use warden_test_support::{Launch, Warden};
 
 const BIN: &str = env!("CARGO_BIN_EXE_warden");
 
@@ -424,5 +424,40 @@ fn a_bridged_sandbox_reaches_the_host_but_not_another_instance() {
             .join(&bridge)
             .exists(),
         "warden removes the bridge it created"
+    );
+}
+
+#[test]
+fn without_cgroups_the_limits_are_rlimits_and_still_hold() {
+    let w = Launch::new(BIN).arg("--cgroups").arg("off").start();
+    let limits = node_limits(&w);
+    assert!(
+        limits.starts_with("rlimits only (turned off with warden up --cgroups off)"),
+        "{limits}"
+    );
+    create(
+        &w,
+        json!({
+            "name": "jail",
+            "driver": "sandbox",
+            "limits": { "memory_mb": 1024, "processes": 16 },
+            "command": [BIN, "sandbox-probe", "--alloc-mb", "4096", "--processes", "64"],
+        }),
+    );
+    let r = w.get_as("alice", &w.password("alice"), "/apps/jail/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let id = r.json()["instance"].as_str().unwrap().to_owned();
+    let out = logs(&w, &id);
+    assert!(
+        out.contains("probe memory-limit: blocked (the reservation was refused)"),
+        "{out}"
+    );
+    // RLIMIT_NPROC counts per host uid: it holds where each instance has its own, as root.
+    if nix::unistd::geteuid().is_root() {
+        assert!(out.contains("probe process-limit: blocked"), "{out}");
+    }
+    assert!(
+        cgroup_dirs(w.pid(), &id).is_empty(),
+        "no cgroup was made: {limits}"
     );
 }

@@ -76,12 +76,14 @@ pub(crate) struct InstanceCgroup {
 impl Cgroups {
     /// Finds the hierarchy this agent may use; never fails, falls back to none with a reason.
     pub fn detect() -> Self {
-        match detect() {
-            Ok(c) => c,
-            Err(reason) => Self {
-                kind: Kind::None,
-                summary: format!("rlimits only ({reason})"),
-            },
+        detect().unwrap_or_else(|reason| Self::off(&reason))
+    }
+
+    /// No cgroups: limits are rlimits, for the reason given.
+    pub fn off(reason: &str) -> Self {
+        Self {
+            kind: Kind::None,
+            summary: format!("rlimits only ({reason})"),
         }
     }
 
