@@ -272,6 +272,24 @@ impl Warden {
             .unwrap_or_default()
     }
 
+    /// Waits until `GET /v1/status` reports a crash loop of `app` and returns its report.
+    pub fn wait_crash_loop(&self, app: &str) -> serde_json::Value {
+        wait_until(
+            &format!("a crash loop of {app} in the status"),
+            Duration::from_secs(60),
+            || {
+                let status = self.api("GET", "/v1/status", None).json();
+                let entry = status["apps"]
+                    .as_array()?
+                    .iter()
+                    .find(|a| a["name"] == app)?
+                    .clone();
+                let c = entry["crash_loops"].as_array()?.first()?.clone();
+                (c["crash_loop"] == true).then_some(c)
+            },
+        )
+    }
+
     /// Sends `signal` and waits for warden to exit.
     pub fn signal_and_wait(&mut self, signal: nix::sys::signal::Signal) -> ExitStatus {
         let mut child = self.child.take().expect("warden is running");

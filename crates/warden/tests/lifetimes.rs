@@ -210,20 +210,7 @@ fn a_crash_loop_shows_in_status_with_the_last_lines() {
         })),
     );
     assert_eq!(r.status, 201, "{}", r.text());
-    let report = wait_until(
-        "a crash loop in the status",
-        Duration::from_secs(60),
-        || {
-            let status = w.api("GET", "/v1/status", None).json();
-            let app = status["apps"]
-                .as_array()?
-                .iter()
-                .find(|a| a["name"] == "broken")?
-                .clone();
-            let c = app["crash_loops"].as_array()?.first()?.clone();
-            (c["crash_loop"] == true).then_some(c)
-        },
-    );
+    let report = w.wait_crash_loop("broken");
     assert_eq!(report["label"], "SECRET");
     assert!(report["crashes"].as_u64().unwrap() >= 3);
     assert!(
