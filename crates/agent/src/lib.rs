@@ -36,6 +36,7 @@ use warden_store::{get_json, put_json, LeaseId, Store, StoreError};
 
 pub use error::AgentError;
 pub use net::connect;
+pub use process::raise_open_file_limit;
 
 /// Lines of an instance's output quoted in start errors and crash reports.
 const LOG_TAIL_LINES: usize = 10;
@@ -634,9 +635,8 @@ impl Agent {
                 Ok(s) => s.to_string(),
                 Err(e) => format!("wait failed: {e}"),
             };
-            // The sandbox is gone: its address may be handed out again, its cgroups removed,
-            // and a kill by the out-of-memory killer told where the operator looks.
-            if let Some(oom) = held.release().await {
+            // A kill by the out-of-memory killer is told where the operator looks.
+            if let Some(oom) = held.oom_note() {
                 let log = agent.log_path(&monitor_record.app, &monitor_record.id);
                 process::append_log(&log, &format!("warden: {oom}"));
                 tracing::warn!(app = %monitor_record.app, instance = %monitor_record.id, "{oom}");
@@ -645,6 +645,9 @@ impl Agent {
             }
             let _ = status_tx.send(status.clone());
             let state = agent.forget(&monitor_key, &monitor_record, &status).await;
+            // Unroutable now: its address may be handed out again and its cgroups go (which
+            // can wait for the kernel), before anyone waiting for the exit hears of it.
+            held.release().await;
             let crashed = !stopping.load(Ordering::Relaxed);
             // A spare that dies before it is handed out is the pool's crash, backed off and
             // reported like a kept instance's; once handed out it is an ordinary instance.

@@ -33,7 +33,10 @@ use crate::{keep, lock, process, sandbox, Agent, AgentError, Owner, Purpose};
 /// How long a refill waits after a take; see [`Agent::refill_soon`].
 const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
 /// Spares starting at once on a node, over all apps and labels.
-const MAX_SPARE_STARTS: u32 = 8;
+const MAX_SPARE_STARTS: u32 = 16;
+/// Spares of one app starting at once, so that an app whose spares hang until their start
+/// timeout cannot hold every start of the node.
+const MAX_SPARE_STARTS_PER_APP: u32 = 8;
 
 /// (app, label); the label is empty for slots, which serve any label.
 type PoolKey = (String, String);
@@ -225,8 +228,17 @@ impl Agent {
                 for (label, &want) in &spec.warm {
                     // A few spares start at a time: a thousand at once would starve the
                     // node's lease renewal and the requests being served.
-                    let starting: u32 = lock(&self.inner.pools.pending).values().sum();
-                    if starting >= MAX_SPARE_STARTS {
+                    let (starting, of_app) = {
+                        let pending = lock(&self.inner.pools.pending);
+                        let all: u32 = pending.values().sum();
+                        let app: u32 = pending
+                            .iter()
+                            .filter(|((a, _), _)| *a == spec.name)
+                            .map(|(_, n)| n)
+                            .sum();
+                        (all, app)
+                    };
+                    if starting >= MAX_SPARE_STARTS || of_app >= MAX_SPARE_STARTS_PER_APP {
                         break;
                     }
                     let key = (spec.name.clone(), label.clone());
@@ -235,7 +247,8 @@ impl Agent {
                         .copied()
                         .unwrap_or(0);
                     let have = self.spares(&spec.name, label) + pending as usize;
-                    let room = (MAX_SPARE_STARTS - starting) as usize;
+                    let room = (MAX_SPARE_STARTS - starting).min(MAX_SPARE_STARTS_PER_APP - of_app)
+                        as usize;
                     for _ in (have..want as usize).take(room) {
                         if !self.pool_may_try(&key) || !self.inner.keeper.may_start(&key) {
                             break;
@@ -366,8 +379,12 @@ impl Agent {
                 Ok(_) => {
                     lock(&agent.inner.pools.failures).remove(&key);
                     agent.inner.keeper.started(&key.0, &key.1);
-                    // Keeps a large fill going at its pace rather than the tick's.
-                    agent.refill(&spec);
+                    // Keeps a large fill going at its pace rather than the tick's, by the
+                    // app's current spec: a pool made smaller or an app changed meanwhile
+                    // must not be refilled from the spec this start began with.
+                    if let Ok(current) = agent.load_spec(&spec.name).await {
+                        agent.refill(&current);
+                    }
                 }
                 // A full node is no crash: the pool waits and tries again.
                 Err(AgentError::Full { .. }) => agent.pool_failed(&key),

@@ -182,24 +182,9 @@ async fn shutdown_signal() {
     }
 }
 
-/// Raises the soft limit of open files to the hard one, as nginx's worker_rlimit_nofile and
-/// Go's runtime do: every client connection, pooled upstream connection and instance holds
-/// descriptors, and the common soft default of 1024 would cap the node far below its memory.
-fn raise_fd_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => tracing::debug!(from = soft, to = hard, "raised the open-file limit"),
-            Err(e) => tracing::warn!(soft, hard, error = %e, "could not raise the open-file limit"),
-        },
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "could not read the open-file limit"),
-    }
-}
-
 /// Runs until SIGINT or SIGTERM, then stops every instance before returning.
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
-    raise_fd_limit();
+    warden_agent::raise_open_file_limit();
     let dir = &args.data_dir;
     files::ensure_private_dir(dir)?;
     let endpoints = dir.join("endpoints.json");

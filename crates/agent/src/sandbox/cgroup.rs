@@ -157,7 +157,20 @@ impl Cgroups {
                     let dir = made.mkdir(base, id)?;
                     write(&dir, "cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
                     let q = quota.map_or("-1".to_owned(), |q| q.to_string());
-                    write(&dir, "cpu.cfs_quota_us", &q)?;
+                    match std::fs::write(dir.join("cpu.cfs_quota_us"), &q) {
+                        Ok(()) => {}
+                        // v1 refuses a quota above an ancestor's (docker --cpus, systemd
+                        // CPUQuota=); the ancestor's cap still holds the instance.
+                        Err(e) if e.raw_os_error() == Some(libc::EINVAL) && quota.is_some() => {
+                            tracing::warn!(cgroup = %dir.display(), quota_us = %q, "the CPU cap is above what a parent cgroup allows; the parent's cap applies instead");
+                        }
+                        Err(e) => {
+                            return Err(format!(
+                                "cannot write {q} to {}: {e}",
+                                dir.join("cpu.cfs_quota_us").display()
+                            ))
+                        }
+                    }
                     made.enforced.cpu = true;
                 }
                 Ok(())
@@ -172,7 +185,8 @@ impl Cgroups {
         }
     }
 
-    /// Removes this agent's `warden-<pid>` directories once they are empty (at shutdown).
+    /// Removes this agent's `warden-<pid>` directories at shutdown, as far as they are empty
+    /// (on v2 the agent's own leaf stays until it exits; the next agent removes it).
     pub fn remove(&self) {
         let bases: Vec<&PathBuf> = match &self.kind {
             Kind::None => Vec::new(),
@@ -187,6 +201,10 @@ impl Cgroups {
 
 impl InstanceCgroup {
     fn mkdir(&mut self, base: &Path, id: &str) -> Result<PathBuf, String> {
+        // Another agent sharing this cgroup may have removed an empty base of ours (it cannot
+        // tell a live agent in another pid namespace from a dead one): make it again. On v2
+        // the base holds the agent itself, so it is never empty.
+        std::fs::create_dir_all(base).map_err(|e| format!("mkdir {}: {e}", base.display()))?;
         let dir = base.join(id);
         std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
         self.dirs.push(dir.clone());
@@ -207,13 +225,10 @@ impl InstanceCgroup {
             .unwrap_or(0)
     }
 
-    /// After the sandbox is gone: what the out-of-memory killer did, if anything, in words for
-    /// the instance's log; the cgroups are removed. Blocks for up to `wait` while the kernel
-    /// finishes releasing the cgroups of exited processes.
-    pub(crate) fn finish(mut self, wait: Duration) -> Option<String> {
+    /// What the out-of-memory killer did in the instance, in words for its log; none if
+    /// nothing.
+    pub(crate) fn oom_note(&self) -> Option<String> {
         let kills = self.oom_kills();
-        self.remove(wait);
-        self.dirs.clear();
         (kills > 0).then(|| {
             format!(
                 "out of memory: the kernel killed {kills} process{} of this instance at its memory limit of {} MiB",
@@ -221,6 +236,13 @@ impl InstanceCgroup {
                 self.memory_mb
             )
         })
+    }
+
+    /// Removes the cgroups once the sandbox is gone, waiting up to `wait` while the kernel
+    /// finishes releasing them.
+    pub(crate) fn release(mut self, wait: Duration) {
+        self.remove(wait);
+        self.dirs.clear();
     }
 
     fn remove(&self, wait: Duration) {
@@ -246,7 +268,7 @@ impl InstanceCgroup {
 }
 
 impl Drop for InstanceCgroup {
-    /// A sandbox dropped without [`InstanceCgroup::finish`] (a failed start, a discarded
+    /// A sandbox dropped without [`InstanceCgroup::release`] (a failed start, a discarded
     /// slot at shutdown): its cgroups go if they are empty already; the next agent on this
     /// host removes what is left.
     fn drop(&mut self) {
@@ -467,9 +489,13 @@ fn setup_v2(own: &Path, name: &str) -> Result<Option<Cgroups>, String> {
             match moved.and_then(|()| std::fs::write(own.join("cgroup.subtree_control"), &enable)) {
                 Ok(()) => Ok(()),
                 Err(e) => {
-                    let _ = std::fs::write(own.join("cgroup.procs"), "0");
+                    let hint = if e.raw_os_error() == Some(libc::EBUSY) {
+                        "; other processes share warden's cgroup: run warden in a cgroup of its own (systemd: Delegate=yes)"
+                    } else {
+                        ""
+                    };
                     Err(format!(
-                        "cgroup v2 at {}: cannot enable {} for child cgroups ({e}); other processes share warden's cgroup: run warden in a cgroup of its own (systemd: Delegate=yes)",
+                        "cgroup v2 at {}: cannot enable {} for child cgroups: {e}{hint}",
                         own.display(),
                         controllers.join(", ")
                     ))
@@ -487,6 +513,8 @@ fn setup_v2(own: &Path, name: &str) -> Result<Option<Cgroups>, String> {
             .map_err(|e| format!("cgroup v2 at {}: {e}", base.display()))
     });
     if let Err(e) = enabled {
+        // Back where it started, if it moved, so that its base can go.
+        let _ = std::fs::write(own.join("cgroup.procs"), "0");
         remove_tree(&base);
         return Err(e);
     }
@@ -515,13 +543,41 @@ fn remove_dead(own: &Path) {
         else {
             continue;
         };
+        // An agent in another pid namespace looks dead from here too; such an agent's empty
+        // cgroups are only removed once nothing in them changed for a while, and an agent
+        // recreates its own base when it needs it again (see `InstanceCgroup::mkdir`).
         let dead = pid != std::process::id() as i32
             && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
                 == Err(nix::errno::Errno::ESRCH);
-        if dead {
+        if dead && untouched_for(&e.path(), STALE_AFTER) {
             remove_tree(&e.path());
         }
     }
+}
+
+/// How long a dead agent's cgroups must have been left alone before they are removed.
+const STALE_AFTER: Duration = Duration::from_secs(60);
+
+/// Whether nothing in `dir` or its child cgroups was created or changed within `age`.
+fn untouched_for(dir: &Path, age: Duration) -> bool {
+    let recent = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|e| e < age)
+    };
+    if recent(dir) {
+        return false;
+    }
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .all(|e| !recent(&e.path()))
+        })
+        .unwrap_or(true)
 }
 
 #[cfg(test)]

@@ -69,16 +69,23 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// What the out-of-memory killer did in the sandbox, if anything; read as soon as it is
+    /// reaped.
+    pub(crate) fn oom_note(&self) -> Option<String> {
+        self.cgroup.as_ref()?.oom_note()
+    }
+
     /// After the sandbox's process is reaped: the address is free again, the cgroups are
-    /// removed. Returns what the out-of-memory killer did in the sandbox, if anything.
-    pub(crate) async fn release(self) -> Option<String> {
+    /// removed.
+    pub(crate) async fn release(self) {
         drop(self.lease);
         drop(self.control);
-        let cgroup = self.cgroup?;
-        tokio::task::spawn_blocking(move || cgroup.finish(std::time::Duration::from_secs(2)))
-            .await
-            .ok()
-            .flatten()
+        if let Some(cgroup) = self.cgroup {
+            let _ = tokio::task::spawn_blocking(move || {
+                cgroup.release(std::time::Duration::from_secs(2))
+            })
+            .await;
+        }
     }
 }
 
