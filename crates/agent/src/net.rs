@@ -3,8 +3,8 @@
 //! A `process` instance listens on a loopback port of the host: its address is `host:port`.
 //! A sandboxed instance listens on loopback inside its own network namespace, which nothing on
 //! the host can reach by address. Its init process listens on a Unix socket in the instance's
-//! directory instead; for each connection it opens a TCP connection to the app inside the
-//! namespace and hands the socket over with SCM_RIGHTS. The caller then holds an ordinary TCP
+//! directory instead; for each connection it starts a TCP connection to the app inside the
+//! namespace and hands the socket over with SCM_RIGHTS, without waiting for the handshake. The caller then holds an ordinary TCP
 //! socket to the app, with no proxy hop, and no privileges are needed on either side.
 #![allow(unsafe_code)]
 
@@ -37,7 +37,14 @@ pub async fn connect(addr: &str) -> io::Result<TcpStream> {
     };
     let std = std::net::TcpStream::from(fd);
     std.set_nonblocking(true)?;
-    TcpStream::from_std(std)
+    let tcp = TcpStream::from_std(std)?;
+    // The socket may still be connecting (init does not wait): writable means the handshake
+    // ended, and the socket's error says how.
+    tcp.writable().await?;
+    match tcp.take_error()? {
+        Some(e) => Err(e),
+        None => Ok(tcp),
+    }
 }
 
 /// Receives one reply: the socket, or the errno the init process met connecting.

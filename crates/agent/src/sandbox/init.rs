@@ -709,12 +709,16 @@ fn serve(listener: UnixListener, app: Pid, port: u16) -> i32 {
     }
 }
 
-/// Connects to the app inside and sends the socket to the caller, or the errno.
+/// Starts a connection to the app inside and sends the socket to the caller, or the errno.
+///
+/// The connect does not block: on loopback it usually completes at once, but with the app's
+/// accept queue full the kernel retries the handshake for seconds, and init, which serves every
+/// hand-over of the sandbox in turn, must not wait for it. The caller waits for the socket to
+/// become writable and reads its error, as for any non-blocking connect.
 fn hand_over(conn: &std::os::unix::net::UnixStream, port: u16) {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let _ = conn.set_nonblocking(false);
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    match std::net::TcpStream::connect(addr) {
+    match connect_nonblocking(port) {
         Ok(tcp) => {
             let fds = [tcp.as_raw_fd()];
             let payload = [crate::net::HANDED, 0];
@@ -722,11 +726,25 @@ fn hand_over(conn: &std::os::unix::net::UnixStream, port: u16) {
             let cmsg = [ControlMessage::ScmRights(&fds)];
             let _ = sendmsg::<()>(conn.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None);
         }
-        Err(e) => {
-            let errno = e.raw_os_error().unwrap_or(libc::ECONNREFUSED);
-            let payload = [b'e', u8::try_from(errno).unwrap_or(u8::MAX)];
+        Err(errno) => {
+            let payload = [b'e', u8::try_from(errno as i32).unwrap_or(u8::MAX)];
             let _ = (&*conn).write_all(&payload);
         }
+    }
+}
+
+/// A TCP socket connected, or connecting, to the app's port on the sandbox's loopback.
+fn connect_nonblocking(port: u16) -> Result<OwnedFd, nix::errno::Errno> {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    match connect(fd.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, port)) {
+        Ok(()) | Err(nix::errno::Errno::EINPROGRESS) => Ok(fd),
+        Err(e) => Err(e),
     }
 }
 
