@@ -187,8 +187,21 @@ impl Agent {
             }
             self.reap_idle();
             self.cap_logs().await;
-            match list_readable::<AppSpec>(&*self.inner.store, keys::APPS).await {
-                Ok(apps) => {
+            let listed_at = now_ms();
+            match self.inner.store.list(keys::APPS).await {
+                Ok(listing) => {
+                    // An app whose spec cannot be read still exists: only missing specs count.
+                    let names: HashSet<&str> = listing
+                        .entries
+                        .iter()
+                        .filter_map(|e| keys::app_of_spec(&e.key))
+                        .collect();
+                    self.stop_orphans(&names, listed_at);
+                    let apps: Vec<AppSpec> = listing
+                        .entries
+                        .iter()
+                        .filter_map(|e| decode::<AppSpec>(&e.key, &e.value).ok())
+                        .collect();
                     if let Err(e) = self.keep_desired(&apps).await {
                         tracing::warn!(error = %e, "keeping desired counts failed this round");
                     }
@@ -229,6 +242,30 @@ impl Agent {
             .collect();
         for (id, app, ms) in idle {
             tracing::info!(%app, instance = %id, idle_ms = ms, "stopping idle instance");
+            let agent = self.clone();
+            tokio::spawn(async move {
+                let _ = agent.kill(&id).await;
+            });
+        }
+    }
+
+    /// Stops instances whose app was gone from the store when it was listed at `listed_at`.
+    /// Deletions normally stop them at once (see `follow_app_deletes`); this catches a start
+    /// that raced the deletion, from a spec a caller such as the gateway still held. Only
+    /// instances started before the listing count: an app always exists before its instances
+    /// start, so a newer instance may belong to an app created after the listing.
+    fn stop_orphans(&self, known: &HashSet<&str>, listed_at: u64) {
+        let orphans: Vec<(String, String)> = lock(&self.inner.running)
+            .values()
+            .filter(|r| {
+                !known.contains(r.record.app.as_str())
+                    && r.record.started_at_ms < listed_at
+                    && !r.stopping.load(Ordering::Relaxed)
+            })
+            .map(|r| (r.record.id.clone(), r.record.app.clone()))
+            .collect();
+        for (id, app) in orphans {
+            tracing::info!(%app, instance = %id, "stopping an instance of a deleted app");
             let agent = self.clone();
             tokio::spawn(async move {
                 let _ = agent.kill(&id).await;

@@ -6,6 +6,11 @@ pub fn app_spec(app: &str) -> String {
     format!("apps/{app}/spec")
 }
 
+/// The app whose spec is stored at `key`, if `key` is one made by [`app_spec`].
+pub fn app_of_spec(key: &str) -> Option<&str> {
+    key.strip_prefix("apps/")?.strip_suffix("/spec")
+}
+
 /// Prefix under which every app's records live.
 pub const APPS: &str = "apps";
 
@@ -83,6 +88,9 @@ mod tests {
         assert!(!under_prefix("apps/web", "apps"));
         assert!(under_prefix("", "anything"));
         assert_eq!(app_spec("demo"), "apps/demo/spec");
+        assert_eq!(app_of_spec(&app_spec("demo")), Some("demo"));
+        assert_eq!(app_of_spec(&instance("demo", "x1")), None);
+        assert_eq!(app_of_spec("users/demo/spec"), None);
         assert!(under_prefix(
             &app_instances("demo"),
             &instance("demo", "x1")
