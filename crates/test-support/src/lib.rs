@@ -272,6 +272,17 @@ impl Warden {
             .unwrap_or_default()
     }
 
+    /// Registers app `name` running `bin demo-app`, with `extra` spec fields added or
+    /// replacing the defaults; the API must accept it.
+    pub fn create_demo_app(&self, bin: &str, name: &str, extra: serde_json::Value) {
+        let mut spec = serde_json::json!({ "name": name, "command": [bin, "demo-app"] });
+        for (k, v) in extra.as_object().expect("extra spec fields as an object") {
+            spec[k] = v.clone();
+        }
+        let r = self.api("POST", "/v1/apps", Some(spec));
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+
     /// Waits until `GET /v1/status` reports a crash loop of `app` and returns its report.
     pub fn wait_crash_loop(&self, app: &str) -> serde_json::Value {
         wait_until(

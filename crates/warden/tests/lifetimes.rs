@@ -13,12 +13,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_warden");
 
 /// Registers an app running the demo app, with `extra` spec fields.
 fn create_app(w: &Warden, name: &str, extra: Value) {
-    let mut spec = json!({ "name": name, "command": [BIN, "demo-app"] });
-    for (k, v) in extra.as_object().unwrap() {
-        spec[k] = v.clone();
-    }
-    let r = w.api("POST", "/v1/apps", Some(spec));
-    assert_eq!(r.status, 201, "{}", r.text());
+    w.create_demo_app(BIN, name, extra);
 }
 
 fn instances_of(w: &Warden, app: &str) -> Vec<Value> {

@@ -13,13 +13,9 @@ use warden_test_support::{cli, process_alive, wait_until, Warden};
 const BIN: &str = env!("CARGO_BIN_EXE_warden");
 const WAIT: Duration = Duration::from_secs(30);
 
+/// Registers an app running the demo app, with `extra` spec fields.
 fn create_app(w: &Warden, name: &str, extra: Value) {
-    let mut spec = json!({ "name": name, "command": [BIN, "demo-app"] });
-    for (k, v) in extra.as_object().unwrap() {
-        spec[k] = v.clone();
-    }
-    let r = w.api("POST", "/v1/apps", Some(spec));
-    assert_eq!(r.status, 201, "{}", r.text());
+    w.create_demo_app(BIN, name, extra);
 }
 
 fn get(w: &Warden, user: &str, path: &str) -> Value {
