@@ -97,7 +97,67 @@ async fn serve(
     if owner == Owner::Request {
         return one_off(state, &spec, label, &prepared, path_and_query).await;
     }
-    let owner_name = match &owner {
+    let mut sender = HyperSender {
+        prepared: &prepared,
+        path_and_query,
+    };
+    dispatch(state, &spec, label, &owner, &mut sender).await
+}
+
+/// One way of sending a request to an instance: hyper's client for requests hyper parsed, or
+/// the gateway's own HTTP/1.1 exchange on the fast lane (`crate::h1`).
+pub(crate) trait Sender {
+    /// What an instance answered.
+    type Response;
+    /// Whether the request may be sent again after it may have reached an app.
+    fn idempotent(&self) -> bool;
+    /// Sends the request to the instance at `addr`.
+    async fn send(&mut self, state: &State, addr: &str) -> Result<Self::Response, Failure>;
+    /// Removes the taint header from a response, returning its value.
+    fn take_taint(resp: &mut Self::Response) -> Option<String>;
+}
+
+struct HyperSender<'a> {
+    prepared: &'a proxy::Prepared,
+    path_and_query: &'a str,
+}
+
+impl Sender for HyperSender<'_> {
+    type Response = Response<Body>;
+
+    fn idempotent(&self) -> bool {
+        self.prepared.idempotent()
+    }
+
+    async fn send(&mut self, state: &State, addr: &str) -> Result<Response<Body>, Failure> {
+        self.prepared
+            .send(
+                &state.upstream,
+                addr,
+                self.path_and_query,
+                state.config.upstream_timeout,
+            )
+            .await
+    }
+
+    fn take_taint(resp: &mut Response<Body>) -> Option<String> {
+        let v = resp.headers_mut().remove(proxy::TAINT)?;
+        Some(v.to_str().unwrap_or("").to_owned())
+    }
+}
+
+/// Picks a ready instance of `spec` for `label` and `owner` (starting one if none runs) and
+/// sends the request, moving on to the next instance when one refuses the connection, or fails
+/// an idempotent request. Applies the taint an instance reports.
+pub(crate) async fn dispatch<S: Sender>(
+    state: &State,
+    spec: &AppSpec,
+    label: &str,
+    owner: &Owner,
+    sender: &mut S,
+) -> Result<S::Response, GatewayError> {
+    let m = &state.metrics;
+    let owner_name = match owner {
         Owner::User(u) => u.as_str(),
         _ => "",
     };
@@ -112,7 +172,7 @@ async fn serve(
             None if !started => {
                 started = true;
                 let t = Instant::now();
-                let r = start(state, &spec, label, &owner).await?;
+                let r = start(state, spec, label, owner).await?;
                 m.phase("start", t.elapsed());
                 if tried.contains(&r.id) {
                     // The agent has not noticed yet that this instance is gone.
@@ -126,19 +186,11 @@ async fn serve(
         let instance = &inflight.0.record;
         let _active = inflight.0.begin(&state.agent);
         let t = Instant::now();
-        match prepared
-            .send(
-                &state.upstream,
-                &instance.addr,
-                path_and_query,
-                state.config.upstream_timeout,
-            )
-            .await
-        {
+        match sender.send(state, &instance.addr).await {
             Ok(mut resp) => {
                 m.phase("upstream", t.elapsed());
-                if let Some(taint) = resp.headers_mut().remove(proxy::TAINT) {
-                    apply_taint(state, instance, taint.to_str().unwrap_or(""));
+                if let Some(taint) = S::take_taint(&mut resp) {
+                    apply_taint(state, instance, &taint);
                 }
                 return Ok(resp);
             }
@@ -147,10 +199,11 @@ async fn serve(
                 tracing::info!(app = %spec.name, instance = %instance.id, error = %e, "instance refused the connection; trying another");
                 state.views.drop_instance(&instance.id);
                 state.upstream.forget(&instance.addr);
+                state.raw_upstream.forget(&instance.addr);
                 tried.push(instance.id.clone());
                 last = e;
             }
-            Err(Failure::Other(e)) if prepared.idempotent() => {
+            Err(Failure::Other(e)) if sender.idempotent() => {
                 tracing::info!(app = %spec.name, instance = %instance.id, error = %e, "instance failed an idempotent request; trying another");
                 tried.push(instance.id.clone());
                 last = e;
@@ -249,7 +302,7 @@ impl Drop for Retire {
 }
 
 /// Asks the local agent for an instance and holds the request until it is ready.
-async fn start(
+pub(crate) async fn start(
     state: &State,
     spec: &AppSpec,
     label: &str,

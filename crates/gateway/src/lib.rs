@@ -13,6 +13,7 @@
 
 mod auth;
 mod forward;
+mod h1;
 mod login;
 mod metrics;
 mod phases;
@@ -105,6 +106,8 @@ struct State {
     views: Arc<views::Shared>,
     agent: Agent,
     upstream: upstream::Pool,
+    /// Connections to instances for the fast lane.
+    raw_upstream: h1::Pool,
     auth: auth::Authenticator,
     metrics: Arc<Metrics>,
     tls: Option<tls::Tls>,
@@ -162,6 +165,7 @@ impl Gateway {
             views,
             agent,
             upstream: upstream::Pool::default(),
+            raw_upstream: h1::Pool::default(),
             auth,
             metrics,
             tls,
@@ -334,7 +338,8 @@ async fn serve_tls(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
             m.tls.resumption_missed.inc();
         }
     }
-    serve_io(state, conn, peer, None, true).await;
+    let clock = phases::Clock::new(state.metrics.clone());
+    serve_io(state, conn, peer, None, true, clock).await;
 }
 
 async fn serve_plain(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
@@ -348,21 +353,21 @@ async fn serve_plain(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
             return;
         }
     };
-    serve_io(state, stream, peer, Some(spare), false).await;
+    h1::serve(state, stream, peer, spare).await;
 }
 
-/// Serves HTTP/1.1 or HTTP/2 on an established connection. `spare` is a second handle on a plain
-/// socket, used to answer 408 after hyper gives up on a slow request head.
+/// Serves HTTP/1.1 or HTTP/2 on an established connection with hyper. `spare` is a second handle
+/// on a plain socket, used to answer 408 after hyper gives up on a slow request head.
 async fn serve_io<S>(
     state: Arc<State>,
     io: S,
     peer: SocketAddr,
     spare: Option<std::net::TcpStream>,
     https: bool,
+    clock: Arc<phases::Clock>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let clock = phases::Clock::new(state.metrics.clone());
     let svc_state = state.clone();
     let svc_clock = clock.clone();
     let svc = hyper::service::service_fn(move |req| {

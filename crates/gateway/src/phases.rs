@@ -42,7 +42,7 @@ impl Clock {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn bytes_arrived(&self) {
+    pub fn bytes_arrived(&self) {
         let mut s = self.lock();
         if let State::Idle(since) = s.0 {
             let now = Instant::now();

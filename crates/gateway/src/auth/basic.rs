@@ -14,7 +14,11 @@ const MAX_AUTH_LEN: usize = 4096;
 
 /// Parses `Authorization: Basic base64(user:password)`; `None` when absent or malformed.
 pub(crate) fn basic(headers: &HeaderMap) -> Option<Basic> {
-    let value = headers.get(http::header::AUTHORIZATION)?.as_bytes();
+    parse(headers.get(http::header::AUTHORIZATION)?.as_bytes())
+}
+
+/// Parses an Authorization value `Basic base64(user:password)`.
+pub(crate) fn parse(value: &[u8]) -> Option<Basic> {
     if value.len() > MAX_AUTH_LEN {
         return None;
     }

@@ -96,10 +96,30 @@ impl Authenticator {
         peer: IpAddr,
         m: &Metrics,
     ) -> Result<Arc<User>, GatewayError> {
-        if let Some(token) = session::token(headers) {
+        let authorization = headers
+            .get(http::header::AUTHORIZATION)
+            .map(http::HeaderValue::as_bytes);
+        let cookies = headers
+            .get_all(http::header::COOKIE)
+            .iter()
+            .map(http::HeaderValue::as_bytes);
+        self.authenticate_raw(views, authorization, cookies, peer, m)
+            .await
+    }
+
+    /// [`Self::authenticate`] from the raw Authorization value and Cookie values.
+    pub async fn authenticate_raw<'a>(
+        &self,
+        views: &Shared,
+        authorization: Option<&[u8]>,
+        cookies: impl Iterator<Item = &'a [u8]>,
+        peer: IpAddr,
+        m: &Metrics,
+    ) -> Result<Arc<User>, GatewayError> {
+        if let Some(token) = session::token_from(authorization, cookies) {
             return session_user(views, &token);
         }
-        let Some(creds) = basic::basic(headers) else {
+        let Some(creds) = authorization.and_then(basic::parse) else {
             return Err(GatewayError::Unauthenticated);
         };
         self.password(views, &creds.user, creds.password, peer, m)

@@ -12,32 +12,47 @@ pub const COOKIE: &str = "warden_session";
 
 /// The session token a request carries: `Authorization: Bearer` first, then the cookie.
 pub(crate) fn token(headers: &HeaderMap) -> Option<String> {
-    if let Some(v) = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    {
-        if let Some(t) = v.strip_prefix("Bearer ") {
-            return Some(t.trim().to_owned());
-        }
-    }
-    cookie(headers)
+    token_from(
+        headers
+            .get(http::header::AUTHORIZATION)
+            .map(http::HeaderValue::as_bytes),
+        headers
+            .get_all(http::header::COOKIE)
+            .iter()
+            .map(http::HeaderValue::as_bytes),
+    )
 }
 
-fn cookie(headers: &HeaderMap) -> Option<String> {
-    for v in headers
-        .get_all(http::header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-    {
-        for pair in v.split(';') {
-            if let Some((name, value)) = pair.trim().split_once('=') {
-                if name == COOKIE {
-                    return Some(value.to_owned());
-                }
-            }
+/// [`token`] from the raw values of the Authorization header and of every Cookie header.
+pub(crate) fn token_from<'a>(
+    authorization: Option<&[u8]>,
+    cookies: impl Iterator<Item = &'a [u8]>,
+) -> Option<String> {
+    if let Some(t) = authorization.and_then(|v| v.strip_prefix(b"Bearer ")) {
+        return std::str::from_utf8(t).ok().map(|t| t.trim().to_owned());
+    }
+    for v in cookies.filter_map(|v| std::str::from_utf8(v).ok()) {
+        if let Some(value) = cookie_value(v) {
+            return Some(value.to_owned());
         }
     }
     None
+}
+
+/// The session cookie's value in one Cookie header.
+fn cookie_value(header: &str) -> Option<&str> {
+    header.split(';').find_map(|pair| {
+        let (name, value) = pair.trim().split_once('=')?;
+        (name == COOKIE).then_some(value)
+    })
+}
+
+/// The pairs of one Cookie header other than the session cookie.
+pub(crate) fn other_cookies(header: &str) -> impl Iterator<Item = &str> {
+    header
+        .split(';')
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && p.split_once('=').is_none_or(|(n, _)| n != COOKIE))
 }
 
 /// Removes the session cookie from `Cookie` headers, keeping the app's own cookies.
@@ -46,9 +61,7 @@ pub(crate) fn strip_cookie(headers: &mut HeaderMap) {
         .get_all(http::header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .map(str::trim)
-        .filter(|p| !p.is_empty() && p.split_once('=').is_none_or(|(n, _)| n != COOKIE))
+        .flat_map(other_cookies)
         .map(str::to_owned)
         .collect();
     headers.remove(http::header::COOKIE);

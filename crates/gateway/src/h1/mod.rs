@@ -1,0 +1,541 @@
+//! The fast lane: the gateway's own HTTP/1.1 loop for the request that dominates its load, an
+//! authenticated request forwarded to a running instance.
+//!
+//! hyper's server and client per forwarded request cost warden about twice what nginx and
+//! haproxy spend (docs/BENCHMARKS.md). Here a plain connection's requests are parsed with
+//! httparse into ranges of the bytes read, authenticated and authorised from the raw header
+//! values, and forwarded as bytes with the gateway's header changes; the instance's answer is
+//! parsed, cleaned and copied back. In the common case each side costs one read and one write.
+//!
+//! Whatever the lane does not take is handed to hyper with the bytes read so far, and hyper
+//! serves the connection from that request on: HTTP/2 (its preface is not HTTP/1.1), HTTP/1.0,
+//! malformed or oversized heads, `Expect`, `Upgrade`, `Connection` options other than
+//! keep-alive, chunked or large request bodies, requests without a `Host`, the gateway's own
+//! endpoints, unknown apps, static files and per-request apps. The choice is made before
+//! anything is authenticated, so no request is counted or checked twice.
+
+mod chunked;
+mod upstream;
+
+pub(crate) use upstream::Pool;
+
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use warden_agent::Owner;
+use warden_core::model::Lifetime;
+use warden_core::AppSpec;
+
+use crate::forward::Sender;
+use crate::phases::Clock;
+use crate::proxy::Failure;
+use crate::respond::{Body, GatewayError};
+use crate::State;
+
+/// Header fields a request head may have on the lane; more go to hyper.
+const MAX_FIELDS: usize = 64;
+/// Request bodies up to this size are read whole on the lane; larger ones go to hyper.
+const MAX_BODY: usize = 64 * 1024;
+
+const TIMEOUT_408: &[u8] =
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+/// A header field, as ranges into the bytes of its head.
+struct Field {
+    name: Range<usize>,
+    value: Range<usize>,
+}
+
+/// A complete request head.
+struct Head {
+    len: usize,
+    method: Range<usize>,
+    target: Range<usize>,
+}
+
+enum Parse {
+    Head(Head),
+    Partial,
+    /// Not for the lane: hyper answers it, with 400 if it is malformed.
+    Elsewhere,
+}
+
+fn range(base: &[u8], part: &[u8]) -> Range<usize> {
+    let start = part.as_ptr() as usize - base.as_ptr() as usize;
+    start..start + part.len()
+}
+
+fn parse(buf: &[u8], fields: &mut Vec<Field>) -> Parse {
+    let mut raw = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut req = httparse::Request::new(&mut raw);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Parse::Partial,
+        Err(_) => return Parse::Elsewhere,
+    };
+    let (Some(method), Some(target), Some(1)) = (req.method, req.path, req.version) else {
+        return Parse::Elsewhere;
+    };
+    fields.clear();
+    fields.extend(req.headers.iter().map(|h| Field {
+        name: range(buf, h.name.as_bytes()),
+        value: range(buf, h.value),
+    }));
+    Parse::Head(Head {
+        len,
+        method: range(buf, method.as_bytes()),
+        target: range(buf, target.as_bytes()),
+    })
+}
+
+/// A request the lane takes.
+struct Lane {
+    spec: Arc<AppSpec>,
+    /// The request target as the app gets it.
+    target: Range<usize>,
+    body_len: usize,
+    head_only: bool,
+}
+
+/// Decides, from the head alone, whether the lane takes a request.
+fn take(state: &State, buf: &[u8], head: &Head, fields: &[Field]) -> Option<Lane> {
+    if head.len > state.config.max_header_bytes {
+        return None;
+    }
+    let mut host = None;
+    let mut body_len = None;
+    for f in fields {
+        let name = &buf[f.name.clone()];
+        let value = &buf[f.value.clone()];
+        let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+        if is("transfer-encoding") || is("upgrade") || is("expect") {
+            return None;
+        }
+        if is("connection") && !value.eq_ignore_ascii_case(b"keep-alive") {
+            return None;
+        }
+        if is("host") {
+            if host.is_some() {
+                return None;
+            }
+            host = Some(value);
+        }
+        if is("content-length") {
+            let n: usize = std::str::from_utf8(value).ok()?.parse().ok()?;
+            if body_len.is_some() || n > MAX_BODY || n > state.config.max_body_bytes {
+                return None;
+            }
+            body_len = Some(n);
+        }
+    }
+    let host = std::str::from_utf8(host?).ok()?;
+    let host = host.rsplit_once(':').map_or(host, |(name, _)| name);
+    let target = std::str::from_utf8(&buf[head.target.clone()]).ok()?;
+    if !target.starts_with('/') {
+        return None;
+    }
+    let views = state.views.read();
+    let (app, skip) = match views.hosts.get(&host.to_ascii_lowercase()) {
+        Some(app) => (app.as_str(), 0),
+        None => {
+            let rest = target.strip_prefix("/apps/")?;
+            let (app, _) = rest.split_once('/')?;
+            (app, "/apps/".len() + app.len())
+        }
+    };
+    let spec = views.apps.get(app)?.clone();
+    drop(views);
+    let target = head.target.start + skip..head.target.end;
+    if spec.lifetime == Lifetime::PerRequest {
+        return None;
+    }
+    if spec.static_dir.is_some() {
+        let path = std::str::from_utf8(&buf[target.clone()]).ok()?;
+        let path = path.split('?').next().unwrap_or("/");
+        if path.starts_with(spec.static_prefix.as_str()) {
+            return None;
+        }
+    }
+    Some(Lane {
+        spec,
+        target,
+        body_len: body_len.unwrap_or(0),
+        head_only: &buf[head.method.clone()] == b"HEAD",
+    })
+}
+
+enum Read {
+    Data,
+    Closed,
+    TimedOut,
+}
+
+async fn read_some(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    deadline: tokio::time::Instant,
+    clock: &Clock,
+) -> Read {
+    if buf.capacity() - buf.len() < 2048 {
+        buf.reserve(8 * 1024);
+    }
+    let was_empty = buf.is_empty();
+    match tokio::time::timeout_at(deadline, stream.read_buf(buf)).await {
+        Err(_) => Read::TimedOut,
+        Ok(Ok(0) | Err(_)) => Read::Closed,
+        Ok(Ok(_)) => {
+            if was_empty {
+                clock.bytes_arrived();
+            }
+            Read::Data
+        }
+    }
+}
+
+/// Serves a plain connection: on the lane while it can, then through hyper. `spare` is a
+/// second handle on the socket, which hyper's path uses to answer 408.
+pub(crate) async fn serve(
+    state: Arc<State>,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    spare: std::net::TcpStream,
+) {
+    let clock = Clock::new(state.metrics.clone());
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+    let mut out = Vec::with_capacity(8 * 1024);
+    let mut fields = Vec::with_capacity(MAX_FIELDS);
+    loop {
+        let deadline = tokio::time::Instant::now() + state.config.header_timeout;
+        let head = loop {
+            match parse(&buf, &mut fields) {
+                Parse::Head(h) => break Some(h),
+                Parse::Elsewhere => break None,
+                Parse::Partial if buf.len() > state.config.max_header_bytes => break None,
+                Parse::Partial => {}
+            }
+            match read_some(&mut stream, &mut buf, deadline, &clock).await {
+                Read::Data => {}
+                Read::Closed => return clock.closed(),
+                Read::TimedOut => {
+                    if !buf.is_empty() {
+                        let _ = stream.write_all(TIMEOUT_408).await;
+                    }
+                    return clock.closed();
+                }
+            }
+        };
+        let lane = head
+            .as_ref()
+            .and_then(|h| take(&state, &buf, h, &fields).map(|l| (h, l)));
+        let Some((head, lane)) = lane else {
+            let io = crate::tls::stream::Prefixed::new(buf, stream);
+            return crate::serve_io(state, io, peer, Some(spare), false, clock).await;
+        };
+        let total = head.len + lane.body_len;
+        while buf.len() < total {
+            match read_some(&mut stream, &mut buf, deadline, &clock).await {
+                Read::Data => {}
+                Read::Closed => return clock.closed(),
+                Read::TimedOut => {
+                    let _ = stream.write_all(TIMEOUT_408).await;
+                    return clock.closed();
+                }
+            }
+        }
+        let msg = buf.split_to(total).freeze();
+        clock.service_start();
+        let started = Instant::now();
+        let served = forward(
+            &state,
+            &msg,
+            head,
+            &fields,
+            &lane,
+            peer.ip(),
+            &mut stream,
+            &mut out,
+        );
+        let served = served.await;
+        if let Some((status, _)) = served {
+            state.metrics.request(&lane.spec.name, status);
+            state
+                .metrics
+                .request_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        clock.service_end();
+        if !matches!(served, Some((_, true))) {
+            return clock.closed();
+        }
+    }
+}
+
+/// Authenticates, authorises and forwards one request, and writes the answer. Returns the
+/// status and whether the connection can carry another request; `None` when it broke.
+#[allow(clippy::too_many_arguments)]
+async fn forward(
+    state: &State,
+    msg: &Bytes,
+    head: &Head,
+    fields: &[Field],
+    lane: &Lane,
+    client: IpAddr,
+    stream: &mut TcpStream,
+    out: &mut Vec<u8>,
+) -> Option<(u16, bool)> {
+    let m = &state.metrics;
+    let named = |n: &'static str| {
+        fields
+            .iter()
+            .filter(move |f| msg[f.name.clone()].eq_ignore_ascii_case(n.as_bytes()))
+            .map(|f| &msg[f.value.clone()])
+    };
+    let t = Instant::now();
+    let authorization = named("authorization").next();
+    let user = state
+        .auth
+        .authenticate_raw(&state.views, authorization, named("cookie"), client, m)
+        .await;
+    let user = match user {
+        Ok(u) => u,
+        Err(e) => return answer(e.into_response(), lane.head_only, stream, out).await,
+    };
+    m.phase("auth", t.elapsed());
+    let spec = &lane.spec;
+    let groups = &user.record.groups;
+    if !spec.groups.is_empty() && !spec.groups.iter().any(|g| groups.contains(g)) {
+        let e = GatewayError::Forbidden {
+            user: user.record.name.clone(),
+            app: spec.name.clone(),
+        };
+        return answer(e.into_response(), lane.head_only, stream, out).await;
+    }
+    let label = user.record.clearance.as_str();
+    let bytes = request_bytes(msg, head, fields, lane, &user.record.name, label, client);
+    let method = &msg[head.method.clone()];
+    let mut sender = RawSender {
+        exchange: upstream::Exchange {
+            bytes: &bytes,
+            head_only: lane.head_only,
+            idempotent: http::Method::from_bytes(method).is_ok_and(|m| m.is_idempotent()),
+        },
+        addr: String::new(),
+    };
+    let owner = Owner::for_lifetime(spec.lifetime, &user.record.name);
+    match crate::forward::dispatch(state, spec, label, &owner, &mut sender).await {
+        Ok(a) => {
+            let status = a.status;
+            let relayed = a
+                .relay(&state.raw_upstream, &sender.addr, stream, out)
+                .await;
+            relayed.ok().map(|keep| (status, keep))
+        }
+        Err(e) => answer(e.into_response(), lane.head_only, stream, out).await,
+    }
+}
+
+/// Request headers the app never gets from the client: hop-by-hop ones, the credentials meant
+/// for the gateway, and those the gateway itself sets.
+fn withheld(name: &[u8]) -> bool {
+    [
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "upgrade",
+        "transfer-encoding",
+        "authorization",
+        "cookie",
+        "x-warden-user",
+        "x-warden-label",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+    ]
+    .iter()
+    .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
+}
+
+/// Whether `v` may be a header value as it is (no control characters).
+fn header_safe(v: &str) -> bool {
+    v.bytes().all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+}
+
+/// The request as the app gets it: the target within the app, the client's headers without
+/// credentials and hop-by-hop ones, the app's own cookies, and who the gateway vouches for.
+fn request_bytes(
+    msg: &[u8],
+    head: &Head,
+    fields: &[Field],
+    lane: &Lane,
+    user: &str,
+    label: &str,
+    client: IpAddr,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(msg.len() + 160);
+    out.extend_from_slice(&msg[head.method.clone()]);
+    out.push(b' ');
+    out.extend_from_slice(&msg[lane.target.clone()]);
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut cookies = Vec::new();
+    for f in fields {
+        let name = &msg[f.name.clone()];
+        if name.eq_ignore_ascii_case(b"cookie") {
+            if let Ok(v) = std::str::from_utf8(&msg[f.value.clone()]) {
+                cookies.extend(crate::auth::session::other_cookies(v));
+            }
+        }
+        if withheld(name) {
+            continue;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(&msg[f.value.clone()]);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !cookies.is_empty() {
+        out.extend_from_slice(b"cookie: ");
+        out.extend_from_slice(cookies.join("; ").as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    for (name, value) in [("x-warden-user", user), ("x-warden-label", label)] {
+        if header_safe(value) {
+            out.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+        }
+    }
+    out.extend_from_slice(format!("x-forwarded-for: {client}\r\n").as_bytes());
+    out.extend_from_slice(b"x-forwarded-proto: http\r\n\r\n");
+    out.extend_from_slice(&msg[head.len..]);
+    out
+}
+
+struct RawSender<'a> {
+    exchange: upstream::Exchange<'a>,
+    /// The instance the last send went to.
+    addr: String,
+}
+
+impl Sender for RawSender<'_> {
+    type Response = upstream::Answer;
+
+    fn idempotent(&self) -> bool {
+        self.exchange.idempotent
+    }
+
+    async fn send(&mut self, state: &State, addr: &str) -> Result<upstream::Answer, Failure> {
+        addr.clone_into(&mut self.addr);
+        // Dropping the exchange on timeout drops its connection too, so it never goes back to
+        // the pool with an answer still owed.
+        tokio::time::timeout(
+            state.config.upstream_timeout,
+            self.exchange.send(&state.raw_upstream, addr),
+        )
+        .await
+        .map_err(|_| Failure::TimedOut)?
+    }
+
+    fn take_taint(resp: &mut upstream::Answer) -> Option<String> {
+        resp.taint.take()
+    }
+}
+
+/// Writes a response the gateway made itself (its body is in memory).
+async fn answer(
+    resp: http::Response<Body>,
+    head_only: bool,
+    stream: &mut TcpStream,
+    out: &mut Vec<u8>,
+) -> Option<(u16, bool)> {
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.ok()?.to_bytes();
+    out.clear();
+    let status = parts.status;
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in &parts.headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
+    if !head_only {
+        out.extend_from_slice(&body);
+    }
+    stream.write_all(out).await.ok()?;
+    Some((status.as_u16(), true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_heads_into_ranges_and_leaves_the_rest_to_hyper() {
+        let mut fields = Vec::new();
+        let buf = b"GET /apps/demo/x?y=1 HTTP/1.1\r\nHost: a\r\nCookie: c=1\r\n\r\nNEXT";
+        let Parse::Head(h) = parse(buf, &mut fields) else {
+            panic!("a complete head");
+        };
+        assert_eq!(h.len, buf.len() - 4);
+        assert_eq!(&buf[h.method], b"GET");
+        assert_eq!(&buf[h.target], b"/apps/demo/x?y=1");
+        assert_eq!(fields.len(), 2);
+        assert_eq!(&buf[fields[1].name.clone()], b"Cookie");
+        assert_eq!(&buf[fields[1].value.clone()], b"c=1");
+        assert!(matches!(
+            parse(b"GET / HTTP/1.1\r\nHost:", &mut fields),
+            Parse::Partial
+        ));
+        for other in [
+            &b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..],
+            b"GET / HTTP/1.0\r\n\r\n",
+            b"GET / HTTP/1.1\r\nhost x\r\n\r\n",
+        ] {
+            assert!(
+                matches!(parse(other, &mut fields), Parse::Elsewhere),
+                "{other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_app_never_gets_credentials_or_forged_identity_headers() {
+        let msg = b"POST /apps/demo/p HTTP/1.1\r\nHost: a\r\nAuthorization: Basic eDp5\r\nCookie: a=1; warden_session=tok; b=2\r\nX-Warden-User: mallory\r\nx-forwarded-for: 1.2.3.4\r\nConnection: keep-alive\r\ncontent-length: 2\r\n\r\nhi";
+        let mut fields = Vec::new();
+        let Parse::Head(head) = parse(msg, &mut fields) else {
+            panic!("a complete head");
+        };
+        let lane = Lane {
+            spec: Arc::new(AppSpec::new("demo", vec!["x".into()])),
+            target: head.target.start + "/apps/demo".len()..head.target.end,
+            body_len: 2,
+            head_only: false,
+        };
+        let out = request_bytes(
+            msg,
+            &head,
+            &fields,
+            &lane,
+            "alice",
+            "SECRET",
+            [127, 0, 0, 1].into(),
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            "POST /p HTTP/1.1\r\nHost: a\r\ncontent-length: 2\r\ncookie: a=1; b=2\r\nx-warden-user: alice\r\nx-warden-label: SECRET\r\nx-forwarded-for: 127.0.0.1\r\nx-forwarded-proto: http\r\n\r\nhi"
+        );
+        assert!(!header_safe("a\r\nb"));
+    }
+}
