@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
 use hyper::{body::Incoming, Request, Response};
 use hyper_util::rt::TokioIo;
 
@@ -61,6 +62,14 @@ enum Action {
     Drop,
     /// `/_hang`: never answer, as a wedged instance would (other requests are still served).
     Hang,
+    /// `/_echo`: answer with the request's body, and the Cookie header it arrived with in
+    /// `x-echo-cookie`.
+    Echo,
+    /// `/_bytes?n=N[&chunked=1]`: N bytes of `x`, with a length or chunked in 16 KiB frames.
+    Bytes {
+        n: usize,
+        chunked: bool,
+    },
 }
 
 fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
@@ -87,6 +96,13 @@ fn action(id: &Identity, health: &AtomicU64, req: &Request<Incoming>) -> Action 
         "/_health" => Action::Healthy,
         "/_close" => Action::Close,
         "/_hang" => Action::Hang,
+        "/_echo" => Action::Echo,
+        "/_bytes" => Action::Bytes {
+            n: query_param(req, "n")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0),
+            chunked: query_param(req, "chunked").as_deref() == Some("1"),
+        },
         "/_drop" if query_param(req, "instance").as_deref() == Some(id.instance.as_str()) => {
             Action::Drop
         }
@@ -94,7 +110,10 @@ fn action(id: &Identity, health: &AtomicU64, req: &Request<Incoming>) -> Action 
     }
 }
 
-fn respond(id: &Identity, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+/// Body type of the demo app's responses.
+type Body = BoxBody<Bytes, std::convert::Infallible>;
+
+fn respond(id: &Identity, req: &Request<Incoming>) -> Response<Body> {
     let user = req
         .headers()
         .get("x-warden-user")
@@ -113,12 +132,45 @@ fn respond(id: &Identity, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     });
     Response::builder()
         .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string() + "\n")))
-        .unwrap_or_default()
+        .body(Full::new(Bytes::from(body.to_string() + "\n")).boxed())
+        .unwrap_or_else(|_| Response::new(Body::default()))
 }
 
-fn plain(status: hyper::StatusCode, text: &'static str) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(Bytes::from(text)));
+/// `n` bytes of `x`: with a length, or in frames of unknown total length (sent chunked).
+fn bytes(n: usize, chunked: bool) -> Response<Body> {
+    if !chunked {
+        return Response::new(Full::new(Bytes::from(vec![b'x'; n])).boxed());
+    }
+    Response::new(Frames { left: n }.boxed())
+}
+
+/// A body of `left` bytes of `x` in 16 KiB frames, whose size it does not tell.
+struct Frames {
+    left: usize,
+}
+
+impl hyper::body::Body for Frames {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let n = self.left.min(16 * 1024);
+        if n == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.left -= n;
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from(vec![
+            b'x';
+            n
+        ])))))
+    }
+}
+
+fn plain(status: hyper::StatusCode, text: &'static str) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from(text)).boxed());
     *resp.status_mut() = status;
     resp
 }
@@ -141,12 +193,13 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
         let closed_tx = closed_tx.clone();
         let mut closing = closed.clone();
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let action = action(&id, &health, &req);
                 let hang = matches!(action, Action::Hang);
+                let echo = matches!(action, Action::Echo);
                 let result = match action {
                     Action::Hang => Ok(plain(hyper::StatusCode::OK, "never sent")),
-                    Action::Answer => Ok(respond(&id, &req)),
+                    Action::Answer | Action::Echo => Ok(respond(&id, &req)),
                     Action::Unhealthy => {
                         Ok(plain(hyper::StatusCode::SERVICE_UNAVAILABLE, "loading"))
                     }
@@ -163,10 +216,24 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                         Ok(respond(&id, &req))
                     }
                     Action::Drop => Err(std::io::Error::other("dropped on request")),
+                    Action::Bytes { n, chunked } => Ok(bytes(n, chunked)),
                 };
                 async move {
                     if hang {
                         std::future::pending::<()>().await;
+                    }
+                    if echo {
+                        let cookie = req.headers().get(http::header::COOKIE).cloned();
+                        let body = req
+                            .into_body()
+                            .collect()
+                            .await
+                            .map_err(std::io::Error::other)?;
+                        let mut resp = Response::new(Full::new(body.to_bytes()).boxed());
+                        if let Some(c) = cookie {
+                            resp.headers_mut().insert("x-echo-cookie", c);
+                        }
+                        return Ok(resp);
                     }
                     result
                 }

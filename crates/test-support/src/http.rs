@@ -151,6 +151,81 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Sends `wire` (several requests, pipelined) on one connection, reads until the server closes
+/// it, and splits what came back into responses, framed by content-length or chunked encoding.
+/// `head_only[i]` says the i-th request was a HEAD, whose response has no body.
+pub fn pipeline(host: &str, wire: &[u8], head_only: &[bool]) -> Vec<Response> {
+    let mut s = TcpStream::connect(host).unwrap_or_else(|e| panic!("connect {host}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    s.write_all(wire).unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)
+        .unwrap_or_else(|e| panic!("reading from {host}: {e}"));
+    let mut rest = &buf[..];
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        let end = rest
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .unwrap_or_else(|| panic!("no complete head in {:?}", String::from_utf8_lossy(rest)))
+            + 4;
+        let head = parse(&rest[..end]);
+        let body_len = if head_only.get(out.len()).copied().unwrap_or(false) {
+            0
+        } else if head.header("transfer-encoding").is_some() {
+            chunked_len(&rest[end..])
+        } else {
+            head.header("content-length")
+                .map_or(rest.len() - end, |n| n.parse().unwrap())
+        };
+        let mut r = parse(&rest[..end + body_len]);
+        if head.header("transfer-encoding").is_none() {
+            r.body = rest[end..end + body_len].to_vec();
+        }
+        out.push(r);
+        rest = &rest[end + body_len..];
+    }
+    out
+}
+
+/// Length on the wire of the chunked body at the start of `b`, trailers included.
+fn chunked_len(b: &[u8]) -> usize {
+    let mut at = 0;
+    loop {
+        let eol = at
+            + b[at..]
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .expect("chunk size line");
+        let size = usize::from_str_radix(
+            String::from_utf8_lossy(&b[at..eol])
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim(),
+            16,
+        )
+        .expect("chunk size");
+        at = eol + 2;
+        if size == 0 {
+            // Trailer lines, then the empty line.
+            loop {
+                let eol = at
+                    + b[at..]
+                        .windows(2)
+                        .position(|w| w == b"\r\n")
+                        .expect("trailer");
+                let empty = eol == at;
+                at = eol + 2;
+                if empty {
+                    return at;
+                }
+            }
+        }
+        at += size + 2;
+    }
+}
+
 /// A GET over HTTP/2 with prior knowledge (h2c), through hyper's client; returns the version
 /// the server answered with, its status and body.
 pub fn h2c_get(url: &str, headers: &[(&str, &str)]) -> (http::Version, u16, Vec<u8>) {

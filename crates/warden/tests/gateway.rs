@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use serde_json::json;
-use warden_test_support::http::{basic, h2c_get, raw};
+use warden_test_support::http::{basic, h2c_get, pipeline, raw};
 use warden_test_support::{request, Launch, Warden};
 
 const BIN: &str = env!("CARGO_BIN_EXE_warden");
@@ -454,4 +454,70 @@ fn metrics_count_requests_and_time_phases() {
         );
     }
     assert!(!r.text().contains(&w.password("dave")));
+}
+
+/// The fast lane serves keep-alive connections itself and hands a connection to hyper at the
+/// first request it does not take; every framing an app may answer with comes through intact.
+#[test]
+fn pipelined_requests_and_every_response_framing_come_through_one_connection() {
+    let w = Warden::demo(BIN);
+    let h = host(&w);
+    let auth = basic("alice", &w.password("alice"));
+    let login = request(
+        "POST",
+        &format!("{}/login", w.gateway),
+        &[("authorization", &auth)],
+        b"",
+    );
+    let token = login.json()["token"].as_str().unwrap().to_owned();
+    let get = |path: &str, extra: &str| {
+        format!("GET /apps/demo{path} HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\n{extra}\r\n")
+    };
+    // Pipelined: keep-alive requests, a HEAD, a chunked and a large answer, a request body with
+    // the client's own cookies and a forged identity header, a request the lane leaves to hyper
+    // (the gateway's own /healthz), and after it one more for the app.
+    let mut wire = String::new();
+    wire += &get("/a", "");
+    wire += &format!("HEAD /apps/demo/b HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\n\r\n");
+    wire += &get("/_bytes?n=300000&chunked=1", "");
+    wire += &get("/_bytes?n=700000", "");
+    wire += &format!(
+        "POST /apps/demo/_echo HTTP/1.1\r\nhost: x\r\ncookie: a=1; warden_session={token}; b=2\r\ncontent-length: 5\r\n\r\nhello"
+    );
+    wire += &get("/c", "x-warden-user: mallory\r\n");
+    wire += "GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n";
+    wire += &get("/d", "connection: close\r\n");
+    let heads = [false, true, false, false, false, false, false, false];
+    let r = pipeline(&h, wire.as_bytes(), &heads);
+    let statuses: Vec<u16> = r.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200; 8]);
+    let field =
+        |r: &warden_test_support::http::Response, k: &str| r.json()[k].as_str().map(str::to_owned);
+    assert_eq!(field(&r[0], "path").as_deref(), Some("/a"));
+    assert!(r[1].body.is_empty() && r[1].header("content-length").is_some());
+    assert_eq!(r[2].header("transfer-encoding"), Some("chunked"));
+    assert_eq!(r[2].body, vec![b'x'; 300_000]);
+    assert_eq!(r[3].header("content-length"), Some("700000"));
+    assert_eq!(r[3].body, vec![b'x'; 700_000]);
+    // The app gets the body and its own cookies, never the session cookie.
+    assert_eq!(r[4].body, b"hello");
+    assert_eq!(r[4].header("x-echo-cookie"), Some("a=1; b=2"));
+    // A client cannot claim to be someone else.
+    assert_eq!(field(&r[5], "user").as_deref(), Some("alice"));
+    assert_eq!(field(&r[5], "path").as_deref(), Some("/c"));
+    assert_eq!(r[6].json()["status"], "ok");
+    assert_eq!(field(&r[7], "path").as_deref(), Some("/d"));
+    assert!(r
+        .iter()
+        .all(|r| !String::from_utf8_lossy(&r.body).contains("saw_authorization\":true")));
+    // Refusals on the lane keep the connection: a wrong password, then a good request.
+    let bad = basic("alice", "wrong-password");
+    let wire = format!(
+        "GET /apps/demo/ HTTP/1.1\r\nhost: x\r\nauthorization: {bad}\r\n\r\n{}",
+        get("/e", "connection: close\r\n")
+    );
+    let r = pipeline(&h, wire.as_bytes(), &[]);
+    assert_eq!(r.iter().map(|r| r.status).collect::<Vec<_>>(), [401, 200]);
+    assert!(r[0].header("www-authenticate").is_some());
+    assert_eq!(r[1].header("connection"), Some("close"));
 }

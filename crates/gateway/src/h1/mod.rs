@@ -25,7 +25,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use warden_agent::Owner;
@@ -35,7 +34,7 @@ use warden_core::AppSpec;
 use crate::forward::Sender;
 use crate::phases::Clock;
 use crate::proxy::Failure;
-use crate::respond::{Body, GatewayError};
+use crate::respond::GatewayError;
 use crate::State;
 
 /// Header fields a request head may have on the lane; more go to hyper.
@@ -101,6 +100,8 @@ struct Lane {
     target: Range<usize>,
     body_len: usize,
     head_only: bool,
+    /// The client asked to close the connection after this request.
+    close: bool,
 }
 
 /// Decides, from the head alone, whether the lane takes a request.
@@ -110,6 +111,7 @@ fn take(state: &State, buf: &[u8], head: &Head, fields: &[Field]) -> Option<Lane
     }
     let mut host = None;
     let mut body_len = None;
+    let mut close = false;
     for f in fields {
         let name = &buf[f.name.clone()];
         let value = &buf[f.value.clone()];
@@ -117,8 +119,15 @@ fn take(state: &State, buf: &[u8], head: &Head, fields: &[Field]) -> Option<Lane
         if is("transfer-encoding") || is("upgrade") || is("expect") {
             return None;
         }
-        if is("connection") && !value.eq_ignore_ascii_case(b"keep-alive") {
-            return None;
+        if is("connection") {
+            // Options other than these name hop-by-hop headers to strip: hyper's path does that.
+            for token in std::str::from_utf8(value).ok()?.split(',') {
+                match token.trim() {
+                    t if t.eq_ignore_ascii_case("close") => close = true,
+                    t if t.eq_ignore_ascii_case("keep-alive") => {}
+                    _ => return None,
+                }
+            }
         }
         if is("host") {
             if host.is_some() {
@@ -167,6 +176,7 @@ fn take(state: &State, buf: &[u8], head: &Head, fields: &[Field]) -> Option<Lane
         target,
         body_len: body_len.unwrap_or(0),
         head_only: &buf[head.method.clone()] == b"HEAD",
+        close,
     })
 }
 
@@ -270,7 +280,7 @@ pub(crate) async fn serve(
                 .observe(started.elapsed().as_secs_f64());
         }
         clock.service_end();
-        if !matches!(served, Some((_, true))) {
+        if lane.close || !matches!(served, Some((_, true))) {
             return clock.closed();
         }
     }
@@ -304,7 +314,7 @@ async fn forward(
         .await;
     let user = match user {
         Ok(u) => u,
-        Err(e) => return answer(e.into_response(), lane.head_only, stream, out).await,
+        Err(e) => return answer(&e, lane, stream, out).await,
     };
     m.phase("auth", t.elapsed());
     let spec = &lane.spec;
@@ -314,7 +324,7 @@ async fn forward(
             user: user.record.name.clone(),
             app: spec.name.clone(),
         };
-        return answer(e.into_response(), lane.head_only, stream, out).await;
+        return answer(&e, lane, stream, out).await;
     }
     let label = user.record.clearance.as_str();
     let bytes = request_bytes(msg, head, fields, lane, &user.record.name, label, client);
@@ -332,11 +342,11 @@ async fn forward(
         Ok(a) => {
             let status = a.status;
             let relayed = a
-                .relay(&state.raw_upstream, &sender.addr, stream, out)
+                .relay(&state.raw_upstream, &sender.addr, lane.close, stream, out)
                 .await;
             relayed.ok().map(|keep| (status, keep))
         }
-        Err(e) => answer(e.into_response(), lane.head_only, stream, out).await,
+        Err(e) => answer(&e, lane, stream, out).await,
     }
 }
 
@@ -446,34 +456,17 @@ impl Sender for RawSender<'_> {
     }
 }
 
-/// Writes a response the gateway made itself (its body is in memory).
+/// Writes the gateway's own answer to a request it refused.
 async fn answer(
-    resp: http::Response<Body>,
-    head_only: bool,
+    e: &GatewayError,
+    lane: &Lane,
     stream: &mut TcpStream,
     out: &mut Vec<u8>,
 ) -> Option<(u16, bool)> {
-    let (parts, body) = resp.into_parts();
-    let body = body.collect().await.ok()?.to_bytes();
     out.clear();
-    let status = parts.status;
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
-    for (name, value) in &parts.headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
-    if !head_only {
-        out.extend_from_slice(&body);
-    }
+    e.write_http1(lane.head_only, lane.close, out);
     stream.write_all(out).await.ok()?;
-    Some((status.as_u16(), true))
+    Some((e.status().as_u16(), true))
 }
 
 #[cfg(test)]
@@ -521,6 +514,7 @@ mod tests {
             target: head.target.start + "/apps/demo".len()..head.target.end,
             body_len: 2,
             head_only: false,
+            close: false,
         };
         let out = request_bytes(
             msg,

@@ -393,15 +393,29 @@ impl Answer {
     /// Writes the answer to the client, relaying a body still to come, and hands the instance's
     /// connection back to the pool when it can be reused. Returns whether the client's
     /// connection can carry another request.
+    /// `close` adds `connection: close`, for a client that asked for it.
     pub async fn relay<W: AsyncWrite + Unpin>(
         self,
         pool: &Pool,
         addr: &str,
+        close: bool,
         client: &mut W,
         out: &mut Vec<u8>,
     ) -> std::io::Result<bool> {
         out.clear();
         out.extend_from_slice(&self.head);
+        let closing = matches!(
+            &self.body,
+            Body::Rest {
+                framing: Framing::Close,
+                ..
+            }
+        );
+        if close && !closing {
+            // Before the empty line that ends the head.
+            out.truncate(out.len() - 2);
+            out.extend_from_slice(b"connection: close\r\n\r\n");
+        }
         let (mut conn, mut framing) = match self.body {
             Body::Whole(b) => {
                 out.extend_from_slice(&b);
