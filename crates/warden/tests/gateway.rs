@@ -401,6 +401,9 @@ fn limits_answer_clearly() {
     // 400: malformed requests never reach an app.
     let r = raw(&h, b"GET /apps/demo/ HTTP/1.1\r\nhost x\r\n\r\n");
     assert_eq!(r.status, 400);
+    // A length that is not plain digits could be read two ways: 400.
+    let r = raw(&h, format!("POST /apps/demo/_echo HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\ncontent-length: +5\r\n\r\nhello").as_bytes());
+    assert_eq!(r.status, 400);
     // 408: a head that does not arrive in time.
     let mut slow = TcpStream::connect(&h).unwrap();
     slow.set_read_timeout(Some(Duration::from_secs(30)))

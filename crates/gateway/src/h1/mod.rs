@@ -136,6 +136,10 @@ fn take(state: &State, buf: &[u8], head: &Head, fields: &[Field]) -> Option<Lane
             host = Some(value);
         }
         if is("content-length") {
+            // Digits only: Rust's parse would take "+5", which the app may read otherwise.
+            if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
             let n: usize = std::str::from_utf8(value).ok()?.parse().ok()?;
             if body_len.is_some() || n > MAX_BODY || n > state.config.max_body_bytes {
                 return None;

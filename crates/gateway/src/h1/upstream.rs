@@ -176,7 +176,9 @@ impl Exchange<'_> {
                     fresh_only = true;
                     continue;
                 }
-                return Err(Failure::Refused(e.to_string()));
+                // The app accepted the connection and then dropped it: it is alive, and may
+                // have read part of the request, so this is no refusal.
+                return Err(Failure::Other(format!("sending the request: {e}")));
             }
             let head = match self.read_head(&mut conn).await {
                 Ok(Some(h)) => h,
