@@ -36,6 +36,10 @@ pub(crate) struct Args {
     /// Directory for CSV and the work files of the peers
     #[arg(long, default_value = "bench/out")]
     out: PathBuf,
+    /// Sweeps over every cell; each cell reports the round with its median throughput, and the
+    /// order of the servers rotates between rounds. One round is about 9 minutes at 5 s a run.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    rounds: u32,
 }
 
 pub(crate) struct Peer {
@@ -377,19 +381,62 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         tool_version("wrk", &["-v"])
     );
     let csv_path = args.out.join("gateway.csv");
-    let mut csv = String::from("workload,server,connections,requests_per_sec,mean_latency_ms,requests,non_2xx,socket_errors\n");
-    for &c in &args.connections {
-        for (server, workload, t) in &targets {
-            let o = wrk::run(&t.url, c, args.seconds, &t.headers, t.script.as_deref())?;
-            eprintln!("{workload:<13} {server:<8} c={c:<5} {:>10.0} req/s  {:>8.2} ms  non-2xx {:>8}  errors {}", o.requests_per_sec, o.mean_latency_ms, o.non_2xx, o.socket_errors);
-            let _ = writeln!(
-                csv,
-                "{workload},{server},{c},{:.1},{:.3},{},{},{}",
-                o.requests_per_sec, o.mean_latency_ms, o.requests, o.non_2xx, o.socket_errors
-            );
-            std::fs::write(&csv_path, &csv)?;
+    let rounds_path = args.out.join("gateway-rounds.csv");
+    const HEADER: &str =
+        "workload,server,connections,requests_per_sec,mean_latency_ms,requests,non_2xx,socket_errors";
+    let row = |workload: &str, server: &str, c: usize, o: &wrk::Outcome| {
+        format!(
+            "{workload},{server},{c},{:.1},{:.3},{},{},{}",
+            o.requests_per_sec, o.mean_latency_ms, o.requests, o.non_2xx, o.socket_errors
+        )
+    };
+    let workloads: Vec<&str> = targets
+        .iter()
+        .map(|(_, w, _)| *w)
+        .fold(Vec::new(), |mut v, w| {
+            if !v.contains(&w) {
+                v.push(w);
+            }
+            v
+        });
+    let servers = ["warden", "nginx", "haproxy"];
+    // The three servers of a cell run back to back, so they meet the same machine; the order
+    // rotates between rounds so none is always first.
+    // Outcomes by (workload, server, connections), in the order first measured.
+    type Cell<'a> = ((&'a str, &'a str, usize), Vec<wrk::Outcome>);
+    let mut seen: Vec<Cell> = Vec::new();
+    let mut raw = format!("round,{HEADER}\n");
+    for round in 0..args.rounds as usize {
+        for &c in &args.connections {
+            for workload in &workloads {
+                for k in 0..servers.len() {
+                    let server = servers[(k + round) % servers.len()];
+                    let Some((_, _, t)) = targets
+                        .iter()
+                        .find(|(s, w, _)| *s == server && w == workload)
+                    else {
+                        continue;
+                    };
+                    let o = wrk::run(&t.url, c, args.seconds, &t.headers, t.script.as_deref())?;
+                    eprintln!("round {round} {workload:<13} {server:<8} c={c:<5} {:>10.0} req/s  {:>8.2} ms  non-2xx {:>8}  errors {}", o.requests_per_sec, o.mean_latency_ms, o.non_2xx, o.socket_errors);
+                    let _ = writeln!(raw, "{round},{}", row(workload, server, c, &o));
+                    std::fs::write(&rounds_path, &raw)?;
+                    let key = (*workload, server, c);
+                    match seen.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, v)) => v.push(o),
+                        None => seen.push((key, vec![o])),
+                    }
+                }
+            }
         }
     }
+    let mut csv = format!("{HEADER}\n");
+    for ((workload, server, c), mut outcomes) in seen {
+        outcomes.sort_by(|a, b| a.requests_per_sec.total_cmp(&b.requests_per_sec));
+        let median = &outcomes[outcomes.len() / 2];
+        let _ = writeln!(csv, "{}", row(workload, server, c, median));
+    }
+    std::fs::write(&csv_path, &csv)?;
     let metrics = request("GET", &format!("{}/metrics", w.api), &[], b"").text();
     // One queue observation per Argon2id run: requests that wait for a run under way do not add.
     let runs: f64 = metrics
