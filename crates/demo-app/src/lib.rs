@@ -62,8 +62,8 @@ enum Action {
     Drop,
     /// `/_hang`: never answer, as a wedged instance would (other requests are still served).
     Hang,
-    /// `/_echo`: answer with the request's body, and the Cookie header it arrived with in
-    /// `x-echo-cookie`.
+    /// `/_echo`: answer with the request's body, the Cookie header it arrived with in
+    /// `x-echo-cookie`, and the names of its headers in `x-echo-headers`.
     Echo,
     /// `/_bytes?n=N[&chunked=1]`: N bytes of `x`, with a length or chunked in 16 KiB frames.
     Bytes {
@@ -98,9 +98,11 @@ fn action(id: &Identity, health: &AtomicU64, req: &Request<Incoming>) -> Action 
         "/_hang" => Action::Hang,
         "/_echo" => Action::Echo,
         "/_bytes" => Action::Bytes {
+            // Capped, so no request can make the instance allocate without bound.
             n: query_param(req, "n")
                 .and_then(|n| n.parse().ok())
-                .unwrap_or(0),
+                .unwrap_or(0)
+                .min(64 << 20),
             chunked: query_param(req, "chunked").as_deref() == Some("1"),
         },
         "/_drop" if query_param(req, "instance").as_deref() == Some(id.instance.as_str()) => {
@@ -224,6 +226,9 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                     }
                     if echo {
                         let cookie = req.headers().get(http::header::COOKIE).cloned();
+                        let names: Vec<&str> =
+                            req.headers().iter().map(|(n, _)| n.as_str()).collect();
+                        let names = http::HeaderValue::from_str(&names.join(","));
                         let body = req
                             .into_body()
                             .collect()
@@ -232,6 +237,9 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                         let mut resp = Response::new(Full::new(body.to_bytes()).boxed());
                         if let Some(c) = cookie {
                             resp.headers_mut().insert("x-echo-cookie", c);
+                        }
+                        if let Ok(n) = names {
+                            resp.headers_mut().insert("x-echo-headers", n);
                         }
                         return Ok(resp);
                     }

@@ -36,6 +36,30 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     h.remove(header::TRANSFER_ENCODING);
 }
 
+/// Headers in which the gateway tells the app who the user is and how they came.
+const VOUCHED: [&str; 4] = [
+    "x-warden-user",
+    "x-warden-label",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+];
+
+/// Whether a header `name` from a client claims to be one the gateway sets, in any case and with
+/// '_' for '-' (servers that map headers to CGI variables read both alike).
+pub(crate) fn vouched(name: &[u8]) -> bool {
+    VOUCHED.iter().any(|v| {
+        v.len() == name.len()
+            && v.bytes().zip(name).all(|(a, &b)| {
+                let b = if b == b'_' {
+                    b'-'
+                } else {
+                    b.to_ascii_lowercase()
+                };
+                a == b
+            })
+    })
+}
+
 /// Who the gateway vouches for, passed to the app in `X-Warden-*` headers.
 pub(crate) struct Forwarded<'a> {
     pub user: &'a str,
@@ -73,8 +97,19 @@ pub(crate) fn prepare(
             h.insert(header::HOST, v);
         }
     }
+    // The client's own copies go first, whether or not ours can be set, including spellings
+    // with '_' that CGI-style servers read as the same header.
+    let forged: Vec<HeaderName> = h
+        .keys()
+        .filter(|n| vouched(n.as_str().as_bytes()))
+        .cloned()
+        .collect();
+    for n in forged {
+        h.remove(n);
+    }
     let set = |h: &mut HeaderMap, name: &'static str, v: &str| {
-        if let Ok(v) = HeaderValue::from_str(v) {
+        // Raw UTF-8, as the fast lane sends it: lattice names may be any letters.
+        if let Ok(v) = HeaderValue::from_bytes(v.as_bytes()) {
             h.insert(name, v);
         }
     };

@@ -134,8 +134,9 @@ impl GatewayError {
         resp
     }
 
-    /// The same response as [`Self::into_response`], written as HTTP/1.1 bytes to `out`, for
-    /// the fast lane, which answers errors without building a response object.
+    /// The same response as [`Self::into_response`] (less the `Date` header hyper adds),
+    /// written as HTTP/1.1 bytes to `out`, for the fast lane, which answers errors without
+    /// building a response object.
     /// `close` adds `connection: close`, for a client that asked for it.
     pub(crate) fn write_http1(&self, head_only: bool, close: bool, out: &mut Vec<u8>) {
         let status = self.status();

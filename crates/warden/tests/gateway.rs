@@ -513,6 +513,33 @@ fn pipelined_requests_and_every_response_framing_come_through_one_connection() {
     assert!(r
         .iter()
         .all(|r| !String::from_utf8_lossy(&r.body).contains("saw_authorization\":true")));
+    // Forged identity headers, also spelled with '_' (which CGI-style servers read as '-'),
+    // never reach the app, on the lane or on hyper's path (a Connection option sends the
+    // request there).
+    for route in [
+        "connection: close\r\n",
+        "connection: close, x-opt\r\nx-opt: 1\r\n",
+    ] {
+        let wire = format!(
+            "POST /apps/demo/_echo HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\n{route}x_warden_user: mallory\r\nX-Warden-Label: TOP SECRET\r\nx_forwarded_for: 10.0.0.1\r\ncontent-length: 2\r\n\r\nhi"
+        );
+        let r = raw(&h, wire.as_bytes());
+        assert_eq!(r.status, 200);
+        let names = r.header("x-echo-headers").unwrap().to_ascii_lowercase();
+        let names: Vec<&str> = names.split(',').collect();
+        for forged in ["x_warden_user", "x_forwarded_for", "x-opt"] {
+            assert!(
+                !names.contains(&forged),
+                "{forged} in {names:?} via {route:?}"
+            );
+        }
+        let count = |n: &str| names.iter().filter(|x| **x == n).count();
+        assert_eq!(
+            (count("x-warden-user"), count("x-warden-label")),
+            (1, 1),
+            "{route:?}"
+        );
+    }
     // Refusals on the lane keep the connection: a wrong password, then a good request.
     let bad = basic("alice", "wrong-password");
     let wire = format!(

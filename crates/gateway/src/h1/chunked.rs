@@ -22,6 +22,12 @@ enum At {
     Done,
 }
 
+/// Bytes allowed in chunk extensions and trailer lines: tab, visible ASCII, obs-text. A bare LF
+/// or other control byte would let a lenient client find the body's end elsewhere than here.
+fn text(b: u8) -> bool {
+    b == b'\t' || (0x20..=0x7e).contains(&b) || b >= 0x80
+}
+
 /// A malformed chunked body.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Malformed;
@@ -68,14 +74,14 @@ impl Scanner {
                 (At::Size(n, true), b';' | b' ' | b'\t') => At::Ext(n),
                 (At::Size(n, true), b'\r') => At::SizeLf(n),
                 (At::Ext(n), b'\r') => At::SizeLf(n),
-                (At::Ext(n), _) => At::Ext(n),
+                (At::Ext(n), b) if text(b) => At::Ext(n),
                 (At::SizeLf(0), b'\n') => At::LineStart,
                 (At::SizeLf(n), b'\n') => At::Data(n),
                 (At::DataCr, b'\r') => At::DataLf,
                 (At::DataLf, b'\n') => At::Size(0, false),
                 (At::LineStart, b'\r') => At::LineLf(true),
                 (At::Line, b'\r') => At::LineLf(false),
-                (At::LineStart | At::Line, _) => At::Line,
+                (At::LineStart | At::Line, b) if text(b) => At::Line,
                 (At::LineLf(true), b'\n') => At::Done,
                 (At::LineLf(false), b'\n') => At::LineStart,
                 _ => return Err(Malformed),
@@ -114,6 +120,8 @@ mod tests {
             b"5\r\nhelloXX",
             b"5\n",
             b"ffffffffffffffffff\r\n",
+            b"0\r\nX\n\r\n",
+            b"5;a\nb\r\n",
         ] {
             assert_eq!(Scanner::new().advance(bad), Err(Malformed), "{bad:?}");
         }

@@ -9,10 +9,15 @@
 //!
 //! Whatever the lane does not take is handed to hyper with the bytes read so far, and hyper
 //! serves the connection from that request on: HTTP/2 (its preface is not HTTP/1.1), HTTP/1.0,
-//! malformed or oversized heads, `Expect`, `Upgrade`, `Connection` options other than
-//! keep-alive, chunked or large request bodies, requests without a `Host`, the gateway's own
-//! endpoints, unknown apps, static files and per-request apps. The choice is made before
-//! anything is authenticated, so no request is counted or checked twice.
+//! malformed or oversized heads, more than 64 header fields, `Expect`, `Upgrade`, `Connection`
+//! options other than `keep-alive` and `close`, chunked, large or oddly framed request bodies,
+//! requests without exactly one `Host`, targets not in origin form or with a fragment,
+//! `CONNECT`, the gateway's own endpoints, unknown apps, static files and per-request apps. The
+//! choice is made before anything is authenticated, so no request is counted or checked twice.
+//!
+//! Differences from hyper's path that remain: an idle keep-alive connection is closed without a
+//! 408 after the header timeout, a request body must arrive within the header timeout too, and
+//! the gateway's own refusals carry no `Date` header.
 
 mod chunked;
 mod upstream;
@@ -41,6 +46,8 @@ use crate::State;
 const MAX_FIELDS: usize = 64;
 /// Request bodies up to this size are read whole on the lane; larger ones go to hyper.
 const MAX_BODY: usize = 64 * 1024;
+/// Per-connection buffers larger than this are let go between requests.
+const KEEP_BUFFER: usize = 64 * 1024;
 
 const TIMEOUT_408: &[u8] =
     b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
@@ -150,7 +157,8 @@ fn take(state: &State, buf: &[u8], head: &Head, fields: &[Field]) -> Option<Lane
     let host = std::str::from_utf8(host?).ok()?;
     let host = host.rsplit_once(':').map_or(host, |(name, _)| name);
     let target = std::str::from_utf8(&buf[head.target.clone()]).ok()?;
-    if !target.starts_with('/') {
+    // Origin form only, without a fragment (which hyper's URI parser drops); never CONNECT.
+    if !target.starts_with('/') || target.contains('#') || &buf[head.method.clone()] == b"CONNECT" {
         return None;
     }
     let views = state.views.read();
@@ -221,11 +229,15 @@ pub(crate) async fn serve(
     spare: std::net::TcpStream,
 ) {
     let clock = Clock::new(state.metrics.clone());
+    let timeout = state.config.header_timeout;
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut out = Vec::with_capacity(8 * 1024);
     let mut fields = Vec::with_capacity(MAX_FIELDS);
     loop {
-        let deadline = tokio::time::Instant::now() + state.config.header_timeout;
+        // An idle keep-alive connection gets the header timeout to start a request, and is then
+        // closed without a word; a started head gets the header timeout from its first byte.
+        let mut deadline = tokio::time::Instant::now() + timeout;
+        let mut begun = !buf.is_empty();
         let head = loop {
             match parse(&buf, &mut fields) {
                 Parse::Head(h) => break Some(h),
@@ -234,6 +246,10 @@ pub(crate) async fn serve(
                 Parse::Partial => {}
             }
             match read_some(&mut stream, &mut buf, deadline, &clock).await {
+                Read::Data if !begun => {
+                    begun = true;
+                    deadline = tokio::time::Instant::now() + timeout;
+                }
                 Read::Data => {}
                 Read::Closed => return clock.closed(),
                 Read::TimedOut => {
@@ -251,7 +267,11 @@ pub(crate) async fn serve(
             let io = crate::tls::stream::Prefixed::new(buf, stream);
             return crate::serve_io(state, io, peer, Some(spare), false, clock).await;
         };
+        // Timed as hyper's path is: service from the complete head to the response head.
+        clock.service_start();
+        let started = Instant::now();
         let total = head.len + lane.body_len;
+        let deadline = tokio::time::Instant::now() + timeout;
         while buf.len() < total {
             match read_some(&mut stream, &mut buf, deadline, &clock).await {
                 Read::Data => {}
@@ -263,36 +283,56 @@ pub(crate) async fn serve(
             }
         }
         let msg = buf.split_to(total).freeze();
-        clock.service_start();
-        let started = Instant::now();
-        let served = forward(
-            &state,
-            &msg,
-            head,
-            &fields,
-            &lane,
-            peer.ip(),
-            &mut stream,
-            &mut out,
-        );
-        let served = served.await;
-        if let Some((status, _)) = served {
-            state.metrics.request(&lane.spec.name, status);
-            state
-                .metrics
-                .request_seconds
-                .observe(started.elapsed().as_secs_f64());
-        }
+        let reply = forward(&state, &msg, head, &fields, &lane, peer.ip()).await;
+        let status = match &reply {
+            Reply::Refused(e) => e.status().as_u16(),
+            Reply::App(a, _) => a.status,
+        };
+        state.metrics.request(&lane.spec.name, status);
+        state
+            .metrics
+            .request_seconds
+            .observe(started.elapsed().as_secs_f64());
         clock.service_end();
-        if lane.close || !matches!(served, Some((_, true))) {
+        let kept = match reply {
+            Reply::Refused(e) => {
+                out.clear();
+                e.write_http1(lane.head_only, lane.close, &mut out);
+                stream.write_all(&out).await.is_ok()
+            }
+            Reply::App(a, addr) => a
+                .relay(
+                    &state.raw_upstream,
+                    &addr,
+                    lane.close,
+                    &mut stream,
+                    &mut out,
+                )
+                .await
+                .unwrap_or(false),
+        };
+        if lane.close || !kept {
             return clock.closed();
+        }
+        // A large request or answer does not leave large buffers behind on an idle connection.
+        if out.capacity() > KEEP_BUFFER {
+            out = Vec::with_capacity(8 * 1024);
+        }
+        if buf.is_empty() && buf.capacity() > KEEP_BUFFER {
+            buf = BytesMut::with_capacity(8 * 1024);
         }
     }
 }
 
-/// Authenticates, authorises and forwards one request, and writes the answer. Returns the
-/// status and whether the connection can carry another request; `None` when it broke.
-#[allow(clippy::too_many_arguments)]
+/// What the lane answers a request with.
+enum Reply {
+    /// The gateway's own refusal.
+    Refused(GatewayError),
+    /// The answer of the instance at this address.
+    App(upstream::Answer, String),
+}
+
+/// Authenticates, authorises and forwards one request.
 async fn forward(
     state: &State,
     msg: &Bytes,
@@ -300,9 +340,7 @@ async fn forward(
     fields: &[Field],
     lane: &Lane,
     client: IpAddr,
-    stream: &mut TcpStream,
-    out: &mut Vec<u8>,
-) -> Option<(u16, bool)> {
+) -> Reply {
     let m = &state.metrics;
     let named = |n: &'static str| {
         fields
@@ -318,17 +356,16 @@ async fn forward(
         .await;
     let user = match user {
         Ok(u) => u,
-        Err(e) => return answer(&e, lane, stream, out).await,
+        Err(e) => return Reply::Refused(e),
     };
     m.phase("auth", t.elapsed());
     let spec = &lane.spec;
     let groups = &user.record.groups;
     if !spec.groups.is_empty() && !spec.groups.iter().any(|g| groups.contains(g)) {
-        let e = GatewayError::Forbidden {
+        return Reply::Refused(GatewayError::Forbidden {
             user: user.record.name.clone(),
             app: spec.name.clone(),
-        };
-        return answer(&e, lane, stream, out).await;
+        });
     }
     let label = user.record.clearance.as_str();
     let bytes = request_bytes(msg, head, fields, lane, &user.record.name, label, client);
@@ -343,14 +380,8 @@ async fn forward(
     };
     let owner = Owner::for_lifetime(spec.lifetime, &user.record.name);
     match crate::forward::dispatch(state, spec, label, &owner, &mut sender).await {
-        Ok(a) => {
-            let status = a.status;
-            let relayed = a
-                .relay(&state.raw_upstream, &sender.addr, lane.close, stream, out)
-                .await;
-            relayed.ok().map(|keep| (status, keep))
-        }
-        Err(e) => answer(&e, lane, stream, out).await,
+        Ok(a) => Reply::App(a, sender.addr),
+        Err(e) => Reply::Refused(e),
     }
 }
 
@@ -368,13 +399,10 @@ fn withheld(name: &[u8]) -> bool {
         "transfer-encoding",
         "authorization",
         "cookie",
-        "x-warden-user",
-        "x-warden-label",
-        "x-forwarded-for",
-        "x-forwarded-proto",
     ]
     .iter()
     .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
+        || crate::proxy::vouched(name)
 }
 
 /// Whether `v` may be a header value as it is (no control characters).
@@ -458,19 +486,6 @@ impl Sender for RawSender<'_> {
     fn take_taint(resp: &mut upstream::Answer) -> Option<String> {
         resp.taint.take()
     }
-}
-
-/// Writes the gateway's own answer to a request it refused.
-async fn answer(
-    e: &GatewayError,
-    lane: &Lane,
-    stream: &mut TcpStream,
-    out: &mut Vec<u8>,
-) -> Option<(u16, bool)> {
-    out.clear();
-    e.write_http1(lane.head_only, lane.close, out);
-    stream.write_all(out).await.ok()?;
-    Some((e.status().as_u16(), true))
 }
 
 #[cfg(test)]

@@ -16,6 +16,11 @@ use crate::proxy::Failure;
 /// Responses of known length up to this size are read whole before the client gets any byte;
 /// larger ones, and those of unknown length, are relayed as they arrive.
 const BUFFER_LIMIT: usize = 256 * 1024;
+/// Bodies up to this size are copied behind the head for one write; larger ones are written
+/// on their own, so no per-connection buffer grows to the size of a large answer.
+const COPY_LIMIT: usize = 16 * 1024;
+/// A connection's read buffer larger than this is let go when it goes back to the pool.
+const KEEP_BUFFER: usize = 64 * 1024;
 /// Largest response head accepted from an instance.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 100;
@@ -76,6 +81,9 @@ impl Pool {
 
     fn checkin(&self, addr: &str, mut conn: Conn) {
         conn.idle_since = Instant::now();
+        if conn.buf.capacity() > KEEP_BUFFER {
+            conn.buf = BytesMut::with_capacity(8 * 1024);
+        }
         let mut idle = self.lock();
         // Connections to instances that are gone would otherwise stay open until someone asked
         // for that address again, which for a stopped instance is never.
@@ -166,13 +174,19 @@ impl Exchange<'_> {
     pub async fn send(&self, pool: &Pool, addr: &str) -> Result<Answer, Failure> {
         let mut fresh_only = false;
         loop {
-            let (mut conn, reused) = match (fresh_only, pool.checkout(addr)) {
-                (false, Some(c)) => (c, true),
-                _ => (connect(addr).await?, false),
+            let pooled = if fresh_only {
+                None
+            } else {
+                pool.checkout(addr)
+            };
+            let (mut conn, reused) = match pooled {
+                Some(c) => (c, true),
+                None => (connect(addr).await?, false),
             };
             if let Err(e) = conn.stream.write_all(self.bytes).await {
-                if reused {
-                    // The app closed the idle connection: the request did not get through.
+                // The app closed the idle connection. Part of the request may have gone out, so
+                // only an idempotent one is sent again.
+                if reused && self.idempotent {
                     fresh_only = true;
                     continue;
                 }
@@ -229,7 +243,8 @@ impl Exchange<'_> {
         }
     }
 
-    /// Reads one final response head; `None` when the connection closed before any byte.
+    /// Reads one final response head; `None` when the connection closed or was reset before
+    /// any byte.
     async fn read_head(&self, conn: &mut Conn) -> Result<Option<Head>, String> {
         loop {
             match parse_head(&conn.buf, self.head_only)? {
@@ -249,12 +264,15 @@ impl Exchange<'_> {
                 ));
             }
             let before = conn.buf.len();
-            if read_more(conn).await? == 0 {
-                return if before == 0 {
-                    Ok(None)
-                } else {
-                    Err("the instance closed the connection inside the response head".into())
-                };
+            match read_more(conn).await {
+                Ok(0) | Err(_) if before == 0 => return Ok(None),
+                Ok(0) => {
+                    return Err(
+                        "the instance closed the connection inside the response head".into(),
+                    )
+                }
+                Err(e) => return Err(e),
+                Ok(_) => {}
             }
         }
     }
@@ -320,7 +338,12 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Parsed, String> {
                 } else if token.eq_ignore_ascii_case("keep-alive") && r.version == Some(0) {
                     keep_alive = true;
                 }
-                named.push(token);
+                // Framing headers stay whatever Connection says: the body is framed by them.
+                if !token.eq_ignore_ascii_case("content-length")
+                    && !token.eq_ignore_ascii_case("transfer-encoding")
+                {
+                    named.push(token);
+                }
             }
         } else if f.name.eq_ignore_ascii_case("transfer-encoding") {
             let last = std::str::from_utf8(f.value)
@@ -329,9 +352,10 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Parsed, String> {
                 .next();
             chunked = Some(last.is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked")));
         } else if f.name.eq_ignore_ascii_case("content-length") {
-            let v = std::str::from_utf8(f.value)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
+            // Digits only, as passed on: a client must read the same length as the gateway.
+            let v = Some(f.value)
+                .filter(|v| !v.is_empty() && v.iter().all(u8::is_ascii_digit))
+                .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
                 .ok_or("the response has an unreadable content-length")?;
             if length.is_some_and(|l| l != v) {
                 return Err("the response has conflicting content-lengths".into());
@@ -419,9 +443,14 @@ impl Answer {
             out.extend_from_slice(b"connection: close\r\n\r\n");
         }
         let (mut conn, mut framing) = match self.body {
-            Body::Whole(b) => {
+            Body::Whole(b) if b.len() <= COPY_LIMIT => {
                 out.extend_from_slice(&b);
                 client.write_all(out).await?;
+                return Ok(true);
+            }
+            Body::Whole(b) => {
+                client.write_all(out).await?;
+                client.write_all(&b).await?;
                 return Ok(true);
             }
             Body::Rest { conn, framing } => (conn, framing),
@@ -517,6 +546,16 @@ mod tests {
             false,
         );
         assert!(h.framing.is_none());
+
+        // Connection cannot take away the header that frames the body.
+        let (h, _) = head(
+            "HTTP/1.1 200 OK\r\nConnection: content-length, x-a\r\nContent-Length: 5\r\nx-a: 1\r\n\r\n",
+            false,
+        );
+        assert_eq!(
+            String::from_utf8(h.bytes).unwrap(),
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+        );
     }
 
     #[test]
@@ -526,6 +565,7 @@ mod tests {
             "HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n",
             "HTTP/1.1 101 Switching Protocols\r\n\r\n",
             "HTTP/1.1 2000 OK\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-length: +5\r\n\r\n",
         ] {
             assert!(parse_head(bad.as_bytes(), false).is_err(), "{bad}");
         }
