@@ -16,6 +16,7 @@
 mod auth;
 mod forward;
 mod h1;
+mod idle;
 mod login;
 mod metrics;
 mod phases;

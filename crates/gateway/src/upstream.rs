@@ -8,11 +8,9 @@
 //! the connection back to the pool. Responses of unknown or large length stream as before: their
 //! connection gets its own task and is not reused.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -21,6 +19,7 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use crate::idle::IDLE_TIMEOUT;
 use crate::proxy::Failure;
 use crate::respond::Body;
 
@@ -32,31 +31,26 @@ struct Pooled {
     idle_since: Instant,
 }
 
-impl Pooled {
+impl crate::idle::Idle for Pooled {
     fn reusable(&self) -> bool {
-        !self.sender.is_closed() && self.idle_since.elapsed() < IDLE_TIMEOUT
+        !self.sender.is_closed() && !self.stale()
+    }
+
+    fn stale(&self) -> bool {
+        self.idle_since.elapsed() >= IDLE_TIMEOUT
+    }
+
+    fn touch(&mut self) {
+        self.idle_since = Instant::now();
     }
 }
 
 /// Responses up to this size are read whole on the request's task; larger ones stream.
 const BUFFER_LIMIT: u64 = 256 * 1024;
-/// Idle connections older than this are not reused (the app may have closed them).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-const MAX_IDLE_PER_ADDR: usize = 1024;
-
-/// How often check-ins sweep out connections that can no longer be reused.
-const SWEEP_EVERY: Duration = Duration::from_secs(10);
-
-#[derive(Default)]
-struct Idle {
-    by_addr: HashMap<String, Vec<Pooled>>,
-    last_sweep: Option<Instant>,
-}
-
 /// Idle connections by instance address.
 #[derive(Default)]
 pub(crate) struct Pool {
-    idle: Mutex<Idle>,
+    idle: crate::idle::Pool<Pooled>,
 }
 
 /// Runs `f` while also driving `conn`. A connection that ends is dropped at once: that fails
@@ -77,46 +71,9 @@ async fn drive<F: Future>(conn: &mut Option<Conn>, f: F) -> F::Output {
 }
 
 impl Pool {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Idle> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn checkout(&self, addr: &str) -> Option<Pooled> {
-        let mut idle = self.lock();
-        let list = idle.by_addr.get_mut(addr)?;
-        while let Some(p) = list.pop() {
-            if p.reusable() {
-                return Some(p);
-            }
-        }
-        idle.by_addr.remove(addr);
-        None
-    }
-
-    fn checkin(&self, addr: &str, mut p: Pooled) {
-        if p.sender.is_closed() {
-            return;
-        }
-        p.idle_since = Instant::now();
-        let mut idle = self.lock();
-        // Connections to instances that are gone would otherwise keep their sockets open until
-        // someone asked for that address again, which for a stopped instance is never.
-        if idle.last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
-            idle.last_sweep = Some(Instant::now());
-            idle.by_addr.retain(|_, list| {
-                list.retain(Pooled::reusable);
-                !list.is_empty()
-            });
-        }
-        let list = idle.by_addr.entry(addr.to_owned()).or_default();
-        if list.len() < MAX_IDLE_PER_ADDR {
-            list.push(p);
-        }
-    }
-
     /// Forgets every idle connection to `addr` (its instance is gone).
     pub fn forget(&self, addr: &str) {
-        self.lock().by_addr.remove(addr);
+        self.idle.forget(addr);
     }
 
     async fn connect(addr: &str) -> Result<Pooled, Failure> {
@@ -144,7 +101,7 @@ impl Pool {
     ) -> Result<Response<Body>, Failure> {
         let mut req = req;
         loop {
-            let (p, fresh) = match self.checkout(addr) {
+            let (p, fresh) = match self.idle.checkout(addr) {
                 Some(p) => (p, false),
                 None => (Self::connect(addr).await?, true),
             };
@@ -181,8 +138,8 @@ impl Pool {
                 .await
                 .map_err(|e| Failure::Other(format!("reading the response body: {e}")))?
                 .to_bytes();
-            if let Some(conn) = conn {
-                self.checkin(
+            if let Some(conn) = conn.filter(|_| !sender.is_closed()) {
+                self.idle.checkin(
                     addr,
                     Pooled {
                         sender,

@@ -388,20 +388,10 @@ async fn forward(
 /// Request headers the app never gets from the client: hop-by-hop ones, the credentials meant
 /// for the gateway, and those the gateway itself sets.
 fn withheld(name: &[u8]) -> bool {
-    [
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "upgrade",
-        "transfer-encoding",
-        "authorization",
-        "cookie",
-    ]
-    .iter()
-    .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
+    upstream::hop_by_hop(name)
+        || ["transfer-encoding", "authorization", "cookie"]
+            .iter()
+            .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
         || crate::proxy::vouched(name)
 }
 

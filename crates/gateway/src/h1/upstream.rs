@@ -2,15 +2,14 @@
 //! the request's bytes out, the response head parsed and cleaned, the body read whole when it is
 //! small, or relayed to the client as it arrives.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::chunked::Scanner;
+use crate::idle::IDLE_TIMEOUT;
 use crate::proxy::Failure;
 
 /// Responses of known length up to this size are read whole before the client gets any byte;
@@ -24,11 +23,6 @@ const KEEP_BUFFER: usize = 64 * 1024;
 /// Largest response head accepted from an instance.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 100;
-/// Idle connections older than this are not reused (the app may have closed them).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-const MAX_IDLE_PER_ADDR: usize = 1024;
-/// How often check-ins sweep out connections that can no longer be reused.
-const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// A connection to an instance, with the bytes read from it and not yet used.
 pub(crate) struct Conn {
@@ -37,77 +31,32 @@ pub(crate) struct Conn {
     idle_since: Instant,
 }
 
-impl Conn {
-    /// Whether an idle connection can carry another request: not too old, and the app has
-    /// neither closed it nor sent anything unasked. Costs no system call when the socket has
-    /// not become readable since it was last drained.
+impl crate::idle::Idle for Conn {
+    /// Not too old, and the app has neither closed it nor sent anything unasked. Costs no
+    /// system call when the socket has not become readable since it was last drained.
     fn reusable(&self) -> bool {
-        if self.idle_since.elapsed() >= IDLE_TIMEOUT || !self.buf.is_empty() {
+        if self.stale() || !self.buf.is_empty() {
             return false;
         }
         let mut probe = [0u8; 1];
         matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
-}
 
-#[derive(Default)]
-struct Idle {
-    by_addr: HashMap<String, Vec<Conn>>,
-    last_sweep: Option<Instant>,
+    fn stale(&self) -> bool {
+        self.idle_since.elapsed() >= IDLE_TIMEOUT
+    }
+
+    fn touch(&mut self) {
+        self.idle_since = Instant::now();
+        // A large answer does not leave a large buffer behind on an idle connection.
+        if self.buf.capacity() > KEEP_BUFFER {
+            self.buf = BytesMut::with_capacity(8 * 1024);
+        }
+    }
 }
 
 /// Idle connections by instance address.
-#[derive(Default)]
-pub(crate) struct Pool {
-    idle: Mutex<Idle>,
-}
-
-impl Pool {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Idle> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn checkout(&self, addr: &str) -> Option<Conn> {
-        let mut idle = self.lock();
-        let list = idle.by_addr.get_mut(addr)?;
-        while let Some(c) = list.pop() {
-            if c.reusable() {
-                return Some(c);
-            }
-        }
-        idle.by_addr.remove(addr);
-        None
-    }
-
-    fn checkin(&self, addr: &str, mut conn: Conn) {
-        conn.idle_since = Instant::now();
-        if conn.buf.capacity() > KEEP_BUFFER {
-            conn.buf = BytesMut::with_capacity(8 * 1024);
-        }
-        let mut idle = self.lock();
-        // Connections to instances that are gone would otherwise stay open until someone asked
-        // for that address again, which for a stopped instance is never.
-        if idle.last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
-            idle.last_sweep = Some(Instant::now());
-            idle.by_addr.retain(|_, list| {
-                list.retain(|c| c.idle_since.elapsed() < IDLE_TIMEOUT);
-                !list.is_empty()
-            });
-        }
-        if let Some(list) = idle.by_addr.get_mut(addr) {
-            if list.len() < MAX_IDLE_PER_ADDR {
-                list.push(conn);
-            }
-            return;
-        }
-        idle.by_addr.insert(addr.to_owned(), vec![conn]);
-    }
-
-    /// Forgets every idle connection to `addr` (its instance is gone).
-    pub fn forget(&self, addr: &str) {
-        self.lock().by_addr.remove(addr);
-    }
-}
+pub(crate) type Pool = crate::idle::Pool<Conn>;
 
 async fn connect(addr: &str) -> Result<Conn, Failure> {
     // Plain `host:port`, or a sandbox's connection-handing socket.
@@ -296,7 +245,7 @@ enum Parsed {
 }
 
 /// Headers that describe one hop and are not passed on (RFC 9110 §7.6.1).
-fn hop_by_hop(name: &str) -> bool {
+pub(super) fn hop_by_hop(name: &[u8]) -> bool {
     [
         "connection",
         "keep-alive",
@@ -307,7 +256,7 @@ fn hop_by_hop(name: &str) -> bool {
         "upgrade",
     ]
     .iter()
-    .any(|h| name.eq_ignore_ascii_case(h))
+    .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
 fn parse_head(buf: &[u8], head_only: bool) -> Result<Parsed, String> {
@@ -388,7 +337,7 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Parsed, String> {
         }
         // Transfer-Encoding passes through with the body's framing, which is relayed unchanged;
         // with it present, Content-Length means nothing (RFC 9112 §6.3).
-        let drop = hop_by_hop(name)
+        let drop = hop_by_hop(name.as_bytes())
             || named.iter().any(|n| name.eq_ignore_ascii_case(n))
             || (name.eq_ignore_ascii_case("content-length") && chunked.is_some());
         if drop {
