@@ -13,6 +13,7 @@ use warden_core::{AppSpec, InstanceRecord};
 
 use crate::proxy::{self, Failure};
 use crate::respond::{Body, GatewayError};
+use crate::views::User;
 use crate::State;
 
 /// Attempts per request: enough to get past a dead instance or two, bounded so a broken app
@@ -51,19 +52,9 @@ async fn serve(
     m.phase("auth", t.elapsed());
     let spec = state.views.read().apps.get(app).cloned();
     let spec = spec.ok_or_else(|| GatewayError::NotFound(format!("no app named {app:?}")))?;
-    let groups = &user.record.groups;
-    if !spec.groups.is_empty() && !spec.groups.iter().any(|g| groups.contains(g)) {
-        return Err(GatewayError::Forbidden {
-            user: user.record.name.clone(),
-            app: spec.name.clone(),
-        });
-    }
-
-    if let Some(root) = &spec.static_dir {
-        let path = path_and_query.split('?').next().unwrap_or("/");
-        if let Some(rel) = path.strip_prefix(spec.static_prefix.as_str()) {
-            return Ok(crate::statics::serve(root, rel, req.method(), req.headers()).await);
-        }
+    admit(&spec, &user)?;
+    if let (Some(root), Some(rel)) = (&spec.static_dir, static_path(&spec, path_and_query)) {
+        return Ok(crate::statics::serve(root, rel, req.method(), req.headers()).await);
     }
 
     let limit = state.config.max_body_bytes;
@@ -102,6 +93,26 @@ async fn serve(
         path_and_query,
     };
     dispatch(state, &spec, label, &owner, &mut sender).await
+}
+
+/// Whether `user` is in a group `spec` admits (every user, when it names none).
+pub(crate) fn admit(spec: &AppSpec, user: &User) -> Result<(), GatewayError> {
+    let groups = &user.record.groups;
+    if spec.groups.is_empty() || spec.groups.iter().any(|g| groups.contains(g)) {
+        return Ok(());
+    }
+    Err(GatewayError::Forbidden {
+        user: user.record.name.clone(),
+        app: spec.name.clone(),
+    })
+}
+
+/// The path within the app's static directory that `path_and_query` asks for, if the app has
+/// one and the path is under its static prefix.
+pub(crate) fn static_path<'a>(spec: &AppSpec, path_and_query: &'a str) -> Option<&'a str> {
+    spec.static_dir.as_ref()?;
+    let path = path_and_query.split('?').next().unwrap_or("/");
+    path.strip_prefix(spec.static_prefix.as_str())
 }
 
 /// One way of sending a request to an instance: hyper's client for requests hyper parsed, or

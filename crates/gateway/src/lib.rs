@@ -434,17 +434,21 @@ enum Route {
     Gateway,
 }
 
-fn host_of(req: &Request<Incoming>) -> Option<String> {
-    let raw = req
-        .headers()
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().authority().map(|a| a.as_str()))?;
-    Some(
-        raw.rsplit_once(':')
-            .map_or(raw, |(name, _)| name)
-            .to_ascii_lowercase(),
-    )
+/// The app a request for `target` (path and query) with Host `host` goes to, and where in
+/// `target` the app's own target starts: by host name first, then by `/apps/<name>/`. One rule
+/// for hyper's path and the fast lane.
+pub(crate) fn app_route<'a>(
+    views: &'a views::Views,
+    host: Option<&str>,
+    target: &'a str,
+) -> Option<(&'a str, usize)> {
+    let host = host.map(|h| h.rsplit_once(':').map_or(h, |(name, _)| name));
+    if let Some(app) = host.and_then(|h| views.hosts.get(&h.to_ascii_lowercase())) {
+        return Some((app.as_str(), 0));
+    }
+    let path = target.split('?').next().unwrap_or(target);
+    let (app, _) = path.strip_prefix("/apps/")?.split_once('/')?;
+    Some((app, "/apps/".len() + app.len()))
 }
 
 fn route(state: &State, req: &Request<Incoming>) -> Route {
@@ -454,20 +458,20 @@ fn route(state: &State, req: &Request<Incoming>) -> Route {
         .query()
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
-    if let Some(app) = host_of(req).and_then(|h| state.views.read().hosts.get(&h).cloned()) {
+    let target = format!("{path}{query}");
+    let host = req
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    if let Some((app, skip)) = app_route(&state.views.read(), host, &target) {
         return Route::App {
-            app,
-            path_and_query: format!("{path}{query}"),
+            app: app.to_owned(),
+            path_and_query: target[skip..].to_owned(),
         };
     }
-    if let Some(rest) = path.strip_prefix("/apps/") {
-        return match rest.split_once('/') {
-            Some((app, tail)) => Route::App {
-                app: app.to_owned(),
-                path_and_query: format!("/{tail}{query}"),
-            },
-            None => Route::AddSlash(format!("{path}/{query}")),
-        };
+    if path.starts_with("/apps/") {
+        return Route::AddSlash(format!("{path}/{query}"));
     }
     Route::Gateway
 }
@@ -547,5 +551,28 @@ async fn gateway_endpoint(
             "nothing is served at {path}; apps are under /apps/<name>/ or at their host names"
         ))
         .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apps_are_routed_by_host_name_then_by_path() {
+        let mut views = views::Views::default();
+        views
+            .hosts
+            .insert("demo.example".to_owned(), "demo".to_owned());
+        assert_eq!(
+            app_route(&views, Some("Demo.Example:7700"), "/x?y=1"),
+            Some(("demo", 0))
+        );
+        assert_eq!(
+            app_route(&views, Some("other"), "/apps/a/b?c=/d"),
+            Some(("a", 7))
+        );
+        assert_eq!(app_route(&views, None, "/apps/a?x=/y"), None);
+        assert_eq!(app_route(&views, None, "/healthz"), None);
     }
 }

@@ -36,7 +36,7 @@ use warden_agent::Owner;
 use warden_core::model::Lifetime;
 use warden_core::AppSpec;
 
-use crate::forward::Sender;
+use crate::forward::{self, Sender};
 use crate::phases::Clock;
 use crate::proxy::Failure;
 use crate::respond::GatewayError;
@@ -155,34 +155,21 @@ fn take(state: &State, buf: &[u8], head: &Head, fields: &[Field]) -> Option<Lane
         }
     }
     let host = std::str::from_utf8(host?).ok()?;
-    let host = host.rsplit_once(':').map_or(host, |(name, _)| name);
     let target = std::str::from_utf8(&buf[head.target.clone()]).ok()?;
     // Origin form only, without a fragment (which hyper's URI parser drops); never CONNECT.
     if !target.starts_with('/') || target.contains('#') || &buf[head.method.clone()] == b"CONNECT" {
         return None;
     }
     let views = state.views.read();
-    let (app, skip) = match views.hosts.get(&host.to_ascii_lowercase()) {
-        Some(app) => (app.as_str(), 0),
-        None => {
-            let rest = target.strip_prefix("/apps/")?;
-            let (app, _) = rest.split_once('/')?;
-            (app, "/apps/".len() + app.len())
-        }
-    };
+    let (app, skip) = crate::app_route(&views, Some(host), target)?;
     let spec = views.apps.get(app)?.clone();
     drop(views);
-    let target = head.target.start + skip..head.target.end;
-    if spec.lifetime == Lifetime::PerRequest {
+    if spec.lifetime == Lifetime::PerRequest
+        || forward::static_path(&spec, &target[skip..]).is_some()
+    {
         return None;
     }
-    if spec.static_dir.is_some() {
-        let path = std::str::from_utf8(&buf[target.clone()]).ok()?;
-        let path = path.split('?').next().unwrap_or("/");
-        if path.starts_with(spec.static_prefix.as_str()) {
-            return None;
-        }
-    }
+    let target = head.target.start + skip..head.target.end;
     Some(Lane {
         spec,
         target,
@@ -360,12 +347,8 @@ async fn forward(
     };
     m.phase("auth", t.elapsed());
     let spec = &lane.spec;
-    let groups = &user.record.groups;
-    if !spec.groups.is_empty() && !spec.groups.iter().any(|g| groups.contains(g)) {
-        return Reply::Refused(GatewayError::Forbidden {
-            user: user.record.name.clone(),
-            app: spec.name.clone(),
-        });
+    if let Err(e) = forward::admit(spec, &user) {
+        return Reply::Refused(e);
     }
     let label = user.record.clearance.as_str();
     let bytes = request_bytes(msg, head, fields, lane, &user.record.name, label, client);
@@ -379,7 +362,7 @@ async fn forward(
         addr: String::new(),
     };
     let owner = Owner::for_lifetime(spec.lifetime, &user.record.name);
-    match crate::forward::dispatch(state, spec, label, &owner, &mut sender).await {
+    match forward::dispatch(state, spec, label, &owner, &mut sender).await {
         Ok(a) => Reply::App(a, sender.addr),
         Err(e) => Reply::Refused(e),
     }
