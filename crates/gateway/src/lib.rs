@@ -20,6 +20,7 @@ mod idle;
 mod login;
 mod metrics;
 mod phases;
+mod prefixed;
 mod proxy;
 mod respond;
 mod statics;
@@ -296,7 +297,7 @@ async fn serve_tls(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
     };
     let resumption = match tls::hello::classify(&first, |id| tls.sessions.contains(id)) {
         tls::hello::First::NotTls => {
-            tls::answer_plain_http(tls::stream::Prefixed::new(first, stream)).await;
+            tls::answer_plain_http(prefixed::Prefixed::new(first, stream)).await;
             return;
         }
         tls::hello::First::Tls { resumption } => resumption,
@@ -315,7 +316,7 @@ async fn serve_tls(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
         }
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
-    let io = tls::stream::Prefixed::new(first, stream);
+    let io = prefixed::Prefixed::new(first, stream);
     let conn = match tokio::time::timeout(tls.handshake_timeout, acceptor.accept(io)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {

@@ -11,16 +11,23 @@ use crate::upstream::Pool;
 /// Response header with which an instance reports it has read data of a higher class.
 pub(crate) const TAINT: &str = "x-warden-taint";
 
-/// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::UPGRADE,
+/// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1), on either path.
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
 ];
+
+/// Whether `name` is one of [`HOP_BY_HOP`], in any case.
+pub(crate) fn hop_by_hop(name: &[u8]) -> bool {
+    HOP_BY_HOP
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
+}
 
 fn strip_hop_by_hop(h: &mut HeaderMap) {
     let named: Vec<HeaderName> = h
@@ -30,7 +37,10 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    for n in named.iter().chain(HOP_BY_HOP.iter()) {
+    for n in named {
+        h.remove(n);
+    }
+    for n in HOP_BY_HOP {
         h.remove(n);
     }
     h.remove(header::TRANSFER_ENCODING);

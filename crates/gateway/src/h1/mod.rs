@@ -251,7 +251,7 @@ pub(crate) async fn serve(
             .as_ref()
             .and_then(|h| take(&state, &buf, h, &fields).map(|l| (h, l)));
         let Some((head, lane)) = lane else {
-            let io = crate::tls::stream::Prefixed::new(buf, stream);
+            let io = crate::prefixed::Prefixed::new(buf, stream);
             return crate::serve_io(state, io, peer, Some(spare), false, clock).await;
         };
         // Timed as hyper's path is: service from the complete head to the response head.
@@ -371,7 +371,7 @@ async fn forward(
 /// Request headers the app never gets from the client: hop-by-hop ones, the credentials meant
 /// for the gateway, and those the gateway itself sets.
 fn withheld(name: &[u8]) -> bool {
-    upstream::hop_by_hop(name)
+    crate::proxy::hop_by_hop(name)
         || ["transfer-encoding", "authorization", "cookie"]
             .iter()
             .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))

@@ -244,21 +244,6 @@ enum Parsed {
     Final(Head, usize),
 }
 
-/// Headers that describe one hop and are not passed on (RFC 9110 §7.6.1).
-pub(super) fn hop_by_hop(name: &[u8]) -> bool {
-    [
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "upgrade",
-    ]
-    .iter()
-    .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
-}
-
 fn parse_head(buf: &[u8], head_only: bool) -> Result<Parsed, String> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut r = httparse::Response::new(&mut fields);
@@ -337,7 +322,7 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Parsed, String> {
         }
         // Transfer-Encoding passes through with the body's framing, which is relayed unchanged;
         // with it present, Content-Length means nothing (RFC 9112 §6.3).
-        let drop = hop_by_hop(name.as_bytes())
+        let drop = crate::proxy::hop_by_hop(name.as_bytes())
             || named.iter().any(|n| name.eq_ignore_ascii_case(n))
             || (name.eq_ignore_ascii_case("content-length") && chunked.is_some());
         if drop {

@@ -7,7 +7,6 @@ pub(crate) mod admission;
 mod certs;
 pub(crate) mod hello;
 mod redirect;
-pub(crate) mod stream;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

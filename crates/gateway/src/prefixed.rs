@@ -1,4 +1,5 @@
-//! A stream that first replays bytes already read from the socket.
+//! A stream that first replays bytes already read from the socket: the TLS listener's peek at
+//! the ClientHello, and the fast lane's hand-over of a connection to hyper.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
