@@ -15,7 +15,7 @@ use serde_json::json;
 use warden_test_support::http::basic;
 use warden_test_support::{request, wait_until, Launch, Warden};
 
-use crate::wrk;
+use crate::{cpu, wrk};
 
 /// Flags of `warden-bench gateway`.
 #[derive(Debug, clap::Args)]
@@ -219,6 +219,27 @@ backend be
     ))
 }
 
+/// CPU time per request of one run, in microseconds.
+#[derive(Debug, Clone, Copy)]
+struct Cost {
+    proxy_user_us: f64,
+    proxy_system_us: f64,
+    upstream_us: f64,
+    wrk_us: f64,
+}
+
+impl Cost {
+    fn per_request(proxy: cpu::Seconds, upstream: f64, wrk: f64, requests: u64) -> Cost {
+        let per = |secs: f64| secs * 1e6 / requests.max(1) as f64;
+        Cost {
+            proxy_user_us: per(proxy.user),
+            proxy_system_us: per(proxy.system),
+            upstream_us: per(upstream),
+            wrk_us: per(wrk),
+        }
+    }
+}
+
 /// How to ask one server for one workload.
 struct Target {
     url: String,
@@ -291,7 +312,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     let (admin_token, user_token) = (login(&w, "carol")?, login(&w, "alice")?);
     // The peers compare the cookie with the admin's token; warden looks the session up.
-    let (_up, up_port) = upstream(&args.warden)?;
+    let (up, up_port) = upstream(&args.warden)?;
     let (ngx, ngx_port) = nginx(&work, up_port, &pw, &admin_token)?;
     let (hap, hap_port) = haproxy(&work, up_port, &pw, &admin_token)?;
     let peers = [ngx.name, hap.name];
@@ -382,13 +403,34 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     );
     let csv_path = args.out.join("gateway.csv");
     let rounds_path = args.out.join("gateway-rounds.csv");
-    const HEADER: &str =
-        "workload,server,connections,requests_per_sec,mean_latency_ms,requests,non_2xx,socket_errors";
-    let row = |workload: &str, server: &str, c: usize, o: &wrk::Outcome| {
+    const HEADER: &str = "workload,server,connections,requests_per_sec,mean_latency_ms,requests,non_2xx,socket_errors,proxy_user_us,proxy_system_us,upstream_us,wrk_us";
+    let row = |workload: &str, server: &str, c: usize, (o, cost): &(wrk::Outcome, Cost)| {
         format!(
-            "{workload},{server},{c},{:.1},{:.3},{},{},{}",
-            o.requests_per_sec, o.mean_latency_ms, o.requests, o.non_2xx, o.socket_errors
+            "{workload},{server},{c},{:.1},{:.3},{},{},{},{:.2},{:.2},{:.2},{:.2}",
+            o.requests_per_sec,
+            o.mean_latency_ms,
+            o.requests,
+            o.non_2xx,
+            o.socket_errors,
+            cost.proxy_user_us,
+            cost.proxy_system_us,
+            cost.upstream_us,
+            cost.wrk_us
         )
+    };
+    // Whose CPU time is the proxy's and whose the upstream's, looked up before every run:
+    // warden's instances are its descendants and may be replaced.
+    let sides = |server: &str| -> (Vec<u32>, Vec<u32>) {
+        let with_children = |pid: u32| {
+            let mut v = vec![pid];
+            v.extend(cpu::descendants(pid));
+            v
+        };
+        match server {
+            "warden" => (vec![w.pid()], cpu::descendants(w.pid())),
+            "nginx" => (with_children(ngx.child.id()), vec![up.child.id()]),
+            _ => (with_children(hap.child.id()), vec![up.child.id()]),
+        }
     };
     let workloads: Vec<&str> = targets
         .iter()
@@ -403,7 +445,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     // The three servers of a cell run back to back, so they meet the same machine; the order
     // rotates between rounds so none is always first.
     // Outcomes by (workload, server, connections), in the order first measured.
-    type Cell<'a> = ((&'a str, &'a str, usize), Vec<wrk::Outcome>);
+    type Cell<'a> = ((&'a str, &'a str, usize), Vec<(wrk::Outcome, Cost)>);
     let mut seen: Vec<Cell> = Vec::new();
     let mut raw = format!("round,{HEADER}\n");
     for round in 0..args.rounds as usize {
@@ -417,8 +459,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                     else {
                         continue;
                     };
+                    let (proxy, upstream) = sides(server);
+                    let before = (cpu::of(&proxy), cpu::of(&upstream), cpu::reaped_children());
                     let o = wrk::run(&t.url, c, args.seconds, &t.headers, t.script.as_deref())?;
-                    eprintln!("round {round} {workload:<13} {server:<8} c={c:<5} {:>10.0} req/s  {:>8.2} ms  non-2xx {:>8}  errors {}", o.requests_per_sec, o.mean_latency_ms, o.non_2xx, o.socket_errors);
+                    let cost = Cost::per_request(
+                        cpu::of(&proxy).since(before.0),
+                        cpu::of(&upstream).since(before.1).total(),
+                        cpu::reaped_children().since(before.2).total(),
+                        o.requests,
+                    );
+                    eprintln!("round {round} {workload:<13} {server:<8} c={c:<5} {:>10.0} req/s  {:>8.2} ms  non-2xx {:>8}  errors {}  proxy {:>5.1} us/req", o.requests_per_sec, o.mean_latency_ms, o.non_2xx, o.socket_errors, cost.proxy_user_us + cost.proxy_system_us);
+                    let o = (o, cost);
                     let _ = writeln!(raw, "{round},{}", row(workload, server, c, &o));
                     std::fs::write(&rounds_path, &raw)?;
                     let key = (*workload, server, c);
@@ -432,7 +483,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     let mut csv = format!("{HEADER}\n");
     for ((workload, server, c), mut outcomes) in seen {
-        outcomes.sort_by(|a, b| a.requests_per_sec.total_cmp(&b.requests_per_sec));
+        outcomes.sort_by(|a, b| a.0.requests_per_sec.total_cmp(&b.0.requests_per_sec));
         let median = &outcomes[outcomes.len() / 2];
         let _ = writeln!(csv, "{}", row(workload, server, c, median));
     }
