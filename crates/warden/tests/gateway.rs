@@ -549,5 +549,10 @@ fn pipelined_requests_and_every_response_framing_come_through_one_connection() {
     let r = pipeline(&h, wire.as_bytes(), &[]);
     assert_eq!(r.iter().map(|r| r.status).collect::<Vec<_>>(), [401, 200]);
     assert!(r[0].header("www-authenticate").is_some());
+    // Dated like every response hyper writes (RFC 9110 §6.6.1).
+    let date = r[0]
+        .header("date")
+        .expect("a Date header on the lane's refusal");
+    assert!(httpdate::parse_http_date(date).is_ok(), "{date}");
     assert_eq!(r[1].header("connection"), Some("close"));
 }

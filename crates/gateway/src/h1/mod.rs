@@ -16,10 +16,10 @@
 //! choice is made before anything is authenticated, so no request is counted or checked twice.
 //!
 //! Differences from hyper's path that remain: an idle keep-alive connection is closed without a
-//! 408 after the header timeout, a request body must arrive within the header timeout too, and
-//! the gateway's own refusals carry no `Date` header.
+//! 408 after the header timeout, and a request body must arrive within the header timeout too.
 
 mod chunked;
+pub(crate) mod date;
 mod upstream;
 
 pub(crate) use upstream::Pool;
