@@ -188,6 +188,7 @@ impl Agent {
             self.reap_idle();
             self.cap_logs().await;
             let listed_at = now_ms();
+            let seen = self.deletions_seen();
             match self.inner.store.list(keys::APPS).await {
                 Ok(listing) => {
                     // An app whose spec cannot be read still exists: only missing specs count.
@@ -207,7 +208,7 @@ impl Agent {
                     }
                     self.trim_pools(&apps);
                     for spec in &apps {
-                        self.refill(spec);
+                        self.refill(spec, seen);
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "listing apps failed this round"),

@@ -379,6 +379,7 @@ impl Agent {
                         .strip_prefix("apps/")
                         .and_then(|k| k.strip_suffix("/spec"))
                     {
+                        self.app_deleted(app);
                         let ids: Vec<String> = lock(&self.inner.running)
                             .values()
                             .filter(|r| r.record.app == app)
@@ -388,7 +389,6 @@ impl Agent {
                             let _ = self.kill(&id).await;
                         }
                         self.inner.keeper.forget_app(app);
-                        self.drain_slots(Some(app));
                         let _ = self
                             .inner
                             .store

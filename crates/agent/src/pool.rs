@@ -18,7 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -62,6 +62,9 @@ pub(crate) struct Pools {
     pending: Mutex<HashMap<PoolKey, u32>>,
     /// Refill failures in a row, and when the next refill may be tried.
     failures: Mutex<HashMap<PoolKey, (u32, Instant)>>,
+    /// App deletions seen so far. A refill planned from a spec read before a delete must not
+    /// bring the deleted app's pool back: it compares this count with the one it started from.
+    deletions: AtomicU64,
 }
 
 /// What of a spec a prepared slot depends on.
@@ -195,15 +198,30 @@ impl Agent {
     /// request for the CPU.
     pub(crate) fn refill_soon(&self, spec: &AppSpec) {
         let (agent, spec) = (self.clone(), spec.clone());
+        let seen = self.deletions_seen();
         tokio::spawn(async move {
             tokio::time::sleep(REFILL_DELAY).await;
-            agent.refill(&spec);
+            agent.refill(&spec, seen);
         });
     }
 
-    /// Starts what `spec`'s pools lack on this node.
-    pub(crate) fn refill(&self, spec: &AppSpec) {
-        if *self.inner.stopping.borrow() {
+    /// The count of app deletions seen, to pass to [`Agent::refill`] with a spec read after it.
+    pub(crate) fn deletions_seen(&self) -> u64 {
+        self.inner.pools.deletions.load(Ordering::SeqCst)
+    }
+
+    /// Notes that an app was deleted and throws its slots away.
+    pub(crate) fn app_deleted(&self, app: &str) {
+        // Counted first: a refill that reads the count after the slots are gone must see it.
+        self.inner.pools.deletions.fetch_add(1, Ordering::SeqCst);
+        self.drain_slots(Some(app));
+    }
+
+    /// Starts what `spec`'s pools lack on this node, unless an app was deleted since `seen`
+    /// (from [`Agent::deletions_seen`] before `spec` was read): `spec` may be the deleted
+    /// app's, and the next tick refills from a fresh listing anyway.
+    pub(crate) fn refill(&self, spec: &AppSpec, seen: u64) {
+        if *self.inner.stopping.borrow() || self.deletions_seen() != seen {
             return;
         }
         match spec.start {
@@ -382,8 +400,9 @@ impl Agent {
                     // Keeps a large fill going at its pace rather than the tick's, by the
                     // app's current spec: a pool made smaller or an app changed meanwhile
                     // must not be refilled from the spec this start began with.
+                    let seen = agent.deletions_seen();
                     if let Ok(current) = agent.load_spec(&spec.name).await {
-                        agent.refill(&current);
+                        agent.refill(&current, seen);
                     }
                 }
                 // A full node is no crash: the pool waits and tries again.
