@@ -3,7 +3,8 @@
 
 One row per workload: throughput (requests/s), mean latency (ms) and, when the CSV has it, the
 proxy's own CPU time per request (us), against the number of wrk connections on a log axis,
-one line per server.
+one line per server. The floor (a relay doing no HTTP work, measured in the same run) is drawn
+dashed: no proxy can pass it.
 Usage: python3 bench/plot_gateway.py [CSV] [PNG]
 """
 import csv
@@ -51,10 +52,15 @@ for i, w in enumerate(workloads):
         if not pts:
             continue
         xs = [p[0] for p in pts]
-        axes[i][0].plot(xs, [p[1] / 1000 for p in pts], marker="o", label=s)
-        axes[i][1].plot(xs, [p[2] for p in pts], marker="o", label=s)
+        style = (
+            dict(linestyle="--", color="grey", marker=".", label="floor (no HTTP work)")
+            if s == "floor"
+            else dict(marker="o", label=s)
+        )
+        axes[i][0].plot(xs, [p[1] / 1000 for p in pts], **style)
+        axes[i][1].plot(xs, [p[2] for p in pts], **style)
         if with_cpu:
-            axes[i][2].plot(xs, [p[3] for p in pts], marker="o", label=s)
+            axes[i][2].plot(xs, [p[3] for p in pts], **style)
     axes[i][0].set_title(f"{w}: throughput")
     axes[i][0].set_ylabel("thousand requests/s")
     axes[i][1].set_title(f"{w}: mean latency")

@@ -4,6 +4,8 @@
 //! Workloads: Basic authentication with 100% valid, 100% invalid and 89%/11% mixed credentials;
 //! authorisation by session cookie of an admin (200) and of a non-admin (403). The peers keep
 //! the password in plain text (their fastest setting); warden keeps only an Argon2id hash.
+//! A fourth server, the floor ([`crate::relay`]), relays bytes without any HTTP work: what no
+//! proxy can beat in the same run.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -37,7 +39,7 @@ pub(crate) struct Args {
     #[arg(long, default_value = "bench/out")]
     out: PathBuf,
     /// Sweeps over every cell; each cell reports the round with its median throughput, and the
-    /// order of the servers rotates between rounds. One round is about 9 minutes at 5 s a run.
+    /// order of the servers rotates between rounds. One round is about 12 minutes at 5 s a run.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
     rounds: u32,
 }
@@ -219,6 +221,34 @@ backend be
     ))
 }
 
+/// The floor: `warden-bench relay` (this binary) in front of the same upstream, refusing the
+/// reads that hold one of `refusals` (status, needle) without forwarding them.
+fn floor(dir: &Path, upstream: u16, refusals: &[(u16, &str)]) -> anyhow::Result<(Peer, u16)> {
+    let port = free_port()?;
+    let file = dir.join("floor-refusals");
+    let lines: String = refusals
+        .iter()
+        .map(|(status, needle)| format!("{status} {needle}\n"))
+        .collect();
+    std::fs::write(&file, lines)?;
+    let child = Command::new(std::env::current_exe().context("finding warden-bench itself")?)
+        .args(["relay", "--listen", &port.to_string()])
+        .args(["--upstream", &upstream.to_string()])
+        .arg("--refusals")
+        .arg(&file)
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting the floor relay")?;
+    wait_listening(port, "the floor relay");
+    Ok((
+        Peer {
+            name: "floor",
+            child,
+        },
+        port,
+    ))
+}
+
 /// CPU time per request of one run, in microseconds.
 #[derive(Debug, Clone, Copy)]
 struct Cost {
@@ -319,6 +349,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 
     let good = basic("alice", &pw);
     let bad = basic("alice", "not-the-password");
+    let user_cookie = format!("warden_session={user_token}");
+    let (flo, flo_port) = floor(&work, up_port, &[(401, &bad), (403, &user_cookie)])?;
     let wg = w.gateway.clone();
     let cookie = |t: &str| format!("Cookie: warden_session={t}");
     let mut targets: Vec<(&str, &str, Target)> = Vec::new();
@@ -333,6 +365,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         (
             "haproxy",
             format!("http://127.0.0.1:{hap_port}"),
+            "/auth/",
+            "/authz/",
+        ),
+        (
+            "floor",
+            format!("http://127.0.0.1:{flo_port}"),
             "/auth/",
             "/authz/",
         ),
@@ -429,7 +467,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         match server {
             "warden" => (vec![w.pid()], cpu::descendants(w.pid())),
             "nginx" => (with_children(ngx.child.id()), vec![up.child.id()]),
-            _ => (with_children(hap.child.id()), vec![up.child.id()]),
+            "haproxy" => (with_children(hap.child.id()), vec![up.child.id()]),
+            _ => (vec![flo.child.id()], vec![up.child.id()]),
         }
     };
     let workloads: Vec<&str> = targets
@@ -441,8 +480,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             }
             v
         });
-    let servers = ["warden", "nginx", "haproxy"];
-    // The three servers of a cell run back to back, so they meet the same machine; the order
+    let servers = ["warden", "nginx", "haproxy", "floor"];
+    // The servers of a cell run back to back, so they meet the same machine; the order
     // rotates between rounds so none is always first.
     // Outcomes by (workload, server, connections), in the order first measured.
     type Cell<'a> = ((&'a str, &'a str, usize), Vec<(wrk::Outcome, Cost)>);
@@ -500,7 +539,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         csv_path.display(),
         peers.join(", ")
     );
-    drop((ngx, hap));
+    drop((ngx, hap, flo));
     Ok(())
 }
 

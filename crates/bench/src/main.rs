@@ -7,6 +7,7 @@
 mod cpu;
 mod first_request;
 mod gateway;
+mod relay;
 mod starts;
 mod tls;
 mod wrk;
@@ -48,6 +49,19 @@ enum Cmd {
     /// warm-pool start paths (warden restarted per sample), the agent's start and slot
     /// preparation times, the bare fork-exec floor, and memory per idle instance.
     Starts(starts::Args),
+    /// The gateway benchmark's floor: a byte relay doing no HTTP work, one current-thread
+    /// runtime per core; started by `gateway`, which measures it beside the peers.
+    Relay {
+        /// Port to listen on at 127.0.0.1
+        #[arg(long)]
+        listen: u16,
+        /// Port of the upstream at 127.0.0.1
+        #[arg(long)]
+        upstream: u16,
+        /// File of `STATUS NEEDLE` lines: a read holding NEEDLE gets a canned STATUS response
+        #[arg(long)]
+        refusals: Option<PathBuf>,
+    },
 }
 
 pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -63,5 +77,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::Gateway(args) => gateway::run(&args),
         Cmd::Tls(args) => tls::run(&args),
         Cmd::Starts(args) => starts::run(&args),
+        Cmd::Relay {
+            listen,
+            upstream,
+            refusals,
+        } => relay::run(listen, upstream, refusals.as_deref()),
     }
 }
