@@ -220,6 +220,10 @@ pub(crate) async fn serve(
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut out = Vec::with_capacity(8 * 1024);
     let mut fields = Vec::with_capacity(MAX_FIELDS);
+    let client = Client {
+        ip: peer.ip(),
+        text: peer.ip().to_string(),
+    };
     loop {
         // An idle keep-alive connection gets the header timeout to start a request, and is then
         // closed without a word; a started head gets the header timeout from its first byte.
@@ -270,7 +274,7 @@ pub(crate) async fn serve(
             }
         }
         let msg = buf.split_to(total).freeze();
-        let reply = forward(&state, &msg, head, &fields, &lane, peer.ip()).await;
+        let reply = forward(&state, &msg, head, &fields, &lane, &client).await;
         let status = match &reply {
             Reply::Refused(e) => e.status().as_u16(),
             Reply::App(a, _) => a.status,
@@ -311,6 +315,12 @@ pub(crate) async fn serve(
     }
 }
 
+/// The client of a connection, its address written out once for `x-forwarded-for`.
+struct Client {
+    ip: IpAddr,
+    text: String,
+}
+
 /// What the lane answers a request with.
 enum Reply {
     /// The gateway's own refusal.
@@ -326,7 +336,7 @@ async fn forward(
     head: &Head,
     fields: &[Field],
     lane: &Lane,
-    client: IpAddr,
+    client: &Client,
 ) -> Reply {
     let m = &state.metrics;
     let named = |n: &'static str| {
@@ -339,7 +349,7 @@ async fn forward(
     let authorization = named("authorization").next();
     let user = state
         .auth
-        .authenticate_raw(&state.views, authorization, named("cookie"), client, m)
+        .authenticate_raw(&state.views, authorization, named("cookie"), client.ip, m)
         .await;
     let user = match user {
         Ok(u) => u,
@@ -351,7 +361,15 @@ async fn forward(
         return Reply::Refused(e);
     }
     let label = user.record.clearance.as_str();
-    let bytes = request_bytes(msg, head, fields, lane, &user.record.name, label, client);
+    let bytes = request_bytes(
+        msg,
+        head,
+        fields,
+        lane,
+        &user.record.name,
+        label,
+        &client.text,
+    );
     let method = &msg[head.method.clone()];
     let mut sender = RawSender {
         exchange: upstream::Exchange {
@@ -385,6 +403,7 @@ fn header_safe(v: &str) -> bool {
 
 /// The request as the app gets it: the target within the app, the client's headers without
 /// credentials and hop-by-hop ones, the app's own cookies, and who the gateway vouches for.
+/// `client` is the client's address as text.
 fn request_bytes(
     msg: &[u8],
     head: &Head,
@@ -392,7 +411,7 @@ fn request_bytes(
     lane: &Lane,
     user: &str,
     label: &str,
-    client: IpAddr,
+    client: &str,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(msg.len() + 160);
     out.extend_from_slice(&msg[head.method.clone()]);
@@ -420,13 +439,19 @@ fn request_bytes(
         out.extend_from_slice(cookies.join("; ").as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    for (name, value) in [("x-warden-user", user), ("x-warden-label", label)] {
+    for (name, value) in [
+        (&b"x-warden-user: "[..], user),
+        (b"x-warden-label: ", label),
+    ] {
         if header_safe(value) {
-            out.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+            out.extend_from_slice(name);
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
         }
     }
-    out.extend_from_slice(format!("x-forwarded-for: {client}\r\n").as_bytes());
-    out.extend_from_slice(b"x-forwarded-proto: http\r\n\r\n");
+    out.extend_from_slice(b"x-forwarded-for: ");
+    out.extend_from_slice(client.as_bytes());
+    out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\n\r\n");
     out.extend_from_slice(&msg[head.len..]);
     out
 }
@@ -508,15 +533,7 @@ mod tests {
             head_only: false,
             close: false,
         };
-        let out = request_bytes(
-            msg,
-            &head,
-            &fields,
-            &lane,
-            "alice",
-            "SECRET",
-            [127, 0, 0, 1].into(),
-        );
+        let out = request_bytes(msg, &head, &fields, &lane, "alice", "SECRET", "127.0.0.1");
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text,

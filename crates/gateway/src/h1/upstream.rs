@@ -309,7 +309,8 @@ fn parse_head(buf: &[u8], head_only: bool) -> Result<Parsed, String> {
     let close = matches!(framing, Some(Framing::Close));
     let mut out = Vec::with_capacity(n + 32);
     out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.to_string().as_bytes());
+    // httparse took exactly three digits.
+    out.extend_from_slice(&crate::metrics::status_digits(status));
     out.push(b' ');
     out.extend_from_slice(r.reason.unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
