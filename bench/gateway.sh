@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Seed 001's experiment in one command: warden, nginx and haproxy in front of one upstream,
-# wrk at 50..3200 connections, CSV and plot under bench/out/.
+# wrk at 50..3200 connections, with a relay that does no HTTP work as the floor; CSV, plot and
+# markdown tables under bench/out/.
 # Extra flags go to `warden-bench gateway` (for example --seconds 10 --connections 50,400).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,3 +19,5 @@ mkdir -p bench/out
 ulimit -n "$(ulimit -Hn)" || true
 target/release/warden-bench gateway --warden target/release/warden --out bench/out "$@"
 python3 bench/plot_gateway.py bench/out/gateway.csv bench/out/gateway.png
+python3 bench/report_gateway.py bench/out/gateway.csv > bench/out/gateway.md
+echo "wrote bench/out/gateway.md"
