@@ -62,6 +62,9 @@ enum Action {
     Drop,
     /// `/_hang`: never answer, as a wedged instance would (other requests are still served).
     Hang,
+    /// `/_hanging`: how many `/_hang` requests are waiting now, so a test can tell which
+    /// instance holds one.
+    Hanging,
     /// `/_echo`: answer with the request's body, the Cookie header it arrived with in
     /// `x-echo-cookie`, and the names of its headers in `x-echo-headers`.
     Echo,
@@ -96,6 +99,7 @@ fn action(id: &Identity, health: &AtomicU64, req: &Request<Incoming>) -> Action 
         "/_health" => Action::Healthy,
         "/_close" => Action::Close,
         "/_hang" => Action::Hang,
+        "/_hanging" => Action::Hanging,
         "/_echo" => Action::Echo,
         "/_bytes" => Action::Bytes {
             // Capped, so no request can make the instance allocate without bound.
@@ -115,7 +119,23 @@ fn action(id: &Identity, health: &AtomicU64, req: &Request<Incoming>) -> Action 
 /// Body type of the demo app's responses.
 type Body = BoxBody<Bytes, std::convert::Infallible>;
 
-fn respond(id: &Identity, req: &Request<Incoming>) -> Response<Body> {
+/// A guard counting one hanging request while it lives.
+struct Hanging(Arc<AtomicU64>);
+
+impl Hanging {
+    fn new(count: &Arc<AtomicU64>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Hanging {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn respond(id: &Identity, req: &Request<Incoming>, peer: SocketAddr) -> Response<Body> {
     let user = req
         .headers()
         .get("x-warden-user")
@@ -129,6 +149,8 @@ fn respond(id: &Identity, req: &Request<Incoming>) -> Response<Body> {
         "method": req.method().as_str(),
         "path": req.uri().path(),
         "user": user,
+        // The connection's far end: a gateway that reuses its connections shows the same one.
+        "peer": peer.to_string(),
         // Lets tests prove the gateway never passes the user's credentials on.
         "saw_authorization": req.headers().contains_key(http::header::AUTHORIZATION),
     });
@@ -184,14 +206,16 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
     let (closed_tx, closed) = tokio::sync::watch::channel(false);
     let closed_tx = Arc::new(closed_tx);
     let health = Arc::new(AtomicU64::new(id.unhealthy_checks));
+    let hanging = Arc::new(AtomicU64::new(0));
     loop {
         let mut closing = closed.clone();
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => r?,
             _ = closing.wait_for(|c| *c) => break,
         };
         let id = id.clone();
         let health = health.clone();
+        let hanging = hanging.clone();
         let closed_tx = closed_tx.clone();
         let mut closing = closed.clone();
         tokio::spawn(async move {
@@ -201,13 +225,16 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                 let echo = matches!(action, Action::Echo);
                 let result = match action {
                     Action::Hang => Ok(plain(hyper::StatusCode::OK, "never sent")),
-                    Action::Answer | Action::Echo => Ok(respond(&id, &req)),
+                    Action::Hanging => Ok(Response::new(
+                        Full::new(Bytes::from(hanging.load(Ordering::Relaxed).to_string())).boxed(),
+                    )),
+                    Action::Answer | Action::Echo => Ok(respond(&id, &req, peer)),
                     Action::Unhealthy => {
                         Ok(plain(hyper::StatusCode::SERVICE_UNAVAILABLE, "loading"))
                     }
                     Action::Healthy => Ok(plain(hyper::StatusCode::OK, "ok")),
                     Action::Taint(label) => {
-                        let mut resp = respond(&id, &req);
+                        let mut resp = respond(&id, &req, peer);
                         if let Ok(v) = http::HeaderValue::from_str(&label) {
                             resp.headers_mut().insert("x-warden-taint", v);
                         }
@@ -215,13 +242,14 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                     }
                     Action::Close => {
                         let _ = closed_tx.send(true);
-                        Ok(respond(&id, &req))
+                        Ok(respond(&id, &req, peer))
                     }
                     Action::Drop => Err(std::io::Error::other("dropped on request")),
                     Action::Bytes { n, chunked } => Ok(bytes(n, chunked)),
                 };
+                let hanging = hang.then(|| Hanging::new(&hanging));
                 async move {
-                    if hang {
+                    if let Some(_counted) = hanging {
                         std::future::pending::<()>().await;
                     }
                     if echo {
