@@ -16,9 +16,13 @@ use crate::respond::{Body, GatewayError};
 use crate::views::User;
 use crate::State;
 
-/// Attempts per request: enough to get past a dead instance or two, bounded so a broken app
-/// cannot keep a request going around.
-const MAX_ATTEMPTS: usize = 4;
+/// Attempts per request that may have reached an app and failed: enough to get past a broken
+/// instance or two, bounded so a broken app cannot keep a request going around.
+const MAX_FAILURES: usize = 4;
+/// Refused connections never reached an app and cost a loopback round trip each, so every
+/// instance is tried while one may live (seed 003 §6.2); this bound only ends a pathological
+/// loop of instances appearing as fast as they refuse.
+const MAX_REFUSALS: usize = 64;
 
 pub(crate) async fn to_app(
     state: &State,
@@ -176,8 +180,9 @@ pub(crate) async fn dispatch<S: Sender>(
     let lor = spec.balance == Balance::LeastOutstanding;
     let mut tried: Vec<String> = Vec::new();
     let mut started = false;
+    let (mut refusals, mut failures) = (0, 0);
     let mut last = String::new();
-    for _ in 0..MAX_ATTEMPTS {
+    loop {
         let inflight = match state.views.pick(&spec.name, label, owner_name, lor, &tried) {
             Some(i) => i,
             None if !started => {
@@ -187,12 +192,12 @@ pub(crate) async fn dispatch<S: Sender>(
                 m.phase("start", t.elapsed());
                 if tried.contains(&r.id) {
                     // The agent has not noticed yet that this instance is gone.
-                    break;
+                    return Err(none_left(spec, failures, last));
                 }
                 state.views.add_instance(r);
                 continue;
             }
-            None => break,
+            None => return Err(none_left(spec, failures, last)),
         };
         let instance = &inflight.0.record;
         let _active = inflight.0.begin(&state.agent);
@@ -212,12 +217,19 @@ pub(crate) async fn dispatch<S: Sender>(
                 state.upstream.forget(&instance.addr);
                 state.raw_upstream.forget(&instance.addr);
                 tried.push(instance.id.clone());
-                last = e;
+                refusals += 1;
+                if refusals >= MAX_REFUSALS {
+                    return Err(none_left(spec, failures, last));
+                }
             }
             Err(Failure::Other(e)) if sender.idempotent() => {
                 tracing::info!(app = %spec.name, instance = %instance.id, error = %e, "instance failed an idempotent request; trying another");
                 tried.push(instance.id.clone());
+                failures += 1;
                 last = e;
+                if failures >= MAX_FAILURES {
+                    return Err(none_left(spec, failures, last));
+                }
             }
             // Not retried, even when idempotent: a wedged app would make the client wait once per
             // instance, and the request may still be running where it went.
@@ -234,14 +246,19 @@ pub(crate) async fn dispatch<S: Sender>(
             }
         }
     }
-    Err(GatewayError::Upstream {
-        app: spec.name.clone(),
-        reason: if last.is_empty() {
-            "no instance answered".into()
-        } else {
-            last
-        },
-    })
+}
+
+/// Why a request found no instance to answer it: instances that failed it (502, with the last
+/// failure), or none alive and none could be started (503, try again).
+fn none_left(spec: &AppSpec, failures: usize, last: String) -> GatewayError {
+    let app = spec.name.clone();
+    if failures > 0 {
+        return GatewayError::Upstream { app, reason: last };
+    }
+    GatewayError::Unavailable {
+        app,
+        reason: "no instance accepted the connection".into(),
+    }
 }
 
 /// Serves a request of a per-request app: a fresh instance, its one response, then the

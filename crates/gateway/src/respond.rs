@@ -94,9 +94,12 @@ impl GatewayError {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
-            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Self::StartFailed { .. } | Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            Self::StartTimeout { .. } | Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            // No instance runs and none could be started: the client may try again later.
+            Self::Unavailable { .. } | Self::StartFailed { .. } | Self::StartTimeout { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
@@ -112,9 +115,10 @@ impl GatewayError {
                 header::WWW_AUTHENTICATE,
                 header::HeaderValue::from_static("Basic realm=\"warden\", charset=\"UTF-8\""),
             )),
-            Self::Unavailable { .. } | Self::Busy => {
-                Some((header::RETRY_AFTER, header::HeaderValue::from_static("1")))
-            }
+            Self::Unavailable { .. }
+            | Self::StartFailed { .. }
+            | Self::StartTimeout { .. }
+            | Self::Busy => Some((header::RETRY_AFTER, header::HeaderValue::from_static("1"))),
             Self::Throttled { retry_after } => {
                 Some((header::RETRY_AFTER, header::HeaderValue::from(*retry_after)))
             }
@@ -190,6 +194,10 @@ mod tests {
         for e in [
             || GatewayError::Unauthenticated,
             || GatewayError::Throttled { retry_after: 7 },
+            || GatewayError::StartTimeout {
+                app: "demo".into(),
+                ms: 500,
+            },
             || GatewayError::Forbidden {
                 user: "dave".into(),
                 app: "admin \"x\"".into(),

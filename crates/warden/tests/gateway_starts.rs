@@ -8,24 +8,26 @@ use warden_test_support::Warden;
 const BIN: &str = env!("CARGO_BIN_EXE_warden");
 
 #[test]
-fn an_app_that_never_listens_gets_504_after_its_start_timeout() {
+fn an_app_that_never_listens_gets_503_with_retry_after_its_start_timeout() {
     let w = Warden::demo(BIN);
     let spec = json!({"name": "mute", "command": ["/bin/sh", "-c", "echo starting but never listening; exec sleep 60"], "start_timeout_ms": 500});
     assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
     let r = w.get_as("alice", &w.password("alice"), "/apps/mute/");
-    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
     assert!(r.json()["error"].as_str().unwrap().contains("500 ms"));
     // The half-started instance is not left running.
     assert_eq!(w.instances().len(), 0);
 }
 
 #[test]
-fn an_app_that_crashes_on_start_gets_502_and_its_output_is_kept() {
+fn an_app_that_crashes_on_start_gets_503_and_its_output_is_kept() {
     let w = Warden::demo(BIN);
     let spec = json!({"name": "crash", "command": ["/bin/sh", "-c", "echo boom: missing config >&2; exit 3"]});
     assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
     let r = w.get_as("alice", &w.password("alice"), "/apps/crash/");
-    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
     assert!(
         !r.text().contains("boom"),
         "app output is for operators, not users"
@@ -44,14 +46,14 @@ fn an_app_that_crashes_on_start_gets_502_and_its_output_is_kept() {
 }
 
 #[test]
-fn a_missing_program_gets_502_with_a_clear_error_for_the_operator() {
+fn a_missing_program_gets_503_and_a_clear_error_for_the_operator() {
     let w = Warden::demo(BIN);
     let spec = json!({"name": "ghost", "command": ["/nonexistent/program"]});
     assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
     assert_eq!(
         w.get_as("alice", &w.password("alice"), "/apps/ghost/")
             .status,
-        502
+        503
     );
     let r = w.api(
         "POST",

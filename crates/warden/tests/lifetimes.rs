@@ -294,7 +294,7 @@ fn an_instance_that_never_answers_its_health_path_fails_with_what_it_answered() 
         }),
     );
     let r = w.get_as("alice", &w.password("alice"), "/apps/sick/");
-    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.status, 503, "{}", r.text());
     let r = w.api(
         "POST",
         "/v1/instances",

@@ -207,7 +207,7 @@ fn a_sandboxed_app_that_cannot_start_gets_a_clear_error() {
         json!({ "name": "ghost", "command": ["/nonexistent/server"], "driver": "sandbox" }),
     );
     let r = w.get_as("alice", &w.password("alice"), "/apps/ghost/");
-    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.status, 503, "{}", r.text());
     let started = w.api(
         "POST",
         "/v1/instances",
@@ -368,7 +368,7 @@ fn a_bridged_sandbox_reaches_the_host_but_not_another_instance() {
     };
     let r = probe("peer", &["--listen-any", "9000"]);
     if !nix::unistd::geteuid().is_root() {
-        assert_eq!(r.status, 502, "{}", r.text());
+        assert_eq!(r.status, 503, "{}", r.text());
         let r = w.api(
             "POST",
             "/v1/instances",
