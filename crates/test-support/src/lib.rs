@@ -64,6 +64,7 @@ pub struct Launch {
     demo: bool,
     extra: Vec<String>,
     wrapper: Vec<String>,
+    log: String,
 }
 
 impl Launch {
@@ -75,7 +76,14 @@ impl Launch {
             demo: true,
             extra: vec![],
             wrapper: vec![],
+            log: "info,warden=debug".into(),
         }
+    }
+
+    /// The log filter (`WARDEN_LOG`), instead of `info,warden=debug`.
+    pub fn log(mut self, filter: &str) -> Self {
+        filter.clone_into(&mut self.log);
+        self
     }
 
     /// Runs warden through `wrapper` (such as `setpriv --reuid=...`), which execs the rest.
@@ -132,7 +140,7 @@ impl Launch {
         ])
         .arg(&dir)
         .args(&self.extra)
-        .env("WARDEN_LOG", "info,warden=debug")
+        .env("WARDEN_LOG", &self.log)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

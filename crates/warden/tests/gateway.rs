@@ -27,7 +27,8 @@ fn metric(w: &Warden, line_start: &str) -> f64 {
 
 #[test]
 fn login_gives_a_cookie_and_a_bearer_token_and_logout_revokes_it() {
-    let w = Warden::demo(BIN);
+    // Debug logs everywhere: secrets stay out of them even there.
+    let w = Launch::new(BIN).log("debug").start();
     let pw = w.password("bob");
     let r = request(
         "POST",
@@ -73,6 +74,7 @@ fn login_gives_a_cookie_and_a_bearer_token_and_logout_revokes_it() {
             .as_bytes(),
     );
     assert_eq!(j.status, 200);
+    let other = j.json()["token"].as_str().unwrap().to_owned();
     let bad = request(
         "POST",
         &format!("{}/login", w.gateway),
@@ -102,11 +104,37 @@ fn login_gives_a_cookie_and_a_bearer_token_and_logout_revokes_it() {
         b"",
     );
     assert_eq!(after.status, 401, "a revoked token is refused");
-    let store = std::fs::read(w.dir.join("store.redb")).unwrap();
-    assert!(
-        !store.windows(token.len()).any(|x| x == token.as_bytes()),
-        "tokens are never stored in clear"
+
+    // Logging out with the cookie alone revokes that session, and only that one.
+    let cookie_of = |t: &str| format!("warden_session={t}");
+    let alive = |t: &str| {
+        request(
+            "GET",
+            &format!("{}/apps/demo/", w.gateway),
+            &[("cookie", &cookie_of(t))],
+            b"",
+        )
+        .status
+    };
+    assert_eq!(alive(&other), 200);
+    let out = request(
+        "POST",
+        &format!("{}/logout", w.gateway),
+        &[("cookie", &cookie_of(&other))],
+        b"",
     );
+    assert_eq!(out.status, 200, "{}", out.text());
+    assert_eq!(alive(&other), 401, "the cookie's session is revoked");
+
+    let store = std::fs::read(w.dir.join("store.redb")).unwrap();
+    let logs = w.stderr();
+    for secret in [&token, &other, &pw, &basic("bob", &pw)] {
+        assert!(
+            !store.windows(secret.len()).any(|x| x == secret.as_bytes()),
+            "secrets are never stored in clear"
+        );
+        assert!(!logs.contains(secret.as_str()), "a secret in the logs");
+    }
 }
 
 #[test]
@@ -177,6 +205,25 @@ fn argon2_runs_once_per_credential_and_failures_are_throttled() {
         429
     );
     // ...but alice, verified before, is not slowed down by anyone's failures.
+    assert_eq!(w.get_as("alice", &pw, "/apps/demo/").status, 200);
+
+    // Guessing across many names from one address: after 50 failures from it, every new
+    // attempt from it is 429, dave's right password included; alice's cached one is not.
+    let mut statuses = Vec::new();
+    for i in 0..40 {
+        statuses.push(
+            w.get_as(
+                &format!("nobody-{}", i % 8),
+                &format!("g-{i}"),
+                "/apps/demo/",
+            )
+            .status,
+        );
+    }
+    assert!(statuses.iter().all(|s| *s == 401), "{statuses:?}");
+    let dave = w.get_as("dave", &w.password("dave"), "/apps/demo/");
+    assert_eq!(dave.status, 429, "{}", dave.text());
+    assert!(dave.header("retry-after").is_some());
     assert_eq!(w.get_as("alice", &pw, "/apps/demo/").status, 200);
 }
 
