@@ -78,7 +78,12 @@ enum Action {
 fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
     req.uri().query()?.split('&').find_map(|kv| {
         let (k, v) = kv.split_once('=')?;
-        (k == name).then(|| v.replace("%20", " ").replace('+', " "))
+        let v = v.replace('+', " ");
+        (k == name).then(|| {
+            percent_encoding::percent_decode_str(&v)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
     })
 }
 
