@@ -227,8 +227,8 @@ fn chunked_len(b: &[u8]) -> usize {
 }
 
 /// A GET over HTTP/2 with prior knowledge (h2c), through hyper's client; returns the version
-/// the server answered with, its status and body.
-pub fn h2c_get(url: &str, headers: &[(&str, &str)]) -> (http::Version, u16, Vec<u8>) {
+/// the server answered with and its response.
+pub fn h2c_get(url: &str, headers: &[(&str, &str)]) -> (http::Version, Response) {
     use http_body_util::{BodyExt, Empty};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -247,7 +247,13 @@ pub fn h2c_get(url: &str, headers: &[(&str, &str)]) -> (http::Version, u16, Vec<
             .request(req.body(Empty::new()).unwrap())
             .await
             .unwrap();
-        let (version, status) = (resp.version(), resp.status().as_u16());
+        let version = resp.version();
+        let status = resp.status().as_u16();
+        let headers = resp
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+            .collect();
         let body = resp
             .into_body()
             .collect()
@@ -255,6 +261,13 @@ pub fn h2c_get(url: &str, headers: &[(&str, &str)]) -> (http::Version, u16, Vec<
             .unwrap()
             .to_bytes()
             .to_vec();
-        (version, status, body)
+        (
+            version,
+            Response {
+                status,
+                headers,
+                body,
+            },
+        )
     })
 }

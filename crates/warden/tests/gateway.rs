@@ -228,21 +228,35 @@ fn argon2_runs_once_per_credential_and_failures_are_throttled() {
 }
 
 #[test]
-fn http2_cleartext_is_served_on_the_same_port() {
+fn http2_cleartext_is_served_on_the_same_port_and_strips_taint_there_too() {
     let w = Warden::demo(BIN);
-    let (version, status, body) = h2c_get(
+    let (version, r) = h2c_get(
         &format!("{}/apps/demo/h2", w.gateway),
         &[("authorization", &basic("carol", &w.password("carol")))],
     );
     assert_eq!(
-        (version, status),
+        (version, r.status),
         (warden_test_support::http::Version::HTTP_2, 200)
     );
-    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let v = r.json();
     assert_eq!(
         (v["label"].as_str(), v["path"].as_str()),
         (Some("TOP SECRET"), Some("/h2"))
     );
+    // hyper's path keeps the taint header from the client and relabels, as the lane does.
+    let (_, r) = h2c_get(
+        &format!("{}/apps/demo/?taint=TOP%20SECRET", w.gateway),
+        &[("authorization", &basic("alice", &w.password("alice")))],
+    );
+    assert_eq!(r.status, 200);
+    assert!(r.header("x-warden-taint").is_none(), "{:?}", r.headers);
+    let tainted = r.json()["instance"].as_str().unwrap().to_owned();
+    warden_test_support::wait_until("the relabel", Duration::from_secs(30), || {
+        w.instances()
+            .iter()
+            .any(|i| i["id"] == tainted.as_str() && i["label"] == "TOP SECRET")
+            .then_some(())
+    });
 }
 
 #[test]
