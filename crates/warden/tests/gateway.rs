@@ -228,6 +228,36 @@ fn argon2_runs_once_per_credential_and_failures_are_throttled() {
 }
 
 #[test]
+fn a_flood_of_new_credentials_beyond_the_verification_queue_gets_503_at_once() {
+    let w = Warden::demo(BIN);
+    let carol = w.password("carol");
+    assert_eq!(w.get_as("carol", &carol, "/apps/demo/").status, 200);
+    // 200 credentials no one has sent before, all at once: two Argon2id runs at a time (one
+    // per core), 128 may wait, the rest are refused before any hashing.
+    let statuses: Vec<(u16, Option<String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..200)
+            .map(|i| {
+                let w = &w;
+                s.spawn(move || {
+                    let r = w.get_as(&format!("stranger-{i}"), "guess", "/apps/demo/");
+                    (r.status, r.header("retry-after").map(str::to_owned))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let busy: Vec<_> = statuses.iter().filter(|(s, _)| *s == 503).collect();
+    assert!(!busy.is_empty(), "{statuses:?}");
+    assert!(busy.iter().all(|(_, retry)| retry.is_some()), "{busy:?}");
+    assert!(
+        statuses.iter().all(|(s, _)| [401, 429, 503].contains(s)),
+        "{statuses:?}"
+    );
+    // Those verified before are served throughout.
+    assert_eq!(w.get_as("carol", &carol, "/apps/demo/").status, 200);
+}
+
+#[test]
 fn http2_cleartext_is_served_on_the_same_port_and_strips_taint_there_too() {
     let w = Warden::demo(BIN);
     let (version, r) = h2c_get(
