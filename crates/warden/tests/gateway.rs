@@ -273,6 +273,10 @@ fn http2_cleartext_is_served_on_the_same_port_and_strips_taint_there_too() {
         (v["label"].as_str(), v["path"].as_str()),
         (Some("TOP SECRET"), Some("/h2"))
     );
+    // A head past the limit is refused over HTTP/2 as over HTTP/1.1.
+    let big = "x".repeat(20 * 1024);
+    let (_, r) = h2c_get(&format!("{}/apps/demo/", w.gateway), &[("x-big", &big)]);
+    assert_eq!(r.status, 431, "{}", r.text());
     // hyper's path keeps the taint header from the client and relabels, as the lane does.
     let (_, r) = h2c_get(
         &format!("{}/apps/demo/?taint=TOP%20SECRET", w.gateway),
