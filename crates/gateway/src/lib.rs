@@ -343,7 +343,11 @@ async fn serve_tls(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
         }
     }
     let clock = phases::Clock::new(state.metrics.clone());
-    serve_io(state, conn, peer, None, true, clock).await;
+    if conn.get_ref().1.alpn_protocol() == Some(b"h2") {
+        serve_io(state, conn, peer, None, true, clock).await;
+    } else {
+        h1::serve(state, conn, peer, None, true, clock).await;
+    }
 }
 
 async fn serve_plain(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
@@ -357,7 +361,8 @@ async fn serve_plain(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
             return;
         }
     };
-    h1::serve(state, stream, peer, spare).await;
+    let clock = phases::Clock::new(state.metrics.clone());
+    h1::serve(state, stream, peer, Some(spare), false, clock).await;
 }
 
 /// Serves HTTP/1.1 or HTTP/2 on an established connection with hyper. `spare` is a second handle

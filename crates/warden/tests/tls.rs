@@ -203,6 +203,39 @@ async fn plain_http_on_the_tls_port_is_redirected() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_over_tls_serves_many_requests_and_a_slow_head_gets_408() {
+    let w = Launch::new(bin())
+        .arg("--header-timeout-ms")
+        .arg("300")
+        .start();
+    let cfg = client(&[&demo_cert(&w)], &any_version(), &[b"http/1.1"]);
+    let mut s = connect(&cfg, &tls_addr(&w), "localhost").await.unwrap();
+    let auth = basic("alice", &w.password("alice"));
+    for i in 0..3 {
+        let req = format!(
+            "GET /apps/demo/{i} HTTP/1.1\r\nhost: localhost\r\nauthorization: {auth}\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).contains(&format!("\"/{i}\"")) {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "connection closed after {i} requests");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    }
+    // Half a head, then nothing: the header timeout answers 408 over TLS too.
+    s.write_all(b"GET /apps/demo/ HTTP/1.1\r\nhost: localhost\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got).await;
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 408"), "{got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alpn_negotiates_h2_and_requests_are_served_over_it() {
     let w = Launch::new(bin()).start();
     let cfg = client(&[&demo_cert(&w)], &any_version(), &[b"h2", b"http/1.1"]);

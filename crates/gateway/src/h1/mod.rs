@@ -7,6 +7,7 @@
 //! values, and forwarded as bytes with the gateway's header changes; the instance's answer is
 //! parsed, cleaned and copied back. In the common case each side costs one read and one write.
 //!
+//! Plain connections start on the lane, and so do TLS connections that did not choose h2 by ALPN.
 //! Whatever the lane does not take is handed to hyper with the bytes read so far, and hyper
 //! serves the connection from that request on: HTTP/2 (its preface is not HTTP/1.1), HTTP/1.0,
 //! malformed or oversized heads, more than 64 header fields, `Expect`, `Upgrade`, `Connection`
@@ -17,6 +18,8 @@
 //!
 //! Differences from hyper's path that remain: an idle keep-alive connection is closed without a
 //! 408 after the header timeout, and a request body must arrive within the header timeout too.
+//! Over TLS, a connection handed to hyper is closed without a 408 when a later head is slow:
+//! hyper owns the stream then, and only a plain socket has a second handle to write it on.
 
 mod chunked;
 pub(crate) mod date;
@@ -30,8 +33,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use warden_agent::Owner;
 use warden_core::model::Lifetime;
 use warden_core::AppSpec;
@@ -185,8 +187,8 @@ enum Read {
     TimedOut,
 }
 
-async fn read_some(
-    stream: &mut TcpStream,
+async fn read_some<S: AsyncRead + Unpin>(
+    stream: &mut S,
     buf: &mut BytesMut,
     deadline: tokio::time::Instant,
     clock: &Clock,
@@ -207,15 +209,19 @@ async fn read_some(
     }
 }
 
-/// Serves a plain connection: on the lane while it can, then through hyper. `spare` is a
-/// second handle on the socket, which hyper's path uses to answer 408.
-pub(crate) async fn serve(
+/// Serves a connection on the lane while it can, then through hyper. `spare` is a second handle
+/// on a plain socket, which hyper's path uses to answer 408; `https` says the client came over
+/// TLS (for `x-forwarded-proto` and hyper's path).
+pub(crate) async fn serve<S>(
     state: Arc<State>,
-    mut stream: TcpStream,
+    mut stream: S,
     peer: SocketAddr,
-    spare: std::net::TcpStream,
-) {
-    let clock = Clock::new(state.metrics.clone());
+    spare: Option<std::net::TcpStream>,
+    https: bool,
+    clock: Arc<Clock>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let timeout = state.config.header_timeout;
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut out = Vec::with_capacity(8 * 1024);
@@ -223,6 +229,7 @@ pub(crate) async fn serve(
     let client = Client {
         ip: peer.ip(),
         text: peer.ip().to_string(),
+        https,
     };
     loop {
         // An idle keep-alive connection gets the header timeout to start a request, and is then
@@ -245,7 +252,7 @@ pub(crate) async fn serve(
                 Read::Closed => return clock.closed(),
                 Read::TimedOut => {
                     if !buf.is_empty() {
-                        let _ = stream.write_all(TIMEOUT_408).await;
+                        let _ = write_flushed(&mut stream, TIMEOUT_408).await;
                     }
                     return clock.closed();
                 }
@@ -256,7 +263,7 @@ pub(crate) async fn serve(
             .and_then(|h| take(&state, &buf, h, &fields).map(|l| (h, l)));
         let Some((head, lane)) = lane else {
             let io = crate::prefixed::Prefixed::new(buf, stream);
-            return crate::serve_io(state, io, peer, Some(spare), false, clock).await;
+            return crate::serve_io(state, io, peer, spare, https, clock).await;
         };
         // Timed as hyper's path is: service from the complete head to the response head.
         clock.service_start();
@@ -268,7 +275,7 @@ pub(crate) async fn serve(
                 Read::Data => {}
                 Read::Closed => return clock.closed(),
                 Read::TimedOut => {
-                    let _ = stream.write_all(TIMEOUT_408).await;
+                    let _ = write_flushed(&mut stream, TIMEOUT_408).await;
                     return clock.closed();
                 }
             }
@@ -289,7 +296,7 @@ pub(crate) async fn serve(
             Reply::Refused(e) => {
                 out.clear();
                 e.write_http1(lane.head_only, lane.close, &mut out);
-                stream.write_all(&out).await.is_ok()
+                write_flushed(&mut stream, &out).await.is_ok()
             }
             Reply::App(a, addr) => a
                 .relay(
@@ -302,6 +309,8 @@ pub(crate) async fn serve(
                 .await
                 .unwrap_or(false),
         };
+        // A TLS stream may hold the last records back until flushed; a socket flushes at once.
+        let kept = kept && stream.flush().await.is_ok();
         if lane.close || !kept {
             return clock.closed();
         }
@@ -319,6 +328,13 @@ pub(crate) async fn serve(
 struct Client {
     ip: IpAddr,
     text: String,
+    /// It came over TLS.
+    https: bool,
+}
+
+async fn write_flushed<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) -> std::io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
 }
 
 /// What the lane answers a request with.
@@ -361,15 +377,7 @@ async fn forward(
         return Reply::Refused(e);
     }
     let label = user.record.clearance.as_str();
-    let bytes = request_bytes(
-        msg,
-        head,
-        fields,
-        lane,
-        &user.record.name,
-        label,
-        &client.text,
-    );
+    let bytes = request_bytes(msg, head, fields, lane, &user.record.name, label, client);
     let method = &msg[head.method.clone()];
     let mut sender = RawSender {
         exchange: upstream::Exchange {
@@ -403,7 +411,6 @@ fn header_safe(v: &str) -> bool {
 
 /// The request as the app gets it: the target within the app, the client's headers without
 /// credentials and hop-by-hop ones, the app's own cookies, and who the gateway vouches for.
-/// `client` is the client's address as text.
 fn request_bytes(
     msg: &[u8],
     head: &Head,
@@ -411,7 +418,7 @@ fn request_bytes(
     lane: &Lane,
     user: &str,
     label: &str,
-    client: &str,
+    client: &Client,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(msg.len() + 160);
     out.extend_from_slice(&msg[head.method.clone()]);
@@ -450,8 +457,12 @@ fn request_bytes(
         }
     }
     out.extend_from_slice(b"x-forwarded-for: ");
-    out.extend_from_slice(client.as_bytes());
-    out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\n\r\n");
+    out.extend_from_slice(client.text.as_bytes());
+    out.extend_from_slice(if client.https {
+        &b"\r\nx-forwarded-proto: https\r\n\r\n"[..]
+    } else {
+        b"\r\nx-forwarded-proto: http\r\n\r\n"
+    });
     out.extend_from_slice(&msg[head.len..]);
     out
 }
@@ -533,12 +544,23 @@ mod tests {
             head_only: false,
             close: false,
         };
-        let out = request_bytes(msg, &head, &fields, &lane, "alice", "SECRET", "127.0.0.1");
+        let client = |ip: IpAddr, https| Client {
+            ip,
+            text: ip.to_string(),
+            https,
+        };
+        let plain = client([127, 0, 0, 1].into(), false);
+        let out = request_bytes(msg, &head, &fields, &lane, "alice", "SECRET", &plain);
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text,
             "POST /p HTTP/1.1\r\nHost: a\r\ncontent-length: 2\r\ncookie: a=1; b=2\r\nx-warden-user: alice\r\nx-warden-label: SECRET\r\nx-forwarded-for: 127.0.0.1\r\nx-forwarded-proto: http\r\n\r\nhi"
         );
+        let tls = client(std::net::Ipv6Addr::LOCALHOST.into(), true);
+        let over_tls = request_bytes(msg, &head, &fields, &lane, "alice", "SECRET", &tls);
+        assert!(String::from_utf8(over_tls)
+            .unwrap()
+            .ends_with("x-forwarded-for: ::1\r\nx-forwarded-proto: https\r\n\r\nhi"));
         assert!(!header_safe("a\r\nb"));
     }
 }
