@@ -231,7 +231,7 @@ pub(crate) async fn serve<S>(
         text: peer.ip().to_string(),
         https,
     };
-    loop {
+    'conn: loop {
         // An idle keep-alive connection gets the header timeout to start a request, and is then
         // closed without a word; a started head gets the header timeout from its first byte.
         let mut deadline = tokio::time::Instant::now() + timeout;
@@ -249,12 +249,12 @@ pub(crate) async fn serve<S>(
                     deadline = tokio::time::Instant::now() + timeout;
                 }
                 Read::Data => {}
-                Read::Closed => return clock.closed(),
+                Read::Closed => break 'conn,
                 Read::TimedOut => {
                     if !buf.is_empty() {
                         let _ = write_flushed(&mut stream, TIMEOUT_408).await;
                     }
-                    return clock.closed();
+                    break 'conn;
                 }
             }
         };
@@ -273,10 +273,10 @@ pub(crate) async fn serve<S>(
         while buf.len() < total {
             match read_some(&mut stream, &mut buf, deadline, &clock).await {
                 Read::Data => {}
-                Read::Closed => return clock.closed(),
+                Read::Closed => break 'conn,
                 Read::TimedOut => {
                     let _ = write_flushed(&mut stream, TIMEOUT_408).await;
-                    return clock.closed();
+                    break 'conn;
                 }
             }
         }
@@ -312,7 +312,7 @@ pub(crate) async fn serve<S>(
         // A TLS stream may hold the last records back until flushed; a socket flushes at once.
         let kept = kept && stream.flush().await.is_ok();
         if lane.close || !kept {
-            return clock.closed();
+            break;
         }
         // A large request or answer does not leave large buffers behind on an idle connection.
         if out.capacity() > KEEP_BUFFER {
@@ -322,6 +322,11 @@ pub(crate) async fn serve<S>(
             buf = BytesMut::with_capacity(8 * 1024);
         }
     }
+    // A FIN on a socket; on TLS also close_notify and whatever rustls still holds, so a body
+    // that ends with the connection arrives whole and the client can tell it is complete.
+    // Bounded: a client that reads nothing would otherwise hold the connection forever.
+    let _ = tokio::time::timeout(timeout, stream.shutdown()).await;
+    clock.closed();
 }
 
 /// The client of a connection, its address written out once for `x-forwarded-for`.
