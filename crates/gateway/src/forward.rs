@@ -16,8 +16,9 @@ use crate::respond::{Body, GatewayError};
 use crate::views::User;
 use crate::State;
 
-/// Attempts per request that may have reached an app and failed: enough to get past a broken
-/// instance or two, bounded so a broken app cannot keep a request going around.
+/// Attempts per request that may have reached an app and failed, or found no connection for a
+/// reason other than refusal: enough to get past a broken instance or two, bounded so a broken
+/// app or an exhausted gateway cannot keep a request going around.
 const MAX_FAILURES: usize = 4;
 /// Refused connections never reached an app and cost a loopback round trip each, so every
 /// instance is tried while one may live (seed 003 §6.2); this bound only ends a pathological
@@ -180,7 +181,7 @@ pub(crate) async fn dispatch<S: Sender>(
     let lor = spec.balance == Balance::LeastOutstanding;
     let mut tried: Vec<String> = Vec::new();
     let mut started = false;
-    let (mut refusals, mut failures) = (0, 0);
+    let (mut refusals, mut unsent, mut failures) = (0, 0, 0);
     let mut last = String::new();
     loop {
         let inflight = match state.views.pick(&spec.name, label, owner_name, lor, &tried) {
@@ -222,6 +223,15 @@ pub(crate) async fn dispatch<S: Sender>(
                     return Err(none_left(spec, failures, last));
                 }
             }
+            // Never sent, and the instance may be fine: another one may take it, a few times.
+            Err(Failure::Unsent(e)) => {
+                tracing::warn!(app = %spec.name, instance = %instance.id, error = %e, "no connection to the instance; trying another");
+                tried.push(instance.id.clone());
+                unsent += 1;
+                if unsent >= MAX_FAILURES {
+                    return Err(none_left(spec, failures, last));
+                }
+            }
             Err(Failure::Other(e)) if sender.idempotent() => {
                 tracing::info!(app = %spec.name, instance = %instance.id, error = %e, "instance failed an idempotent request; trying another");
                 tried.push(instance.id.clone());
@@ -249,7 +259,7 @@ pub(crate) async fn dispatch<S: Sender>(
 }
 
 /// Why a request found no instance to answer it: instances that failed it (502, with the last
-/// failure), or none alive and none could be started (503, try again).
+/// failure), or none took the connection and none could be started (503, try again).
 fn none_left(spec: &AppSpec, failures: usize, last: String) -> GatewayError {
     let app = spec.name.clone();
     if failures > 0 {
@@ -302,10 +312,12 @@ async fn one_off(
                 .boxed();
             Ok(Response::from_parts(parts, body))
         }
-        Err(Failure::Refused(e) | Failure::Other(e)) => Err(GatewayError::Upstream {
-            app: spec.name.clone(),
-            reason: e,
-        }),
+        Err(Failure::Refused(e) | Failure::Unsent(e) | Failure::Other(e)) => {
+            Err(GatewayError::Upstream {
+                app: spec.name.clone(),
+                reason: e,
+            })
+        }
         Err(Failure::TimedOut) => Err(upstream_timeout(state, &spec.name)),
     }
 }

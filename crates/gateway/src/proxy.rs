@@ -137,12 +137,29 @@ pub(crate) fn prepare(
 
 /// How a forward failed.
 pub(crate) enum Failure {
-    /// The connection was refused: the request never reached the app, so it is safe to retry.
+    /// The connection was refused: the instance is not listening, and the request never
+    /// reached it, so it is safe to retry elsewhere.
     Refused(String),
+    /// No connection for another reason (the gateway out of descriptors or ports, a sandbox's
+    /// backlog full): the request never left, but the instance may be fine.
+    Unsent(String),
     /// Anything else: the app may have seen the request.
     Other(String),
     /// No answer within the upstream timeout; the app may still be working on it.
     TimedOut,
+}
+
+impl Failure {
+    /// A failed connect: refused when the instance (or its sandbox's socket) is not there.
+    pub(crate) fn connecting(e: &std::io::Error) -> Failure {
+        use std::io::ErrorKind as K;
+        match e.kind() {
+            K::ConnectionRefused | K::NotFound | K::ConnectionReset | K::ConnectionAborted => {
+                Failure::Refused(e.to_string())
+            }
+            _ => Failure::Unsent(e.to_string()),
+        }
+    }
 }
 
 impl Prepared {

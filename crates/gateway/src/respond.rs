@@ -24,7 +24,7 @@ pub enum GatewayError {
     /// No app by that name or host.
     #[error("{0}")]
     NotFound(String),
-    /// No instance could be started.
+    /// No instance took the connection and none could be started, or a limit was reached.
     #[error("app {app:?} has no instance available: {reason}")]
     Unavailable {
         /// App name.

@@ -80,7 +80,7 @@ impl Pool {
         // Plain `host:port`, or a sandbox's connection-handing socket.
         let tcp = warden_agent::connect(addr)
             .await
-            .map_err(|e| Failure::Refused(e.to_string()))?;
+            .map_err(|e| Failure::connecting(&e))?;
         let _ = tcp.set_nodelay(true);
         let (sender, conn) = http1::handshake(TokioIo::new(tcp))
             .await

@@ -62,7 +62,7 @@ async fn connect(addr: &str) -> Result<Conn, Failure> {
     // Plain `host:port`, or a sandbox's connection-handing socket.
     let stream = warden_agent::connect(addr)
         .await
-        .map_err(|e| Failure::Refused(e.to_string()))?;
+        .map_err(|e| Failure::connecting(&e))?;
     let _ = stream.set_nodelay(true);
     Ok(Conn {
         stream,
