@@ -193,15 +193,18 @@ impl Agent {
         }
     }
 
-    /// Refills `spec`'s pools once the request that just took from them is likely served: a
-    /// start forks and builds a sandbox, which on a small machine would compete with that very
-    /// request for the CPU.
+    /// Refills the pools of `spec`'s app once the request that just took from them is likely
+    /// served: a start forks and builds a sandbox, which on a small machine would compete with
+    /// that very request for the CPU. The app's spec is read again then: it may have changed or
+    /// been deleted meanwhile, and a delete may still be stopping its spares.
     pub(crate) fn refill_soon(&self, spec: &AppSpec) {
-        let (agent, spec) = (self.clone(), spec.clone());
-        let seen = self.deletions_seen();
+        let (agent, app) = (self.clone(), spec.name.clone());
         tokio::spawn(async move {
             tokio::time::sleep(REFILL_DELAY).await;
-            agent.refill(&spec, seen);
+            let seen = agent.deletions_seen();
+            if let Ok(current) = agent.load_spec(&app).await {
+                agent.refill(&current, seen);
+            }
         });
     }
 
