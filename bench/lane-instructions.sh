@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instructions warden's user space spends per request forwarded on the HTTP/1.1 lane, counted by
 # callgrind: repeatable for the same binary and load whatever else the machine does, unlike
-# req/s. warden runs under valgrind (the demo app it starts does not), is warmed up with one
+# req/s. The count is the whole process's while the load runs (agent and store included, a
+# small share on an idle platform), divided by the requests. warden runs under valgrind (the demo app it starts does not), is warmed up with one
 # request and 3 s of load, and counts only during 10 s of wrk with 10 connections and valid
 # Basic credentials. Prints requests, instructions and instructions per request; the profile
 # is left in bench/out/lane.callgrind for callgrind_annotate.

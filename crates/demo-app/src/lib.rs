@@ -78,9 +78,8 @@ enum Action {
 fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
     req.uri().query()?.split('&').find_map(|kv| {
         let (k, v) = kv.split_once('=')?;
-        let v = v.replace('+', " ");
         (k == name).then(|| {
-            percent_encoding::percent_decode_str(&v)
+            percent_encoding::percent_decode_str(&v.replace('+', " "))
                 .decode_utf8_lossy()
                 .into_owned()
         })

@@ -1,8 +1,8 @@
 //! The gateway: the single entry point through which users reach app instances.
 //!
-//! It owns the request path: accept (HTTP/1.1 with keep-alive, or HTTP/2 over cleartext; plain
-//! HTTP/1.1 requests to running apps take the gateway's own lane in the `h1` module, the rest
-//! hyper), authenticate (session tokens, or HTTP Basic against Argon2id hashes with a
+//! It owns the request path: accept (HTTP/1.1 with keep-alive, or HTTP/2 over cleartext or TLS;
+//! HTTP/1.1 requests to running apps, plain or over TLS, take the gateway's own lane in the `h1`
+//! module, the rest hyper), authenticate (session tokens, or HTTP Basic against Argon2id hashes with a
 //! verified-credential cache and failure throttling), authorise (the app's allowed groups),
 //! choose an instance whose label equals the user's clearance, ask the local agent to start one
 //! if none runs, forward with retries, and apply taint. It reads only in-memory views fed by

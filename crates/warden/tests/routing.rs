@@ -16,15 +16,17 @@ use warden_test_support::{request, wait_until, Warden};
 const BIN: &str = env!("CARGO_BIN_EXE_warden");
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Registers `app` with `n` kept SECRET instances and `extra` spec fields, and waits until they
-/// are ready; returns (id, addr) of each.
+/// Registers `app` with `n` kept SECRET instances and `extra` spec fields, and waits until
+/// they are ready and the gateway routes to each; returns (id, addr) of each.
 fn kept(w: &Warden, app: &str, n: u32, extra: Value) -> Vec<(String, String)> {
-    let mut spec = json!({ "desired": { "SECRET": n } });
+    // No more than the kept ones: a request that came before the gateway saw them cannot start
+    // another (it gets 503 and is asked again).
+    let mut spec = json!({ "desired": { "SECRET": n }, "max_instances": n });
     for (k, v) in extra.as_object().unwrap() {
         spec[k] = v.clone();
     }
     w.create_demo_app(BIN, app, spec);
-    wait_until(&format!("{n} ready instances of {app}"), WAIT, || {
+    let ready = wait_until(&format!("{n} ready instances of {app}"), WAIT, || {
         let ready: Vec<(String, String)> = w
             .instances()
             .into_iter()
@@ -35,7 +37,22 @@ fn kept(w: &Warden, app: &str, n: u32, extra: Value) -> Vec<(String, String)> {
             })
             .collect();
         (ready.len() == n as usize).then_some(ready)
-    })
+    });
+    // The gateway learns of instances through the store's watch: ask until each has answered.
+    let alice = w.password("alice");
+    let mut answered = BTreeSet::new();
+    wait_until(
+        &format!("the gateway to route to all of {app}"),
+        WAIT,
+        || {
+            let r = w.get_as("alice", &alice, &format!("/apps/{app}/"));
+            if r.status == 200 {
+                answered.insert(r.json()["instance"].as_str().unwrap().to_owned());
+            }
+            (answered.len() == n as usize).then_some(())
+        },
+    );
+    ready
 }
 
 /// Sends a request to `app` as alice that its instance never answers, and waits until one of

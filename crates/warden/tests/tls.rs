@@ -204,9 +204,10 @@ async fn plain_http_on_the_tls_port_is_redirected() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_over_tls_serves_many_requests_and_a_slow_head_gets_408() {
+    // Long enough for the next request of a loaded test machine, short enough to wait for.
     let w = Launch::new(bin())
         .arg("--header-timeout-ms")
-        .arg("300")
+        .arg("1500")
         .start();
     let cfg = client(&[&demo_cert(&w)], &any_version(), &[b"http/1.1"]);
     let mut s = connect(&cfg, &tls_addr(&w), "localhost").await.unwrap();
