@@ -1,20 +1,23 @@
 //! What can go wrong when the agent starts, finds or stops an instance.
 
+use warden_core::InstanceError;
 use warden_store::StoreError;
 
-/// Why an instance could not be started or found.
-#[derive(Debug, Clone, thiserror::Error)]
+use crate::drivers::LaunchError;
+
+/// Why the agent could not start, or an instance could not be started or found.
+#[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     /// No app of that name is registered.
     #[error("no app named {0:?} is registered; create it with `warden apps create`")]
     UnknownApp(String),
-    /// The program could not be started.
-    #[error("cannot start app {app:?}: {reason}; check the app's command and workdir")]
-    Spawn {
+    /// The driver could not start the app's program or its sandbox.
+    #[error("cannot start app {app:?}: {source}; check the app's command and workdir")]
+    Launch {
         /// App name.
         app: String,
         /// What went wrong.
-        reason: String,
+        source: LaunchError,
     },
     /// The program exited before accepting connections.
     #[error(
@@ -57,4 +60,42 @@ pub enum AgentError {
     /// No instance with that id runs on this node.
     #[error("no instance {0:?} runs on this node")]
     UnknownInstance(String),
+    /// A directory the agent keeps its instances' files in could not be made.
+    #[error("cannot create directory {}: {source}", path.display())]
+    Directory {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The agent's metrics could not be registered (a bug).
+    #[error("cannot register the agent's metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+impl From<AgentError> for InstanceError {
+    fn from(e: AgentError) -> Self {
+        match e {
+            AgentError::UnknownApp(app) => Self::UnknownApp(app),
+            AgentError::UnknownInstance(id) => Self::UnknownInstance(id),
+            AgentError::Launch { ref app, .. } | AgentError::Exited { ref app, .. } => {
+                Self::StartFailed {
+                    app: app.clone(),
+                    reason: e.to_string(),
+                }
+            }
+            AgentError::Timeout {
+                ref app, waited_ms, ..
+            } => Self::StartTimeout {
+                app: app.clone(),
+                ms: waited_ms,
+                reason: e.to_string(),
+            },
+            AgentError::Full { .. }
+            | AgentError::Store(_)
+            | AgentError::ShuttingDown
+            | AgentError::Directory { .. }
+            | AgentError::Metrics(_) => Self::Unavailable(e.to_string()),
+        }
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! This crate owns the admin interface and its validation: every body is parsed into a type that
 //! refuses unknown fields, every error is JSON saying what to do. It writes desired state to the
-//! store and asks the local agent to start or kill instances; it never serves app traffic.
+//! store and asks the instances source (the local agent, through [`warden_core::Instances`]) to
+//! start or kill instances; it never serves app traffic.
 //!
 //! Access needs the admin token (`Authorization: Bearer …`), compared in constant time. Request
 //! bodies may hold passwords: they are hashed at once and never logged or returned.
@@ -20,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use subtle::ConstantTimeEq;
-use warden_agent::Agent;
+use warden_core::Instances;
 use warden_store::Store;
 
 pub use error::ApiError;
@@ -66,8 +67,10 @@ const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 pub struct Api {
     /// The state store.
     pub store: Arc<dyn Store>,
-    /// The agent in this process, if it runs one.
-    pub agent: Option<Agent>,
+    /// Where instances come from, if this process runs the agent role.
+    pub instances: Option<Arc<dyn Instances>>,
+    /// The cost of the Argon2id hashes of new passwords.
+    pub argon2: warden_auth::Argon2Cost,
     token: Arc<str>,
     sync: Option<SyncHook>,
     metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
@@ -76,11 +79,17 @@ pub struct Api {
 // === impl Api ===
 
 impl Api {
-    /// API state guarded by `admin_token`.
-    pub fn new(store: Arc<dyn Store>, agent: Option<Agent>, admin_token: &str) -> Self {
+    /// API state guarded by `admin_token`; new passwords are hashed at `argon2`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        instances: Option<Arc<dyn Instances>>,
+        admin_token: &str,
+        argon2: warden_auth::Argon2Cost,
+    ) -> Self {
         Self {
             store,
-            agent,
+            instances,
+            argon2,
             token: admin_token.into(),
             sync: None,
             metrics: None,

@@ -9,4 +9,4 @@ pub mod lattice;
 pub mod password;
 
 pub use lattice::{Label, Lattice, LatticeError};
-pub use password::{generate_password, hash_password, verify_password, PasswordError};
+pub use password::{generate_password, hash_password, verify_password, Argon2Cost, PasswordError};

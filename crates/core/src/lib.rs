@@ -1,15 +1,20 @@
 //! Shared vocabulary of warden: the records every role reads and writes in the store, the key
-//! layout they live under, and the rules for names and ids.
+//! layout they live under, the rules for names and ids, and the seams through which roles meet
+//! ([`instances::Instances`]: what a gateway needs from wherever instances come from).
 //!
-//! This crate owns data shapes only. It does no I/O, knows nothing of HTTP, processes or the
-//! storage engine, and must stay cheap to depend on from every other crate.
+//! This crate owns data shapes and traits only. It does no I/O of its own, knows nothing of
+//! HTTP, processes or the storage engine, and must stay cheap to depend on from every other
+//! crate.
 #![forbid(unsafe_code)]
 
 pub mod id;
+pub mod instances;
 pub mod keys;
 pub mod model;
 pub mod name;
+pub mod ratelimit;
 
+pub use instances::{Activity, ActivityGuard, InstanceError, Instances, Owner};
 pub use model::{
     AppHealth, AppSpec, DriverKind, HostLoad, InstanceRecord, InstanceState, LabelHealth, Lifetime,
     Limits, NetworkMode, NodeRecord, SessionRecord, StartPath, UserRecord, MAX_POOL,

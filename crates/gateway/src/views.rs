@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
-use warden_agent::{Activity, ActivityGuard, Agent};
 use warden_auth::Lattice;
 use warden_core::{
-    keys, AppSpec, InstanceRecord, InstanceState, Lifetime, SessionRecord, UserRecord,
+    keys, Activity, ActivityGuard, AppSpec, InstanceRecord, InstanceState, Instances, Lifetime,
+    SessionRecord, UserRecord,
 };
 use warden_store::{decode, Store};
 
@@ -29,15 +29,16 @@ pub(crate) struct User {
 pub(crate) struct Routed {
     pub record: InstanceRecord,
     pub outstanding: AtomicUsize,
-    /// The local agent's activity handle (None for instances of other nodes), looked up once.
+    /// The instance's activity handle, where its source watches its idle time; looked up
+    /// once.
     activity: OnceLock<Option<Arc<Activity>>>,
 }
 
 impl Routed {
-    /// Marks a request in flight for the idle reaper of the instance's agent, if it is ours.
-    pub fn begin(&self, agent: &Agent) -> Option<ActivityGuard> {
+    /// Marks a request in flight for the idle reaper of the instance's agent, if it has one.
+    pub fn begin(&self, instances: &dyn Instances) -> Option<ActivityGuard> {
         self.activity
-            .get_or_init(|| agent.activity(&self.record.id))
+            .get_or_init(|| instances.activity(&self.record.id))
             .as_ref()
             .map(|a| a.begin())
     }

@@ -16,7 +16,6 @@ use serde::{de::DeserializeOwned, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-pub mod conformance;
 pub mod embedded;
 
 pub use embedded::EmbeddedStore;
@@ -165,7 +164,8 @@ impl Watch {
     }
 }
 
-/// The key-value contract every backend fulfils (checked by [`conformance`]).
+/// The key-value contract every backend fulfils (checked by the `warden-store-conformance`
+/// crate, run against each backend by its tests).
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// The entry at `key`.
@@ -235,15 +235,40 @@ pub fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreEr
     })
 }
 
-/// Opens the store named by `spec` ("embedded" keeps its file in `data_dir`).
+/// A store backend, as `warden up --store` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// The embedded redb store, in the data directory.
+    Embedded,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = StoreError;
+
+    fn from_str(s: &str) -> Result<Self, StoreError> {
+        match s {
+            "embedded" => Ok(Self::Embedded),
+            other => Err(StoreError::UnknownBackend(other.to_owned())),
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Embedded => f.write_str("embedded"),
+        }
+    }
+}
+
+/// Opens the store `backend` names (`Embedded` keeps its file in `data_dir`).
 pub fn open(
-    spec: &str,
+    backend: &Backend,
     data_dir: &std::path::Path,
 ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
-    match spec {
-        "embedded" | "" => Ok(std::sync::Arc::new(EmbeddedStore::open(
+    match backend {
+        Backend::Embedded => Ok(std::sync::Arc::new(EmbeddedStore::open(
             &data_dir.join("store.redb"),
         )?)),
-        other => Err(StoreError::UnknownBackend(other.to_owned())),
     }
 }

@@ -47,7 +47,11 @@ fn fresh_users() -> Vec<DemoUser> {
 }
 
 /// Sets up the demo and returns its users (with passwords, for the welcome message).
-pub async fn setup(store: &dyn Store, data_dir: &Path) -> anyhow::Result<Vec<DemoUser>> {
+pub async fn setup(
+    store: &dyn Store,
+    data_dir: &Path,
+    cost: warden_auth::Argon2Cost,
+) -> anyhow::Result<Vec<DemoUser>> {
     if warden_store::get_json::<Lattice>(store, keys::LATTICE)
         .await?
         .is_none()
@@ -68,13 +72,14 @@ pub async fn setup(store: &dyn Store, data_dir: &Path) -> anyhow::Result<Vec<Dem
     for u in &users {
         let existing = warden_store::get_json::<UserRecord>(store, &keys::user(&u.name)).await?;
         let current = existing.as_ref().is_some_and(|(r, _)| {
-            warden_auth::verify_password(Some(&r.password_hash), &u.password)
+            warden_auth::verify_password(Some(&r.password_hash), &u.password, &cost)
                 && r.clearance == u.clearance
         });
         if !current {
             let password = u.password.clone();
-            let hash = tokio::task::spawn_blocking(move || warden_auth::hash_password(&password))
-                .await??;
+            let hash =
+                tokio::task::spawn_blocking(move || warden_auth::hash_password(&password, &cost))
+                    .await??;
             let record = UserRecord {
                 name: u.name.clone(),
                 password_hash: hash,

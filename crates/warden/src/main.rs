@@ -1,15 +1,17 @@
 //! `warden`: one binary for every role and the client.
 //!
-//! This file only parses flags and hands over: `up` runs the platform (see `up.rs`), the client
-//! commands go to `warden-cli`, and the hidden `demo-app` runs the demo app.
+//! This file only parses flags and hands over: `up` runs the platform (see `up.rs`, with its
+//! settings in `config/`), the client commands go to `warden-cli`, and the hidden `demo-app`
+//! runs the demo app.
 #![forbid(unsafe_code)]
 
+mod config;
 mod demo;
 mod files;
-mod probe;
+mod no_agent;
 mod up;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use warden_cli::{ClientArgs, ClientCommand};
 
 /// warden: a self-hosted platform that runs web apps whose users must not see each other's data.
@@ -22,8 +24,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the platform: gateway, agent and API in one process on the embedded store
-    Up(up::UpArgs),
+    /// Run the platform: its roles (gateway, agent, API) in one process against one store
+    Up(config::UpArgs),
     /// Manage apps
     Apps(AppsCmd),
     /// Manage users
@@ -45,9 +47,6 @@ enum Command {
         /// The instance's directory, holding plan.json
         dir: std::path::PathBuf,
     },
-    /// Try to escape the sandbox, print what happened, then run the demo app (for tests)
-    #[command(hide = true)]
-    SandboxProbe(probe::ProbeArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -104,15 +103,19 @@ fn init_logs() {
         .init();
 }
 
+/// Parses the command line, with `up`'s help showing the defaults of the one place they live.
+fn parse() -> Cli {
+    let cmd = Cli::command().mut_subcommand("up", config::help_with_defaults);
+    let matches = cmd.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     // The sandbox helper forks, so it must run before any runtime thread exists.
     if let Command::SandboxInit { dir } = &cli.command {
         let code = warden_agent::sandbox::init::main(dir);
         return std::process::ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX));
-    }
-    if let Command::SandboxProbe(args) = &cli.command {
-        probe::run(args);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -147,7 +150,7 @@ async fn run(cli: Cli) -> std::process::ExitCode {
             };
             warden_cli::run(&c.client, cmd).await
         }
-        Command::DemoApp | Command::SandboxProbe(_) => demo::run_app().await,
+        Command::DemoApp => demo::run_app().await,
         Command::SandboxInit { .. } => Ok(()),
     };
     match result {

@@ -1,141 +1,40 @@
-//! `warden up`: every role in one process on the embedded store.
+//! `warden up`: the roles the settings name, in one process, against one store.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use tokio::sync::watch;
+use warden_core::Instances;
 
-use crate::{demo, files};
+use crate::config::types::{Cgroups, Role};
+use crate::config::{Config, UpArgs};
+use crate::{demo, files, no_agent};
 
-/// Flags of `warden up`.
-#[derive(Debug, clap::Args)]
-pub struct UpArgs {
-    /// Directory for the store, secrets and instance logs (created with mode 0700)
-    #[arg(long, env = "WARDEN_DATA_DIR", default_value = "warden-data")]
-    data_dir: PathBuf,
-    /// Gateway address; port 0 picks a free one
-    #[arg(long, default_value = "127.0.0.1:7700")]
-    listen: SocketAddr,
-    /// API address; port 0 picks a free one
-    #[arg(long, default_value = "127.0.0.1:7701")]
-    api_listen: SocketAddr,
-    /// Store backend
-    #[arg(long, default_value = "embedded")]
-    store: String,
-    /// Create a demo lattice, demo users and the demo app
-    #[arg(long)]
-    demo: bool,
-    /// Lifetime of a login session, in seconds
-    #[arg(long, default_value_t = 12 * 3600)]
-    session_ttl_secs: u64,
-    /// Open gateway connections beyond which new ones get 503
-    #[arg(long, default_value_t = 10_000)]
-    max_connections: usize,
-    /// Time a client gets to send a request head before 408, in milliseconds
-    #[arg(long, default_value_t = 15_000)]
-    header_timeout_ms: u64,
-    /// Time an instance gets to answer a forwarded request before the client gets 504, in
-    /// milliseconds
-    #[arg(long, default_value_t = 60_000)]
-    upstream_timeout_ms: u64,
-    /// TLS listen address (with --demo: 127.0.0.1:7443 and a self-signed certificate)
-    #[arg(long)]
-    tls_listen: Option<SocketAddr>,
-    /// PEM certificate chain for TLS; repeat for several names (SNI picks, the first is default)
-    #[arg(long = "tls-cert", value_name = "FILE")]
-    tls_cert: Vec<PathBuf>,
-    /// PEM private key of the --tls-cert in the same position
-    #[arg(long = "tls-key", value_name = "FILE")]
-    tls_key: Vec<PathBuf>,
-    /// Admit every TLS handshake: switches handshake admission control off
-    #[arg(long)]
-    no_tls_admission: bool,
-    /// Full TLS handshakes in progress at once [default: 64 per core]
-    #[arg(long)]
-    tls_handshake_concurrency: Option<usize>,
-    /// Full TLS handshakes that may wait for a slot before the rest are refused [default: 64 per core]
-    #[arg(long)]
-    tls_handshake_queue: Option<usize>,
-    /// Longest wait of a full TLS handshake in the queue, in milliseconds
-    #[arg(long, default_value_t = 250)]
-    tls_queue_wait_ms: u64,
-    /// Time a client gets to finish its TLS handshake, in milliseconds
-    #[arg(long, default_value_t = 10_000)]
-    tls_handshake_timeout_ms: u64,
-    /// Most app instances this node runs at once; beyond it requests get 503
-    #[arg(long, default_value_t = 256)]
-    max_instances: u32,
-    /// Size in MiB at which an instance's log is cut back to its newer half (checked twice a
-    /// second)
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
-    max_log_mb: u64,
-    /// Sandbox limits through cgroups where warden may write a hierarchy (auto), or through
-    /// rlimits only (off)
-    #[arg(long, default_value = "auto", value_parser = ["auto", "off"])]
-    cgroups: String,
-    /// Bridge that sandboxes of apps with network "bridged" are attached to; created (as root)
-    /// when first needed, removed at shutdown if warden created it
-    #[arg(long, default_value = "warden0", value_parser = parse_bridge_name)]
-    bridge: String,
-    /// IPv4 network of the bridge: the bridge takes the first address, instances the rest
-    #[arg(long, default_value = "10.213.0.0/16", value_parser = warden_agent::sandbox::bridge::BridgeConfig::parse_cidr)]
-    bridge_cidr: (std::net::Ipv4Addr, u8),
-}
-
-/// Where `--demo` opens its TLS listener when none is given.
-const DEMO_TLS_LISTEN: &str = "127.0.0.1:7443";
-
-/// The TLS settings the flags ask for, generating the demo certificate when needed.
-fn tls_settings(args: &UpArgs) -> anyhow::Result<Option<warden_gateway::TlsSettings>> {
-    if args.tls_cert.len() != args.tls_key.len() {
-        anyhow::bail!(
-            "give one --tls-key per --tls-cert (got {} certificates and {} keys)",
-            args.tls_cert.len(),
-            args.tls_key.len()
-        );
-    }
-    let listen = match (args.tls_listen, args.demo) {
-        (Some(a), _) => a,
-        (None, true) => DEMO_TLS_LISTEN.parse()?,
-        (None, false) if args.tls_cert.is_empty() => return Ok(None),
-        (None, false) => {
-            anyhow::bail!("--tls-cert needs --tls-listen ADDR to say where to serve TLS")
-        }
+/// The TLS settings the config asks for, generating the demo certificate when needed.
+fn tls_settings(cfg: &Config) -> anyhow::Result<Option<warden_gateway::TlsSettings>> {
+    let Some(listen) = cfg.tls_listen() else {
+        return Ok(None);
     };
-    let mut certs: Vec<warden_gateway::CertFiles> = args
+    let mut certs: Vec<warden_gateway::CertFiles> = cfg
         .tls_cert
         .iter()
-        .zip(&args.tls_key)
+        .zip(&cfg.tls_key)
         .map(|(cert, key)| warden_gateway::CertFiles {
             cert: cert.clone(),
             key: key.clone(),
         })
         .collect();
     if certs.is_empty() {
-        if !args.demo {
-            anyhow::bail!("--tls-listen needs a certificate: pass --tls-cert FILE --tls-key FILE");
-        }
-        certs.push(demo_certificate(&args.data_dir)?);
+        certs.push(demo_certificate(&cfg.data_dir)?);
     }
-    let mut admission = warden_gateway::AdmissionConfig {
-        enabled: !args.no_tls_admission,
-        ..Default::default()
-    };
-    if let Some(n) = args.tls_handshake_concurrency {
-        admission.concurrency = n;
-    }
-    if let Some(n) = args.tls_handshake_queue {
-        admission.queue = n;
-    }
-    admission.queue_wait = Duration::from_millis(args.tls_queue_wait_ms);
     Ok(Some(warden_gateway::TlsSettings {
         listen,
         certs,
-        admission,
-        handshake_timeout: Duration::from_millis(args.tls_handshake_timeout_ms.max(1)),
+        admission: cfg.admission(),
+        handshake_timeout: cfg.tls_handshake_timeout.0,
     }))
 }
 
@@ -154,6 +53,37 @@ fn demo_certificate(dir: &Path) -> anyhow::Result<warden_gateway::CertFiles> {
         files::write_private(&files.cert, ck.cert.pem().as_bytes())?;
     }
     Ok(files)
+}
+
+fn gateway_config(cfg: &Config) -> anyhow::Result<warden_gateway::GatewayConfig> {
+    Ok(warden_gateway::GatewayConfig {
+        listen: cfg.listen,
+        session_ttl: cfg.session_ttl.0,
+        max_connections: cfg.max_connections,
+        max_body_bytes: cfg.max_body_bytes,
+        max_header_bytes: cfg.max_header_bytes,
+        header_timeout: cfg.header_timeout.0,
+        upstream_timeout: cfg.upstream_timeout.0,
+        auth: cfg.auth(),
+        tls: tls_settings(cfg)?,
+    })
+}
+
+fn agent_config(cfg: &Config, node: &str) -> warden_agent::AgentConfig {
+    warden_agent::AgentConfig {
+        node: node.to_owned(),
+        log_dir: cfg.data_dir.join("logs"),
+        instance_dir: cfg.data_dir.join("instances"),
+        lease_ttl: cfg.node_lease_ttl.0,
+        max_instances: cfg.max_instances,
+        max_log_bytes: cfg.max_log_mb * 1024 * 1024,
+        cgroups: cfg.cgroups == Cgroups::Auto,
+        bridge: warden_agent::sandbox::bridge::BridgeConfig {
+            name: cfg.bridge.0.clone(),
+            network: cfg.bridge_cidr.0,
+            prefix: cfg.bridge_cidr.1,
+        },
+    }
 }
 
 fn load_or_create(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
@@ -182,152 +112,170 @@ async fn shutdown_signal() {
     }
 }
 
+/// Where the running roles listen, for `endpoints.json` and the welcome text.
+#[derive(Default)]
+struct Endpoints {
+    gateway: Option<SocketAddr>,
+    tls: Option<SocketAddr>,
+    api: Option<SocketAddr>,
+}
+
 /// Runs until SIGINT or SIGTERM, then stops every instance before returning.
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    let cfg = args.into_config()?;
     warden_agent::raise_open_file_limit();
-    let dir = &args.data_dir;
+    let dir = &cfg.data_dir;
     files::ensure_private_dir(dir)?;
-    let endpoints = dir.join("endpoints.json");
-    let _ = std::fs::remove_file(&endpoints);
-    let store = warden_store::open(&args.store, dir).context("cannot open the store")?;
+    let endpoints_file = dir.join("endpoints.json");
+    let _ = std::fs::remove_file(&endpoints_file);
+    let store = warden_store::open(&cfg.store.0, dir).context("cannot open the store")?;
     let token = load_or_create(&dir.join("admin-token"), warden_core::id::secret_token)?;
     let node = load_or_create(&dir.join("node-id"), warden_core::id::short_id)?;
-    let demo_users = if args.demo {
-        Some(demo::setup(&*store, dir).await?)
+    let demo_users = if cfg.demo {
+        Some(demo::setup(&*store, dir, cfg.argon2_cost()).await?)
     } else {
         None
     };
 
-    let agent = warden_agent::Agent::start(
-        store.clone(),
-        warden_agent::AgentConfig {
-            node: node.clone(),
-            log_dir: dir.join("logs"),
-            instance_dir: dir.join("instances"),
-            lease_ttl: Duration::from_secs(10),
-            max_instances: args.max_instances,
-            max_log_bytes: args.max_log_mb * 1024 * 1024,
-            cgroups: args.cgroups == "auto",
-            bridge: warden_agent::sandbox::bridge::BridgeConfig {
-                name: args.bridge.clone(),
-                network: args.bridge_cidr.0,
-                prefix: args.bridge_cidr.1,
-            },
-        },
-    )
-    .await
-    .context("cannot start the agent")?;
-    let mut gw_config = warden_gateway::GatewayConfig::new(args.listen);
-    gw_config.session_ttl = Duration::from_secs(args.session_ttl_secs);
-    gw_config.max_connections = args.max_connections;
-    gw_config.header_timeout = Duration::from_millis(args.header_timeout_ms.max(1));
-    gw_config.upstream_timeout = Duration::from_millis(args.upstream_timeout_ms.max(1));
-    gw_config.tls = tls_settings(&args)?;
-    let gateway = warden_gateway::Gateway::bind(gw_config, store.clone(), agent.clone())
-        .await
-        .context("cannot start the gateway")?;
-    let api_listener = tokio::net::TcpListener::bind(args.api_listen)
-        .await
-        .with_context(|| format!("cannot listen for the API on {}", args.api_listen))?;
-    let gateway_addr = gateway.local_addr()?;
-    let tls_addr = gateway.tls_addr();
-    let api_addr = api_listener.local_addr()?;
-
+    let agent = match cfg.runs(Role::Agent) {
+        true => Some(
+            warden_agent::Agent::start(store.clone(), agent_config(&cfg, &node))
+                .await
+                .context("cannot start the agent")?,
+        ),
+        false => None,
+    };
+    let instances: Option<Arc<dyn Instances>> =
+        agent.clone().map(|a| Arc::new(a) as Arc<dyn Instances>);
+    let gateway = match cfg.runs(Role::Gateway) {
+        true => {
+            let source = instances
+                .clone()
+                .unwrap_or_else(|| Arc::new(no_agent::NoAgent));
+            Some(
+                warden_gateway::Gateway::bind(gateway_config(&cfg)?, store.clone(), source)
+                    .await
+                    .context("cannot start the gateway")?,
+            )
+        }
+        false => None,
+    };
+    let mut at = Endpoints::default();
     let (stop_tx, stop_rx) = watch::channel(false);
-    let sync = gateway.view_sync();
-    let metrics = gateway.metrics();
-    let agent_metrics = agent.clone();
-    let api = warden_api::Api::new(store.clone(), Some(agent.clone()), &token)
-        .with_sync(Arc::new(move |key, rev| {
-            let sync = sync.clone();
-            Box::pin(async move { sync.caught_up(&key, rev).await })
-        }))
-        .with_metrics(Arc::new(move || {
-            metrics.render() + &agent_metrics.render_metrics()
+    let mut tasks = Vec::new();
+    if cfg.runs(Role::Api) {
+        let listener = tokio::net::TcpListener::bind(cfg.api_listen)
+            .await
+            .with_context(|| format!("cannot listen for the API on {}", cfg.api_listen))?;
+        at.api = Some(listener.local_addr()?);
+        let mut api = warden_api::Api::new(store.clone(), instances, &token, cfg.argon2_cost());
+        if let Some(g) = &gateway {
+            let sync = g.view_sync();
+            api = api.with_sync(Arc::new(move |key, rev| {
+                let sync = sync.clone();
+                Box::pin(async move { sync.caught_up(&key, rev).await })
+            }));
+        }
+        let (gw_metrics, agent_metrics) = (gateway.as_ref().map(|g| g.metrics()), agent.clone());
+        api = api.with_metrics(Arc::new(move || {
+            let mut text = gw_metrics.as_ref().map(|m| m.render()).unwrap_or_default();
+            if let Some(a) = &agent_metrics {
+                text += &a.render_metrics();
+            }
+            text
         }));
-    let gateway_task = tokio::spawn(gateway.serve(stop_rx.clone()));
-    let api_task = tokio::spawn(warden_api::serve(api_listener, api, stop_rx));
-
-    let mut ep = serde_json::json!({ "gateway": format!("http://{gateway_addr}"), "api": format!("http://{api_addr}") });
-    if let Some(a) = tls_addr {
-        ep["tls"] = format!("https://{a}").into();
+        tasks.push(tokio::spawn(async move {
+            let _ = warden_api::serve(listener, api, stop_rx).await;
+        }));
     }
-    files::write_private(&endpoints, ep.to_string().as_bytes())?;
-    welcome(
-        dir,
-        &args.store,
-        &node,
-        gateway_addr,
-        tls_addr,
-        api_addr,
-        demo_users.as_deref(),
-    );
-    tracing::info!(%gateway_addr, %api_addr, node = %node, "warden is up");
+    if let Some(g) = gateway {
+        at.gateway = Some(g.local_addr()?);
+        at.tls = g.tls_addr();
+        tasks.push(tokio::spawn(g.serve(stop_tx.subscribe())));
+    }
+
+    write_endpoints(&endpoints_file, &at)?;
+    welcome(&cfg, &node, &at, demo_users.as_deref());
+    tracing::info!(node = %node, roles = ?cfg.roles, "warden is up");
 
     shutdown_signal().await;
     tracing::info!("stopping: no new requests, stopping instances");
     let _ = stop_tx.send(true);
-    agent.shutdown().await;
+    if let Some(a) = &agent {
+        a.shutdown().await;
+    }
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        let _ = gateway_task.await;
-        let _ = api_task.await;
+        for t in tasks {
+            let _ = t.await;
+        }
     })
     .await;
-    let _ = std::fs::remove_file(&endpoints);
+    let _ = std::fs::remove_file(&endpoints_file);
     Ok(())
 }
 
-fn welcome(
-    dir: &Path,
-    store: &str,
-    node: &str,
-    gw: SocketAddr,
-    tls: Option<SocketAddr>,
-    api: SocketAddr,
-    users: Option<&[demo::DemoUser]>,
-) {
+fn write_endpoints(path: &Path, at: &Endpoints) -> anyhow::Result<()> {
+    let mut ep = serde_json::json!({});
+    if let Some(a) = at.gateway {
+        ep["gateway"] = format!("http://{a}").into();
+    }
+    if let Some(a) = at.tls {
+        ep["tls"] = format!("https://{a}").into();
+    }
+    if let Some(a) = at.api {
+        ep["api"] = format!("http://{a}").into();
+    }
+    files::write_private(path, ep.to_string().as_bytes())
+}
+
+fn welcome(cfg: &Config, node: &str, at: &Endpoints, users: Option<&[demo::DemoUser]>) {
+    let dir = &cfg.data_dir;
+    let roles: Vec<String> = cfg.roles.iter().map(ToString::to_string).collect();
     println!(
-        "warden is up (node {node}, {store} store in {})",
-        dir.display()
+        "warden is up (node {node}, {} store in {}, roles {})",
+        cfg.store,
+        dir.display(),
+        roles.join(",")
     );
-    println!("  gateway      http://{gw}/apps/<app>/");
-    if let Some(t) = tls {
+    if let Some(gw) = at.gateway {
+        println!("  gateway      http://{gw}/apps/<app>/");
+    }
+    if let Some(t) = at.tls {
         println!("  gateway TLS  https://{t}/apps/<app>/");
     }
-    println!("  api          http://{api}/v1/   (OpenAPI: /v1/openapi.json)");
-    println!("  admin token  {}", dir.join("admin-token").display());
+    if let Some(api) = at.api {
+        println!("  api          http://{api}/v1/   (OpenAPI: /v1/openapi.json)");
+        println!("  admin token  {}", dir.join("admin-token").display());
+    }
     if let Some(users) = users {
-        println!("  demo users   {}", dir.join("demo-users.json").display());
-        for u in users {
-            println!(
-                "    {:<6} {:<13} groups: {}",
-                u.name,
-                u.clearance,
-                if u.groups.is_empty() {
-                    "-".into()
-                } else {
-                    u.groups.join(",")
-                }
-            );
-        }
-        if let Some(a) = users.first() {
-            println!("try:");
-            println!("  curl -u {}:{} http://{gw}/apps/demo/", a.name, a.password);
-            let cert = dir.join("tls").join("demo-cert.pem");
-            if let (Some(t), true) = (tls, cert.exists()) {
-                println!(
-                    "  curl --cacert {} -u {}:{} https://localhost:{}/apps/demo/",
-                    cert.display(),
-                    a.name,
-                    a.password,
-                    t.port()
-                );
-            }
-        }
+        demo_users(dir, at, users);
     }
     println!("stop with Ctrl-C; instances stop with warden.");
 }
 
-fn parse_bridge_name(s: &str) -> Result<String, String> {
-    warden_agent::sandbox::bridge::BridgeConfig::validate_name(s).map(|()| s.to_owned())
+fn demo_users(dir: &Path, at: &Endpoints, users: &[demo::DemoUser]) {
+    println!("  demo users   {}", dir.join("demo-users.json").display());
+    for u in users {
+        let groups = if u.groups.is_empty() {
+            "-".into()
+        } else {
+            u.groups.join(",")
+        };
+        println!("    {:<6} {:<13} groups: {groups}", u.name, u.clearance);
+    }
+    let (Some(a), Some(gw)) = (users.first(), at.gateway) else {
+        return;
+    };
+    println!("try:");
+    println!("  curl -u {}:{} http://{gw}/apps/demo/", a.name, a.password);
+    let cert = dir.join("tls").join("demo-cert.pem");
+    if let (Some(t), true) = (at.tls, cert.exists()) {
+        println!(
+            "  curl --cacert {} -u {}:{} https://localhost:{}/apps/demo/",
+            cert.display(),
+            a.name,
+            a.password,
+            t.port()
+        );
+    }
 }

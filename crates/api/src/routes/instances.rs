@@ -4,8 +4,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
-use warden_agent::AgentError;
-use warden_core::{keys, AppSpec, InstanceRecord};
+use std::sync::Arc;
+
+use warden_core::{keys, AppSpec, InstanceError, InstanceRecord, Instances, Owner};
 use warden_store::decode;
 
 use crate::error::{ApiError, ApiJson};
@@ -35,36 +36,36 @@ pub async fn list(State(api): State<Api>) -> Result<Json<Vec<InstanceRecord>>, A
     all(&api).await.map(Json)
 }
 
+/// The instances source of this process, or why there is none.
+fn source(api: &Api) -> Result<&Arc<dyn Instances>, ApiError> {
+    api.instances.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no agent runs in this process; start warden with the agent role (warden up --roles …,agent)",
+        )
+    })
+}
+
 /// `POST /v1/instances`: the ready instance for app and label, started if none runs.
 pub async fn start(
     State(api): State<Api>,
     ApiJson(req): ApiJson<StartRequest>,
 ) -> Result<(StatusCode, Json<InstanceRecord>), ApiError> {
-    if warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&req.app))
-        .await?
-        .is_none()
-    {
+    let Some((spec, _)) =
+        warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&req.app)).await?
+    else {
         return Err(crate::routes::apps::no_app(&req.app));
-    }
+    };
     let lattice = crate::routes::lattice::current(&api).await?;
     let label = lattice
         .canonical(&req.label)
         .map_err(|e| ApiError::bad_request(format!("label: {e}")))?;
-    let agent = api.agent.as_ref().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no agent runs in this process; start warden with the agent role",
-        )
-    })?;
-    match agent
-        .ensure(&req.app, &label, &warden_agent::Owner::Shared)
-        .await
-    {
+    match source(&api)?.ensure(&spec, &label, &Owner::Shared).await {
         Ok(r) => Ok((StatusCode::CREATED, Json(r))),
-        Err(AgentError::UnknownApp(a)) => Err(crate::routes::apps::no_app(&a)),
-        Err(
-            e @ (AgentError::Exited { .. } | AgentError::Spawn { .. } | AgentError::Timeout { .. }),
-        ) => Err(ApiError::new(StatusCode::BAD_GATEWAY, e.to_string())),
+        Err(InstanceError::UnknownApp(a)) => Err(crate::routes::apps::no_app(&a)),
+        Err(e @ (InstanceError::StartFailed { .. } | InstanceError::StartTimeout { .. })) => {
+            Err(ApiError::new(StatusCode::BAD_GATEWAY, e.to_string()))
+        }
         Err(e) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             e.to_string(),
@@ -78,14 +79,8 @@ pub async fn logs(
     Path(id): Path<String>,
     axum::extract::Query(q): axum::extract::Query<LogsQuery>,
 ) -> Result<String, ApiError> {
-    let agent = api.agent.as_ref().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no agent runs in this process",
-        )
-    })?;
     let lines = q.lines.unwrap_or(100).min(10_000);
-    agent.logs(&id, lines).map_err(|_| {
+    source(&api)?.logs(&id, lines).map_err(|_| {
         ApiError::not_found(format!(
             "no logs of instance {id:?} on this node; it never ran here or exited long ago"
         ))
@@ -101,15 +96,9 @@ pub struct LogsQuery {
 
 /// `DELETE /v1/instances/{id}`
 pub async fn kill(State(api): State<Api>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    let agent = api.agent.as_ref().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no agent runs in this process",
-        )
-    })?;
-    match agent.kill(&id).await {
+    match source(&api)?.kill(&id).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
-        Err(AgentError::UnknownInstance(_)) => Err(ApiError::not_found(format!(
+        Err(InstanceError::UnknownInstance(_)) => Err(ApiError::not_found(format!(
             "no instance {id:?} runs on this node; `warden instances list` shows the running ones"
         ))),
         Err(e) => Err(ApiError::internal(e)),

@@ -72,7 +72,8 @@ pub async fn create(
         .canonical(&new.clearance)
         .map_err(|e| ApiError::bad_request(format!("clearance: {e}")))?;
     let password = new.password;
-    let hash = tokio::task::spawn_blocking(move || warden_auth::hash_password(&password))
+    let cost = api.argon2;
+    let hash = tokio::task::spawn_blocking(move || warden_auth::hash_password(&password, &cost))
         .await
         .map_err(ApiError::internal)?
         .map_err(|e| ApiError::bad_request(e.to_string()))?;

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use http::HeaderMap;
 use tokio::sync::{OnceCell, Semaphore};
 
+use crate::error::GatewayError;
 use crate::metrics::Metrics;
-use crate::respond::GatewayError;
 use crate::views::{Shared, User};
 
 /// Tuning of authentication.
@@ -36,21 +36,13 @@ pub struct AuthConfig {
     pub failures_per_addr: u32,
     /// The throttling window.
     pub window: Duration,
-}
-
-impl Default for AuthConfig {
-    fn default() -> Self {
-        Self {
-            cache_ttl: Duration::from_secs(300),
-            negative_ttl: Duration::from_secs(30),
-            failures_per_user: 10,
-            failures_per_addr: 50,
-            window: Duration::from_secs(60),
-        }
-    }
+    /// The cost of new passwords: an unknown user's sign-in is checked against a dummy hash of
+    /// this cost, so it takes as long as a real one.
+    pub argon2: warden_auth::Argon2Cost,
 }
 
 pub(crate) struct Authenticator {
+    argon2: warden_auth::Argon2Cost,
     cache: cache::CredentialCache,
     throttle: throttle::Throttle,
     pool: Semaphore,
@@ -75,6 +67,7 @@ impl Authenticator {
             .map(|n| n.get())
             .unwrap_or(1);
         Self {
+            argon2: config.argon2,
             cache: cache::CredentialCache::new(config.cache_ttl, config.negative_ttl, 100_000),
             throttle: throttle::Throttle::new(
                 config.window,
@@ -175,7 +168,7 @@ impl Authenticator {
             (Verdict::Valid, Some(u)) => Ok(u),
             _ => {
                 self.throttle.fail(name, peer);
-                tracing::info!(user = %name, %peer, "sign-in refused");
+                warden_core::log_limited!(info, user = %name, %peer, "sign-in refused");
                 Err(GatewayError::Unauthenticated)
             }
         }
@@ -211,8 +204,9 @@ impl Authenticator {
             return Verdict::Busy;
         };
         let phc = user.as_ref().map(|u| u.record.password_hash.clone());
+        let cost = self.argon2;
         let ok = tokio::task::spawn_blocking(move || {
-            warden_auth::verify_password(phc.as_deref(), &password)
+            warden_auth::verify_password(phc.as_deref(), &password, &cost)
         })
         .await
         .unwrap_or(false);

@@ -7,8 +7,7 @@
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-/// Name of the session cookie.
-pub const COOKIE: &str = "warden_session";
+use crate::hygiene::SESSION_COOKIE;
 
 /// The session token a request carries: `Authorization: Bearer` first, then the cookie.
 pub(crate) fn token(headers: &HeaderMap) -> Option<String> {
@@ -43,33 +42,8 @@ pub(crate) fn token_from<'a>(
 fn cookie_value(header: &str) -> Option<&str> {
     header.split(';').find_map(|pair| {
         let (name, value) = pair.trim().split_once('=')?;
-        (name == COOKIE).then_some(value)
+        (name == SESSION_COOKIE).then_some(value)
     })
-}
-
-/// The pairs of one Cookie header other than the session cookie.
-pub(crate) fn other_cookies(header: &str) -> impl Iterator<Item = &str> {
-    header
-        .split(';')
-        .map(str::trim)
-        .filter(|p| !p.is_empty() && p.split_once('=').is_none_or(|(n, _)| n != COOKIE))
-}
-
-/// Removes the session cookie from `Cookie` headers, keeping the app's own cookies.
-pub(crate) fn strip_cookie(headers: &mut HeaderMap) {
-    let kept: Vec<String> = headers
-        .get_all(http::header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(other_cookies)
-        .map(str::to_owned)
-        .collect();
-    headers.remove(http::header::COOKIE);
-    if !kept.is_empty() {
-        if let Ok(v) = http::HeaderValue::from_str(&kept.join("; ")) {
-            headers.insert(http::header::COOKIE, v);
-        }
-    }
 }
 
 /// The stored name of a token: hex SHA-256.
@@ -82,7 +56,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_come_from_bearer_or_cookie_and_the_cookie_is_stripped() {
+    fn tokens_come_from_bearer_or_cookie() {
         let mut h = HeaderMap::new();
         assert_eq!(token(&h), None);
         h.insert(
@@ -90,11 +64,6 @@ mod tests {
             "a=1; warden_session=tok; b=2".parse().expect("header"),
         );
         assert_eq!(token(&h).as_deref(), Some("tok"));
-        strip_cookie(&mut h);
-        assert_eq!(
-            h.get(http::header::COOKIE).and_then(|v| v.to_str().ok()),
-            Some("a=1; b=2")
-        );
         h.insert(
             http::header::AUTHORIZATION,
             "Bearer xyz".parse().expect("header"),

@@ -18,35 +18,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub struct AdmissionConfig {
     /// Off: every handshake is admitted (to show the difference in benchmarks).
     pub enabled: bool,
-    /// Full handshakes in progress at once.
+    /// Full handshakes in progress at once. A full handshake needs about a millisecond of CPU
+    /// (RSA-2048; ECDSA less) but holds its slot for much longer: across the client's round
+    /// trip and, under load, across the scheduling delay of a busy runtime. The benchmark
+    /// (docs/BENCHMARKS.md, TLS) found 16 per core refusing handshakes the CPU could have done,
+    /// halving throughput at 3x load, and 64 per core keeping the peak.
     pub concurrency: usize,
     /// Full handshakes that may wait for a slot; beyond, refused.
     pub queue: usize,
     /// Longest wait in the queue before a full handshake is refused.
     pub queue_wait: Duration,
-}
-
-impl AdmissionConfig {
-    /// Defaults scaled by the number of cores. A full handshake needs about a millisecond of
-    /// CPU (RSA-2048; ECDSA less), but holds its slot for much longer: across the client's round
-    /// trip and, under load, across the scheduling delay of a busy runtime. The benchmark
-    /// (docs/BENCHMARKS.md, TLS) found 16 per core refusing handshakes the CPU could have done,
-    /// halving throughput at 3x load, and 64 per core keeping the peak.
-    pub fn for_cores(cores: usize) -> Self {
-        let cores = cores.max(1);
-        Self {
-            enabled: true,
-            concurrency: 64 * cores,
-            queue: 64 * cores,
-            queue_wait: Duration::from_millis(250),
-        }
-    }
-}
-
-impl Default for AdmissionConfig {
-    fn default() -> Self {
-        Self::for_cores(std::thread::available_parallelism().map_or(1, |n| n.get()))
-    }
 }
 
 /// Held by an admitted full handshake until it ends.

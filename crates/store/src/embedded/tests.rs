@@ -4,19 +4,6 @@ use std::sync::Arc;
 
 use super::*;
 
-/// A store in a fresh directory under the system temp dir. The directory is left behind on
-/// purpose: conformance checks outlive any guard we could hand back through `Arc<dyn Store>`.
-async fn fresh() -> Arc<dyn Store> {
-    let dir = tempfile::Builder::new()
-        .prefix("warden-store-test")
-        .tempdir()
-        .unwrap()
-        .keep();
-    Arc::new(EmbeddedStore::open(&dir.join("store.redb")).unwrap())
-}
-
-crate::store_conformance!(fresh());
-
 #[tokio::test]
 async fn concurrent_writes_share_commits() {
     let dir = tempfile::tempdir().unwrap();

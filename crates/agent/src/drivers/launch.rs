@@ -1,0 +1,108 @@
+//! The seam between the agent's bookkeeping and the ways it can run an instance.
+//!
+//! A driver turns a launch (command, env, a log file, a private directory) into a running child
+//! and the address the gateway reaches it at. Everything else (records, readiness, reaping,
+//! restarts) is the agent's and the same for every driver.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use tokio::process::Child;
+use warden_core::AppSpec;
+
+use super::sandbox::{bridge::BridgeError, cgroup::CgroupError};
+
+/// What to start.
+pub(crate) struct Launch<'a> {
+    /// The app's spec.
+    pub spec: &'a AppSpec,
+    /// Environment without `PORT`: the driver chooses the port.
+    pub env: BTreeMap<String, String>,
+    /// File that receives the instance's stdout and stderr.
+    pub log: &'a Path,
+    /// A directory only this instance may write; removed when it exits.
+    pub dir: &'a Path,
+}
+
+/// What a started instance holds on the node until its process is reaped (a bridge address,
+/// cgroups).
+pub(crate) trait Held: Send {
+    /// What the kernel's out-of-memory killer did to the instance, if anything; read as soon as
+    /// it is reaped.
+    fn oom_note(&self) -> Option<String>;
+    /// Lets go of everything, once the instance's process is reaped.
+    fn release(self: Box<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// A started instance.
+pub(crate) struct Started {
+    /// The process whose exit is the instance's exit; signalling its process group stops it.
+    pub child: Child,
+    /// Where the gateway connects: `host:port`, or `fd+unix:<path>` for a socket that hands
+    /// out connections opened inside the instance's own network namespace.
+    pub addr: String,
+    /// What the instance holds until it is gone; `None` when nothing.
+    pub held: Option<Box<dyn Held>>,
+}
+
+/// A way to run instances.
+pub(crate) trait Driver: Send + Sync {
+    /// Starts the instance.
+    fn start(&self, launch: &Launch<'_>) -> Result<Started, LaunchError>;
+}
+
+/// Why a driver could not start an instance. Each message says what an operator checks.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// A file or directory the instance needs could not be made.
+    #[error("cannot create {}: {source}", path.display())]
+    Create {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No loopback port was free.
+    #[error("no free loopback port: {0}")]
+    NoPort(std::io::Error),
+    /// The program named by the app's command is not there.
+    #[error("program {program:?} not found (looked in the workdir or {search})")]
+    NotFound {
+        /// The program as the spec names it.
+        program: String,
+        /// The PATH searched.
+        search: &'static str,
+    },
+    /// A process could not be started.
+    #[error("cannot run {what}: {source}")]
+    Spawn {
+        /// What was run.
+        what: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A step of preparing a sandbox failed.
+    #[error("cannot {what}: {source}")]
+    Sandbox {
+        /// The step.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The sandbox's network could not be had.
+    #[error(transparent)]
+    Bridge(#[from] BridgeError),
+    /// The sandbox's cgroups could not be set up.
+    #[error("cannot set up the instance's cgroup: {0}")]
+    Cgroup(#[from] CgroupError),
+}
+
+/// The environment every instance of `spec` gets, but for its label and port.
+pub(crate) fn base_env(spec: &AppSpec, id: &str) -> BTreeMap<String, String> {
+    let mut env = spec.env.clone();
+    env.insert("WARDEN_APP".into(), spec.name.clone());
+    env.insert("WARDEN_INSTANCE".into(), id.to_owned());
+    env
+}

@@ -1,0 +1,373 @@
+//! `warden sandbox-init <instance-dir>`: builds one sandbox and runs the app inside it.
+//!
+//! This module runs the three processes; [`mounts`] builds the file system, [`privileges`]
+//! sets who the sandbox runs as and what the app may do, [`handover`] is init's loop.
+//!
+//! Three processes, because namespaces are entered in steps:
+//! - the helper (this process, started by the agent, same credentials) opens everything the
+//!   sandbox will show (system directories, the program, the workdir, the instance's data
+//!   directory) and binds the connection socket, while it can still see the host; then forks
+//! - the child, which unshares user, mount, pid, net, ipc and uts namespaces; the helper writes
+//!   its uid and gid maps from outside (ns root is the agent's own uid when unprivileged, a
+//!   per-instance unprivileged uid when the agent is root); the child becomes ns root and forks
+//! - init, pid 1 of the new pid namespace, which mounts a fresh root (tmpfs, read-only binds of
+//!   the opened directories, the writable data directory, a private /tmp, a few device nodes,
+//!   a new /proc), pivots into it and brings loopback up (and, in network mode `bridged`, the
+//!   veth end the helper moved in: see [`super::bridge`]). The sandbox is now prepared: init
+//!   says so on stdin (the agent's control socket) and waits there for the start message, the
+//!   rest of the app's environment. A slot of the slot pool waits here until a request needs
+//!   it; a JIT start sends the message at once. Then init forks the app. The app gets rlimits
+//!   (those the instance's cgroups do not already enforce: see [`super::cgroup`]),
+//!   no capabilities, no new privileges and the seccomp filter, then execs. Init stays to hand
+//!   out connections to the app (see [`crate::connect`]) and to reap; when the app exits, init
+//!   exits with its status and the kernel kills whatever is left in the namespace.
+//!
+//! Every process has a parent-death signal, so killing the helper tears the sandbox down.
+//! Errors go to stderr, which is the instance's log, so `warden logs` and start errors show them.
+#![allow(unsafe_code)]
+
+mod handover;
+mod mounts;
+mod privileges;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{fork, ForkResult};
+
+use super::{Go, Plan, CONN_SOCKET, DATA_DIR, PLAN_FILE, PREPARED};
+use mounts::Shown;
+
+/// Exit code when the sandbox could not be built.
+const SETUP_FAILED: i32 = 125;
+
+/// Why a step of building the sandbox failed; printed to the instance's log.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SetupError {
+    /// A file-system step on a path.
+    #[error("{what} {}: {source}", path.display())]
+    Path {
+        /// The step.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A system call.
+    #[error("{what}: {source}")]
+    Sys {
+        /// The step.
+        what: String,
+        /// The errno.
+        source: nix::errno::Errno,
+    },
+    /// Another I/O step.
+    #[error("{what}: {source}")]
+    Io {
+        /// The step.
+        what: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The start message is not what the agent sends.
+    #[error("the start message is not valid JSON: {0}")]
+    Message(#[from] serde_json::Error),
+    /// The seccomp filter could not be installed.
+    #[error("seccomp: {0}")]
+    Seccomp(String),
+}
+
+impl SetupError {
+    fn sys(what: impl Into<String>, source: nix::errno::Errno) -> Self {
+        Self::Sys {
+            what: what.into(),
+            source,
+        }
+    }
+
+    fn path(what: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Self::Path {
+            what,
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+fn fail(what: &str, e: impl std::fmt::Display) -> i32 {
+    eprintln!("warden-sandbox: {what}: {e}");
+    SETUP_FAILED
+}
+
+/// Runs the helper; returns the exit code of the app (or of a failed setup).
+pub fn main(dir: &Path) -> i32 {
+    let plan_path = dir.join(PLAN_FILE);
+    let plan: Plan = match std::fs::read(&plan_path)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    {
+        Ok(p) => p,
+        Err(e) => return fail(&format!("cannot read {}", plan_path.display()), e),
+    };
+    let _ = std::fs::remove_file(&plan_path);
+    let privileged = nix::unistd::geteuid().is_root();
+    let (uid, gid) = privileges::host_ids(dir, privileged);
+    let data = dir.join(DATA_DIR);
+    if privileged {
+        if let Err(e) = std::os::unix::fs::chown(&data, Some(uid), Some(gid)) {
+            return fail("cannot hand the data directory to the sandbox uid", e);
+        }
+    }
+    let socket = dir.join(CONN_SOCKET);
+    let _ = std::fs::remove_file(&socket);
+    let listener = match UnixListener::bind(&socket) {
+        Ok(l) => l,
+        Err(e) => return fail(&format!("cannot bind {}", socket.display()), e),
+    };
+    let (to_helper_r, to_helper_w) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => return fail("pipe", e),
+    };
+    let (to_child_r, to_child_w) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => return fail("pipe", e),
+    };
+    // SAFETY: this process is single-threaded (the runtime is never started for sandbox-init),
+    // so the child may run arbitrary code after fork.
+    match unsafe { fork() } {
+        Err(e) => fail("fork", e),
+        Ok(ForkResult::Child) => {
+            drop((to_helper_r, to_child_w));
+            let code = child(&plan, &data, listener, to_helper_w, to_child_r, privileged);
+            std::process::exit(code)
+        }
+        Ok(ForkResult::Parent { child }) => {
+            drop((to_helper_w, to_child_r, listener));
+            let mut byte = [0u8; 1];
+            let unshared = std::fs::File::from(to_helper_r)
+                .read(&mut byte)
+                .unwrap_or(0)
+                == 1;
+            if unshared {
+                if let Err(code) = wire_from_outside(&plan, child, uid, gid, privileged) {
+                    let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                    let _ = waitpid(child, None);
+                    return code;
+                }
+                let _ = std::fs::File::from(to_child_w).write_all(b"m");
+            }
+            exit_code(waitpid(child, None))
+        }
+    }
+}
+
+/// What the helper does to the namespaced child from outside: its id maps, its cgroups, and
+/// in network mode `bridged` the veth pair into its network namespace.
+fn wire_from_outside(
+    plan: &Plan,
+    child: nix::unistd::Pid,
+    uid: u32,
+    gid: u32,
+    privileged: bool,
+) -> Result<(), i32> {
+    privileges::write_maps(child, uid, gid, privileged)
+        .map_err(|e| fail("cannot map the sandbox's user ids", e))?;
+    // The outer process joins before it forks init, so that everything inside the sandbox is
+    // counted against the instance's limits.
+    for procs in &plan.cgroup_procs {
+        std::fs::write(procs, child.as_raw().to_string()).map_err(|e| {
+            fail(
+                &format!("cannot put the sandbox into {}", procs.display()),
+                e,
+            )
+        })?;
+    }
+    if let Some(b) = &plan.bridged {
+        // The child's network namespace exists now; init configures the inner end.
+        super::bridge::attach(b, child.as_raw().unsigned_abs()).map_err(|e| {
+            fail(
+                &format!("cannot wire the sandbox to bridge {}", b.bridge),
+                e,
+            )
+        })?;
+    }
+    Ok(())
+}
+
+fn exit_code(status: nix::Result<WaitStatus>) -> i32 {
+    match status {
+        Ok(WaitStatus::Exited(_, code)) => code,
+        Ok(WaitStatus::Signaled(_, sig, _)) => 128 + sig as i32,
+        _ => SETUP_FAILED,
+    }
+}
+
+/// The second process: enters the namespaces and waits for init.
+fn child(
+    plan: &Plan,
+    data: &Path,
+    listener: UnixListener,
+    to_helper: OwnedFd,
+    from_helper: OwnedFd,
+    privileged: bool,
+) -> i32 {
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    let flags = CloneFlags::CLONE_NEWUSER
+        | CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS;
+    if let Err(e) = unshare(flags) {
+        let hint = if e == nix::errno::Errno::EPERM || e == nix::errno::Errno::ENOSPC {
+            "; user namespaces are not allowed here. Allow them (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0, or on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0), run warden as root, or use driver \"process\""
+        } else {
+            ""
+        };
+        return fail("cannot create the namespaces", format!("{e}{hint}"));
+    }
+    if std::fs::File::from(to_helper).write_all(b"u").is_err() {
+        return SETUP_FAILED;
+    }
+    let mut byte = [0u8; 1];
+    if std::fs::File::from(from_helper)
+        .read(&mut byte)
+        .unwrap_or(0)
+        != 1
+    {
+        return SETUP_FAILED;
+    }
+    // Opened here, in the new mount namespace (a bind's source must be a mount of the
+    // namespace that binds it) but before becoming ns root, while this process still has the
+    // agent's own access to the host's paths.
+    let shown = match mounts::open_shown(plan, data) {
+        Ok(s) => s,
+        Err(e) => return fail("cannot open what the sandbox shows", e),
+    };
+    if let Err(e) = privileges::become_ns_root(privileged) {
+        return fail("cannot become root of the user namespace", e);
+    }
+    // SAFETY: still single-threaded.
+    match unsafe { fork() } {
+        Err(e) => fail("fork", e),
+        Ok(ForkResult::Child) => std::process::exit(init(plan, shown, listener)),
+        Ok(ForkResult::Parent { child }) => {
+            drop(listener);
+            exit_code(waitpid(child, None))
+        }
+    }
+}
+
+/// Pid 1 of the sandbox.
+fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    if let Err(e) = mounts::enter_root(&shown).and_then(|()| network(plan)) {
+        return fail("cannot build the sandbox", e);
+    }
+    drop(shown);
+    // Compiled now, so that a prepared slot leaves only the app's own start for the request.
+    let filters = match super::seccomp::filters() {
+        Ok(f) => f,
+        Err(e) => return fail("cannot build the seccomp filter", e),
+    };
+    // The sandbox is prepared: everything from here on is the app's own start.
+    let env = match await_go() {
+        Ok(Some(env)) => env,
+        // The agent let go of an unused slot.
+        Ok(None) => return 0,
+        Err(e) => return fail("cannot read the start message", e),
+    };
+    // SAFETY: single-threaded.
+    match unsafe { fork() } {
+        Err(e) => fail("fork", e),
+        Ok(ForkResult::Child) => {
+            drop(listener);
+            let e = privileges::exec_app(plan, env, &filters);
+            eprintln!("warden-sandbox: cannot start {}: {e}", plan.argv[0]);
+            std::process::exit(127)
+        }
+        Ok(ForkResult::Parent { child }) => handover::serve(listener, child, plan.port),
+    }
+}
+
+/// Tells the agent over stdin (its control socket) that the sandbox is prepared, then waits for
+/// the start message: the rest of the app's environment. `None` if the agent closed the socket
+/// without one.
+fn await_go() -> Result<Option<BTreeMap<String, String>>, SetupError> {
+    // SAFETY: fd 0 is the control socket the agent gave sandbox-init as stdin; nothing else in
+    // this process owns it.
+    let mut control = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(0) });
+    // An agent that already sent its message and closed its end makes this fail; the message
+    // is still there to read.
+    let _ = control.write_all(&[PREPARED]);
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match control.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // An agent that closed its end with our "prepared" byte unread resets the socket
+            // after its message arrived: the message is whole.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && !buf.is_empty() => break,
+            Err(source) => {
+                return Err(SetupError::Io {
+                    what: "read the control socket".into(),
+                    source,
+                })
+            }
+        }
+    }
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    let go: Go = serde_json::from_slice(&buf)?;
+    Ok(Some(go.env))
+}
+
+/// The sandbox's host name and network: loopback, and in network mode `bridged` the inner end
+/// of its veth pair.
+fn network(plan: &Plan) -> Result<(), SetupError> {
+    nix::unistd::sethostname(&plan.hostname).map_err(|e| SetupError::sys("sethostname", e))?;
+    loopback_up().map_err(|source| SetupError::Io {
+        what: "bring loopback up".into(),
+        source,
+    })?;
+    if let Some(b) = &plan.bridged {
+        super::bridge::configure_inside(b).map_err(|source| SetupError::Io {
+            what: format!("configure {}", super::bridge::INSIDE_IF),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Sets IFF_UP on `lo`, the only interface of a fresh network namespace.
+fn loopback_up() -> std::io::Result<()> {
+    // Any socket will do for the ioctl; binding the wildcard works while lo is still down.
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0")?;
+    let fd = sock.as_raw_fd();
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (i, b) in b"lo".iter().enumerate() {
+        ifr.ifr_name[i] = *b as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS and SIOCSIFFLAGS read and write the ifreq we own.
+    unsafe {
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,178 @@
+//! Who the sandbox runs as and what it may do: the user namespace's id maps, root inside that
+//! means nothing outside, and the app's limits, capabilities, no-new-privileges and seccomp
+//! filter, applied just before it execs.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
+use super::SetupError;
+use crate::drivers::sandbox::{spread::fnv, Plan, DATA_MOUNT};
+
+/// First host uid of per-instance uids when the agent runs as root.
+const UID_BASE: u32 = 200_000;
+/// How many per-instance uids there are.
+const UID_RANGE: u32 = 100_000;
+
+/// The host uid and gid the sandbox of instance directory `dir` maps to its root: the agent's
+/// own when it is unprivileged, one of its own per instance when the agent is root.
+pub(super) fn host_ids(dir: &Path, privileged: bool) -> (u32, u32) {
+    if privileged {
+        let id = UID_BASE + fnv(dir.to_string_lossy().as_bytes()) % UID_RANGE;
+        (id, id)
+    } else {
+        (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        )
+    }
+}
+
+/// Maps root of `child`'s new user namespace to `uid` and `gid`, from outside.
+pub(super) fn write_maps(child: Pid, uid: u32, gid: u32, privileged: bool) -> std::io::Result<()> {
+    let proc = PathBuf::from(format!("/proc/{child}"));
+    if !privileged {
+        // Unprivileged gid maps require giving up setgroups(2) first.
+        std::fs::write(proc.join("setgroups"), "deny")?;
+    }
+    std::fs::write(proc.join("uid_map"), format!("0 {uid} 1\n"))?;
+    std::fs::write(proc.join("gid_map"), format!("0 {gid} 1\n"))?;
+    Ok(())
+}
+
+/// Becomes root of the user namespace whose maps the helper wrote.
+pub(super) fn become_ns_root(privileged: bool) -> Result<(), SetupError> {
+    let root = nix::unistd::Gid::from_raw(0);
+    nix::unistd::setresgid(root, root, root).map_err(|e| SetupError::sys("setresgid", e))?;
+    if privileged {
+        nix::unistd::setgroups(&[]).map_err(|e| SetupError::sys("setgroups", e))?;
+    }
+    let root = nix::unistd::Uid::from_raw(0);
+    nix::unistd::setresuid(root, root, root).map_err(|e| SetupError::sys("setresuid", e))
+}
+
+fn cstr(s: &str) -> CString {
+    CString::new(s.replace('\0', "")).unwrap_or_default()
+}
+
+/// In the app's process: limits, no privileges, seccomp, exec. Returns only on failure.
+pub(super) fn exec_app(
+    plan: &Plan,
+    extra_env: BTreeMap<String, String>,
+    filters: &[seccompiler::BpfProgram],
+) -> SetupError {
+    match prepare_exec(plan, filters) {
+        Ok(()) => {}
+        Err(e) => return e,
+    }
+    let argv: Vec<CString> = plan.argv.iter().map(|a| cstr(a)).collect();
+    let mut env = plan.env.clone();
+    env.extend(extra_env);
+    let env: Vec<CString> = env.iter().map(|(k, v)| cstr(&format!("{k}={v}"))).collect();
+    let Some(program) = argv.first() else {
+        return SetupError::sys("execve", nix::errno::Errno::ENOENT);
+    };
+    match nix::unistd::execve(program, &argv, &env) {
+        Err(e) => SetupError::sys(format!("execve {}", plan.argv[0]), e),
+        Ok(never) => match never {},
+    }
+}
+
+/// Everything the app's process does to itself before exec.
+fn prepare_exec(plan: &Plan, filters: &[seccompiler::BpfProgram]) -> Result<(), SetupError> {
+    use nix::sys::resource::{setrlimit, Resource};
+    use nix::sys::signal::{signal, SigHandler};
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    // The Rust runtime ignores SIGPIPE, and an ignored signal survives exec; the app gets the
+    // default like any process started by a shell.
+    // SAFETY: restoring the default disposition installs no handler.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+    let null = std::fs::File::open("/dev/null")
+        .map_err(|e| SetupError::path("open", Path::new("/dev/null"), e))?;
+    nix::unistd::dup2_stdin(&null).map_err(|e| SetupError::sys("stdin from /dev/null", e))?;
+    let dir = plan.workdir.as_deref().unwrap_or(DATA_MOUNT);
+    nix::unistd::chdir(dir).map_err(|e| SetupError::sys(format!("chdir {dir}"), e))?;
+    let l = &plan.limits;
+    let mib = l.memory_mb.saturating_mul(1024 * 1024);
+    let mut limits = vec![(Resource::RLIMIT_CORE, 0), (Resource::RLIMIT_NOFILE, 4096)];
+    // The cgroup counts what the sandbox really uses, tmpfs files included; an address-space
+    // limit on top would only break apps that reserve more than they touch.
+    if !plan.enforced.memory {
+        limits.push((Resource::RLIMIT_AS, mib));
+    }
+    if !plan.enforced.pids && nix::unistd::getuid().is_root() && l.processes > 0 {
+        // Counted per host uid: exact when the agent runs as root (one uid per instance).
+        limits.push((Resource::RLIMIT_NPROC, l.processes));
+    }
+    if l.cpu_seconds > 0 {
+        limits.push((Resource::RLIMIT_CPU, l.cpu_seconds));
+    }
+    for (r, v) in limits {
+        setrlimit(r, v, v).map_err(|e| SetupError::sys(format!("setrlimit {r:?}"), e))?;
+    }
+    drop_privileges()?;
+    for f in filters {
+        seccompiler::apply_filter(f).map_err(|e| SetupError::Seccomp(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Root inside the namespace must not mean capabilities: lock root's special treatment off,
+/// empty the bounding and ambient sets, and forbid gaining privileges through exec.
+fn drop_privileges() -> Result<(), SetupError> {
+    const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
+    const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
+    const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
+    const SECBIT_NO_SETUID_FIXUP_LOCKED: libc::c_ulong = 1 << 3;
+    const SECBIT_KEEP_CAPS_LOCKED: libc::c_ulong = 1 << 5;
+    const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
+    const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
+    let bits = SECBIT_NOROOT
+        | SECBIT_NOROOT_LOCKED
+        | SECBIT_NO_SETUID_FIXUP
+        | SECBIT_NO_SETUID_FIXUP_LOCKED
+        | SECBIT_KEEP_CAPS_LOCKED
+        | SECBIT_NO_CAP_AMBIENT_RAISE
+        | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED;
+    let last_cap = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::c_ulong>().ok())
+        .unwrap_or(63);
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        if libc::prctl(libc::PR_SET_SECUREBITS, bits, 0, 0, 0) < 0 {
+            return Err(SetupError::Io {
+                what: "PR_SET_SECUREBITS".into(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        for cap in 0..=last_cap {
+            // Caps beyond what the kernel knows fail with EINVAL; ignore those.
+            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+        }
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+    }
+    nix::sys::prctl::set_no_new_privs().map_err(|e| SetupError::sys("no_new_privs", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_instance_uids_lie_in_their_range() {
+        let (uid, gid) = host_ids(Path::new("/data/instances/abc"), true);
+        assert_eq!(uid, gid);
+        assert!((UID_BASE..UID_BASE + UID_RANGE).contains(&uid));
+        assert_ne!(uid, host_ids(Path::new("/data/instances/abd"), true).0);
+    }
+}

@@ -1,0 +1,143 @@
+//! The seccomp filter of sandboxed apps: a deny list in the spirit of Docker's default profile.
+//!
+//! Ordinary servers never need these calls; each one is a way out of the sandbox or into the
+//! kernel's less-trodden paths (namespaces, mounts, module loading, tracing other processes,
+//! BPF, keyrings, clocks, reboot). Denied calls fail with EPERM rather than killing the app,
+//! so a library that merely probes for a feature keeps working. `clone3` fails with ENOSYS so
+//! that libc falls back to `clone`, whose flags a filter can inspect.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule,
+};
+
+/// Calls denied outright.
+const DENIED: &[i64] = &[
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_mount_setattr,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_userfaultfd,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_reboot,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_acct,
+    libc::SYS_quotactl,
+    libc::SYS_syslog,
+    libc::SYS_settimeofday,
+    libc::SYS_clock_settime,
+    libc::SYS_clock_adjtime,
+    libc::SYS_adjtimex,
+    libc::SYS_pidfd_getfd,
+    libc::SYS_lookup_dcookie,
+    libc::SYS_vhangup,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_iopl,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_ioperm,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_uselib,
+];
+
+/// Namespace flags `clone` may not carry: a new user namespace would hand the app a fresh set
+/// of capabilities.
+const CLONE_NS_FLAGS: u64 = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWCGROUP) as u64;
+
+/// Why the filters could not be built.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FilterError {
+    /// seccompiler does not know this machine's architecture.
+    #[error("seccomp: unsupported architecture {arch}: {source}")]
+    Arch {
+        /// The architecture.
+        arch: &'static str,
+        /// Why.
+        source: seccompiler::BackendError,
+    },
+    /// A rule or filter was refused.
+    #[error("seccomp: {0}")]
+    Build(#[from] seccompiler::BackendError),
+}
+
+/// The two filters to install, in order: the deny list (EPERM), then `clone3` (ENOSYS).
+pub(crate) fn filters() -> Result<Vec<BpfProgram>, FilterError> {
+    let arch = std::env::consts::ARCH
+        .try_into()
+        .map_err(|source| FilterError::Arch {
+            arch: std::env::consts::ARCH,
+            source,
+        })?;
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
+    // clone(flags, ...): deny when any namespace flag is set. On x86_64 and aarch64 the flags
+    // are the first argument.
+    let ns_rules = (0..u64::BITS)
+        .map(|b| 1u64 << b)
+        .filter(|bit| CLONE_NS_FLAGS & bit != 0)
+        .map(|bit| {
+            SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(bit), bit)
+                .and_then(|c| SeccompRule::new(vec![c]))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    rules.insert(libc::SYS_clone, ns_rules);
+    let deny = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )?;
+    let clone3 = SeccompFilter::new(
+        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )?;
+    [deny, clone3]
+        .into_iter()
+        .map(|f| BpfProgram::try_from(f).map_err(FilterError::from))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_filters_compile_for_this_machine() {
+        let f = filters().expect("filters build");
+        assert_eq!(f.len(), 2);
+        assert!(f.iter().all(|p| !p.is_empty()));
+    }
+}

@@ -1,0 +1,98 @@
+//! Starting an instance's process: a clean environment, its own process group, its output in
+//! its log, tied to the agent's life; and stopping that group. Every driver spawns through here.
+#![allow(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+
+use tokio::process::{Child, Command};
+
+/// PATH given to instances; the agent's own environment (which may hold credentials such as
+/// WARDEN_TOKEN) is never passed on.
+pub(crate) const INSTANCE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// A command with a clean environment and output appended to `log`.
+pub(crate) fn command(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    log: &Path,
+) -> std::io::Result<Command> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"))?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", INSTANCE_PATH)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .kill_on_drop(false);
+    Ok(cmd)
+}
+
+/// The open-file soft limit warden started with, restored for instances; 0 until raised.
+static STARTING_NOFILE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Raises the soft limit of open files to the hard one, as nginx's worker_rlimit_nofile and
+/// Go's runtime do: every client connection, pooled upstream connection and instance holds
+/// descriptors, and the common soft default of 1024 would cap the node far below its memory.
+/// Instances get the limit warden started with back, as Go gives its children.
+pub fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => {
+                STARTING_NOFILE.store(soft, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(from = soft, to = hard, "raised the open-file limit");
+            }
+            Err(e) => tracing::warn!(soft, hard, error = %e, "could not raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not read the open-file limit"),
+    }
+}
+
+/// Spawns `cmd` in its own process group, tied to the agent's life by a parent-death signal.
+pub(crate) fn spawn(mut cmd: Command) -> std::io::Result<Child> {
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
+    // getrlimit(2) and setrlimit(2), which are async-signal-safe; it allocates nothing and
+    // touches no locks (the atomic load is lock-free).
+    unsafe {
+        cmd.pre_exec(|| {
+            // If warden dies, even by SIGKILL, the kernel kills the instance: no orphans. The
+            // signal is tied to the forking thread, and instances are spawned from the runtime's
+            // worker threads, which live as long as warden does.
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)?;
+            let soft = STARTING_NOFILE.load(std::sync::atomic::Ordering::Relaxed);
+            if soft > 0 {
+                let (_, hard) =
+                    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                        .map_err(std::io::Error::from)?;
+                nix::sys::resource::setrlimit(
+                    nix::sys::resource::Resource::RLIMIT_NOFILE,
+                    soft,
+                    hard,
+                )
+                .map_err(std::io::Error::from)?;
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+/// Sends `signal` to the instance's whole process group.
+pub(crate) fn signal_group(pid: u32, signal: nix::sys::signal::Signal) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), signal);
+    }
+}

@@ -1,0 +1,429 @@
+//! The life of instances on this node: start (JIT, from a slot, or a spare handed out), monitor,
+//! readiness, records in the store, and stop. This module owns the table of running instances,
+//! the instance each (app, label, owner) is served by, and the node's and apps' instance counts.
+//!
+//! [`start`] holds the start path, [`ready`] the readiness wait. Pools and restarts are other
+//! modules' state; this one takes slots from the pools and reports crashes to the restarts.
+
+mod health;
+mod ready;
+mod start;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::sync::watch;
+use warden_core::{
+    keys, Activity, AppSpec, InstanceError, InstanceRecord, InstanceState, Lifetime, Owner,
+};
+use warden_store::{put_json, Store};
+
+use crate::drivers::{spawn, Drivers};
+use crate::metrics::Metrics;
+use crate::node::Node;
+use crate::paths::Paths;
+use crate::pools::Pools;
+use crate::restarts::Restarts;
+use crate::sync::lock;
+use crate::{logs, AgentError};
+
+pub(crate) use start::Purpose;
+
+/// Time an instance gets to exit after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+/// Logs of this many exited instances stay readable; older ones are deleted.
+const KEEP_EXITED_LOGS: usize = 64;
+
+type StartResult = Option<Result<InstanceRecord, InstanceError>>;
+/// (app, label, user): the user is empty for shared instances.
+type ServeKey = (String, String, String);
+
+/// Who serves an (app, label, owner): an instance being started, or a ready one.
+enum Serving {
+    Starting(watch::Receiver<StartResult>),
+    Ready(InstanceRecord),
+}
+
+/// A running instance.
+struct Running {
+    record: InstanceRecord,
+    exited: watch::Receiver<bool>,
+    activity: Arc<Activity>,
+    idle_timeout: Duration,
+    /// Set when the agent stops the instance itself, so its exit is not a crash.
+    stopping: Arc<AtomicBool>,
+    log: PathBuf,
+}
+
+#[derive(Default)]
+struct Counts {
+    per_app: HashMap<String, u32>,
+    total: u32,
+}
+
+/// What the lifecycle needs of the rest of the agent.
+pub(crate) struct Deps {
+    pub store: Arc<dyn Store>,
+    pub node: Arc<Node>,
+    pub paths: Paths,
+    pub max_instances: u32,
+    pub drivers: Arc<Drivers>,
+    pub pools: Arc<Pools>,
+    pub restarts: Arc<Restarts>,
+    pub metrics: Arc<Metrics>,
+    pub stopping: watch::Receiver<bool>,
+}
+
+/// The instances of this node.
+pub(crate) struct Lifecycle {
+    deps: Deps,
+    serving: Mutex<HashMap<ServeKey, Serving>>,
+    running: Mutex<HashMap<String, Running>>,
+    counts: Mutex<Counts>,
+    /// Logs of exited instances, oldest first: (id, app, path).
+    exited: Mutex<VecDeque<(String, String, PathBuf)>>,
+}
+
+fn serve_key(app: &str, label: &str, owner: &Owner) -> Option<ServeKey> {
+    match owner {
+        Owner::Request => None,
+        _ => Some((app.to_owned(), label.to_owned(), owner.user().to_owned())),
+    }
+}
+
+fn record_key(r: &InstanceRecord) -> Option<ServeKey> {
+    match r.lifetime {
+        Lifetime::PerRequest => None,
+        _ => Some((
+            r.app.clone(),
+            r.label.clone(),
+            r.owner.clone().unwrap_or_default(),
+        )),
+    }
+}
+
+// === impl Lifecycle ===
+
+impl Lifecycle {
+    pub(crate) fn new(deps: Deps) -> Arc<Self> {
+        Arc::new(Self {
+            deps,
+            serving: Mutex::default(),
+            running: Mutex::default(),
+            counts: Mutex::default(),
+            exited: Mutex::default(),
+        })
+    }
+
+    fn stopping(&self) -> bool {
+        *self.deps.stopping.borrow()
+    }
+
+    /// A ready instance of `spec`'s app for `label` and `owner`. Shared and per-user instances
+    /// are started once and handed out again; concurrent callers share one start. A
+    /// per-request instance is always new and never handed out again: stop it with
+    /// [`Lifecycle::retire`] after its request.
+    pub(crate) async fn ensure(
+        self: &Arc<Self>,
+        spec: &AppSpec,
+        label: &str,
+        owner: &Owner,
+    ) -> Result<InstanceRecord, InstanceError> {
+        if self.stopping() {
+            return Err(AgentError::ShuttingDown.into());
+        }
+        let Some(key) = serve_key(&spec.name, label, owner) else {
+            return Ok(self.start(spec, label, owner, Purpose::Serve).await?);
+        };
+        let mut rx = {
+            let mut serving = lock(&self.serving);
+            match serving.get(&key) {
+                Some(Serving::Ready(r)) => return Ok(r.clone()),
+                Some(Serving::Starting(rx)) => rx.clone(),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    serving.insert(key.clone(), Serving::Starting(rx.clone()));
+                    // The start runs on its own task so that a caller giving up does not leave
+                    // a half-started instance behind.
+                    let (me, owner, spec) = (self.clone(), owner.clone(), spec.clone());
+                    tokio::spawn(async move {
+                        let result = me
+                            .start(&spec, &key.1, &owner, Purpose::Serve)
+                            .await
+                            .map_err(InstanceError::from);
+                        me.settle(key, &result);
+                        let _ = tx.send(Some(result));
+                    });
+                    rx
+                }
+            }
+        };
+        let shutting_down = || InstanceError::from(AgentError::ShuttingDown);
+        let done = rx
+            .wait_for(|r| r.is_some())
+            .await
+            .map_err(|_| shutting_down())?;
+        done.clone().unwrap_or_else(|| Err(shutting_down()))
+    }
+
+    /// After a start, the serving map holds the instance if it still runs, and is free otherwise.
+    fn settle(&self, key: ServeKey, result: &Result<InstanceRecord, InstanceError>) {
+        let mut serving = lock(&self.serving);
+        match result {
+            Ok(r) if lock(&self.running).contains_key(&r.id) => {
+                serving.insert(key, Serving::Ready(r.clone()));
+            }
+            _ => {
+                if matches!(serving.get(&key), Some(Serving::Starting(_))) {
+                    serving.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Makes a kept instance the one its label is served by, unless one already is.
+    pub(crate) fn serve_if_free(&self, r: &InstanceRecord) {
+        if !lock(&self.running).contains_key(&r.id) {
+            return;
+        }
+        if let Some(key) = record_key(r) {
+            lock(&self.serving)
+                .entry(key)
+                .or_insert_with(|| Serving::Ready(r.clone()));
+        }
+    }
+
+    /// Stops an instance: SIGTERM to its process group, SIGKILL after a grace period. Returns
+    /// once it has exited and its record is gone.
+    pub(crate) async fn kill(&self, id: &str) -> Result<(), AgentError> {
+        let (pid, mut exited) = self
+            .mark_stopping(id)
+            .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
+        spawn::signal_group(pid, Signal::SIGTERM);
+        if tokio::time::timeout(STOP_GRACE, exited.wait_for(|e| *e))
+            .await
+            .is_err()
+        {
+            spawn::signal_group(pid, Signal::SIGKILL);
+            let _ = exited.wait_for(|e| *e).await;
+        }
+        Ok(())
+    }
+
+    /// Stops `id` in the background.
+    pub(crate) fn kill_soon(self: &Arc<Self>, id: String) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let _ = me.kill(&id).await;
+        });
+    }
+
+    /// Stops a per-request instance after its request, in the background. It is killed at
+    /// once: it has served the one request it was for.
+    pub(crate) fn retire(&self, id: &str) {
+        if let Some((pid, _)) = self.mark_stopping(id) {
+            spawn::signal_group(pid, Signal::SIGKILL);
+        }
+    }
+
+    /// Marks an instance as stopped by the agent (so its exit is no crash); its pid and exit
+    /// signal, or None if it is not running here.
+    fn mark_stopping(&self, id: &str) -> Option<(u32, watch::Receiver<bool>)> {
+        let running = lock(&self.running);
+        let r = running.get(id)?;
+        r.stopping.store(true, Ordering::Relaxed);
+        Some((r.record.pid, r.exited.clone()))
+    }
+
+    /// The activity handle of a local instance, for the gateway to mark requests in flight.
+    pub(crate) fn activity(&self, id: &str) -> Option<Arc<Activity>> {
+        lock(&self.running).get(id).map(|r| r.activity.clone())
+    }
+
+    /// Raises an instance's label (after taint): it stops serving its old label, serves the new
+    /// one if that label has no instance yet, and its record says so.
+    pub(crate) async fn relabel(&self, id: &str, label: &str) -> Result<(), AgentError> {
+        let record = {
+            let mut running = lock(&self.running);
+            let r = running
+                .get_mut(id)
+                .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
+            let old = record_key(&r.record);
+            r.record.label = label.to_owned();
+            // A tainted instance no longer counts toward its old label's desired count.
+            r.record.kept = false;
+            let record = r.record.clone();
+            let mut serving = lock(&self.serving);
+            if let Some(old) = old {
+                if matches!(serving.get(&old), Some(Serving::Ready(x)) if x.id == id) {
+                    serving.remove(&old);
+                }
+            }
+            if let Some(new) = record_key(&record) {
+                serving
+                    .entry(new)
+                    .or_insert_with(|| Serving::Ready(record.clone()));
+            }
+            record
+        };
+        put_json(
+            &*self.deps.store,
+            &keys::instance(&record.app, id),
+            &record,
+            Some(self.deps.node.lease()),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Instances running on this node, ordered by app, label and id.
+    pub(crate) fn instances(&self) -> Vec<InstanceRecord> {
+        let mut v: Vec<_> = lock(&self.running)
+            .values()
+            .map(|r| r.record.clone())
+            .collect();
+        v.sort_by(|a, b| (&a.app, &a.label, &a.id).cmp(&(&b.app, &b.label, &b.id)));
+        v
+    }
+
+    /// How many instances this node runs (spares and starting ones included).
+    pub(crate) fn count(&self) -> u32 {
+        lock(&self.counts).total
+    }
+
+    /// The last `lines` lines an instance of this node printed, running or recently exited.
+    pub(crate) fn logs(&self, id: &str, lines: usize) -> Result<String, AgentError> {
+        let path = lock(&self.running)
+            .get(id)
+            .map(|r| r.log.clone())
+            .or_else(|| {
+                lock(&self.exited)
+                    .iter()
+                    .find(|(x, _, _)| x == id)
+                    .map(|(_, _, p)| p.clone())
+            })
+            .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
+        Ok(logs::tail(&path, lines))
+    }
+
+    /// Spares of (app, label) that are not being stopped.
+    pub(crate) fn spares(&self, app: &str, label: &str) -> usize {
+        lock(&self.running)
+            .values()
+            .filter(|r| {
+                r.record.app == app
+                    && r.record.label == label
+                    && r.record.state == InstanceState::Spare
+                    && !r.stopping.load(Ordering::Relaxed)
+            })
+            .count()
+    }
+
+    /// Spares that are not being stopped, per (app, label): (started at, id), any order.
+    pub(crate) fn spares_by_label(&self) -> HashMap<(String, String), Vec<(u64, String)>> {
+        let mut spares: HashMap<(String, String), Vec<(u64, String)>> = HashMap::new();
+        for r in lock(&self.running).values() {
+            if r.record.state == InstanceState::Spare && !r.stopping.load(Ordering::Relaxed) {
+                spares
+                    .entry((r.record.app.clone(), r.record.label.clone()))
+                    .or_default()
+                    .push((r.record.started_at_ms, r.record.id.clone()));
+            }
+        }
+        spares
+    }
+
+    /// Spares per (app, label), stopping ones included, for the metrics.
+    pub(crate) fn spare_levels(&self) -> HashMap<(String, String), i64> {
+        let mut spares: HashMap<(String, String), i64> = HashMap::new();
+        for r in lock(&self.running).values() {
+            if r.record.state == InstanceState::Spare {
+                *spares
+                    .entry((r.record.app.clone(), r.record.label.clone()))
+                    .or_default() += 1;
+            }
+        }
+        spares
+    }
+
+    /// Ready instances that have served nothing for their app's idle timeout, as of `now`:
+    /// (id, app, idle timeout in ms). Kept instances are exempt: the desired count wants them.
+    pub(crate) fn idle(&self, now: u64) -> Vec<(String, String, u64)> {
+        lock(&self.running)
+            .values()
+            .filter(|r| {
+                !r.record.kept
+                    && r.record.state == InstanceState::Ready
+                    && !r.idle_timeout.is_zero()
+                    && !r.stopping.load(Ordering::Relaxed)
+                    && r.activity
+                        .idle_for(now)
+                        .is_some_and(|d| d >= r.idle_timeout)
+            })
+            .map(|r| {
+                (
+                    r.record.id.clone(),
+                    r.record.app.clone(),
+                    r.idle_timeout.as_millis() as u64,
+                )
+            })
+            .collect()
+    }
+
+    /// Instances of apps not in `known` that started before `listed_at`: (id, app).
+    pub(crate) fn orphans(&self, known: &HashSet<&str>, listed_at: u64) -> Vec<(String, String)> {
+        lock(&self.running)
+            .values()
+            .filter(|r| {
+                !known.contains(r.record.app.as_str())
+                    && r.record.started_at_ms < listed_at
+                    && !r.stopping.load(Ordering::Relaxed)
+            })
+            .map(|r| (r.record.id.clone(), r.record.app.clone()))
+            .collect()
+    }
+
+    /// Ids of the instances of `app`.
+    pub(crate) fn ids_of(&self, app: &str) -> Vec<String> {
+        lock(&self.running)
+            .values()
+            .filter(|r| r.record.app == app)
+            .map(|r| r.record.id.clone())
+            .collect()
+    }
+
+    /// Every running instance's log: (id, path).
+    pub(crate) fn log_files(&self) -> Vec<(String, PathBuf)> {
+        lock(&self.running)
+            .values()
+            .map(|r| (r.record.id.clone(), r.log.clone()))
+            .collect()
+    }
+
+    /// Writes every running instance's record again, under the node's new lease.
+    pub(crate) async fn republish(&self) -> Result<(), AgentError> {
+        let lease = self.deps.node.lease();
+        for r in self.instances() {
+            put_json(
+                &*self.deps.store,
+                &keys::instance(&r.app, &r.id),
+                &r,
+                Some(lease),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Stops every instance; returns how many there were.
+    pub(crate) async fn stop_all(&self) -> usize {
+        let ids: Vec<String> = lock(&self.running).keys().cloned().collect();
+        let kills = ids.iter().map(|id| self.kill(id));
+        futures_util::future::join_all(kills).await;
+        ids.len()
+    }
+}

@@ -1,0 +1,440 @@
+//! The start path: a spare handed out, or a new instance from a slot or a driver; then its
+//! monitor, its records and the wait until it is ready.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, watch};
+use tracing::Instrument;
+use warden_core::{
+    keys, model::now_ms, Activity, AppSpec, InstanceRecord, InstanceState, Owner, StartPath,
+};
+use warden_store::put_json;
+
+use super::ready::{wait_ready, Ready};
+use super::{record_key, Lifecycle, Running, Serving, KEEP_EXITED_LOGS};
+use crate::drivers::launch::{Held, Started};
+use crate::drivers::{base_env, Launch, LaunchError};
+use crate::metrics;
+use crate::sync::lock;
+use crate::{logs, AgentError};
+
+/// Why an instance is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// A request needs it.
+    Serve,
+    /// The app's desired count wants it.
+    Kept,
+    /// The warm pool wants it.
+    Spare,
+}
+
+/// A launched instance, before it is ready.
+struct Launched {
+    id: String,
+    path: metrics::Path,
+    started: Started,
+}
+
+// === impl Lifecycle (start) ===
+
+impl Lifecycle {
+    /// Starts an instance of `spec` for `label` and `owner` (or hands out a spare, for a request
+    /// of a warm app) and returns once it is ready.
+    pub(crate) async fn start(
+        self: &Arc<Self>,
+        spec: &AppSpec,
+        label: &str,
+        owner: &Owner,
+        purpose: Purpose,
+    ) -> Result<InstanceRecord, AgentError> {
+        if purpose == Purpose::Serve && spec.start == StartPath::Warm {
+            if let Some(r) = self.take_spare(spec, label, owner) {
+                return Ok(r);
+            }
+        }
+        self.reserve(spec)?;
+        let began = Instant::now();
+        let launched = match self.launch(spec, label, purpose) {
+            Ok(l) => l,
+            Err((id, source)) => {
+                self.release(&spec.name);
+                let _ = std::fs::remove_dir_all(self.deps.paths.instance(&id));
+                return Err(AgentError::Launch {
+                    app: spec.name.clone(),
+                    source,
+                });
+            }
+        };
+        let span =
+            tracing::info_span!("instance", app = %spec.name, label, instance = %launched.id);
+        self.run(spec, label, owner, purpose, launched, began)
+            .instrument(span)
+            .await
+    }
+
+    /// Starts the instance's process: from a prepared slot when the app has one waiting, else
+    /// through its driver. On failure, the id whose directory to remove and why.
+    fn launch(
+        &self,
+        spec: &AppSpec,
+        label: &str,
+        purpose: Purpose,
+    ) -> Result<Launched, (String, LaunchError)> {
+        let slot = match (spec.start, purpose) {
+            (StartPath::Slot, Purpose::Serve | Purpose::Kept) => self.deps.pools.take_slot(spec),
+            _ => None,
+        };
+        if let Some(slot) = slot {
+            let id = slot.id.clone();
+            let env = BTreeMap::from([("WARDEN_LABEL".to_owned(), label.to_owned())]);
+            return match slot.go(env) {
+                Ok(started) => Ok(Launched {
+                    id,
+                    path: metrics::Path::Slot,
+                    started,
+                }),
+                Err(e) => Err((id, e)),
+            };
+        }
+        let id = warden_core::id::short_id();
+        let dir = self.deps.paths.instance(&id);
+        let log = self.deps.paths.log(&spec.name, &id);
+        let mut env = base_env(spec, &id);
+        env.insert("WARDEN_LABEL".into(), label.to_owned());
+        let started = std::fs::create_dir_all(&dir)
+            .map_err(|source| LaunchError::Create {
+                path: dir.clone(),
+                source,
+            })
+            .and_then(|()| {
+                let launch = Launch {
+                    spec,
+                    env,
+                    log: &log,
+                    dir: &dir,
+                };
+                self.deps.drivers.get(spec.driver).start(&launch)
+            });
+        match started {
+            Ok(started) => Ok(Launched {
+                id,
+                path: metrics::Path::Jit,
+                started,
+            }),
+            Err(e) => Err((id, e)),
+        }
+    }
+
+    /// Records a launched instance, hands its process to a monitor and waits until it is
+    /// ready.
+    async fn run(
+        self: &Arc<Self>,
+        spec: &AppSpec,
+        label: &str,
+        owner: &Owner,
+        purpose: Purpose,
+        launched: Launched,
+        began: Instant,
+    ) -> Result<InstanceRecord, AgentError> {
+        let Launched { id, path, started } = launched;
+        let app = spec.name.as_str();
+        let log = self.deps.paths.log(app, &id);
+        let Started { child, addr, held } = started;
+        let pid = child.id().unwrap_or(0);
+        let mut record = InstanceRecord {
+            id: id.clone(),
+            app: app.to_owned(),
+            label: label.to_owned(),
+            node: self.deps.node.id().to_owned(),
+            addr: addr.clone(),
+            pid,
+            state: InstanceState::Starting,
+            started_at_ms: now_ms(),
+            lifetime: spec.lifetime,
+            owner: match owner {
+                Owner::User(u) => Some(u.clone()),
+                _ => None,
+            },
+            kept: purpose == Purpose::Kept,
+        };
+        let (exit_tx, exit_rx) = watch::channel(false);
+        let (status_tx, status_rx) = oneshot::channel::<String>();
+        let stopping = Arc::new(AtomicBool::new(false));
+        lock(&self.running).insert(
+            id.clone(),
+            Running {
+                record: record.clone(),
+                exited: exit_rx.clone(),
+                activity: Arc::new(Activity::new()),
+                idle_timeout: Duration::from_millis(spec.idle_timeout_ms),
+                stopping: stopping.clone(),
+                log: log.clone(),
+            },
+        );
+        tracing::info!(pid, %addr, driver = ?spec.driver, "instance starting");
+        let monitor = Monitor {
+            record: record.clone(),
+            child,
+            held,
+            stopping,
+            pooled: purpose == Purpose::Spare,
+            status: status_tx,
+            exited: exit_tx,
+        };
+        tokio::spawn(monitor.run(self.clone()).in_current_span());
+        let key = keys::instance(app, &id);
+        self.publish_or_stop(&key, &record).await?;
+
+        let timeout = Duration::from_millis(spec.start_timeout_ms);
+        match wait_ready(&addr, spec.health_path.as_deref(), exit_rx, timeout).await {
+            Ready::Yes => {}
+            Ready::Exited => {
+                let status = status_rx.await.unwrap_or_else(|_| "unknown status".into());
+                return Err(AgentError::Exited {
+                    app: app.to_owned(),
+                    status,
+                    log_tail: logs::tail(&log, logs::TAIL_LINES),
+                });
+            }
+            Ready::TimedOut(waiting_for) => {
+                let _ = self.kill(&id).await;
+                return Err(AgentError::Timeout {
+                    app: app.to_owned(),
+                    waited_ms: spec.start_timeout_ms,
+                    waiting_for,
+                    log_tail: logs::tail(&log, logs::TAIL_LINES),
+                });
+            }
+        }
+        self.deps.metrics.started(path, began.elapsed());
+        let spare = purpose == Purpose::Spare;
+        record.state = if spare {
+            InstanceState::Spare
+        } else {
+            InstanceState::Ready
+        };
+        self.finish(&key, &record, &log).await?;
+        tracing::info!(ms = began.elapsed().as_millis() as u64, path = ?path, spare, "instance ready");
+        Ok(record)
+    }
+
+    /// Publishes a ready instance (or spare) and makes it the running record, unless it exited
+    /// meanwhile.
+    async fn finish(
+        &self,
+        key: &str,
+        record: &InstanceRecord,
+        log: &std::path::Path,
+    ) -> Result<(), AgentError> {
+        let spare = record.state == InstanceState::Spare;
+        if spare {
+            // Published before it can be handed out, so a hand-out's own write comes last.
+            self.publish_or_stop(key, record).await?;
+        }
+        let still_running = match lock(&self.running).get_mut(&record.id) {
+            Some(r) => {
+                r.record = record.clone();
+                true
+            }
+            None => false,
+        };
+        if !still_running {
+            // Exited between accepting and now; the monitor already cleaned up.
+            if spare {
+                let _ = self.deps.store.delete(key).await;
+            }
+            return Err(AgentError::Exited {
+                app: record.app.clone(),
+                status: "exited right after starting".into(),
+                log_tail: logs::tail(log, logs::TAIL_LINES),
+            });
+        }
+        if !spare {
+            self.publish_or_stop(key, record).await?;
+        }
+        Ok(())
+    }
+
+    /// Counts a new instance against the app's and the node's maximum, or says which is full.
+    fn reserve(&self, spec: &AppSpec) -> Result<(), AgentError> {
+        let mut c = lock(&self.counts);
+        let node_max = self.deps.max_instances;
+        if c.total >= node_max {
+            return Err(AgentError::Full {
+                what: "this node".into(),
+                limit: node_max,
+            });
+        }
+        let n = c.per_app.entry(spec.name.clone()).or_default();
+        if spec.max_instances > 0 && *n >= spec.max_instances {
+            return Err(AgentError::Full {
+                what: format!("app {:?}", spec.name),
+                limit: spec.max_instances,
+            });
+        }
+        *n += 1;
+        c.total += 1;
+        Ok(())
+    }
+
+    fn release(&self, app: &str) {
+        let mut c = lock(&self.counts);
+        if let Some(n) = c.per_app.get_mut(app) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.per_app.remove(app);
+            }
+        }
+        c.total = c.total.saturating_sub(1);
+    }
+
+    /// Writes a starting instance's record; if the store refuses (a lost lease under a start
+    /// storm, a full disk), stops the instance, which would otherwise run unrecorded and count
+    /// against the node's maximum until it exited by itself.
+    async fn publish_or_stop(&self, key: &str, record: &InstanceRecord) -> Result<(), AgentError> {
+        let lease = self.deps.node.lease();
+        match put_json(&*self.deps.store, key, record, Some(lease)).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot record a starting instance; stopping it");
+                let _ = self.kill(&record.id).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Drops every trace of an exited instance but its log, which stays readable for a while;
+    /// returns the state it was in.
+    async fn forget(&self, record: &InstanceRecord, status: &str) -> Option<InstanceState> {
+        let id = &record.id;
+        let gone = lock(&self.running).remove(id);
+        if let Some(r) = &gone {
+            if let Some(key) = record_key(&r.record) {
+                let mut serving = lock(&self.serving);
+                if matches!(serving.get(&key), Some(Serving::Ready(x)) if &x.id == id) {
+                    serving.remove(&key);
+                }
+            }
+            self.release(&r.record.app);
+            tracing::info!(%status, "instance exited");
+            let mut exited = lock(&self.exited);
+            exited.push_back((id.clone(), r.record.app.clone(), r.log.clone()));
+            while exited.len() > KEEP_EXITED_LOGS {
+                if let Some((_, _, old)) = exited.pop_front() {
+                    let _ = std::fs::remove_file(old);
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(self.deps.paths.instance(id));
+        if let Err(e) = self
+            .deps
+            .store
+            .delete(&keys::instance(&record.app, id))
+            .await
+        {
+            tracing::warn!(error = %e, "could not remove the instance record; its lease will");
+        }
+        gone.map(|r| r.record.state)
+    }
+
+    /// Hands out a spare of `spec`'s app for `label` to `owner`, if one is waiting.
+    fn take_spare(
+        self: &Arc<Self>,
+        spec: &AppSpec,
+        label: &str,
+        owner: &Owner,
+    ) -> Option<InstanceRecord> {
+        let t = Instant::now();
+        let record = {
+            let mut running = lock(&self.running);
+            let r = running
+                .values_mut()
+                .filter(|r| {
+                    r.record.app == spec.name
+                        && r.record.label == label
+                        && r.record.state == InstanceState::Spare
+                        && !r.stopping.load(Ordering::Relaxed)
+                })
+                .min_by_key(|r| r.record.started_at_ms)?;
+            r.record.state = InstanceState::Ready;
+            r.record.owner = match owner {
+                Owner::User(u) => Some(u.clone()),
+                _ => None,
+            };
+            r.activity.touch();
+            r.record.clone()
+        };
+        // The record is published behind the request: the gateway asking has the record
+        // already, and a store commit is the slowest part of a hand-out.
+        let (me, published) = (self.clone(), record.clone());
+        tokio::spawn(async move { me.publish_taken(published).await });
+        self.deps.metrics.started(metrics::Path::Warm, t.elapsed());
+        tracing::info!(app = %spec.name, label, instance = %record.id, "spare instance handed out");
+        self.deps.pools.refill_soon(&spec.name);
+        Some(record)
+    }
+
+    /// Writes the record of a handed-out spare; if the instance exited meanwhile, makes sure
+    /// the record does not outlive it.
+    async fn publish_taken(&self, record: InstanceRecord) {
+        let key = keys::instance(&record.app, &record.id);
+        let store = &*self.deps.store;
+        if let Err(e) = put_json(store, &key, &record, Some(self.deps.node.lease())).await {
+            tracing::warn!(instance = %record.id, error = %e, "publishing a handed-out spare failed");
+        }
+        if !lock(&self.running).contains_key(&record.id) {
+            let _ = store.delete(&key).await;
+        }
+    }
+}
+
+/// Owns an instance's process: reaps it and cleans up whenever it exits.
+struct Monitor {
+    record: InstanceRecord,
+    child: tokio::process::Child,
+    held: Option<Box<dyn Held>>,
+    stopping: Arc<AtomicBool>,
+    /// A spare of the warm pool.
+    pooled: bool,
+    status: oneshot::Sender<String>,
+    exited: watch::Sender<bool>,
+}
+
+impl Monitor {
+    async fn run(mut self, life: Arc<Lifecycle>) {
+        let r = &self.record;
+        let mut status = match self.child.wait().await {
+            Ok(s) => s.to_string(),
+            Err(e) => format!("wait failed: {e}"),
+        };
+        let log: PathBuf = life.deps.paths.log(&r.app, &r.id);
+        // A kill by the out-of-memory killer is told where the operator looks.
+        if let Some(oom) = self.held.as_ref().and_then(|h| h.oom_note()) {
+            logs::append(&log, &format!("warden: {oom}"));
+            tracing::warn!("{oom}");
+            life.deps.metrics.oom_killed(&r.app);
+            status = format!("{status}; {oom}");
+        }
+        let _ = self.status.send(status.clone());
+        let state = life.forget(r, &status).await;
+        // Unroutable now: its address may be handed out again and its cgroups go (which can
+        // wait for the kernel), before anyone waiting for the exit hears of it.
+        if let Some(held) = self.held {
+            held.release().await;
+        }
+        let crashed = !self.stopping.load(Ordering::Relaxed);
+        // A spare that dies before it is handed out is the pool's crash, backed off and
+        // reported like a kept instance's; once handed out it is an ordinary instance.
+        let pool_crash = self.pooled && state != Some(InstanceState::Ready);
+        if crashed && (r.kept || pool_crash) {
+            let tail = logs::tail(&log, logs::TAIL_LINES);
+            life.deps.restarts.crashed(&r.app, &r.label, &status, &tail);
+        }
+        let _ = self.exited.send(true);
+    }
+}

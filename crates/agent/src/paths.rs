@@ -1,0 +1,24 @@
+//! Where the agent keeps the files of its instances: their logs and their private directories.
+
+use std::path::PathBuf;
+
+/// The agent's directories.
+#[derive(Debug, Clone)]
+pub(crate) struct Paths {
+    /// Instance logs, `<app>-<id>.log`.
+    pub logs: PathBuf,
+    /// One private directory per instance, named by its id.
+    pub instances: PathBuf,
+}
+
+impl Paths {
+    /// The log file of instance `id` of `app`.
+    pub(crate) fn log(&self, app: &str, id: &str) -> PathBuf {
+        crate::logs::path(&self.logs, app, id)
+    }
+
+    /// The private directory of instance `id`.
+    pub(crate) fn instance(&self, id: &str) -> PathBuf {
+        self.instances.join(id)
+    }
+}

@@ -1,0 +1,83 @@
+//! One slot of the slot pool: a sandbox prepared up to the point where only the app is
+//! missing, waiting in `sandbox-init` for its start message.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use nix::sys::signal::Signal;
+use tokio::process::Child;
+
+use crate::drivers::launch::{Held, LaunchError, Started};
+use crate::drivers::sandbox::{self, SandboxHeld};
+use crate::drivers::spawn;
+
+/// A prepared sandbox waiting for its app.
+pub(crate) struct Slot {
+    /// The id the instance will have; its directory and log are already named after it.
+    pub id: String,
+    pub(super) log: PathBuf,
+    pub(super) fingerprint: Vec<u8>,
+    pub(super) child: Child,
+    pub(super) addr: String,
+    pub(super) control: std::os::unix::net::UnixStream,
+    /// Set once `sandbox-init` said the sandbox is prepared.
+    pub(super) prepared: Arc<AtomicBool>,
+    pub(super) held: SandboxHeld,
+}
+
+// === impl Slot ===
+
+impl Slot {
+    /// Sends the start message: the app starts in the prepared sandbox.
+    pub(crate) fn go(
+        mut self,
+        env: std::collections::BTreeMap<String, String>,
+    ) -> Result<Started, LaunchError> {
+        let sent = self
+            .control
+            .write_all(&sandbox::go_message(env))
+            .and_then(|()| self.control.shutdown(std::net::Shutdown::Write));
+        if let Err(source) = sent {
+            self.kill();
+            return Err(LaunchError::Sandbox {
+                what: "send the prepared sandbox its start message",
+                source,
+            });
+        }
+        let mut held = self.held;
+        held.control = Some(self.control);
+        Ok(Started {
+            child: self.child,
+            addr: self.addr,
+            held: Some(Box::new(held)),
+        })
+    }
+
+    /// Whether its sandbox still runs.
+    pub(super) fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub(super) fn kill(&self) {
+        if let Some(pid) = self.child.id() {
+            spawn::signal_group(pid, Signal::SIGKILL);
+        }
+    }
+
+    /// Kills the sandbox and removes its files once it is gone; `dir` is its instance directory.
+    pub(super) fn discard(self, dir: PathBuf) {
+        self.kill();
+        let _ = std::fs::remove_file(&self.log);
+        let Slot {
+            mut child, held, ..
+        } = self;
+        // The cgroups can only go once the sandbox's processes are gone.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+            Box::new(held).release().await;
+            let _ = std::fs::remove_dir_all(dir);
+        });
+    }
+}

@@ -1,0 +1,201 @@
+//! The seam between the gateway (and the API) and wherever instances come from.
+//!
+//! A gateway asks an [`Instances`] for "a ready instance of this app for this label and owner",
+//! connects to it, and reports what it saw (a refused connection, taint, a per-request instance
+//! whose request is done). The local agent implements it today; the cluster adds one that
+//! reaches other nodes. Neither side imports the other: both depend on this trait only.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::net::TcpStream;
+
+use crate::model::{now_ms, AppSpec, InstanceRecord, Lifetime};
+
+/// Whom an instance is for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Owner {
+    /// Everyone with the label.
+    Shared,
+    /// One user.
+    User(String),
+    /// One request: a fresh instance, never handed out again.
+    Request,
+}
+
+// === impl Owner ===
+
+impl Owner {
+    /// The owner an app's lifetime asks for, given the user a request comes from.
+    pub fn for_lifetime(lifetime: Lifetime, user: &str) -> Self {
+        match lifetime {
+            Lifetime::Shared => Self::Shared,
+            Lifetime::PerUser => Self::User(user.to_owned()),
+            Lifetime::PerRequest => Self::Request,
+        }
+    }
+
+    /// The user an instance is reserved for; empty for shared and per-request instances (the
+    /// form instance records and routing keys use).
+    pub fn user(&self) -> &str {
+        match self {
+            Self::User(u) => u,
+            Self::Shared | Self::Request => "",
+        }
+    }
+}
+
+/// Why no instance could be had, found or changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InstanceError {
+    /// No app of that name is registered.
+    #[error("no app named {0:?} is registered; create it with `warden apps create`")]
+    UnknownApp(String),
+    /// No instance with that id runs where it was looked for.
+    #[error("no instance {0:?} runs on this node")]
+    UnknownInstance(String),
+    /// The app could not be run, or exited before it was ready. `reason` says why, with the
+    /// last lines the instance printed.
+    #[error("{reason}")]
+    StartFailed {
+        /// App name.
+        app: String,
+        /// The whole story, for an operator.
+        reason: String,
+    },
+    /// The app did not become ready within its start timeout.
+    #[error("{reason}")]
+    StartTimeout {
+        /// App name.
+        app: String,
+        /// The start timeout.
+        ms: u64,
+        /// What readiness lacked, with the last lines the instance printed.
+        reason: String,
+    },
+    /// No instance can be had now (a limit is reached, the store failed, the node is stopping,
+    /// no agent runs): the caller may try again later.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Use of an instance as the gateway reports it, read by the idle reaper.
+#[derive(Debug, Default)]
+pub struct Activity {
+    last_used_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+/// Marks a request in flight on an instance until dropped.
+pub struct ActivityGuard(Arc<Activity>);
+
+// === impl Activity ===
+
+impl Activity {
+    /// An instance used just now.
+    pub fn new() -> Self {
+        let a = Self::default();
+        a.touch();
+        a
+    }
+
+    /// Marks one request as in flight until the guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> ActivityGuard {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+        ActivityGuard(self.clone())
+    }
+
+    /// Counts as used now, without a request in flight (a spare handed out).
+    pub fn touch(&self) {
+        self.last_used_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// How long nothing has been in flight, as of `now` (ms since the epoch); `None` while a
+    /// request is.
+    pub fn idle_for(&self, now: u64) -> Option<Duration> {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        let last = self.last_used_ms.load(Ordering::Relaxed);
+        Some(Duration::from_millis(now.saturating_sub(last)))
+    }
+}
+
+impl Drop for ActivityGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Where instances come from: what a gateway needs to reach one, and what the API needs to
+/// manage them.
+///
+/// The gateway's request path calls [`Instances::ensure`] only when its views (fed by store
+/// watches) hold no ready instance, and [`Instances::connect`] only for a connection its pool
+/// does not have; everything else is reported after the fact.
+#[async_trait]
+pub trait Instances: Send + Sync + 'static {
+    /// A ready instance of `spec`'s app for `label` and `owner`, started if none runs; the
+    /// caller waits until it accepts connections. Shared and per-user instances are handed out
+    /// again; a per-request one never is (stop it with [`Instances::retire`]).
+    async fn ensure(
+        &self,
+        spec: &AppSpec,
+        label: &str,
+        owner: &Owner,
+    ) -> Result<InstanceRecord, InstanceError>;
+
+    /// Opens a connection to `instance`, wherever it runs.
+    async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<TcpStream>;
+
+    /// `instance` refused a connection; the caller has already stopped routing to it.
+    fn refused(&self, instance: &InstanceRecord);
+
+    /// Stops a per-request instance whose request is done, in the background.
+    fn retire(&self, id: &str);
+
+    /// Raises an instance's label after it reported taint: it stops serving the old label.
+    async fn relabel(&self, id: &str, label: &str) -> Result<(), InstanceError>;
+
+    /// Stops an instance and returns once it is gone.
+    async fn kill(&self, id: &str) -> Result<(), InstanceError>;
+
+    /// The activity handle of an instance whose idle time this source watches, if any; the
+    /// gateway marks its requests in flight on it.
+    fn activity(&self, id: &str) -> Option<Arc<Activity>>;
+
+    /// The last `lines` lines an instance printed, running or recently exited.
+    fn logs(&self, id: &str, lines: usize) -> Result<String, InstanceError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_is_idle_only_with_nothing_in_flight() {
+        let a = Arc::new(Activity::new());
+        let later = now_ms() + 5_000;
+        assert!(a
+            .idle_for(later)
+            .is_some_and(|d| d >= Duration::from_secs(4)));
+        let guard = a.begin();
+        assert_eq!(a.idle_for(later), None);
+        drop(guard);
+        assert!(a.idle_for(later).is_some());
+    }
+
+    #[test]
+    fn owners_follow_the_lifetime() {
+        assert_eq!(Owner::for_lifetime(Lifetime::Shared, "a"), Owner::Shared);
+        assert_eq!(
+            Owner::for_lifetime(Lifetime::PerUser, "a"),
+            Owner::User("a".into())
+        );
+        assert_eq!(Owner::for_lifetime(Lifetime::PerRequest, "a").user(), "");
+    }
+}

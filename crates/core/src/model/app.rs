@@ -1,0 +1,442 @@
+//! An app's spec: how to run it and who may reach it, with the checks serde cannot express.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::name::{validate_name, NameError};
+
+/// Default time the gateway waits for a new instance to accept connections.
+pub const DEFAULT_START_TIMEOUT_MS: u64 = 10_000;
+/// Longest start timeout an app may ask for.
+pub const MAX_START_TIMEOUT_MS: u64 = 120_000;
+
+/// How to run an app and who may reach it. Stored at `apps/<name>/spec`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppSpec {
+    /// The app's name: the gateway serves it under `/apps/<name>/`.
+    pub name: String,
+    /// Program and arguments. The program finds its port in the `PORT` env var and must listen on
+    /// 127.0.0.1 at that port.
+    pub command: Vec<String>,
+    /// Extra environment for every instance.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory of instances; the agent's own when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// Host names whose requests go to this app (matched against the Host header, port ignored).
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Groups allowed to use the app; empty means every authenticated user.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// How long the gateway holds a request while a new instance starts, in milliseconds.
+    #[serde(default = "default_start_timeout_ms")]
+    pub start_timeout_ms: u64,
+    /// How the gateway spreads requests over the ready instances of one label.
+    #[serde(default)]
+    pub balance: Balance,
+    /// Directory of static files the gateway serves itself, without starting an instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_dir: Option<String>,
+    /// Path prefix (within the app) under which `static_dir` is served.
+    #[serde(default = "default_static_prefix")]
+    pub static_prefix: String,
+    /// How instances are run: a plain process or a sandbox.
+    #[serde(default)]
+    pub driver: DriverKind,
+    /// Whom one instance serves: everyone with one label, one user, or one request.
+    #[serde(default)]
+    pub lifetime: Lifetime,
+    /// An instance that has served no request for this long is stopped; 0 keeps it.
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// Most instances of this app one node runs at once; 0 means only the node's own limit.
+    #[serde(default)]
+    pub max_instances: u32,
+    /// Shared instances kept running per label, replaced when they crash.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub desired: BTreeMap<String, u32>,
+    /// Resource limits of each instance (enforced by the sandbox driver).
+    #[serde(default)]
+    pub limits: Limits,
+    /// How a request that finds no instance gets one: started from nothing (`jit`), from a
+    /// prepared sandbox (`slot`), or handed a spare that is already running (`warm`).
+    #[serde(default)]
+    pub start: StartPath,
+    /// Prepared sandboxes each node keeps ready for this app when `start` is `slot`.
+    #[serde(default = "default_slots")]
+    pub slots: u32,
+    /// Spare running instances each node keeps per label when `start` is `warm`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub warm: BTreeMap<String, u32>,
+    /// Path the agent asks with `GET` until it answers 2xx or 3xx before an instance counts as
+    /// ready; when absent, accepting a connection is enough.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_path: Option<String>,
+    /// What a sandboxed instance's network namespace holds besides loopback.
+    #[serde(default)]
+    pub network: NetworkMode,
+}
+
+/// The network of a sandboxed instance.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// Only loopback: the app reaches nothing, and the gateway reaches it through sockets opened
+    /// inside its namespace.
+    #[default]
+    Isolated,
+    /// Also a veth pair on the node's bridge, for apps that need egress. The bridge port is
+    /// isolated, so instances do not reach each other. Needs warden to run as root.
+    Bridged,
+}
+
+/// How a new instance is started when a request needs one (seed 002's JIT, tap pool and AOT).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartPath {
+    /// Everything is created on the request.
+    #[default]
+    Jit,
+    /// Namespaces, mounts, network and limits are prepared ahead; only the app is started on
+    /// the request. Needs the `sandbox` driver.
+    Slot,
+    /// Instances already run per label; the request takes one and a new spare starts behind it.
+    Warm,
+}
+
+/// Longest health path an app may name.
+pub const MAX_HEALTH_PATH: usize = 1024;
+
+/// Most prepared sandboxes or spare instances per app and label one node keeps.
+pub const MAX_POOL: u32 = 256;
+
+fn default_slots() -> u32 {
+    2
+}
+
+/// Which driver runs an app's instances.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriverKind {
+    /// A child process on a loopback port; needs no privileges.
+    #[default]
+    Process,
+    /// Linux namespaces, a read-only system view, seccomp and resource limits; the instance's
+    /// network namespace holds only loopback.
+    Sandbox,
+}
+
+/// Whom one instance serves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lifetime {
+    /// Every user with the instance's label.
+    #[default]
+    Shared,
+    /// One user; never another, even one with the same label.
+    PerUser,
+    /// One request: the instance is stopped after its response and never reused.
+    PerRequest,
+}
+
+/// Resource limits of one instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Memory in MiB: the cgroup's memory limit (resident memory, files the instance writes
+    /// to its tmpfs, no swap) where cgroups are used, else the address-space rlimit.
+    #[serde(default = "default_memory_mb")]
+    pub memory_mb: u64,
+    /// Processes and threads.
+    #[serde(default = "default_max_processes")]
+    pub processes: u64,
+    /// CPU time in seconds over the instance's life; 0 means unlimited.
+    #[serde(default)]
+    pub cpu_seconds: u64,
+    /// CPU rate in thousandths of a core (1000 = one core), enforced by the cpu cgroup
+    /// controller where it is used; 0 means uncapped.
+    #[serde(default)]
+    pub millicpus: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_mb: default_memory_mb(),
+            processes: default_max_processes(),
+            cpu_seconds: 0,
+            millicpus: 0,
+        }
+    }
+}
+
+/// Default idle timeout: ten minutes.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 600_000;
+
+fn default_idle_timeout_ms() -> u64 {
+    DEFAULT_IDLE_TIMEOUT_MS
+}
+
+fn default_memory_mb() -> u64 {
+    1024
+}
+
+fn default_max_processes() -> u64 {
+    64
+}
+
+fn default_static_prefix() -> String {
+    "/static/".into()
+}
+
+/// Load-balancing policy across the instances of one app and label.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    /// Each instance in turn.
+    #[default]
+    RoundRobin,
+    /// The instance with the fewest requests in flight.
+    LeastOutstanding,
+}
+
+fn default_start_timeout_ms() -> u64 {
+    DEFAULT_START_TIMEOUT_MS
+}
+
+/// Why an app spec was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// A name in the spec is malformed.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// The command is empty.
+    #[error("command is empty; give the program to run and its arguments, e.g. [\"./server\", \"--quiet\"]")]
+    EmptyCommand,
+    /// The start timeout is out of range.
+    #[error("start_timeout_ms is {0}; use a value from 1 to {MAX_START_TIMEOUT_MS}")]
+    StartTimeout(u64),
+    /// A host name is not usable.
+    #[error("host {0:?} is not a plain host name (letters, digits, '-' and '.')")]
+    BadHost(String),
+    /// The static settings are not usable.
+    #[error("{0}")]
+    Static(String),
+    /// Lifetime and desired counts contradict each other.
+    #[error("{0}")]
+    Lifetime(String),
+    /// A resource limit is out of range.
+    #[error("{0}")]
+    Limits(String),
+    /// The start path and its pool sizes do not fit together.
+    #[error("{0}")]
+    Pool(String),
+    /// The network mode does not fit the driver.
+    #[error("{0}")]
+    Network(String),
+    /// The health path cannot be put in a request line.
+    #[error("{0}")]
+    Health(String),
+}
+
+// === impl AppSpec ===
+
+impl AppSpec {
+    /// A spec with every optional setting at its default.
+    pub fn new(name: impl Into<String>, command: Vec<String>) -> Self {
+        Self {
+            name: name.into(),
+            command,
+            env: BTreeMap::new(),
+            workdir: None,
+            hosts: Vec::new(),
+            groups: Vec::new(),
+            start_timeout_ms: default_start_timeout_ms(),
+            balance: Balance::default(),
+            static_dir: None,
+            static_prefix: default_static_prefix(),
+            driver: DriverKind::default(),
+            lifetime: Lifetime::default(),
+            idle_timeout_ms: default_idle_timeout_ms(),
+            max_instances: 0,
+            desired: BTreeMap::new(),
+            limits: Limits::default(),
+            start: StartPath::default(),
+            slots: default_slots(),
+            warm: BTreeMap::new(),
+            health_path: None,
+            network: NetworkMode::default(),
+        }
+    }
+
+    /// Checks the invariants serde cannot express.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        validate_name("app", &self.name)?;
+        if self.command.first().is_none_or(|c| c.is_empty()) {
+            return Err(SpecError::EmptyCommand);
+        }
+        if self.start_timeout_ms == 0 || self.start_timeout_ms > MAX_START_TIMEOUT_MS {
+            return Err(SpecError::StartTimeout(self.start_timeout_ms));
+        }
+        for g in &self.groups {
+            validate_name("group", g)?;
+        }
+        if !(self.static_prefix.starts_with('/') && self.static_prefix.ends_with('/')) {
+            return Err(SpecError::Static(format!(
+                "static_prefix {:?} must start and end with '/', e.g. \"/static/\"",
+                self.static_prefix
+            )));
+        }
+        if let Some(dir) = &self.static_dir {
+            if !std::path::Path::new(dir).is_absolute() {
+                return Err(SpecError::Static(format!(
+                    "static_dir {dir:?} must be an absolute path"
+                )));
+            }
+        }
+        if self.lifetime != Lifetime::Shared && !self.desired.is_empty() {
+            return Err(SpecError::Lifetime(
+                "desired counts keep shared instances running; remove `desired` or use lifetime \"shared\"".into(),
+            ));
+        }
+        if self.limits.memory_mb < 16 || self.limits.processes == 0 {
+            return Err(SpecError::Limits(format!(
+                "limits: memory_mb must be at least 16 and processes at least 1 (got {} and {})",
+                self.limits.memory_mb, self.limits.processes
+            )));
+        }
+        if self.limits.millicpus != 0 && !(10..=1_000_000).contains(&self.limits.millicpus) {
+            return Err(SpecError::Limits(format!(
+                "limits: millicpus is thousandths of a core, from 10 (1% of a core) to 1000000, or 0 for no cap (got {})",
+                self.limits.millicpus
+            )));
+        }
+        self.validate_pools()?;
+        if self.network == NetworkMode::Bridged && self.driver != DriverKind::Sandbox {
+            return Err(SpecError::Network(
+                "network \"bridged\" gives a sandbox its own veth pair and needs driver \"sandbox\"; a \"process\" instance already shares the host's network".into(),
+            ));
+        }
+        if let Some(path) = &self.health_path {
+            let ok = path.starts_with('/')
+                && path.len() <= MAX_HEALTH_PATH
+                && path.bytes().all(|b| b.is_ascii_graphic());
+            if !ok {
+                return Err(SpecError::Health(format!(
+                    "health_path {path:?} must start with '/' and hold at most {MAX_HEALTH_PATH} printable characters without spaces, e.g. \"/healthz\""
+                )));
+            }
+        }
+        for h in &self.hosts {
+            let ok = !h.is_empty()
+                && h.len() <= 253
+                && h.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+            if !ok {
+                return Err(SpecError::BadHost(h.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl AppSpec {
+    fn validate_pools(&self) -> Result<(), SpecError> {
+        let too_big = |what: &str, n: u32| {
+            SpecError::Pool(format!("{what} is {n}; use at most {MAX_POOL} per node"))
+        };
+        if self.slots > MAX_POOL {
+            return Err(too_big("slots", self.slots));
+        }
+        if let Some((label, n)) = self.warm.iter().find(|(_, n)| **n > MAX_POOL) {
+            return Err(too_big(&format!("warm[{label:?}]"), *n));
+        }
+        match self.start {
+            StartPath::Jit => Ok(()),
+            StartPath::Slot if self.driver != DriverKind::Sandbox => Err(SpecError::Pool(
+                "start \"slot\" prepares sandboxes and needs driver \"sandbox\"; use start \"jit\" or \"warm\" with driver \"process\"".into(),
+            )),
+            StartPath::Slot if self.slots == 0 => Err(SpecError::Pool(
+                "start \"slot\" needs at least one slot; set slots to 1 or more".into(),
+            )),
+            StartPath::Warm if self.warm.values().all(|n| *n == 0) => Err(SpecError::Pool(
+                "start \"warm\" needs spare counts per label, e.g. warm: {\"public\": 1}".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> AppSpec {
+        serde_json::from_str(r#"{"name":"demo","command":["./demo"]}"#).expect("valid spec")
+    }
+
+    #[test]
+    fn new_matches_the_serde_defaults() {
+        assert_eq!(AppSpec::new("demo", vec!["./demo".into()]), spec());
+    }
+
+    #[test]
+    fn bridged_network_needs_the_sandbox_driver() {
+        let mut s = spec();
+        s.network = NetworkMode::Bridged;
+        assert!(matches!(s.validate(), Err(SpecError::Network(_))));
+        s.driver = DriverKind::Sandbox;
+        assert_eq!(s.validate(), Ok(()));
+    }
+
+    #[test]
+    fn health_paths_must_fit_a_request_line() {
+        let mut s = spec();
+        for ok in ["/healthz", "/_health?deep=1"] {
+            s.health_path = Some(ok.into());
+            assert_eq!(s.validate(), Ok(()), "{ok}");
+        }
+        for bad in ["healthz", "/a b", "/a\r\nX: y", ""] {
+            s.health_path = Some(bad.into());
+            assert!(matches!(s.validate(), Err(SpecError::Health(_))), "{bad:?}");
+        }
+        s.health_path = Some(format!("/{}", "a".repeat(MAX_HEALTH_PATH)));
+        assert!(matches!(s.validate(), Err(SpecError::Health(_))));
+    }
+
+    #[test]
+    fn desired_counts_need_shared_instances() {
+        let mut s = spec();
+        s.desired.insert("PUBLIC".into(), 2);
+        assert!(s.validate().is_ok());
+        s.lifetime = Lifetime::PerUser;
+        assert!(matches!(s.validate(), Err(SpecError::Lifetime(_))));
+    }
+
+    #[test]
+    fn spec_defaults_and_validation() {
+        let s = spec();
+        assert_eq!(s.start_timeout_ms, DEFAULT_START_TIMEOUT_MS);
+        assert!(s.validate().is_ok());
+        let mut bad = s.clone();
+        bad.command.clear();
+        assert_eq!(bad.validate(), Err(SpecError::EmptyCommand));
+        let mut bad = s.clone();
+        bad.start_timeout_ms = 0;
+        assert_eq!(bad.validate(), Err(SpecError::StartTimeout(0)));
+        let mut bad = s;
+        bad.hosts = vec!["a b".into()];
+        assert!(matches!(bad.validate(), Err(SpecError::BadHost(_))));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = serde_json::from_str::<AppSpec>(r#"{"name":"d","command":["x"],"comand":1}"#)
+            .expect_err("unknown field");
+        assert!(err.to_string().contains("comand"), "{err}");
+    }
+}

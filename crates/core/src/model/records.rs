@@ -1,0 +1,182 @@
+//! Records of users, instances, nodes, sessions and restart state, as stored under the keys of
+//! [`crate::keys`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::Lifetime;
+
+/// A user who may sign in at the gateway. Stored at `users/<name>`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserRecord {
+    /// Login name.
+    pub name: String,
+    /// Argon2id hash in PHC string form (salt and parameters included). Never the password.
+    pub password_hash: String,
+    /// Clearance label, in the lattice's canonical text form.
+    pub clearance: String,
+    /// Groups the user belongs to.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+impl fmt::Debug for UserRecord {
+    // The hash is not the password, but it is an offline-cracking target: keep it out of logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserRecord")
+            .field("name", &self.name)
+            .field("password_hash", &"<redacted>")
+            .field("clearance", &self.clearance)
+            .field("groups", &self.groups)
+            .finish()
+    }
+}
+
+/// Life stage of an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceState {
+    /// Started, not yet accepting connections.
+    Starting,
+    /// Accepting connections.
+    Ready,
+    /// Accepting connections, but held back in the warm pool: no request reaches it until the
+    /// agent hands it out (and it becomes `ready`).
+    Spare,
+}
+
+/// A running instance of an app. Stored at `instances/<app>/<id>` under its agent's lease, so it
+/// vanishes when the agent does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceRecord {
+    /// Instance id, unique across the platform.
+    pub id: String,
+    /// App it runs.
+    pub app: String,
+    /// Clearance label it serves; only users with exactly this clearance are routed to it.
+    pub label: String,
+    /// Node whose agent runs it.
+    pub node: String,
+    /// Address the gateway forwards to.
+    pub addr: String,
+    /// Process id on its node.
+    pub pid: u32,
+    /// Life stage.
+    pub state: InstanceState,
+    /// Start time, milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+    /// Whom it serves.
+    #[serde(default)]
+    pub lifetime: Lifetime,
+    /// The user it serves, for per-user instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Kept running by the app's desired count (not reaped when idle).
+    #[serde(default)]
+    pub kept: bool,
+}
+
+/// A node's load, published for placement: memory used and the 1-minute load per core.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostLoad {
+    /// Fraction of memory in use (1 - MemAvailable / MemTotal).
+    pub memory_used: f64,
+    /// 1-minute load average divided by the number of cores.
+    pub load_per_core: f64,
+    /// Instances this node runs.
+    pub instances: u32,
+}
+
+impl HostLoad {
+    /// One number to compare nodes by: the larger of the two fractions.
+    pub fn score(&self) -> f64 {
+        self.memory_used.max(self.load_per_core)
+    }
+}
+
+/// How an app's desired count fares on one node. Stored at `health/<app>/<node>` under the
+/// node's lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppHealth {
+    /// Per label: the restart state of its kept instances.
+    pub labels: BTreeMap<String, LabelHealth>,
+}
+
+/// Restart state of one label's kept instances on one node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabelHealth {
+    /// Crashes in a row without an instance staying up.
+    pub crashes: u32,
+    /// True once the crashes in a row reach the crash-loop threshold.
+    pub crash_loop: bool,
+    /// How the last instance ended.
+    pub last_exit: String,
+    /// The last lines the crashed instance printed.
+    pub last_lines: String,
+    /// When the next start is allowed, milliseconds since the Unix epoch.
+    pub next_start_ms: u64,
+}
+
+/// A node running an agent. Stored at `nodes/<id>` under the agent's lease.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRecord {
+    /// Node id.
+    pub id: String,
+    /// Host name of the machine.
+    pub hostname: String,
+    /// Process id of the warden process hosting the agent.
+    pub pid: u32,
+    /// Start time, milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+    /// Host load, refreshed with the lease.
+    #[serde(default)]
+    pub load: HostLoad,
+    /// What enforces sandbox limits on this node, e.g. `cgroup v1 (memory, pids, cpu)` or
+    /// `rlimits only (why)`.
+    #[serde(default)]
+    pub limits: String,
+}
+
+/// A login session. Stored at `sessions/<sha256 of token>` under a lease that ends it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRecord {
+    /// User the session belongs to.
+    pub user: String,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_ms: u64,
+    /// Expiry time, milliseconds since the Unix epoch.
+    pub expires_ms: u64,
+}
+
+/// Milliseconds since the Unix epoch, for record timestamps.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_debug_hides_hash() {
+        let u = UserRecord {
+            name: "a".into(),
+            password_hash: "$argon2id$secret".into(),
+            clearance: "SECRET".into(),
+            groups: vec![],
+        };
+        assert!(!format!("{u:?}").contains("argon2id"));
+    }
+}

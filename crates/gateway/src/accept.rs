@@ -1,0 +1,181 @@
+//! Accepting connections: the listeners, the connection limit, and for TLS the first record,
+//! handshake admission control (seed 004 §8) and the handshake itself, before the connection
+//! goes downstream.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tracing::Instrument;
+
+use crate::downstream::{self, Client};
+use crate::phases::Clock;
+use crate::prefixed::Prefixed;
+use crate::state::State;
+use crate::tls;
+
+/// Accept queue length asked of the kernel (which caps it at net.core.somaxconn). tokio's
+/// default of 1024 overflows in a burst of new clients; a dropped SYN is retried by the client
+/// only after a second or more, which under overload turns into client timeouts.
+const LISTEN_BACKLOG: u32 = 65_535;
+
+/// A fatal `internal_error` alert: the cheapest clear "not now" a TLS client understands.
+const TLS_REFUSAL: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x50];
+
+/// The answer to a plain connection over the limit; costs one write.
+const OVER_LIMIT: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+/// A listening socket on `addr`.
+pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Accepts on `listener` until `shutdown` turns true; `slots` is the connection limit shared
+/// by every listener.
+pub(crate) async fn run(
+    listener: TcpListener,
+    state: Arc<State>,
+    slots: Arc<Semaphore>,
+    mut shutdown: watch::Receiver<bool>,
+    tls: bool,
+) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors, usually: back off instead of spinning.
+                    warden_core::log_limited!(warn, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            state.metrics.refused_connections.inc();
+            if !tls {
+                tokio::spawn(async move {
+                    let mut stream = stream;
+                    let _ = stream.write_all(OVER_LIMIT).await;
+                });
+            }
+            continue;
+        };
+        let state = state.clone();
+        let span = tracing::info_span!("conn", %peer, tls);
+        tokio::spawn(
+            async move {
+                state.metrics.connections.inc();
+                if tls {
+                    serve_tls(state.clone(), stream, peer).await;
+                } else {
+                    serve_plain(state.clone(), stream, peer).await;
+                }
+                state.metrics.connections.dec();
+                drop(slot);
+            }
+            .instrument(span),
+        );
+    }
+}
+
+async fn serve_plain(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    // A second handle on the socket lets hyper's path answer 408 after it gives up on a slow
+    // head.
+    let spare = stream.into_std().and_then(|s| Ok((s.try_clone()?, s)));
+    let (spare, stream) = match spare.and_then(|(spare, s)| Ok((spare, TcpStream::from_std(s)?))) {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot set up a connection");
+            return;
+        }
+    };
+    let clock = Clock::new(state.metrics.clone());
+    let client = Client::new(peer, false);
+    downstream::serve_http1(state, stream, client, Some(spare), clock).await;
+}
+
+async fn serve_tls(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
+    let Some(tls) = state.tls.as_ref() else {
+        return;
+    };
+    let _ = stream.set_nodelay(true);
+    let m = &state.metrics;
+    let started = Instant::now();
+    let first = match tokio::time::timeout(
+        state.config.header_timeout,
+        tls::hello::read_first_record(&mut stream),
+    )
+    .await
+    {
+        Ok(Ok(b)) => b,
+        _ => return,
+    };
+    let resumption = match tls::hello::classify(&first, |id| tls.sessions.contains(id)) {
+        tls::hello::First::NotTls => {
+            tls::answer_plain_http(Prefixed::new(first, stream)).await;
+            return;
+        }
+        tls::hello::First::Tls { resumption } => resumption,
+    };
+    // Resumption attempts are always admitted: they are cheap and finish sessions.
+    let admitted = if resumption {
+        None
+    } else {
+        match tls.admission.admit_full().await {
+            Some(a) => Some(a),
+            None => {
+                m.tls.refused.inc();
+                let _ = stream.write_all(&TLS_REFUSAL).await;
+                return;
+            }
+        }
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
+    let io = Prefixed::new(first, stream);
+    let conn = match tokio::time::timeout(tls.handshake_timeout, acceptor.accept(io)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            m.tls.failed.inc();
+            tracing::debug!(error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            m.tls.failed.inc();
+            tracing::debug!("TLS handshake timed out");
+            return;
+        }
+    };
+    drop(admitted);
+    let took = started.elapsed().as_secs_f64();
+    if conn.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+        m.tls.resumed.inc();
+        m.conn_phase.handshake_resumed.observe(took);
+    } else {
+        m.tls.full.inc();
+        m.conn_phase.handshake_full.observe(took);
+        if resumption {
+            m.tls.resumption_missed.inc();
+        }
+    }
+    let clock = Clock::new(state.metrics.clone());
+    let client = Client::new(peer, true);
+    if conn.get_ref().1.alpn_protocol() == Some(b"h2") {
+        downstream::serve_http2(state, conn, client, clock).await;
+    } else {
+        downstream::serve_http1(state, conn, client, None, clock).await;
+    }
+}

@@ -1,0 +1,31 @@
+//! The gateway's settings. Their defaults live in one place, the `warden` binary's
+//! configuration, which builds these.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::auth::AuthConfig;
+use crate::tls::TlsSettings;
+
+/// Gateway settings.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Lifetime of a login session.
+    pub session_ttl: Duration,
+    /// Open client connections beyond which new ones are refused with 503.
+    pub max_connections: usize,
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// Largest request head accepted (431 beyond).
+    pub max_header_bytes: usize,
+    /// Time a client gets to send a request head (408 after).
+    pub header_timeout: Duration,
+    /// How long an instance may take to answer a forwarded request before the client gets 504.
+    pub upstream_timeout: Duration,
+    /// Authentication tuning.
+    pub auth: AuthConfig,
+    /// A TLS listener besides the plain one.
+    pub tls: Option<TlsSettings>,
+}

@@ -1,0 +1,299 @@
+//! The app half of the request path, the same for every downstream protocol: pick a ready
+//! instance for the user's label and owner (starting one if none runs), send the request
+//! through the upstream side, move on to the next instance when one refuses the connection
+//! or fails a request that may be repeated, and apply the taint an instance reports.
+//!
+//! It never reads the store: instances come from the views, and starts from the
+//! [`warden_core::Instances`] the gateway was given.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use warden_core::model::Balance;
+use warden_core::{AppSpec, InstanceError, InstanceRecord, Instances, Owner};
+
+use crate::error::GatewayError;
+use crate::state::State;
+use crate::upstream::{Answer, Exchange};
+
+/// Attempts per request that may have reached an app and failed, or found no connection for a
+/// reason other than refusal: enough to get past a broken instance or two, bounded so a broken
+/// app or an exhausted gateway cannot keep a request going around.
+const MAX_FAILURES: usize = 4;
+/// Refused connections never reached an app and cost a loopback round trip each, so every
+/// instance is tried while one may live (seed 003 §6.2); this bound only ends a pathological
+/// loop of instances appearing as fast as they refuse.
+const MAX_REFUSALS: usize = 64;
+
+/// An instance's answer, and what must live as long as its body.
+pub(crate) struct Forwarded {
+    pub answer: Answer,
+    /// Stops a per-request instance when dropped: hold it until the body is through.
+    pub retire: Option<Retire>,
+}
+
+/// Sends the request to an instance of `spec` for `label` and `owner`.
+pub(crate) async fn forward(
+    state: &State,
+    spec: &AppSpec,
+    label: &str,
+    owner: &Owner,
+    x: &Exchange<'_>,
+) -> Result<Forwarded, GatewayError> {
+    if *owner == Owner::Request {
+        return one_off(state, spec, label, x).await;
+    }
+    let answer = dispatch(state, spec, label, owner, x).await?;
+    Ok(Forwarded {
+        answer,
+        retire: None,
+    })
+}
+
+/// Picks a ready instance (starting one if none runs) and sends the request, moving on to the
+/// next instance when one refuses the connection, or fails an idempotent request. Applies the
+/// taint an instance reports.
+async fn dispatch(
+    state: &State,
+    spec: &AppSpec,
+    label: &str,
+    owner: &Owner,
+    x: &Exchange<'_>,
+) -> Result<Answer, GatewayError> {
+    let m = &state.metrics;
+    let lor = spec.balance == Balance::LeastOutstanding;
+    let mut tried: Vec<String> = Vec::new();
+    let mut started = false;
+    let (mut refusals, mut unsent, mut failures) = (0, 0, 0);
+    let mut last = String::new();
+    loop {
+        let inflight = match state
+            .views
+            .pick(&spec.name, label, owner.user(), lor, &tried)
+        {
+            Some(i) => i,
+            None if !started => {
+                started = true;
+                let t = Instant::now();
+                let r = start(state, spec, label, owner).await?;
+                m.phase("start", t.elapsed());
+                if tried.contains(&r.id) {
+                    // The agent has not noticed yet that this instance is gone.
+                    return Err(none_left(spec, failures, last));
+                }
+                state.views.add_instance(r);
+                continue;
+            }
+            None => return Err(none_left(spec, failures, last)),
+        };
+        let instance = &inflight.0.record;
+        let _active = inflight.0.begin(&*state.instances);
+        let t = Instant::now();
+        match send(state, spec, instance, x).await {
+            Ok(mut answer) => {
+                m.phase("upstream", t.elapsed());
+                if let Some(taint) = answer.taint.take() {
+                    apply_taint(state, instance, &taint);
+                }
+                return Ok(answer);
+            }
+            Err(GatewayError::Refused(e)) => {
+                // Never reached the app: route around it until its record's delete arrives.
+                warden_core::log_limited!(info, app = %spec.name, instance = %instance.id, error = %e, "instance refused the connection; trying another");
+                state.views.drop_instance(&instance.id);
+                state.upstream.forget(&instance.id);
+                state.instances.refused(instance);
+                tried.push(instance.id.clone());
+                refusals += 1;
+                if refusals >= MAX_REFUSALS {
+                    return Err(none_left(spec, failures, last));
+                }
+            }
+            // Never sent, and the instance may be fine: another one may take it, a few times.
+            Err(GatewayError::Unsent(e)) => {
+                warden_core::log_limited!(warn, app = %spec.name, instance = %instance.id, error = %e, "no connection to the instance; trying another");
+                tried.push(instance.id.clone());
+                unsent += 1;
+                if unsent >= MAX_FAILURES {
+                    return Err(none_left(spec, failures, last));
+                }
+            }
+            Err(GatewayError::Broken(e)) if x.idempotent => {
+                warden_core::log_limited!(info, app = %spec.name, instance = %instance.id, error = %e, "instance failed an idempotent request; trying another");
+                tried.push(instance.id.clone());
+                failures += 1;
+                last = e;
+                if failures >= MAX_FAILURES {
+                    return Err(none_left(spec, failures, last));
+                }
+            }
+            // Not retried, even when idempotent: a wedged app would make the client wait once per
+            // instance, and the request may still be running where it went.
+            Err(e @ GatewayError::UpstreamTimeout { .. }) => {
+                warden_core::log_limited!(warn, app = %spec.name, instance = %instance.id, "instance did not answer in time");
+                return Err(e);
+            }
+            Err(GatewayError::Broken(e)) => {
+                warden_core::log_limited!(warn, app = %spec.name, instance = %instance.id, error = %e, "forwarding failed");
+                return Err(GatewayError::Upstream {
+                    app: spec.name.clone(),
+                    reason: e,
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// One exchange with `instance`, bounded by the upstream timeout. Dropping the exchange on
+/// timeout drops its connection too, so it never goes back to the pool with an answer still
+/// owed.
+async fn send(
+    state: &State,
+    spec: &AppSpec,
+    instance: &InstanceRecord,
+    x: &Exchange<'_>,
+) -> Result<Answer, GatewayError> {
+    let timeout = state.config.upstream_timeout;
+    tokio::time::timeout(timeout, state.upstream.send(instance, x))
+        .await
+        .map_err(|_| GatewayError::UpstreamTimeout {
+            app: spec.name.clone(),
+            ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        })?
+}
+
+/// Why a request found no instance to answer it: instances that failed it (502, with the last
+/// failure), or none took the connection and none could be started (503, try again).
+fn none_left(spec: &AppSpec, failures: usize, last: String) -> GatewayError {
+    let app = spec.name.clone();
+    if failures > 0 {
+        return GatewayError::Upstream { app, reason: last };
+    }
+    GatewayError::Unavailable {
+        app,
+        reason: "no instance accepted the connection".into(),
+    }
+}
+
+/// Serves a request of a per-request app: a fresh instance, its one response, then the
+/// instance is stopped (once the response body is done or dropped) and never reused.
+async fn one_off(
+    state: &State,
+    spec: &AppSpec,
+    label: &str,
+    x: &Exchange<'_>,
+) -> Result<Forwarded, GatewayError> {
+    let m = &state.metrics;
+    let t = Instant::now();
+    let r = start(state, spec, label, &Owner::Request).await?;
+    m.phase("start", t.elapsed());
+    let retire = Retire {
+        instances: state.instances.clone(),
+        id: r.id.clone(),
+    };
+    let t = Instant::now();
+    let single = Exchange {
+        pooled: false,
+        ..*x
+    };
+    match send(state, spec, &r, &single).await {
+        Ok(mut answer) => {
+            m.phase("upstream", t.elapsed());
+            // Nothing can be tainted beyond this one response: the instance dies with it.
+            answer.taint = None;
+            Ok(Forwarded {
+                answer,
+                retire: Some(retire),
+            })
+        }
+        Err(GatewayError::Refused(e) | GatewayError::Unsent(e) | GatewayError::Broken(e)) => {
+            Err(GatewayError::Upstream {
+                app: spec.name.clone(),
+                reason: e,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Stops a per-request instance when dropped.
+pub(crate) struct Retire {
+    instances: Arc<dyn Instances>,
+    id: String,
+}
+
+impl Drop for Retire {
+    fn drop(&mut self) {
+        self.instances.retire(&self.id);
+    }
+}
+
+/// Asks for an instance and holds the request until it is ready.
+async fn start(
+    state: &State,
+    spec: &AppSpec,
+    label: &str,
+    owner: &Owner,
+) -> Result<InstanceRecord, GatewayError> {
+    let wait = Duration::from_millis(spec.start_timeout_ms);
+    let app = spec.name.clone();
+    let timed_out = || GatewayError::StartTimeout {
+        app: spec.name.clone(),
+        ms: spec.start_timeout_ms,
+    };
+    // The agent enforces the start timeout itself; this bound only covers its own stalls.
+    match tokio::time::timeout(
+        wait + Duration::from_secs(1),
+        state.instances.ensure(spec, label, owner),
+    )
+    .await
+    {
+        Err(_) | Ok(Err(InstanceError::StartTimeout { .. })) => Err(timed_out()),
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(InstanceError::UnknownApp(_))) => {
+            Err(GatewayError::NotFound(format!("no app named {app:?}")))
+        }
+        Ok(Err(e @ InstanceError::StartFailed { .. })) => {
+            warden_core::log_limited!(warn, app = %spec.name, label, error = %e, "instance failed to start");
+            Err(GatewayError::StartFailed { app })
+        }
+        Ok(Err(e)) => Err(GatewayError::Unavailable {
+            app,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// An instance said it read data of class `taint`: its label becomes the join, and it stops
+/// serving the lower label at once. A taint the lattice cannot parse gets the instance stopped:
+/// it may hold anything.
+fn apply_taint(state: &State, instance: &InstanceRecord, taint: &str) {
+    let lattice = state.views.read().lattice.clone();
+    let joined = lattice.as_ref().and_then(|l| {
+        let old = l.parse(&instance.label).ok()?;
+        let t = l.parse(taint).ok()?;
+        Some(l.format(&l.join(&old, &t)))
+    });
+    let instances = state.instances.clone();
+    let id = instance.id.clone();
+    match joined {
+        Some(label) if label == instance.label => {}
+        Some(label) => {
+            tracing::info!(app = %instance.app, instance = %id, from = %instance.label, to = %label, "instance tainted; relabelled");
+            state.views.drop_instance(&id);
+            tokio::spawn(async move {
+                if let Err(e) = instances.relabel(&id, &label).await {
+                    tracing::warn!(instance = %id, error = %e, "relabelling a tainted instance failed");
+                }
+            });
+        }
+        None => {
+            tracing::warn!(app = %instance.app, instance = %id, "instance sent a taint the lattice does not know; stopping it");
+            state.views.drop_instance(&id);
+            tokio::spawn(async move {
+                let _ = instances.kill(&id).await;
+            });
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! hyper's half of the downstream side: HTTP/2 (cleartext by prior knowledge, or over TLS by
+//! ALPN) and the HTTP/1.1 requests the lane hands over. Requests to apps go through the same
+//! dispatch and upstream side as the lane's; their answers become hyper responses.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{header, Request, Response};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tracing::Instrument;
+use warden_core::Owner;
+
+use super::{Client, TIMEOUT_408};
+use crate::dispatch;
+use crate::error::GatewayError;
+use crate::hygiene::{self, Identity};
+use crate::phases::{Clock, Timed};
+use crate::response::Body;
+use crate::route::{admit, app_route, static_path};
+use crate::state::State;
+use crate::upstream::Exchange;
+use crate::{endpoints, views};
+
+/// Serves HTTP/1.1 or HTTP/2 on an established connection. `spare` is a second handle on a
+/// plain socket, used to answer 408 after hyper gives up on a slow request head.
+pub(super) async fn serve<S>(
+    state: Arc<State>,
+    io: S,
+    client: Client,
+    spare: Option<std::net::TcpStream>,
+    clock: Arc<Clock>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let client = Arc::new(client);
+    let (svc_state, svc_clock, svc_client) = (state.clone(), clock.clone(), client.clone());
+    let svc = hyper::service::service_fn(move |req| {
+        let (state, clock, client) = (svc_state.clone(), svc_clock.clone(), svc_client.clone());
+        async move {
+            clock.service_start();
+            let resp = handle(&state, req, &client).await;
+            clock.service_end();
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(state.config.header_timeout)
+        // hyper's own cut-off (431 and close) sits well above ours, so a head just over the limit
+        // is refused by `handle` on a connection that stays in a clean state.
+        .max_buf_size((state.config.max_header_bytes * 4).max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(state.config.max_header_bytes).unwrap_or(u32::MAX));
+    let io = TokioIo::new(Timed::new(io, clock.clone()));
+    if let Err(e) = builder.serve_connection(io, svc).await {
+        let timed_out = e
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(|e| e.is_timeout());
+        if let (true, Some(spare)) = (timed_out, &spare) {
+            use std::io::Write;
+            let _ = (&*spare).write(TIMEOUT_408);
+        }
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+    clock.closed();
+}
+
+/// Where a request is going.
+enum Route {
+    /// To an app, with the path to send it.
+    App { app: String, path_and_query: String },
+    /// To the same path with a trailing slash, so the app's relative links resolve.
+    AddSlash(String),
+    /// To the gateway itself.
+    Gateway,
+}
+
+fn route(views: &views::Shared, req: &Request<Incoming>) -> Route {
+    let path = req.uri().path();
+    let query = req
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let target = format!("{path}{query}");
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    if let Some((app, skip)) = app_route(&views.read(), host, &target) {
+        return Route::App {
+            app: app.to_owned(),
+            path_and_query: target[skip..].to_owned(),
+        };
+    }
+    if path.starts_with("/apps/") {
+        return Route::AddSlash(format!("{path}/{query}"));
+    }
+    Route::Gateway
+}
+
+/// Bytes of a request head as sent on the wire, near enough for a limit.
+fn head_size(req: &Request<Incoming>) -> usize {
+    let uri = req.uri().path_and_query().map_or(1, |p| p.as_str().len());
+    uri + req
+        .headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 4)
+        .sum::<usize>()
+}
+
+async fn handle(state: &State, req: Request<Incoming>, client: &Client) -> Response<Body> {
+    let started = Instant::now();
+    if head_size(&req) > state.config.max_header_bytes {
+        state.metrics.request("-", 431);
+        return GatewayError::HeadTooLarge {
+            limit: state.config.max_header_bytes,
+        }
+        .into_response();
+    }
+    let (app, resp) = match route(&state.views, &req) {
+        Route::App {
+            app,
+            path_and_query,
+        } => {
+            let span = tracing::info_span!("request", app = %app, label = tracing::field::Empty);
+            let resp = match to_app(state, req, client, &app, &path_and_query)
+                .instrument(span)
+                .await
+            {
+                Ok(r) => r,
+                Err(e) => e.into_response(),
+            };
+            (app, resp)
+        }
+        Route::AddSlash(location) => ("-".to_owned(), endpoints::redirect(&location)),
+        Route::Gateway => ("-".to_owned(), endpoints::answer(state, req, client).await),
+    };
+    state.metrics.request(&app, resp.status().as_u16());
+    state
+        .metrics
+        .request_seconds
+        .observe(started.elapsed().as_secs_f64());
+    resp
+}
+
+/// Authenticates, authorises, and serves the request from the app's static files or one of
+/// its instances.
+async fn to_app(
+    state: &State,
+    req: Request<Incoming>,
+    client: &Client,
+    app: &str,
+    path_and_query: &str,
+) -> Result<Response<Body>, GatewayError> {
+    let m = &state.metrics;
+    // Authenticate before saying whether the app exists, so strangers learn nothing.
+    let t = Instant::now();
+    let user = state
+        .auth
+        .authenticate(&state.views, req.headers(), client.ip, m)
+        .await?;
+    m.phase("auth", t.elapsed());
+    let spec = state.views.read().apps.get(app).cloned();
+    let spec = spec.ok_or_else(|| GatewayError::NotFound(format!("no app named {app:?}")))?;
+    admit(&spec, &user)?;
+    if let (Some(root), Some(rel)) = (&spec.static_dir, static_path(&spec, path_and_query)) {
+        return Ok(endpoints::statics::serve(root, rel, req.method(), req.headers()).await);
+    }
+    let label = user.record.clearance.as_str();
+    tracing::Span::current().record("label", label);
+
+    let limit = state.config.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(GatewayError::PayloadTooLarge { limit });
+    }
+    let (mut parts, body) = req.into_parts();
+    // Buffered so a request refused by a dying instance can be sent to the next one.
+    let body = Limited::new(body, limit).collect().await.map_err(|e| {
+        if e.downcast_ref::<http_body_util::LengthLimitError>()
+            .is_some()
+        {
+            GatewayError::PayloadTooLarge { limit }
+        } else {
+            GatewayError::BadRequest(format!("reading the request body failed: {e}"))
+        }
+    })?;
+    let body = body.to_bytes();
+    if !parts.headers.contains_key(header::HOST) {
+        // HTTP/2 carries the host in the URI, and an HTTP/1.0 client may send none; HTTP/1.1
+        // to the app needs one.
+        let host = parts.uri.authority().map_or("localhost", |a| a.as_str());
+        if let Ok(v) = header::HeaderValue::from_str(host) {
+            parts.headers.insert(header::HOST, v);
+        }
+    }
+    // The body is whole: the gateway frames it, unless there is none to frame.
+    let framed = parts.headers.contains_key(header::CONTENT_LENGTH)
+        || parts.headers.contains_key(header::TRANSFER_ENCODING);
+    let reframed = (framed || !body.is_empty()).then_some(body.len());
+    let headers: Vec<(&[u8], &[u8])> = parts
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+        .collect();
+    let mut bytes = Vec::with_capacity(512 + body.len());
+    hygiene::write_request(
+        &mut bytes,
+        parts.method.as_str().as_bytes(),
+        path_and_query.as_bytes(),
+        headers.iter().copied(),
+        reframed,
+        &Identity {
+            user: &user.record.name,
+            label,
+            client: &client.text,
+            https: client.https,
+        },
+        &body,
+    );
+    let x = Exchange {
+        bytes: &bytes,
+        head_only: parts.method == http::Method::HEAD,
+        idempotent: parts.method.is_idempotent(),
+        pooled: true,
+    };
+    let owner = Owner::for_lifetime(spec.lifetime, &user.record.name);
+    let forwarded = dispatch::forward(state, &spec, label, &owner, &x).await?;
+    let resp = forwarded.answer.into_response(state.upstream.clone())?;
+    let Some(retire) = forwarded.retire else {
+        return Ok(resp);
+    };
+    // The per-request instance lives until its response body is through or dropped.
+    let (parts, body) = resp.into_parts();
+    let body = body
+        .map_frame(move |f| {
+            let _ = &retire;
+            f
+        })
+        .boxed();
+    Ok(Response::from_parts(parts, body))
+}

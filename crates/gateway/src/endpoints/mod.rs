@@ -1,0 +1,40 @@
+//! The gateway's own answers: `/healthz`, `/login` and `/logout` ([`login`]), the redirect that
+//! adds a trailing slash to an app's root, and apps' static files ([`statics`]).
+
+pub(crate) mod login;
+pub(crate) mod statics;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use crate::downstream::Client;
+use crate::error::GatewayError;
+use crate::response::{self, Body};
+use crate::state::State;
+
+/// Answers a request that no app route matched.
+pub(crate) async fn answer(
+    state: &State,
+    req: Request<Incoming>,
+    client: &Client,
+) -> Response<Body> {
+    match req.uri().path() {
+        "/healthz" => response::json(StatusCode::OK, &serde_json::json!({ "status": "ok" })),
+        "/login" => login::login(state, req, client).await,
+        "/logout" => login::logout(state, req, client.https).await,
+        path => GatewayError::NotFound(format!(
+            "nothing is served at {path}; apps are under /apps/<name>/ or at their host names"
+        ))
+        .into_response(),
+    }
+}
+
+/// A permanent redirect to `location`.
+pub(crate) fn redirect(location: &str) -> Response<Body> {
+    let mut resp = Response::new(response::full(bytes::Bytes::new()));
+    *resp.status_mut() = StatusCode::PERMANENT_REDIRECT;
+    if let Ok(v) = http::HeaderValue::from_str(location) {
+        resp.headers_mut().insert(http::header::LOCATION, v);
+    }
+    resp
+}

@@ -1,0 +1,276 @@
+//! Static files of an app, served by the gateway itself (seed 003 §2.1.1): no instance starts
+//! for them.
+//!
+//! Paths are percent-decoded and must stay inside the app's directory: `.` and `..` segments,
+//! NUL bytes and backslashes are refused, and the resolved path (symlinks followed) must still
+//! lie under the resolved root, so neither traversal nor a symlink can reach other files.
+//! Answers carry Content-Type, ETag and Last-Modified, honour If-None-Match and
+//! If-Modified-Since with 304, and single byte ranges with 206 or 416.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
+use http_body_util::{BodyExt, StreamBody};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+
+use crate::error::GatewayError;
+use crate::response::{self as respond, Body};
+
+/// Read size when streaming a file.
+const CHUNK: usize = 64 * 1024;
+
+/// Answers a request for `rel` (the path after the static prefix) from `root`.
+pub(crate) async fn serve(
+    root: &str,
+    rel: &str,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Response<Body> {
+    if method != Method::GET && method != Method::HEAD {
+        let mut r =
+            GatewayError::MethodNotAllowed("static files answer GET and HEAD only").into_response();
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    let Some(path) = resolve(Path::new(root), rel).await else {
+        return GatewayError::NotFound("no such file".into()).into_response();
+    };
+    match answer(&path, method, headers).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "reading a static file failed");
+            GatewayError::NotFound("no such file".into()).into_response()
+        }
+    }
+}
+
+/// The file `rel` names under `root`, or `None` if it does not exist or would leave `root`.
+async fn resolve(root: &Path, rel: &str) -> Option<PathBuf> {
+    let decoded = percent_encoding::percent_decode_str(rel)
+        .decode_utf8()
+        .ok()?;
+    let mut path = root.to_path_buf();
+    for seg in decoded.split('/') {
+        if seg == "." || seg == ".." || seg.contains('\0') || seg.contains('\\') {
+            return None;
+        }
+        if !seg.is_empty() {
+            path.push(seg);
+        }
+    }
+    let real_root = tokio::fs::canonicalize(root).await.ok()?;
+    let mut real = tokio::fs::canonicalize(&path).await.ok()?;
+    if !real.starts_with(&real_root) {
+        return None;
+    }
+    if tokio::fs::metadata(&real).await.ok()?.is_dir() {
+        real = tokio::fs::canonicalize(real.join("index.html"))
+            .await
+            .ok()?;
+        if !real.starts_with(&real_root) {
+            return None;
+        }
+    }
+    tokio::fs::metadata(&real)
+        .await
+        .ok()?
+        .is_file()
+        .then_some(real)
+}
+
+async fn answer(
+    path: &Path,
+    method: &Method,
+    headers: &HeaderMap,
+) -> std::io::Result<Response<Body>> {
+    let meta = tokio::fs::metadata(path).await?;
+    let len = meta.len();
+    let modified = meta.modified().unwrap_or(UNIX_EPOCH);
+    let mtime = modified.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let etag = format!(
+        "\"{len:x}-{:x}{:08x}\"",
+        mtime.as_secs(),
+        mtime.subsec_nanos()
+    );
+    let last_modified = httpdate::fmt_http_date(modified);
+    let mime = mime_guess::from_path(path).first_or_octet_stream();
+
+    let mut resp = Response::new(respond::full(Bytes::new()));
+    let h = resp.headers_mut();
+    for (name, value) in [
+        (header::ETAG, etag.as_str()),
+        (header::LAST_MODIFIED, last_modified.as_str()),
+        (header::CONTENT_TYPE, mime.as_ref()),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.insert(name, v);
+        }
+    }
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+
+    if not_modified(headers, &etag, modified) {
+        *resp.status_mut() = StatusCode::NOT_MODIFIED;
+        return Ok(resp);
+    }
+    let (start, end) = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        None => (0, len),
+        Some(spec) => match range(spec, len) {
+            Range::Whole => (0, len),
+            Range::Part(s, e) => {
+                *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
+                if let Ok(v) = HeaderValue::from_str(&format!("bytes {s}-{}/{len}", e - 1)) {
+                    resp.headers_mut().insert(header::CONTENT_RANGE, v);
+                }
+                (s, e)
+            }
+            Range::Unsatisfiable => {
+                *resp.status_mut() = StatusCode::RANGE_NOT_SATISFIABLE;
+                if let Ok(v) = HeaderValue::from_str(&format!("bytes */{len}")) {
+                    resp.headers_mut().insert(header::CONTENT_RANGE, v);
+                }
+                return Ok(resp);
+            }
+        },
+    };
+    resp.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
+    if method == Method::HEAD {
+        return Ok(resp);
+    }
+    let mut file = tokio::fs::File::open(path).await?;
+    file.seek(std::io::SeekFrom::Start(start)).await?;
+    let stream = futures_util::stream::unfold((file, end - start), |(mut file, left)| async move {
+        if left == 0 {
+            return None;
+        }
+        let mut buf = vec![0u8; CHUNK.min(left as usize)];
+        match file.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((
+                    Ok(hyper::body::Frame::data(Bytes::from(buf))),
+                    (file, left - n as u64),
+                ))
+            }
+            // The head is sent already; ending the body early is all that is left to do.
+            Err(_) => None,
+        }
+    });
+    *resp.body_mut() = StreamBody::new(stream)
+        .map_err(|never: std::convert::Infallible| match never {})
+        .boxed();
+    Ok(resp)
+}
+
+fn not_modified(headers: &HeaderMap, etag: &str, modified: SystemTime) -> bool {
+    if let Some(inm) = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+    {
+        // If-None-Match wins over If-Modified-Since (RFC 9110 §13.2.2); weak comparison.
+        return inm
+            .split(',')
+            .map(str::trim)
+            .any(|t| t == "*" || t.trim_start_matches("W/") == etag);
+    }
+    let Some(since) = headers
+        .get(header::IF_MODIFIED_SINCE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let Ok(since) = httpdate::parse_http_date(since) else {
+        return false;
+    };
+    let secs = |t: SystemTime| {
+        t.duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    };
+    secs(modified) <= secs(since)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Range {
+    /// No usable single range: send everything.
+    Whole,
+    /// Bytes `start..end`.
+    Part(u64, u64),
+    /// The range lies past the end.
+    Unsatisfiable,
+}
+
+fn range(spec: &str, len: u64) -> Range {
+    let Some(set) = spec.trim().strip_prefix("bytes=") else {
+        return Range::Whole;
+    };
+    if set.contains(',') {
+        // Several ranges: answering with the whole file is allowed and simpler.
+        return Range::Whole;
+    }
+    let Some((a, b)) = set.trim().split_once('-') else {
+        return Range::Whole;
+    };
+    let (a, b) = (a.trim(), b.trim());
+    let parsed = match (a.is_empty(), b.is_empty()) {
+        (true, false) => b.parse::<u64>().ok().map(|n| (len.saturating_sub(n), len)),
+        (false, true) => a.parse::<u64>().ok().map(|s| (s, len)),
+        (false, false) => match (a.parse::<u64>(), b.parse::<u64>()) {
+            (Ok(s), Ok(e)) if s <= e => Some((s, (e + 1).min(len))),
+            _ => None,
+        },
+        (true, true) => None,
+    };
+    match parsed {
+        None => Range::Whole,
+        Some((s, e)) if s >= len || s >= e => Range::Unsatisfiable,
+        Some((s, e)) => Range::Part(s, e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        assert_eq!(range("bytes=0-3", 10), Range::Part(0, 4));
+        assert_eq!(range("bytes=5-", 10), Range::Part(5, 10));
+        assert_eq!(range("bytes=-3", 10), Range::Part(7, 10));
+        assert_eq!(range("bytes=8-100", 10), Range::Part(8, 10));
+        assert_eq!(range("bytes=10-", 10), Range::Unsatisfiable);
+        assert_eq!(range("bytes=0-1,3-4", 10), Range::Whole);
+        assert_eq!(range("items=0-1", 10), Range::Whole);
+        assert_eq!(range("bytes=4-2", 10), Range::Whole);
+    }
+
+    #[tokio::test]
+    async fn paths_cannot_leave_the_root() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = dir.path().join("static");
+        std::fs::create_dir_all(root.join("sub")).expect("mkdir");
+        std::fs::write(root.join("a.txt"), "a").expect("write");
+        std::fs::write(root.join("sub/index.html"), "i").expect("write");
+        std::fs::write(dir.path().join("secret"), "s").expect("write");
+        std::os::unix::fs::symlink(dir.path().join("secret"), root.join("link")).expect("symlink");
+        assert!(resolve(&root, "a.txt").await.is_some());
+        assert!(resolve(&root, "sub/")
+            .await
+            .is_some_and(|p| p.ends_with("index.html")));
+        for bad in [
+            "../secret",
+            "%2e%2e/secret",
+            "sub/../../secret",
+            "link",
+            "a.txt%00",
+            "..%2fsecret",
+            "nope",
+        ] {
+            assert!(resolve(&root, bad).await.is_none(), "{bad}");
+        }
+    }
+}

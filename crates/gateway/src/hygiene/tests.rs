@@ -1,0 +1,172 @@
+//! One table per direction: every header a client or an app could send under a name the
+//! gateway owns, and what becomes of it.
+
+use super::*;
+
+/// What becomes of a header on its way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// It arrives as it was sent.
+    Kept,
+    /// It does not arrive.
+    Dropped,
+    /// The gateway's own value arrives under that name instead.
+    Replaced(&'static str),
+}
+
+use Fate::*;
+
+/// Request headers, each sent alone beside a plain request.
+const REQUEST: &[(&str, &str, Fate)] = &[
+    ("Authorization", "Basic eDp5", Dropped),
+    ("authorization", "Bearer tok", Dropped),
+    ("Proxy-Authorization", "Basic eDp5", Dropped),
+    ("Cookie", "warden_session=tok", Dropped),
+    (
+        "COOKIE",
+        "a=1; warden_session=tok; b=2",
+        Replaced("a=1; b=2"),
+    ),
+    ("X-Warden-User", "mallory", Replaced("alice")),
+    ("x_warden_user", "mallory", Dropped),
+    ("X-WARDEN-LABEL", "TOP SECRET", Replaced("SECRET")),
+    ("x-warden_label", "TOP SECRET", Dropped),
+    ("X-Forwarded-For", "1.2.3.4", Replaced("127.0.0.1")),
+    ("X_Forwarded_For", "1.2.3.4", Dropped),
+    ("x-forwarded-proto", "https", Replaced("http")),
+    ("Connection", "keep-alive", Dropped),
+    ("Keep-Alive", "timeout=5", Dropped),
+    ("TE", "trailers", Dropped),
+    ("Trailer", "x-t", Dropped),
+    ("Upgrade", "h2c", Dropped),
+    ("Transfer-Encoding", "chunked", Dropped),
+    ("Content-Length", "2", Kept),
+    ("X-App", "y", Kept),
+    ("Accept", "*/*", Kept),
+    ("Forwarded", "for=1.2.3.4", Kept),
+    ("X-Forwarded-Host", "evil.example", Kept),
+];
+
+/// Response headers, each returned alone beside a plain response.
+const RESPONSE: &[(&str, &str, Fate)] = &[
+    ("X-Warden-Taint", "SECRET", Dropped),
+    ("x-warden-taint", "TOP SECRET", Dropped),
+    ("Connection", "close", Dropped),
+    ("Keep-Alive", "timeout=5", Dropped),
+    ("Proxy-Authenticate", "Basic", Dropped),
+    ("Trailer", "x-t", Dropped),
+    ("Upgrade", "h2c", Dropped),
+    ("Transfer-Encoding", "chunked", Kept),
+    ("Content-Length", "5", Kept),
+    ("Set-Cookie", "a=1", Kept),
+    ("X-App", "y", Kept),
+];
+
+fn request(extra: &[(&str, &str)], reframed: Option<usize>) -> String {
+    let mut headers: Vec<(&[u8], &[u8])> = vec![(b"Host", b"a")];
+    headers.extend(extra.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())));
+    let mut out = Vec::new();
+    write_request(
+        &mut out,
+        b"POST",
+        b"/p",
+        headers.iter().copied(),
+        reframed,
+        &Identity {
+            user: "alice",
+            label: "SECRET",
+            client: "127.0.0.1",
+            https: false,
+        },
+        b"hi",
+    );
+    String::from_utf8(out).expect("text")
+}
+
+/// The values the app gets under `name`, in any case.
+fn values_of<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    text.split("\r\n")
+        .filter_map(|l| l.split_once(": "))
+        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v)
+        .collect()
+}
+
+#[test]
+fn every_header_the_gateway_owns_is_its_own_in_both_directions() {
+    for &(name, value, fate) in REQUEST {
+        let text = request(&[(name, value)], None);
+        let got = values_of(&text, name);
+        let want: Vec<&str> = match fate {
+            Kept => vec![value],
+            Dropped => vec![],
+            Replaced(v) => vec![v],
+        };
+        assert_eq!(got, want, "request header {name}: {value}\n{text}");
+    }
+    for &(name, value, fate) in RESPONSE {
+        let headers = [(name.as_bytes(), value.as_bytes())];
+        let framing = ResponseFraming::of(headers.iter().copied());
+        let dropped = response_drops(name.as_bytes(), &framing);
+        assert_eq!(dropped, fate == Dropped, "response header {name}: {value}");
+    }
+}
+
+#[test]
+fn headers_named_by_connection_stay_behind_but_never_the_framing() {
+    let text = request(&[("Connection", "x-hop, close"), ("X-Hop", "1")], None);
+    assert!(values_of(&text, "x-hop").is_empty(), "{text}");
+
+    let headers: [(&[u8], &[u8]); 4] = [
+        (b"Connection", b"content-length, x-a"),
+        (b"Content-Length", b"5"),
+        (b"X-A", b"1"),
+        (b"X-B", b"2"),
+    ];
+    let framing = ResponseFraming::of(headers.iter().copied());
+    assert!(response_drops(b"x-a", &framing));
+    assert!(!response_drops(b"content-length", &framing));
+    assert!(!response_drops(b"x-b", &framing));
+
+    // With a transfer coding, a content-length means nothing and is not passed on.
+    let chunked: [(&[u8], &[u8]); 2] = [
+        (b"Transfer-Encoding", b"chunked"),
+        (b"Content-Length", b"9"),
+    ];
+    let framing = ResponseFraming::of(chunked.iter().copied());
+    assert!(response_drops(b"Content-Length", &framing));
+}
+
+#[test]
+fn a_body_the_gateway_frames_gets_its_length_and_no_other() {
+    let text = request(
+        &[("Content-Length", "7"), ("Transfer-Encoding", "chunked")],
+        Some(2),
+    );
+    assert_eq!(values_of(&text, "content-length"), vec!["2"], "{text}");
+    assert!(values_of(&text, "transfer-encoding").is_empty());
+    assert!(text.ends_with("\r\n\r\nhi"));
+}
+
+#[test]
+fn identity_values_that_could_split_a_header_are_left_out() {
+    let mut out = Vec::new();
+    write_request(
+        &mut out,
+        b"GET",
+        b"/",
+        std::iter::empty(),
+        None,
+        &Identity {
+            user: "a\r\nx-evil: 1",
+            label: "SECRET",
+            client: "::1",
+            https: true,
+        },
+        b"",
+    );
+    let text = String::from_utf8(out).expect("text");
+    assert!(!text.contains("x-evil"), "{text}");
+    assert!(values_of(&text, "x-warden-user").is_empty());
+    assert_eq!(values_of(&text, "x-forwarded-proto"), vec!["https"]);
+}

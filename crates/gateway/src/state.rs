@@ -1,0 +1,26 @@
+//! What every connection of the gateway shares.
+
+use std::sync::Arc;
+
+use warden_core::Instances;
+use warden_store::Store;
+
+use crate::config::GatewayConfig;
+use crate::metrics::Metrics;
+use crate::upstream::Upstream;
+use crate::{auth, tls, views};
+
+/// The gateway's shared state.
+pub(crate) struct State {
+    pub config: GatewayConfig,
+    /// Written only to log users in and out; the request path reads the views.
+    pub store: Arc<dyn Store>,
+    pub views: Arc<views::Shared>,
+    /// Where instances come from.
+    pub instances: Arc<dyn Instances>,
+    /// Connections to instances.
+    pub upstream: Arc<Upstream>,
+    pub auth: auth::Authenticator,
+    pub metrics: Arc<Metrics>,
+    pub tls: Option<tls::Tls>,
+}

@@ -1,0 +1,284 @@
+//! The upstream side: keep-alive HTTP/1.1 connections to instances, and one exchange on them,
+//! for every downstream protocol. The request's bytes go out (already cleaned by
+//! [`crate::hygiene`]); the response head is parsed and cleaned ([`head`]); a body of known,
+//! small length is read whole on the request's own task, so its connection goes back to the
+//! pool at once; a larger or open-ended one is relayed as it arrives ([`relay`]), and its
+//! connection goes back after it.
+//!
+//! The request's task drives its connection itself: there is no connection task and no
+//! channel to cross per request, which is what made hyper's client cost about three times what
+//! nginx and haproxy spend per forwarded request (docs/BENCHMARKS.md).
+
+mod chunked;
+mod head;
+mod pool;
+mod relay;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use warden_core::{InstanceRecord, Instances};
+
+use crate::error::GatewayError;
+use head::{Framing, Parsed, ResponseHead};
+use pool::IDLE_TIMEOUT;
+
+/// Responses of known length up to this size are read whole before the client gets any byte;
+/// larger ones, and those of unknown length, are relayed as they arrive.
+const BUFFER_LIMIT: usize = 256 * 1024;
+/// A connection's read buffer larger than this is let go when it goes back to the pool.
+pub(crate) const KEEP_BUFFER: usize = 64 * 1024;
+/// Largest response head accepted from an instance.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
+/// A connection to an instance, with the bytes read from it and not yet used.
+pub(crate) struct Conn {
+    stream: TcpStream,
+    buf: BytesMut,
+    idle_since: Instant,
+}
+
+impl pool::Idle for Conn {
+    /// Not too old, and the app has neither closed it nor sent anything unasked. Costs no
+    /// system call when the socket has not become readable since it was last drained.
+    fn reusable(&self) -> bool {
+        if self.stale() || !self.buf.is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    fn stale(&self) -> bool {
+        self.idle_since.elapsed() >= IDLE_TIMEOUT
+    }
+
+    fn touch(&mut self) {
+        self.idle_since = Instant::now();
+        // A large answer does not leave a large buffer behind on an idle connection.
+        if self.buf.capacity() > KEEP_BUFFER {
+            self.buf = BytesMut::with_capacity(8 * 1024);
+        }
+    }
+}
+
+impl Conn {
+    async fn read_more(&mut self) -> Result<usize, GatewayError> {
+        if self.buf.capacity() - self.buf.len() < 4096 {
+            self.buf.reserve(16 * 1024);
+        }
+        self.stream
+            .read_buf(&mut self.buf)
+            .await
+            .map_err(|e| GatewayError::Broken(format!("reading the response: {e}")))
+    }
+}
+
+/// Idle connections to instances, by instance id, and the way to open new ones.
+pub(crate) struct Upstream {
+    idle: pool::Pool<Conn>,
+    instances: Arc<dyn Instances>,
+}
+
+/// The body of an answer.
+enum Body {
+    /// The whole body, read.
+    Whole(Bytes),
+    /// The body still to come on `conn` (whose buffer may already hold some of it).
+    Rest { conn: Conn, framing: Framing },
+}
+
+/// An instance's answer, its head already cleaned for the client.
+pub(crate) struct Answer {
+    pub status: u16,
+    head: Vec<u8>,
+    /// The value of the taint header, which is not passed on.
+    pub taint: Option<String>,
+    body: Body,
+    /// The connection may carry another request once the body is read.
+    reuse: bool,
+    /// Where the connection goes back to: the instance's id.
+    instance: String,
+}
+
+/// A request as the upstream side needs it.
+pub(crate) struct Exchange<'a> {
+    /// The request as it goes to the instance: head and body.
+    pub bytes: &'a [u8],
+    /// A HEAD request: its response has no body whatever its headers say.
+    pub head_only: bool,
+    /// May be sent again after it may have reached an app (RFC 9110 §9.2.2).
+    pub idempotent: bool,
+    /// Its connection may be reused; not for an instance that serves one request only.
+    pub pooled: bool,
+}
+
+// === impl Upstream ===
+
+impl Upstream {
+    pub(crate) fn new(instances: Arc<dyn Instances>) -> Self {
+        Self {
+            idle: pool::Pool::default(),
+            instances,
+        }
+    }
+
+    /// Forgets every idle connection to `instance` (it is gone).
+    pub(crate) fn forget(&self, instance: &str) {
+        self.idle.forget(instance);
+    }
+
+    async fn connect(&self, instance: &InstanceRecord) -> Result<Conn, GatewayError> {
+        let stream = self
+            .instances
+            .connect(instance)
+            .await
+            .map_err(|e| connecting(&e))?;
+        let _ = stream.set_nodelay(true);
+        Ok(Conn {
+            stream,
+            buf: BytesMut::with_capacity(8 * 1024),
+            idle_since: Instant::now(),
+        })
+    }
+
+    /// Sends the request to `instance` and reads the response head, and the body if it is
+    /// small. A pooled connection that turns out to be closed gets an idempotent request again
+    /// on a new one.
+    pub(crate) async fn send(
+        &self,
+        instance: &InstanceRecord,
+        x: &Exchange<'_>,
+    ) -> Result<Answer, GatewayError> {
+        let mut fresh_only = !x.pooled;
+        loop {
+            let pooled = if fresh_only {
+                None
+            } else {
+                self.idle.checkout(&instance.id)
+            };
+            let (mut conn, reused) = match pooled {
+                Some(c) => (c, true),
+                None => (self.connect(instance).await?, false),
+            };
+            if let Err(e) = conn.stream.write_all(x.bytes).await {
+                // The app closed the idle connection. Part of the request may have gone out, so
+                // only an idempotent one is sent again.
+                if reused && x.idempotent {
+                    fresh_only = true;
+                    continue;
+                }
+                // The app accepted the connection and then dropped it: it is alive, and may
+                // have read part of the request, so this is no refusal.
+                return Err(GatewayError::Broken(format!("sending the request: {e}")));
+            }
+            let head = match read_head(&mut conn, x.head_only).await? {
+                Some(h) => h,
+                // Closed before a byte of an answer on a reused connection: the app closed it as
+                // it went idle. The request may have arrived, so only an idempotent one is sent
+                // again, on a new connection.
+                None if reused && x.idempotent => {
+                    fresh_only = true;
+                    continue;
+                }
+                None => {
+                    return Err(GatewayError::Broken(
+                        "the instance closed the connection without answering".into(),
+                    ))
+                }
+            };
+            return self.answer(instance, conn, head, x.pooled).await;
+        }
+    }
+
+    /// The answer to a request whose head is read: its body read whole when it is small (and
+    /// the connection pooled again), else left on the connection.
+    async fn answer(
+        &self,
+        instance: &InstanceRecord,
+        mut conn: Conn,
+        head: ResponseHead,
+        pooled: bool,
+    ) -> Result<Answer, GatewayError> {
+        let reuse = head.reuse && pooled;
+        let small = match &head.framing {
+            None => Some(0),
+            Some(Framing::Length(n)) => usize::try_from(*n).ok().filter(|n| *n <= BUFFER_LIMIT),
+            Some(_) => None,
+        };
+        let body = match (small, head.framing) {
+            (Some(len), _) => {
+                while conn.buf.len() < len {
+                    if conn.read_more().await? == 0 {
+                        return Err(GatewayError::Broken(
+                            "the instance closed the connection inside the body".into(),
+                        ));
+                    }
+                }
+                let body = conn.buf.split_to(len).freeze();
+                if reuse && conn.buf.is_empty() {
+                    self.idle.checkin(&instance.id, conn);
+                }
+                Body::Whole(body)
+            }
+            (None, Some(framing)) => Body::Rest { conn, framing },
+            (None, None) => Body::Whole(Bytes::new()),
+        };
+        Ok(Answer {
+            status: head.status,
+            head: head.bytes,
+            taint: head.taint,
+            body,
+            reuse,
+            instance: instance.id.clone(),
+        })
+    }
+}
+
+/// A failed connect: refused when the instance (or its sandbox's socket) is not there.
+fn connecting(e: &std::io::Error) -> GatewayError {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionRefused | K::NotFound | K::ConnectionReset | K::ConnectionAborted => {
+            GatewayError::Refused(e.to_string())
+        }
+        _ => GatewayError::Unsent(e.to_string()),
+    }
+}
+
+/// Reads one final response head; `None` when the connection closed or was reset before any
+/// byte.
+async fn read_head(conn: &mut Conn, head_only: bool) -> Result<Option<ResponseHead>, GatewayError> {
+    loop {
+        match head::parse(&conn.buf, head_only)? {
+            Parsed::Informational(n) => {
+                let _ = conn.buf.split_to(n);
+                continue;
+            }
+            Parsed::Final(head, n) => {
+                let _ = conn.buf.split_to(n);
+                return Ok(Some(head));
+            }
+            Parsed::Partial => {}
+        }
+        if conn.buf.len() > MAX_RESPONSE_HEAD {
+            return Err(GatewayError::Broken(format!(
+                "the response head is larger than {MAX_RESPONSE_HEAD} bytes"
+            )));
+        }
+        let before = conn.buf.len();
+        match conn.read_more().await {
+            Ok(0) | Err(_) if before == 0 => return Ok(None),
+            Ok(0) => {
+                return Err(GatewayError::Broken(
+                    "the instance closed the connection inside the response head".into(),
+                ))
+            }
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The behaviour every [`Store`] backend must show, written once and run per backend. A test
+//! crate, never shipped: a backend's integration tests use it as a dev-dependency.
+//!
+//! Each check takes a fresh store handle and works under its own random key prefix, so backends
+//! that share one server (etcd) can run the checks side by side. Use [`store_conformance!`] in a
+//! backend's tests to turn every check into a test.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use warden_store::{content_hash, CasOutcome, EventKind, Store, StoreError, Watch};
+
+/// A random key prefix for one check.
+fn scope(name: &str) -> String {
+    format!("conf-{}/{name}", warden_core::id::short_id())
+}
+
+async fn next_event(w: &mut Watch) -> warden_store::Event {
+    tokio::time::timeout(Duration::from_secs(30), w.next())
+        .await
+        .expect("a watch event within 30 s")
+        .expect("watch open")
+        .expect("watch event, not error")
+}
+
+pub async fn put_get_and_hash(s: Arc<dyn Store>) {
+    let k = format!("{}/key", scope("put"));
+    let r1 = s.put(&k, b"one".to_vec(), None).await.unwrap();
+    let e = s.get(&k).await.unwrap().expect("entry after put");
+    assert_eq!(e.value, b"one");
+    assert_eq!(e.hash, content_hash(b"one"));
+    assert_eq!((e.create_revision, e.mod_revision, e.lease), (r1, r1, None));
+    let r2 = s.put(&k, b"two".to_vec(), None).await.unwrap();
+    assert!(r2 > r1, "revisions grow: {r2} after {r1}");
+    let e = s.get(&k).await.unwrap().unwrap();
+    assert_eq!(
+        (e.value.as_slice(), e.create_revision, e.mod_revision),
+        (&b"two"[..], r1, r2)
+    );
+    assert_eq!(
+        s.get_hash(&k).await.unwrap(),
+        Some((content_hash(b"two"), r2))
+    );
+}
+
+pub async fn missing_keys(s: Arc<dyn Store>) {
+    let k = format!("{}/nothing", scope("missing"));
+    assert_eq!(s.get(&k).await.unwrap(), None);
+    assert_eq!(s.get_hash(&k).await.unwrap(), None);
+    assert_eq!(s.delete(&k).await.unwrap(), None);
+}
+
+pub async fn prefix_lists_match_whole_tokens(s: Arc<dyn Store>) {
+    let p = scope("prefix");
+    for k in [
+        "apps/web",
+        "apps/web/spec",
+        "apps/web/releases/1",
+        "apps/webshop/spec",
+        "apps2/x",
+    ] {
+        s.put(&format!("{p}/{k}"), k.as_bytes().to_vec(), None)
+            .await
+            .unwrap();
+    }
+    let keys = |l: warden_store::Listing| {
+        l.entries
+            .into_iter()
+            .map(|e| e.key[p.len() + 1..].to_owned())
+            .collect::<Vec<_>>()
+    };
+    let web = s.list(&format!("{p}/apps/web")).await.unwrap();
+    let last = web.revision;
+    assert_eq!(
+        keys(web),
+        ["apps/web", "apps/web/releases/1", "apps/web/spec"]
+    );
+    assert_eq!(keys(s.list(&format!("{p}/apps/")).await.unwrap()).len(), 4);
+    assert_eq!(keys(s.list(&format!("{p}/apps")).await.unwrap()).len(), 4);
+    assert_eq!(keys(s.list(&format!("{p}/app")).await.unwrap()).len(), 0);
+    let all = s.list(&p).await.unwrap();
+    assert_eq!(all.entries.len(), 5);
+    assert!(all.revision >= last);
+}
+
+pub async fn delete_removes(s: Arc<dyn Store>) {
+    let k = format!("{}/k", scope("delete"));
+    let r1 = s.put(&k, b"v".to_vec(), None).await.unwrap();
+    let r2 = s.delete(&k).await.unwrap().expect("deleted");
+    assert!(r2 > r1);
+    assert_eq!(s.get(&k).await.unwrap(), None);
+}
+
+pub async fn compare_and_swap(s: Arc<dyn Store>) {
+    let k = format!("{}/k", scope("cas"));
+    let CasOutcome::Done(r1) = s
+        .compare_and_swap(&k, None, Some(b"a".to_vec()), None)
+        .await
+        .unwrap()
+    else {
+        panic!("create on absent key must succeed")
+    };
+    assert_eq!(
+        s.compare_and_swap(&k, None, Some(b"b".to_vec()), None)
+            .await
+            .unwrap(),
+        CasOutcome::Conflict { current: Some(r1) }
+    );
+    assert_eq!(
+        s.compare_and_swap(&k, Some(r1 + 1000), Some(b"b".to_vec()), None)
+            .await
+            .unwrap(),
+        CasOutcome::Conflict { current: Some(r1) }
+    );
+    assert_eq!(
+        s.get(&k).await.unwrap().unwrap().value,
+        b"a",
+        "a failed CAS changes nothing"
+    );
+    let CasOutcome::Done(r2) = s
+        .compare_and_swap(&k, Some(r1), Some(b"b".to_vec()), None)
+        .await
+        .unwrap()
+    else {
+        panic!("CAS with the current revision must succeed")
+    };
+    assert_eq!(s.get(&k).await.unwrap().unwrap().value, b"b");
+    assert_eq!(
+        s.compare_and_swap(&k, Some(r1), None, None).await.unwrap(),
+        CasOutcome::Conflict { current: Some(r2) }
+    );
+    assert!(matches!(
+        s.compare_and_swap(&k, Some(r2), None, None).await.unwrap(),
+        CasOutcome::Done(_)
+    ));
+    assert_eq!(s.get(&k).await.unwrap(), None);
+}
+
+pub async fn watch_replays_from_a_revision(s: Arc<dyn Store>) {
+    let p = scope("watch");
+    let first = s
+        .put(&format!("{p}/in/a"), b"1".to_vec(), None)
+        .await
+        .unwrap();
+    s.put(&format!("{p}/other"), b"x".to_vec(), None)
+        .await
+        .unwrap();
+    s.put(&format!("{p}/in/b"), b"2".to_vec(), None)
+        .await
+        .unwrap();
+    s.delete(&format!("{p}/in/a")).await.unwrap();
+    let mut w = s.watch(&format!("{p}/in"), first).await.unwrap();
+    let evs = [
+        next_event(&mut w).await,
+        next_event(&mut w).await,
+        next_event(&mut w).await,
+    ];
+    assert_eq!(evs[0].revision, first);
+    assert_eq!(
+        (evs[0].key.ends_with("/in/a"), &evs[0].kind),
+        (true, &EventKind::Put(b"1".to_vec()))
+    );
+    assert_eq!(
+        (evs[1].key.ends_with("/in/b"), &evs[1].kind),
+        (true, &EventKind::Put(b"2".to_vec()))
+    );
+    assert_eq!(
+        (evs[2].key.ends_with("/in/a"), &evs[2].kind),
+        (true, &EventKind::Delete)
+    );
+    assert!(evs[0].revision < evs[1].revision && evs[1].revision < evs[2].revision);
+    // Live changes follow the replay, and other prefixes stay out.
+    s.put(&format!("{p}/inside"), b"no".to_vec(), None)
+        .await
+        .unwrap();
+    s.put(&format!("{p}/in/c"), b"3".to_vec(), None)
+        .await
+        .unwrap();
+    let ev = next_event(&mut w).await;
+    assert!(ev.key.ends_with("/in/c"), "got {}", ev.key);
+}
+
+pub async fn watch_from_listing_sees_every_later_change(s: Arc<dyn Store>) {
+    let p = scope("listwatch");
+    s.put(&format!("{p}/a"), b"1".to_vec(), None).await.unwrap();
+    let listing = s.list(&p).await.unwrap();
+    let mut w = s.watch(&p, listing.revision + 1).await.unwrap();
+    for i in 0..20 {
+        s.put(&format!("{p}/k{i}"), vec![i], None).await.unwrap();
+    }
+    for i in 0..20u8 {
+        let ev = next_event(&mut w).await;
+        assert_eq!(ev.kind, EventKind::Put(vec![i]));
+    }
+}
+
+pub async fn leases_expire_and_watchers_see_it(s: Arc<dyn Store>) {
+    let p = scope("lease");
+    let lease = s.grant_lease(Duration::from_secs(2)).await.unwrap();
+    s.keep_alive(lease).await.unwrap();
+    let mut w = s.watch(&p, 0).await.unwrap();
+    s.put(&format!("{p}/owned"), b"v".to_vec(), Some(lease))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.get(&format!("{p}/owned")).await.unwrap().unwrap().lease,
+        Some(lease)
+    );
+    s.put(&format!("{p}/kept"), b"v".to_vec(), None)
+        .await
+        .unwrap();
+    assert!(matches!(next_event(&mut w).await.kind, EventKind::Put(_)));
+    assert!(matches!(next_event(&mut w).await.kind, EventKind::Put(_)));
+    let gone = next_event(&mut w).await;
+    assert_eq!(
+        (gone.key.ends_with("/owned"), gone.kind),
+        (true, EventKind::Delete)
+    );
+    assert_eq!(s.get(&format!("{p}/owned")).await.unwrap(), None);
+    assert!(s.get(&format!("{p}/kept")).await.unwrap().is_some());
+    assert!(matches!(
+        s.keep_alive(lease).await,
+        Err(StoreError::LeaseNotFound(_))
+    ));
+    assert!(matches!(
+        s.put(&format!("{p}/late"), b"v".to_vec(), Some(lease))
+            .await,
+        Err(StoreError::LeaseNotFound(_))
+    ));
+}
+
+pub async fn revoke_deletes_attached_keys(s: Arc<dyn Store>) {
+    let p = scope("revoke");
+    let lease = s.grant_lease(Duration::from_secs(60)).await.unwrap();
+    s.put(&format!("{p}/a"), b"1".to_vec(), Some(lease))
+        .await
+        .unwrap();
+    s.put(&format!("{p}/b"), b"2".to_vec(), Some(lease))
+        .await
+        .unwrap();
+    // Re-putting a key without the lease detaches it.
+    s.put(&format!("{p}/b"), b"3".to_vec(), None).await.unwrap();
+    s.revoke_lease(lease).await.unwrap();
+    assert_eq!(s.get(&format!("{p}/a")).await.unwrap(), None);
+    assert_eq!(s.get(&format!("{p}/b")).await.unwrap().unwrap().value, b"3");
+    assert!(matches!(
+        s.revoke_lease(lease).await,
+        Err(StoreError::LeaseNotFound(_))
+    ));
+}
+
+pub async fn concurrent_writers_all_land(s: Arc<dyn Store>) {
+    let p = scope("concurrent");
+    let writes = (0..100u32).map(|i| {
+        let s = s.clone();
+        let k = format!("{p}/{i}");
+        tokio::spawn(async move { s.put(&k, i.to_le_bytes().to_vec(), None).await })
+    });
+    let mut revs = Vec::new();
+    for w in writes.collect::<Vec<_>>() {
+        revs.push(w.await.unwrap().unwrap());
+    }
+    revs.sort_unstable();
+    revs.dedup();
+    assert_eq!(revs.len(), 100, "every write gets its own revision");
+    assert_eq!(s.list(&p).await.unwrap().entries.len(), 100);
+}
+
+/// Expands to one `#[tokio::test]` per conformance check. `$make` is an async expression that
+/// yields an `Arc<dyn Store>`; the calling crate needs `tokio` with the `macros` feature.
+#[macro_export]
+macro_rules! store_conformance {
+    ($make:expr) => {
+        $crate::store_conformance!(@each $make;
+            put_get_and_hash, missing_keys, prefix_lists_match_whole_tokens, delete_removes,
+            compare_and_swap, watch_replays_from_a_revision,
+            watch_from_listing_sees_every_later_change, leases_expire_and_watchers_see_it,
+            revoke_deletes_attached_keys, concurrent_writers_all_land);
+    };
+    (@each $make:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let store = $make.await;
+                $crate::$name(store).await;
+            }
+        )*
+    };
+}

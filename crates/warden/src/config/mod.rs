@@ -1,0 +1,316 @@
+//! `warden up`'s settings: every one has a key in the config file (`--config FILE`, TOML) and
+//! a flag of the same name (`listen` is `--listen`); flags override the file, and the
+//! environment sets nothing (but the log filter, `WARDEN_LOG`). [`Config::default`] is the one
+//! place every default lives; `docs/warden.example.toml` shows each key with its default.
+//!
+//! Settings are parsed into types that cannot hold a bad value ([`types`]); a bad value in the
+//! file or on the command line is an error naming its key or flag.
+
+mod flags;
+pub mod types;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use flags::{help_with_defaults, UpArgs};
+use types::{BridgeName, Cgroups, Cidr, Human, Role, Store};
+
+/// Everything `warden up` can be told.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Directory for the store, secrets and instance logs (created with mode 0700).
+    pub data_dir: PathBuf,
+    /// The roles this process runs.
+    pub roles: Vec<Role>,
+    /// Store backend.
+    pub store: Store,
+    /// Create a demo lattice, demo users and the demo app.
+    pub demo: bool,
+
+    /// Gateway address; port 0 picks a free one.
+    pub listen: SocketAddr,
+    /// Open gateway connections beyond which new ones get 503.
+    pub max_connections: usize,
+    /// Largest request head the gateway accepts; larger ones get 431.
+    pub max_header_bytes: usize,
+    /// Largest request body the gateway accepts; larger ones get 413.
+    pub max_body_bytes: usize,
+    /// Time a client gets to send a request head before 408.
+    pub header_timeout: Human,
+    /// Time an instance gets to answer a forwarded request before the client gets 504.
+    pub upstream_timeout: Human,
+    /// Lifetime of a login session.
+    pub session_ttl: Human,
+
+    /// TLS listen address [with --demo and no certificate: beside the gateway, its port + 2,
+    /// with a self-signed certificate].
+    pub tls_listen: Option<SocketAddr>,
+    /// PEM certificate chains for TLS; several for several names (SNI picks, the first is the
+    /// default).
+    pub tls_cert: Vec<PathBuf>,
+    /// PEM private keys, one per `tls_cert` in the same position.
+    pub tls_key: Vec<PathBuf>,
+    /// Handshake admission control: full handshakes beyond what the CPU can finish are refused
+    /// at once (off: every handshake is admitted).
+    pub tls_admission: bool,
+    /// Full TLS handshakes in progress at once [absent: 64 per core].
+    pub tls_handshake_concurrency: Option<usize>,
+    /// Full TLS handshakes that may wait for a slot before the rest are refused [absent: 64 per
+    /// core].
+    pub tls_handshake_queue: Option<usize>,
+    /// Longest wait of a full TLS handshake in the queue.
+    pub tls_queue_wait: Human,
+    /// Time a client gets to finish its TLS handshake.
+    pub tls_handshake_timeout: Human,
+
+    /// How long a verified password is trusted without running Argon2id again.
+    pub auth_cache_ttl: Human,
+    /// How long a refused password is answered from memory.
+    pub auth_negative_ttl: Human,
+    /// Failed sign-ins per user per window before 429.
+    pub auth_failures_per_user: u32,
+    /// Failed sign-ins per client address per window before 429.
+    pub auth_failures_per_addr: u32,
+    /// The window of sign-in throttling.
+    pub auth_window: Human,
+    /// Argon2id memory of new password hashes, in KiB.
+    pub argon2_memory_kib: u32,
+    /// Argon2id passes of new password hashes.
+    pub argon2_iterations: u32,
+    /// Argon2id lanes of new password hashes.
+    pub argon2_parallelism: u32,
+
+    /// API address; port 0 picks a free one.
+    pub api_listen: SocketAddr,
+
+    /// Most app instances this node runs at once; beyond it requests get 503.
+    pub max_instances: u32,
+    /// Size in MiB at which an instance's log is cut back to its newer half (checked twice a
+    /// second).
+    pub max_log_mb: u64,
+    /// Sandbox limits through cgroups where warden may write a hierarchy (auto), or through
+    /// rlimits only (off).
+    pub cgroups: Cgroups,
+    /// Bridge that sandboxes of apps with network "bridged" are attached to; created (as root)
+    /// when first needed, removed at shutdown if warden created it.
+    pub bridge: BridgeName,
+    /// IPv4 network of the bridge: the bridge takes the first address, instances the rest.
+    pub bridge_cidr: Cidr,
+    /// How long the node's records outlive it when it dies without deregistering.
+    pub node_lease_ttl: Human,
+}
+
+/// A default duration; never zero.
+const fn secs(s: u64) -> Human {
+    Human(std::time::Duration::from_secs(s))
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let cost = warden_auth::Argon2Cost::RFC9106_SECOND;
+        Self {
+            data_dir: "warden-data".into(),
+            roles: Role::ALL.to_vec(),
+            store: Store(warden_store::Backend::Embedded),
+            demo: false,
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 7700)),
+            max_connections: 10_000,
+            max_header_bytes: 16 * 1024,
+            max_body_bytes: 10 * 1024 * 1024,
+            header_timeout: secs(15),
+            upstream_timeout: secs(60),
+            session_ttl: secs(12 * 3600),
+            tls_listen: None,
+            tls_cert: Vec::new(),
+            tls_key: Vec::new(),
+            tls_admission: true,
+            tls_handshake_concurrency: None,
+            tls_handshake_queue: None,
+            tls_queue_wait: Human(std::time::Duration::from_millis(250)),
+            tls_handshake_timeout: secs(10),
+            auth_cache_ttl: secs(300),
+            auth_negative_ttl: secs(30),
+            auth_failures_per_user: 10,
+            auth_failures_per_addr: 50,
+            auth_window: secs(60),
+            argon2_memory_kib: cost.memory_kib,
+            argon2_iterations: cost.iterations,
+            argon2_parallelism: cost.parallelism,
+            api_listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 7701)),
+            max_instances: 256,
+            max_log_mb: 8,
+            cgroups: Cgroups::Auto,
+            bridge: BridgeName("warden0".into()),
+            bridge_cidr: Cidr(Ipv4Addr::new(10, 213, 0, 0), 16),
+            node_lease_ttl: secs(10),
+        }
+    }
+}
+
+/// Why the settings cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read the config file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML for these settings.
+    #[error("config file {}: {message}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, and where.
+        message: String,
+    },
+    /// A setting has a value that cannot work.
+    #[error("{key}: {reason}")]
+    Invalid {
+        /// The setting (config key; the flag is `--` and the key with '-' for '_').
+        key: &'static str,
+        /// Why, and what would do.
+        reason: String,
+    },
+}
+
+// === impl Config ===
+
+impl Config {
+    /// Reads a config file; every key it leaves out keeps its default.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parses the text of a config file.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Checks what the types alone cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
+        if self.roles.is_empty() {
+            return invalid("roles", "name at least one role: gateway, agent, api");
+        }
+        if self.roles.contains(&Role::Checker) {
+            return invalid(
+                "roles",
+                "the checker role is not built yet (it comes with self-healing across nodes); use gateway, agent and api",
+            );
+        }
+        if !(1..=1_048_576).contains(&self.max_log_mb) {
+            return invalid("max_log_mb", "use 1 to 1048576 (MiB)");
+        }
+        if self.tls_cert.len() != self.tls_key.len() {
+            return Err(ConfigError::Invalid {
+                key: "tls_key",
+                reason: format!(
+                    "give one key per certificate (got {} certificates and {} keys)",
+                    self.tls_cert.len(),
+                    self.tls_key.len()
+                ),
+            });
+        }
+        if self.tls_listen.is_some() && self.tls_cert.is_empty() && !self.demo {
+            return invalid(
+                "tls_listen",
+                "a TLS listener needs a certificate: give tls_cert and tls_key (--tls-cert FILE --tls-key FILE)",
+            );
+        }
+        if self.tls_listen.is_none() && !self.tls_cert.is_empty() && !self.demo {
+            return invalid(
+                "tls_cert",
+                "a certificate needs tls_listen (--tls-listen ADDR) to say where to serve TLS",
+            );
+        }
+        for (key, n) in [
+            ("max_connections", self.max_connections),
+            ("max_header_bytes", self.max_header_bytes),
+            ("max_body_bytes", self.max_body_bytes),
+        ] {
+            if n == 0 {
+                return invalid(key, "use a value above 0");
+            }
+        }
+        if let Err(e) = self.argon2_cost().hasher() {
+            return Err(ConfigError::Invalid {
+                key: "argon2_memory_kib",
+                reason: e.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether this process runs `role`.
+    pub fn runs(&self, role: Role) -> bool {
+        self.roles.contains(&role)
+    }
+
+    /// The cost of new password hashes.
+    pub fn argon2_cost(&self) -> warden_auth::Argon2Cost {
+        warden_auth::Argon2Cost {
+            memory_kib: self.argon2_memory_kib,
+            iterations: self.argon2_iterations,
+            parallelism: self.argon2_parallelism,
+        }
+    }
+
+    /// Where TLS is served: as given, or with `--demo` beside the gateway (its port + 2, or a
+    /// free port when the gateway's is 0), so that several wardens on one machine never
+    /// collide.
+    pub fn tls_listen(&self) -> Option<SocketAddr> {
+        self.tls_listen.or_else(|| {
+            self.demo.then(|| {
+                let port = match self.listen.port() {
+                    0 => 0,
+                    p => p.checked_add(2).unwrap_or(0),
+                };
+                SocketAddr::new(self.listen.ip(), port)
+            })
+        })
+    }
+
+    /// The authentication settings of the gateway.
+    pub fn auth(&self) -> warden_gateway::AuthConfig {
+        warden_gateway::AuthConfig {
+            cache_ttl: self.auth_cache_ttl.0,
+            negative_ttl: self.auth_negative_ttl.0,
+            failures_per_user: self.auth_failures_per_user,
+            failures_per_addr: self.auth_failures_per_addr,
+            window: self.auth_window.0,
+            argon2: self.argon2_cost(),
+        }
+    }
+
+    /// Handshake admission control of the TLS listener.
+    pub fn admission(&self) -> warden_gateway::AdmissionConfig {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        warden_gateway::AdmissionConfig {
+            enabled: self.tls_admission,
+            concurrency: self.tls_handshake_concurrency.unwrap_or(64 * cores),
+            queue: self.tls_handshake_queue.unwrap_or(64 * cores),
+            queue_wait: self.tls_queue_wait.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+//! The value types of settings that are more than a number or a path, each parsed from the
+//! same text on the command line and in the config file.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Serde through the type's `FromStr` and `Display`, so the config file takes the same text as
+/// the command line.
+macro_rules! serde_by_text {
+    ($t:ty) => {
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(d)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+/// A duration written for people: `500ms`, `30s`, `5m`, `12h`, `1h 30m`. Never zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Human(pub Duration);
+
+impl FromStr for Human {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let d = humantime::parse_duration(s)
+            .map_err(|e| format!("{s:?} is not a duration like 500ms, 30s, 5m or 12h ({e})"))?;
+        if d.is_zero() {
+            return Err(format!("{s:?} is zero; give a duration above zero"));
+        }
+        Ok(Self(d))
+    }
+}
+
+impl fmt::Display for Human {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+serde_by_text!(Human);
+
+/// A role a `warden up` process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Role {
+    /// The single entry point: TLS, authentication, routing to instances.
+    Gateway,
+    /// Runs instances on this node.
+    Agent,
+    /// The admin API, metrics and status.
+    Api,
+    /// Probes instances and removes the records of dead ones (not built yet).
+    Checker,
+}
+
+impl Role {
+    /// Every role this build runs, the default.
+    pub const ALL: [Role; 3] = [Role::Gateway, Role::Agent, Role::Api];
+}
+
+impl FromStr for Role {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        <Self as clap::ValueEnum>::from_str(s, false).map_err(|_| {
+            format!("{s:?} is not a role; use gateway, agent or api, separated by commas")
+        })
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Gateway => "gateway",
+            Self::Agent => "agent",
+            Self::Api => "api",
+            Self::Checker => "checker",
+        })
+    }
+}
+
+serde_by_text!(Role);
+
+/// How sandbox limits are enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Cgroups {
+    /// cgroups where warden may write a hierarchy, else rlimits.
+    Auto,
+    /// rlimits only.
+    Off,
+}
+
+impl FromStr for Cgroups {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        <Self as clap::ValueEnum>::from_str(s, false)
+            .map_err(|_| format!("{s:?} is not a cgroups mode; use auto or off"))
+    }
+}
+
+impl fmt::Display for Cgroups {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Off => "off",
+        })
+    }
+}
+
+serde_by_text!(Cgroups);
+
+/// The store backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Store(pub warden_store::Backend);
+
+impl FromStr for Store {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.parse()
+            .map(Self)
+            .map_err(|e: warden_store::StoreError| e.to_string())
+    }
+}
+
+impl fmt::Display for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+serde_by_text!(Store);
+
+/// An IPv4 network, `a.b.c.d/n`, without host bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr(pub std::net::Ipv4Addr, pub u8);
+
+impl FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        warden_agent::sandbox::bridge::BridgeConfig::parse_cidr(s)
+            .map(|(a, p)| Self(a, p))
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.0, self.1)
+    }
+}
+
+serde_by_text!(Cidr);
+
+/// A network interface name for the bridge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BridgeName(pub String);
+
+impl FromStr for BridgeName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        warden_agent::sandbox::bridge::BridgeConfig::validate_name(s)
+            .map(|()| Self(s.to_owned()))
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl fmt::Display for BridgeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+serde_by_text!(BridgeName);

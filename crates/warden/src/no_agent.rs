@@ -1,0 +1,54 @@
+//! The instances source of a process that runs no agent (`warden up --roles gateway,api`):
+//! it reaches instances whose records name a TCP address, and says plainly that it can start
+//! none.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::net::TcpStream;
+use warden_core::{Activity, AppSpec, InstanceError, InstanceRecord, Instances, Owner};
+
+/// No agent in this process.
+pub struct NoAgent;
+
+fn no_agent() -> InstanceError {
+    InstanceError::Unavailable(
+        "no agent runs in this process; start warden with the agent role (warden up --roles …,agent)".into(),
+    )
+}
+
+#[async_trait]
+impl Instances for NoAgent {
+    async fn ensure(
+        &self,
+        _spec: &AppSpec,
+        _label: &str,
+        _owner: &Owner,
+    ) -> Result<InstanceRecord, InstanceError> {
+        Err(no_agent())
+    }
+
+    async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<TcpStream> {
+        warden_agent::connect(&instance.addr).await
+    }
+
+    fn refused(&self, _instance: &InstanceRecord) {}
+
+    fn retire(&self, _id: &str) {}
+
+    async fn relabel(&self, _id: &str, _label: &str) -> Result<(), InstanceError> {
+        Err(no_agent())
+    }
+
+    async fn kill(&self, _id: &str) -> Result<(), InstanceError> {
+        Err(no_agent())
+    }
+
+    fn activity(&self, _id: &str) -> Option<Arc<Activity>> {
+        None
+    }
+
+    fn logs(&self, _id: &str, _lines: usize) -> Result<String, InstanceError> {
+        Err(no_agent())
+    }
+}

@@ -1,0 +1,41 @@
+//! warden from outside, through the real binary: one test binary, one module per part of the
+//! platform. Every test starts `warden up` on ephemeral ports (see `warden-test-support`), talks
+//! to it over real sockets and asserts what a user or an attacker would see.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+
+/// The `warden` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_warden");
+
+/// The sandbox probe, an example of this package that `cargo test` builds beside the tests
+/// (it never ships): it tries to escape its sandbox and reports each attempt.
+pub fn probe() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/it-<hash> → target/<profile>/examples/sandbox-probe
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("examples").join("sandbox-probe"))
+        .unwrap();
+    assert!(
+        path.exists(),
+        "{} is missing: build it with `cargo build -p warden --examples`",
+        path.display()
+    );
+    path
+}
+
+mod api;
+mod cli;
+mod gateway;
+mod gateway_starts;
+mod lattice;
+mod lifetimes;
+mod pools;
+mod routing;
+mod sandbox;
+mod statics;
+mod store_durability;
+mod tls;
+mod walking_skeleton;

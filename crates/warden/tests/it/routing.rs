@@ -1,0 +1,133 @@
+//! How the gateway spreads requests over the instances of one label, through the real binary:
+//! in turn or to the least busy one, over pooled connections, and around every instance that
+//! refuses while one lives.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use warden_test_support::http::basic;
+use warden_test_support::{request, wait_until, Warden};
+
+use crate::BIN;
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Registers `app` with `n` kept SECRET instances and `extra` spec fields, and waits until
+/// they are ready and the gateway routes to each; returns (id, addr) of each.
+fn kept(w: &Warden, app: &str, n: u32, extra: Value) -> Vec<(String, String)> {
+    // No more than the kept ones: a request that came before the gateway saw them cannot start
+    // another (it gets 503 and is asked again).
+    let mut spec = json!({ "desired": { "SECRET": n }, "max_instances": n });
+    for (k, v) in extra.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    w.create_demo_app(BIN, app, spec);
+    let ready = wait_until(&format!("{n} ready instances of {app}"), WAIT, || {
+        let ready: Vec<(String, String)> = w
+            .instances()
+            .into_iter()
+            .filter(|i| i["app"] == app && i["state"] == "ready")
+            .map(|i| {
+                let s = |k: &str| i[k].as_str().unwrap().to_owned();
+                (s("id"), s("addr"))
+            })
+            .collect();
+        (ready.len() == n as usize).then_some(ready)
+    });
+    // The gateway learns of instances through the store's watch: ask until each has answered.
+    let alice = w.password("alice");
+    let mut answered = BTreeSet::new();
+    wait_until(
+        &format!("the gateway to route to all of {app}"),
+        WAIT,
+        || {
+            let r = w.get_as("alice", &alice, &format!("/apps/{app}/"));
+            if r.status == 200 {
+                answered.insert(r.json()["instance"].as_str().unwrap().to_owned());
+            }
+            (answered.len() == n as usize).then_some(())
+        },
+    );
+    ready
+}
+
+/// Sends a request to `app` as alice that its instance never answers, and waits until one of
+/// `instances` holds it; returns the connection (the request lives as long as it does) and
+/// the id of the instance holding it.
+fn hold(w: &Warden, app: &str, instances: &[(String, String)]) -> (TcpStream, String) {
+    let mut held = TcpStream::connect(w.gateway.trim_start_matches("http://")).unwrap();
+    write!(
+        held,
+        "GET /apps/{app}/_hang HTTP/1.1\r\nhost: x\r\nauthorization: {}\r\n\r\n",
+        basic("alice", &w.password("alice"))
+    )
+    .unwrap();
+    // Asked directly, each instance says how many requests it holds.
+    let busy = wait_until("the held request to reach an instance", WAIT, || {
+        instances
+            .iter()
+            .find(|(_, addr)| {
+                request("GET", &format!("http://{addr}/_hanging"), &[], b"").text() == "1"
+            })
+            .map(|(id, _)| id.clone())
+    });
+    (held, busy)
+}
+
+#[test]
+fn requests_take_turns_or_go_to_the_instance_with_fewest_in_flight() {
+    let w = Warden::demo(BIN);
+    let alice = w.password("alice");
+    let turns = kept(&w, "turns", 2, json!({}));
+    let least = kept(&w, "least", 2, json!({ "balance": "least_outstanding" }));
+    let serve = |app: &str| w.get_as("alice", &alice, &format!("/apps/{app}/")).json();
+
+    // In turn: each answer comes from the other instance than the one before.
+    let answers: Vec<Value> = (0..6).map(|_| serve("turns")).collect();
+    for pair in answers.windows(2) {
+        assert_ne!(pair[0]["instance"], pair[1]["instance"], "{answers:?}");
+    }
+    // Each instance saw one connection from the gateway: it is kept and reused.
+    let mut peers: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for a in &answers {
+        peers
+            .entry(a["instance"].as_str().unwrap().to_owned())
+            .or_default()
+            .insert(a["peer"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(peers.len(), 2, "{peers:?}");
+    assert!(peers.values().all(|p| p.len() == 1), "{peers:?}");
+
+    // In turn, a busy instance still gets its share...
+    let (held, busy) = hold(&w, "turns", &turns);
+    let ids: Vec<Value> = (0..4).map(|_| serve("turns")["instance"].clone()).collect();
+    assert!(ids.contains(&json!(busy)), "{ids:?}");
+    drop(held);
+    // ...while the least busy one takes everything while the other holds a request.
+    let (held, busy) = hold(&w, "least", &least);
+    for _ in 0..6 {
+        let a = serve("least");
+        assert_ne!(a["instance"], busy.as_str(), "{a}");
+    }
+    drop(held);
+}
+
+#[test]
+fn every_refusing_instance_is_passed_over_while_one_lives() {
+    let w = Warden::demo(BIN);
+    let all = kept(&w, "many", 8, json!({}));
+    // Seven instances stop accepting connections but keep running, so only refusals tell.
+    let (open, closing) = all.split_first().unwrap();
+    for (_, addr) in closing {
+        let r = request("GET", &format!("http://{addr}/_close"), &[], b"");
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let alice = w.password("alice");
+    for _ in 0..4 {
+        let r = w.get_as("alice", &alice, "/apps/many/");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["instance"], open.0.as_str());
+    }
+}

@@ -1,0 +1,134 @@
+//! Static files served by the gateway itself, through the real binary.
+
+use serde_json::json;
+use warden_test_support::http::{basic, raw};
+use warden_test_support::{request, Warden};
+
+use crate::BIN;
+
+fn site(w: &Warden) -> (String, std::path::PathBuf) {
+    let root = w.dir.join("site");
+    std::fs::create_dir_all(root.join("docs")).unwrap();
+    std::fs::write(root.join("style.css"), "body { color: red }\n").unwrap();
+    std::fs::write(root.join("docs/index.html"), "<h1>docs</h1>").unwrap();
+    std::fs::write(w.dir.join("outside.txt"), "secret outside").unwrap();
+    std::os::unix::fs::symlink(w.dir.join("outside.txt"), root.join("escape.txt")).unwrap();
+    let spec = json!({"name": "site", "command": [BIN, "demo-app"], "static_dir": root.display().to_string(), "static_prefix": "/assets/"});
+    assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+    (basic("alice", &w.password("alice")), root)
+}
+
+#[test]
+fn files_come_with_type_validators_and_ranges_without_starting_an_instance() {
+    let w = Warden::demo(BIN);
+    let (auth, _) = site(&w);
+    let url = format!("{}/apps/site/assets/style.css", w.gateway);
+    let r = request("GET", &url, &[("authorization", &auth)], b"");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "body { color: red }\n");
+    assert!(r.header("content-type").unwrap().starts_with("text/css"));
+    let etag = r.header("etag").unwrap().to_owned();
+    let modified = r.header("last-modified").unwrap().to_owned();
+
+    assert_eq!(
+        request(
+            "GET",
+            &url,
+            &[("authorization", &auth), ("if-none-match", &etag)],
+            b""
+        )
+        .status,
+        304
+    );
+    assert_eq!(
+        request(
+            "GET",
+            &url,
+            &[("authorization", &auth), ("if-modified-since", &modified)],
+            b""
+        )
+        .status,
+        304
+    );
+    assert_eq!(
+        request(
+            "GET",
+            &url,
+            &[("authorization", &auth), ("if-none-match", "\"other\"")],
+            b""
+        )
+        .status,
+        200
+    );
+
+    let part = request(
+        "GET",
+        &url,
+        &[("authorization", &auth), ("range", "bytes=0-3")],
+        b"",
+    );
+    assert_eq!((part.status, part.text().as_str()), (206, "body"));
+    assert_eq!(part.header("content-range"), Some("bytes 0-3/20"));
+    let past = request(
+        "GET",
+        &url,
+        &[("authorization", &auth), ("range", "bytes=100-")],
+        b"",
+    );
+    assert_eq!(
+        (past.status, past.header("content-range")),
+        (416, Some("bytes */20"))
+    );
+
+    let head = request("HEAD", &url, &[("authorization", &auth)], b"");
+    assert_eq!(
+        (head.status, head.header("content-length")),
+        (200, Some("20"))
+    );
+    assert_eq!(
+        request("POST", &url, &[("authorization", &auth)], b"x").status,
+        405
+    );
+    let index = request(
+        "GET",
+        &format!("{}/apps/site/assets/docs/", w.gateway),
+        &[("authorization", &auth)],
+        b"",
+    );
+    assert_eq!(
+        (index.status, index.text().as_str()),
+        (200, "<h1>docs</h1>")
+    );
+
+    assert!(
+        w.instances().is_empty(),
+        "static files never start an instance"
+    );
+    assert_eq!(
+        request("GET", &url, &[], b"").status,
+        401,
+        "static files need a signed-in user too"
+    );
+}
+
+#[test]
+fn no_traversal_or_symlink_escape() {
+    let w = Warden::demo(BIN);
+    let (auth, _) = site(&w);
+    let h = w.gateway.trim_start_matches("http://").to_owned();
+    for path in [
+        "/apps/site/assets/../../outside.txt",
+        "/apps/site/assets/%2e%2e/%2e%2e/outside.txt",
+        "/apps/site/assets/..%2f..%2foutside.txt",
+        "/apps/site/assets/escape.txt",
+        "/apps/site/assets/docs/../../outside.txt",
+        "/apps/site/assets/%00",
+    ] {
+        let r = raw(&h, format!("GET {path} HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\nconnection: close\r\n\r\n").as_bytes());
+        assert!(r.status == 404 || r.status == 400, "{path}: {}", r.status);
+        assert!(
+            !r.text().contains("secret outside"),
+            "{path} leaked a file outside the root"
+        );
+    }
+}
