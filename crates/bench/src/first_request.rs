@@ -19,7 +19,7 @@ pub(crate) fn run(runs: usize, warden: &Path, out: &Path) -> anyhow::Result<()> 
     let mut rows = vec!["run,cold_ms,warm_ms,direct_ms".to_owned()];
     let (mut cold, mut warm, mut direct) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs {
-        let w = Launch::new(warden).start();
+        let w = Launch::new(warden).log("info").start();
         let pw = w.password("alice");
         let t = Instant::now();
         let first = w.get_as("alice", &pw, "/apps/demo/");

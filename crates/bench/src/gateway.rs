@@ -331,7 +331,9 @@ pub(crate) fn prepare(warden: &Path, out: &Path, name: &str) -> anyhow::Result<P
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let work = prepare(&args.warden, &args.out, "gateway-work")?;
 
+    // warden's own default log filter, as in production.
     let w = Launch::new(&args.warden)
+        .log("info")
         .arg("--max-connections")
         .arg("8000")
         .start();

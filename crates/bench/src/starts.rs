@@ -202,7 +202,7 @@ fn stats(v: &[f64]) -> String {
 
 /// One fresh warden, one app with `path`, one timed first request and one second request.
 fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
-    let mut launch = Launch::new(warden);
+    let mut launch = Launch::new(warden).log("info");
     if path == Start::JitRlimits {
         launch = launch.arg("--cgroups").arg("off");
     }
@@ -400,6 +400,7 @@ struct Idle {
 fn idle_memory(warden: &Path, driver: &str, n: u32) -> anyhow::Result<Idle> {
     let max = (n + 16).to_string();
     let w = Launch::new(warden)
+        .log("info")
         .no_demo()
         .arg("--max-instances")
         .arg(&max)

@@ -6,6 +6,7 @@
 //! never printed.
 #![forbid(unsafe_code)]
 
+mod apps;
 mod client;
 mod config;
 mod phases;
@@ -18,6 +19,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
+pub use apps::{AppsCommand, CreateApp};
 pub use config::Endpoint;
 
 /// How to reach the API.
@@ -43,90 +45,6 @@ pub struct ClientArgs {
     /// Print JSON instead of tables
     #[arg(long, global = true)]
     pub json: bool,
-}
-
-/// `warden apps ...`
-// Parsed once per run; boxing the big variant would only add noise.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Subcommand)]
-pub enum AppsCommand {
-    /// Register an app: `warden apps create NAME [options] -- PROGRAM [ARGS...]`
-    Create {
-        /// App name (a-z, 0-9, '-', '_')
-        name: String,
-        /// Program and arguments; it must listen on 127.0.0.1:$PORT
-        #[arg(required = true, last = true)]
-        command: Vec<String>,
-        /// Extra environment, KEY=VALUE (repeatable)
-        #[arg(long = "env", value_name = "KEY=VALUE")]
-        env: Vec<String>,
-        /// Host name routed to this app (repeatable)
-        #[arg(long = "host")]
-        hosts: Vec<String>,
-        /// Group allowed to use the app (repeatable; none: every authenticated user)
-        #[arg(long = "group")]
-        groups: Vec<String>,
-        /// Working directory of instances
-        #[arg(long)]
-        workdir: Option<String>,
-        /// How long the gateway waits for a new instance, in milliseconds
-        #[arg(long)]
-        start_timeout_ms: Option<u64>,
-        /// How instances run: process (default) or sandbox
-        #[arg(long)]
-        driver: Option<String>,
-        /// Whom one instance serves: shared (default), per_user or per_request
-        #[arg(long)]
-        lifetime: Option<String>,
-        /// Stop instances idle this long, in milliseconds (0 keeps them)
-        #[arg(long)]
-        idle_timeout_ms: Option<u64>,
-        /// Most instances of the app per node
-        #[arg(long)]
-        max_instances: Option<u32>,
-        /// Instances kept running for a label, LABEL=COUNT (repeatable)
-        #[arg(long = "desired", value_name = "LABEL=COUNT")]
-        desired: Vec<String>,
-        /// Memory limit of each sandboxed instance, in MiB (cgroup limit, else address space)
-        #[arg(long)]
-        memory_mb: Option<u64>,
-        /// Process limit of each sandboxed instance
-        #[arg(long)]
-        processes: Option<u64>,
-        /// CPU cap of each sandboxed instance in thousandths of a core (needs the cpu cgroup)
-        #[arg(long)]
-        millicpus: Option<u64>,
-        /// How a request that finds no instance gets one: jit (default), slot or warm
-        #[arg(long)]
-        start: Option<String>,
-        /// Prepared sandboxes kept per node with --start slot
-        #[arg(long)]
-        slots: Option<u32>,
-        /// Spare running instances kept per node for a label with --start warm, LABEL=COUNT
-        /// (repeatable)
-        #[arg(long = "warm", value_name = "LABEL=COUNT")]
-        warm: Vec<String>,
-        /// Path an instance must answer 2xx or 3xx before it counts as ready (default: accepting
-        /// a connection is enough)
-        #[arg(long)]
-        health_path: Option<String>,
-        /// Network of sandboxed instances: isolated (default, loopback only) or bridged (a veth
-        /// on the node's bridge for egress; warden must run as root)
-        #[arg(long)]
-        network: Option<String>,
-    },
-    /// List apps
-    List,
-    /// Show one app
-    Show {
-        /// App name
-        name: String,
-    },
-    /// Remove an app and stop its instances
-    Rm {
-        /// App name
-        name: String,
-    },
 }
 
 /// `warden users ...`
@@ -217,7 +135,7 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
     let api = client::Client::new(endpoint);
     let out = Output { json: args.json };
     match cmd {
-        ClientCommand::Apps(c) => apps(&api, &out, c).await,
+        ClientCommand::Apps(c) => apps::run(&api, &out, c).await,
         ClientCommand::Users(c) => users(&api, &out, c).await,
         ClientCommand::Instances(c) => instances(&api, &out, c).await,
         ClientCommand::Status => status(&api, &out).await,
@@ -283,121 +201,6 @@ fn label_counts(flag: &str, pairs: Vec<String>) -> anyhow::Result<BTreeMap<Strin
         counts.insert(label.to_owned(), n);
     }
     Ok(counts)
-}
-
-async fn apps(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::Result<()> {
-    match cmd {
-        AppsCommand::Create {
-            name,
-            command,
-            env,
-            hosts,
-            groups,
-            workdir,
-            start_timeout_ms,
-            driver,
-            lifetime,
-            idle_timeout_ms,
-            max_instances,
-            desired,
-            memory_mb,
-            processes,
-            millicpus,
-            start,
-            slots,
-            warm,
-            health_path,
-            network,
-        } => {
-            let mut envs = BTreeMap::new();
-            for kv in env {
-                let Some((k, v)) = kv.split_once('=') else {
-                    bail!("--env {kv:?} must be KEY=VALUE")
-                };
-                envs.insert(k.to_owned(), v.to_owned());
-            }
-            let mut body = json!({ "name": name, "command": command, "env": envs, "hosts": hosts, "groups": groups });
-            if let Some(w) = workdir {
-                body["workdir"] = json!(w);
-            }
-            if let Some(t) = start_timeout_ms {
-                body["start_timeout_ms"] = json!(t);
-            }
-            for (key, pairs) in [("desired", desired), ("warm", warm)] {
-                let counts = label_counts(key, pairs)?;
-                if !counts.is_empty() {
-                    body[key] = json!(counts);
-                }
-            }
-            if let Some(v) = slots {
-                body["slots"] = json!(v);
-            }
-            for (key, v) in [
-                ("driver", driver),
-                ("lifetime", lifetime),
-                ("start", start),
-                ("health_path", health_path),
-                ("network", network),
-            ] {
-                if let Some(v) = v {
-                    body[key] = json!(v);
-                }
-            }
-            if let Some(v) = idle_timeout_ms {
-                body["idle_timeout_ms"] = json!(v);
-            }
-            if let Some(v) = max_instances {
-                body["max_instances"] = json!(v);
-            }
-            if memory_mb.is_some() || processes.is_some() || millicpus.is_some() {
-                let mut limits = json!({});
-                if let Some(v) = millicpus {
-                    limits["millicpus"] = json!(v);
-                }
-                if let Some(v) = memory_mb {
-                    limits["memory_mb"] = json!(v);
-                }
-                if let Some(v) = processes {
-                    limits["processes"] = json!(v);
-                }
-                body["limits"] = limits;
-            }
-            let v = api.send("POST", "/v1/apps", Some(body)).await?;
-            out.value(&v, |v| {
-                println!(
-                    "app {} created; it is served at /apps/{}/",
-                    s(&v["name"]),
-                    s(&v["name"])
-                )
-            });
-        }
-        AppsCommand::List => {
-            let v = api.send("GET", "/v1/apps", None).await?;
-            out.value(&v, |v| {
-                let rows = v.as_array().into_iter().flatten().map(|a| {
-                    vec![
-                        s(&a["name"]),
-                        s(&a["command"]).replace(',', " "),
-                        s(&a["groups"]),
-                        s(&a["hosts"]),
-                    ]
-                });
-                table::print(&["NAME", "COMMAND", "GROUPS", "HOSTS"], rows);
-            });
-        }
-        AppsCommand::Show { name } => {
-            let v = api.send("GET", &format!("/v1/apps/{name}"), None).await?;
-            out.value(&v, |v| {
-                println!("{}", serde_json::to_string_pretty(v).unwrap_or_default())
-            });
-        }
-        AppsCommand::Rm { name } => {
-            api.send("DELETE", &format!("/v1/apps/{name}"), None)
-                .await?;
-            out.done(format!("app {name} removed; its instances are stopping"));
-        }
-    }
-    Ok(())
 }
 
 async fn users(api: &client::Client, out: &Output, cmd: UsersCommand) -> anyhow::Result<()> {

@@ -74,7 +74,7 @@ pub(crate) async fn run(
             continue;
         };
         let state = state.clone();
-        let span = tracing::info_span!("conn", %peer, tls);
+        let span = tracing::debug_span!("conn", %peer, tls);
         tokio::spawn(
             async move {
                 state.metrics.connections.inc();

@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the platform: its roles (gateway, agent, API) in one process against one store
-    Up(config::UpArgs),
+    Up(Box<config::UpArgs>),
     /// Manage apps
     Apps(AppsCmd),
     /// Manage users
@@ -134,7 +134,7 @@ async fn run(cli: Cli) -> std::process::ExitCode {
     let result = match cli.command {
         Command::Up(args) => {
             init_logs();
-            up::run(args).await
+            up::run(*args).await
         }
         Command::Apps(c) => warden_cli::run(&c.client, ClientCommand::Apps(c.command)).await,
         Command::Users(c) => warden_cli::run(&c.client, ClientCommand::Users(c.command)).await,

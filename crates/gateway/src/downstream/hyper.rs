@@ -131,7 +131,7 @@ async fn handle(state: &State, req: Request<Incoming>, client: &Client) -> Respo
             app,
             path_and_query,
         } => {
-            let span = tracing::info_span!("request", app = %app, label = tracing::field::Empty);
+            let span = tracing::debug_span!("request", app = %app, label = tracing::field::Empty);
             let resp = match to_app(state, req, client, &app, &path_and_query)
                 .instrument(span)
                 .await
@@ -198,6 +198,43 @@ async fn to_app(
         }
     })?;
     let body = body.to_bytes();
+    let who = Identity {
+        user: &user.record.name,
+        label,
+        client: &client.text,
+        https: client.https,
+    };
+    let bytes = for_app(&mut parts, path_and_query, &body, &who);
+    let x = Exchange {
+        bytes: &bytes,
+        head_only: parts.method == http::Method::HEAD,
+        idempotent: parts.method.is_idempotent(),
+        pooled: true,
+    };
+    let owner = Owner::for_lifetime(spec.lifetime, &user.record.name);
+    let forwarded = dispatch::forward(state, &spec, label, &owner, &x).await?;
+    let resp = forwarded.answer.into_response(state.upstream.clone())?;
+    let Some(retire) = forwarded.retire else {
+        return Ok(resp);
+    };
+    // The per-request instance lives until its response body is through or dropped.
+    let (parts, body) = resp.into_parts();
+    let body = body
+        .map_frame(move |f| {
+            let _ = &retire;
+            f
+        })
+        .boxed();
+    Ok(Response::from_parts(parts, body))
+}
+
+/// The request as the app gets it, with the body read whole.
+fn for_app(
+    parts: &mut http::request::Parts,
+    path_and_query: &str,
+    body: &[u8],
+    who: &Identity<'_>,
+) -> Vec<u8> {
     if !parts.headers.contains_key(header::HOST) {
         // HTTP/2 carries the host in the URI, and an HTTP/1.0 client may send none; HTTP/1.1
         // to the app needs one.
@@ -222,33 +259,8 @@ async fn to_app(
         path_and_query.as_bytes(),
         headers.iter().copied(),
         reframed,
-        &Identity {
-            user: &user.record.name,
-            label,
-            client: &client.text,
-            https: client.https,
-        },
-        &body,
+        who,
+        body,
     );
-    let x = Exchange {
-        bytes: &bytes,
-        head_only: parts.method == http::Method::HEAD,
-        idempotent: parts.method.is_idempotent(),
-        pooled: true,
-    };
-    let owner = Owner::for_lifetime(spec.lifetime, &user.record.name);
-    let forwarded = dispatch::forward(state, &spec, label, &owner, &x).await?;
-    let resp = forwarded.answer.into_response(state.upstream.clone())?;
-    let Some(retire) = forwarded.retire else {
-        return Ok(resp);
-    };
-    // The per-request instance lives until its response body is through or dropped.
-    let (parts, body) = resp.into_parts();
-    let body = body
-        .map_frame(move |f| {
-            let _ = &retire;
-            f
-        })
-        .boxed();
-    Ok(Response::from_parts(parts, body))
+    bytes
 }

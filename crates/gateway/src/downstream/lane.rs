@@ -198,75 +198,156 @@ async fn read_some<S: AsyncRead + Unpin>(
     }
 }
 
+/// A connection on the lane, with its buffers.
+struct Conn<S> {
+    stream: S,
+    /// Bytes read from the client and not yet used.
+    buf: BytesMut,
+    /// The fields of the request head in `buf`.
+    fields: Vec<Field>,
+    /// The request as it goes to the app.
+    request: Vec<u8>,
+    /// What goes back to the client.
+    out: Vec<u8>,
+    clock: Arc<Clock>,
+    timeout: std::time::Duration,
+}
+
+/// What the next request on a connection turned out to be.
+enum Next {
+    /// A complete head in the buffer.
+    Head(RequestHead),
+    /// Something for hyper (the bytes are in the buffer).
+    Elsewhere,
+    /// The connection is over: closed, or timed out (and answered 408 if a head had begun).
+    Over,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
+    /// Reads until a request head is complete. An idle keep-alive connection gets the header
+    /// timeout to start a request, and is then closed without a word; a started head gets the
+    /// header timeout from its first byte.
+    async fn next_head(&mut self, max_head: usize) -> Next {
+        let mut deadline = tokio::time::Instant::now() + self.timeout;
+        let mut begun = !self.buf.is_empty();
+        loop {
+            match parse(&self.buf, &mut self.fields) {
+                Parse::Head(h) => return Next::Head(h),
+                Parse::Elsewhere => return Next::Elsewhere,
+                Parse::Partial if self.buf.len() > max_head => return Next::Elsewhere,
+                Parse::Partial => {}
+            }
+            match read_some(&mut self.stream, &mut self.buf, deadline, &self.clock).await {
+                Read::Data if !begun => {
+                    begun = true;
+                    deadline = tokio::time::Instant::now() + self.timeout;
+                }
+                Read::Data => {}
+                Read::Closed => return Next::Over,
+                Read::TimedOut => {
+                    if !self.buf.is_empty() {
+                        let _ = write_flushed(&mut self.stream, TIMEOUT_408).await;
+                    }
+                    return Next::Over;
+                }
+            }
+        }
+    }
+
+    /// Reads until the buffer holds `total` bytes (head and body), within the header timeout;
+    /// false when the connection is over.
+    async fn read_to(&mut self, total: usize) -> bool {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        while self.buf.len() < total {
+            match read_some(&mut self.stream, &mut self.buf, deadline, &self.clock).await {
+                Read::Data => {}
+                Read::Closed => return false,
+                Read::TimedOut => {
+                    let _ = write_flushed(&mut self.stream, TIMEOUT_408).await;
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Writes the reply; returns whether the connection can carry another request.
+    async fn reply(&mut self, state: &State, lane: &Lane, reply: Reply) -> bool {
+        let kept = match reply {
+            Reply::Refused(e) => {
+                self.out.clear();
+                e.write_http1(lane.head_only, lane.close, &mut self.out);
+                write_flushed(&mut self.stream, &self.out).await.is_ok()
+            }
+            Reply::App(Forwarded { answer, retire }) => {
+                let kept = answer
+                    .relay(&state.upstream, lane.close, &mut self.stream, &mut self.out)
+                    .await
+                    .unwrap_or(false);
+                // A per-request instance stops once its answer is through.
+                drop(retire);
+                kept
+            }
+        };
+        // A TLS stream may hold the last records back until flushed; a socket flushes at once.
+        kept && self.stream.flush().await.is_ok()
+    }
+
+    /// A large request or answer does not leave large buffers behind on an idle connection.
+    fn shrink(&mut self) {
+        for v in [&mut self.out, &mut self.request] {
+            if v.capacity() > KEEP_BUFFER {
+                *v = Vec::with_capacity(8 * 1024);
+            }
+        }
+        if self.buf.is_empty() && self.buf.capacity() > KEEP_BUFFER {
+            self.buf = BytesMut::with_capacity(8 * 1024);
+        }
+    }
+}
+
 /// Serves a connection on the lane while it can, then through hyper. `spare` is a second handle
 /// on a plain socket, which hyper's path uses to answer 408.
 pub(super) async fn serve<S>(
     state: Arc<State>,
-    mut stream: S,
+    stream: S,
     client: Client,
     spare: Option<std::net::TcpStream>,
     clock: Arc<Clock>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let timeout = state.config.header_timeout;
-    let mut buf = BytesMut::with_capacity(8 * 1024);
-    let mut out = Vec::with_capacity(8 * 1024);
-    let mut fields = Vec::with_capacity(MAX_FIELDS);
-    let mut request = Vec::with_capacity(8 * 1024);
-    'conn: loop {
-        // An idle keep-alive connection gets the header timeout to start a request, and is then
-        // closed without a word; a started head gets the header timeout from its first byte.
-        let mut deadline = tokio::time::Instant::now() + timeout;
-        let mut begun = !buf.is_empty();
-        let head = loop {
-            match parse(&buf, &mut fields) {
-                Parse::Head(h) => break Some(h),
-                Parse::Elsewhere => break None,
-                Parse::Partial if buf.len() > state.config.max_header_bytes => break None,
-                Parse::Partial => {}
-            }
-            match read_some(&mut stream, &mut buf, deadline, &clock).await {
-                Read::Data if !begun => {
-                    begun = true;
-                    deadline = tokio::time::Instant::now() + timeout;
-                }
-                Read::Data => {}
-                Read::Closed => break 'conn,
-                Read::TimedOut => {
-                    if !buf.is_empty() {
-                        let _ = write_flushed(&mut stream, TIMEOUT_408).await;
-                    }
-                    break 'conn;
-                }
-            }
+    let mut c = Conn {
+        stream,
+        buf: BytesMut::with_capacity(8 * 1024),
+        fields: Vec::with_capacity(MAX_FIELDS),
+        request: Vec::with_capacity(8 * 1024),
+        out: Vec::with_capacity(8 * 1024),
+        clock,
+        timeout: state.config.header_timeout,
+    };
+    loop {
+        let head = match c.next_head(state.config.max_header_bytes).await {
+            Next::Over => break,
+            Next::Head(h) => Some(h),
+            Next::Elsewhere => None,
         };
-        let lane = head
-            .as_ref()
-            .and_then(|h| take(&state, &buf, h, &fields).map(|l| (h, l)));
+        let lane = head.and_then(|h| take(&state, &c.buf, &h, &c.fields).map(|l| (h, l)));
         let Some((head, lane)) = lane else {
-            let io = crate::prefixed::Prefixed::new(buf, stream);
-            return super::hyper::serve(state, io, client, spare, clock).await;
+            let io = crate::prefixed::Prefixed::new(c.buf, c.stream);
+            return super::hyper::serve(state, io, client, spare, c.clock).await;
         };
         // Timed as hyper's path is: service from the complete head to the response head.
-        clock.service_start();
+        c.clock.service_start();
         let started = Instant::now();
         let total = head.len + lane.body_len;
-        let deadline = tokio::time::Instant::now() + timeout;
-        while buf.len() < total {
-            match read_some(&mut stream, &mut buf, deadline, &clock).await {
-                Read::Data => {}
-                Read::Closed => break 'conn,
-                Read::TimedOut => {
-                    let _ = write_flushed(&mut stream, TIMEOUT_408).await;
-                    break 'conn;
-                }
-            }
+        if !c.read_to(total).await {
+            break;
         }
-        let msg = buf.split_to(total).freeze();
+        let msg = c.buf.split_to(total).freeze();
         let span =
-            tracing::info_span!("request", app = %lane.spec.name, label = tracing::field::Empty);
-        let reply = forward(&state, &msg, head, &fields, &lane, &client, &mut request)
+            tracing::debug_span!("request", app = %lane.spec.name, label = tracing::field::Empty);
+        let reply = forward(&state, &msg, &head, &c.fields, &lane, &client, &mut c.request)
             .instrument(span)
             .await;
         let status = match &reply {
@@ -278,44 +359,17 @@ pub(super) async fn serve<S>(
             .metrics
             .request_seconds
             .observe(started.elapsed().as_secs_f64());
-        clock.service_end();
-        let kept = match reply {
-            Reply::Refused(e) => {
-                out.clear();
-                e.write_http1(lane.head_only, lane.close, &mut out);
-                write_flushed(&mut stream, &out).await.is_ok()
-            }
-            Reply::App(Forwarded { answer, retire }) => {
-                let kept = answer
-                    .relay(&state.upstream, lane.close, &mut stream, &mut out)
-                    .await
-                    .unwrap_or(false);
-                // A per-request instance stops once its answer is through.
-                drop(retire);
-                kept
-            }
-        };
-        // A TLS stream may hold the last records back until flushed; a socket flushes at once.
-        let kept = kept && stream.flush().await.is_ok();
-        if lane.close || !kept {
+        c.clock.service_end();
+        if !c.reply(&state, &lane, reply).await || lane.close {
             break;
         }
-        // A large request or answer does not leave large buffers behind on an idle connection.
-        if out.capacity() > KEEP_BUFFER {
-            out = Vec::with_capacity(8 * 1024);
-        }
-        if request.capacity() > KEEP_BUFFER {
-            request = Vec::with_capacity(8 * 1024);
-        }
-        if buf.is_empty() && buf.capacity() > KEEP_BUFFER {
-            buf = BytesMut::with_capacity(8 * 1024);
-        }
+        c.shrink();
     }
     // A FIN on a socket; on TLS also close_notify and whatever rustls still holds, so a body
     // that ends with the connection arrives whole and the client can tell it is complete.
     // Bounded: a client that reads nothing would otherwise hold the connection forever.
-    let _ = tokio::time::timeout(timeout, stream.shutdown()).await;
-    clock.closed();
+    let _ = tokio::time::timeout(c.timeout, c.stream.shutdown()).await;
+    c.clock.closed();
 }
 
 async fn write_flushed<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) -> std::io::Result<()> {
