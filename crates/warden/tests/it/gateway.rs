@@ -294,6 +294,44 @@ fn http2_cleartext_is_served_on_the_same_port_and_strips_taint_there_too() {
 }
 
 #[test]
+fn over_http2_answers_of_every_framing_arrive_whole_and_identity_is_the_gateways() {
+    let w = Warden::demo(BIN);
+    let auth = basic("alice", &w.password("alice"));
+    // Small and read whole, chunked (decoded, then framed anew), large and streamed, empty.
+    for (query, n) in [
+        ("n=100", 100),
+        ("n=300000&chunked=1", 300_000),
+        ("n=700000", 700_000),
+        ("n=0&chunked=1", 0),
+    ] {
+        let (version, r) = h2c_get(
+            &format!("{}/apps/demo/_bytes?{query}", w.gateway),
+            &[("authorization", &auth)],
+        );
+        assert_eq!(
+            (version, r.status),
+            (warden_test_support::http::Version::HTTP_2, 200),
+            "{query}"
+        );
+        assert_eq!(r.body.len(), n, "{query}");
+        assert!(r.body.iter().all(|&b| b == b'x'), "{query}");
+        assert!(r.header("transfer-encoding").is_none(), "{query}");
+    }
+    let (_, r) = h2c_get(
+        &format!("{}/apps/demo/", w.gateway),
+        &[
+            ("authorization", &auth),
+            ("x-warden-user", "mallory"),
+            ("x_warden_user", "mallory"),
+        ],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["user"], "alice");
+    assert_eq!(v["saw_authorization"], false);
+}
+
+#[test]
 fn keep_alive_serves_many_requests_on_one_connection() {
     let w = Warden::demo(BIN);
     let auth = basic("alice", &w.password("alice"));
