@@ -194,7 +194,7 @@ impl SandboxDriver {
         let cgroup = self.cgroups.create(&id, &l.spec.limits)?;
         let enforced = cgroup.as_ref().map(|c| c.enforced).unwrap_or_default();
         if l.spec.limits.millicpus > 0 && !enforced.cpu {
-            tracing::warn!(app = %l.spec.name, cgroups = self.cgroups.summary(), "the app's millicpus cap is not enforced: this node does not use the cpu cgroup controller");
+            warden_core::log_limited!(warn, app = %l.spec.name, cgroups = self.cgroups.summary(), "the app's millicpus cap is not enforced: this node does not use the cpu cgroup controller");
         }
         let plan = Plan {
             argv,
