@@ -9,7 +9,7 @@
 //! decides who may see what: the gateway does that, reaching the agent only through
 //! [`warden_core::Instances`], which [`Agent`] implements.
 //!
-//! The parts, each owning its state: [`lifecycle`] (the instances), `pools` (slots and spare
+//! The parts, each owning its state: `lifecycle` (the instances), `pools` (slots and spare
 //! starts), `restarts` (crash backoff), `node` (the lease and node record), `supervise` (the
 //! background duties that tie them together) and [`drivers`] (the ways to run an instance).
 //! Instance environments never carry the agent's own environment.

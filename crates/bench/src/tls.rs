@@ -244,7 +244,10 @@ fn pinned(
 }
 
 fn start_warden(bin: &Path, certs: &Certs, admission: bool, extra: &[String]) -> Warden {
-    let mut l = Launch::new(bin).log("info").arg("--max-connections").arg("16000");
+    let mut l = Launch::new(bin)
+        .log("info")
+        .arg("--max-connections")
+        .arg("16000");
     for a in extra {
         l = l.arg(a);
     }

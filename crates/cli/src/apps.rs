@@ -121,68 +121,73 @@ impl CreateApp {
             health_path,
             network,
         } = self;
-    let mut envs = BTreeMap::new();
-    for kv in env {
-        let Some((k, v)) = kv.split_once('=') else {
-            bail!("--env {kv:?} must be KEY=VALUE")
-        };
-        envs.insert(k.to_owned(), v.to_owned());
-    }
-    let mut body = json!({ "name": name, "command": command, "env": envs, "hosts": hosts, "groups": groups });
-    if let Some(w) = workdir {
-        body["workdir"] = json!(w);
-    }
-    if let Some(t) = start_timeout_ms {
-        body["start_timeout_ms"] = json!(t);
-    }
-    for (key, pairs) in [("desired", desired), ("warm", warm)] {
-        let counts = label_counts(key, pairs)?;
-        if !counts.is_empty() {
-            body[key] = json!(counts);
+        let mut envs = BTreeMap::new();
+        for kv in env {
+            let Some((k, v)) = kv.split_once('=') else {
+                bail!("--env {kv:?} must be KEY=VALUE")
+            };
+            envs.insert(k.to_owned(), v.to_owned());
         }
-    }
-    if let Some(v) = slots {
-        body["slots"] = json!(v);
-    }
-    for (key, v) in [
-        ("driver", driver),
-        ("lifetime", lifetime),
-        ("start", start),
-        ("health_path", health_path),
-        ("network", network),
-    ] {
-        if let Some(v) = v {
-            body[key] = json!(v);
+        let mut body = json!({ "name": name, "command": command, "env": envs, "hosts": hosts, "groups": groups });
+        if let Some(w) = workdir {
+            body["workdir"] = json!(w);
         }
-    }
-    if let Some(v) = idle_timeout_ms {
-        body["idle_timeout_ms"] = json!(v);
-    }
-    if let Some(v) = max_instances {
-        body["max_instances"] = json!(v);
-    }
-    if memory_mb.is_some() || processes.is_some() || millicpus.is_some() {
-        let mut limits = json!({});
-        if let Some(v) = millicpus {
-            limits["millicpus"] = json!(v);
+        if let Some(t) = start_timeout_ms {
+            body["start_timeout_ms"] = json!(t);
         }
-        if let Some(v) = memory_mb {
-            limits["memory_mb"] = json!(v);
+        for (key, pairs) in [("desired", desired), ("warm", warm)] {
+            let counts = label_counts(key, pairs)?;
+            if !counts.is_empty() {
+                body[key] = json!(counts);
+            }
         }
-        if let Some(v) = processes {
-            limits["processes"] = json!(v);
+        if let Some(v) = slots {
+            body["slots"] = json!(v);
         }
-        body["limits"] = limits;
-    }
+        for (key, v) in [
+            ("driver", driver),
+            ("lifetime", lifetime),
+            ("start", start),
+            ("health_path", health_path),
+            ("network", network),
+        ] {
+            if let Some(v) = v {
+                body[key] = json!(v);
+            }
+        }
+        if let Some(v) = idle_timeout_ms {
+            body["idle_timeout_ms"] = json!(v);
+        }
+        if let Some(v) = max_instances {
+            body["max_instances"] = json!(v);
+        }
+        if memory_mb.is_some() || processes.is_some() || millicpus.is_some() {
+            let mut limits = json!({});
+            if let Some(v) = millicpus {
+                limits["millicpus"] = json!(v);
+            }
+            if let Some(v) = memory_mb {
+                limits["memory_mb"] = json!(v);
+            }
+            if let Some(v) = processes {
+                limits["processes"] = json!(v);
+            }
+            body["limits"] = limits;
+        }
         Ok(body)
     }
 }
 
 /// Runs `warden apps ...`.
-pub(crate) async fn run(api: &client::Client, out: &Output, cmd: AppsCommand) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    api: &client::Client,
+    out: &Output,
+    cmd: AppsCommand,
+) -> anyhow::Result<()> {
     match cmd {
         AppsCommand::Create(create) => {
-            let v = api.send("POST", "/v1/apps", Some(create.body()?)).await?;            out.value(&v, |v| {
+            let v = api.send("POST", "/v1/apps", Some(create.body()?)).await?;
+            out.value(&v, |v| {
                 println!(
                     "app {} created; it is served at /apps/{}/",
                     s(&v["name"]),

@@ -11,7 +11,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tracing::Instrument;
 
-use crate::downstream::{self, Client};
+use crate::client::Client;
+use crate::downstream;
 use crate::phases::Clock;
 use crate::prefixed::Prefixed;
 use crate::state::State;
@@ -79,9 +80,9 @@ pub(crate) async fn run(
             async move {
                 state.metrics.connections.inc();
                 if tls {
-                    serve_tls(state.clone(), stream, peer).await;
+                    with_tls(state.clone(), stream, peer).await;
                 } else {
-                    serve_plain(state.clone(), stream, peer).await;
+                    plain(state.clone(), stream, peer).await;
                 }
                 state.metrics.connections.dec();
                 drop(slot);
@@ -91,7 +92,7 @@ pub(crate) async fn run(
     }
 }
 
-async fn serve_plain(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
+async fn plain(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
     // A second handle on the socket lets hyper's path answer 408 after it gives up on a slow
     // head.
@@ -108,7 +109,7 @@ async fn serve_plain(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
     downstream::serve_http1(state, stream, client, Some(spare), clock).await;
 }
 
-async fn serve_tls(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
+async fn with_tls(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
     let Some(tls) = state.tls.as_ref() else {
         return;
     };

@@ -1,14 +1,14 @@
 //! The gateway: the single entry point through which users reach app instances.
 //!
-//! It owns the request path: accept ([`accept`]: listeners, the connection limit, TLS with
-//! handshake admission control), the downstream side ([`downstream`]: the HTTP/1.1 lane and
-//! hyper's HTTP/1.1 and HTTP/2), authentication ([`auth`]: session tokens, or HTTP Basic
+//! It owns the request path: accept (`accept`: listeners, the connection limit, TLS with
+//! handshake admission control), the downstream side (`downstream`: the HTTP/1.1 lane and
+//! hyper's HTTP/1.1 and HTTP/2), authentication (`auth`: session tokens, or HTTP Basic
 //! against Argon2id hashes with a verified-credential cache and failure throttling), routing and
-//! authorisation ([`route`]), the gateway's own answers ([`endpoints`]), forwarding with
-//! retries and taint ([`dispatch`]) and the upstream side ([`upstream`]: pooled HTTP/1.1
-//! connections to instances). Header hygiene lives in [`hygiene`] alone and every path calls it.
+//! authorisation (`route`), the gateway's own answers (`endpoints`), forwarding with
+//! retries and taint (`dispatch`) and the upstream side (`upstream`: pooled HTTP/1.1
+//! connections to instances). Header hygiene lives in `hygiene` alone and every path calls it.
 //!
-//! It reads only in-memory views fed by store watches ([`views`]); it writes to the store only
+//! It reads only in-memory views fed by store watches (`views`); it writes to the store only
 //! to log users in and out. It gets instances from a [`warden_core::Instances`] and never starts
 //! processes itself.
 //!
@@ -22,6 +22,7 @@
 
 mod accept;
 mod auth;
+mod client;
 mod config;
 mod date;
 mod dispatch;

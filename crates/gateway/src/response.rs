@@ -7,6 +7,10 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 
 use crate::error::GatewayError;
 
+/// The answer to a request head that did not arrive in time.
+pub(crate) const TIMEOUT_408: &[u8] =
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
 /// Errors a response body can end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Body type of every gateway response.

@@ -1,7 +1,7 @@
-//! The ways the agent can run an instance, behind one trait ([`launch::Driver`]): a plain
-//! process ([`process`]) or a sandbox ([`sandbox`]), both spawned through [`spawn`].
+//! The ways the agent can run an instance, behind one trait (`launch::Driver`): a plain
+//! process (`process`) or a sandbox ([`sandbox`]), both spawned through `spawn`.
 //!
-//! Only this module and [`crate::net`] use `unsafe`, each block with a `SAFETY:` comment.
+//! Only this module and `crate::net` use `unsafe`, each block with a `SAFETY:` comment.
 
 pub(crate) mod launch;
 pub(crate) mod process;

@@ -1,5 +1,5 @@
 //! Records stored under the keys of [`crate::keys`], serialised as JSON: app specs in
-//! [`app`], everything else in [`records`].
+//! `app`, everything else in `records`.
 
 mod app;
 mod records;

@@ -13,12 +13,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::Instrument;
 use warden_core::Owner;
 
-use super::{Client, TIMEOUT_408};
+use crate::client::Client;
 use crate::dispatch;
 use crate::error::GatewayError;
 use crate::hygiene::{self, Identity};
 use crate::phases::{Clock, Timed};
 use crate::response::Body;
+use crate::response::TIMEOUT_408;
 use crate::route::{admit, app_route, static_path};
 use crate::state::State;
 use crate::upstream::Exchange;
@@ -173,7 +174,7 @@ async fn to_app(
     let spec = spec.ok_or_else(|| GatewayError::NotFound(format!("no app named {app:?}")))?;
     admit(&spec, &user)?;
     if let (Some(root), Some(rel)) = (&spec.static_dir, static_path(&spec, path_and_query)) {
-        return Ok(endpoints::statics::serve(root, rel, req.method(), req.headers()).await);
+        return Ok(endpoints::statics::file(root, rel, req.method(), req.headers()).await);
     }
     let label = user.record.clearance.as_str();
     tracing::Span::current().record("label", label);

@@ -31,11 +31,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tracing::Instrument;
 use warden_core::{AppSpec, Owner};
 
-use super::{Client, TIMEOUT_408};
+use crate::client::Client;
 use crate::dispatch::{self, Forwarded};
 use crate::error::GatewayError;
 use crate::hygiene::{self, Identity};
 use crate::phases::Clock;
+use crate::response::TIMEOUT_408;
 use crate::route::{admit, app_route, static_path};
 use crate::state::State;
 use crate::upstream::{Exchange, KEEP_BUFFER};
@@ -347,9 +348,17 @@ pub(super) async fn serve<S>(
         let msg = c.buf.split_to(total).freeze();
         let span =
             tracing::debug_span!("request", app = %lane.spec.name, label = tracing::field::Empty);
-        let reply = forward(&state, &msg, &head, &c.fields, &lane, &client, &mut c.request)
-            .instrument(span)
-            .await;
+        let reply = to_app(
+            &state,
+            &msg,
+            &head,
+            &c.fields,
+            &lane,
+            &client,
+            &mut c.request,
+        )
+        .instrument(span)
+        .await;
         let status = match &reply {
             Reply::Refused(e) => e.status().as_u16(),
             Reply::App(f) => f.answer.status,
@@ -387,7 +396,7 @@ enum Reply {
 
 /// Authenticates, authorises and forwards one request; `request` is the buffer its bytes for
 /// the app are written to.
-async fn forward(
+async fn to_app(
     state: &State,
     msg: &Bytes,
     head: &RequestHead,

@@ -8,36 +8,13 @@
 mod hyper;
 mod lane;
 
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::client::Client;
 use crate::phases::Clock;
 use crate::state::State;
-
-/// The answer to a request head that did not arrive in time.
-const TIMEOUT_408: &[u8] =
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
-
-/// The client of a connection.
-pub(crate) struct Client {
-    pub ip: IpAddr,
-    /// The address written out once, for `x-forwarded-for`.
-    pub text: String,
-    /// It came over TLS.
-    pub https: bool,
-}
-
-impl Client {
-    pub(crate) fn new(peer: SocketAddr, https: bool) -> Self {
-        Self {
-            ip: peer.ip(),
-            text: peer.ip().to_string(),
-            https,
-        }
-    }
-}
 
 /// Serves an HTTP/1.1 connection: on the lane while it can, then through hyper. `spare` is a
 /// second handle on a plain socket, with which hyper's path answers 408 to a slow head.

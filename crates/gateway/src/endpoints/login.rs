@@ -9,7 +9,7 @@ use serde::Deserialize;
 use warden_core::{keys, model::now_ms, SessionRecord};
 
 use crate::auth::{basic, session};
-use crate::downstream::Client;
+use crate::client::Client;
 use crate::error::GatewayError;
 use crate::hygiene::SESSION_COOKIE;
 use crate::response::{self as respond, Body};

@@ -7,7 +7,7 @@ pub(crate) mod statics;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use crate::downstream::Client;
+use crate::client::Client;
 use crate::error::GatewayError;
 use crate::response::{self, Body};
 use crate::state::State;

@@ -22,7 +22,7 @@ use crate::response::{self as respond, Body};
 const CHUNK: usize = 64 * 1024;
 
 /// Answers a request for `rel` (the path after the static prefix) from `root`.
-pub(crate) async fn serve(
+pub(crate) async fn file(
     root: &str,
     rel: &str,
     method: &Method,

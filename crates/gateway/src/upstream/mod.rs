@@ -84,7 +84,7 @@ pub(crate) struct Upstream {
 }
 
 /// The body of an answer.
-enum Body {
+enum AnswerBody {
     /// The whole body, read.
     Whole(Bytes),
     /// The body still to come on `conn` (whose buffer may already hold some of it).
@@ -97,7 +97,7 @@ pub(crate) struct Answer {
     head: Vec<u8>,
     /// The value of the taint header, which is not passed on.
     pub taint: Option<String>,
-    body: Body,
+    body: AnswerBody,
     /// The connection may carry another request once the body is read.
     reuse: bool,
     /// Where the connection goes back to: the instance's id.
@@ -222,10 +222,10 @@ impl Upstream {
                 if reuse && conn.buf.is_empty() {
                     self.idle.checkin(&instance.id, conn);
                 }
-                Body::Whole(body)
+                AnswerBody::Whole(body)
             }
-            (None, Some(framing)) => Body::Rest { conn, framing },
-            (None, None) => Body::Whole(Bytes::new()),
+            (None, Some(framing)) => AnswerBody::Rest { conn, framing },
+            (None, None) => AnswerBody::Whole(Bytes::new()),
         };
         Ok(Answer {
             status: head.status,

@@ -12,7 +12,7 @@ use hyper::body::Frame;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::head::Framing;
-use super::{Answer, Body, Conn, Upstream};
+use super::{Answer, AnswerBody, Conn, Upstream};
 use crate::error::GatewayError;
 use crate::response::{self, BoxError};
 
@@ -95,7 +95,7 @@ impl Answer {
         out.extend_from_slice(&self.head);
         let closing = matches!(
             &self.body,
-            Body::Rest {
+            AnswerBody::Rest {
                 framing: Framing::Close,
                 ..
             }
@@ -106,17 +106,17 @@ impl Answer {
             out.extend_from_slice(b"connection: close\r\n\r\n");
         }
         let (mut conn, mut framing) = match self.body {
-            Body::Whole(b) if b.len() <= COPY_LIMIT => {
+            AnswerBody::Whole(b) if b.len() <= COPY_LIMIT => {
                 out.extend_from_slice(&b);
                 client.write_all(out).await?;
                 return Ok(true);
             }
-            Body::Whole(b) => {
+            AnswerBody::Whole(b) => {
                 client.write_all(out).await?;
                 client.write_all(&b).await?;
                 return Ok(true);
             }
-            Body::Rest { conn, framing } => (conn, framing),
+            AnswerBody::Rest { conn, framing } => (conn, framing),
         };
         client.write_all(out).await?;
         loop {
@@ -163,8 +163,8 @@ impl Answer {
         let status = StatusCode::from_u16(self.status)
             .map_err(|_| GatewayError::Broken(format!("status {} is not HTTP", self.status)))?;
         let body = match self.body {
-            Body::Whole(b) => response::full(b),
-            Body::Rest { conn, framing } => {
+            AnswerBody::Whole(b) => response::full(b),
+            AnswerBody::Rest { conn, framing } => {
                 let state = (conn, framing, upstream, self.instance, self.reuse, false);
                 let frames = futures_util::stream::unfold(state, |mut s| async move {
                     loop {

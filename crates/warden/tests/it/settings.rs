@@ -13,7 +13,13 @@ use crate::BIN;
 fn up_fails(args: &[&str]) -> (bool, String) {
     let tmp = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)
-        .args(["up", "--listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-listen",
+            "127.0.0.1:0",
+        ])
         .arg("--data-dir")
         .arg(tmp.path().join("data"))
         .args(args)
@@ -42,7 +48,10 @@ fn a_config_file_sets_what_flags_do_and_flags_win() {
             b"",
         )
     };
-    let w = Launch::new(BIN).arg("--config").arg(file.to_str().unwrap()).start();
+    let w = Launch::new(BIN)
+        .arg("--config")
+        .arg(file.to_str().unwrap())
+        .start();
     let r = head(&w);
     assert_eq!(r.status, 431, "{}", r.text());
     assert!(r.text().contains("larger than 1000 bytes"), "{}", r.text());
@@ -99,7 +108,8 @@ fn two_demos_on_one_machine_serve_tls_beside_their_own_gateways() {
     assert_ne!(ta, tb);
     for (w, tls) in [(&a, ta), (&b, tb)] {
         assert!(
-            w.stdout().contains(&format!("gateway TLS  {tls}/apps/<app>/")),
+            w.stdout()
+                .contains(&format!("gateway TLS  {tls}/apps/<app>/")),
             "{}",
             w.stdout()
         );

@@ -1,7 +1,7 @@
 //! `warden sandbox-init <instance-dir>`: builds one sandbox and runs the app inside it.
 //!
-//! This module runs the three processes; [`mounts`] builds the file system, [`privileges`]
-//! sets who the sandbox runs as and what the app may do, [`handover`] is init's loop.
+//! This module runs the three processes; `mounts` builds the file system, `privileges`
+//! sets who the sandbox runs as and what the app may do, `handover` is init's loop.
 //!
 //! Three processes, because namespaces are entered in steps:
 //! - the helper (this process, started by the agent, same credentials) opens everything the
