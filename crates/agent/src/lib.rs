@@ -40,7 +40,7 @@ use warden_core::{Activity, AppSpec, InstanceError, InstanceRecord, Instances, O
 use warden_store::Store;
 
 pub use drivers::sandbox;
-pub use drivers::spawn::raise_open_file_limit;
+pub use drivers::spawn::{close_inherited_descriptors, raise_open_file_limit};
 pub use error::AgentError;
 pub use net::connect;
 

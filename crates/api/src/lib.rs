@@ -43,6 +43,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/users"),
     ("post", "/v1/users"),
     ("get", "/v1/users/{name}"),
+    ("patch", "/v1/users/{name}"),
     ("delete", "/v1/users/{name}"),
     ("get", "/v1/instances"),
     ("post", "/v1/instances"),
@@ -134,7 +135,10 @@ impl Api {
             .route("/v1/apps", get(apps::list).post(apps::create))
             .route("/v1/apps/{name}", get(apps::show).delete(apps::remove))
             .route("/v1/users", get(users::list).post(users::create))
-            .route("/v1/users/{name}", get(users::show).delete(users::remove))
+            .route(
+                "/v1/users/{name}",
+                get(users::show).patch(users::change).delete(users::remove),
+            )
             .route("/v1/instances", get(instances::list).post(instances::start))
             .route("/v1/instances/{id}", delete(instances::kill))
             .route("/v1/instances/{id}/logs", get(instances::logs))

@@ -64,9 +64,26 @@ pub enum UsersCommand {
         #[arg(long)]
         password_stdin: bool,
     },
+    /// Change a user's password, clearance or groups; every session of the user ends
+    Set {
+        /// Login name
+        name: String,
+        /// Read the new password from standard input (first line)
+        #[arg(long)]
+        password_stdin: bool,
+        /// New clearance label
+        #[arg(long)]
+        clearance: Option<String>,
+        /// New group, replacing the old ones (repeatable)
+        #[arg(long = "group", conflicts_with = "no_groups")]
+        groups: Vec<String>,
+        /// Remove the user from every group
+        #[arg(long)]
+        no_groups: bool,
+    },
     /// List users
     List,
-    /// Remove a user
+    /// Remove a user; every session of the user ends
     Rm {
         /// Login name
         name: String,
@@ -212,12 +229,7 @@ async fn users(api: &client::Client, out: &Output, cmd: UsersCommand) -> anyhow:
             password_stdin,
         } => {
             let (password, generated) = if password_stdin {
-                let mut line = String::new();
-                std::io::stdin()
-                    .read_to_string(&mut line)
-                    .context("reading the password from standard input")?;
-                let p = line.lines().next().unwrap_or("").to_owned();
-                (p, false)
+                (password_from_stdin()?, false)
             } else {
                 (warden_auth::generate_password(), true)
             };
@@ -248,13 +260,54 @@ async fn users(api: &client::Client, out: &Output, cmd: UsersCommand) -> anyhow:
                 table::print(&["NAME", "CLEARANCE", "GROUPS"], rows);
             });
         }
+        UsersCommand::Set {
+            name,
+            password_stdin,
+            clearance,
+            groups,
+            no_groups,
+        } => {
+            let mut body = json!({});
+            if password_stdin {
+                body["password"] = json!(password_from_stdin()?);
+            }
+            if let Some(c) = clearance {
+                body["clearance"] = json!(c);
+            }
+            if !groups.is_empty() || no_groups {
+                body["groups"] = json!(groups);
+            }
+            if body.as_object().is_some_and(|o| o.is_empty()) {
+                bail!("say what changes: --password-stdin, --clearance or --group/--no-groups");
+            }
+            let v = api
+                .send("PATCH", &format!("/v1/users/{name}"), Some(body))
+                .await?;
+            out.value(&v, |v| {
+                println!(
+                    "user {} changed (clearance {}, groups {}); their sessions ended",
+                    s(&v["name"]),
+                    s(&v["clearance"]),
+                    s(&v["groups"])
+                )
+            });
+        }
         UsersCommand::Rm { name } => {
             api.send("DELETE", &format!("/v1/users/{name}"), None)
                 .await?;
-            out.done(format!("user {name} removed"));
+            out.done(format!("user {name} removed; their sessions ended"));
         }
     }
     Ok(())
+}
+
+/// The first line of standard input.
+fn password_from_stdin() -> anyhow::Result<String> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_to_string(&mut line)
+        .context("reading the password from standard input")?;
+    Ok(line.lines().next().unwrap_or("").to_owned())
 }
 
 async fn instances(

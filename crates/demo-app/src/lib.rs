@@ -66,8 +66,12 @@ enum Action {
     /// instance holds one.
     Hanging,
     /// `/_echo`: answer with the request's body, the Cookie header it arrived with in
-    /// `x-echo-cookie`, and the names of its headers in `x-echo-headers`.
+    /// `x-echo-cookie`, the names of its headers in `x-echo-headers`, and each header's values
+    /// in `x-echo-h-<name>`.
     Echo,
+    /// `/_set-cookie?c=COOKIE`: answer as usual with `Set-Cookie: COOKIE` and
+    /// `Set-Cookie: theme=dark`, as an app planting a cookie would.
+    SetCookie(String),
     /// `/_bytes?n=N[&chunked=1]`: N bytes of `x`, with a length or chunked in 16 KiB frames.
     Bytes {
         n: usize,
@@ -105,6 +109,7 @@ fn action(id: &Identity, health: &AtomicU64, req: &Request<Incoming>) -> Action 
         "/_hang" => Action::Hang,
         "/_hanging" => Action::Hanging,
         "/_echo" => Action::Echo,
+        "/_set-cookie" => Action::SetCookie(query_param(req, "c").unwrap_or_default()),
         "/_bytes" => Action::Bytes {
             // Capped, so no request can make the instance allocate without bound.
             n: query_param(req, "n")
@@ -248,6 +253,15 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                         let _ = closed_tx.send(true);
                         Ok(respond(&id, &req, peer))
                     }
+                    Action::SetCookie(cookie) => {
+                        let mut resp = respond(&id, &req, peer);
+                        for c in [cookie.as_str(), "theme=dark"] {
+                            if let Ok(v) = http::HeaderValue::from_str(c) {
+                                resp.headers_mut().append(http::header::SET_COOKIE, v);
+                            }
+                        }
+                        Ok(resp)
+                    }
                     Action::Drop => Err(std::io::Error::other("dropped on request")),
                     Action::Bytes { n, chunked } => Ok(bytes(n, chunked)),
                 };
@@ -261,6 +275,14 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                         let names: Vec<&str> =
                             req.headers().iter().map(|(n, _)| n.as_str()).collect();
                         let names = http::HeaderValue::from_str(&names.join(","));
+                        let values: Vec<(http::HeaderName, http::HeaderValue)> = req
+                            .headers()
+                            .iter()
+                            .filter_map(|(n, v)| {
+                                let n = format!("x-echo-h-{}", n.as_str());
+                                Some((http::HeaderName::from_bytes(n.as_bytes()).ok()?, v.clone()))
+                            })
+                            .collect();
                         let body = req
                             .into_body()
                             .collect()
@@ -272,6 +294,9 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                         }
                         if let Ok(n) = names {
                             resp.headers_mut().insert("x-echo-headers", n);
+                        }
+                        for (n, v) in values {
+                            resp.headers_mut().append(n, v);
                         }
                         return Ok(resp);
                     }

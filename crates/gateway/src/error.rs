@@ -86,6 +86,9 @@ pub enum GatewayError {
     /// The request is malformed.
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// The request carries credentials of two different users.
+    #[error("bad request: the request carries credentials of more than one user; send one (a session cookie, a bearer token or Basic credentials)")]
+    TwoUsers,
     /// Too many failed sign-ins from this user or address.
     #[error("too many failed sign-ins; try again in {retry_after} s")]
     Throttled {
@@ -133,6 +136,7 @@ impl GatewayError {
             | Self::Forbidden { .. }
             | Self::NotFound(_)
             | Self::BadRequest(_)
+            | Self::TwoUsers
             | Self::Throttled { .. }
             | Self::PayloadTooLarge { .. }
             | Self::MethodNotAllowed(_)
@@ -173,7 +177,7 @@ impl GatewayError {
             Self::Refused(_) | Self::Unsent(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::BadRequest(_) | Self::TwoUsers => StatusCode::BAD_REQUEST,
             Self::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,

@@ -3,12 +3,19 @@
 //!
 //! Towards the app ([`write_request`]): hop-by-hop headers (RFC 9110 §7.6.1) and those a
 //! `Connection` header names are dropped, and so are the credentials meant for the gateway
-//! (`Authorization`, the session cookie; the app's own cookies pass) and every header the
-//! gateway vouches for (`X-Warden-User`, `X-Warden-Label`, `X-Forwarded-For`,
-//! `X-Forwarded-Proto`, in any case and with `_` for `-`); the gateway then sets those itself.
+//! (`Authorization`, the session cookie; the app's own cookies pass) and every identity and
+//! forwarding header, which the gateway owns: `X-Warden-*`, `X-Forwarded-*`, `Forwarded` and
+//! `X-Real-IP`, in any case and with `_` for `-`. The gateway then sets its own: who the user
+//! is (`X-Warden-User`, `X-Warden-Label`) and how the request came (`Forwarded` per RFC 7239,
+//! `X-Forwarded-For`, `-Proto`, `-Host`, and `-Prefix` with the `/apps/<name>` it took off the
+//! path, so apps can build links that work).
 //!
 //! Towards the client ([`response_drops`]): hop-by-hop headers and those `Connection` names,
-//! except the ones that frame the body, and the taint report, which only the gateway reads.
+//! except the ones that frame the body; the taint report, which only the gateway reads; and
+//! any cookie the gateway owns: an app can never set, change or delete the session cookie
+//! (`Set-Cookie` with its name in any case, with any attributes; `Set-Cookie2` altogether,
+//! which no browser reads any more). Apps share one origin, so a planted session cookie would
+//! make another user's browser speak as the app's choice of user.
 //!
 //! A rule written twice drifts, and the drift is the vulnerability: every path calls these.
 
@@ -31,13 +38,10 @@ const HOP_BY_HOP: [&str; 7] = [
     "upgrade",
 ];
 
-/// Headers in which the gateway tells the app who the user is and how they came.
-const VOUCHED: [&str; 4] = [
-    "x-warden-user",
-    "x-warden-label",
-    "x-forwarded-for",
-    "x-forwarded-proto",
-];
+/// Name prefixes of the headers the gateway owns, whatever follows.
+const OWNED_PREFIXES: [&str; 2] = ["x-warden-", "x-forwarded-"];
+/// Other headers the gateway owns.
+const OWNED: [&str; 2] = ["forwarded", "x-real-ip"];
 
 fn is(name: &[u8], wanted: &str) -> bool {
     name.eq_ignore_ascii_case(wanted.as_bytes())
@@ -48,20 +52,24 @@ fn hop_by_hop(name: &[u8]) -> bool {
     HOP_BY_HOP.iter().any(|h| is(name, h))
 }
 
-/// Whether a header `name` from a client claims to be one the gateway sets, in any case and with
-/// '_' for '-' (servers that map headers to CGI variables read both alike).
-fn vouched(name: &[u8]) -> bool {
-    VOUCHED.iter().any(|v| {
-        v.len() == name.len()
-            && v.bytes().zip(name).all(|(a, &b)| {
-                let b = if b == b'_' {
-                    b'-'
-                } else {
-                    b.to_ascii_lowercase()
-                };
-                a == b
-            })
+/// `name` in lower case with '_' for '-': servers that map headers to CGI variables read
+/// `X_Warden_User` as `X-Warden-User`.
+fn folded(name: &[u8]) -> impl Iterator<Item = u8> + '_ {
+    name.iter().map(|&b| {
+        if b == b'_' {
+            b'-'
+        } else {
+            b.to_ascii_lowercase()
+        }
     })
+}
+
+/// Whether a header `name` from a client is one the gateway owns (sets itself, or keeps to
+/// itself), in any case and with '_' for '-'.
+fn owned(name: &[u8]) -> bool {
+    let starts = |p: &str| name.len() >= p.len() && folded(&name[..p.len()]).eq(p.bytes());
+    let equals = |w: &str| name.len() == w.len() && folded(name).eq(w.bytes());
+    OWNED_PREFIXES.iter().any(|p| starts(p)) || OWNED.iter().any(|w| equals(w))
 }
 
 /// Request headers the app never gets from the client: hop-by-hop ones, the framing (the
@@ -72,7 +80,7 @@ fn withheld(name: &[u8]) -> bool {
         || is(name, "transfer-encoding")
         || is(name, "authorization")
         || is(name, "cookie")
-        || vouched(name)
+        || owned(name)
 }
 
 /// The tokens of `Connection` header values that name other headers (all but `close` and
@@ -103,7 +111,8 @@ fn header_safe(v: &str) -> bool {
     v.bytes().all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
-/// Who the gateway vouches for, told to the app in `X-Warden-*` and `X-Forwarded-*` headers.
+/// Who the gateway vouches for, and how the request came, told to the app in `X-Warden-*`,
+/// `Forwarded` and `X-Forwarded-*` headers.
 pub(crate) struct Identity<'a> {
     pub user: &'a str,
     pub label: &'a str,
@@ -111,6 +120,51 @@ pub(crate) struct Identity<'a> {
     pub client: &'a str,
     /// Whether the client reached the gateway over TLS.
     pub https: bool,
+    /// The host the client asked for (its `Host`, or the HTTP/2 authority).
+    pub host: &'a str,
+    /// What the gateway took off the front of the path: `/apps/<name>`, or nothing when the
+    /// app was chosen by host name.
+    pub prefix: &'a str,
+}
+
+/// Appends `name: value\r\n`.
+fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The forwarding headers the gateway sets: `Forwarded` (RFC 7239) and the `X-Forwarded-*`
+/// ones. A host that could not be written safely is left out.
+fn write_forwarding(out: &mut Vec<u8>, who: &Identity<'_>) {
+    let proto = if who.https { "https" } else { "http" };
+    let host_ok = !who.host.is_empty() && header_safe(who.host) && !who.host.contains(['"', '\\']);
+    out.extend_from_slice(b"forwarded: for=");
+    if who.client.contains(':') {
+        // An IPv6 address is a quoted, bracketed node (RFC 7239 §6).
+        out.extend_from_slice(b"\"[");
+        out.extend_from_slice(who.client.as_bytes());
+        out.extend_from_slice(b"]\"");
+    } else {
+        out.extend_from_slice(who.client.as_bytes());
+    }
+    if host_ok {
+        out.extend_from_slice(b";host=\"");
+        out.extend_from_slice(who.host.as_bytes());
+        out.push(b'"');
+    }
+    out.extend_from_slice(b";proto=");
+    out.extend_from_slice(proto.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    header(out, b"x-forwarded-for", who.client.as_bytes());
+    header(out, b"x-forwarded-proto", proto.as_bytes());
+    if host_ok {
+        header(out, b"x-forwarded-host", who.host.as_bytes());
+    }
+    if !who.prefix.is_empty() && header_safe(who.prefix) {
+        header(out, b"x-forwarded-prefix", who.prefix.as_bytes());
+    }
 }
 
 /// A request as it goes to the app: the request line, the client's headers without what
@@ -172,22 +226,15 @@ pub(crate) fn write_request<'a, H>(
         out.extend_from_slice(b"\r\n");
     }
     for (name, value) in [
-        (&b"x-warden-user: "[..], who.user),
-        (b"x-warden-label: ", who.label),
+        (&b"x-warden-user"[..], who.user),
+        (b"x-warden-label", who.label),
     ] {
         if header_safe(value) {
-            out.extend_from_slice(name);
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            header(out, name, value.as_bytes());
         }
     }
-    out.extend_from_slice(b"x-forwarded-for: ");
-    out.extend_from_slice(who.client.as_bytes());
-    out.extend_from_slice(if who.https {
-        &b"\r\nx-forwarded-proto: https\r\n\r\n"[..]
-    } else {
-        b"\r\nx-forwarded-proto: http\r\n\r\n"
-    });
+    write_forwarding(out, who);
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
 }
 
@@ -220,14 +267,24 @@ impl<'a> ResponseFraming<'a> {
     }
 }
 
-/// Whether a response header `name` stays away from the client: hop-by-hop, named by
-/// `Connection`, the taint report (read by the gateway), or a `Content-Length` that a
-/// `Transfer-Encoding` overrides (RFC 9112 §6.3). `Transfer-Encoding` itself passes: the body is
-/// relayed with its framing on the lane, and hyper's path drops it when it frames the body
-/// anew.
-pub(crate) fn response_drops(name: &[u8], framing: &ResponseFraming<'_>) -> bool {
+/// Whether a `Set-Cookie` value sets the gateway's session cookie: its name (before the first
+/// `=`, or the whole pair without one) is the session cookie's in any case.
+fn sets_session_cookie(value: &[u8]) -> bool {
+    let pair = value.split(|&b| b == b';').next().unwrap_or(value);
+    let name = pair.split(|&b| b == b'=').next().unwrap_or(pair);
+    std::str::from_utf8(name).is_ok_and(crate::auth::session::is_session_cookie)
+}
+
+/// Whether a response header stays away from the client: hop-by-hop, named by `Connection`,
+/// the taint report (read by the gateway), a cookie the gateway owns, or a `Content-Length`
+/// that a `Transfer-Encoding` overrides (RFC 9112 §6.3). `Transfer-Encoding` itself passes: the
+/// body is relayed with its framing on the lane, and hyper's path drops it when it frames the
+/// body anew.
+pub(crate) fn response_drops(name: &[u8], value: &[u8], framing: &ResponseFraming<'_>) -> bool {
     hop_by_hop(name)
         || is(name, TAINT)
+        || is(name, "set-cookie2")
+        || (is(name, "set-cookie") && sets_session_cookie(value))
         || framing.named.iter().any(|n| n.eq_ignore_ascii_case(name))
         || (framing.transfer_encoded && is(name, "content-length"))
 }

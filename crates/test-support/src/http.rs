@@ -56,6 +56,51 @@ fn split_url(url: &str) -> (String, String) {
 
 /// Sends one request and reads the whole response.
 pub fn request(method: &str, url: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+    let (host, wire) = request_bytes(method, url, headers, body);
+    raw(&host, &wire)
+}
+
+/// [`request`] from the loopback address `src` (every 127.x.y.z is this machine), as a client
+/// on another address would send it.
+pub fn request_from(
+    src: std::net::Ipv4Addr,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
+    let (host, wire) = request_bytes(method, url, headers, body);
+    exchange(connect_from(src, &host), &host, &wire)
+}
+
+/// A TCP connection to `host` from `src`.
+fn connect_from(src: std::net::Ipv4Addr, host: &str) -> TcpStream {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    let to: std::net::SocketAddrV4 = host.parse().expect("an IPv4 host:port");
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let [a, b, c, d] = src.octets();
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::new(a, b, c, d, 0),
+    )
+    .unwrap();
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(to)).unwrap();
+    TcpStream::from(fd)
+}
+
+/// The bytes of one request with `connection: close`, and the host they go to.
+fn request_bytes(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (String, Vec<u8>) {
     let (host, path) = split_url(url);
     let mut head = format!("{method} {path} HTTP/1.1\r\nconnection: close\r\n");
     if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
@@ -70,12 +115,16 @@ pub fn request(method: &str, url: &str, headers: &[(&str, &str)], body: &[u8]) -
     head.push_str("\r\n");
     let mut wire = head.into_bytes();
     wire.extend_from_slice(body);
-    raw(&host, &wire)
+    (host, wire)
 }
 
 /// Sends raw bytes to `host` and parses what comes back.
 pub fn raw(host: &str, wire: &[u8]) -> Response {
-    let mut s = TcpStream::connect(host).unwrap_or_else(|e| panic!("connect {host}: {e}"));
+    let s = TcpStream::connect(host).unwrap_or_else(|e| panic!("connect {host}: {e}"));
+    exchange(s, host, wire)
+}
+
+fn exchange(mut s: TcpStream, host: &str, wire: &[u8]) -> Response {
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     s.write_all(wire).unwrap();
     let mut buf = Vec::new();

@@ -97,6 +97,28 @@ fn spawn_many(n: usize) {
     }
 }
 
+/// Reports every descriptor beyond stdin, stdout and stderr: none may be left over from
+/// whoever started warden.
+fn inherited_descriptors() {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        println!("probe inherited-fds: unknown (no /proc/self/fd)");
+        return;
+    };
+    let mut extra = Vec::new();
+    for e in entries.flatten() {
+        let Ok(fd) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let target = std::fs::read_link(e.path()).unwrap_or_default();
+        // The listing's own descriptor is a directory under /proc.
+        if fd > 2 && !target.starts_with("/proc") {
+            extra.push(format!("{fd} -> {}", target.display()));
+        }
+    }
+    let escaped = (!extra.is_empty()).then(|| extra.join(", "));
+    report("inherited-fds", escaped, "only 0, 1 and 2 are open");
+}
+
 /// The filler of [`alloc`]: exits 0 once every page is touched, 2 if the reservation fails.
 fn fill(mb: usize) -> ! {
     let mut v: Vec<u8> = Vec::new();
@@ -195,6 +217,7 @@ fn run(args: &ProbeArgs) {
         });
         report("host-processes", escaped, format!("sees pids {visible:?}"));
     }
+    inherited_descriptors();
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
         status

@@ -85,6 +85,7 @@ pub async fn setup(
                 password_hash: hash,
                 clearance: u.clearance.clone(),
                 groups: u.groups.clone(),
+                generation: warden_core::id::short_id(),
             };
             warden_store::put_json(store, &keys::user(&u.name), &record, None).await?;
         }

@@ -111,6 +111,8 @@ fn parse() -> Cli {
 }
 
 fn main() -> std::process::ExitCode {
+    // Before anything is opened: what the caller left open must never reach an instance.
+    warden_agent::close_inherited_descriptors();
     let cli = parse();
     // The sandbox helper forks, so it must run before any runtime thread exists.
     if let Command::SandboxInit { dir } = &cli.command {

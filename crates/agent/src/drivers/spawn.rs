@@ -60,13 +60,54 @@ pub fn raise_open_file_limit() {
     }
 }
 
-/// Spawns `cmd` in its own process group, tied to the agent's life by a parent-death signal.
+/// Marks every descriptor warden inherited (all above stderr) close-on-exec, so none of them
+/// reaches an instance: a file or directory the shell that started warden left open would
+/// otherwise be open in every app, and a directory descriptor reaches the host's tree past any
+/// mount namespace. Call it first thing, before warden opens anything of its own (its own
+/// descriptors are close-on-exec from the start).
+pub fn close_inherited_descriptors() {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: F_SETFD on a descriptor number changes only its close-on-exec flag; one that
+        // is not open (the directory listing's own, closed by now) fails with EBADF.
+        unsafe {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+}
+
+/// Marks every descriptor above stderr close-on-exec, in a child between fork and exec: the
+/// second guard, after [`close_inherited_descriptors`], against anything opened without the
+/// flag. Needs Linux 5.11; on older kernels the first guard stands alone.
+fn close_on_exec_from_3() {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range(2) takes plain integers and touches only the descriptor table; it is
+    // async-signal-safe.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        );
+    }
+}
+
+/// Spawns `cmd` in its own process group, tied to the agent's life by a parent-death signal,
+/// with no descriptor but stdin, stdout and stderr.
 pub(crate) fn spawn(mut cmd: Command) -> std::io::Result<Child> {
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
-    // getrlimit(2) and setrlimit(2), which are async-signal-safe; it allocates nothing and
-    // touches no locks (the atomic load is lock-free).
+    // getrlimit(2), setrlimit(2) and close_range(2), which are async-signal-safe; it allocates
+    // nothing and touches no locks (the atomic load is lock-free).
     unsafe {
         cmd.pre_exec(|| {
+            close_on_exec_from_3();
             // If warden dies, even by SIGKILL, the kernel kills the instance: no orphans. The
             // signal is tied to the forking thread, and instances are spawned from the runtime's
             // worker threads, which live as long as warden does.

@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use warden_core::{keys, validate_name, UserRecord};
+use warden_core::{keys, validate_name, SessionRecord, UserRecord};
 use warden_store::{decode, CasOutcome};
 
 use crate::error::{ApiError, ApiJson};
@@ -24,6 +24,18 @@ pub struct NewUser {
     /// Groups.
     #[serde(default)]
     pub groups: Vec<String>,
+}
+
+/// Body of `PATCH /v1/users/{name}`: what changes. Any change ends the user's sessions.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserChange {
+    /// New password in clear; hashed with Argon2id before it is stored.
+    pub password: Option<String>,
+    /// New clearance label.
+    pub clearance: Option<String>,
+    /// New groups, replacing the old ones.
+    pub groups: Option<Vec<String>>,
 }
 
 /// A user as the API shows it: never the hash.
@@ -64,24 +76,14 @@ pub async fn create(
     ApiJson(new): ApiJson<NewUser>,
 ) -> Result<(StatusCode, Json<UserView>), ApiError> {
     validate_name("user", &new.name).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    for g in &new.groups {
-        validate_name("group", g).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    }
-    let lattice = crate::routes::lattice::current(&api).await?;
-    let clearance = lattice
-        .canonical(&new.clearance)
-        .map_err(|e| ApiError::bad_request(format!("clearance: {e}")))?;
-    let password = new.password;
-    let cost = api.argon2;
-    let hash = tokio::task::spawn_blocking(move || warden_auth::hash_password(&password, &cost))
-        .await
-        .map_err(ApiError::internal)?
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    check_groups(&new.groups)?;
+    let clearance = canonical_clearance(&api, &new.clearance).await?;
     let record = UserRecord {
         name: new.name,
-        password_hash: hash,
+        password_hash: hash(&api, new.password).await?,
         clearance,
         groups: new.groups,
+        generation: warden_core::id::short_id(),
     };
     let bytes = serde_json::to_vec(&record).map_err(ApiError::internal)?;
     match api
@@ -112,7 +114,53 @@ pub async fn show(
         .ok_or_else(|| no_user(&name))
 }
 
-/// `DELETE /v1/users/{name}`
+/// `PATCH /v1/users/{name}`: a new password, clearance or groups. The account gets a new
+/// generation, so every session of it ends at every gateway, and the old password's cached
+/// verifications stop working at once (they are bound to the old hash).
+pub async fn change(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    ApiJson(change): ApiJson<UserChange>,
+) -> Result<Json<UserView>, ApiError> {
+    if change.password.is_none() && change.clearance.is_none() && change.groups.is_none() {
+        return Err(ApiError::bad_request(
+            "say what changes: password, clearance or groups",
+        ));
+    }
+    let key = keys::user(&name);
+    let (mut record, rev) = warden_store::get_json::<UserRecord>(&*api.store, &key)
+        .await?
+        .ok_or_else(|| no_user(&name))?;
+    if let Some(groups) = change.groups {
+        check_groups(&groups)?;
+        record.groups = groups;
+    }
+    if let Some(clearance) = change.clearance {
+        record.clearance = canonical_clearance(&api, &clearance).await?;
+    }
+    if let Some(password) = change.password {
+        record.password_hash = hash(&api, password).await?;
+    }
+    record.generation = warden_core::id::short_id();
+    let bytes = serde_json::to_vec(&record).map_err(ApiError::internal)?;
+    match api
+        .store
+        .compare_and_swap(&key, Some(rev), Some(bytes), None)
+        .await?
+    {
+        CasOutcome::Done(rev) => {
+            api.applied(&key, rev).await;
+            end_sessions(&api, &name).await?;
+            tracing::info!(user = %name, clearance = %record.clearance, "user changed; sessions ended");
+            Ok(Json(record.into()))
+        }
+        CasOutcome::Conflict { .. } => Err(ApiError::conflict(format!(
+            "user {name:?} changed meanwhile; try again"
+        ))),
+    }
+}
+
+/// `DELETE /v1/users/{name}`: the user and every session of theirs.
 pub async fn remove(
     State(api): State<Api>,
     Path(name): Path<String>,
@@ -120,10 +168,57 @@ pub async fn remove(
     match api.store.delete(&keys::user(&name)).await? {
         Some(rev) => {
             api.applied(&keys::user(&name), rev).await;
+            end_sessions(&api, &name).await?;
+            tracing::info!(user = %name, "user removed; sessions ended");
             Ok(StatusCode::NO_CONTENT)
         }
         None => Err(no_user(&name)),
     }
+}
+
+/// Deletes every session record of `user` and waits until the local gateway has applied it.
+/// Gateways refuse those sessions already (the account's generation changed or it is gone);
+/// this keeps them from lingering in the store until their lease ends.
+async fn end_sessions(api: &Api, user: &str) -> Result<(), ApiError> {
+    let listing = api.store.list(keys::SESSIONS).await?;
+    for e in listing.entries {
+        let Ok(s) = decode::<SessionRecord>(&e.key, &e.value) else {
+            continue;
+        };
+        if s.user != user {
+            continue;
+        }
+        if let Some(rev) = api.store.delete(&e.key).await? {
+            api.applied(&e.key, rev).await;
+        }
+        if let Some(lease) = e.lease {
+            let _ = api.store.revoke_lease(lease).await;
+        }
+    }
+    Ok(())
+}
+
+fn check_groups(groups: &[String]) -> Result<(), ApiError> {
+    for g in groups {
+        validate_name("group", g).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    }
+    Ok(())
+}
+
+async fn canonical_clearance(api: &Api, clearance: &str) -> Result<String, ApiError> {
+    let lattice = crate::routes::lattice::current(api).await?;
+    lattice
+        .canonical(clearance)
+        .map_err(|e| ApiError::bad_request(format!("clearance: {e}")))
+}
+
+/// The Argon2id hash of a new password, made off the executor.
+async fn hash(api: &Api, password: String) -> Result<String, ApiError> {
+    let cost = api.argon2;
+    tokio::task::spawn_blocking(move || warden_auth::hash_password(&password, &cost))
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 fn no_user(name: &str) -> ApiError {

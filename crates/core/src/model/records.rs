@@ -21,6 +21,11 @@ pub struct UserRecord {
     /// Groups the user belongs to.
     #[serde(default)]
     pub groups: Vec<String>,
+    /// Changes whenever the account is created or its password, clearance or groups change:
+    /// a session is valid only for the generation it was issued for, so a changed or re-created
+    /// account starts with none.
+    #[serde(default)]
+    pub generation: String,
 }
 
 impl fmt::Debug for UserRecord {
@@ -31,6 +36,7 @@ impl fmt::Debug for UserRecord {
             .field("password_hash", &"<redacted>")
             .field("clearance", &self.clearance)
             .field("groups", &self.groups)
+            .field("generation", &self.generation)
             .finish()
     }
 }
@@ -151,6 +157,9 @@ pub struct NodeRecord {
 pub struct SessionRecord {
     /// User the session belongs to.
     pub user: String,
+    /// The user's [`UserRecord::generation`] when the session began.
+    #[serde(default)]
+    pub generation: String,
     /// Creation time, milliseconds since the Unix epoch.
     pub created_ms: u64,
     /// Expiry time, milliseconds since the Unix epoch.
@@ -176,6 +185,7 @@ mod tests {
             password_hash: "$argon2id$secret".into(),
             clearance: "SECRET".into(),
             groups: vec![],
+            generation: String::new(),
         };
         assert!(!format!("{u:?}").contains("argon2id"));
     }

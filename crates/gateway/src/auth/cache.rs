@@ -75,7 +75,12 @@ impl CredentialCache {
             let (ttl_ok, ttl_bad) = (self.ttl_ok, self.ttl_bad);
             map.retain(|_, e| e.at.elapsed() < if e.ok { ttl_ok } else { ttl_bad });
             if map.len() >= self.capacity {
-                // Still full of live entries: start over rather than grow without bound.
+                // Full of live entries, most likely refused guesses of a flood: those go first,
+                // so the users verified already keep being served from memory.
+                map.retain(|_, e| e.ok);
+            }
+            if map.len() >= self.capacity {
+                // Still full: start over rather than grow without bound.
                 map.clear();
             }
         }
@@ -112,6 +117,18 @@ mod tests {
         assert_eq!(c.lookup(&bad, &[1; 32]), Some(false));
         c.insert(c.key("x", "y"), true, [0; 32]);
         assert!(c.map.read().expect("lock").len() <= 2, "bounded");
+    }
+
+    #[test]
+    fn a_flood_of_refused_guesses_does_not_evict_the_verified() {
+        let c = CredentialCache::new(Duration::from_secs(60), Duration::from_secs(60), 100);
+        let alice = c.key("alice", "pw");
+        c.insert(alice, true, [1; 32]);
+        for i in 0..1000 {
+            c.insert(c.key("alice", &format!("guess {i}")), false, [1; 32]);
+        }
+        assert_eq!(c.lookup(&alice, &[1; 32]), Some(true));
+        assert!(c.map.read().expect("lock").len() <= 100, "bounded");
     }
 
     #[test]

@@ -1,6 +1,12 @@
 //! Authentication on the request path: session tokens, and HTTP Basic passwords checked with
 //! Argon2id at most once per credential.
 //!
+//! A request names one user. It may carry a session (a bearer token or the session cookie) and
+//! Basic credentials at once only when both name the same user; two different users, in any
+//! mix of credentials, get 400, never one of them picked silently (an app could otherwise plant
+//! another user's session in a browser). A session whose token is unknown or expired does not
+//! count, so Basic credentials beside it are used. More than one Authorization header gets 400.
+//!
 //! Argon2id never runs on the async executor: verifications run on the blocking pool, at most
 //! one per core at a time, with a bounded queue; past it the gateway answers 503 at once. The
 //! password is dropped as soon as it is verified and is never logged.
@@ -30,10 +36,13 @@ pub struct AuthConfig {
     pub cache_ttl: Duration,
     /// How long a refused credential is answered from memory.
     pub negative_ttl: Duration,
-    /// Failed sign-ins per user per window before 429.
+    /// Failed sign-ins for one user from everywhere per window, beyond which addresses that
+    /// have failed for that user get 429 (others still have their password checked).
     pub failures_per_user: u32,
     /// Failed sign-ins per client address per window before 429.
     pub failures_per_addr: u32,
+    /// Failed sign-ins per client address for one user per window before 429.
+    pub failures_per_addr_user: u32,
     /// The throttling window.
     pub window: Duration,
     /// The cost of new passwords: an unknown user's sign-in is checked against a dummy hash of
@@ -71,8 +80,11 @@ impl Authenticator {
             cache: cache::CredentialCache::new(config.cache_ttl, config.negative_ttl, 100_000),
             throttle: throttle::Throttle::new(
                 config.window,
-                config.failures_per_user,
-                config.failures_per_addr,
+                throttle::Limits {
+                    per_addr: config.failures_per_addr,
+                    per_addr_user: config.failures_per_addr_user,
+                    per_user: config.failures_per_user,
+                },
             ),
             pool: Semaphore::new(cores),
             waiting: AtomicUsize::new(0),
@@ -81,7 +93,7 @@ impl Authenticator {
         }
     }
 
-    /// The user a request is from: session token (bearer or cookie) first, then Basic.
+    /// The user a request is from; see the module's documentation for the rules.
     pub async fn authenticate(
         &self,
         views: &Shared,
@@ -89,34 +101,51 @@ impl Authenticator {
         peer: IpAddr,
         m: &Metrics,
     ) -> Result<Arc<User>, GatewayError> {
-        let authorization = headers
-            .get(http::header::AUTHORIZATION)
+        let mut authorization = headers
+            .get_all(http::header::AUTHORIZATION)
+            .iter()
             .map(http::HeaderValue::as_bytes);
+        let first = authorization.next();
+        if authorization.next().is_some() {
+            return Err(two_authorizations());
+        }
         let cookies = headers
             .get_all(http::header::COOKIE)
             .iter()
             .map(http::HeaderValue::as_bytes);
-        self.authenticate_raw(views, authorization, cookies, peer, m)
-            .await
+        self.authenticate_raw(views, first, cookies, peer, m).await
     }
 
-    /// [`Self::authenticate`] from the raw Authorization value and Cookie values.
+    /// [`Self::authenticate`] from the raw value of the one Authorization header and the values
+    /// of every Cookie header.
     pub async fn authenticate_raw<'a>(
         &self,
         views: &Shared,
-        authorization: Option<&[u8]>,
+        authorization: Option<&'a [u8]>,
         cookies: impl Iterator<Item = &'a [u8]>,
         peer: IpAddr,
         m: &Metrics,
     ) -> Result<Arc<User>, GatewayError> {
-        if let Some(token) = session::token_from(authorization, cookies) {
-            return session_user(views, &token);
+        let basic = authorization.and_then(basic::parse);
+        let mut by_session: Option<Arc<User>> = None;
+        for token in session::tokens(authorization, cookies) {
+            let Some(u) = session_user(views, token) else {
+                continue;
+            };
+            match &by_session {
+                Some(prev) if prev.record.name != u.record.name => {
+                    return Err(GatewayError::TwoUsers);
+                }
+                Some(_) => {}
+                None => by_session = Some(u),
+            }
         }
-        let Some(creds) = authorization.and_then(basic::parse) else {
-            return Err(GatewayError::Unauthenticated);
-        };
-        self.password(views, &creds.user, creds.password, peer, m)
-            .await
+        match (by_session, basic) {
+            (Some(u), Some(b)) if b.user != u.record.name => Err(GatewayError::TwoUsers),
+            (Some(u), _) => Ok(u),
+            (None, Some(b)) => self.password(views, &b.user, b.password, peer, m).await,
+            (None, None) => Err(GatewayError::Unauthenticated),
+        }
     }
 
     /// Checks a name and password.
@@ -227,15 +256,23 @@ impl Drop for Waiting<'_> {
     }
 }
 
-fn session_user(views: &Shared, token: &str) -> Result<Arc<User>, GatewayError> {
+/// 400 for a request with more than one Authorization header.
+pub(crate) fn two_authorizations() -> GatewayError {
+    GatewayError::BadRequest("send one Authorization header".into())
+}
+
+/// The user of a live session: known, not expired by the gateway's own clock (the store's lease
+/// may delete it later), and issued for the account as it is now (a changed or re-created
+/// account has another generation).
+fn session_user(views: &Shared, token: &str) -> Option<Arc<User>> {
     let hash = session::token_hash(token);
     let v = views.read();
-    let s = v.sessions.get(&hash).ok_or(GatewayError::Unauthenticated)?;
+    let s = v.sessions.get(&hash)?;
     if s.expires_ms <= warden_core::model::now_ms() {
-        return Err(GatewayError::Unauthenticated);
+        return None;
     }
     v.users
         .get(&s.user)
+        .filter(|u| u.record.generation == s.generation)
         .cloned()
-        .ok_or(GatewayError::Unauthenticated)
 }

@@ -9,41 +9,46 @@ use sha2::{Digest, Sha256};
 
 use crate::hygiene::SESSION_COOKIE;
 
-/// The session token a request carries: `Authorization: Bearer` first, then the cookie.
+/// The first session token a request carries: the bearer token, else a session cookie.
 pub(crate) fn token(headers: &HeaderMap) -> Option<String> {
-    token_from(
-        headers
-            .get(http::header::AUTHORIZATION)
-            .map(http::HeaderValue::as_bytes),
-        headers
-            .get_all(http::header::COOKIE)
-            .iter()
-            .map(http::HeaderValue::as_bytes),
-    )
+    let authorization = headers
+        .get(http::header::AUTHORIZATION)
+        .map(http::HeaderValue::as_bytes);
+    let cookies = headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .map(http::HeaderValue::as_bytes);
+    tokens(authorization, cookies)
+        .into_iter()
+        .next()
+        .map(str::to_owned)
 }
 
-/// [`token`] from the raw values of the Authorization header and of every Cookie header.
-pub(crate) fn token_from<'a>(
-    authorization: Option<&[u8]>,
+/// Every session token a request carries: the bearer token of `authorization`, then the value
+/// of every session cookie in the `cookies` headers (the cookie's name in any case).
+pub(crate) fn tokens<'a>(
+    authorization: Option<&'a [u8]>,
     cookies: impl Iterator<Item = &'a [u8]>,
-) -> Option<String> {
+) -> Vec<&'a str> {
+    let mut found = Vec::new();
     if let Some(t) = authorization.and_then(|v| v.strip_prefix(b"Bearer ")) {
-        return std::str::from_utf8(t).ok().map(|t| t.trim().to_owned());
-    }
-    for v in cookies.filter_map(|v| std::str::from_utf8(v).ok()) {
-        if let Some(value) = cookie_value(v) {
-            return Some(value.to_owned());
+        if let Ok(t) = std::str::from_utf8(t) {
+            found.push(t.trim());
         }
     }
-    None
+    for v in cookies.filter_map(|v| std::str::from_utf8(v).ok()) {
+        found.extend(v.split(';').filter_map(|pair| {
+            let (name, value) = pair.trim().split_once('=')?;
+            is_session_cookie(name).then_some(value.trim())
+        }));
+    }
+    found
 }
 
-/// The session cookie's value in one Cookie header.
-fn cookie_value(header: &str) -> Option<&str> {
-    header.split(';').find_map(|pair| {
-        let (name, value) = pair.trim().split_once('=')?;
-        (name == SESSION_COOKIE).then_some(value)
-    })
+/// Whether a cookie `name` is the gateway's session cookie, in any case: the gateway owns
+/// every spelling of it.
+pub(crate) fn is_session_cookie(name: &str) -> bool {
+    name.trim().eq_ignore_ascii_case(SESSION_COOKIE)
 }
 
 /// The stored name of a token: hex SHA-256.
@@ -64,6 +69,11 @@ mod tests {
             "a=1; warden_session=tok; b=2".parse().expect("header"),
         );
         assert_eq!(token(&h).as_deref(), Some("tok"));
+        let all = tokens(
+            Some(b"Bearer one"),
+            [&b"x=1; Warden_Session=two"[..], b"WARDEN_SESSION = three"].into_iter(),
+        );
+        assert_eq!(all, vec!["one", "two", "three"]);
         h.insert(
             http::header::AUTHORIZATION,
             "Bearer xyz".parse().expect("header"),

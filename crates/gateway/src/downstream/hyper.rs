@@ -75,8 +75,12 @@ pub(super) async fn serve<S>(
 
 /// Where a request is going.
 enum Route {
-    /// To an app, with the path to send it.
-    App { app: String, path_and_query: String },
+    /// To an app, with the path to send it and what was taken off its front.
+    App {
+        app: String,
+        prefix: String,
+        path_and_query: String,
+    },
     /// To the same path with a trailing slash, so the app's relative links resolve.
     AddSlash(String),
     /// To the gateway itself.
@@ -99,6 +103,7 @@ fn route(views: &views::Shared, req: &Request<Incoming>) -> Route {
     if let Some((app, skip)) = app_route(&views.read(), host, &target) {
         return Route::App {
             app: app.to_owned(),
+            prefix: target[..skip].to_owned(),
             path_and_query: target[skip..].to_owned(),
         };
     }
@@ -118,29 +123,51 @@ fn head_size(req: &Request<Incoming>) -> usize {
         .sum::<usize>()
 }
 
+/// A request whose head cannot be served as it is: too large, or without exactly one host
+/// (RFC 9112 §3.2: HTTP/1.1 needs one `Host`; no request may carry two).
+fn malformed(state: &State, req: &Request<Incoming>) -> Option<GatewayError> {
+    if head_size(req) > state.config.max_header_bytes {
+        return Some(GatewayError::HeadTooLarge {
+            limit: state.config.max_header_bytes,
+        });
+    }
+    let hosts = req.headers().get_all(header::HOST).iter().count();
+    if hosts > 1 {
+        return Some(GatewayError::BadRequest(
+            "the request has more than one Host header; send one".into(),
+        ));
+    }
+    if hosts == 0 && req.version() == http::Version::HTTP_11 {
+        return Some(GatewayError::BadRequest(
+            "an HTTP/1.1 request needs a Host header".into(),
+        ));
+    }
+    None
+}
+
 async fn handle(state: &State, req: Request<Incoming>, client: &Client) -> Response<Body> {
     let started = Instant::now();
-    if head_size(&req) > state.config.max_header_bytes {
-        state.metrics.request("-", 431);
-        return GatewayError::HeadTooLarge {
-            limit: state.config.max_header_bytes,
-        }
-        .into_response();
+    if let Some(e) = malformed(state, &req) {
+        state.metrics.request("-", e.status().as_u16());
+        return e.into_response();
     }
     let (app, resp) = match route(&state.views, &req) {
         Route::App {
             app,
+            prefix,
             path_and_query,
         } => {
             let span = tracing::debug_span!("request", app = %app, label = tracing::field::Empty);
-            let resp = match to_app(state, req, client, &app, &path_and_query)
+            let resp = match to_app(state, req, client, &app, &prefix, &path_and_query)
                 .instrument(span)
                 .await
             {
                 Ok(r) => r,
                 Err(e) => e.into_response(),
             };
-            (app, resp)
+            // Metric labels come from bounded sets: registered apps, else one name for the rest.
+            let known = state.views.read().apps.contains_key(&app);
+            (if known { app } else { "unknown".to_owned() }, resp)
         }
         Route::AddSlash(location) => ("-".to_owned(), endpoints::redirect(&location)),
         Route::Gateway => ("-".to_owned(), endpoints::answer(state, req, client).await),
@@ -160,6 +187,7 @@ async fn to_app(
     req: Request<Incoming>,
     client: &Client,
     app: &str,
+    prefix: &str,
     path_and_query: &str,
 ) -> Result<Response<Body>, GatewayError> {
     let m = &state.metrics;
@@ -199,13 +227,21 @@ async fn to_app(
         }
     })?;
     let body = body.to_bytes();
+    with_host(&mut parts);
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
     let who = Identity {
         user: &user.record.name,
         label,
         client: &client.text,
         https: client.https,
+        host,
+        prefix,
     };
-    let bytes = for_app(&mut parts, path_and_query, &body, &who);
+    let bytes = for_app(&parts, path_and_query, &body, &who);
     let x = Exchange {
         bytes: &bytes,
         head_only: parts.method == http::Method::HEAD,
@@ -229,21 +265,24 @@ async fn to_app(
     Ok(Response::from_parts(parts, body))
 }
 
-/// The request as the app gets it, with the body read whole.
-fn for_app(
-    parts: &mut http::request::Parts,
-    path_and_query: &str,
-    body: &[u8],
-    who: &Identity<'_>,
-) -> Vec<u8> {
+/// Gives the request a `Host`: HTTP/2 carries the host in the URI, and an HTTP/1.0 client may
+/// send none; HTTP/1.1 to the app needs one.
+fn with_host(parts: &mut http::request::Parts) {
     if !parts.headers.contains_key(header::HOST) {
-        // HTTP/2 carries the host in the URI, and an HTTP/1.0 client may send none; HTTP/1.1
-        // to the app needs one.
         let host = parts.uri.authority().map_or("localhost", |a| a.as_str());
         if let Ok(v) = header::HeaderValue::from_str(host) {
             parts.headers.insert(header::HOST, v);
         }
     }
+}
+
+/// The request as the app gets it, with the body read whole.
+fn for_app(
+    parts: &http::request::Parts,
+    path_and_query: &str,
+    body: &[u8],
+    who: &Identity<'_>,
+) -> Vec<u8> {
     // The body is whole: the gateway frames it, unless there is none to frame.
     let framed = parts.headers.contains_key(header::CONTENT_LENGTH)
         || parts.headers.contains_key(header::TRANSFER_ENCODING);

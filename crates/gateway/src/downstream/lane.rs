@@ -99,6 +99,10 @@ struct Lane {
     spec: Arc<AppSpec>,
     /// The request target as the app gets it.
     target: Range<usize>,
+    /// What the gateway took off the front of the target (`/apps/<name>`, or nothing).
+    prefix: Range<usize>,
+    /// The Host the client sent.
+    host: Range<usize>,
     body_len: usize,
     head_only: bool,
     /// The client asked to close the connection after this request.
@@ -148,7 +152,8 @@ fn take(state: &State, buf: &[u8], head: &RequestHead, fields: &[Field]) -> Opti
             body_len = Some(n);
         }
     }
-    let host = std::str::from_utf8(host?).ok()?;
+    let host_bytes = host?;
+    let host = std::str::from_utf8(host_bytes).ok()?;
     let target = std::str::from_utf8(&buf[head.target.clone()]).ok()?;
     // Origin form only, without a fragment (which hyper's URI parser drops); never CONNECT.
     if !target.starts_with('/') || target.contains('#') || &buf[head.method.clone()] == b"CONNECT" {
@@ -164,6 +169,8 @@ fn take(state: &State, buf: &[u8], head: &RequestHead, fields: &[Field]) -> Opti
     let target = head.target.start + skip..head.target.end;
     Some(Lane {
         spec,
+        prefix: head.target.start..head.target.start + skip,
+        host: range(buf, host_bytes),
         target,
         body_len: body_len.unwrap_or(0),
         head_only: &buf[head.method.clone()] == b"HEAD",
@@ -413,7 +420,11 @@ async fn to_app(
             .map(|f| &msg[f.value.clone()])
     };
     let t = Instant::now();
-    let authorization = named("authorization").next();
+    let mut authorizations = named("authorization");
+    let authorization = authorizations.next();
+    if authorizations.next().is_some() {
+        return Reply::Refused(crate::auth::two_authorizations());
+    }
     let user = state
         .auth
         .authenticate_raw(&state.views, authorization, named("cookie"), client.ip, m)
@@ -443,6 +454,8 @@ async fn to_app(
             label,
             client: &client.text,
             https: client.https,
+            host: std::str::from_utf8(&msg[lane.host.clone()]).unwrap_or(""),
+            prefix: std::str::from_utf8(&msg[lane.prefix.clone()]).unwrap_or(""),
         },
         &msg[head.len..],
     );
@@ -513,6 +526,8 @@ mod tests {
                 label: "SECRET",
                 client,
                 https,
+                host: "a",
+                prefix: "/apps/demo",
             },
             &msg[head.len..],
         );
@@ -524,9 +539,10 @@ mod tests {
         let msg = b"POST /apps/demo/p HTTP/1.1\r\nHost: a\r\nAuthorization: Basic eDp5\r\nCookie: a=1; warden_session=tok; b=2\r\nX-Warden-User: mallory\r\nx-forwarded-for: 1.2.3.4\r\nConnection: keep-alive\r\ncontent-length: 2\r\n\r\nhi";
         assert_eq!(
             for_app(msg, "127.0.0.1", false),
-            "POST /p HTTP/1.1\r\nHost: a\r\ncontent-length: 2\r\ncookie: a=1; b=2\r\nx-warden-user: alice\r\nx-warden-label: SECRET\r\nx-forwarded-for: 127.0.0.1\r\nx-forwarded-proto: http\r\n\r\nhi"
+            "POST /p HTTP/1.1\r\nHost: a\r\ncontent-length: 2\r\ncookie: a=1; b=2\r\nx-warden-user: alice\r\nx-warden-label: SECRET\r\nforwarded: for=127.0.0.1;host=\"a\";proto=http\r\nx-forwarded-for: 127.0.0.1\r\nx-forwarded-proto: http\r\nx-forwarded-host: a\r\nx-forwarded-prefix: /apps/demo\r\n\r\nhi"
         );
-        assert!(for_app(msg, "::1", true)
-            .ends_with("x-forwarded-for: ::1\r\nx-forwarded-proto: https\r\n\r\nhi"));
+        assert!(for_app(msg, "::1", true).contains(
+            "forwarded: for=\"[::1]\";host=\"a\";proto=https\r\nx-forwarded-for: ::1\r\nx-forwarded-proto: https\r\n"
+        ));
     }
 }

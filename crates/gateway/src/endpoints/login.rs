@@ -93,6 +93,7 @@ async fn try_login(
     let now = now_ms();
     let record = SessionRecord {
         user: user.record.name.clone(),
+        generation: user.record.generation.clone(),
         created_ms: now,
         expires_ms: now + ttl.as_millis() as u64,
     };

@@ -107,7 +107,7 @@ pub(crate) fn parse(buf: &[u8], head_only: bool) -> Result<Parsed, GatewayError>
         if name.eq_ignore_ascii_case(hygiene::TAINT.as_bytes()) {
             taint = Some(String::from_utf8_lossy(value).into_owned());
         }
-        if hygiene::response_drops(name, &framed) {
+        if hygiene::response_drops(name, value, &framed) {
             continue;
         }
         out.extend_from_slice(name);

@@ -76,12 +76,16 @@ pub struct UpArgs {
     /// How long a refused password is answered from memory
     #[arg(long)]
     auth_negative_ttl: Option<Human>,
-    /// Failed sign-ins per user per window before 429
-    #[arg(long)]
-    auth_failures_per_user: Option<u32>,
     /// Failed sign-ins per client address per window before 429
     #[arg(long)]
     auth_failures_per_addr: Option<u32>,
+    /// Failed sign-ins per client address for one user per window before 429
+    #[arg(long)]
+    auth_failures_per_addr_user: Option<u32>,
+    /// Failed sign-ins for one user from everywhere per window, beyond which addresses that
+    /// failed for that user get 429 (others are still checked)
+    #[arg(long)]
+    auth_failures_per_user: Option<u32>,
     /// The window of sign-in throttling
     #[arg(long)]
     auth_window: Option<Human>,
@@ -144,7 +148,8 @@ impl UpArgs {
             data_dir, roles, store, listen, max_connections, max_header_bytes, max_body_bytes,
             header_timeout, upstream_timeout, session_ttl, tls_queue_wait,
             tls_handshake_timeout, auth_cache_ttl,
-            auth_negative_ttl, auth_failures_per_user, auth_failures_per_addr, auth_window,
+            auth_negative_ttl, auth_failures_per_user, auth_failures_per_addr,
+            auth_failures_per_addr_user, auth_window,
             argon2_memory_kib, argon2_iterations, argon2_parallelism, api_listen,
             max_instances, max_log_mb, cgroups, bridge, bridge_cidr, node_lease_ttl,
         );

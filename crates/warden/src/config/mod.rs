@@ -70,10 +70,14 @@ pub struct Config {
     pub auth_cache_ttl: Human,
     /// How long a refused password is answered from memory.
     pub auth_negative_ttl: Human,
-    /// Failed sign-ins per user per window before 429.
-    pub auth_failures_per_user: u32,
-    /// Failed sign-ins per client address per window before 429.
+    /// Failed sign-ins per client address per window before 429 (IPv6 by /64).
     pub auth_failures_per_addr: u32,
+    /// Failed sign-ins per client address for one user per window before 429.
+    pub auth_failures_per_addr_user: u32,
+    /// Failed sign-ins for one user from every address together per window, beyond which the
+    /// addresses that failed for that user get 429; an address that has not failed still has
+    /// the user's password checked, so nobody can lock a user out.
+    pub auth_failures_per_user: u32,
     /// The window of sign-in throttling.
     pub auth_window: Human,
     /// Argon2id memory of new password hashes, in KiB.
@@ -133,8 +137,9 @@ impl Default for Config {
             tls_handshake_timeout: secs(10),
             auth_cache_ttl: secs(300),
             auth_negative_ttl: secs(30),
-            auth_failures_per_user: 10,
             auth_failures_per_addr: 50,
+            auth_failures_per_addr_user: 10,
+            auth_failures_per_user: 100,
             auth_window: secs(60),
             argon2_memory_kib: cost.memory_kib,
             argon2_iterations: cost.iterations,
@@ -295,6 +300,7 @@ impl Config {
             negative_ttl: self.auth_negative_ttl.0,
             failures_per_user: self.auth_failures_per_user,
             failures_per_addr: self.auth_failures_per_addr,
+            failures_per_addr_user: self.auth_failures_per_addr_user,
             window: self.auth_window.0,
             argon2: self.argon2_cost(),
         }

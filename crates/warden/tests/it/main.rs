@@ -35,6 +35,7 @@ mod lifetimes;
 mod pools;
 mod routing;
 mod sandbox;
+mod security;
 mod settings;
 mod statics;
 mod store_durability;

@@ -462,3 +462,38 @@ fn without_cgroups_the_limits_are_rlimits_and_still_hold() {
         "no cgroup was made: {limits}"
     );
 }
+
+#[test]
+fn descriptors_left_open_by_whoever_started_warden_reach_no_instance() {
+    // A directory (the host's root) and a file open on descriptors 7 and 8, as a careless
+    // shell or service manager might leave them.
+    let secret = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(secret.path(), b"host secret").unwrap();
+    let script = format!(
+        "exec 7< / 8< {}; exec \"$0\" \"$@\"",
+        secret.path().display()
+    );
+    let w = Launch::new(BIN).wrapped(&["sh", "-c", &script]).start();
+    let fds: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", w.pid()))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        fds.contains(&"7".to_owned()),
+        "warden itself got them: {fds:?}"
+    );
+    let probe = probe();
+    for (name, driver) in [("jail", "sandbox"), ("plain", "process")] {
+        create(
+            &w,
+            json!({ "name": name, "driver": driver, "command": [probe.to_str().unwrap()] }),
+        );
+        let r = w.get_as("alice", &w.password("alice"), &format!("/apps/{name}/"));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let out = logs(&w, r.json()["instance"].as_str().unwrap());
+        assert!(
+            out.contains("probe inherited-fds: blocked"),
+            "{driver} instance:\n{out}"
+        );
+    }
+}
