@@ -72,6 +72,8 @@ pub struct Api {
     pub instances: Option<Arc<dyn Instances>>,
     /// The cost of the Argon2id hashes of new passwords.
     pub argon2: warden_auth::Argon2Cost,
+    /// warden's data directory, which no app may serve as static files.
+    pub data_dir: Option<std::path::PathBuf>,
     token: Arc<str>,
     sync: Option<SyncHook>,
     metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
@@ -91,10 +93,18 @@ impl Api {
             store,
             instances,
             argon2,
+            data_dir: None,
             token: admin_token.into(),
             sync: None,
             metrics: None,
         }
+    }
+
+    /// Keeps apps from serving `dir` (warden's data directory), or any part of it, as static
+    /// files.
+    pub fn protecting(mut self, dir: std::path::PathBuf) -> Self {
+        self.data_dir = Some(dir);
+        self
     }
 
     /// Serves `/metrics` (Prometheus text) from `render`.

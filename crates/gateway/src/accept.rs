@@ -127,7 +127,7 @@ async fn with_tls(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
     };
     let resumption = match tls::hello::classify(&first, |id| tls.sessions.contains(id)) {
         tls::hello::First::NotTls => {
-            tls::answer_plain_http(Prefixed::new(first, stream)).await;
+            tls::answer_plain_http(Prefixed::new(first, stream), tls.names.clone()).await;
             return;
         }
         tls::hello::First::Tls { resumption } => resumption,

@@ -80,6 +80,12 @@ impl Clock {
         }
     }
 
+    /// Whether a request has begun arriving and is not being served yet: only then does a
+    /// timed-out connection owe the client a 408.
+    pub fn reading(&self) -> bool {
+        matches!(self.lock().0, State::Request(_))
+    }
+
     /// The connection closed: the keep-alive wait before the close counts as idle.
     pub fn closed(&self) {
         let s = self.lock();

@@ -7,6 +7,8 @@
 //! A line reads `probe <what>: blocked (<why>)` when the sandbox held, `probe <what>: ESCAPED
 //! (<how>)` when it did not, and `probe <what>: ok` for what must keep working.
 
+#![allow(unsafe_code)]
+
 use std::path::PathBuf;
 
 /// Flags of the probe.
@@ -94,6 +96,27 @@ fn spawn_many(n: usize) {
             format!("refused after {started} processes: {e}"),
         ),
         None => report("process-limit", Some(format!("ran {n} processes")), ""),
+    }
+}
+
+/// Tries to set up an io_uring, which the sandbox denies unless the app opted in.
+fn io_uring() {
+    let mut params = [0u8; 120];
+    // SAFETY: io_uring_setup(2) reads and writes the 120-byte `io_uring_params` we own; a
+    // descriptor it returns is closed at once.
+    let fd =
+        unsafe { nix::libc::syscall(nix::libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
+    if fd >= 0 {
+        // SAFETY: the kernel just returned this descriptor to us.
+        unsafe { nix::libc::close(fd as i32) };
+        println!("probe io_uring: allowed");
+        return;
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(nix::libc::EPERM) {
+        println!("probe io_uring: denied ({e})");
+    } else {
+        println!("probe io_uring: unavailable ({e})");
     }
 }
 
@@ -218,6 +241,16 @@ fn run(args: &ProbeArgs) {
         report("host-processes", escaped, format!("sees pids {visible:?}"));
     }
     inherited_descriptors();
+    io_uring();
+    // Pid 1 is the sandbox's init; its command line must not tell the host's paths.
+    match std::fs::read("/proc/1/cmdline") {
+        Ok(c) => {
+            let text = String::from_utf8_lossy(&c).replace('\0', " ");
+            let escaped = text.contains('/').then(|| text.trim().to_owned());
+            report("pid1-cmdline", escaped, text.trim());
+        }
+        Err(e) => println!("probe pid1-cmdline: unknown ({e})"),
+    }
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
         status

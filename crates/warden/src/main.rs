@@ -41,12 +41,10 @@ enum Command {
     /// Run the demo app (started by the agent; listens on 127.0.0.1:$PORT)
     #[command(hide = true)]
     DemoApp,
-    /// Build a sandbox and run an app in it (started by the agent's sandbox driver)
+    /// Build a sandbox and run an app in it (started by the agent's sandbox driver in the
+    /// instance's directory, which holds plan.json)
     #[command(hide = true)]
-    SandboxInit {
-        /// The instance's directory, holding plan.json
-        dir: std::path::PathBuf,
-    },
+    SandboxInit,
 }
 
 #[derive(Debug, clap::Args)]
@@ -115,8 +113,14 @@ fn main() -> std::process::ExitCode {
     warden_agent::close_inherited_descriptors();
     let cli = parse();
     // The sandbox helper forks, so it must run before any runtime thread exists.
-    if let Command::SandboxInit { dir } = &cli.command {
-        let code = warden_agent::sandbox::init::main(dir);
+    if let Command::SandboxInit = &cli.command {
+        let code = match std::env::current_dir() {
+            Ok(dir) => warden_agent::sandbox::init::main(&dir),
+            Err(e) => {
+                eprintln!("warden-sandbox: cannot find the instance directory: {e}");
+                125
+            }
+        };
         return std::process::ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX));
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -153,7 +157,7 @@ async fn run(cli: Cli) -> std::process::ExitCode {
             warden_cli::run(&c.client, cmd).await
         }
         Command::DemoApp => demo::run_app().await,
-        Command::SandboxInit { .. } => Ok(()),
+        Command::SandboxInit => Ok(()),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -168,7 +168,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen for the API on {}", cfg.api_listen))?;
         at.api = Some(listener.local_addr()?);
-        let mut api = warden_api::Api::new(store.clone(), instances, &token, cfg.argon2_cost());
+        let mut api = warden_api::Api::new(store.clone(), instances, &token, cfg.argon2_cost())
+            .protecting(dir.clone());
         if let Some(g) = &gateway {
             let sync = g.view_sync();
             api = api.with_sync(Arc::new(move |key, rev| {

@@ -64,6 +64,7 @@ fn fingerprint(spec: &AppSpec) -> Vec<u8> {
         &spec.limits,
         spec.driver,
         spec.network,
+        spec.io_uring,
     ))
     .unwrap_or_default()
 }

@@ -9,6 +9,25 @@ use warden_store::{decode, CasOutcome};
 use crate::error::{ApiError, ApiJson};
 use crate::Api;
 
+/// Refuses a static directory that is warden's data directory, holds it, or lies inside it:
+/// its files (the admin token, keys, the store, other apps' data) would be served to users.
+/// Symlinks are followed as far as the paths exist.
+fn check_static_dir(api: &Api, dir: &str) -> Result<(), ApiError> {
+    let Some(data) = &api.data_dir else {
+        return Ok(());
+    };
+    let resolve = |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+    let (dir, data) = (resolve(std::path::Path::new(dir)), resolve(data));
+    if data.starts_with(&dir) || dir.starts_with(&data) {
+        return Err(ApiError::bad_request(format!(
+            "static_dir {} would serve warden's data directory {} (or part of it) to users; choose a directory outside it",
+            dir.display(),
+            data.display()
+        )));
+    }
+    Ok(())
+}
+
 /// `GET /v1/apps`
 pub async fn list(State(api): State<Api>) -> Result<Json<Vec<AppSpec>>, ApiError> {
     let listing = api.store.list(keys::APPS).await?;
@@ -28,6 +47,9 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<AppSpec>), ApiError> {
     spec.validate()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if let Some(dir) = &spec.static_dir {
+        check_static_dir(&api, dir)?;
+    }
     if !spec.desired.is_empty() || !spec.warm.is_empty() {
         // Instances carry canonical labels; a count under another spelling would never see its
         // instances and start them forever.

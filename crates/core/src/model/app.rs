@@ -79,6 +79,10 @@ pub struct AppSpec {
     /// What a sandboxed instance's network namespace holds besides loopback.
     #[serde(default)]
     pub network: NetworkMode,
+    /// Lets a sandboxed app use io_uring, which the sandbox denies by default: its kernel
+    /// surface is why Docker's and ChromeOS's sandboxes deny it too.
+    #[serde(default)]
+    pub io_uring: bool,
 }
 
 /// The network of a sandboxed instance.
@@ -270,6 +274,7 @@ impl AppSpec {
             warm: BTreeMap::new(),
             health_path: None,
             network: NetworkMode::default(),
+            io_uring: false,
         }
     }
 

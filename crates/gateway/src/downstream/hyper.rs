@@ -64,7 +64,9 @@ pub(super) async fn serve<S>(
         let timed_out = e
             .downcast_ref::<hyper::Error>()
             .is_some_and(|e| e.is_timeout());
-        if let (true, Some(spare)) = (timed_out, &spare) {
+        // A keep-alive connection that timed out idle gets closed without a word; only a
+        // request that began and did not arrive in time is answered 408.
+        if let (true, true, Some(spare)) = (timed_out, clock.reading(), &spare) {
             use std::io::Write;
             let _ = (&*spare).write(TIMEOUT_408);
         }

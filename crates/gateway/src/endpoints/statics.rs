@@ -204,6 +204,15 @@ enum Range {
     Unsatisfiable,
 }
 
+/// A byte position: digits only; one too large for 64 bits is as far past any end as
+/// `u64::MAX` (RFC 9110 §14.1.2 sets no limit on the digits).
+fn position(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(s.parse::<u64>().unwrap_or(u64::MAX))
+}
+
 fn range(spec: &str, len: u64) -> Range {
     let Some(set) = spec.trim().strip_prefix("bytes=") else {
         return Range::Whole;
@@ -217,10 +226,10 @@ fn range(spec: &str, len: u64) -> Range {
     };
     let (a, b) = (a.trim(), b.trim());
     let parsed = match (a.is_empty(), b.is_empty()) {
-        (true, false) => b.parse::<u64>().ok().map(|n| (len.saturating_sub(n), len)),
-        (false, true) => a.parse::<u64>().ok().map(|s| (s, len)),
-        (false, false) => match (a.parse::<u64>(), b.parse::<u64>()) {
-            (Ok(s), Ok(e)) if s <= e => Some((s, (e + 1).min(len))),
+        (true, false) => position(b).map(|n| (len.saturating_sub(n), len)),
+        (false, true) => position(a).map(|s| (s, len)),
+        (false, false) => match (position(a), position(b)) {
+            (Some(s), Some(e)) if s <= e => Some((s, e.saturating_add(1).min(len))),
             _ => None,
         },
         (true, true) => None,
@@ -246,6 +255,24 @@ mod tests {
         assert_eq!(range("bytes=0-1,3-4", 10), Range::Whole);
         assert_eq!(range("items=0-1", 10), Range::Whole);
         assert_eq!(range("bytes=4-2", 10), Range::Whole);
+        // Ends past 64 bits are past the end like any other, wherever they sit.
+        assert_eq!(
+            range("bytes=2-18446744073709551615", 10),
+            Range::Part(2, 10)
+        );
+        assert_eq!(
+            range("bytes=2-99999999999999999999999", 10),
+            Range::Part(2, 10)
+        );
+        assert_eq!(
+            range("bytes=99999999999999999999999-", 10),
+            Range::Unsatisfiable
+        );
+        assert_eq!(
+            range("bytes=-99999999999999999999999", 10),
+            Range::Part(0, 10)
+        );
+        assert_eq!(range("bytes=+1-2", 10), Range::Whole);
     }
 
     #[tokio::test]

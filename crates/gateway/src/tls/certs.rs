@@ -80,6 +80,14 @@ fn valid_for(ck: &CertifiedKey, name: &ServerName<'_>) -> bool {
         .is_ok_and(|c| c.verify_is_valid_for_subject_name(name).is_ok())
 }
 
+impl SniResolver {
+    /// Whether one of the certificates is valid for `host` (a DNS name or an IP address).
+    pub fn serves(&self, host: &str) -> bool {
+        ServerName::try_from(host)
+            .is_ok_and(|name| self.certs.iter().any(|ck| valid_for(ck, &name)))
+    }
+}
+
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         if self.certs.len() > 1 {

@@ -110,6 +110,8 @@ impl StoresServerSessions for SessionCache {
 /// Everything the TLS accept path needs.
 pub(crate) struct Tls {
     pub config: Arc<ServerConfig>,
+    /// The certificates, for the names plain HTTP on the TLS port may be redirected to.
+    pub names: Arc<certs::SniResolver>,
     pub sessions: Arc<SessionCache>,
     pub admission: admission::Admission,
     pub handshake_timeout: Duration,
@@ -120,18 +122,19 @@ impl Tls {
     /// reported here, naming the file.
     pub fn new(settings: &TlsSettings) -> Result<Self, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let resolver = certs::SniResolver::load(&settings.certs, &provider)?;
+        let resolver = Arc::new(certs::SniResolver::load(&settings.certs, &provider)?);
         let sessions = Arc::new(SessionCache(ServerSessionMemoryCache::new(64 * 1024)));
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
             .with_no_client_auth()
-            .with_cert_resolver(Arc::new(resolver));
+            .with_cert_resolver(resolver.clone());
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         config.session_storage = sessions.clone();
         // Ticket keys rotate (every 6 hours in rustls), so a stolen key exposes little.
         config.ticketer = rustls::crypto::ring::Ticketer::new()?;
         Ok(Self {
             config: Arc::new(config),
+            names: resolver,
             sessions,
             admission: admission::Admission::new(settings.admission.clone()),
             handshake_timeout: settings.handshake_timeout,

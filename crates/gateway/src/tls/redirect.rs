@@ -1,5 +1,6 @@
-//! Plain HTTP sent to the TLS port: answered with a redirect to the same URL over https, or a
-//! clear 400 when the request names no host.
+//! Plain HTTP sent to the TLS port: answered with a redirect to the same URL over https when
+//! the request names a host one of the certificates is for, else a clear 400. Redirecting to
+//! whatever `Host` says would make the TLS port an open redirect.
 
 use std::convert::Infallible;
 
@@ -10,12 +11,21 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-fn answer(req: &Request<Incoming>) -> Response<Full<Bytes>> {
+/// The host part of a `Host` value: without its port, and an IPv6 address without brackets.
+fn host_part(host: &str) -> &str {
+    match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    }
+}
+
+fn answer(req: &Request<Incoming>, ours: &dyn Fn(&str) -> bool) -> Response<Full<Bytes>> {
     let host = req
         .headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
-        .filter(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_graphic()));
+        .filter(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_graphic()))
+        .filter(|h| ours(host_part(h)));
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let mut resp = match host {
         Some(host) => {
@@ -30,7 +40,7 @@ fn answer(req: &Request<Incoming>) -> Response<Full<Bytes>> {
         }
         None => {
             let mut r = Response::new(Full::new(Bytes::from_static(
-                b"this port speaks HTTPS: use an https:// URL\n",
+                b"this port speaks HTTPS: use an https:// URL with a name this server has a certificate for\n",
             )));
             *r.status_mut() = StatusCode::BAD_REQUEST;
             r
@@ -43,12 +53,16 @@ fn answer(req: &Request<Incoming>) -> Response<Full<Bytes>> {
     resp
 }
 
-/// Serves one plain HTTP/1.1 request on a connection to the TLS port, then closes it.
-pub(crate) async fn answer_plain_http<S>(io: S)
+/// Serves one plain HTTP/1.1 request on a connection to the TLS port, then closes it;
+/// `names` tells the names the certificates are for.
+pub(crate) async fn answer_plain_http<S>(io: S, names: std::sync::Arc<super::certs::SniResolver>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let svc = hyper::service::service_fn(|req| async move { Ok::<_, Infallible>(answer(&req)) });
+    let svc = hyper::service::service_fn(move |req| {
+        let names = names.clone();
+        async move { Ok::<_, Infallible>(answer(&req, &|h| names.serves(h))) }
+    });
     let _ = hyper::server::conn::http1::Builder::new()
         .keep_alive(false)
         .serve_connection(TokioIo::new(io), svc)

@@ -702,3 +702,52 @@ fn pipelined_requests_and_every_response_framing_come_through_one_connection() {
     assert!(httpdate::parse_http_date(date).is_ok(), "{date}");
     assert_eq!(r[1].header("connection"), Some("close"));
 }
+
+#[test]
+fn an_idle_keep_alive_connection_on_hypers_path_closes_without_a_word() {
+    let w = Launch::new(BIN)
+        .arg("--header-timeout")
+        .arg("500ms")
+        .start();
+    let mut s = TcpStream::connect(host(&w)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    // The gateway's own endpoints are served by hyper.
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"}\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    // Idle past the header timeout: the connection ends, with nothing more written.
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+    // On the same path, a request that begins and stalls still gets its 408.
+    let mut s = TcpStream::connect(host(&w)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    while !got.ends_with(b"}\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(
+        rest.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&rest)
+    );
+}

@@ -88,13 +88,16 @@ fn a_sandboxed_instance_cannot_escape() {
         "probe mount: blocked",
         "probe memory-limit: blocked",
         "probe process-limit: blocked",
+        "probe inherited-fds: blocked",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
+    assert!(!out.contains("probe io_uring: allowed"), "{out}");
     // Where the kernel refuses a fresh /proc (masked /proc in some containers), the app runs
     // without one and the capability probe cannot read its own status.
     if !out.contains("no /proc inside") {
         assert!(out.contains("probe capabilities: blocked"), "{out}");
+        assert!(out.contains("probe pid1-cmdline: blocked"), "{out}");
     }
     assert!(
         host.accept().is_err(),
@@ -495,5 +498,47 @@ fn descriptors_left_open_by_whoever_started_warden_reach_no_instance() {
             out.contains("probe inherited-fds: blocked"),
             "{driver} instance:\n{out}"
         );
+    }
+}
+
+/// Whether this machine lets a process set up an io_uring at all.
+#[allow(unsafe_code)]
+fn host_allows_io_uring() -> bool {
+    let mut params = [0u8; 120];
+    // SAFETY: io_uring_setup(2) reads and writes the 120-byte params we own; a descriptor it
+    // returns is closed at once.
+    let fd =
+        unsafe { nix::libc::syscall(nix::libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
+    if fd >= 0 {
+        // SAFETY: the kernel just returned this descriptor to us.
+        unsafe { nix::libc::close(fd as i32) };
+    }
+    fd >= 0
+}
+
+#[test]
+fn io_uring_is_denied_in_the_sandbox_unless_the_app_asks_for_it() {
+    let w = Warden::demo(BIN);
+    let probe = probe();
+    let out_of = |name: &str, io_uring: bool| {
+        create(
+            &w,
+            json!({ "name": name, "driver": "sandbox", "io_uring": io_uring, "command": [probe.to_str().unwrap()] }),
+        );
+        let r = w.get_as("alice", &w.password("alice"), &format!("/apps/{name}/"));
+        assert_eq!(r.status, 200, "{}", r.text());
+        logs(&w, r.json()["instance"].as_str().unwrap())
+    };
+    let denied = out_of("plain", false);
+    assert!(
+        denied.contains("probe io_uring: denied") || denied.contains("probe io_uring: unavailable"),
+        "{denied}"
+    );
+    let asked = out_of("uring", true);
+    if host_allows_io_uring() {
+        assert!(asked.contains("probe io_uring: allowed"), "{asked}");
+        assert!(denied.contains("probe io_uring: denied"), "{denied}");
+    } else {
+        assert!(!asked.contains("probe io_uring: allowed"), "{asked}");
     }
 }

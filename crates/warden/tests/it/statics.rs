@@ -79,6 +79,23 @@ fn files_come_with_type_validators_and_ranges_without_starting_an_instance() {
         (past.status, past.header("content-range")),
         (416, Some("bytes */20"))
     );
+    // An end past the file is the file's end, however many digits it has.
+    for end in ["18446744073709551615", "99999999999999999999999"] {
+        let r = request(
+            "GET",
+            &url,
+            &[
+                ("authorization", &auth),
+                ("range", &format!("bytes=16-{end}")),
+            ],
+            b"",
+        );
+        assert_eq!(
+            (r.status, r.header("content-range")),
+            (206, Some("bytes 16-19/20")),
+            "{end}"
+        );
+    }
 
     let head = request("HEAD", &url, &[("authorization", &auth)], b"");
     assert_eq!(
@@ -130,5 +147,22 @@ fn no_traversal_or_symlink_escape() {
             !r.text().contains("secret outside"),
             "{path} leaked a file outside the root"
         );
+    }
+}
+
+#[test]
+fn no_app_may_serve_warden_s_own_data_as_static_files() {
+    let w = Warden::demo(BIN);
+    let data = std::fs::canonicalize(&w.dir).unwrap();
+    for dir in [
+        "/".to_owned(),
+        data.display().to_string(),
+        data.parent().unwrap().display().to_string(),
+        data.join("tls").display().to_string(),
+    ] {
+        let spec = json!({"name": "leak", "command": [BIN, "demo-app"], "static_dir": dir});
+        let r = w.api("POST", "/v1/apps", Some(spec));
+        assert_eq!(r.status, 400, "{dir}: {}", r.text());
+        assert!(r.text().contains("data directory"), "{}", r.text());
     }
 }

@@ -199,6 +199,25 @@ async fn plain_http_on_the_tls_port_is_redirected() {
     let r = warden_test_support::http::raw(&addr, b"GET / HTTP/1.0\r\n\r\n");
     assert_eq!(r.status, 400);
     assert!(r.text().contains("https://"));
+    // A name no certificate is for is no place to send anyone: no open redirect.
+    let port = addr.rsplit_once(':').unwrap().1;
+    for host in ["evil.example".to_owned(), format!("evil.example:{port}")] {
+        let r = warden_test_support::http::raw(
+            &addr,
+            format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes(),
+        );
+        assert_eq!(r.status, 400, "{host}");
+        assert!(r.header("location").is_none(), "{host}");
+    }
+    let r = warden_test_support::http::raw(
+        &addr,
+        format!("GET /x HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(r.status, 308);
+    assert_eq!(
+        r.header("location"),
+        Some(format!("https://localhost:{port}/x").as_str())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -58,6 +58,9 @@ pub(crate) struct Plan {
     /// The limits those cgroups enforce; the others are left to rlimits.
     #[serde(default)]
     pub enforced: cgroup::Enforced,
+    /// The app may use io_uring.
+    #[serde(default)]
+    pub io_uring: bool,
 }
 
 /// What a sandbox holds on the node until its process is reaped: a bridge address and its
@@ -206,6 +209,7 @@ impl SandboxDriver {
             bridged: lease.as_ref().map(|l| l.plan.clone()),
             cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
             enforced,
+            io_uring: l.spec.io_uring,
         };
         let held = SandboxHeld {
             lease,
@@ -224,11 +228,10 @@ impl SandboxDriver {
             what: "find the warden binary to run sandbox-init",
             source,
         })?;
-        let argv = [
-            exe.display().to_string(),
-            "sandbox-init".into(),
-            l.dir.display().to_string(),
-        ];
+        // Pid 1 of the sandbox keeps this command line, and the app can read it: nothing of
+        // the host's (no path of the binary or of the instance) goes in. sandbox-init finds its
+        // instance directory as its working directory.
+        let argv = [exe.display().to_string(), "sandbox-init".into()];
         let (control, theirs) =
             std::os::unix::net::UnixStream::pair().map_err(|source| LaunchError::Sandbox {
                 what: "create the sandbox's control socket",
@@ -239,9 +242,11 @@ impl SandboxDriver {
             source,
         };
         let mut cmd = spawn::command(&argv, &BTreeMap::new(), l.log).map_err(spawn_error)?;
-        cmd.stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
-            theirs,
-        )));
+        cmd.arg0("warden")
+            .current_dir(l.dir)
+            .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+                theirs,
+            )));
         let child = spawn::spawn(cmd).map_err(spawn_error)?;
         Ok(Prepared {
             child,

@@ -4,7 +4,8 @@
 //! kernel's less-trodden paths (namespaces, mounts, module loading, tracing other processes,
 //! BPF, keyrings, clocks, reboot). Denied calls fail with EPERM rather than killing the app,
 //! so a library that merely probes for a feature keeps working. `clone3` fails with ENOSYS so
-//! that libc falls back to `clone`, whose flags a filter can inspect.
+//! that libc falls back to `clone`, whose flags a filter can inspect. io_uring is denied unless
+//! the app asks for it: it reaches much of the kernel behind the filter's back.
 
 use std::collections::BTreeMap;
 
@@ -65,6 +66,13 @@ const DENIED: &[i64] = &[
     libc::SYS_uselib,
 ];
 
+/// io_uring, denied unless the app opts in.
+const IO_URING: &[i64] = &[
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+];
+
 /// Namespace flags `clone` may not carry: a new user namespace would hand the app a fresh set
 /// of capabilities.
 const CLONE_NS_FLAGS: u64 = (libc::CLONE_NEWUSER
@@ -92,15 +100,16 @@ pub(crate) enum FilterError {
 }
 
 /// The two filters to install, in order: the deny list (EPERM), then `clone3` (ENOSYS).
-pub(crate) fn filters() -> Result<Vec<BpfProgram>, FilterError> {
+/// `io_uring` lets the app use io_uring.
+pub(crate) fn filters(io_uring: bool) -> Result<Vec<BpfProgram>, FilterError> {
     let arch = std::env::consts::ARCH
         .try_into()
         .map_err(|source| FilterError::Arch {
             arch: std::env::consts::ARCH,
             source,
         })?;
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
+    let denied = DENIED.iter().chain(IO_URING.iter().filter(|_| !io_uring));
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied.map(|&nr| (nr, Vec::new())).collect();
     // clone(flags, ...): deny when any namespace flag is set. On x86_64 and aarch64 the flags
     // are the first argument.
     let ns_rules = (0..u64::BITS)
@@ -136,7 +145,7 @@ mod tests {
 
     #[test]
     fn the_filters_compile_for_this_machine() {
-        let f = filters().expect("filters build");
+        let f = filters(false).expect("filters build");
         assert_eq!(f.len(), 2);
         assert!(f.iter().all(|p| !p.is_empty()));
     }

@@ -273,7 +273,7 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
     }
     drop(shown);
     // Compiled now, so that a prepared slot leaves only the app's own start for the request.
-    let filters = match super::seccomp::filters() {
+    let filters = match super::seccomp::filters(plan.io_uring) {
         Ok(f) => f,
         Err(e) => return fail("cannot build the seccomp filter", e),
     };
