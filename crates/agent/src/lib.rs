@@ -104,6 +104,8 @@ impl Agent {
             config.bridge.clone(),
             cgroups,
         )));
+        let (default, why) = drivers.default();
+        tracing::info!(driver = ?default, why, "apps that name no driver run with this one");
         let node = Arc::new(
             node::Node::register(
                 store.clone(),
@@ -174,6 +176,12 @@ impl Agent {
         owner: &Owner,
     ) -> Result<InstanceRecord, InstanceError> {
         self.inner.life.ensure(spec, label, owner).await
+    }
+
+    /// The driver of apps that name none on this node (the sandbox wherever the node can make
+    /// one), and why.
+    pub fn default_driver(&self) -> (warden_core::DriverKind, &str) {
+        self.inner.drivers.default()
     }
 
     /// Instances running on this node.

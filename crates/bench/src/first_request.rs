@@ -20,6 +20,7 @@ pub(crate) fn run(runs: usize, warden: &Path, out: &Path) -> anyhow::Result<()> 
     let (mut cold, mut warm, mut direct) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs {
         let w = Launch::new(warden).log("info").start();
+        crate::apps::demo_as_process(&w, warden)?;
         let pw = w.password("alice");
         let t = Instant::now();
         let first = w.get_as("alice", &pw, "/apps/demo/");

@@ -338,7 +338,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .arg("8000")
         .start();
     let pw = w.password("alice");
-    let admin_spec = json!({"name": "admin", "command": [std::fs::canonicalize(&args.warden)?.display().to_string(), "demo-app"], "groups": ["admin"]});
+    crate::apps::demo_as_process(&w, &args.warden)?;
+    let admin_spec = json!({"name": "admin", "driver": "process", "command": [std::fs::canonicalize(&args.warden)?.display().to_string(), "demo-app"], "groups": ["admin"]});
     if w.api("POST", "/v1/apps", Some(admin_spec)).status != 201 {
         bail!("could not register the admin app");
     }

@@ -4,6 +4,7 @@
 //! goes to loopback and every loop is bounded in count.
 #![forbid(unsafe_code)]
 
+mod apps;
 mod cpu;
 mod first_request;
 mod gateway;

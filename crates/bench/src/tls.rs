@@ -261,7 +261,11 @@ fn start_warden(bin: &Path, certs: &Certs, admission: bool, extra: &[String]) ->
     if !admission {
         l = l.arg("--no-tls-admission");
     }
-    l.start()
+    let w = l.start();
+    if let Err(e) = crate::apps::demo_as_process(&w, bin) {
+        panic!("{e:#}");
+    }
+    w
 }
 
 fn tls_port(w: &Warden) -> anyhow::Result<u16> {

@@ -196,7 +196,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     }
 
     write_endpoints(&endpoints_file, &at)?;
-    welcome(&cfg, &node, &at, demo_users.as_deref());
+    let driver = agent.as_ref().map(|a| {
+        let (d, why) = a.default_driver();
+        let name = match d {
+            warden_core::DriverKind::Sandbox => "sandbox",
+            warden_core::DriverKind::Process => "process (no isolation)",
+        };
+        format!("{name}: {why}")
+    });
+    welcome(&cfg, &node, &at, driver.as_deref(), demo_users.as_deref());
     tracing::info!(node = %node, roles = ?cfg.roles, "warden is up");
 
     shutdown_signal().await;
@@ -229,7 +237,13 @@ fn write_endpoints(path: &Path, at: &Endpoints) -> anyhow::Result<()> {
     files::write_private(path, ep.to_string().as_bytes())
 }
 
-fn welcome(cfg: &Config, node: &str, at: &Endpoints, users: Option<&[demo::DemoUser]>) {
+fn welcome(
+    cfg: &Config,
+    node: &str,
+    at: &Endpoints,
+    driver: Option<&str>,
+    users: Option<&[demo::DemoUser]>,
+) {
     let dir = &cfg.data_dir;
     let roles: Vec<String> = cfg.roles.iter().map(ToString::to_string).collect();
     println!(
@@ -247,6 +261,9 @@ fn welcome(cfg: &Config, node: &str, at: &Endpoints, users: Option<&[demo::DemoU
     if let Some(api) = at.api {
         println!("  api          http://{api}/v1/   (OpenAPI: /v1/openapi.json)");
         println!("  admin token  {}", dir.join("admin-token").display());
+    }
+    if let Some(d) = driver {
+        println!("  apps run in  {d}");
     }
     if let Some(users) = users {
         demo_users(dir, at, users);

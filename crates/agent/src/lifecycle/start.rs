@@ -118,7 +118,8 @@ impl Lifecycle {
                     log: &log,
                     dir: &dir,
                 };
-                self.deps.drivers.get(spec.driver).start(&launch)
+                let driver = spec.driver_on(self.deps.drivers.default().0);
+                self.deps.drivers.get(driver).start(&launch)
             });
         match started {
             Ok(started) => Ok(Launched {
@@ -176,7 +177,8 @@ impl Lifecycle {
                 log: log.clone(),
             },
         );
-        tracing::info!(pid, %addr, driver = ?spec.driver, "instance starting");
+        let driver = spec.driver_on(self.deps.drivers.default().0);
+        tracing::info!(pid, %addr, ?driver, "instance starting");
         let monitor = Monitor {
             record: record.clone(),
             child,

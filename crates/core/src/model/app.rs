@@ -44,9 +44,10 @@ pub struct AppSpec {
     /// Path prefix (within the app) under which `static_dir` is served.
     #[serde(default = "default_static_prefix")]
     pub static_prefix: String,
-    /// How instances are run: a plain process or a sandbox.
-    #[serde(default)]
-    pub driver: DriverKind,
+    /// How instances are run: a sandbox or a plain process. Left out, the node's default:
+    /// the sandbox wherever the node can make one (see [`AppSpec::driver_on`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<DriverKind>,
     /// Whom one instance serves: everyone with one label, one user, or one request.
     #[serde(default)]
     pub lifetime: Lifetime,
@@ -123,11 +124,10 @@ fn default_slots() -> u32 {
 }
 
 /// Which driver runs an app's instances.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DriverKind {
-    /// A child process on a loopback port; needs no privileges.
-    #[default]
+    /// A child process on a loopback port; needs no privileges, isolates little.
     Process,
     /// Linux namespaces, a read-only system view, seccomp and resource limits; the instance's
     /// network namespace holds only loopback.
@@ -250,6 +250,19 @@ pub enum SpecError {
 // === impl AppSpec ===
 
 impl AppSpec {
+    /// The driver instances of this app run with on a node whose default is `node_default`:
+    /// the one the spec names; else the sandbox when the app needs one (a bridged network, a
+    /// slot pool); else the node's default.
+    pub fn driver_on(&self, node_default: DriverKind) -> DriverKind {
+        match self.driver {
+            Some(d) => d,
+            None if self.network == NetworkMode::Bridged || self.start == StartPath::Slot => {
+                DriverKind::Sandbox
+            }
+            None => node_default,
+        }
+    }
+
     /// A spec with every optional setting at its default.
     pub fn new(name: impl Into<String>, command: Vec<String>) -> Self {
         Self {
@@ -263,7 +276,7 @@ impl AppSpec {
             balance: Balance::default(),
             static_dir: None,
             static_prefix: default_static_prefix(),
-            driver: DriverKind::default(),
+            driver: None,
             lifetime: Lifetime::default(),
             idle_timeout_ms: default_idle_timeout_ms(),
             max_instances: 0,
@@ -321,7 +334,7 @@ impl AppSpec {
             )));
         }
         self.validate_pools()?;
-        if self.network == NetworkMode::Bridged && self.driver != DriverKind::Sandbox {
+        if self.network == NetworkMode::Bridged && self.driver == Some(DriverKind::Process) {
             return Err(SpecError::Network(
                 "network \"bridged\" gives a sandbox its own veth pair and needs driver \"sandbox\"; a \"process\" instance already shares the host's network".into(),
             ));
@@ -362,7 +375,7 @@ impl AppSpec {
         }
         match self.start {
             StartPath::Jit => Ok(()),
-            StartPath::Slot if self.driver != DriverKind::Sandbox => Err(SpecError::Pool(
+            StartPath::Slot if self.driver == Some(DriverKind::Process) => Err(SpecError::Pool(
                 "start \"slot\" prepares sandboxes and needs driver \"sandbox\"; use start \"jit\" or \"warm\" with driver \"process\"".into(),
             )),
             StartPath::Slot if self.slots == 0 => Err(SpecError::Pool(
@@ -393,9 +406,22 @@ mod tests {
     fn bridged_network_needs_the_sandbox_driver() {
         let mut s = spec();
         s.network = NetworkMode::Bridged;
+        s.driver = Some(DriverKind::Process);
         assert!(matches!(s.validate(), Err(SpecError::Network(_))));
-        s.driver = DriverKind::Sandbox;
+        s.driver = Some(DriverKind::Sandbox);
         assert_eq!(s.validate(), Ok(()));
+        s.driver = None;
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(s.driver_on(DriverKind::Process), DriverKind::Sandbox);
+    }
+
+    #[test]
+    fn an_app_without_a_driver_takes_the_nodes_default() {
+        let mut s = spec();
+        assert_eq!(s.driver_on(DriverKind::Sandbox), DriverKind::Sandbox);
+        assert_eq!(s.driver_on(DriverKind::Process), DriverKind::Process);
+        s.driver = Some(DriverKind::Process);
+        assert_eq!(s.driver_on(DriverKind::Sandbox), DriverKind::Process);
     }
 
     #[test]

@@ -86,14 +86,23 @@ fn apps_limited_to_groups_answer_403_to_others() {
 #[test]
 fn instance_env_does_not_leak_warden_secrets() {
     let w = Warden::demo(BIN);
-    let spec = json!({"name": "envdump", "command": ["/bin/sh", "-c", "env > \"$DUMP\"; exec sleep 60"], "env": {"DUMP": w.dir.join("env-dump").display().to_string()}, "start_timeout_ms": 300});
+    // A plain process (the driver that starts from the agent's own environment), writing where
+    // any uid may.
+    let out = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        out.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let dump_file = out.path().join("env-dump");
+    let spec = json!({"name": "envdump", "driver": "process", "command": ["/bin/sh", "-c", "env > \"$DUMP\"; exec sleep 60"], "env": {"DUMP": dump_file.display().to_string()}, "start_timeout_ms": 300});
     assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
     let _ = w.get_as("alice", &w.password("alice"), "/apps/envdump/");
     let dump = warden_test_support::wait_until(
         "the instance to dump its env",
         std::time::Duration::from_secs(30),
         || {
-            std::fs::read_to_string(w.dir.join("env-dump"))
+            std::fs::read_to_string(&dump_file)
                 .ok()
                 .filter(|d| d.contains("WARDEN_INSTANCE="))
         },

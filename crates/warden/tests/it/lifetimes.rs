@@ -41,7 +41,12 @@ fn add_user(w: &Warden, name: &str, clearance: &str) -> String {
 #[test]
 fn a_per_request_instance_serves_one_request_and_is_gone_after_it() {
     let w = Warden::demo(BIN);
-    create_app(&w, "once", json!({ "lifetime": "per_request" }));
+    // The app reports its pid, which the test watches on the host: a plain process.
+    create_app(
+        &w,
+        "once",
+        json!({ "driver": "process", "lifetime": "per_request" }),
+    );
     let first = get(&w, "alice", "/apps/once/");
     let second = get(&w, "alice", "/apps/once/");
     assert_ne!(
@@ -98,7 +103,11 @@ fn a_per_user_instance_never_serves_another_user_of_the_same_label() {
 #[test]
 fn idle_instances_are_reaped_and_started_again_on_the_next_request() {
     let w = Warden::demo(BIN);
-    create_app(&w, "sleepy", json!({ "idle_timeout_ms": 300 }));
+    create_app(
+        &w,
+        "sleepy",
+        json!({ "driver": "process", "idle_timeout_ms": 300 }),
+    );
     let first = get(&w, "alice", "/apps/sleepy/");
     let pid = first["pid"].as_u64().unwrap() as u32;
     wait_until(
@@ -138,6 +147,7 @@ fn a_killed_kept_instance_is_replaced_and_logs_are_readable() {
         "/v1/apps",
         Some(json!({
             "name": "kept",
+            "driver": "process",
             "command": ["/bin/sh", "-c", script],
             "desired": { "SECRET": 2 },
         })),
@@ -329,7 +339,8 @@ fn an_instance_log_past_its_cap_keeps_its_newest_lines() {
     let r = w.api(
         "POST",
         "/v1/apps",
-        Some(json!({ "name": "noisy", "command": ["/bin/sh", "-c", script] })),
+        // A shell script that runs a host binary: a plain process.
+        Some(json!({ "name": "noisy", "driver": "process", "command": ["/bin/sh", "-c", script] })),
     );
     assert_eq!(r.status, 201, "{}", r.text());
     let id = get(&w, "alice", "/apps/noisy/")["instance"]

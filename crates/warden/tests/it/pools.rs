@@ -61,7 +61,7 @@ fn a_warm_pool_hands_out_running_spares_and_refills_behind_them() {
     create_app(
         &w,
         "warm",
-        json!({ "lifetime": "per_request", "start": "warm", "warm": { "SECRET": 2 } }),
+        json!({ "driver": "process", "lifetime": "per_request", "start": "warm", "warm": { "SECRET": 2 } }),
     );
     let spares = wait_spares(&w, "warm", 2);
 
@@ -209,7 +209,10 @@ fn a_slot_pool_starts_the_app_in_a_prepared_sandbox() {
 fn start_paths_that_cannot_work_are_refused_with_what_to_do() {
     let w = Warden::demo(BIN);
     for (spec, says) in [
-        (json!({ "start": "slot" }), "needs driver \\\"sandbox\\\""),
+        (
+            json!({ "start": "slot", "driver": "process" }),
+            "needs driver \\\"sandbox\\\"",
+        ),
         (
             json!({ "start": "slot", "driver": "sandbox", "slots": 0 }),
             "at least one slot",
@@ -249,7 +252,8 @@ fn start_paths_that_cannot_work_are_refused_with_what_to_do() {
     let (ok, _, err) = cli(
         BIN,
         &[
-            "apps", "create", "bad", "--start", "slot", "--", BIN, "demo-app",
+            "apps", "create", "bad", "--start", "slot", "--driver", "process", "--", BIN,
+            "demo-app",
         ],
         &env,
     );

@@ -19,7 +19,8 @@ const WAIT: Duration = Duration::from_secs(60);
 fn kept(w: &Warden, app: &str, n: u32, extra: Value) -> Vec<(String, String)> {
     // No more than the kept ones: a request that came before the gateway saw them cannot start
     // another (it gets 503 and is asked again).
-    let mut spec = json!({ "desired": { "SECRET": n }, "max_instances": n });
+    // The tests reach instances at their addresses too: plain processes on loopback ports.
+    let mut spec = json!({ "driver": "process", "desired": { "SECRET": n }, "max_instances": n });
     for (k, v) in extra.as_object().unwrap() {
         spec[k] = v.clone();
     }

@@ -7,7 +7,8 @@ use warden_test_support::{request, Warden};
 use crate::BIN;
 
 fn site(w: &Warden) -> (String, std::path::PathBuf) {
-    let root = w.dir.join("site");
+    // Beside the data directory, never in it.
+    let root = w.dir.parent().unwrap().join("site");
     std::fs::create_dir_all(root.join("docs")).unwrap();
     std::fs::write(root.join("style.css"), "body { color: red }\n").unwrap();
     std::fs::write(root.join("docs/index.html"), "<h1>docs</h1>").unwrap();

@@ -9,6 +9,8 @@
 //! veth pair on the node's bridge (see [`bridge`]). Memory, process and CPU limits are cgroups
 //! where the node can use them (see [`cgroup`]) and rlimits otherwise.
 
+#![allow(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -129,6 +131,34 @@ pub(crate) struct Prepared {
     pub control: std::os::unix::net::UnixStream,
     /// The sandbox's bridge address and cgroups, held until it is gone.
     pub held: SandboxHeld,
+}
+
+/// Whether this node can create a user namespace, the first step of every sandbox: asked of a
+/// short-lived child (the warden binary printing its version), so warden's own namespaces are
+/// never touched.
+pub(crate) fn user_namespaces() -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: the closure runs in the forked child before exec and only calls unshare(2),
+    // which is async-signal-safe; it allocates nothing and touches no locks.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(std::io::Error::from)
+        });
+    }
+    let status = cmd.status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "the check exited with {status}"
+        )))
+    }
 }
 
 /// The bytes of a start message.
