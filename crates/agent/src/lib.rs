@@ -63,6 +63,8 @@ pub struct AgentConfig {
     pub cgroups: bool,
     /// The bridge of network mode `bridged`, set up when an instance first needs it.
     pub bridge: sandbox::bridge::BridgeConfig,
+    /// The node's identity key, from which each instance's `WARDEN_INSTANCE_SECRET` is derived.
+    pub identity: warden_core::identity::IdentityKey,
 }
 
 struct Inner {
@@ -87,11 +89,21 @@ impl Agent {
     /// with the node's load, stopping instances of deleted apps, desired counts, idle reaping,
     /// pools).
     pub async fn start(store: Arc<dyn Store>, config: AgentConfig) -> Result<Self, AgentError> {
-        for dir in [&config.log_dir, &config.instance_dir] {
-            std::fs::create_dir_all(dir).map_err(|source| AgentError::Directory {
-                path: dir.clone(),
-                source,
-            })?;
+        // Logs are warden's alone; the instances directory is passable but not listable, so a
+        // `process` instance under its own uid reaches its own directory (mode 0700, its uid's)
+        // and cannot find or enter any other.
+        for (dir, mode) in [(&config.log_dir, 0o700), (&config.instance_dir, 0o711)] {
+            std::fs::create_dir_all(dir)
+                .and_then(|()| {
+                    std::fs::set_permissions(
+                        dir,
+                        std::os::unix::fs::PermissionsExt::from_mode(mode),
+                    )
+                })
+                .map_err(|source| AgentError::Directory {
+                    path: dir.clone(),
+                    source,
+                })?;
         }
         let metrics = Arc::new(metrics::Metrics::new()?);
         let cgroups = if config.cgroups {
@@ -100,10 +112,10 @@ impl Agent {
             sandbox::cgroup::Cgroups::off("turned off with warden up --cgroups off")
         };
         tracing::info!(limits = cgroups.summary(), "sandbox limits");
-        let drivers = Arc::new(drivers::Drivers::new(sandbox::SandboxDriver::new(
-            config.bridge.clone(),
-            cgroups,
-        )));
+        let drivers = Arc::new(drivers::Drivers::new(
+            sandbox::SandboxDriver::new(config.bridge.clone(), cgroups),
+            config.identity.clone(),
+        ));
         let (default, why) = drivers.default();
         tracing::info!(driver = ?default, why, "apps that name no driver run with this one");
         let node = Arc::new(

@@ -21,4 +21,13 @@ impl Paths {
     pub(crate) fn instance(&self, id: &str) -> PathBuf {
         self.instances.join(id)
     }
+
+    /// Creates the private directory of instance `id`, mode 0700: what warden puts there for
+    /// the instance's start (a sandbox's plan holds its environment) is no one else's.
+    pub(crate) fn create_instance(&self, id: &str) -> std::io::Result<PathBuf> {
+        let dir = self.instance(id);
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&dir)?;
+        Ok(dir)
+    }
 }

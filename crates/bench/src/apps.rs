@@ -15,7 +15,9 @@ pub(crate) fn demo_as_process(w: &Warden, warden: &Path) -> anyhow::Result<()> {
     if r.status != 204 {
         bail!("could not remove the demo app: {}", r.text());
     }
-    let exe = std::fs::canonicalize(warden)?.display().to_string();
+    let exe = warden_test_support::runnable_by_instances(warden)
+        .display()
+        .to_string();
     let spec = json!({
         "name": "demo",
         "driver": "process",

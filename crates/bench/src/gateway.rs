@@ -339,7 +339,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         .start();
     let pw = w.password("alice");
     crate::apps::demo_as_process(&w, &args.warden)?;
-    let admin_spec = json!({"name": "admin", "driver": "process", "command": [std::fs::canonicalize(&args.warden)?.display().to_string(), "demo-app"], "groups": ["admin"]});
+    let admin_spec = json!({"name": "admin", "driver": "process", "command": [warden_test_support::runnable_by_instances(&args.warden).display().to_string(), "demo-app"], "groups": ["admin"]});
     if w.api("POST", "/v1/apps", Some(admin_spec)).status != 201 {
         bail!("could not register the admin app");
     }

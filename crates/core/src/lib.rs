@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod id;
+pub mod identity;
 pub mod instances;
 pub mod keys;
 pub mod model;

@@ -28,6 +28,9 @@ pub struct Identity {
     /// (`WARDEN_DEMO_UNHEALTHY_CHECKS`, default 0). Until then every request answers 503, as an
     /// app still loading would: this lets tests see whether the agent waits for health.
     pub unhealthy_checks: u64,
+    /// Checks the gateway's signature of the identity headers, from the instance's secret
+    /// (`WARDEN_INSTANCE_SECRET`); `None` when there is none.
+    pub signer: Option<warden_core::identity::Signer>,
 }
 
 impl Identity {
@@ -42,6 +45,9 @@ impl Identity {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
+            signer: std::env::var(warden_core::identity::SECRET_ENV)
+                .ok()
+                .map(|s| warden_core::identity::Signer::for_secret(&s)),
         }
     }
 }
@@ -145,11 +151,22 @@ impl Drop for Hanging {
 }
 
 fn respond(id: &Identity, req: &Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-    let user = req
-        .headers()
-        .get("x-warden-user")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    };
+    let user = header("x-warden-user");
+    // Whether the identity headers came from the gateway: anyone else who reaches this port
+    // cannot sign them.
+    let verified = id.signer.as_ref().is_some_and(|s| {
+        s.verify(
+            user,
+            header("x-warden-label"),
+            header(warden_core::identity::SIGNATURE_HEADER).as_bytes(),
+        )
+    });
     let body = serde_json::json!({
         "app": id.app,
         "label": id.label,
@@ -158,6 +175,7 @@ fn respond(id: &Identity, req: &Request<Incoming>, peer: SocketAddr) -> Response
         "method": req.method().as_str(),
         "path": req.uri().path(),
         "user": user,
+        "verified": verified,
         // The connection's far end: a gateway that reuses its connections shows the same one.
         "peer": peer.to_string(),
         // Lets tests prove the gateway never passes the user's credentials on.

@@ -28,4 +28,6 @@ pub struct GatewayConfig {
     pub auth: AuthConfig,
     /// A TLS listener besides the plain one.
     pub tls: Option<TlsSettings>,
+    /// The node's identity key: signs the identity sent to each instance under its secret.
+    pub identity: warden_core::identity::IdentityKey,
 }

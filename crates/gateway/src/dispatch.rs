@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use warden_core::identity::Signer;
 use warden_core::model::Balance;
 use warden_core::{AppSpec, InstanceError, InstanceRecord, Instances, Owner};
 
@@ -89,7 +90,8 @@ async fn dispatch(
         let instance = &inflight.0.record;
         let _active = inflight.0.begin(&*state.instances);
         let t = Instant::now();
-        match send(state, spec, instance, x).await {
+        let signer = inflight.0.signer(&state.config.identity);
+        match send(state, spec, instance, signer, x).await {
             Ok(mut answer) => {
                 m.phase("upstream", t.elapsed());
                 if let Some(taint) = answer.taint.take() {
@@ -152,10 +154,11 @@ async fn send(
     state: &State,
     spec: &AppSpec,
     instance: &InstanceRecord,
+    signer: &Signer,
     x: &Exchange<'_>,
 ) -> Result<Answer, GatewayError> {
     let timeout = state.config.upstream_timeout;
-    tokio::time::timeout(timeout, state.upstream.send(instance, x))
+    tokio::time::timeout(timeout, state.upstream.send(instance, signer, x))
         .await
         .map_err(|_| GatewayError::UpstreamTimeout {
             app: spec.name.clone(),
@@ -197,7 +200,8 @@ async fn one_off(
         pooled: false,
         ..*x
     };
-    match send(state, spec, &r, &single).await {
+    let signer = state.config.identity.signer(&r.id);
+    match send(state, spec, &r, &signer, &single).await {
         Ok(mut answer) => {
             m.phase("upstream", t.elapsed());
             // Nothing can be tainted beyond this one response: the instance dies with it.

@@ -8,7 +8,9 @@
 //! `X-Real-IP`, in any case and with `_` for `-`. The gateway then sets its own: who the user
 //! is (`X-Warden-User`, `X-Warden-Label`) and how the request came (`Forwarded` per RFC 7239,
 //! `X-Forwarded-For`, `-Proto`, `-Host`, and `-Prefix` with the `/apps/<name>` it took off the
-//! path, so apps can build links that work).
+//! path, so apps can build links that work), and `X-Warden-Signature`, a MAC of the identity
+//! under the instance's own secret (see [`warden_core::identity`]), so an app can tell the
+//! gateway's requests from those of anyone else who reaches its port.
 //!
 //! Towards the client ([`response_drops`]): hop-by-hop headers and those `Connection` names,
 //! except the ones that frame the body; the taint report, which only the gateway reads; and
@@ -18,6 +20,8 @@
 //! make another user's browser speak as the app's choice of user.
 //!
 //! A rule written twice drifts, and the drift is the vulnerability: every path calls these.
+
+use warden_core::identity::{Signer, SIGNATURE_HEADER, SIGNATURE_LEN};
 
 /// Response header with which an instance reports it has read data of a higher class.
 pub(crate) const TAINT: &str = "x-warden-taint";
@@ -173,15 +177,16 @@ fn write_forwarding(out: &mut Vec<u8>, who: &Identity<'_>) {
 /// itself (the client's `Content-Length` is dropped then); with `None`, the client's
 /// `Content-Length` (validated by the caller) frames `body`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn write_request<'a, H>(
+pub(crate) fn write_request<'a, 'w, H>(
     out: &mut Vec<u8>,
     method: &[u8],
     target: &[u8],
     headers: H,
     reframed: Option<usize>,
-    who: &Identity<'_>,
+    who: &Identity<'w>,
     body: &[u8],
-) where
+) -> Signed<'w>
+where
     H: Iterator<Item = (&'a [u8], &'a [u8])> + Clone,
 {
     let named = named_by_connection(
@@ -233,9 +238,49 @@ pub(crate) fn write_request<'a, H>(
             header(out, name, value.as_bytes());
         }
     }
+    // The signature depends on the instance, which is chosen later: a placeholder of its
+    // length, filled in by [`Signed::bytes_for`] for each instance tried.
+    out.extend_from_slice(SIGNATURE_HEADER.as_bytes());
+    out.extend_from_slice(b": ");
+    let at = out.len();
+    out.extend_from_slice(b"v1=");
+    out.extend_from_slice(&[b'0'; SIGNATURE_LEN - 3]);
+    out.extend_from_slice(b"\r\n");
     write_forwarding(out, who);
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
+    Signed {
+        at,
+        user: signed_value(who.user),
+        label: signed_value(who.label),
+    }
+}
+
+/// What an identity header carries: the value, or nothing when it is not sent.
+fn signed_value(v: &str) -> &str {
+    if header_safe(v) {
+        v
+    } else {
+        ""
+    }
+}
+
+/// Where a request written by [`write_request`] carries its signature, and what it signs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Signed<'w> {
+    /// Offset of the signature's value in the request bytes.
+    pub at: usize,
+    /// The `X-Warden-User` sent ("" when none).
+    pub user: &'w str,
+    /// The `X-Warden-Label` sent ("" when none).
+    pub label: &'w str,
+}
+
+impl Signed<'_> {
+    /// The signature of this identity for the instance `signer` belongs to.
+    pub(crate) fn for_instance(&self, signer: &Signer) -> [u8; SIGNATURE_LEN] {
+        signer.sign(self.user, self.label)
+    }
 }
 
 /// What a response head's `Connection` and framing headers say, gathered before its headers

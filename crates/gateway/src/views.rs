@@ -12,6 +12,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use warden_auth::Lattice;
+use warden_core::identity::{IdentityKey, Signer};
 use warden_core::{
     keys, Activity, ActivityGuard, AppSpec, InstanceRecord, InstanceState, Instances, Lifetime,
     SessionRecord, UserRecord,
@@ -32,6 +33,8 @@ pub(crate) struct Routed {
     /// The instance's activity handle, where its source watches its idle time; looked up
     /// once.
     activity: OnceLock<Option<Arc<Activity>>>,
+    /// Signs the identities sent to the instance; derived once.
+    signer: OnceLock<Signer>,
 }
 
 impl Routed {
@@ -41,6 +44,11 @@ impl Routed {
             .get_or_init(|| instances.activity(&self.record.id))
             .as_ref()
             .map(|a| a.begin())
+    }
+
+    /// The signer of identities sent to this instance.
+    pub fn signer(&self, key: &IdentityKey) -> &Signer {
+        self.signer.get_or_init(|| key.signer(&self.record.id))
     }
 }
 
@@ -307,6 +315,7 @@ fn upsert_instance(v: &mut Views, r: InstanceRecord) {
             record: r,
             outstanding: AtomicUsize::new(0),
             activity: OnceLock::new(),
+            signer: OnceLock::new(),
         });
         v.instances.entry(key).or_default().push(routed);
     }

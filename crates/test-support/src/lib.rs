@@ -16,6 +16,56 @@ use std::time::{Duration, Instant};
 
 pub use http::{request, Response};
 
+/// `program` at a path that the unprivileged uids of `process` instances can run: itself, or,
+/// when warden runs as root and a directory above it is closed to other users (a checkout
+/// under /root), a hard link (else a copy) in a root-owned directory under the system temp dir.
+/// Operators meet the same rule with a clear error; tests should not depend on where the
+/// checkout is.
+pub fn runnable_by_instances(program: &Path) -> PathBuf {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let program = std::fs::canonicalize(program).unwrap();
+    let open_to_others = program
+        .ancestors()
+        .all(|p| std::fs::metadata(p).is_ok_and(|m| m.mode() & 0o001 != 0));
+    if !nix::unistd::geteuid().is_root() || open_to_others {
+        return program;
+    }
+    let dir = std::env::temp_dir().join("warden-test-programs");
+    let _ = std::fs::create_dir(&dir);
+    let m = std::fs::metadata(&dir).unwrap();
+    assert!(
+        m.uid() == 0 && m.mode() & 0o022 == 0,
+        "{} must be root's and not writable by others",
+        dir.display()
+    );
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let meta = std::fs::metadata(&program).unwrap();
+    let name = format!(
+        "{}-{}-{}-{}",
+        program.file_name().unwrap().to_string_lossy(),
+        meta.dev(),
+        meta.ino(),
+        meta.mtime()
+    );
+    let target = dir.join(name);
+    if !target.exists() {
+        // Tests run side by side: build under a unique name, then rename into place.
+        let tmp = dir.join(format!(".{}-{}", std::process::id(), nanos()));
+        if std::fs::hard_link(&program, &tmp).is_err() {
+            std::fs::copy(&program, &tmp).unwrap();
+        }
+        std::fs::rename(&tmp, &target).unwrap();
+    }
+    target
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
 /// Polls `f` until it yields `Some`, panicking with `what` after `limit`.
 pub fn wait_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + limit;
@@ -119,6 +169,13 @@ impl Launch {
                     .prefix("warden-it")
                     .tempdir()
                     .unwrap();
+                // Passable, as /var/lib is: `process` instances under uids of their own must
+                // reach their directory in the data dir, which warden itself guards.
+                std::fs::set_permissions(
+                    t.path(),
+                    std::os::unix::fs::PermissionsExt::from_mode(0o711),
+                )
+                .unwrap();
                 (t.path().join("data"), Some(t))
             }
         };

@@ -15,6 +15,33 @@ pub fn ensure_private_dir(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create data directory {}", dir.display()))
 }
 
+/// Creates the data directory. Run as root it is mode 0711, passable but not listable, and
+/// nothing else: `process` instances run under uids of their own and must reach their private
+/// directory under `instances/`, while every file here is mode 0600 and every other directory
+/// 0700, so they read nothing of warden's. Run as a user, 0700.
+pub fn ensure_data_dir(dir: &Path) -> anyhow::Result<()> {
+    ensure_private_dir(dir)?;
+    let mode = if nix::unistd::geteuid().is_root() {
+        0o711
+    } else {
+        0o700
+    };
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set the mode of data directory {}", dir.display()))
+}
+
+/// Makes the store's file, if the backend keeps one in `dir`, readable by warden alone: it
+/// holds password hashes and sessions.
+pub fn protect_store_file(dir: &Path) -> anyhow::Result<()> {
+    let file = dir.join("store.redb");
+    match std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("cannot make {} private (chmod 600)", file.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Writes `contents` to `path` with mode 0600 via a temporary file and rename, so a crash never
 /// leaves a half-written secret behind.
 pub fn write_private(path: &Path, contents: &[u8]) -> anyhow::Result<()> {

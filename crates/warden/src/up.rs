@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::sync::watch;
+use warden_core::identity::IdentityKey;
 use warden_core::Instances;
 
 use crate::config::types::{Cgroups, Role};
@@ -55,7 +56,10 @@ fn demo_certificate(dir: &Path) -> anyhow::Result<warden_gateway::CertFiles> {
     Ok(files)
 }
 
-fn gateway_config(cfg: &Config) -> anyhow::Result<warden_gateway::GatewayConfig> {
+fn gateway_config(
+    cfg: &Config,
+    identity: &IdentityKey,
+) -> anyhow::Result<warden_gateway::GatewayConfig> {
     Ok(warden_gateway::GatewayConfig {
         listen: cfg.listen,
         session_ttl: cfg.session_ttl.0,
@@ -66,10 +70,11 @@ fn gateway_config(cfg: &Config) -> anyhow::Result<warden_gateway::GatewayConfig>
         upstream_timeout: cfg.upstream_timeout.0,
         auth: cfg.auth(),
         tls: tls_settings(cfg)?,
+        identity: identity.clone(),
     })
 }
 
-fn agent_config(cfg: &Config, node: &str) -> warden_agent::AgentConfig {
+fn agent_config(cfg: &Config, node: &str, identity: &IdentityKey) -> warden_agent::AgentConfig {
     warden_agent::AgentConfig {
         node: node.to_owned(),
         log_dir: cfg.data_dir.join("logs"),
@@ -83,7 +88,21 @@ fn agent_config(cfg: &Config, node: &str) -> warden_agent::AgentConfig {
             network: cfg.bridge_cidr.0,
             prefix: cfg.bridge_cidr.1,
         },
+        identity: identity.clone(),
     }
+}
+
+/// The node's identity key, made on first start (`identity-key`, mode 0600). Every gateway
+/// that forwards to this node's instances must hold the same key.
+fn identity_key(dir: &Path) -> anyhow::Result<IdentityKey> {
+    let path = dir.join("identity-key");
+    let text = load_or_create(&path, warden_core::id::secret_token)?;
+    IdentityKey::from_hex(&text).with_context(|| {
+        format!(
+            "{} is damaged; remove it and start warden again to make a new one",
+            path.display()
+        )
+    })
 }
 
 fn load_or_create(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
@@ -125,12 +144,14 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let cfg = args.into_config()?;
     warden_agent::raise_open_file_limit();
     let dir = &cfg.data_dir;
-    files::ensure_private_dir(dir)?;
+    files::ensure_data_dir(dir)?;
     let endpoints_file = dir.join("endpoints.json");
     let _ = std::fs::remove_file(&endpoints_file);
     let store = warden_store::open(&cfg.store.0, dir).context("cannot open the store")?;
+    files::protect_store_file(dir)?;
     let token = load_or_create(&dir.join("admin-token"), warden_core::id::secret_token)?;
     let node = load_or_create(&dir.join("node-id"), warden_core::id::short_id)?;
+    let identity = identity_key(dir)?;
     let demo_users = if cfg.demo {
         Some(demo::setup(&*store, dir, cfg.argon2_cost()).await?)
     } else {
@@ -139,7 +160,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     let agent = match cfg.runs(Role::Agent) {
         true => Some(
-            warden_agent::Agent::start(store.clone(), agent_config(&cfg, &node))
+            warden_agent::Agent::start(store.clone(), agent_config(&cfg, &node, &identity))
                 .await
                 .context("cannot start the agent")?,
         ),
@@ -153,9 +174,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 .clone()
                 .unwrap_or_else(|| Arc::new(no_agent::NoAgent));
             Some(
-                warden_gateway::Gateway::bind(gateway_config(&cfg)?, store.clone(), source)
-                    .await
-                    .context("cannot start the gateway")?,
+                warden_gateway::Gateway::bind(
+                    gateway_config(&cfg, &identity)?,
+                    store.clone(),
+                    source,
+                )
+                .await
+                .context("cannot start the gateway")?,
             )
         }
         false => None,

@@ -83,6 +83,19 @@ pub enum LaunchError {
         /// Why.
         source: std::io::Error,
     },
+    /// Every uid for `process` instances is taken.
+    #[error("every uid for process instances is in use ({} of them); stop some instances or run apps with driver \"sandbox\"", super::uids::RANGE)]
+    NoUid,
+    /// The program cannot be run by the unprivileged uid a `process` instance gets.
+    #[error("cannot run {what} as uid {uid}: {source}; process instances never run as root, so the program, the app's files and every directory above them must be readable by other users (chmod o+rx), or run the app with driver \"sandbox\"")]
+    Unreachable {
+        /// What was run.
+        what: String,
+        /// The instance's uid.
+        uid: u32,
+        /// Why.
+        source: std::io::Error,
+    },
     /// A step of preparing a sandbox failed.
     #[error("cannot {what}: {source}")]
     Sandbox {

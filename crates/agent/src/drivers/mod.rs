@@ -7,10 +7,11 @@ pub(crate) mod launch;
 pub(crate) mod process;
 pub mod sandbox;
 pub(crate) mod spawn;
+pub(crate) mod uids;
 
 use warden_core::DriverKind;
 
-pub(crate) use launch::{base_env, Driver, Launch, LaunchError};
+pub(crate) use launch::{Driver, Launch, LaunchError};
 
 /// The drivers of this node, and which one apps that name none get.
 pub(crate) struct Drivers {
@@ -19,13 +20,18 @@ pub(crate) struct Drivers {
     default: DriverKind,
     /// Why the default is what it is, for the operator.
     why: String,
+    /// Derives each instance's secret (see [`warden_core::identity`]).
+    identity: warden_core::identity::IdentityKey,
 }
 
 // === impl Drivers ===
 
 impl Drivers {
     /// The drivers; the default is the sandbox when this node can make one.
-    pub(crate) fn new(sandbox: sandbox::SandboxDriver) -> Self {
+    pub(crate) fn new(
+        sandbox: sandbox::SandboxDriver,
+        identity: warden_core::identity::IdentityKey,
+    ) -> Self {
         let (default, why) = match sandbox::user_namespaces() {
             Ok(()) => (
                 DriverKind::Sandbox,
@@ -37,16 +43,32 @@ impl Drivers {
             ),
         };
         Self {
-            process: process::ProcessDriver,
+            process: process::ProcessDriver::new(),
             sandbox,
             default,
             why,
+            identity,
         }
     }
 
     /// The driver of apps that name none, and why.
     pub(crate) fn default(&self) -> (DriverKind, &str) {
         (self.default, &self.why)
+    }
+
+    /// The environment every instance `id` of `spec` gets, but for its label and port: the
+    /// spec's, the app's name, the instance's id and its secret.
+    pub(crate) fn base_env(
+        &self,
+        spec: &warden_core::AppSpec,
+        id: &str,
+    ) -> std::collections::BTreeMap<String, String> {
+        let mut env = launch::base_env(spec, id);
+        env.insert(
+            warden_core::identity::SECRET_ENV.into(),
+            self.identity.instance_secret(id),
+        );
+        env
     }
 
     /// The driver of `kind`.

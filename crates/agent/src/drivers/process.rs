@@ -1,12 +1,18 @@
 //! The `process` driver: an app instance is a plain child process listening on a loopback port.
 //!
-//! Needs no privileges. Isolation is limited to a clean environment and a process group of its
-//! own; the `sandbox` driver adds namespaces, seccomp and limits on top of the same spawn.
+//! Needs no privileges. Isolation is limited to a clean environment, a process group of its
+//! own and, when the agent runs as root, an unprivileged uid of its own (`super::uids`) that
+//! owns the instance's private directory and nothing else; the instance still shares the
+//! host's network, file system view and kernel interface. The `sandbox` driver adds
+//! namespaces, seccomp and limits on top of the same spawn.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 
+use std::os::unix::fs::PermissionsExt;
+
 use super::launch::{Driver, Launch, LaunchError, Started};
 use super::spawn;
+use super::uids::{Lease, Uids};
 
 /// A free loopback port. Another process could take it before the instance binds; the instance
 /// then exits at once and the start fails with its message, never a hang.
@@ -17,10 +23,39 @@ fn free_port() -> std::io::Result<u16> {
 }
 
 /// The `process` driver: a plain child process on a loopback port.
-pub(crate) struct ProcessDriver;
+pub(crate) struct ProcessDriver {
+    /// Uids for instances; `None` when the agent is not root and instances run as its user.
+    uids: Option<Uids>,
+}
+
+impl ProcessDriver {
+    /// The driver; instances never run as root.
+    pub(crate) fn new() -> Self {
+        Self {
+            uids: nix::unistd::geteuid().is_root().then(Uids::default),
+        }
+    }
+
+    /// When root: a uid of the instance's own, which gets its private directory (mode 0700).
+    fn own_uid(&self, l: &Launch<'_>) -> Result<Option<Lease>, LaunchError> {
+        let Some(uids) = &self.uids else {
+            return Ok(None);
+        };
+        let lease = uids.take().ok_or(LaunchError::NoUid)?;
+        let uid = lease.uid();
+        std::os::unix::fs::chown(l.dir, Some(uid), Some(uid))
+            .and_then(|()| std::fs::set_permissions(l.dir, std::fs::Permissions::from_mode(0o700)))
+            .map_err(|source| LaunchError::Create {
+                path: l.dir.to_owned(),
+                source,
+            })?;
+        Ok(Some(lease))
+    }
+}
 
 impl Driver for ProcessDriver {
     fn start(&self, l: &Launch<'_>) -> Result<Started, LaunchError> {
+        let lease = self.own_uid(l)?;
         let port = free_port().map_err(LaunchError::NoPort)?;
         let mut env = l.env.clone();
         env.insert("PORT".into(), port.to_string());
@@ -34,14 +69,27 @@ impl Driver for ProcessDriver {
         if let Some(dir) = &l.spec.workdir {
             cmd.current_dir(dir);
         }
-        let child = spawn::spawn(cmd).map_err(|source| LaunchError::Spawn {
-            what: what(),
-            source,
+        if let Some(lease) = &lease {
+            // std drops supplementary groups (setgroups(0)) before setuid when it runs as root.
+            cmd.uid(lease.uid()).gid(lease.uid());
+        }
+        let child = spawn::spawn(cmd).map_err(|source| match &lease {
+            Some(lease) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                LaunchError::Unreachable {
+                    what: what(),
+                    uid: lease.uid(),
+                    source,
+                }
+            }
+            _ => LaunchError::Spawn {
+                what: what(),
+                source,
+            },
         })?;
         Ok(Started {
             child,
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)).to_string(),
-            held: None,
+            held: lease.map(|l| Box::new(l) as Box<dyn super::launch::Held>),
         })
     }
 }

@@ -2,6 +2,7 @@
 //! monitor, its records and the wait until it is ready.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use warden_store::put_json;
 use super::ready::{wait_ready, Ready};
 use super::{record_key, Lifecycle, Running, Serving, KEEP_EXITED_LOGS};
 use crate::drivers::launch::{Held, Started};
-use crate::drivers::{base_env, Launch, LaunchError};
+use crate::drivers::{Launch, LaunchError};
 use crate::metrics;
 use crate::sync::lock;
 use crate::{logs, AgentError};
@@ -104,9 +105,12 @@ impl Lifecycle {
         let id = warden_core::id::short_id();
         let dir = self.deps.paths.instance(&id);
         let log = self.deps.paths.log(&spec.name, &id);
-        let mut env = base_env(spec, &id);
+        let mut env = self.deps.drivers.base_env(spec, &id);
         env.insert("WARDEN_LABEL".into(), label.to_owned());
-        let started = std::fs::create_dir_all(&dir)
+        let started = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
             .map_err(|source| LaunchError::Create {
                 path: dir.clone(),
                 source,

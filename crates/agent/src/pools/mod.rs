@@ -29,7 +29,7 @@ use warden_core::{AppSpec, StartPath};
 
 pub(crate) use slot::Slot;
 
-use crate::drivers::{base_env, Drivers, Launch, LaunchError};
+use crate::drivers::{Drivers, Launch, LaunchError};
 use crate::metrics::Metrics;
 use crate::paths::Paths;
 use crate::sync::lock;
@@ -259,15 +259,17 @@ impl Pools {
     /// it is prepared, or drops it if preparing fails.
     fn prepare_slot(self: &Arc<Self>, spec: &AppSpec) -> Result<(), LaunchError> {
         let id = warden_core::id::short_id();
-        let dir = self.paths.instance(&id);
         let log = self.paths.log(&spec.name, &id);
-        std::fs::create_dir_all(&dir).map_err(|source| LaunchError::Create {
-            path: dir.clone(),
-            source,
-        })?;
+        let dir = self
+            .paths
+            .create_instance(&id)
+            .map_err(|source| LaunchError::Create {
+                path: self.paths.instance(&id),
+                source,
+            })?;
         let launch = Launch {
             spec,
-            env: base_env(spec, &id),
+            env: self.drivers.base_env(spec, &id),
             log: &log,
             dir: &dir,
         };

@@ -16,7 +16,7 @@ use warden_core::Owner;
 use crate::client::Client;
 use crate::dispatch;
 use crate::error::GatewayError;
-use crate::hygiene::{self, Identity};
+use crate::hygiene::{self, Identity, Signed};
 use crate::phases::{Clock, Timed};
 use crate::response::Body;
 use crate::response::TIMEOUT_408;
@@ -243,9 +243,10 @@ async fn to_app(
         host,
         prefix,
     };
-    let bytes = for_app(&parts, path_and_query, &body, &who);
+    let (bytes, signed) = for_app(&parts, path_and_query, &body, &who);
     let x = Exchange {
         bytes: &bytes,
+        signed,
         head_only: parts.method == http::Method::HEAD,
         idempotent: parts.method.is_idempotent(),
         pooled: true,
@@ -279,12 +280,12 @@ fn with_host(parts: &mut http::request::Parts) {
 }
 
 /// The request as the app gets it, with the body read whole.
-fn for_app(
+fn for_app<'w>(
     parts: &http::request::Parts,
     path_and_query: &str,
     body: &[u8],
-    who: &Identity<'_>,
-) -> Vec<u8> {
+    who: &Identity<'w>,
+) -> (Vec<u8>, Signed<'w>) {
     // The body is whole: the gateway frames it, unless there is none to frame.
     let framed = parts.headers.contains_key(header::CONTENT_LENGTH)
         || parts.headers.contains_key(header::TRANSFER_ENCODING);
@@ -295,7 +296,7 @@ fn for_app(
         .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
         .collect();
     let mut bytes = Vec::with_capacity(512 + body.len());
-    hygiene::write_request(
+    let signed = hygiene::write_request(
         &mut bytes,
         parts.method.as_str().as_bytes(),
         path_and_query.as_bytes(),
@@ -304,5 +305,5 @@ fn for_app(
         who,
         body,
     );
-    bytes
+    (bytes, signed)
 }

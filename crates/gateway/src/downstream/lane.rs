@@ -441,7 +441,7 @@ async fn to_app(
     let label = user.record.clearance.as_str();
     tracing::Span::current().record("label", label);
     request.clear();
-    hygiene::write_request(
+    let signed = hygiene::write_request(
         request,
         &msg[head.method.clone()],
         &msg[lane.target.clone()],
@@ -462,6 +462,7 @@ async fn to_app(
     let method = &msg[head.method.clone()];
     let x = Exchange {
         bytes: request,
+        signed,
         head_only: lane.head_only,
         idempotent: http::Method::from_bytes(method).is_ok_and(|m| m.is_idempotent()),
         pooled: true,
@@ -539,7 +540,7 @@ mod tests {
         let msg = b"POST /apps/demo/p HTTP/1.1\r\nHost: a\r\nAuthorization: Basic eDp5\r\nCookie: a=1; warden_session=tok; b=2\r\nX-Warden-User: mallory\r\nx-forwarded-for: 1.2.3.4\r\nConnection: keep-alive\r\ncontent-length: 2\r\n\r\nhi";
         assert_eq!(
             for_app(msg, "127.0.0.1", false),
-            "POST /p HTTP/1.1\r\nHost: a\r\ncontent-length: 2\r\ncookie: a=1; b=2\r\nx-warden-user: alice\r\nx-warden-label: SECRET\r\nforwarded: for=127.0.0.1;host=\"a\";proto=http\r\nx-forwarded-for: 127.0.0.1\r\nx-forwarded-proto: http\r\nx-forwarded-host: a\r\nx-forwarded-prefix: /apps/demo\r\n\r\nhi"
+            "POST /p HTTP/1.1\r\nHost: a\r\ncontent-length: 2\r\ncookie: a=1; b=2\r\nx-warden-user: alice\r\nx-warden-label: SECRET\r\nx-warden-signature: v1=0000000000000000000000000000000000000000000000000000000000000000\r\nforwarded: for=127.0.0.1;host=\"a\";proto=http\r\nx-forwarded-for: 127.0.0.1\r\nx-forwarded-proto: http\r\nx-forwarded-host: a\r\nx-forwarded-prefix: /apps/demo\r\n\r\nhi"
         );
         assert!(for_app(msg, "::1", true).contains(
             "forwarded: for=\"[::1]\";host=\"a\";proto=https\r\nx-forwarded-for: ::1\r\nx-forwarded-proto: https\r\n"

@@ -32,7 +32,12 @@ const REQUEST: &[(&str, &str, Fate)] = &[
     ("X-WARDEN-LABEL", "TOP SECRET", Replaced("SECRET")),
     ("x-warden_label", "TOP SECRET", Dropped),
     ("X-Warden-Taint", "UNCLASSIFIED", Dropped),
-    ("x-warden-signature", "forged", Dropped),
+    // Replaced by the placeholder that the upstream side fills in for each instance.
+    (
+        "x-warden-signature",
+        "forged",
+        Replaced("v1=0000000000000000000000000000000000000000000000000000000000000000"),
+    ),
     ("X-Forwarded-For", "1.2.3.4", Replaced("127.0.0.1")),
     ("X_Forwarded_For", "1.2.3.4", Dropped),
     ("x-forwarded-proto", "https", Replaced("http")),

@@ -17,12 +17,17 @@ mod relay;
 use std::sync::Arc;
 use std::time::Instant;
 
+use std::io::IoSlice;
+
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use warden_core::{InstanceRecord, Instances};
 
+use warden_core::identity::Signer;
+
 use crate::error::GatewayError;
+use crate::hygiene::Signed;
 use head::{Framing, Parsed, ResponseHead};
 use pool::IDLE_TIMEOUT;
 
@@ -77,6 +82,39 @@ impl Conn {
     }
 }
 
+/// Writes `bytes` with `signature` in place of the placeholder at `at`, in one system call
+/// when the socket takes it all, as a single `write_all` would.
+async fn write_signed(
+    stream: &mut TcpStream,
+    bytes: &[u8],
+    at: usize,
+    signature: &[u8],
+) -> std::io::Result<()> {
+    let (before, rest) = bytes.split_at(at);
+    let after = &rest[signature.len()..];
+    let mut parts = [before, signature, after];
+    let mut first = 0;
+    while first < parts.len() {
+        let slices = [
+            IoSlice::new(parts[first]),
+            IoSlice::new(parts.get(first + 1).copied().unwrap_or(&[])),
+            IoSlice::new(parts.get(first + 2).copied().unwrap_or(&[])),
+        ];
+        let mut n = stream.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while first < parts.len() && n >= parts[first].len() {
+            n -= parts[first].len();
+            first += 1;
+        }
+        if first < parts.len() {
+            parts[first] = &parts[first][n..];
+        }
+    }
+    Ok(())
+}
+
 /// Idle connections to instances, by instance id, and the way to open new ones.
 pub(crate) struct Upstream {
     idle: pool::Pool<Conn>,
@@ -106,8 +144,10 @@ pub(crate) struct Answer {
 
 /// A request as the upstream side needs it.
 pub(crate) struct Exchange<'a> {
-    /// The request as it goes to the instance: head and body.
+    /// The request as it goes to the instance: head and body, with room for the signature.
     pub bytes: &'a [u8],
+    /// Where the signature goes in `bytes`, and what it vouches for.
+    pub signed: Signed<'a>,
     /// A HEAD request: its response has no body whatever its headers say.
     pub head_only: bool,
     /// May be sent again after it may have reached an app (RFC 9110 §9.2.2).
@@ -151,8 +191,10 @@ impl Upstream {
     pub(crate) async fn send(
         &self,
         instance: &InstanceRecord,
+        signer: &Signer,
         x: &Exchange<'_>,
     ) -> Result<Answer, GatewayError> {
+        let signature = x.signed.for_instance(signer);
         let mut fresh_only = !x.pooled;
         loop {
             let pooled = if fresh_only {
@@ -164,7 +206,7 @@ impl Upstream {
                 Some(c) => (c, true),
                 None => (self.connect(instance).await?, false),
             };
-            if let Err(e) = conn.stream.write_all(x.bytes).await {
+            if let Err(e) = write_signed(&mut conn.stream, x.bytes, x.signed.at, &signature).await {
                 // The app closed the idle connection. Part of the request may have gone out, so
                 // only an idempotent one is sent again.
                 if reused && x.idempotent {
@@ -280,5 +322,37 @@ async fn read_head(conn: &mut Conn, head_only: bool) -> Result<Option<ResponseHe
             Err(e) => return Err(e),
             Ok(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn a_signed_request_arrives_whole_with_its_signature_in_place_however_it_is_split() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Larger than any socket buffer, so the writes come back partial.
+        let mut bytes = vec![b'a'; 100];
+        bytes.extend_from_slice(&[b'0'; 8]);
+        bytes.extend((0..4_000_000u32).map(|i| (i % 251) as u8));
+        let want = {
+            let mut w = bytes.clone();
+            w[100..108].copy_from_slice(b"SIGNATUR");
+            w
+        };
+        let reader = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        super::write_signed(&mut stream, &bytes, 100, b"SIGNATUR")
+            .await
+            .unwrap();
+        drop(stream);
+        assert!(reader.await.unwrap() == want);
     }
 }

@@ -7,11 +7,11 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use warden_test_support::{cli, process_alive, wait_until, Launch, Warden};
 
-use crate::BIN;
+use crate::{app_bin, BIN};
 
 /// Registers an app running the demo app, with `extra` spec fields.
 fn create_app(w: &Warden, name: &str, extra: Value) {
-    w.create_demo_app(BIN, name, extra);
+    w.create_demo_app(&app_bin(), name, extra);
 }
 
 fn instances_of(w: &Warden, app: &str) -> Vec<Value> {
@@ -141,7 +141,7 @@ fn a_full_app_gets_a_clear_503_rather_than_another_instance() {
 #[test]
 fn a_killed_kept_instance_is_replaced_and_logs_are_readable() {
     let w = Warden::demo(BIN);
-    let script = format!("echo hello-from-the-instance; exec {BIN} demo-app");
+    let script = format!("echo hello-from-the-instance; exec {} demo-app", app_bin());
     let r = w.api(
         "POST",
         "/v1/apps",
@@ -334,7 +334,8 @@ fn an_instance_log_past_its_cap_keeps_its_newest_lines() {
     let w = Launch::new(BIN).arg("--max-log-mb").arg("1").start();
     // About 3 MiB of output, then a last line, then the app serves.
     let script = format!(
-        "head -c 3000000 /dev/zero | tr '\\0' x | fold -w 99; echo last-line-kept; exec {BIN} demo-app"
+        "head -c 3000000 /dev/zero | tr '\\0' x | fold -w 99; echo last-line-kept; exec {} demo-app",
+        app_bin()
     );
     let r = w.api(
         "POST",

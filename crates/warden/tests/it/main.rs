@@ -8,6 +8,18 @@ use std::path::PathBuf;
 /// The `warden` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_warden");
 
+/// The `warden` binary at a path that `process` instances, which never run as root, can run
+/// (see [`warden_test_support::runnable_by_instances`]): for app commands.
+pub fn app_bin() -> String {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        warden_test_support::runnable_by_instances(std::path::Path::new(BIN))
+            .display()
+            .to_string()
+    })
+    .clone()
+}
+
 /// The sandbox probe, an example of this package that `cargo test` builds beside the tests
 /// (it never ships): it tries to escape its sandbox and reports each attempt.
 pub fn probe() -> PathBuf {
@@ -30,6 +42,7 @@ mod api;
 mod cli;
 mod gateway;
 mod gateway_starts;
+mod isolation;
 mod lattice;
 mod lifetimes;
 mod pools;

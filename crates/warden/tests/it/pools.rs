@@ -8,12 +8,12 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use warden_test_support::{cli, process_alive, wait_until, Warden};
 
-use crate::BIN;
+use crate::{app_bin, BIN};
 const WAIT: Duration = Duration::from_secs(30);
 
 /// Registers an app running the demo app, with `extra` spec fields.
 fn create_app(w: &Warden, name: &str, extra: Value) {
-    w.create_demo_app(BIN, name, extra);
+    w.create_demo_app(&app_bin(), name, extra);
 }
 
 fn get(w: &Warden, user: &str, path: &str) -> Value {

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use warden_test_support::http::basic;
 use warden_test_support::{request, wait_until, Warden};
 
-use crate::BIN;
+use crate::{app_bin, BIN};
 const WAIT: Duration = Duration::from_secs(60);
 
 /// Registers `app` with `n` kept SECRET instances and `extra` spec fields, and waits until
@@ -24,7 +24,7 @@ fn kept(w: &Warden, app: &str, n: u32, extra: Value) -> Vec<(String, String)> {
     for (k, v) in extra.as_object().unwrap() {
         spec[k] = v.clone();
     }
-    w.create_demo_app(BIN, app, spec);
+    w.create_demo_app(&app_bin(), app, spec);
     let ready = wait_until(&format!("{n} ready instances of {app}"), WAIT, || {
         let ready: Vec<(String, String)> = w
             .instances()

@@ -1,0 +1,159 @@
+//! What an app run by the `process` driver can reach on the node: never root's rights, never
+//! warden's files, never another instance's directory.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+use warden_test_support::{wait_until, Warden};
+
+use crate::{app_bin, BIN};
+
+/// A shell script that records, in `$OUT/$WARDEN_LABEL`, who it runs as and what it can reach,
+/// then serves as the demo app.
+const REPORT: &str = r#"
+r="$OUT/$WARDEN_LABEL"
+try() { if sh -c "$2" >/dev/null 2>&1; then echo "$1=yes"; else echo "$1=no"; fi; }
+{
+  echo "uid=$(id -u)"
+  echo "gid=$(id -g)"
+  echo "groups=$(id -G)"
+  echo "dir=$WARDEN_DATA_DIR"
+  try own-dir "touch '$WARDEN_DATA_DIR/mine'"
+  try list-data "ls '$DATA'"
+  for f in admin-token demo-users.json store.redb tls/demo-key.pem identity-key; do
+    try "read-$f" "cat '$DATA/$f'"
+  done
+  try list-logs "ls '$DATA/logs'"
+  try list-instances "ls '$DATA/instances'"
+  other=$(cat "$OUT/other-dir" 2>/dev/null)
+  if [ -n "$other" ]; then
+    try list-other "ls '$other'"
+    try write-other "touch '$other/planted'"
+  fi
+} > "$r.tmp"
+mv "$r.tmp" "$r"
+exec "$APP" demo-app
+"#;
+
+fn report(out: &Path, label: &str) -> std::collections::BTreeMap<String, String> {
+    let text = wait_until(
+        &format!("the {label} instance's report"),
+        Duration::from_secs(30),
+        || std::fs::read_to_string(out.join(label)).ok(),
+    );
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+#[test]
+fn a_process_instance_never_runs_as_root_and_reaches_nothing_of_warden_or_other_instances() {
+    let w = Warden::demo(BIN);
+    let out = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        out.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let spec = json!({
+        "name": "nosy",
+        "driver": "process",
+        "command": ["/bin/sh", "-c", REPORT],
+        "env": {
+            "OUT": out.path().display().to_string(),
+            "DATA": w.dir.display().to_string(),
+            "APP": app_bin(),
+        },
+    });
+    assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+    let first = w.get_as("alice", &w.password("alice"), "/apps/nosy/");
+    assert_eq!(first.status, 200, "{}", first.text());
+    let a = report(out.path(), "SECRET");
+    // The second instance, of another label, is told where the first one's directory is.
+    std::fs::write(out.path().join("other-dir"), &a["dir"]).unwrap();
+    let second = w.get_as("dave", &w.password("dave"), "/apps/nosy/");
+    assert_eq!(second.status, 200, "{}", second.text());
+    let b = report(out.path(), "UNCLASSIFIED");
+
+    let me = nix::unistd::geteuid().as_raw().to_string();
+    if me != "0" {
+        // Run by a user, instances run as that user: never more.
+        assert_eq!(a["uid"], me);
+        return;
+    }
+    for r in [&a, &b] {
+        assert_ne!(r["uid"], "0", "{r:?}");
+        assert_ne!(r["gid"], "0", "{r:?}");
+        assert_eq!(r["groups"], r["gid"], "no supplementary groups: {r:?}");
+        assert_eq!(r["own-dir"], "yes", "its own directory is writable: {r:?}");
+        for denied in [
+            "list-data",
+            "read-admin-token",
+            "read-demo-users.json",
+            "read-store.redb",
+            "read-tls/demo-key.pem",
+            "read-identity-key",
+            "list-logs",
+            "list-instances",
+        ] {
+            assert_eq!(r[denied], "no", "{denied}: {r:?}");
+        }
+    }
+    assert_ne!(a["uid"], b["uid"], "two live instances share no uid");
+    assert_eq!(b["list-other"], "no", "{b:?}");
+    assert_eq!(b["write-other"], "no", "{b:?}");
+    assert!(!Path::new(&a["dir"]).join("planted").exists());
+}
+
+#[test]
+fn an_app_can_tell_the_gateways_requests_from_forged_ones() {
+    let w = Warden::demo(BIN);
+    // Instances on host loopback, which any local process can reach.
+    w.create_demo_app(&app_bin(), "plain", json!({ "driver": "process" }));
+    let alice = w.password("alice");
+    for app in ["demo", "plain"] {
+        // The client's own signature is never passed on; the gateway's is.
+        let r = warden_test_support::request(
+            "GET",
+            &format!("{}/apps/{app}/", w.gateway),
+            &[
+                (
+                    "authorization",
+                    &warden_test_support::http::basic("alice", &alice),
+                ),
+                ("x-warden-signature", "v1=forged"),
+            ],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["verified"], true, "{app}: {}", r.text());
+        assert_eq!(r.json()["user"], "alice");
+    }
+    // Straight to the instance's port, past the gateway, claiming to be carol.
+    let instance = w
+        .instances()
+        .into_iter()
+        .find(|i| i["app"] == "plain")
+        .expect("the plain instance");
+    let addr = instance["addr"].as_str().unwrap();
+    let forged = warden_test_support::request(
+        "GET",
+        &format!("http://{addr}/"),
+        &[
+            ("x-warden-user", "carol"),
+            ("x-warden-label", "TOP SECRET"),
+            ("x-warden-signature", &format!("v1={}", "0".repeat(64))),
+        ],
+        b"",
+    );
+    assert_eq!(forged.status, 200);
+    assert_eq!(forged.json()["user"], "carol");
+    assert_eq!(forged.json()["verified"], false, "{}", forged.text());
+    // The secret is the instance's alone: nowhere in what the API shows.
+    let listed = w.api("GET", "/v1/instances", None).text();
+    let key = std::fs::read_to_string(w.dir.join("identity-key")).unwrap();
+    assert!(!listed.contains(key.trim()));
+    assert!(!listed.to_lowercase().contains("secret\":"), "{listed}");
+}
