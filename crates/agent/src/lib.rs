@@ -250,8 +250,11 @@ impl Instances for Agent {
         self.inner.life.retire(id);
     }
 
-    async fn relabel(&self, id: &str, label: &str) -> Result<(), InstanceError> {
-        Ok(self.inner.life.relabel(id, label).await?)
+    fn relabel(&self, id: &str, label: &str) {
+        if let Err(e) = self.inner.life.relabel(id, label) {
+            // Gone already: it serves nobody.
+            tracing::debug!(instance = %id, error = %e, "relabelling a tainted instance");
+        }
     }
 
     async fn kill(&self, id: &str) -> Result<(), InstanceError> {

@@ -50,7 +50,8 @@ pub struct CreateApp {
     /// How long the gateway waits for a new instance, in milliseconds
     #[arg(long)]
     start_timeout_ms: Option<u64>,
-    /// How instances run: process (default) or sandbox
+    /// How instances run: sandbox (isolated) or process (a plain process under an unprivileged
+    /// uid, no isolation); left out, the node's default, the sandbox wherever it can make one
     #[arg(long)]
     driver: Option<String>,
     /// Whom one instance serves: shared (default), per_user or per_request

@@ -158,8 +158,10 @@ pub trait Instances: Send + Sync + 'static {
     /// Stops a per-request instance whose request is done, in the background.
     fn retire(&self, id: &str);
 
-    /// Raises an instance's label after it reported taint: it stops serving the old label.
-    async fn relabel(&self, id: &str, label: &str) -> Result<(), InstanceError>;
+    /// Raises an instance's label after it reported taint. From the moment this returns,
+    /// [`Instances::ensure`] never hands it out for its old label; its record follows in the
+    /// background.
+    fn relabel(&self, id: &str, label: &str);
 
     /// Stops an instance and returns once it is gone.
     async fn kill(&self, id: &str) -> Result<(), InstanceError>;

@@ -285,16 +285,14 @@ fn apply_taint(state: &State, instance: &InstanceRecord, taint: &str) {
         Some(label) if label == instance.label => {}
         Some(label) => {
             tracing::info!(app = %instance.app, instance = %id, from = %instance.label, to = %label, "instance tainted; relabelled");
-            state.views.drop_instance(&id);
-            tokio::spawn(async move {
-                if let Err(e) = instances.relabel(&id, &label).await {
-                    tracing::warn!(instance = %id, error = %e, "relabelling a tainted instance failed");
-                }
-            });
+            // Both at once, before the response goes out: the next request of the old label
+            // finds the instance neither in the views nor from the agent.
+            state.views.withdraw_tainted(&id, Some(label.clone()));
+            instances.relabel(&id, &label);
         }
         None => {
             tracing::warn!(app = %instance.app, instance = %id, "instance sent a taint the lattice does not know; stopping it");
-            state.views.drop_instance(&id);
+            state.views.withdraw_tainted(&id, None);
             tokio::spawn(async move {
                 let _ = instances.kill(&id).await;
             });

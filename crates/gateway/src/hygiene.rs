@@ -79,11 +79,18 @@ fn owned(name: &[u8]) -> bool {
 /// Request headers the app never gets from the client: hop-by-hop ones, the framing (the
 /// gateway frames the body it sends), the credentials meant for the gateway (cookies come back
 /// filtered), and those the gateway itself sets.
+///
+/// Names compare with `_` for `-`, as for owned headers: an app server that maps headers to
+/// CGI variables reads `Proxy_Authorization` as `Proxy-Authorization`. `Proxy` is withheld
+/// too: CGI turns it into `HTTP_PROXY`, which many HTTP libraries take as their proxy
+/// ("httpoxy", CVE-2016-5385).
 fn withheld(name: &[u8]) -> bool {
-    hop_by_hop(name)
-        || is(name, "transfer-encoding")
-        || is(name, "authorization")
-        || is(name, "cookie")
+    let like = |w: &str| name.len() == w.len() && folded(name).eq(w.bytes());
+    HOP_BY_HOP.iter().any(|h| like(h))
+        || like("transfer-encoding")
+        || like("authorization")
+        || like("cookie")
+        || like("proxy")
         || owned(name)
 }
 
@@ -102,12 +109,14 @@ fn named_by_connection<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<&'a [u
     named
 }
 
-/// The pairs of one Cookie header other than the gateway's session cookie.
+/// The pairs of one Cookie header other than the gateway's session cookie (its name in any
+/// case, as the gateway reads it).
 pub(crate) fn app_cookies(header: &str) -> impl Iterator<Item = &str> {
-    header
-        .split(';')
-        .map(str::trim)
-        .filter(|p| !p.is_empty() && p.split_once('=').is_none_or(|(n, _)| n != SESSION_COOKIE))
+    header.split(';').map(str::trim).filter(|p| {
+        !p.is_empty()
+            && p.split_once('=')
+                .is_none_or(|(n, _)| !crate::auth::session::is_session_cookie(n))
+    })
 }
 
 /// Whether `v` may be a header value as it is (no control characters).
@@ -334,5 +343,7 @@ pub(crate) fn response_drops(name: &[u8], value: &[u8], framing: &ResponseFramin
         || (framing.transfer_encoded && is(name, "content-length"))
 }
 
+#[cfg(test)]
+mod props;
 #[cfg(test)]
 mod tests;

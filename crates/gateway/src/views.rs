@@ -79,6 +79,11 @@ pub(crate) struct Views {
     /// Ready instances by (app, label, owner); the owner is empty for shared instances.
     /// Per-request instances are never listed: each serves only the request it started for.
     pub instances: HashMap<(String, String, String), Vec<Arc<Routed>>>,
+    /// Instances the gateway stopped routing to when they reported taint, by id, with the
+    /// only label they may come back under (`None`: never, they are being stopped). A record
+    /// of the old label that arrives later (the start's own event, still in flight) must not
+    /// bring one back. Entries end with the instance's record.
+    pub tainted: HashMap<String, Option<String>>,
     pub lattice: Option<Arc<Lattice>>,
 }
 
@@ -195,6 +200,14 @@ impl Shared {
         remove_instance(&mut v, id);
     }
 
+    /// Stops routing to an instance that reported taint, at once and for good: it comes back
+    /// only under `relabelled` (`None`: never).
+    pub fn withdraw_tainted(&self, id: &str, relabelled: Option<String>) {
+        let mut v = self.write();
+        remove_instance(&mut v, id);
+        v.tainted.insert(id.to_owned(), relabelled);
+    }
+
     fn apply(&self, kind: Kind, key: &str, value: Option<&[u8]>) {
         let mut v = self.write();
         let parse_err = |e: warden_store::StoreError| tracing::warn!(key, error = %e, "ignoring unreadable record");
@@ -242,6 +255,7 @@ impl Shared {
             (Kind::Instances, None) => {
                 if let Some(id) = key.rsplit('/').next() {
                     remove_instance(&mut v, id);
+                    v.tainted.remove(id);
                 }
             }
             (Kind::Sessions, Some(bytes)) => match decode::<SessionRecord>(key, bytes) {
@@ -296,6 +310,17 @@ fn rebuild_hosts(v: &mut Views) {
 fn upsert_instance(v: &mut Views, r: InstanceRecord) {
     if r.lifetime == Lifetime::PerRequest {
         return;
+    }
+    match v.tainted.get(&r.id) {
+        Some(Some(label)) if *label == r.label => {
+            v.tainted.remove(&r.id);
+        }
+        // A record from before the taint: the instance no longer serves its label.
+        Some(_) => {
+            remove_instance(v, &r.id);
+            return;
+        }
+        None => {}
     }
     // Keep the outstanding count of an instance whose record did not change.
     let key = (
@@ -393,5 +418,63 @@ async fn follow(
                 None => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use warden_core::model::{InstanceState, Lifetime};
+    use warden_core::InstanceRecord;
+
+    use super::*;
+
+    fn record(label: &str) -> InstanceRecord {
+        InstanceRecord {
+            id: "i1".into(),
+            app: "demo".into(),
+            label: label.into(),
+            node: "n".into(),
+            addr: "127.0.0.1:1".into(),
+            pid: 1,
+            state: InstanceState::Ready,
+            started_at_ms: 0,
+            lifetime: Lifetime::Shared,
+            owner: None,
+            kept: false,
+        }
+    }
+
+    fn routed(s: &Shared, label: &str) -> bool {
+        s.pick("demo", label, "", false, &[]).is_some()
+    }
+
+    #[test]
+    fn a_tainted_instance_comes_back_only_under_its_new_label() {
+        let s = Shared::new();
+        let bytes = |label: &str| serde_json::to_vec(&record(label)).unwrap();
+        s.apply(Kind::Instances, "instances/demo/i1", Some(&bytes("SECRET")));
+        assert!(routed(&s, "SECRET"));
+        s.withdraw_tainted("i1", Some("TOP SECRET".into()));
+        assert!(!routed(&s, "SECRET"));
+        // The start's own event, late: the old label must not bring it back.
+        s.apply(Kind::Instances, "instances/demo/i1", Some(&bytes("SECRET")));
+        s.add_instance(record("SECRET"));
+        assert!(!routed(&s, "SECRET"));
+        assert!(!routed(&s, "TOP SECRET"));
+        // The relabelled record.
+        s.apply(
+            Kind::Instances,
+            "instances/demo/i1",
+            Some(&bytes("TOP SECRET")),
+        );
+        assert!(routed(&s, "TOP SECRET") && !routed(&s, "SECRET"));
+        // Gone: nothing is kept of it.
+        s.apply(Kind::Instances, "instances/demo/i1", None);
+        assert!(s.read().tainted.is_empty());
+        // One being stopped never comes back.
+        s.apply(Kind::Instances, "instances/demo/i1", Some(&bytes("SECRET")));
+        s.withdraw_tainted("i1", None);
+        s.apply(Kind::Instances, "instances/demo/i1", Some(&bytes("SECRET")));
+        assert!(!routed(&s, "SECRET"));
     }
 }

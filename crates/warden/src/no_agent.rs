@@ -36,9 +36,7 @@ impl Instances for NoAgent {
 
     fn retire(&self, _id: &str) {}
 
-    async fn relabel(&self, _id: &str, _label: &str) -> Result<(), InstanceError> {
-        Err(no_agent())
-    }
+    fn relabel(&self, _id: &str, _label: &str) {}
 
     async fn kill(&self, _id: &str) -> Result<(), InstanceError> {
         Err(no_agent())

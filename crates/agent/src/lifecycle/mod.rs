@@ -246,7 +246,10 @@ impl Lifecycle {
 
     /// Raises an instance's label (after taint): it stops serving its old label, serves the new
     /// one if that label has no instance yet, and its record says so.
-    pub(crate) async fn relabel(&self, id: &str, label: &str) -> Result<(), AgentError> {
+    ///
+    /// The instance stops being handed out for its old label before this returns, so the very
+    /// next request of that label gets another; the record is written in the background.
+    pub(crate) fn relabel(&self, id: &str, label: &str) -> Result<(), AgentError> {
         let record = {
             let mut running = lock(&self.running);
             let r = running
@@ -270,13 +273,14 @@ impl Lifecycle {
             }
             record
         };
-        put_json(
-            &*self.deps.store,
-            &keys::instance(&record.app, id),
-            &record,
-            Some(self.deps.node.lease()),
-        )
-        .await?;
+        let (store, lease) = (self.deps.store.clone(), self.deps.node.lease());
+        let id = id.to_owned();
+        tokio::spawn(async move {
+            let key = keys::instance(&record.app, &id);
+            if let Err(e) = put_json(&*store, &key, &record, Some(lease)).await {
+                tracing::warn!(instance = %id, error = %e, "writing a tainted instance's new label failed");
+            }
+        });
         Ok(())
     }
 

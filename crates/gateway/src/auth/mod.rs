@@ -16,6 +16,9 @@ pub(crate) mod cache;
 pub(crate) mod session;
 pub(crate) mod throttle;
 
+#[cfg(test)]
+mod props;
+
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

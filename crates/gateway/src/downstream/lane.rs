@@ -475,6 +475,9 @@ async fn to_app(
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

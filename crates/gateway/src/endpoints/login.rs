@@ -15,6 +15,9 @@ use crate::hygiene::SESSION_COOKIE;
 use crate::response::{self as respond, Body};
 use crate::state::State;
 
+/// How long a session's record stays in the store after the session ended.
+const SESSION_RECORD_GRACE: Duration = Duration::from_secs(60);
+
 /// Largest login body read.
 const MAX_LOGIN_BODY: usize = 8 * 1024;
 /// Longest a login or logout waits for this gateway's view to apply it.
@@ -89,7 +92,14 @@ async fn try_login(
         app: "login".into(),
         reason: e.to_string(),
     };
-    let lease = state.store.grant_lease(ttl).await.map_err(unavailable)?;
+    // The record's own `expires_ms` ends the session, checked by every gateway on every
+    // request; the lease only clears the record away a while later, so no session outlives its
+    // time because a store's lease clock runs late, or lives on in a gateway's view.
+    let lease = state
+        .store
+        .grant_lease(ttl + SESSION_RECORD_GRACE)
+        .await
+        .map_err(unavailable)?;
     let now = now_ms();
     let record = SessionRecord {
         user: user.record.name.clone(),

@@ -133,6 +133,9 @@ fn parse(record: &[u8]) -> Option<Hello<'_>> {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -105,6 +105,9 @@ impl Scanner {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -385,3 +385,36 @@ fn an_http11_request_needs_exactly_one_host() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+#[test]
+fn a_tainted_instance_serves_no_lower_request_even_the_very_next_one() {
+    let w = Warden::demo(BIN);
+    let auth = basic("alice", &w.password("alice"));
+    // The taint report and the next request of the same (lower) label, in one write on one
+    // connection: the second is routed microseconds after the first is answered, long before
+    // the relabelled record could come back from the store.
+    let one = |path: &str, close: bool| {
+        format!(
+            "GET /apps/demo/{path} HTTP/1.1\r\nHost: {}\r\nAuthorization: {auth}\r\n{}\r\n",
+            host(&w),
+            if close { "Connection: close\r\n" } else { "" }
+        )
+    };
+    for round in 0..5 {
+        let wire = one("?taint=TOP%20SECRET", false) + &one("", true);
+        let answers =
+            warden_test_support::http::pipeline(&host(&w), wire.as_bytes(), &[false, false]);
+        assert_eq!(answers.len(), 2, "round {round}");
+        let (tainted, next) = (answers[0].json(), answers[1].json());
+        assert_eq!(
+            answers[1].status,
+            200,
+            "round {round}: {}",
+            answers[1].text()
+        );
+        assert_ne!(
+            next["instance"], tainted["instance"],
+            "round {round}: alice's next request reached the instance that just read TOP SECRET"
+        );
+    }
+}
