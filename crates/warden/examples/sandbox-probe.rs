@@ -43,6 +43,12 @@ struct ProbeArgs {
     /// A port to listen on at every address of the sandbox, so that others can try to reach it
     #[arg(long)]
     listen_any: Option<u16>,
+    /// The sandbox must see no network interface but loopback (its own network namespace)
+    #[arg(long)]
+    only_loopback: bool,
+    /// The host's name, which the sandbox must not have (its own uts namespace)
+    #[arg(long)]
+    host_name: Option<String>,
 }
 
 fn report(what: &str, escaped: Option<String>, why: impl std::fmt::Display) {
@@ -271,10 +277,34 @@ fn run(args: &ProbeArgs) {
             format!("CapEff {cap_eff}, NoNewPrivs {nnp}"),
         );
     }
+    if args.only_loopback {
+        // The effect of a network namespace of its own: the host's interfaces are not there.
+        match nix::ifaddrs::getifaddrs() {
+            Ok(addrs) => {
+                let mut names: Vec<String> = addrs.map(|a| a.interface_name).collect();
+                names.sort();
+                names.dedup();
+                let escaped = (names != ["lo"]).then(|| format!("sees {}", names.join(", ")));
+                report("interfaces", escaped, "only lo");
+            }
+            Err(e) => println!("probe interfaces: FAILED ({e})"),
+        }
+    }
+    if let Some(host) = &args.host_name {
+        // The effect of a uts namespace of its own: the name the sandbox was given, not the
+        // host's.
+        let mine = nix::sys::utsname::uname()
+            .map(|u| u.nodename().to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let escaped = (mine == *host).then(|| format!("has the host's name {mine}"));
+        report("hostname", escaped, format!("its own name {mine}"));
+    }
     // Needs CAP_SYS_ADMIN over the sandbox's own uts namespace, which the sandbox's creator
     // had and the app must not.
-    match nix::unistd::sethostname("escaped") {
-        Ok(()) => report("sethostname", Some("changed the host name".into()), ""),
+    // Writes the name it already has: a success is the escape, without renaming anything.
+    let current = nix::unistd::gethostname().unwrap_or_default();
+    match nix::unistd::sethostname(&current) {
+        Ok(()) => report("sethostname", Some("may set the host name".into()), ""),
         Err(e) => report("sethostname", None, e),
     }
     match nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER) {

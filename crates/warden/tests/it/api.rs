@@ -34,6 +34,97 @@ fn every_documented_route_is_served() {
 }
 
 #[test]
+fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
+    let w = Warden::demo(BIN);
+    let doc = request("GET", &format!("{}/v1/openapi.json", w.api), &[], b"").json();
+    let lattice = w.api("GET", "/v1/lattice", None).json();
+    let started = w.api(
+        "POST",
+        "/v1/instances",
+        Some(json!({"app": "demo", "label": "SECRET"})),
+    );
+    let id = started.json()["id"].as_str().unwrap_or("").to_owned();
+    let app = json!({"name": "doc-app", "command": [BIN, "demo-app"]});
+    let user = json!({"name": "doc-user", "password": "doc-password-1", "clearance": "SECRET"});
+    // In an order in which each request is valid; deletions last.
+    let calls: Vec<(&str, &str, String, Option<serde_json::Value>)> = vec![
+        ("get", "/healthz", "/healthz".into(), None),
+        ("get", "/metrics", "/metrics".into(), None),
+        ("get", "/v1/openapi.json", "/v1/openapi.json".into(), None),
+        ("get", "/v1/status", "/v1/status".into(), None),
+        ("post", "/v1/apps", "/v1/apps".into(), Some(app)),
+        ("get", "/v1/apps", "/v1/apps".into(), None),
+        ("get", "/v1/apps/{name}", "/v1/apps/doc-app".into(), None),
+        ("post", "/v1/users", "/v1/users".into(), Some(user)),
+        ("get", "/v1/users", "/v1/users".into(), None),
+        ("get", "/v1/users/{name}", "/v1/users/doc-user".into(), None),
+        (
+            "patch",
+            "/v1/users/{name}",
+            "/v1/users/doc-user".into(),
+            Some(json!({"clearance": "CONFIDENTIAL"})),
+        ),
+        (
+            "post",
+            "/v1/instances",
+            "/v1/instances".into(),
+            Some(json!({"app": "demo", "label": "CONFIDENTIAL"})),
+        ),
+        ("get", "/v1/instances", "/v1/instances".into(), None),
+        (
+            "get",
+            "/v1/instances/{id}/logs",
+            format!("/v1/instances/{id}/logs"),
+            None,
+        ),
+        ("get", "/v1/nodes", "/v1/nodes".into(), None),
+        ("get", "/v1/lattice", "/v1/lattice".into(), None),
+        ("put", "/v1/lattice", "/v1/lattice".into(), Some(lattice)),
+        (
+            "delete",
+            "/v1/instances/{id}",
+            format!("/v1/instances/{id}"),
+            None,
+        ),
+        (
+            "delete",
+            "/v1/users/{name}",
+            "/v1/users/doc-user".into(),
+            None,
+        ),
+        ("delete", "/v1/apps/{name}", "/v1/apps/doc-app".into(), None),
+    ];
+    let mut documented = 0;
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for method in ops.as_object().unwrap().keys() {
+            documented += 1;
+            assert!(
+                calls.iter().any(|(m, p, _, _)| m == method && p == path),
+                "{method} {path} is documented: give it a valid request here"
+            );
+        }
+    }
+    assert_eq!(documented, calls.len(), "every call here is documented");
+    for (method, path, concrete, body) in &calls {
+        let op = &doc["paths"][*path][*method];
+        let success: Vec<u16> = op["responses"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter_map(|k| k.parse().ok())
+            .filter(|s| (200..300).contains(s))
+            .collect();
+        assert_eq!(
+            success.len(),
+            1,
+            "{method} {path} documents one success: {success:?}"
+        );
+        let r = w.api(&method.to_uppercase(), concrete, body.clone());
+        assert_eq!(r.status, success[0], "{method} {concrete}: {}", r.text());
+    }
+}
+
+#[test]
 fn admin_token_is_required_and_checked() {
     let w = Warden::demo(BIN);
     let url = format!("{}/v1/apps", w.api);

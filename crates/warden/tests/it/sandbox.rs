@@ -41,6 +41,10 @@ fn a_sandboxed_instance_cannot_escape() {
     // With a memory cgroup the probe's filler touches past a small limit and must be killed;
     // with rlimits only, the address-space limit must refuse the reservation, and the probe
     // (a full async server) needs a larger address space to run at all.
+    let host_name = nix::unistd::gethostname()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     let limits = node_limits(&w);
     let memory_cgroup = limits.starts_with("cgroup") && limits.contains("memory");
     let (memory_mb, alloc_mb) = if memory_cgroup {
@@ -62,6 +66,8 @@ fn a_sandboxed_instance_cannot_escape() {
                 "--host-pid", me,
                 "--alloc-mb", alloc_mb,
                 "--processes", "64",
+                "--only-loopback",
+                "--host-name", &host_name,
             ],
         }),
     );
@@ -89,6 +95,8 @@ fn a_sandboxed_instance_cannot_escape() {
         "probe memory-limit: blocked",
         "probe process-limit: blocked",
         "probe inherited-fds: blocked",
+        "probe interfaces: blocked (only lo)",
+        "probe hostname: blocked",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
@@ -102,6 +110,11 @@ fn a_sandboxed_instance_cannot_escape() {
     assert!(
         host.accept().is_err(),
         "the host listener saw no connection"
+    );
+    assert_eq!(
+        nix::unistd::gethostname().unwrap().to_string_lossy(),
+        host_name,
+        "the host's name is unchanged"
     );
     assert_eq!(
         std::fs::read(other_data.join("secret.txt")).unwrap(),
