@@ -131,6 +131,16 @@ fn an_app_can_tell_the_gateways_requests_from_forged_ones() {
         assert_eq!(r.json()["verified"], true, "{app}: {}", r.text());
         assert_eq!(r.json()["user"], "alice");
     }
+    // Over HTTP/2 too.
+    let (version, r) = warden_test_support::http::h2c_get(
+        &format!("{}/apps/plain/", w.gateway),
+        &[(
+            "authorization",
+            &warden_test_support::http::basic("alice", &alice),
+        )],
+    );
+    assert_eq!(version, http::Version::HTTP_2);
+    assert_eq!(r.json()["verified"], true, "{}", r.text());
     // Straight to the instance's port, past the gateway, claiming to be carol.
     let instance = w
         .instances()
