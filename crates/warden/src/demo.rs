@@ -2,6 +2,12 @@
 //!
 //! Passwords are generated once per data directory and kept in `demo-users.json` (mode 0600);
 //! only their Argon2id hashes go into the store.
+//!
+//! The demo is seeded once: the first start with `--demo` (no `demo-users.json` yet) writes the
+//! lattice, the users and the app. Later starts leave them as the operator left them (a deleted
+//! user or app stays deleted, a changed password stays changed); they only point the demo app
+//! at the running binary if it still runs `warden demo-app`. Deleting `demo-users.json` seeds
+//! anew, with new passwords.
 
 use std::path::Path;
 
@@ -52,50 +58,78 @@ pub async fn setup(
     data_dir: &Path,
     cost: warden_auth::Argon2Cost,
 ) -> anyhow::Result<Vec<DemoUser>> {
+    let path = data_dir.join("demo-users.json");
+    let exe =
+        std::env::current_exe().context("cannot find the warden binary to run the demo app")?;
+    if let Some(text) = files::read_private(&path)? {
+        let users: Vec<DemoUser> = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{} is damaged; delete it and start again to seed the demo anew with new passwords",
+                path.display()
+            )
+        })?;
+        return seeded_before(store, users, &exe).await;
+    }
     if warden_store::get_json::<Lattice>(store, keys::LATTICE)
         .await?
         .is_none()
     {
         warden_store::put_json(store, keys::LATTICE, &Lattice::linear(LEVELS), None).await?;
     }
-    let path = data_dir.join("demo-users.json");
-    let users = match files::read_private(&path)? {
-        Some(text) => serde_json::from_str(&text).with_context(|| {
-            format!(
-                "{} is damaged; delete it and start again to get new demo passwords",
-                path.display()
-            )
-        })?,
-        None => fresh_users(),
-    };
-    files::write_private(&path, serde_json::to_string_pretty(&users)?.as_bytes())?;
+    let users = fresh_users();
     for u in &users {
-        let existing = warden_store::get_json::<UserRecord>(store, &keys::user(&u.name)).await?;
-        let current = existing.as_ref().is_some_and(|(r, _)| {
-            warden_auth::verify_password(Some(&r.password_hash), &u.password, &cost)
-                && r.clearance == u.clearance
-        });
-        if !current {
-            let password = u.password.clone();
-            let hash =
-                tokio::task::spawn_blocking(move || warden_auth::hash_password(&password, &cost))
-                    .await??;
-            let record = UserRecord {
-                name: u.name.clone(),
-                password_hash: hash,
-                clearance: u.clearance.clone(),
-                groups: u.groups.clone(),
-                generation: warden_core::id::short_id(),
-            };
-            warden_store::put_json(store, &keys::user(&u.name), &record, None).await?;
-        }
+        let password = u.password.clone();
+        let hash =
+            tokio::task::spawn_blocking(move || warden_auth::hash_password(&password, &cost))
+                .await??;
+        let record = UserRecord {
+            name: u.name.clone(),
+            password_hash: hash,
+            clearance: u.clearance.clone(),
+            groups: u.groups.clone(),
+            generation: warden_core::id::short_id(),
+        };
+        warden_store::put_json(store, &keys::user(&u.name), &record, None).await?;
     }
-    let exe =
-        std::env::current_exe().context("cannot find the warden binary to run the demo app")?;
     let mut spec = AppSpec::new("demo", vec![exe.display().to_string(), "demo-app".into()]);
     spec.hosts = vec!["demo.localhost".into()];
     warden_store::put_json(store, &keys::app_spec("demo"), &spec, None).await?;
+    // Written last: a start that fails before this seeds again.
+    files::write_private(&path, serde_json::to_string_pretty(&users)?.as_bytes())?;
+    tracing::info!("demo seeded: lattice, users and the demo app");
     Ok(users)
+}
+
+/// A later start: nothing is written back but the demo app's binary; the users the welcome
+/// shows are those that still exist.
+async fn seeded_before(
+    store: &dyn Store,
+    users: Vec<DemoUser>,
+    exe: &Path,
+) -> anyhow::Result<Vec<DemoUser>> {
+    tracing::info!(
+        "the demo was seeded before; users, apps and the lattice stay as the operator left them"
+    );
+    if let Some((mut spec, _)) =
+        warden_store::get_json::<AppSpec>(store, &keys::app_spec("demo")).await?
+    {
+        let exe = exe.display().to_string();
+        let runs_demo_app = spec.command.len() == 2 && spec.command[1] == "demo-app";
+        if runs_demo_app && spec.command[0] != exe {
+            spec.command[0] = exe;
+            warden_store::put_json(store, &keys::app_spec("demo"), &spec, None).await?;
+        }
+    }
+    let mut present = Vec::new();
+    for u in users {
+        if warden_store::get_json::<UserRecord>(store, &keys::user(&u.name))
+            .await?
+            .is_some()
+        {
+            present.push(u);
+        }
+    }
+    Ok(present)
 }
 
 /// The hidden `warden demo-app` command.

@@ -188,6 +188,42 @@ fn restart_keeps_demo_passwords() {
     assert_eq!(second.get_as("alice", &pw, "/apps/demo/").status, 200);
 }
 
+#[test]
+fn the_demo_is_seeded_once_and_an_operators_changes_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = warden_test_support::Launch::new(BIN)
+        .data_dir(dir.path())
+        .start();
+    assert_eq!(first.api("DELETE", "/v1/users/dave", None).status, 204);
+    assert_eq!(first.api("DELETE", "/v1/apps/demo", None).status, 204);
+    let r = first.api(
+        "PATCH",
+        "/v1/users/alice",
+        Some(serde_json::json!({"password": "the operator's own password"})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(first.stop().success());
+    let second = warden_test_support::Launch::new(BIN)
+        .data_dir(dir.path())
+        .start();
+    assert_eq!(second.api("GET", "/v1/users/dave", None).status, 404);
+    assert_eq!(second.api("GET", "/v1/apps/demo", None).status, 404);
+    assert_eq!(
+        second
+            .get_as("alice", "the operator's own password", "/apps/none/")
+            .status,
+        404,
+        "alice's new password still works (and the app is gone)"
+    );
+    let out = second.stdout();
+    assert!(out.contains("alice") && !out.contains("dave "), "{out}");
+    assert!(
+        second.stderr().contains("seeded before"),
+        "{}",
+        second.stderr()
+    );
+}
+
 fn instance_pids(w: &Warden) -> Vec<u32> {
     w.api("GET", "/v1/instances", None)
         .json()
