@@ -231,6 +231,49 @@ pub async fn leases_expire_and_watchers_see_it(s: Arc<dyn Store>) {
     ));
 }
 
+pub async fn compare_and_swap_expecting_a_revision_of_an_absent_key_conflicts(s: Arc<dyn Store>) {
+    let k = format!("{}/never", scope("cas-absent"));
+    for value in [Some(b"v".to_vec()), None] {
+        assert_eq!(
+            s.compare_and_swap(&k, Some(1), value, None).await.unwrap(),
+            CasOutcome::Conflict { current: None }
+        );
+    }
+    assert_eq!(
+        s.get(&k).await.unwrap(),
+        None,
+        "a failed CAS creates nothing"
+    );
+}
+
+pub async fn keep_alive_extends_a_lease_past_its_ttl(s: Arc<dyn Store>) {
+    let p = scope("keepalive");
+    let ttl = Duration::from_secs(1);
+    let lease = s.grant_lease(ttl).await.unwrap();
+    let key = format!("{p}/held");
+    s.put(&key, b"v".to_vec(), Some(lease)).await.unwrap();
+    // Kept alive for three times its TTL: the key is still there.
+    let until = std::time::Instant::now() + 3 * ttl;
+    while std::time::Instant::now() < until {
+        s.keep_alive(lease).await.unwrap();
+        tokio::time::sleep(ttl / 4).await;
+    }
+    let listing = s.list(&p).await.unwrap();
+    assert!(
+        listing.entries.iter().any(|e| e.key == key),
+        "a lease kept alive does not expire"
+    );
+    // Left alone, it ends.
+    let mut w = s.watch(&p, listing.revision + 1).await.unwrap();
+    loop {
+        let ev = next_event(&mut w).await;
+        if ev.key == key && ev.kind == EventKind::Delete {
+            break;
+        }
+    }
+    assert_eq!(s.get(&key).await.unwrap(), None);
+}
+
 pub async fn revoke_deletes_attached_keys(s: Arc<dyn Store>) {
     let p = scope("revoke");
     let lease = s.grant_lease(Duration::from_secs(60)).await.unwrap();
@@ -277,7 +320,9 @@ macro_rules! store_conformance {
             put_get_and_hash, missing_keys, prefix_lists_match_whole_tokens, delete_removes,
             compare_and_swap, watch_replays_from_a_revision,
             watch_from_listing_sees_every_later_change, leases_expire_and_watchers_see_it,
-            revoke_deletes_attached_keys, concurrent_writers_all_land);
+            revoke_deletes_attached_keys, concurrent_writers_all_land,
+            compare_and_swap_expecting_a_revision_of_an_absent_key_conflicts,
+            keep_alive_extends_a_lease_past_its_ttl);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

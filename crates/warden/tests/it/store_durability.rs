@@ -108,3 +108,32 @@ fn two_wardens_cannot_share_a_data_dir() {
     let err = up_fails_with(dir.path());
     assert!(err.contains("another warden process has it open"), "{err}");
 }
+
+#[test]
+fn records_and_routing_stay_put_for_many_node_lease_lifetimes() {
+    let w = warden_test_support::Launch::new(BIN)
+        .arg("--node-lease-ttl")
+        .arg("1s")
+        .start();
+    let alice = w.password("alice");
+    let first = w.get_as("alice", &alice, "/apps/demo/").json();
+    let id = first["instance"].as_str().unwrap().to_owned();
+    // Four lease lifetimes: the agent's keep-alives must carry the lease, or the store drops
+    // the node's records when it ends.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(4);
+    let mut looks = 0;
+    while std::time::Instant::now() < until {
+        let listed = w.instances();
+        assert!(
+            listed.iter().any(|i| i["id"] == id.as_str()),
+            "instance {id} vanished from the store after {looks} looks: {listed:?}"
+        );
+        let nodes = w.api("GET", "/v1/nodes", None).json();
+        assert_eq!(nodes.as_array().map(Vec::len), Some(1), "{nodes}");
+        looks += 1;
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let again = w.get_as("alice", &alice, "/apps/demo/").json();
+    assert_eq!(again["instance"], id.as_str());
+    assert!(!w.stderr().contains("lease was lost"), "{}", w.stderr());
+}
