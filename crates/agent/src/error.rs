@@ -43,6 +43,16 @@ pub enum AgentError {
         /// Last lines the instance printed.
         log_tail: String,
     },
+    /// The app's last instance for this label crashed; no start before its backoff is over.
+    #[error("app {app:?} keeps crashing (last: {last_exit}); the next start is in {} ms. An operator can read its log (`warden status`, `warden logs`)", retry_after.as_millis())]
+    Backoff {
+        /// App name.
+        app: String,
+        /// Until the next start may be tried.
+        retry_after: std::time::Duration,
+        /// How its last instance ended.
+        last_exit: String,
+    },
     /// The app or the node already runs as many instances as it may.
     #[error("{what} already runs its maximum of {limit} instances; retry when one has stopped or raise the limit")]
     Full {
@@ -89,6 +99,15 @@ impl From<AgentError> for InstanceError {
             } => Self::StartTimeout {
                 app: app.clone(),
                 ms: waited_ms,
+                reason: e.to_string(),
+            },
+            AgentError::Backoff {
+                ref app,
+                retry_after,
+                ..
+            } => Self::CrashLoop {
+                app: app.clone(),
+                retry_after,
                 reason: e.to_string(),
             },
             AgentError::Full { .. }

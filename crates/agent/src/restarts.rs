@@ -1,9 +1,14 @@
-//! Restart bookkeeping of kept instances and warm-pool spares on this node, per app and label.
+//! Crash bookkeeping of every instance on this node, per app, label and owner (the user of a
+//! per-user instance; nobody for the rest).
 //!
-//! A kept instance or a spare that crashes (or fails to start) is replaced after an exponential
-//! backoff; enough crashes in a row mark a crash loop, published with the last lines of output
-//! at `health/<app>/<node>` for `warden status`. This module holds that state and the starts of
-//! kept instances under way; it starts nothing itself (see `crate::supervise`).
+//! An instance that exits without being asked to (or fails to start) counts as a crash. The
+//! first crash in a row may be restarted at once; after that every start for the same key
+//! waits out one exponential backoff, whoever asks for it: a request (which gets 503 with
+//! `Retry-After` meanwhile, see `Lifecycle::ensure`), a desired count or a warm pool. Enough
+//! crashes in a row mark a crash loop, published with the last lines of output at
+//! `health/<app>/<node>` for `warden status`. An instance that stays up ends the run. This
+//! module holds that state and the starts of kept instances under way; it starts nothing
+//! itself (see `crate::supervise`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
@@ -13,7 +18,8 @@ use warden_core::{model::now_ms, AppHealth, LabelHealth};
 
 use crate::sync::lock;
 
-/// First restart delay after a crash; doubled per crash in a row.
+/// Restart delay after the second crash in a row (the first is restarted at once); doubled
+/// per crash after that.
 const BACKOFF_START: Duration = Duration::from_millis(500);
 /// Longest restart delay.
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -24,6 +30,8 @@ const STABLE_AFTER: Duration = Duration::from_secs(10);
 
 /// (app, label).
 pub(crate) type LabelKey = (String, String);
+/// (app, label, owner): the owner is the user of a per-user instance, empty for the rest.
+type CrashKey = (String, String, String);
 
 #[derive(Default)]
 struct LabelState {
@@ -37,7 +45,7 @@ struct LabelState {
 
 #[derive(Default)]
 struct State {
-    labels: HashMap<LabelKey, LabelState>,
+    labels: HashMap<CrashKey, LabelState>,
     /// Starts of kept instances in progress on this node.
     pending: HashMap<LabelKey, u32>,
     /// Apps whose health record must be written again.
@@ -51,20 +59,24 @@ pub(crate) struct Restarts {
 }
 
 pub(crate) fn backoff(crashes: u32) -> Duration {
-    let exp = crashes.saturating_sub(1).min(16);
+    if crashes <= 1 {
+        return Duration::ZERO;
+    }
+    let exp = crashes.saturating_sub(2).min(16);
     (BACKOFF_START * 2u32.pow(exp)).min(BACKOFF_MAX)
+}
+
+fn crash_key(app: &str, label: &str, owner: &str) -> CrashKey {
+    (app.to_owned(), label.to_owned(), owner.to_owned())
 }
 
 // === impl Restarts ===
 
 impl Restarts {
-    /// A kept instance or a spare of (app, label) crashed or failed to start.
-    pub(crate) fn crashed(&self, app: &str, label: &str, status: &str, tail: &str) {
+    /// An instance of (app, label) for `owner` ("" for none) crashed or failed to start.
+    pub(crate) fn crashed(&self, app: &str, label: &str, owner: &str, status: &str, tail: &str) {
         let mut s = lock(&self.state);
-        let l = s
-            .labels
-            .entry((app.to_owned(), label.to_owned()))
-            .or_default();
+        let l = s.labels.entry(crash_key(app, label, owner)).or_default();
         l.crashes += 1;
         l.up_since = None;
         let delay = backoff(l.crashes);
@@ -72,21 +84,36 @@ impl Restarts {
         l.next_start_ms = now_ms() + delay.as_millis() as u64;
         l.last_exit = status.to_owned();
         l.last_lines = tail.to_owned();
-        tracing::warn!(app, label, crashes = l.crashes, retry_ms = delay.as_millis() as u64, %status, "kept instance or spare crashed; restarting after backoff");
+        tracing::warn!(app, label, owner, crashes = l.crashes, retry_ms = delay.as_millis() as u64, %status, "instance crashed; the next start waits out the backoff");
         s.dirty.insert(app.to_owned());
     }
 
-    pub(crate) fn started(&self, app: &str, label: &str) {
+    /// An instance of (app, label) for `owner` started: it ends the run of crashes once it
+    /// has stayed up a while.
+    pub(crate) fn started(&self, app: &str, label: &str, owner: &str) {
         let mut s = lock(&self.state);
-        let key = (app.to_owned(), label.to_owned());
-        if let Some(l) = s.labels.get_mut(&key) {
+        if let Some(l) = s.labels.get_mut(&crash_key(app, label, owner)) {
             l.up_since = Some(Instant::now());
         }
     }
 
+    /// How long a start for (app, label, owner) must still wait, and how the last instance
+    /// ended; `None` when it may start now.
+    pub(crate) fn waiting(
+        &self,
+        app: &str,
+        label: &str,
+        owner: &str,
+    ) -> Option<(Duration, String)> {
+        let s = lock(&self.state);
+        let l = s.labels.get(&crash_key(app, label, owner))?;
+        let left = l.next_start?.checked_duration_since(Instant::now())?;
+        (!left.is_zero()).then(|| (left, l.last_exit.clone()))
+    }
+
     pub(crate) fn forget_app(&self, app: &str) {
         let mut s = lock(&self.state);
-        s.labels.retain(|(a, _), _| a != app);
+        s.labels.retain(|(a, _, _), _| a != app);
         s.pending.retain(|(a, _), _| a != app);
         s.dirty.remove(app);
     }
@@ -94,16 +121,13 @@ impl Restarts {
     /// After a new lease every health record must be written again.
     pub(crate) fn republish_all(&self) {
         let mut s = lock(&self.state);
-        let apps: Vec<String> = s.labels.keys().map(|(a, _)| a.clone()).collect();
+        let apps: Vec<String> = s.labels.keys().map(|(a, _, _)| a.clone()).collect();
         s.dirty.extend(apps);
     }
 
+    /// Whether a shared instance (kept or spare) of (app, label) may start now.
     pub(crate) fn may_start(&self, key: &LabelKey) -> bool {
-        let s = lock(&self.state);
-        s.labels
-            .get(key)
-            .and_then(|l| l.next_start)
-            .is_none_or(|t| Instant::now() >= t)
+        self.waiting(&key.0, &key.1, "").is_none()
     }
 
     pub(crate) fn pending(&self, key: &LabelKey) -> u32 {
@@ -123,7 +147,7 @@ impl Restarts {
     pub(crate) fn settle(&self) {
         let mut s = lock(&self.state);
         let mut settled = Vec::new();
-        for ((app, _), l) in s.labels.iter_mut() {
+        for ((app, _, _), l) in s.labels.iter_mut() {
             if l.crashes > 0 && l.up_since.is_some_and(|t| t.elapsed() >= STABLE_AFTER) {
                 l.crashes = 0;
                 l.next_start = None;
@@ -141,23 +165,26 @@ impl Restarts {
         dirty
             .into_iter()
             .map(|app| {
-                let labels: BTreeMap<String, LabelHealth> = s
-                    .labels
-                    .iter()
-                    .filter(|((a, _), l)| *a == app && l.crashes > 0)
-                    .map(|((_, label), l)| {
-                        (
-                            label.clone(),
-                            LabelHealth {
-                                crashes: l.crashes,
-                                crash_loop: l.crashes >= CRASH_LOOP,
-                                last_exit: l.last_exit.clone(),
-                                last_lines: l.last_lines.clone(),
-                                next_start_ms: l.next_start_ms,
-                            },
-                        )
-                    })
-                    .collect();
+                // Per label, the owner whose run of crashes is longest.
+                let mut labels: BTreeMap<String, LabelHealth> = BTreeMap::new();
+                for ((a, label, _), l) in &s.labels {
+                    if *a != app || l.crashes == 0 {
+                        continue;
+                    }
+                    if labels.get(label).is_some_and(|h| h.crashes >= l.crashes) {
+                        continue;
+                    }
+                    labels.insert(
+                        label.clone(),
+                        LabelHealth {
+                            crashes: l.crashes,
+                            crash_loop: l.crashes >= CRASH_LOOP,
+                            last_exit: l.last_exit.clone(),
+                            last_lines: l.last_lines.clone(),
+                            next_start_ms: l.next_start_ms,
+                        },
+                    );
+                }
                 let health = (!labels.is_empty()).then_some(AppHealth { labels });
                 (app, health)
             })
@@ -171,9 +198,10 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
-        assert_eq!(backoff(1), Duration::from_millis(500));
-        assert_eq!(backoff(2), Duration::from_secs(1));
-        assert_eq!(backoff(4), Duration::from_secs(4));
+        assert_eq!(backoff(1), Duration::ZERO);
+        assert_eq!(backoff(2), Duration::from_millis(500));
+        assert_eq!(backoff(3), Duration::from_secs(1));
+        assert_eq!(backoff(5), Duration::from_secs(4));
         assert_eq!(backoff(40), BACKOFF_MAX);
     }
 
@@ -181,7 +209,7 @@ mod tests {
     fn crashes_in_a_row_make_a_crash_loop_and_are_reported() {
         let k = Restarts::default();
         for _ in 0..CRASH_LOOP {
-            k.crashed("web", "PUBLIC", "exit status: 3", "boom");
+            k.crashed("web", "PUBLIC", "", "exit status: 3", "boom");
         }
         assert!(!k.may_start(&("web".into(), "PUBLIC".into())));
         let dirty = k.take_dirty();

@@ -75,6 +75,17 @@ pub enum InstanceError {
         /// What readiness lacked, with the last lines the instance printed.
         reason: String,
     },
+    /// The app's instances for this label keep crashing: nothing starts before
+    /// `retry_after` is over.
+    #[error("{reason}")]
+    CrashLoop {
+        /// App name.
+        app: String,
+        /// Until the next start may be tried.
+        retry_after: std::time::Duration,
+        /// The whole story, for an operator.
+        reason: String,
+    },
     /// No instance can be had now (a limit is reached, the store failed, the node is stopping,
     /// no agent runs): the caller may try again later.
     #[error("{0}")]

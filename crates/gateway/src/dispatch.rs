@@ -258,6 +258,11 @@ async fn start(
         Ok(Err(InstanceError::UnknownApp(_))) => {
             Err(GatewayError::NotFound(format!("no app named {app:?}")))
         }
+        Ok(Err(InstanceError::CrashLoop { retry_after, .. })) => Err(GatewayError::CrashLoop {
+            app,
+            // Rounded up: a client that waits this long finds the backoff over.
+            retry_after: retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0),
+        }),
         Ok(Err(e @ InstanceError::StartFailed { .. })) => {
             warden_core::log_limited!(warn, app = %spec.name, label, error = %e, "instance failed to start");
             Err(GatewayError::StartFailed { app })

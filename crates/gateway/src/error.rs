@@ -59,6 +59,16 @@ pub enum GatewayError {
         /// App name.
         app: String,
     },
+    /// The app keeps crashing; no start is tried before `retry_after` seconds.
+    #[error(
+        "app {app:?} keeps crashing; an operator can read its log; try again in {retry_after} s"
+    )]
+    CrashLoop {
+        /// App name.
+        app: String,
+        /// Seconds until the next start may be tried (at least 1).
+        retry_after: u64,
+    },
     /// The instance did not become ready in time.
     #[error("app {app:?} did not become ready within {ms} ms")]
     StartTimeout {
@@ -143,6 +153,7 @@ impl GatewayError {
             | Self::HeadTooLarge { .. } => Origin::Client,
             Self::Busy | Self::Unavailable { .. } => Origin::Gateway,
             Self::StartFailed { .. }
+            | Self::CrashLoop { .. }
             | Self::StartTimeout { .. }
             | Self::Upstream { .. }
             | Self::UpstreamTimeout { .. }
@@ -168,9 +179,10 @@ impl GatewayError {
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             // No instance runs and none could be started: the client may try again later.
-            Self::Unavailable { .. } | Self::StartFailed { .. } | Self::StartTimeout { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::Unavailable { .. }
+            | Self::StartFailed { .. }
+            | Self::CrashLoop { .. }
+            | Self::StartTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Upstream { .. } | Self::Broken(_) => StatusCode::BAD_GATEWAY,
             // Only reaches a client if a caller skips the dispatch that turns it into
             // `Unavailable`: no instance took the connection.
@@ -203,7 +215,7 @@ impl GatewayError {
                 header::CONNECTION,
                 header::HeaderValue::from_static("close"),
             )),
-            Self::Throttled { retry_after } => {
+            Self::Throttled { retry_after } | Self::CrashLoop { retry_after, .. } => {
                 Some((header::RETRY_AFTER, header::HeaderValue::from(*retry_after)))
             }
             _ => None,

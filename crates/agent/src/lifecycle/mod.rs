@@ -136,14 +136,33 @@ impl Lifecycle {
         if self.stopping() {
             return Err(AgentError::ShuttingDown.into());
         }
+        let crash_owner = match owner {
+            Owner::User(u) => u.as_str(),
+            _ => "",
+        };
+        let backing_off = || {
+            let (left, last_exit) = self.deps.restarts.waiting(&spec.name, label, crash_owner)?;
+            Some(InstanceError::from(AgentError::Backoff {
+                app: spec.name.clone(),
+                retry_after: left,
+                last_exit,
+            }))
+        };
         let Some(key) = serve_key(&spec.name, label, owner) else {
-            return Ok(self.start(spec, label, owner, Purpose::Serve).await?);
+            if let Some(e) = backing_off() {
+                return Err(e);
+            }
+            let r = self.start(spec, label, owner, Purpose::Serve).await?;
+            self.deps.restarts.started(&spec.name, label, crash_owner);
+            return Ok(r);
         };
         let mut rx = {
             let mut serving = lock(&self.serving);
             match serving.get(&key) {
                 Some(Serving::Ready(r)) => return Ok(r.clone()),
                 Some(Serving::Starting(rx)) => rx.clone(),
+                // The last instance crashed: nothing starts until its backoff is over.
+                None if let Some(e) = backing_off() => return Err(e),
                 None => {
                     let (tx, rx) = watch::channel(None);
                     serving.insert(key.clone(), Serving::Starting(rx.clone()));
@@ -155,6 +174,9 @@ impl Lifecycle {
                             .start(&spec, &key.1, &owner, Purpose::Serve)
                             .await
                             .map_err(InstanceError::from);
+                        if result.is_ok() {
+                            me.deps.restarts.started(&key.0, &key.1, &key.2);
+                        }
                         me.settle(key, &result);
                         let _ = tx.send(Some(result));
                     });

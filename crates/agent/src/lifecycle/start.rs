@@ -188,7 +188,6 @@ impl Lifecycle {
             child,
             held,
             stopping,
-            pooled: purpose == Purpose::Spare,
             status: status_tx,
             exited: exit_tx,
         };
@@ -405,8 +404,6 @@ struct Monitor {
     child: tokio::process::Child,
     held: Option<Box<dyn Held>>,
     stopping: Arc<AtomicBool>,
-    /// A spare of the warm pool.
-    pooled: bool,
     status: oneshot::Sender<String>,
     exited: watch::Sender<bool>,
 }
@@ -427,19 +424,20 @@ impl Monitor {
             status = format!("{status}; {oom}");
         }
         let _ = self.status.send(status.clone());
-        let state = life.forget(r, &status).await;
+        life.forget(r, &status).await;
         // Unroutable now: its address may be handed out again and its cgroups go (which can
         // wait for the kernel), before anyone waiting for the exit hears of it.
         if let Some(held) = self.held {
             held.release().await;
         }
-        let crashed = !self.stopping.load(Ordering::Relaxed);
-        // A spare that dies before it is handed out is the pool's crash, backed off and
-        // reported like a kept instance's; once handed out it is an ordinary instance.
-        let pool_crash = self.pooled && state != Some(InstanceState::Ready);
-        if crashed && (r.kept || pool_crash) {
+        // Every exit the agent did not ask for is a crash of the instance's (app, label,
+        // owner), whoever started it: the next start for it waits out the backoff.
+        if !self.stopping.load(Ordering::Relaxed) {
             let tail = logs::tail(&log, logs::TAIL_LINES);
-            life.deps.restarts.crashed(&r.app, &r.label, &status, &tail);
+            let owner = r.owner.as_deref().unwrap_or("");
+            life.deps
+                .restarts
+                .crashed(&r.app, &r.label, owner, &status, &tail);
         }
         let _ = self.exited.send(true);
     }

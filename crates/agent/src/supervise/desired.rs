@@ -80,12 +80,12 @@ impl Supervisor {
             restarts.add_pending(&key, -1);
             match &result {
                 Ok(r) => {
-                    restarts.started(app, label);
+                    restarts.started(app, label, "");
                     life.serve_if_free(r);
                 }
                 // The monitor already counted an instance that exited.
                 Err(AgentError::Exited { .. }) => {}
-                Err(e) => restarts.crashed(app, label, &e.to_string(), ""),
+                Err(e) => restarts.crashed(app, label, "", &e.to_string(), ""),
             }
         });
     }

@@ -98,7 +98,7 @@ impl Supervisor {
             match result {
                 Ok(_) => {
                     me.pools.succeeded(&key);
-                    me.restarts.started(&key.0, &key.1);
+                    me.restarts.started(&key.0, &key.1, "");
                     // Keeps a large fill going at its pace rather than the tick's, by the
                     // app's current spec: a pool made smaller or an app changed meanwhile
                     // must not be refilled from the spec this start began with.
@@ -113,7 +113,7 @@ impl Supervisor {
                 Err(AgentError::Exited { .. } | AgentError::ShuttingDown) => {}
                 Err(e) => {
                     tracing::warn!(app = %key.0, label = %key.1, error = %e, "starting a spare instance failed");
-                    me.restarts.crashed(&key.0, &key.1, &e.to_string(), "");
+                    me.restarts.crashed(&key.0, &key.1, "", &e.to_string(), "");
                 }
             }
         });

@@ -1,7 +1,9 @@
 //! What the gateway answers when starting an instance goes wrong, and group authorisation.
 
+use std::time::Duration;
+
 use serde_json::json;
-use warden_test_support::Warden;
+use warden_test_support::{wait_until, Warden};
 
 use crate::BIN;
 
@@ -115,4 +117,75 @@ fn instance_env_does_not_leak_warden_secrets() {
         !dump.contains(&w.token) && !dump.contains("WARDEN_LOG"),
         "agent env leaked: {dump}"
     );
+}
+
+/// How many instances of `app` were ever started: each gets a log file of its own.
+fn starts_of(w: &Warden, app: &str) -> usize {
+    std::fs::read_dir(w.dir.join("logs"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{app}-"))
+        })
+        .count()
+}
+
+#[test]
+fn an_app_that_keeps_crashing_is_backed_off_for_requests_too_and_shows_in_status() {
+    let w = Warden::demo(BIN);
+    let spec =
+        json!({"name": "crashy", "command": ["/bin/sh", "-c", "echo cannot-start-today; exit 1"]});
+    assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+    let alice = w.password("alice");
+    // A burst of requests: the first crash is retried at once, then every request during the
+    // backoff is answered without starting anything.
+    let mut backed_off = 0;
+    for _ in 0..30 {
+        let r = w.get_as("alice", &alice, "/apps/crashy/");
+        assert_eq!(r.status, 503, "{}", r.text());
+        if r.text().contains("keeps crashing") {
+            backed_off += 1;
+            let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
+            assert!((1..=30).contains(&wait), "Retry-After {wait}");
+        }
+    }
+    assert!(
+        backed_off >= 20,
+        "{backed_off} of 30 requests were backed off"
+    );
+    assert!(
+        starts_of(&w, "crashy") <= 3,
+        "{} starts for 30 requests",
+        starts_of(&w, "crashy")
+    );
+    // A crash loop of an app with no desired count shows in the status, with its output.
+    let report = wait_until(
+        "a crash loop in the status",
+        Duration::from_secs(30),
+        || {
+            // Requests keep coming; each after a backoff starts the app once more.
+            let _ = w.get_as("alice", &alice, "/apps/crashy/");
+            let status = w.api("GET", "/v1/status", None).json();
+            status["apps"]
+                .as_array()?
+                .iter()
+                .find(|a| a["name"] == "crashy")?["crash_loops"]
+                .as_array()?
+                .first()
+                .filter(|c| c["crash_loop"] == true)
+                .cloned()
+        },
+    );
+    assert!(
+        report["last_lines"]
+            .as_str()
+            .unwrap()
+            .contains("cannot-start-today"),
+        "{report}"
+    );
+    // Other users' apps are untouched.
+    assert_eq!(w.get_as("alice", &alice, "/apps/demo/").status, 200);
 }
