@@ -25,8 +25,11 @@ const BACKOFF_START: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Crashes in a row that make a crash loop.
 const CRASH_LOOP: u32 = 3;
-/// An instance that stays up this long ends a run of crashes.
-const STABLE_AFTER: Duration = Duration::from_secs(10);
+/// An instance that stays up this long ends a run of crashes: its own exit after that is a
+/// first crash again, restarted at once. Short, so that an instance killed now and then (an
+/// operator, the out-of-memory killer) is replaced without delay, while an app that dies on
+/// its first requests is still a loop.
+const STABLE_AFTER: Duration = Duration::from_secs(2);
 
 /// (app, label).
 pub(crate) type LabelKey = (String, String);
@@ -77,6 +80,9 @@ impl Restarts {
     pub(crate) fn crashed(&self, app: &str, label: &str, owner: &str, status: &str, tail: &str) {
         let mut s = lock(&self.state);
         let l = s.labels.entry(crash_key(app, label, owner)).or_default();
+        if l.up_since.is_some_and(|t| t.elapsed() >= STABLE_AFTER) {
+            l.crashes = 0;
+        }
         l.crashes += 1;
         l.up_since = None;
         let delay = backoff(l.crashes);

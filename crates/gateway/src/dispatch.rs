@@ -25,6 +25,9 @@ const MAX_FAILURES: usize = 4;
 /// instance is tried while one may live (seed 003 §6.2); this bound only ends a pathological
 /// loop of instances appearing as fast as they refuse.
 const MAX_REFUSALS: usize = 64;
+/// Instances one request may ask the agent for: one for a request that finds none, one more
+/// for a request whose instance died under it.
+const MAX_STARTS: usize = 2;
 
 /// An instance's answer, and what must live as long as its body.
 pub(crate) struct Forwarded {
@@ -64,7 +67,7 @@ async fn dispatch(
     let m = &state.metrics;
     let lor = spec.balance == Balance::LeastOutstanding;
     let mut tried: Vec<String> = Vec::new();
-    let mut started = false;
+    let mut starts = 0;
     let (mut refusals, mut unsent, mut failures) = (0, 0, 0);
     let mut last = String::new();
     loop {
@@ -73,15 +76,17 @@ async fn dispatch(
             .pick(&spec.name, label, owner.user(), lor, &tried)
         {
             Some(i) => i,
-            None if !started => {
-                started = true;
+            // An instance that just died is replaced as a first request's is: the request
+            // waits for the new one. Twice at most, so a request that met a dead instance and
+            // then one that died under it still gets its answer.
+            None if starts < MAX_STARTS => {
+                starts += 1;
                 let t = Instant::now();
-                let r = start(state, spec, label, owner).await?;
+                let r = start_other_than(state, spec, label, owner, &tried).await?;
                 m.phase("start", t.elapsed());
-                if tried.contains(&r.id) {
-                    // The agent has not noticed yet that this instance is gone.
+                let Some(r) = r else {
                     return Err(none_left(spec, failures, last));
-                }
+                };
                 state.views.add_instance(r);
                 continue;
             }
@@ -230,6 +235,32 @@ pub(crate) struct Retire {
 impl Drop for Retire {
     fn drop(&mut self) {
         self.instances.retire(&self.id);
+    }
+}
+
+/// Asks for an instance that is not one of `tried` (which failed this request), and holds the
+/// request until it is ready. The agent may still hand out an instance that has just died,
+/// until it has reaped it (a few milliseconds): it is asked again, with short pauses, within
+/// the app's start timeout. `None` when it keeps handing out a tried one.
+async fn start_other_than(
+    state: &State,
+    spec: &AppSpec,
+    label: &str,
+    owner: &Owner,
+    tried: &[String],
+) -> Result<Option<InstanceRecord>, GatewayError> {
+    let deadline = Instant::now() + Duration::from_millis(spec.start_timeout_ms);
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let r = start(state, spec, label, owner).await?;
+        if !tried.contains(&r.id) {
+            return Ok(Some(r));
+        }
+        if Instant::now() + pause > deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
     }
 }
 

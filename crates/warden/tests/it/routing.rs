@@ -132,3 +132,62 @@ fn every_refusing_instance_is_passed_over_while_one_lives() {
         assert_eq!(r.json()["instance"], open.0.as_str());
     }
 }
+
+#[test]
+fn killing_the_only_instance_under_load_fails_no_request() {
+    let w = Warden::demo(BIN);
+    w.create_demo_app(&app_bin(), "solo", json!({ "driver": "process" }));
+    let auth = basic("alice", &w.password("alice"));
+    let url = format!("{}/apps/solo/", w.gateway);
+    let first = request("GET", &url, &[("authorization", &auth)], b"");
+    assert_eq!(first.status, 200, "{}", first.text());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Thirty-two clients, each a bounded loop of GETs until the kills are over.
+    let clients: Vec<_> = (0..32)
+        .map(|_| {
+            let (url, auth, stop) = (url.clone(), auth.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut failures = Vec::new();
+                let mut sent = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && sent < 200_000 {
+                    let r = request("GET", &url, &[("authorization", &auth)], b"");
+                    if r.status != 200 {
+                        failures.push(format!("{}: {}", r.status, r.text()));
+                    }
+                    sent += 1;
+                }
+                (sent, failures)
+            })
+        })
+        .collect();
+    for round in 0..3 {
+        // Apart by more than the time after which an instance's death is a first crash again.
+        std::thread::sleep(Duration::from_millis(2500));
+        let pid = wait_until("a ready instance", WAIT, || {
+            w.instances()
+                .into_iter()
+                .find(|i| i["app"] == "solo" && i["state"] == "ready")
+                .and_then(|i| i["pid"].as_u64())
+        });
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap_or_else(|e| panic!("round {round}: kill {pid}: {e}"));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut sent, mut failures) = (0, Vec::new());
+    for c in clients {
+        let (n, f) = c.join().unwrap();
+        sent += n;
+        failures.extend(f);
+    }
+    assert!(sent > 100, "{sent} requests sent");
+    assert!(
+        failures.is_empty(),
+        "{} of {sent} requests failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+}
