@@ -15,6 +15,7 @@ use crate::client::Client;
 use crate::downstream;
 use crate::phases::Clock;
 use crate::prefixed::Prefixed;
+use crate::shared::SharedTcp;
 use crate::state::State;
 use crate::tls;
 
@@ -51,13 +52,22 @@ pub(crate) async fn run(
     mut shutdown: watch::Receiver<bool>,
     tls: bool,
 ) {
+    // A descriptor held in reserve: out of descriptors, it is let go to accept the waiting
+    // client and tell it 503 at once, rather than leaving it unanswered in the backlog
+    // (libuv's and nginx's way).
+    let mut reserve = std::fs::File::open("/dev/null").ok();
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    // Out of file descriptors, usually: back off instead of spinning.
-                    warden_core::log_limited!(warn, error = %e, "accept failed");
+                    let out_of_descriptors = matches!(e.raw_os_error(), Some(EMFILE | ENFILE));
+                    if out_of_descriptors && reserve.take().is_some() {
+                        refuse_one(&listener, tls, &state).await;
+                        reserve = std::fs::File::open("/dev/null").ok();
+                    }
+                    warden_core::log_limited!(warn, error = %e, "accept failed; answering 503 to waiting clients while out of descriptors");
+                    // Back off instead of spinning.
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }
@@ -92,18 +102,31 @@ pub(crate) async fn run(
     }
 }
 
+/// `EMFILE` and `ENFILE` (Linux): the process's or the system's descriptors are all in use.
+const EMFILE: i32 = 24;
+const ENFILE: i32 = 23;
+
+/// Accepts one waiting client, if any, and closes it with a 503 (plain) or at once (TLS).
+async fn refuse_one(listener: &TcpListener, tls: bool, state: &State) {
+    let accepted = tokio::select! {
+        biased;
+        r = listener.accept() => r.ok(),
+        () = std::future::ready(()) => None,
+    };
+    if let Some((stream, _)) = accepted {
+        state.metrics.refused_connections.inc();
+        if !tls {
+            let _ = stream.try_write(OVER_LIMIT);
+        }
+    }
+}
+
 async fn plain(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
     // A second handle on the socket lets hyper's path answer 408 after it gives up on a slow
-    // head.
-    let spare = stream.into_std().and_then(|s| Ok((s.try_clone()?, s)));
-    let (spare, stream) = match spare.and_then(|(spare, s)| Ok((spare, TcpStream::from_std(s)?))) {
-        Ok(x) => x,
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot set up a connection");
-            return;
-        }
-    };
+    // head; it shares the descriptor.
+    let stream = SharedTcp(Arc::new(stream));
+    let spare = stream.clone();
     let clock = Clock::new(state.metrics.clone());
     let client = Client::new(peer, false);
     downstream::serve_http1(state, stream, client, Some(spare), clock).await;

@@ -35,6 +35,7 @@ mod phases;
 mod prefixed;
 mod response;
 mod route;
+mod shared;
 mod state;
 mod tls;
 mod upstream;

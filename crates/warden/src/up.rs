@@ -63,7 +63,7 @@ fn gateway_config(
     Ok(warden_gateway::GatewayConfig {
         listen: cfg.listen,
         session_ttl: cfg.session_ttl.0,
-        max_connections: cfg.max_connections,
+        max_connections: fit_to_descriptors(cfg.max_connections),
         max_body_bytes: cfg.max_body_bytes,
         max_header_bytes: cfg.max_header_bytes,
         header_timeout: cfg.header_timeout.0,
@@ -90,6 +90,30 @@ fn agent_config(cfg: &Config, node: &str, identity: &IdentityKey) -> warden_agen
         },
         identity: identity.clone(),
     }
+}
+
+/// `max` client connections, or fewer if the process's descriptor limit cannot hold them: each
+/// takes one descriptor, and the limit must leave room for connections to instances, their
+/// logs, the store and the listeners. Says so when it lowers the limit.
+fn fit_to_descriptors(max: usize) -> usize {
+    let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    else {
+        return max;
+    };
+    let soft = usize::try_from(soft).unwrap_or(usize::MAX);
+    // Headroom: an eighth of the limit, and at least 256.
+    let headroom = (soft / 8).max(256);
+    let fits = soft.saturating_sub(headroom).max(16);
+    if max <= fits {
+        return max;
+    }
+    tracing::warn!(
+        max_connections = max,
+        open_file_limit = soft,
+        lowered_to = fits,
+        "--max-connections does not fit the open-file limit with room for instances, logs and the store; raise the limit (ulimit -n, systemd LimitNOFILE=) to allow more"
+    );
+    fits
 }
 
 /// The node's identity key, made on first start (`identity-key`, mode 0600). Every gateway

@@ -21,6 +21,7 @@ use crate::phases::{Clock, Timed};
 use crate::response::Body;
 use crate::response::TIMEOUT_408;
 use crate::route::{admit, app_route, static_path};
+use crate::shared::SharedTcp;
 use crate::state::State;
 use crate::upstream::Exchange;
 use crate::{endpoints, views};
@@ -31,7 +32,7 @@ pub(super) async fn serve<S>(
     state: Arc<State>,
     io: S,
     client: Client,
-    spare: Option<std::net::TcpStream>,
+    spare: Option<SharedTcp>,
     clock: Arc<Clock>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -67,8 +68,7 @@ pub(super) async fn serve<S>(
         // A keep-alive connection that timed out idle gets closed without a word; only a
         // request that began and did not arrive in time is answered 408.
         if let (true, true, Some(spare)) = (timed_out, clock.reading(), &spare) {
-            use std::io::Write;
-            let _ = (&*spare).write(TIMEOUT_408);
+            spare.try_write_now(TIMEOUT_408);
         }
         tracing::debug!(error = %e, "connection ended with an error");
     }

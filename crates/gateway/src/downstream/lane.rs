@@ -38,6 +38,7 @@ use crate::hygiene::{self, Identity};
 use crate::phases::Clock;
 use crate::response::TIMEOUT_408;
 use crate::route::{admit, app_route, static_path};
+use crate::shared::SharedTcp;
 use crate::state::State;
 use crate::upstream::{Exchange, KEEP_BUFFER};
 
@@ -320,7 +321,7 @@ pub(super) async fn serve<S>(
     state: Arc<State>,
     stream: S,
     client: Client,
-    spare: Option<std::net::TcpStream>,
+    spare: Option<SharedTcp>,
     clock: Arc<Clock>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,

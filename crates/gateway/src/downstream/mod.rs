@@ -14,6 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::client::Client;
 use crate::phases::Clock;
+use crate::shared::SharedTcp;
 use crate::state::State;
 
 /// Serves an HTTP/1.1 connection: on the lane while it can, then through hyper. `spare` is a
@@ -22,7 +23,7 @@ pub(crate) async fn serve_http1<S>(
     state: Arc<State>,
     stream: S,
     client: Client,
-    spare: Option<std::net::TcpStream>,
+    spare: Option<SharedTcp>,
     clock: Arc<Clock>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,

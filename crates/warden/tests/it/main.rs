@@ -40,6 +40,7 @@ pub fn probe() -> PathBuf {
 
 mod api;
 mod cli;
+mod connections;
 mod gateway;
 mod gateway_starts;
 mod isolation;
