@@ -58,8 +58,12 @@ impl IntoResponse for ApiError {
 
 impl From<warden_store::StoreError> for ApiError {
     fn from(e: warden_store::StoreError) -> Self {
-        tracing::error!(error = %e, "store failure in the API");
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, format!("{e}"))
+        warden_core::log_limited!(error, error = %e, "store failure in the API");
+        let status = match e {
+            warden_store::StoreError::NoSpace { .. } => StatusCode::INSUFFICIENT_STORAGE,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Self::new(status, format!("{e}"))
     }
 }
 

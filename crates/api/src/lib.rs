@@ -33,6 +33,7 @@ pub const OPENAPI: &str = include_str!("../openapi.json");
 /// both the router and `openapi.json`.
 pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/healthz"),
+    ("get", "/readyz"),
     ("get", "/metrics"),
     ("get", "/v1/openapi.json"),
     ("get", "/v1/status"),
@@ -53,6 +54,19 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/lattice"),
     ("put", "/v1/lattice"),
 ];
+
+/// Ready when the store can commit: 200, else 503 saying why (a full disk, an I/O error).
+/// `/healthz` only says the process answers.
+async fn readyz(State(api): State<Api>) -> Response {
+    match api.store.ready() {
+        Ok(()) => Json(serde_json::json!({ "status": "ready" })).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "status": "not ready", "error": e.to_string() })),
+        )
+            .into_response(),
+    }
+}
 
 /// Waits until a local consumer (the gateway in the same process) has applied a write: key and
 /// revision in, resolves when applied.
@@ -163,6 +177,7 @@ impl Api {
                 "/healthz",
                 get(|| async { Json(serde_json::json!({ "status": "ok" })) }),
             )
+            .route("/readyz", get(readyz))
             .route(
                 "/v1/openapi.json",
                 get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),

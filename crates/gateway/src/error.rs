@@ -59,6 +59,9 @@ pub enum GatewayError {
         /// App name.
         app: String,
     },
+    /// A session could not be recorded: the store cannot write now.
+    #[error("cannot start a session now: {0}")]
+    NoSessions(String),
     /// The app keeps crashing; no start is tried before `retry_after` seconds.
     #[error(
         "app {app:?} keeps crashing; an operator can read its log; try again in {retry_after} s"
@@ -151,7 +154,7 @@ impl GatewayError {
             | Self::PayloadTooLarge { .. }
             | Self::MethodNotAllowed(_)
             | Self::HeadTooLarge { .. } => Origin::Client,
-            Self::Busy | Self::Unavailable { .. } => Origin::Gateway,
+            Self::Busy | Self::Unavailable { .. } | Self::NoSessions(_) => Origin::Gateway,
             Self::StartFailed { .. }
             | Self::CrashLoop { .. }
             | Self::StartTimeout { .. }
@@ -180,6 +183,7 @@ impl GatewayError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             // No instance runs and none could be started: the client may try again later.
             Self::Unavailable { .. }
+            | Self::NoSessions(_)
             | Self::StartFailed { .. }
             | Self::CrashLoop { .. }
             | Self::StartTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -205,6 +209,7 @@ impl GatewayError {
                 header::HeaderValue::from_static("Basic realm=\"warden\", charset=\"UTF-8\""),
             )),
             Self::Unavailable { .. }
+            | Self::NoSessions(_)
             | Self::StartFailed { .. }
             | Self::StartTimeout { .. }
             | Self::Refused(_)

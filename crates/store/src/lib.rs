@@ -136,6 +136,13 @@ pub enum StoreError {
         /// Oldest revision still available.
         oldest: Revision,
     },
+    /// The disk holding the store is full: nothing can be written until space is freed.
+    /// Writes resume by themselves once it is; nothing acknowledged is lost.
+    #[error("the store cannot write: the disk holding it is full ({reason}); free space on it and writes resume by themselves")]
+    NoSpace {
+        /// The engine's message.
+        reason: String,
+    },
     /// The store has shut down.
     #[error("the store is closed")]
     Closed,
@@ -200,6 +207,11 @@ pub trait Store: Send + Sync + 'static {
     async fn keep_alive(&self, lease: LeaseId) -> Result<(), StoreError>;
     /// Ends the lease now, deleting its keys.
     async fn revoke_lease(&self, lease: LeaseId) -> Result<(), StoreError>;
+    /// Whether writes work now: `Err` says why not (a full disk, an I/O error), until a write
+    /// succeeds again.
+    fn ready(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// Reads `key` as JSON of type `T`, with its mod revision.

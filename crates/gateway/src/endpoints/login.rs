@@ -88,10 +88,7 @@ async fn try_login(
     let token = warden_core::id::secret_token();
     let key = keys::session(&session::token_hash(&token));
     let ttl = state.config.session_ttl;
-    let unavailable = |e: warden_store::StoreError| GatewayError::Unavailable {
-        app: "login".into(),
-        reason: e.to_string(),
-    };
+    let unavailable = |e: warden_store::StoreError| GatewayError::NoSessions(e.to_string());
     // The record's own `expires_ms` ends the session, checked by every gateway on every
     // request; the lease only clears the record away a while later, so no session outlives its
     // time because a store's lease clock runs late, or lives on in a gateway's view.

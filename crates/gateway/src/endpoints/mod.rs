@@ -1,4 +1,4 @@
-//! The gateway's own answers: `/healthz`, `/login` and `/logout` ([`login`]), the redirect that
+//! The gateway's own answers: `/healthz`, `/readyz`, `/login` and `/logout` ([`login`]), the redirect that
 //! adds a trailing slash to an app's root, and apps' static files ([`statics`]).
 
 pub(crate) mod login;
@@ -20,6 +20,14 @@ pub(crate) async fn answer(
 ) -> Response<Body> {
     match req.uri().path() {
         "/healthz" => response::json(StatusCode::OK, &serde_json::json!({ "status": "ok" })),
+        // Ready while the store can record sessions; apps are served either way.
+        "/readyz" => match state.store.ready() {
+            Ok(()) => response::json(StatusCode::OK, &serde_json::json!({ "status": "ready" })),
+            Err(e) => response::json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &serde_json::json!({ "status": "not ready", "error": e.to_string() }),
+            ),
+        },
         "/login" => login::login(state, req, client).await,
         "/logout" => login::logout(state, req, client.https).await,
         path => GatewayError::NotFound(format!(

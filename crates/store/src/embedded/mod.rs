@@ -8,9 +8,9 @@ mod codec;
 mod watch;
 mod writer;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,11 +28,80 @@ const LEASE_KEYS: TableDefinition<(u64, &str), ()> = TableDefinition::new("lease
 
 /// State shared by readers, watchers and the writer thread.
 struct Shared {
-    db: Database,
+    /// The open file; `None` only while the writer reopens it after a failed write.
+    db: RwLock<Option<Arc<Database>>>,
+    path: PathBuf,
+    /// Why writes fail, while they do (a full disk, an I/O error); `None` when they work.
+    failing: Mutex<Option<StoreError>>,
     events: broadcast::Sender<Arc<Vec<Event>>>,
     revision: AtomicU64,
     compacted: AtomicU64,
     commits: AtomicU64,
+}
+
+impl Shared {
+    /// The open database, for one read or one transaction.
+    fn db(&self) -> Result<Arc<Database>, StoreError> {
+        self.db
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| StoreError::Engine {
+                op: "read",
+                reason:
+                    "the store file is being reopened after a failed write; try again in a moment"
+                        .into(),
+            })
+    }
+
+    fn failure(&self) -> Option<StoreError> {
+        self.failing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_failure(&self, e: Option<StoreError>) {
+        *self.failing.lock().unwrap_or_else(|p| p.into_inner()) = e;
+    }
+}
+
+/// Opens (or creates) the redb file at `path` with every table, catching a panic of the engine
+/// on a damaged file.
+fn open_db(path: &Path) -> Result<Database, StoreError> {
+    let open_err = |reason: String| StoreError::Open {
+        path: path.display().to_string(),
+        reason,
+    };
+    // redb reports damage as errors, but the file is input we did not write this run: a panic
+    // deep in a parser must still become a clear message, not a crash.
+    let db = std::panic::catch_unwind(|| Database::create(path))
+        .map_err(|_| open_err("the file is damaged (the storage engine could not parse it); restore it from a backup or move it away to start with an empty store".into()))?
+        .map_err(|e| {
+            let hint = match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => {
+                    "another warden process has it open; stop that one or use another --data-dir"
+                }
+                _ => "the file is damaged or not a warden store; restore it from a backup or move it away to start with an empty store",
+            };
+            open_err(format!("{e}; {hint}"))
+        })?;
+    let init = || -> Result<(), redb::Error> {
+        let txn = db.begin_write()?;
+        txn.open_table(KV)?;
+        txn.open_table(LOG)?;
+        txn.open_table(META)?;
+        txn.open_table(LEASES)?;
+        txn.open_table(LEASE_KEYS)?;
+        txn.commit()?;
+        Ok(())
+    };
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(init))
+        .map_err(|_| {
+            open_err("the file is damaged; restore it from a backup or move it away".into())
+        })?
+        .map_err(|e| open_err(format!("{e}; the file is damaged or not a warden store")))?;
+    Ok(db)
 }
 
 /// A [`Store`] kept in one redb file.
@@ -63,37 +132,12 @@ impl EmbeddedStore {
             std::fs::create_dir_all(dir)
                 .map_err(|e| open_err(format!("cannot create its directory: {e}")))?;
         }
-        // redb reports damage as errors, but the file is input we did not write this run: a panic
-        // deep in a parser must still become a clear message, not a crash.
-        let db = std::panic::catch_unwind(|| Database::create(path))
-            .map_err(|_| open_err("the file is damaged (the storage engine could not parse it); restore it from a backup or move it away to start with an empty store".into()))?
-            .map_err(|e| {
-                let hint = match e {
-                    redb::DatabaseError::DatabaseAlreadyOpen => {
-                        "another warden process has it open; stop that one or use another --data-dir"
-                    }
-                    _ => "the file is damaged or not a warden store; restore it from a backup or move it away to start with an empty store",
-                };
-                open_err(format!("{e}; {hint}"))
-            })?;
-        let init = || -> Result<(), redb::Error> {
-            let txn = db.begin_write()?;
-            txn.open_table(KV)?;
-            txn.open_table(LOG)?;
-            txn.open_table(META)?;
-            txn.open_table(LEASES)?;
-            txn.open_table(LEASE_KEYS)?;
-            txn.commit()?;
-            Ok(())
-        };
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(init))
-            .map_err(|_| {
-                open_err("the file is damaged; restore it from a backup or move it away".into())
-            })?
-            .map_err(|e| open_err(format!("{e}; the file is damaged or not a warden store")))?;
+        let db = open_db(path)?;
         let (events, _) = broadcast::channel(1024);
         let shared = Arc::new(Shared {
-            db,
+            db: RwLock::new(Some(Arc::new(db))),
+            path: path.to_owned(),
+            failing: Mutex::new(None),
             events,
             revision: AtomicU64::new(0),
             compacted: AtomicU64::new(0),
@@ -128,7 +172,25 @@ impl EmbeddedStore {
             let ops = ops.lock().map_err(|_| StoreError::Closed)?;
             ops.send(make(tx)).map_err(|_| StoreError::Closed)?;
         }
-        rx.await.map_err(|_| StoreError::Closed)?
+        match rx.await {
+            Ok(r) => r,
+            // The writer dropped the answer: its batch failed in the engine (it records why
+            // right after), or the writer is gone.
+            Err(_) => {
+                for _ in 0..50 {
+                    if let Some(e) = self.shared.failure() {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(StoreError::Closed)
+            }
+        }
+    }
+
+    /// Why writes fail now, if they do.
+    pub fn failing(&self) -> Option<StoreError> {
+        self.shared.failure()
     }
 
     async fn read<T: Send + 'static>(
@@ -136,12 +198,17 @@ impl EmbeddedStore {
         f: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let shared = self.shared.clone();
-        tokio::task::spawn_blocking(move || f(&shared.db))
+        let r = tokio::task::spawn_blocking(move || f(&*shared.db()?))
             .await
             .map_err(|e| StoreError::Engine {
                 op: "read",
                 reason: e.to_string(),
-            })?
+            })?;
+        // While writes fail the engine may refuse reads too: say the cause, not the echo.
+        r.map_err(|e| match self.shared.failure() {
+            Some(cause) if writer::echo(&e) => cause,
+            _ => e,
+        })
     }
 }
 
@@ -281,6 +348,10 @@ impl Store for EmbeddedStore {
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<(), StoreError> {
         self.send(|reply| Op::Revoke { lease, reply }).await
+    }
+
+    fn ready(&self) -> Result<(), StoreError> {
+        self.shared.failure().map_or(Ok(()), Err)
     }
 }
 

@@ -78,7 +78,8 @@ async fn catch_up(
     let p = prefix.to_owned();
     let read =
         tokio::task::spawn_blocking(move || -> Result<(Vec<Event>, Revision), StoreError> {
-            let txn = s.db.begin_read().map_err(read_err)?;
+            let db = s.db()?;
+            let txn = db.begin_read().map_err(read_err)?;
             let meta = txn.open_table(META).map_err(read_err)?;
             let get = |k: &str| -> Result<u64, StoreError> {
                 Ok(meta

@@ -81,6 +81,37 @@ pub(super) struct Writer {
     compacted: Revision,
     next_lease: LeaseId,
     leases: HashMap<LeaseId, LeaseState>,
+    /// After a failed commit the engine refuses everything until the file is opened again:
+    /// when to try that next, and the pause after that.
+    reopen: Option<(Instant, Duration)>,
+}
+
+/// First pause between attempts to reopen the file after a failed commit; doubled up to
+/// [`REOPEN_MAX`].
+const REOPEN_START: Duration = Duration::from_millis(100);
+const REOPEN_MAX: Duration = Duration::from_secs(5);
+
+/// Whether `e` only echoes an earlier failure: the engine refusing everything after a failed
+/// commit, or the file being reopened.
+pub(super) fn echo(e: &StoreError) -> bool {
+    matches!(e, StoreError::Engine { reason, .. }
+        if reason.contains("Previous I/O error") || reason.contains("being reopened"))
+}
+
+/// A full disk said as such, so that callers can tell the operator what to do.
+fn classified(e: StoreError) -> StoreError {
+    match &e {
+        StoreError::Engine { reason, .. }
+            if reason.contains("No space left on device")
+                || reason.contains("os error 28")
+                || reason.contains("Disk quota exceeded") =>
+        {
+            StoreError::NoSpace {
+                reason: reason.clone(),
+            }
+        }
+        _ => e,
+    }
 }
 
 /// Tables of one write transaction.
@@ -110,6 +141,7 @@ impl Writer {
             compacted: 0,
             next_lease: 1,
             leases: HashMap::new(),
+            reopen: None,
         };
         w.reload()?;
         Ok(w)
@@ -117,7 +149,8 @@ impl Writer {
 
     fn reload(&mut self) -> Result<(), StoreError> {
         let err = engine("load");
-        let txn = self.shared.db.begin_read().map_err(|e| err(e.into()))?;
+        let db = self.shared.db()?;
+        let txn = db.begin_read().map_err(|e| err(e.into()))?;
         let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
         let read = |name: &str| -> Result<u64, StoreError> {
             Ok(meta
@@ -172,7 +205,97 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            self.recover();
             self.process(batch);
+        }
+    }
+
+    /// While writes fail: reopens the file when due (the engine refuses everything after a
+    /// failed commit), and once it is open tries an empty commit, so that the store says it
+    /// works again as soon as the disk has room, even with nothing to write.
+    fn recover(&mut self) {
+        if let Some((due, pause)) = self.reopen {
+            if Instant::now() < due {
+                return;
+            }
+            match self.reopen_file() {
+                Ok(()) => {
+                    tracing::info!(path = %self.shared.path.display(), "store file reopened after a failed write");
+                    self.reopen = None;
+                }
+                Err(e) => {
+                    warden_core::log_limited!(warn, error = %e, "reopening the store file failed; trying again");
+                    self.reopen = Some((Instant::now() + pause, (pause * 2).min(REOPEN_MAX)));
+                    return;
+                }
+            }
+        }
+        if self.shared.failure().is_some() {
+            self.process_probe();
+        }
+    }
+
+    /// Closes the file (once the readers of the moment are done with it) and opens it again,
+    /// which lets the engine recover its last commit.
+    fn reopen_file(&mut self) -> Result<(), StoreError> {
+        let old = self
+            .shared
+            .db
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(mut old) = old {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                match Arc::try_unwrap(old) {
+                    Ok(db) => {
+                        drop(db);
+                        break;
+                    }
+                    Err(still) if Instant::now() < deadline => {
+                        old = still;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(still) => {
+                        *self.shared.db.write().unwrap_or_else(|p| p.into_inner()) = Some(still);
+                        return Err(StoreError::Engine {
+                            op: "reopen",
+                            reason: "readers still hold the file".into(),
+                        });
+                    }
+                }
+            }
+        }
+        let db = super::open_db(&self.shared.path)?;
+        *self.shared.db.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(db));
+        self.reload()
+    }
+
+    /// An empty commit, to learn whether writes work again.
+    fn process_probe(&mut self) {
+        let mut events = Vec::new();
+        let mut answers = Vec::new();
+        match self.apply_batch(Vec::new(), &[], &mut events, &mut answers) {
+            Ok(()) => {
+                tracing::info!("store writes work again");
+                self.shared.set_failure(None);
+            }
+            Err(e) => self.failed(e),
+        }
+    }
+
+    /// A commit failed: callers hear why, and the file is reopened before the next attempt.
+    fn failed(&mut self, e: StoreError) {
+        let e = classified(e);
+        // The first cause stays the one told until writes work again.
+        if !(echo(&e) && self.shared.failure().is_some()) {
+            self.shared.set_failure(Some(e));
+        }
+        if let Err(e) = self.reload() {
+            tracing::debug!(error = %e, "store state reload after a failed commit failed");
+        }
+        if self.reopen.is_none() {
+            self.reopen = Some((Instant::now() + REOPEN_START, REOPEN_START * 2));
         }
     }
 
@@ -222,14 +345,19 @@ impl Writer {
                 for a in answers {
                     a(None);
                 }
+                if self.shared.failure().is_some() {
+                    tracing::info!("store writes work again");
+                    self.shared.set_failure(None);
+                }
             }
             Err(e) => {
-                tracing::error!(error = %e, revision = before, "store commit failed; rolling back the batch");
+                let e = classified(e);
+                warden_core::log_limited!(error, error = %e, revision = before, "store commit failed; rolling back the batch");
+                // Recorded before any caller hears: one whose answer is dropped reads it.
+                self.failed(e.clone());
+                let e = self.shared.failure().unwrap_or(e);
                 for a in answers {
                     a(Some(&e));
-                }
-                if let Err(e) = self.reload() {
-                    tracing::error!(error = %e, "store state reload after failed commit failed");
                 }
             }
         }
@@ -243,7 +371,8 @@ impl Writer {
         answers: &mut Vec<Answer>,
     ) -> Result<(), StoreError> {
         let err = engine("commit");
-        let mut txn: WriteTransaction = self.shared.db.begin_write().map_err(|e| err(e.into()))?;
+        let db = self.shared.db()?;
+        let mut txn: WriteTransaction = db.begin_write().map_err(|e| err(e.into()))?;
         txn.set_durability(Durability::Immediate)
             .map_err(|e| StoreError::Engine {
                 op: "commit",

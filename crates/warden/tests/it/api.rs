@@ -49,6 +49,7 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
     // In an order in which each request is valid; deletions last.
     let calls: Vec<(&str, &str, String, Option<serde_json::Value>)> = vec![
         ("get", "/healthz", "/healthz".into(), None),
+        ("get", "/readyz", "/readyz".into(), None),
         ("get", "/metrics", "/metrics".into(), None),
         ("get", "/v1/openapi.json", "/v1/openapi.json".into(), None),
         ("get", "/v1/status", "/v1/status".into(), None),

@@ -137,3 +137,139 @@ fn records_and_routing_stay_put_for_many_node_lease_lifetimes() {
     assert_eq!(again["instance"], id.as_str());
     assert!(!w.stderr().contains("lease was lost"), "{}", w.stderr());
 }
+
+/// A tmpfs of `mb` MiB mounted for one test, unmounted when dropped.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(mb: u32) -> Option<Self> {
+        if !nix::unistd::geteuid().is_root() {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mb}m"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount a tmpfs");
+        Some(Self { dir })
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Fills the disk; returns the filler, whose removal frees it.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let filler = self.path().join("filler");
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let block = vec![0u8; 64 * 1024];
+        while f.write_all(&block).is_ok() {}
+        let _ = f.sync_all();
+        filler
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+#[test]
+fn a_full_disk_fails_writes_clearly_and_they_resume_by_themselves_when_space_is_back() {
+    let Some(disk) = SmallDisk::mount(16) else {
+        eprintln!("needs root to mount a small tmpfs; the store's behaviour on a full disk is not exercised");
+        return;
+    };
+    let w = Launch::new(BIN).data_dir(disk.path().join("data")).start();
+    let spec = |name: &str| json!({"name": name, "command": ["/bin/true"]});
+    assert_eq!(w.api("POST", "/v1/apps", Some(spec("before"))).status, 201);
+    let alice = w.password("alice");
+    assert_eq!(w.get_as("alice", &alice, "/apps/demo/").status, 200);
+    let ready = |url: &str| warden_test_support::request("GET", &format!("{url}/readyz"), &[], b"");
+    assert_eq!(ready(&w.api).status, 200);
+
+    let filler = disk.fill();
+    // The file has some room of its own: write until it is gone.
+    let big = |name: &str| json!({"name": name, "command": ["/bin/true"], "env": {"PAD": "x".repeat(16 * 1024)}});
+    let mut acknowledged = Vec::new();
+    let full = loop {
+        let name = format!("during{}", acknowledged.len());
+        let r = w.api("POST", "/v1/apps", Some(big(&name)));
+        if r.status != 201 || acknowledged.len() >= 2000 {
+            break r;
+        }
+        acknowledged.push(name);
+    };
+    assert_eq!(full.status, 507, "{}", full.text());
+    assert!(
+        full.text().contains("disk holding it is full"),
+        "{}",
+        full.text()
+    );
+    // The next write says the same (the engine refuses everything after a failed commit
+    // until the file is reopened): never "the store is closed".
+    let again = w.api("POST", "/v1/apps", Some(spec("during")));
+    assert!(
+        again.status == 507 || again.status == 503,
+        "{}",
+        again.text()
+    );
+    assert!(!again.text().contains("closed"), "{}", again.text());
+    for url in [&w.api, &w.gateway] {
+        let r = ready(url);
+        assert_eq!(r.status, 503, "{url}: {}", r.text());
+        assert!(r.text().contains("full"), "{}", r.text());
+    }
+    // Running instances keep serving; a sign-in says why it cannot be recorded.
+    assert_eq!(w.get_as("alice", &alice, "/apps/demo/").status, 200);
+    let login = warden_test_support::request(
+        "POST",
+        &format!("{}/login", w.gateway),
+        &[(
+            "authorization",
+            &warden_test_support::http::basic("alice", &alice),
+        )],
+        b"",
+    );
+    assert_eq!(login.status, 503, "{}", login.text());
+    assert!(
+        login.text().contains("cannot start a session now"),
+        "{}",
+        login.text()
+    );
+
+    std::fs::remove_file(filler).unwrap();
+    wait_until_ready(&w.api);
+    assert_eq!(ready(&w.gateway).status, 200);
+    assert_eq!(w.api("POST", "/v1/apps", Some(spec("after"))).status, 201);
+    assert_eq!(w.api("GET", "/v1/apps/before", None).status, 200);
+    for name in &acknowledged {
+        assert_eq!(
+            w.api("GET", &format!("/v1/apps/{name}"), None).status,
+            200,
+            "{name} was acknowledged"
+        );
+    }
+    assert_eq!(w.api("GET", "/v1/apps/during", None).status, 404);
+}
+
+fn wait_until_ready(api: &str) {
+    warden_test_support::wait_until(
+        "the store to accept writes again",
+        std::time::Duration::from_secs(60),
+        || {
+            (warden_test_support::request("GET", &format!("{api}/readyz"), &[], b"").status == 200)
+                .then_some(())
+        },
+    );
+}
