@@ -53,6 +53,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/nodes"),
     ("get", "/v1/lattice"),
     ("put", "/v1/lattice"),
+    ("get", "/v1/store/backup"),
 ];
 
 /// Ready when the store can commit: 200, else 503 saying why (a full disk, an I/O error).
@@ -168,6 +169,7 @@ impl Api {
             .route("/v1/instances/{id}/logs", get(instances::logs))
             .route("/v1/nodes", get(nodes::list))
             .route("/v1/lattice", get(lattice::show).put(lattice::replace))
+            .route("/v1/store/backup", get(store::backup))
             .route_layer(axum::middleware::from_fn_with_state(
                 self.clone(),
                 require_admin,

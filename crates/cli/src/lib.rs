@@ -453,3 +453,34 @@ async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
     });
     Ok(())
 }
+
+/// `warden store backup FILE`: a consistent snapshot of every durable record, written to
+/// `file` with mode 0600 (it holds password hashes) through a temporary file and a rename, so
+/// `file` is either the whole backup or untouched.
+pub async fn backup(args: &ClientArgs, file: &std::path::Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let endpoint = config::resolve(args)?;
+    let api = client::Client::new(endpoint);
+    let backup = api.send("GET", "/v1/store/backup", None).await?;
+    let records = backup["records"].as_array().map_or(0, Vec::len);
+    let revision = backup["revision"].as_u64().unwrap_or(0);
+    let tmp = file.with_extension("partial");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    f.write_all(&serde_json::to_vec(&backup)?)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, file)
+        .with_context(|| format!("cannot move the backup into {}", file.display()))?;
+    println!(
+        "backed up {records} records at store revision {revision} to {}",
+        file.display()
+    );
+    Ok(())
+}

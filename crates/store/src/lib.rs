@@ -16,6 +16,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+pub mod backup;
 pub mod embedded;
 
 pub use embedded::EmbeddedStore;

@@ -9,6 +9,7 @@ mod config;
 mod demo;
 mod files;
 mod no_agent;
+mod store_cmd;
 mod up;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -38,6 +39,9 @@ enum Command {
     Status(ClientArgs),
     /// Print the last lines an instance wrote
     Logs(LogsCmd),
+    /// Back up a running warden's store, or restore a backup into a stopped one's data dir
+    #[command(subcommand)]
+    Store(store_cmd::StoreCommand),
     /// Run the demo app (started by the agent; listens on 127.0.0.1:$PORT)
     #[command(hide = true)]
     DemoApp,
@@ -156,6 +160,7 @@ async fn run(cli: Cli) -> std::process::ExitCode {
             };
             warden_cli::run(&c.client, cmd).await
         }
+        Command::Store(c) => store_cmd::run(c).await,
         Command::DemoApp => demo::run_app().await,
         Command::SandboxInit => Ok(()),
     };

@@ -92,6 +92,28 @@ fn agent_config(cfg: &Config, node: &str, identity: &IdentityKey) -> warden_agen
     }
 }
 
+/// A data dir that was set up before (it has an admin token) whose store file is missing or
+/// empty has lost its state: starting afresh would silently drop every app and user.
+fn refuse_lost_store(dir: &Path) -> anyhow::Result<()> {
+    let file = dir.join("store.redb");
+    if !dir.join("admin-token").exists() {
+        return Ok(());
+    }
+    let lost = match std::fs::metadata(&file) {
+        Ok(m) if m.len() == 0 => "is empty",
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "is missing",
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read {}", file.display()));
+        }
+    };
+    anyhow::bail!(
+        "the store file {} {lost}, but this data dir was set up before (it has an admin token): its apps and users would be lost. Restore the store from a backup (`warden store restore BACKUP --data-dir {}`), or move the data dir away to start afresh",
+        file.display(),
+        dir.display()
+    )
+}
+
 /// `max` client connections, or fewer if the process's descriptor limit cannot hold them: each
 /// takes one descriptor, and the limit must leave room for connections to instances, their
 /// logs, the store and the listeners. Says so when it lowers the limit.
@@ -171,6 +193,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     files::ensure_data_dir(dir)?;
     let endpoints_file = dir.join("endpoints.json");
     let _ = std::fs::remove_file(&endpoints_file);
+    refuse_lost_store(dir)?;
     let store = warden_store::open(&cfg.store.0, dir).context("cannot open the store")?;
     files::protect_store_file(dir)?;
     let token = load_or_create(&dir.join("admin-token"), warden_core::id::secret_token)?;

@@ -5,4 +5,5 @@ pub mod instances;
 pub mod lattice;
 pub mod nodes;
 pub mod status;
+pub mod store;
 pub mod users;

@@ -78,3 +78,42 @@ async fn truncated_file_is_a_clear_error() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_backup_restores_every_durable_record_byte_for_byte_and_no_leased_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = EmbeddedStore::open(&dir.path().join("a.redb")).unwrap();
+    a.put("apps/x/spec", b"{\"name\":\"x\"}".to_vec(), None)
+        .await
+        .unwrap();
+    a.put("users/u", vec![0, 159, 146, 150, 255], None)
+        .await
+        .unwrap();
+    let lease = a
+        .grant_lease(std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    a.put("sessions/s", b"now".to_vec(), Some(lease))
+        .await
+        .unwrap();
+    let backup = crate::backup::snapshot(&a).await.unwrap();
+    let text = serde_json::to_vec(&backup).unwrap();
+    let b = EmbeddedStore::open(&dir.path().join("b.redb")).unwrap();
+    let parsed = crate::backup::parse(&text).unwrap();
+    assert_eq!(crate::backup::restore(&b, &parsed).await.unwrap(), 2);
+    assert_eq!(
+        b.get("users/u").await.unwrap().unwrap().value,
+        vec![0, 159, 146, 150, 255]
+    );
+    assert!(b.get("apps/x/spec").await.unwrap().is_some());
+    assert!(b.get("sessions/s").await.unwrap().is_none());
+    assert!(crate::backup::parse(b"{\"format\":\"other\",\"revision\":1,\"records\":[]}").is_err());
+    let mut damaged = parsed.clone();
+    damaged.records[0].value = "!!".into();
+    let c = EmbeddedStore::open(&dir.path().join("c.redb")).unwrap();
+    assert!(crate::backup::restore(&c, &damaged).await.is_err());
+    assert!(
+        c.list("").await.unwrap().entries.is_empty(),
+        "a damaged backup writes nothing"
+    );
+}

@@ -102,6 +102,36 @@ fn a_truncated_store_file_never_panics() {
 }
 
 #[test]
+fn a_set_up_data_dir_whose_store_is_missing_or_empty_never_starts_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut w = Launch::new(BIN).data_dir(dir.path()).start();
+        w.stop();
+    }
+    let path = dir.path().join("store.redb");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let err = up_fails_with(dir.path());
+    assert!(
+        err.contains("store.redb is empty") && err.contains("restore"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        0,
+        "the file is left as it was"
+    );
+    std::fs::remove_file(&path).unwrap();
+    let err = up_fails_with(dir.path());
+    assert!(err.contains("store.redb is missing"), "{err}");
+    assert!(!path.exists(), "no fresh store was made");
+}
+
+#[test]
 fn two_wardens_cannot_share_a_data_dir() {
     let dir = tempfile::tempdir().unwrap();
     let _first = Launch::new(BIN).data_dir(dir.path()).no_demo().start();
@@ -271,5 +301,52 @@ fn wait_until_ready(api: &str) {
             (warden_test_support::request("GET", &format!("{api}/readyz"), &[], b"").status == 200)
                 .then_some(())
         },
+    );
+}
+
+#[test]
+fn a_backup_of_a_running_warden_restores_its_apps_and_users_after_the_store_is_lost() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let backup = dir.path().join("warden.backup");
+    let mut w = Launch::new(BIN).data_dir(&data).start();
+    let spec = json!({"name": "keep", "command": ["/bin/true"]});
+    assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+    let alice = w.password("alice");
+    let env = [
+        ("WARDEN_API", w.api.as_str()),
+        ("WARDEN_TOKEN", w.token.as_str()),
+    ];
+    let (ok, out, err) = cli(BIN, &["store", "backup", backup.to_str().unwrap()], &env);
+    assert!(ok, "{err}");
+    assert!(out.contains("backed up"), "{out}");
+    let mode = std::fs::metadata(&backup).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a backup holds password hashes");
+    // Not while it runs.
+    let restore = [
+        "store",
+        "restore",
+        backup.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ];
+    let (ok, _, err) = cli(BIN, &restore, &[]);
+    assert!(!ok && err.contains("stop it first"), "{err}");
+    assert!(w.stop().success());
+
+    // The store is lost; warden says so and does not start afresh.
+    std::fs::write(data.join("store.redb"), b"").unwrap();
+    let err = up_fails_with(&data);
+    assert!(err.contains("warden store restore"), "{err}");
+    let (ok, out, err) = cli(BIN, &restore, &[]);
+    assert!(ok, "{err}");
+    assert!(out.contains("restored"), "{out}");
+    let w = Launch::new(BIN).data_dir(&data).start();
+    assert_eq!(w.api("GET", "/v1/apps/keep", None).status, 200);
+    assert_eq!(
+        w.get_as("alice", &alice, "/apps/demo/").status,
+        200,
+        "alice's password came back"
     );
 }

@@ -1,0 +1,84 @@
+//! `warden store`: backing up a running warden's store, and putting a backup back into the
+//! data dir of a stopped one.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+/// `warden store ...`
+#[derive(Debug, clap::Subcommand)]
+pub enum StoreCommand {
+    /// Write a consistent snapshot of a running warden's apps, users and lattice to FILE
+    /// (mode 0600: it holds password hashes)
+    Backup {
+        /// Where to write the backup
+        file: PathBuf,
+        #[command(flatten)]
+        client: warden_cli::ClientArgs,
+    },
+    /// Put a backup back into the data dir of a stopped warden. The store file it replaces, if
+    /// any, is kept beside it as store.redb.replaced-<time>
+    Restore {
+        /// The backup, as `warden store backup` wrote it
+        file: PathBuf,
+        /// The data dir of the warden to restore (it must not be running)
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
+}
+
+/// Runs a `warden store` command.
+pub async fn run(cmd: StoreCommand) -> anyhow::Result<()> {
+    match cmd {
+        StoreCommand::Backup { file, client } => warden_cli::backup(&client, &file).await,
+        StoreCommand::Restore { file, data_dir } => restore(&file, &data_dir).await,
+    }
+}
+
+/// Builds a new store file from the backup beside the old one, then swaps it in: a failure
+/// at any step leaves the data dir as it was.
+async fn restore(file: &Path, data_dir: &Path) -> anyhow::Result<()> {
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let backup = warden_store::backup::parse(&bytes)
+        .with_context(|| format!("{} cannot be restored", file.display()))?;
+    let target = data_dir.join("store.redb");
+    let building = data_dir.join("store.redb.restoring");
+    let _ = std::fs::remove_file(&building);
+    // A running warden holds the store file locked: opening it tells. A damaged file is what
+    // a restore is for, so that error is no reason to stop.
+    if target.exists() {
+        if let Err(e) = warden_store::EmbeddedStore::open(&target) {
+            if e.to_string().contains("another warden process has it open") {
+                anyhow::bail!(
+                    "a warden is running on {}: stop it first, then restore",
+                    data_dir.display()
+                );
+            }
+        }
+    }
+    let records = {
+        let store = warden_store::EmbeddedStore::open(&building)
+            .with_context(|| format!("cannot create {}", building.display()))?;
+        warden_store::backup::restore(&store, &backup)
+            .await
+            .with_context(|| format!("cannot restore {}", file.display()))?
+    };
+    if target.exists() {
+        let kept = data_dir.join(format!(
+            "store.redb.replaced-{}",
+            warden_core::model::now_ms()
+        ));
+        std::fs::rename(&target, &kept)
+            .with_context(|| format!("cannot move {} aside", target.display()))?;
+        println!("the store it replaces is kept as {}", kept.display());
+    }
+    std::fs::rename(&building, &target)
+        .with_context(|| format!("cannot move the restored store into {}", target.display()))?;
+    crate::files::protect_store_file(data_dir)?;
+    println!(
+        "restored {records} records (store revision {} of the backup) into {}",
+        backup.revision,
+        target.display()
+    );
+    Ok(())
+}
