@@ -17,7 +17,7 @@ pub enum StoreCommand {
         client: warden_cli::ClientArgs,
     },
     /// Put a backup back into the data dir of a stopped warden. The store file it replaces, if
-    /// any, is kept beside it as store.redb.replaced-<time>
+    /// any, is kept beside it as `store.redb.replaced-<time>`
     Restore {
         /// The backup, as `warden store backup` wrote it
         file: PathBuf,
