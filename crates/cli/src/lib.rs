@@ -446,6 +446,14 @@ async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
                 }
             }
         }
+        for d in v["damaged"].as_array().into_iter().flatten() {
+            println!();
+            println!(
+                "DAMAGED record {}: {} (skipped everywhere; restore it from a backup, or delete and create it again)",
+                s(&d["key"]),
+                s(&d["reason"])
+            );
+        }
         if v["gateway"].is_object() {
             println!();
             phases::print(&v["gateway"]);

@@ -28,15 +28,16 @@ fn check_static_dir(api: &Api, dir: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `GET /v1/apps`
+/// `GET /v1/apps`: every app whose record reads; a damaged one is left out (`GET /v1/status`
+/// lists it) rather than hiding every other.
 pub async fn list(State(api): State<Api>) -> Result<Json<Vec<AppSpec>>, ApiError> {
     let listing = api.store.list(keys::APPS).await?;
     let apps = listing
         .entries
         .iter()
         .filter(|e| e.key.ends_with("/spec"))
-        .map(|e| decode::<AppSpec>(&e.key, &e.value))
-        .collect::<Result<Vec<_>, _>>()?;
+        .filter_map(|e| crate::routes::readable(decode::<AppSpec>(&e.key, &e.value)))
+        .collect();
     Ok(Json(apps))
 }
 

@@ -7,3 +7,15 @@ pub mod nodes;
 pub mod status;
 pub mod store;
 pub mod users;
+
+/// A record that decodes, or `None` for a damaged one, which is logged (rate-limited) and left
+/// for `GET /v1/status` to list: one bad record never hides the others.
+pub(crate) fn readable<T>(r: Result<T, warden_store::StoreError>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            warden_core::log_limited!(warn, error = %e, "skipping a damaged record");
+            None
+        }
+    }
+}

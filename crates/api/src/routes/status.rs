@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
-use warden_core::{keys, AppHealth, AppSpec, InstanceState, LabelHealth};
+use warden_core::{keys, AppHealth, AppSpec, InstanceState, LabelHealth, UserRecord};
 
 use crate::error::ApiError;
 use crate::Api;
@@ -48,6 +48,18 @@ pub struct Status {
     pub users: usize,
     /// Apps with their instance counts.
     pub apps: Vec<AppStatus>,
+    /// Records that do not decode (skipped everywhere else): restore them from a backup, or
+    /// delete the app or user and create it again.
+    pub damaged: Vec<Damaged>,
+}
+
+/// A record that does not decode.
+#[derive(Serialize)]
+pub struct Damaged {
+    /// Its key.
+    pub key: String,
+    /// What is wrong with it.
+    pub reason: String,
 }
 
 /// `GET /v1/status`
@@ -57,6 +69,33 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
     let users = api.store.list(keys::USERS).await?;
     let instances = crate::routes::instances::all(&api).await?;
     let health = api.store.list(keys::HEALTH).await?;
+    let mut damaged = Vec::new();
+    let mut check = |key: &str, r: Result<(), warden_store::StoreError>| {
+        if let Err(e) = r {
+            damaged.push(Damaged {
+                key: key.to_owned(),
+                reason: e.to_string(),
+            });
+        }
+    };
+    for e in &users.entries {
+        check(
+            &e.key,
+            warden_store::decode::<UserRecord>(&e.key, &e.value).map(drop),
+        );
+    }
+    for e in apps.entries.iter().filter(|e| e.key.ends_with("/spec")) {
+        check(
+            &e.key,
+            warden_store::decode::<AppSpec>(&e.key, &e.value).map(drop),
+        );
+    }
+    for e in &health.entries {
+        check(
+            &e.key,
+            warden_store::decode::<AppHealth>(&e.key, &e.value).map(drop),
+        );
+    }
     let apps = apps
         .entries
         .iter()
@@ -101,5 +140,6 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
         nodes: nodes.entries.len(),
         users: users.entries.len(),
         apps,
+        damaged,
     }))
 }

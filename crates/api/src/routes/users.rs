@@ -65,8 +65,9 @@ pub async fn list(State(api): State<Api>) -> Result<Json<Vec<UserView>>, ApiErro
     let users = listing
         .entries
         .iter()
-        .map(|e| decode::<UserRecord>(&e.key, &e.value).map(UserView::from))
-        .collect::<Result<Vec<_>, _>>()?;
+        .filter_map(|e| crate::routes::readable(decode::<UserRecord>(&e.key, &e.value)))
+        .map(UserView::from)
+        .collect();
     Ok(Json(users))
 }
 

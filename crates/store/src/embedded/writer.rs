@@ -206,7 +206,16 @@ impl Writer {
                 }
             }
             self.recover();
-            self.process(batch);
+            // A panic in the engine (a damaged file can cause one) fails this batch and
+            // reopens the file; it never ends the writer, which would close the store for good.
+            let processed =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.process(batch)));
+            if processed.is_err() {
+                self.failed(StoreError::Engine {
+                    op: "commit",
+                    reason: "the storage engine failed on the store file, which may be damaged; back it up with `warden store backup` while reads work and restore it".into(),
+                });
+            }
         }
     }
 

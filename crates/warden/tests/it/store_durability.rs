@@ -350,3 +350,63 @@ fn a_backup_of_a_running_warden_restores_its_apps_and_users_after_the_store_is_l
         "alice's password came back"
     );
 }
+
+#[test]
+fn one_undecodable_record_is_skipped_and_reported_and_breaks_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut w = Launch::new(BIN).data_dir(dir.path()).start();
+        let spec = json!({"name": "good", "command": ["/bin/true"]});
+        assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+        assert!(w.stop().success());
+    }
+    // A record damaged behind warden's back, as a bit flip or a bad restore would leave it.
+    {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let s = warden_store::EmbeddedStore::open(&dir.path().join("store.redb")).unwrap();
+            use warden_store::Store;
+            s.put("apps/bad/spec", b"{\"name\": 17".to_vec(), None)
+                .await
+                .unwrap();
+            s.put("users/mallory", b"\xff\xfe".to_vec(), None)
+                .await
+                .unwrap();
+        });
+    }
+    let w = Launch::new(BIN).data_dir(dir.path()).start();
+    let apps = w.api("GET", "/v1/apps", None);
+    assert_eq!(apps.status, 200, "{}", apps.text());
+    let names: Vec<String> = apps
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        names.contains(&"good".to_owned()) && names.contains(&"demo".to_owned()),
+        "{names:?}"
+    );
+    assert_eq!(w.api("GET", "/v1/users", None).status, 200);
+    let status = w.api("GET", "/v1/status", None).json();
+    let damaged: Vec<&str> = status["damaged"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(damaged, ["users/mallory", "apps/bad/spec"], "{status}");
+    let env = [
+        ("WARDEN_API", w.api.as_str()),
+        ("WARDEN_TOKEN", w.token.as_str()),
+    ];
+    let (ok, out, err) = cli(BIN, &["status"], &env);
+    assert!(ok, "{err}");
+    assert!(out.contains("DAMAGED record apps/bad/spec"), "{out}");
+    assert_eq!(
+        w.get_as("alice", &w.password("alice"), "/apps/demo/")
+            .status,
+        200
+    );
+}
