@@ -16,6 +16,13 @@ pub enum StoreCommand {
         #[command(flatten)]
         client: warden_cli::ClientArgs,
     },
+    /// Read a stopped warden's store file through without writing to it, and say whether it is
+    /// sound (exit status 0) or damaged (1, with what to do)
+    Check {
+        /// The data dir of the warden to check (it must not be running)
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
     /// Put a backup back into the data dir of a stopped warden. The store file it replaces, if
     /// any, is kept beside it as `store.redb.replaced-<time>`
     Restore {
@@ -32,6 +39,21 @@ pub async fn run(cmd: StoreCommand) -> anyhow::Result<()> {
     match cmd {
         StoreCommand::Backup { file, client } => warden_cli::backup(&client, &file).await,
         StoreCommand::Restore { file, data_dir } => restore(&file, &data_dir).await,
+        StoreCommand::Check { data_dir } => {
+            let path = data_dir.join("store.redb");
+            let report = warden_store::embedded::verify::verify(&path)?;
+            println!(
+                "{} reads through: {} records{}",
+                path.display(),
+                report.records,
+                if report.recovered {
+                    " (its last writer did not close it; the next start recovers it)"
+                } else {
+                    ""
+                }
+            );
+            Ok(())
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! watchers, and leases. All writes go through one thread (the `writer` module) that group-commits.
 
 mod codec;
+pub mod verify;
 mod watch;
 mod writer;
 
@@ -75,7 +76,7 @@ fn open_db(path: &Path) -> Result<Database, StoreError> {
     };
     // redb reports damage as errors, but the file is input we did not write this run: a panic
     // deep in a parser must still become a clear message, not a crash.
-    let db = std::panic::catch_unwind(|| Database::create(path))
+    let db = verify::quietly(|| Database::create(path))
         .map_err(|_| open_err("the file is damaged (the storage engine could not parse it); restore it from a backup or move it away to start with an empty store".into()))?
         .map_err(|e| {
             let hint = match e {
@@ -96,7 +97,7 @@ fn open_db(path: &Path) -> Result<Database, StoreError> {
         txn.commit()?;
         Ok(())
     };
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(init))
+    verify::quietly(init)
         .map_err(|_| {
             open_err("the file is damaged; restore it from a backup or move it away".into())
         })?
@@ -131,6 +132,10 @@ impl EmbeddedStore {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)
                 .map_err(|e| open_err(format!("cannot create its directory: {e}")))?;
+        }
+        // Nothing writes to a file that was not read through first.
+        if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+            verify::verify(path)?;
         }
         let db = open_db(path)?;
         let (events, _) = broadcast::channel(1024);
@@ -271,8 +276,15 @@ impl Store for EmbeddedStore {
                 .map(|v| v.value())
                 .unwrap_or(0);
             let mut entries = Vec::new();
+            // A record whose framing is damaged is left out (and logged), never failing the
+            // listing of every other one.
             let mut push = |k: &str, v: &[u8]| -> Result<(), StoreError> {
-                entries.push(codec::decode_entry(k, v)?);
+                match codec::decode_entry(k, v) {
+                    Ok(e) => entries.push(e),
+                    Err(e) => {
+                        warden_core::log_limited!(warn, error = %e, "skipping a damaged store record");
+                    }
+                }
                 Ok(())
             };
             if prefix.is_empty() {

@@ -410,3 +410,157 @@ fn one_undecodable_record_is_skipped_and_reported_and_breaks_nothing_else() {
         200
     );
 }
+
+/// What `warden up` did with a data dir: started (and answered), or stopped with an error.
+enum Outcome {
+    Started,
+    Refused(String),
+}
+
+/// Runs `warden up` on `dir`, bounded: a start that neither serves nor exits within a minute
+/// is a hang, and fails the test.
+fn try_up(dir: &std::path::Path) -> Outcome {
+    let _ = std::fs::remove_file(dir.join("endpoints.json"));
+    let mut child = std::process::Command::new(BIN)
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            assert!(!status.success(), "warden up exited 0 without serving");
+            assert!(!err.contains("panicked"), "{err}");
+            return Outcome::Refused(err);
+        }
+        if let Ok(text) = std::fs::read_to_string(dir.join("endpoints.json")) {
+            if let Ok(ep) = serde_json::from_str::<serde_json::Value>(&text) {
+                let api = ep["api"].as_str().unwrap().to_owned();
+                let token = std::fs::read_to_string(dir.join("admin-token")).unwrap();
+                let auth = format!("Bearer {}", token.trim());
+                for path in ["/v1/apps", "/v1/users", "/v1/status"] {
+                    let r = warden_test_support::request(
+                        "GET",
+                        &format!("{api}{path}"),
+                        &[("authorization", &auth)],
+                        b"",
+                    );
+                    assert_eq!(r.status, 200, "{path}: {}", r.text());
+                }
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(child.id() as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+                let _ = child.wait();
+                return Outcome::Started;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "warden up neither served nor exited: a hang"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn damaged_copies_of_a_real_store_start_sound_or_stop_clearly_and_are_never_rewritten() {
+    let pristine = tempfile::tempdir().unwrap();
+    {
+        let mut w = Launch::new(BIN).data_dir(pristine.path()).no_demo().start();
+        for i in 0..60 {
+            let spec = json!({"name": format!("app{i}"), "command": ["/bin/true"], "env": {"N": i.to_string()}});
+            assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+        }
+        assert!(w.stop().success());
+    }
+    let (ok, out, err) = cli(
+        BIN,
+        &[
+            "store",
+            "check",
+            "--data-dir",
+            pristine.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(ok && out.contains("reads through"), "{out}{err}");
+    let store = std::fs::read(pristine.path().join("store.redb")).unwrap();
+    let len = store.len();
+    // Where the damage lands: the header, page boundaries, and spread through the file.
+    let mut spots: Vec<usize> = vec![0, 1, 7, 32, 64, 100, 4096, 4097, 8192];
+    spots.extend((1..16).map(|k| k * len / 16 + 3));
+    let (mut started, mut refused) = (0, 0);
+    for (n, &at) in spots.iter().enumerate() {
+        let case = tempfile::tempdir().unwrap();
+        copy_dir(pristine.path(), case.path());
+        let mut bytes = store.clone();
+        for b in &mut bytes[at..(at + 8).min(len)] {
+            *b ^= 0xa5;
+        }
+        let file = case.path().join("store.redb");
+        std::fs::write(&file, &bytes).unwrap();
+        match try_up(case.path()) {
+            Outcome::Started => started += 1,
+            Outcome::Refused(err) => {
+                refused += 1;
+                let (ok, _, check) = cli(
+                    BIN,
+                    &[
+                        "store",
+                        "check",
+                        "--data-dir",
+                        case.path().to_str().unwrap(),
+                    ],
+                    &[],
+                );
+                assert!(
+                    !ok && check.contains("damaged"),
+                    "case {n}: store check: {check}"
+                );
+                assert!(err.contains("store.redb"), "case {n} (at {at}): {err}");
+                assert!(
+                    err.contains("restore") || err.contains("backup"),
+                    "case {n}: says what to do: {err}"
+                );
+                assert!(
+                    std::fs::read(&file).unwrap() == bytes,
+                    "case {n} (at {at}): a refused file was modified"
+                );
+            }
+        }
+    }
+    eprintln!("{started} damaged copies started sound, {refused} were refused");
+    assert!(refused > 0, "no damage was noticed at all");
+}
