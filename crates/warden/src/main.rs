@@ -3,8 +3,12 @@
 //! This file only parses flags and hands over: `up` runs the platform (see `up.rs`, with its
 //! settings in `config/`), the client commands go to `warden-cli`, and the hidden `demo-app`
 //! runs the demo app.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+mod alloc;
 mod config;
 mod demo;
 mod files;
@@ -115,6 +119,7 @@ fn parse() -> Cli {
 fn main() -> std::process::ExitCode {
     // Before anything is opened: what the caller left open must never reach an instance.
     warden_agent::close_inherited_descriptors();
+    alloc::give_memory_back_at_once();
     let cli = parse();
     // The sandbox helper forks, so it must run before any runtime thread exists.
     if let Command::SandboxInit = &cli.command {
