@@ -57,6 +57,9 @@ pub struct Listing {
     pub entries: Vec<Entry>,
     /// Store revision of the snapshot: watch from `revision + 1` to see every later change.
     pub revision: Revision,
+    /// Keys under the prefix whose records are damaged beyond reading, with why: left out of
+    /// `entries`, so that one never hides the others.
+    pub damaged: Vec<(String, String)>,
 }
 
 /// What happened to a key.

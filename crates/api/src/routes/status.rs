@@ -69,7 +69,14 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
     let users = api.store.list(keys::USERS).await?;
     let instances = crate::routes::instances::all(&api).await?;
     let health = api.store.list(keys::HEALTH).await?;
-    let mut damaged = Vec::new();
+    let mut damaged: Vec<Damaged> = [&users, &apps, &health]
+        .iter()
+        .flat_map(|l| l.damaged.iter())
+        .map(|(key, reason)| Damaged {
+            key: key.clone(),
+            reason: reason.clone(),
+        })
+        .collect();
     let mut check = |key: &str, r: Result<(), warden_store::StoreError>| {
         if let Err(e) = r {
             damaged.push(Damaged {

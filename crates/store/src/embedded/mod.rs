@@ -278,11 +278,13 @@ impl Store for EmbeddedStore {
             let mut entries = Vec::new();
             // A record whose framing is damaged is left out (and logged), never failing the
             // listing of every other one.
+            let mut damaged = Vec::new();
             let mut push = |k: &str, v: &[u8]| -> Result<(), StoreError> {
                 match codec::decode_entry(k, v) {
                     Ok(e) => entries.push(e),
                     Err(e) => {
                         warden_core::log_limited!(warn, error = %e, "skipping a damaged store record");
+                        damaged.push((k.to_owned(), e.to_string()));
                     }
                 }
                 Ok(())
@@ -302,7 +304,11 @@ impl Store for EmbeddedStore {
                     push(k.value(), v.value())?;
                 }
             }
-            Ok(Listing { entries, revision })
+            Ok(Listing {
+                entries,
+                revision,
+                damaged,
+            })
         })
         .await
     }

@@ -117,3 +117,26 @@ async fn a_backup_restores_every_durable_record_byte_for_byte_and_no_leased_one(
         "a damaged backup writes nothing"
     );
 }
+
+#[tokio::test]
+async fn a_record_damaged_below_the_codec_is_listed_as_damaged_and_hides_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(&dir.path().join("s.redb")).unwrap();
+    store.put("k/a", b"1".to_vec(), None).await.unwrap();
+    store.put("k/c", b"3".to_vec(), None).await.unwrap();
+    {
+        // Written past the writer, as a bit flip would leave it.
+        let db = store.shared.db().unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(KV)
+            .unwrap()
+            .insert("k/b", &b"\x00not a record"[..])
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let listing = store.list("k").await.unwrap();
+    let keys: Vec<&str> = listing.entries.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["k/a", "k/c"]);
+    assert_eq!(listing.damaged.len(), 1);
+    assert_eq!(listing.damaged[0].0, "k/b");
+}
