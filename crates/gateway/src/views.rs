@@ -215,8 +215,22 @@ impl Shared {
             (Kind::Apps, Some(bytes)) if key.ends_with("/spec") => {
                 match decode::<AppSpec>(key, bytes) {
                     Ok(spec) => {
-                        v.apps.insert(spec.name.clone(), Arc::new(spec));
-                        rebuild_hosts(&mut v);
+                        // Only this app's host names change: rebuilding the index over every
+                        // app made each app write cost as much as there are apps.
+                        let name = spec.name.clone();
+                        let spec = Arc::new(spec);
+                        let old_hosts = v
+                            .apps
+                            .insert(name.clone(), spec.clone())
+                            .map(|old| old.hosts.clone())
+                            .unwrap_or_default();
+                        if old_hosts.is_empty() {
+                            for h in &spec.hosts {
+                                v.hosts.insert(h.to_ascii_lowercase(), name.clone());
+                            }
+                        } else {
+                            rebuild_hosts(&mut v);
+                        }
                     }
                     Err(e) => parse_err(e),
                 }
