@@ -90,12 +90,7 @@ fn instance_env_does_not_leak_warden_secrets() {
     let w = Warden::demo(BIN);
     // A plain process (the driver that starts from the agent's own environment), writing where
     // any uid may.
-    let out = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        out.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
+    let out = crate::open_dir();
     let dump_file = out.path().join("env-dump");
     let spec = json!({"name": "envdump", "driver": "process", "command": ["/bin/sh", "-c", "env > \"$DUMP\"; exec sleep 60"], "env": {"DUMP": dump_file.display().to_string()}, "start_timeout_ms": 300});
     assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);

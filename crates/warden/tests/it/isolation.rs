@@ -51,12 +51,7 @@ fn report(out: &Path, label: &str) -> std::collections::BTreeMap<String, String>
 #[test]
 fn a_process_instance_never_runs_as_root_and_reaches_nothing_of_warden_or_other_instances() {
     let w = Warden::demo(BIN);
-    let out = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        out.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
+    let out = crate::open_dir();
     let spec = json!({
         "name": "nosy",
         "driver": "process",

@@ -20,6 +20,18 @@ pub fn app_bin() -> String {
     .clone()
 }
 
+/// A directory every uid may write: where apps run as unprivileged uids leave what the test
+/// reads.
+pub fn open_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    dir
+}
+
 /// The sandbox probe, an example of this package that `cargo test` builds beside the tests
 /// (it never ships): it tries to escape its sandbox and reports each attempt.
 pub fn probe() -> PathBuf {
