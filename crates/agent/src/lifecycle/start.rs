@@ -411,9 +411,9 @@ struct Monitor {
 impl Monitor {
     async fn run(mut self, life: Arc<Lifecycle>) {
         let r = &self.record;
-        let mut status = match self.child.wait().await {
-            Ok(s) => s.to_string(),
-            Err(e) => format!("wait failed: {e}"),
+        let (mut status, clean) = match self.child.wait().await {
+            Ok(s) => (s.to_string(), s.success()),
+            Err(e) => (format!("wait failed: {e}"), false),
         };
         let log: PathBuf = life.deps.paths.log(&r.app, &r.id);
         // A kill by the out-of-memory killer is told where the operator looks.
@@ -424,15 +424,19 @@ impl Monitor {
             status = format!("{status}; {oom}");
         }
         let _ = self.status.send(status.clone());
-        life.forget(r, &status).await;
+        let state = life.forget(r, &status).await;
         // Unroutable now: its address may be handed out again and its cgroups go (which can
         // wait for the kernel), before anyone waiting for the exit hears of it.
         if let Some(held) = self.held {
             held.release().await;
         }
         // Every exit the agent did not ask for is a crash of the instance's (app, label,
-        // owner), whoever started it: the next start for it waits out the backoff.
-        if !self.stopping.load(Ordering::Relaxed) {
+        // owner), whoever started it: the next start for it waits out the backoff. But for a
+        // per-request instance that served and ended cleanly: it may end with its request.
+        let served_its_request = r.lifetime == warden_core::Lifetime::PerRequest
+            && clean
+            && state == Some(InstanceState::Ready);
+        if !self.stopping.load(Ordering::Relaxed) && !served_its_request {
             let tail = logs::tail(&log, logs::TAIL_LINES);
             let owner = r.owner.as_deref().unwrap_or("");
             life.deps
