@@ -28,7 +28,8 @@ pub struct UpArgs {
     /// Gateway address; port 0 picks a free one
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// Open gateway connections beyond which new ones get 503
+    /// Open gateway connections beyond which new ones get 503; lowered at start, with a warning,
+    /// to what the open-file limit holds with room for instances, logs and the store
     #[arg(long)]
     max_connections: Option<usize>,
     /// Largest request head accepted; larger ones get 431
