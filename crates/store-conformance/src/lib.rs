@@ -311,18 +311,60 @@ pub async fn concurrent_writers_all_land(s: Arc<dyn Store>) {
     assert_eq!(s.list(&p).await.unwrap().entries.len(), 100);
 }
 
-/// Expands to one `#[tokio::test]` per conformance check. `$make` is an async expression that
-/// yields an `Arc<dyn Store>`; the calling crate needs `tokio` with the `macros` feature.
+/// Calls `$then!(ARGS; name, name, ...)` (written `each_check!([$then] ARGS)`) with the name of every check, so that the list is
+/// written once.
 #[macro_export]
-macro_rules! store_conformance {
-    ($make:expr) => {
-        $crate::store_conformance!(@each $make;
+macro_rules! each_check {
+    ([$($then:tt)*] $($args:tt)*) => {
+        $($then)*! { $($args)*;
             put_get_and_hash, missing_keys, prefix_lists_match_whole_tokens, delete_removes,
             compare_and_swap, watch_replays_from_a_revision,
             watch_from_listing_sees_every_later_change, leases_expire_and_watchers_see_it,
             revoke_deletes_attached_keys, concurrent_writers_all_land,
             compare_and_swap_expecting_a_revision_of_an_absent_key_conflicts,
-            keep_alive_extends_a_lease_past_its_ttl);
+            keep_alive_extends_a_lease_past_its_ttl
+        }
+    };
+}
+
+macro_rules! spawn_all {
+    (; $($name:ident),*) => {
+        |s: Arc<dyn Store>| vec![$((stringify!($name), tokio::spawn($name(s.clone())))),*]
+    };
+}
+
+/// Runs every check at once against one store (a backend that is a server, such as etcd, is
+/// started once for all of them), and panics naming each check that failed.
+pub async fn run_all(s: Arc<dyn Store>) {
+    let spawn = each_check!([spawn_all]);
+    let mut failed = Vec::new();
+    for (name, task) in spawn(s) {
+        if let Err(e) = task.await {
+            let why = e
+                .try_into_panic()
+                .ok()
+                .and_then(|p| {
+                    p.downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                })
+                .unwrap_or_default();
+            failed.push(format!("{name}: {why}"));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "conformance checks failed:\n{}",
+        failed.join("\n")
+    );
+}
+
+/// Expands to one `#[tokio::test]` per conformance check. `$make` is an async expression that
+/// yields an `Arc<dyn Store>`; the calling crate needs `tokio` with the `macros` feature.
+#[macro_export]
+macro_rules! store_conformance {
+    ($make:expr) => {
+        $crate::each_check!([$crate::store_conformance] @each $make);
     };
     (@each $make:expr; $($name:ident),*) => {
         $(

@@ -3,7 +3,7 @@
 //! This crate owns the key-value contract of DESIGN.md (get with content hash and revision, get
 //! the hash alone, whole-token prefix lists, put, delete, compare-and-swap on revision, watch a
 //! prefix from a revision, leases whose keys vanish on expiry) and the embedded backend built on
-//! redb. It knows nothing of apps, users or instances beyond typed JSON helpers; the meaning of
+//! redb, and the etcd backend for clusters (`etcd/`). It knows nothing of apps, users or instances beyond typed JSON helpers; the meaning of
 //! keys belongs to `warden-core`.
 //!
 //! Values may hold password hashes; this crate never logs values, only keys and revisions.
@@ -18,8 +18,10 @@ use tokio::sync::mpsc;
 
 pub mod backup;
 pub mod embedded;
+pub mod etcd;
 
 pub use embedded::EmbeddedStore;
+pub use etcd::{EtcdOptions, EtcdStore, EtcdTls};
 
 /// A global, monotonically increasing write counter. Every put or delete gets the next one.
 pub type Revision = u64;
@@ -151,7 +153,7 @@ pub enum StoreError {
     #[error("the store is closed")]
     Closed,
     /// The store address is not understood.
-    #[error("unknown store {0:?}; use \"embedded\"")]
+    #[error("unknown store {0:?}; use \"embedded\" or \"etcd://HOST:PORT[,HOST:PORT...]\"")]
     UnknownBackend(String),
 }
 
@@ -256,6 +258,8 @@ pub fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreEr
 pub enum Backend {
     /// The embedded redb store, in the data directory.
     Embedded,
+    /// An etcd cluster.
+    Etcd(EtcdOptions),
 }
 
 impl std::str::FromStr for Backend {
@@ -264,6 +268,9 @@ impl std::str::FromStr for Backend {
     fn from_str(s: &str) -> Result<Self, StoreError> {
         match s {
             "embedded" => Ok(Self::Embedded),
+            s if s.starts_with("etcd://") => EtcdOptions::parse(s)
+                .map(Self::Etcd)
+                .ok_or_else(|| StoreError::UnknownBackend(s.to_owned())),
             other => Err(StoreError::UnknownBackend(other.to_owned())),
         }
     }
@@ -273,12 +280,13 @@ impl std::fmt::Display for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Embedded => f.write_str("embedded"),
+            Self::Etcd(o) => write!(f, "etcd://{}", o.endpoints.join(",")),
         }
     }
 }
 
 /// Opens the store `backend` names (`Embedded` keeps its file in `data_dir`).
-pub fn open(
+pub async fn open(
     backend: &Backend,
     data_dir: &std::path::Path,
 ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
@@ -286,5 +294,6 @@ pub fn open(
         Backend::Embedded => Ok(std::sync::Arc::new(EmbeddedStore::open(
             &data_dir.join("store.redb"),
         )?)),
+        Backend::Etcd(o) => Ok(std::sync::Arc::new(EtcdStore::connect(o).await?)),
     }
 }

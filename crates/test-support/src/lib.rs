@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+pub mod etcd;
 pub mod http;
 
 use std::io::{BufRead, BufReader};
