@@ -8,6 +8,9 @@ use crate::drivers::LaunchError;
 /// Why the agent could not start, or an instance could not be started or found.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// The node could not register (its name is taken, or the store failed).
+    #[error(transparent)]
+    Register(#[from] crate::node::RegisterError),
     /// No app of that name is registered.
     #[error("no app named {0:?} is registered; create it with `warden apps create`")]
     UnknownApp(String),
@@ -114,7 +117,8 @@ impl From<AgentError> for InstanceError {
             | AgentError::Store(_)
             | AgentError::ShuttingDown
             | AgentError::Directory { .. }
-            | AgentError::Metrics(_) => Self::Unavailable(e.to_string()),
+            | AgentError::Metrics(_)
+            | AgentError::Register(_) => Self::Unavailable(e.to_string()),
         }
     }
 }

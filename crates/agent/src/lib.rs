@@ -22,7 +22,7 @@ mod load;
 mod logs;
 mod metrics;
 mod net;
-mod node;
+pub mod node;
 mod paths;
 mod pools;
 mod restarts;
@@ -49,6 +49,10 @@ pub use net::connect;
 pub struct AgentConfig {
     /// This node's id.
     pub node: String,
+    /// Roles this node runs, for its record.
+    pub roles: Vec<String>,
+    /// This node's node port, for its record.
+    pub advertise: Option<String>,
     /// Directory for instance logs.
     pub log_dir: PathBuf,
     /// Directory under which each instance gets its private writable directory.
@@ -118,15 +122,17 @@ impl Agent {
         ));
         let (default, why) = drivers.default();
         tracing::info!(driver = ?default, why, "apps that name no driver run with this one");
-        let node = Arc::new(
-            node::Node::register(
-                store.clone(),
-                config.node.clone(),
-                config.lease_ttl,
-                drivers.sandbox().limits().to_owned(),
-            )
-            .await?,
-        );
+        let info = node::NodeInfo {
+            id: config.node.clone(),
+            roles: config.roles.clone(),
+            advertise: config.advertise.clone(),
+            drivers: match default {
+                warden_core::DriverKind::Sandbox => vec![default, warden_core::DriverKind::Process],
+                warden_core::DriverKind::Process => vec![default],
+            },
+            limits: drivers.sandbox().limits().to_owned(),
+        };
+        let node = Arc::new(node::Node::register(store.clone(), info, config.lease_ttl).await?);
         let paths = paths::Paths {
             logs: config.log_dir.clone(),
             instances: config.instance_dir.clone(),

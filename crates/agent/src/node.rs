@@ -1,72 +1,145 @@
-//! This node in the store: its record (`nodes/<id>`, with its load) and the lease every record
-//! of the node lives under, so that they vanish when the node does.
+//! This node in the store: its record (`nodes/<id>`, with its roles, address and load) and the
+//! lease every record of the node lives under, so that they vanish when the node does. Every
+//! node registers, whatever its roles; a node without the agent keeps its record alive with
+//! [`heartbeat`].
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use warden_core::{keys, model::now_ms, InstanceRecord, NodeRecord};
-use warden_store::{put_json, LeaseId, Store, StoreError};
+use tokio::sync::watch;
+use warden_core::{keys, model::now_ms, DriverKind, InstanceRecord, NodeRecord};
+use warden_store::{get_json, put_json, LeaseId, Store, StoreError};
 
 use crate::load;
 use crate::sync::lock;
 
+/// What a node says of itself in its record.
+#[derive(Debug, Clone, Default)]
+pub struct NodeInfo {
+    /// The node's name, unique among live nodes.
+    pub id: String,
+    /// Roles it runs.
+    pub roles: Vec<String>,
+    /// Its node port, if other nodes reach it.
+    pub advertise: Option<String>,
+    /// Drivers it can run instances with.
+    pub drivers: Vec<DriverKind>,
+    /// What enforces sandbox limits here.
+    pub limits: String,
+}
+
+/// How often a node's record (and its load) is written again.
+pub const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+
 /// This node's registration.
-pub(crate) struct Node {
-    id: String,
+pub struct Node {
+    info: NodeInfo,
     store: Arc<dyn Store>,
     ttl: Duration,
     lease: Mutex<LeaseId>,
-    /// What enforces sandbox limits here, published in the node record.
-    limits: String,
+    started_at_ms: u64,
+    /// CPU counters at the previous publish, for the busy share since then.
+    cpu: Mutex<Option<load::CpuTimes>>,
+}
+
+/// Why a node could not register.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Another live node has the name.
+    #[error("node name {name:?} is taken by a live node (host {host}, pid {pid}); give this one another --node-name, or stop that one")]
+    NameTaken {
+        /// The name.
+        name: String,
+        /// Host of the node holding it.
+        host: String,
+        /// Its pid.
+        pid: u32,
+    },
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 // === impl Node ===
 
 impl Node {
-    /// Takes a lease for node `id`; [`Node::publish`] writes its record.
-    pub(crate) async fn register(
+    /// Takes a lease for the node; [`Node::publish`] writes its record. A record of the same
+    /// name left by a process of this host that is gone (a crash) is taken over at once; one of
+    /// another host is waited for until its lease would have expired, and refused if it stays.
+    pub async fn register(
         store: Arc<dyn Store>,
-        id: String,
+        info: NodeInfo,
         ttl: Duration,
-        limits: String,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Self, RegisterError> {
+        let key = keys::node(&info.id);
+        let deadline = tokio::time::Instant::now() + ttl + Duration::from_secs(2);
+        while let Some((other, _)) = get_json::<NodeRecord>(&*store, &key).await? {
+            let gone_here = other.hostname == hostname()
+                && (other.pid == std::process::id()
+                    || !std::path::Path::new(&format!("/proc/{}", other.pid)).exists());
+            if gone_here {
+                break;
+            }
+            if other.hostname == hostname() || tokio::time::Instant::now() >= deadline {
+                return Err(RegisterError::NameTaken {
+                    name: info.id.clone(),
+                    host: other.hostname,
+                    pid: other.pid,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
         let lease = store.grant_lease(ttl).await?;
         Ok(Self {
-            id,
+            info,
             store,
             ttl,
             lease: Mutex::new(lease),
-            limits,
+            started_at_ms: now_ms(),
+            cpu: Mutex::new(load::cpu_times()),
         })
     }
 
-    pub(crate) fn id(&self) -> &str {
-        &self.id
+    /// The node's name.
+    pub fn id(&self) -> &str {
+        &self.info.id
     }
 
     /// The lease this node's records live under now.
-    pub(crate) fn lease(&self) -> LeaseId {
+    pub fn lease(&self) -> LeaseId {
         *lock(&self.lease)
     }
 
-    /// How often the lease must be kept alive.
+    /// How often the lease is kept alive and the record written again.
     pub(crate) fn renew_every(&self) -> Duration {
-        self.ttl / 3
+        PUBLISH_EVERY.min(self.ttl / 3)
     }
 
     /// Writes the node's record with its load now and the instances it runs.
-    pub(crate) async fn publish(&self, instances: u32) -> Result<(), StoreError> {
+    pub async fn publish(&self, instances: u32) -> Result<(), StoreError> {
         let mut load = load::sample();
         load.instances = instances;
+        if let Some(now) = load::cpu_times() {
+            if let Some(before) = lock(&self.cpu).replace(now) {
+                load.cpu_busy = load::busy_share(before, now);
+            }
+        }
         let record = NodeRecord {
-            id: self.id.clone(),
-            hostname: nix::unistd::gethostname()
-                .map(|h| h.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            id: self.info.id.clone(),
+            hostname: hostname(),
             pid: std::process::id(),
-            started_at_ms: now_ms(),
+            started_at_ms: self.started_at_ms,
             load,
-            limits: self.limits.clone(),
+            limits: self.info.limits.clone(),
+            roles: self.info.roles.clone(),
+            advertise: self.info.advertise.clone(),
+            drivers: self.info.drivers.clone(),
         };
         put_json(
             &*self.store,
@@ -79,7 +152,7 @@ impl Node {
     }
 
     /// Keeps the lease alive; `LeaseNotFound` when the store expired it meanwhile.
-    pub(crate) async fn keep_alive(&self) -> Result<(), StoreError> {
+    pub async fn keep_alive(&self) -> Result<(), StoreError> {
         self.store.keep_alive(self.lease()).await
     }
 
@@ -99,7 +172,7 @@ impl Node {
             let Ok(r) = warden_store::decode::<InstanceRecord>(&e.key, &e.value) else {
                 continue;
             };
-            if r.node == self.id && e.lease != Some(self.lease()) {
+            if r.node == self.info.id && e.lease != Some(self.lease()) {
                 tracing::info!(app = %r.app, instance = %r.id, "removing the record of an instance from before a crash");
                 self.store
                     .compare_and_swap(&e.key, Some(e.mod_revision), None, None)
@@ -110,8 +183,27 @@ impl Node {
     }
 
     /// Removes the node's record and ends its lease, and with it every record under it.
-    pub(crate) async fn deregister(&self) {
-        let _ = self.store.delete(&keys::node(&self.id)).await;
+    pub async fn deregister(&self) {
+        let _ = self.store.delete(&keys::node(&self.info.id)).await;
         let _ = self.store.revoke_lease(self.lease()).await;
     }
+}
+
+/// Keeps the record of a node without the agent alive until `stop` turns true, then
+/// deregisters it: the record says the node's roles and load, and a lost lease is taken anew.
+pub async fn heartbeat(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(node.renew_every()) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        let kept = match node.keep_alive().await {
+            Err(StoreError::LeaseNotFound(_)) => node.renew().await.map(|_| ()),
+            other => other,
+        };
+        if let Err(e) = kept.and(node.publish(0).await) {
+            tracing::warn!(error = %e, "keeping the node's record failed");
+        }
+    }
+    node.deregister().await;
 }

@@ -1,4 +1,4 @@
-//! The command-line client: `warden apps|users|instances|status`.
+//! The command-line client: `warden apps|users|instances|nodes|status`.
 //!
 //! It talks to the api role over HTTP and owns only presentation: tables for people, `--json`
 //! for scripts, and errors that say what to do next. It never touches the store directly. The
@@ -9,6 +9,7 @@
 mod apps;
 mod client;
 mod config;
+pub mod nodes;
 mod phases;
 mod table;
 
@@ -134,6 +135,9 @@ pub enum ClientCommand {
     /// Inspect and kill instances
     #[command(subcommand)]
     Instances(InstancesCommand),
+    /// The cluster's nodes
+    #[command(subcommand)]
+    Nodes(nodes::NodesCommand),
     /// Show the platform's state
     Status,
     /// Print the last lines an instance wrote (running or recently exited)
@@ -155,6 +159,7 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
         ClientCommand::Apps(c) => apps::run(&api, &out, c).await,
         ClientCommand::Users(c) => users(&api, &out, c).await,
         ClientCommand::Instances(c) => instances(&api, &out, c).await,
+        ClientCommand::Nodes(c) => nodes::run(&api, &out, c).await,
         ClientCommand::Status => status(&api, &out).await,
         ClientCommand::Lattice(c) => lattice(&api, &out, c).await,
         ClientCommand::Logs { id, lines } => {

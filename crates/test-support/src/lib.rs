@@ -161,25 +161,21 @@ impl Launch {
         self
     }
 
-    /// Runs `warden up` and waits until it has written its endpoints.
-    pub fn start(self) -> Warden {
-        let (dir, tmp) = match self.dir {
-            Some(d) => (d, None),
-            None => {
-                let t = tempfile::Builder::new()
-                    .prefix("warden-it")
-                    .tempdir()
-                    .unwrap();
-                // Passable, as /var/lib is: `process` instances under uids of their own must
-                // reach their directory in the data dir, which warden itself guards.
-                std::fs::set_permissions(
-                    t.path(),
-                    std::os::unix::fs::PermissionsExt::from_mode(0o711),
-                )
-                .unwrap();
-                (t.path().join("data"), Some(t))
-            }
-        };
+    /// Runs `warden up`, which must refuse to start; its stderr.
+    pub fn start_refused(self) -> String {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = self.dir.clone().unwrap_or_else(|| tmp.path().join("data"));
+        let out = self
+            .command(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .expect("warden binary starts");
+        assert!(!out.status.success(), "warden up was expected to refuse");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    fn command(&self, dir: &Path) -> Command {
         let mut cmd = match self.wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
@@ -196,7 +192,7 @@ impl Launch {
             "127.0.0.1:0",
             "--data-dir",
         ])
-        .arg(&dir)
+        .arg(dir)
         .args(&self.extra)
         .env("WARDEN_LOG", &self.log)
         .stdin(Stdio::null())
@@ -206,6 +202,29 @@ impl Launch {
             // Never the fixed demo TLS port: tests run side by side.
             cmd.args(["--demo", "--tls-listen", "127.0.0.1:0"]);
         }
+        cmd
+    }
+
+    /// Runs `warden up` and waits until it has written its endpoints.
+    pub fn start(self) -> Warden {
+        let (dir, tmp) = match self.dir.clone() {
+            Some(d) => (d, None),
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("warden-it")
+                    .tempdir()
+                    .unwrap();
+                // Passable, as /var/lib is: `process` instances under uids of their own must
+                // reach their directory in the data dir, which warden itself guards.
+                std::fs::set_permissions(
+                    t.path(),
+                    std::os::unix::fs::PermissionsExt::from_mode(0o711),
+                )
+                .unwrap();
+                (t.path().join("data"), Some(t))
+            }
+        };
+        let mut cmd = self.command(&dir);
         // A warden killed with SIGKILL leaves its endpoints behind; never read a stale one.
         let _ = std::fs::remove_file(dir.join("endpoints.json"));
         let mut child = cmd.spawn().expect("warden binary starts");
@@ -243,8 +262,9 @@ impl Launch {
             child: Some(child),
             dir,
             _tmp: tmp,
-            gateway: ep["gateway"].as_str().unwrap().to_owned(),
-            api: ep["api"].as_str().unwrap().to_owned(),
+            // Empty where the node does not run the role.
+            gateway: ep["gateway"].as_str().unwrap_or_default().to_owned(),
+            api: ep["api"].as_str().unwrap_or_default().to_owned(),
             tls: ep["tls"].as_str().map(str::to_owned),
             token,
             stdout,

@@ -9,6 +9,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod alloc;
+mod cluster;
 mod config;
 mod demo;
 mod files;
@@ -37,6 +38,8 @@ enum Command {
     Users(UsersCmd),
     /// Inspect and kill instances
     Instances(InstancesCmd),
+    /// The cluster's nodes
+    Nodes(NodesCmd),
     /// Show or define the clearance lattice
     Lattice(LatticeCmd),
     /// Show the platform's state
@@ -83,6 +86,14 @@ struct LatticeCmd {
 struct InstancesCmd {
     #[command(subcommand)]
     command: warden_cli::InstancesCommand,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct NodesCmd {
+    #[command(subcommand)]
+    command: warden_cli::nodes::NodesCommand,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -156,6 +167,7 @@ async fn run(cli: Cli) -> std::process::ExitCode {
         Command::Instances(c) => {
             warden_cli::run(&c.client, ClientCommand::Instances(c.command)).await
         }
+        Command::Nodes(c) => warden_cli::run(&c.client, ClientCommand::Nodes(c.command)).await,
         Command::Lattice(c) => warden_cli::run(&c.client, ClientCommand::Lattice(c.command)).await,
         Command::Status(c) => warden_cli::run(&c, ClientCommand::Status).await,
         Command::Logs(c) => {

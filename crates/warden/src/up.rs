@@ -12,7 +12,7 @@ use warden_core::Instances;
 
 use crate::config::types::{Cgroups, Role};
 use crate::config::{Config, UpArgs};
-use crate::{demo, files, no_agent};
+use crate::{cluster, demo, files, no_agent};
 
 /// The TLS settings the config asks for, generating the demo certificate when needed.
 fn tls_settings(cfg: &Config) -> anyhow::Result<Option<warden_gateway::TlsSettings>> {
@@ -74,9 +74,15 @@ fn gateway_config(
     })
 }
 
+fn role_names(cfg: &Config) -> Vec<String> {
+    cfg.roles.iter().map(ToString::to_string).collect()
+}
+
 fn agent_config(cfg: &Config, node: &str, identity: &IdentityKey) -> warden_agent::AgentConfig {
     warden_agent::AgentConfig {
         node: node.to_owned(),
+        roles: role_names(cfg),
+        advertise: None,
         log_dir: cfg.data_dir.join("logs"),
         instance_dir: cfg.data_dir.join("instances"),
         lease_ttl: cfg.node_lease_ttl.0,
@@ -193,11 +199,30 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     files::ensure_data_dir(dir)?;
     let endpoints_file = dir.join("endpoints.json");
     let _ = std::fs::remove_file(&endpoints_file);
-    refuse_lost_store(dir)?;
-    let store = warden_store::open(&cfg.store.0, dir).context("cannot open the store")?;
-    files::protect_store_file(dir)?;
+    let backend = cfg.store_backend();
+    let clustered = matches!(backend, warden_store::Backend::Etcd(_));
+    if !clustered {
+        refuse_lost_store(dir)?;
+    }
+    let store = warden_store::open(&backend, dir)
+        .await
+        .with_context(|| format!("cannot open the store {backend}"))?;
+    let made_token = match clustered {
+        true => {
+            cluster::join(&*store, dir, cfg.join_token_file.as_deref())
+                .await?
+                .made_token
+        }
+        false => {
+            files::protect_store_file(dir)?;
+            None
+        }
+    };
     let token = load_or_create(&dir.join("admin-token"), warden_core::id::secret_token)?;
-    let node = load_or_create(&dir.join("node-id"), warden_core::id::short_id)?;
+    let node = match &cfg.node_name {
+        Some(name) => name.clone(),
+        None => load_or_create(&dir.join("node-id"), warden_core::id::short_id)?,
+    };
     let identity = identity_key(dir)?;
     let demo_users = if cfg.demo {
         Some(demo::setup(&*store, dir, cfg.argon2_cost()).await?)
@@ -235,6 +260,22 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let mut at = Endpoints::default();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
+    if agent.is_none() {
+        // A node without the agent still registers, so the cluster knows its roles.
+        let info = warden_agent::node::NodeInfo {
+            id: node.clone(),
+            roles: role_names(&cfg),
+            ..Default::default()
+        };
+        let me = warden_agent::node::Node::register(store.clone(), info, cfg.node_lease_ttl.0)
+            .await
+            .context("cannot register the node")?;
+        me.publish(0).await.context("cannot register the node")?;
+        tasks.push(tokio::spawn(warden_agent::node::heartbeat(
+            Arc::new(me),
+            stop_tx.subscribe(),
+        )));
+    }
     if cfg.runs(Role::Api) {
         let listener = tokio::net::TcpListener::bind(cfg.api_listen)
             .await
@@ -277,6 +318,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         format!("{name}: {why}")
     });
     welcome(&cfg, &node, &at, driver.as_deref(), demo_users.as_deref());
+    if let Some(path) = &made_token {
+        println!(
+            "  join token   {} (other nodes: warden up --store {} --join-token-file FILE)",
+            path.display(),
+            cfg.store
+        );
+    }
     tracing::info!(node = %node, roles = ?cfg.roles, "warden is up");
 
     shutdown_signal().await;

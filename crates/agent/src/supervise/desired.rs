@@ -30,7 +30,8 @@ impl Supervisor {
             return Ok(());
         }
         let instances: Vec<InstanceRecord> = list_readable(store, keys::INSTANCES).await?;
-        let nodes: Vec<NodeRecord> = list_readable(store, keys::NODES).await?;
+        let mut nodes: Vec<NodeRecord> = list_readable(store, keys::NODES).await?;
+        nodes.retain(NodeRecord::runs_instances);
         let me = self.node.id();
         let local: Vec<InstanceRecord> = self.life.instances();
         for spec in &apps {
@@ -154,10 +155,13 @@ mod tests {
             started_at_ms: 0,
             load: HostLoad {
                 memory_used: score,
-                load_per_core: 0.0,
                 instances,
+                ..HostLoad::default()
             },
             limits: String::new(),
+            roles: vec!["agent".into()],
+            advertise: None,
+            drivers: Vec::new(),
         }
     }
 

@@ -86,12 +86,19 @@ pub struct InstanceRecord {
     pub kept: bool,
 }
 
-/// A node's load, published for placement: memory used and the 1-minute load per core.
+/// A node's load, published for placement (seed 003 §3.3.2): fractions of the host's own
+/// capacity, so that hosts of different sizes compare.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostLoad {
     /// Fraction of memory in use (1 - MemAvailable / MemTotal).
     pub memory_used: f64,
+    /// Memory available, in bytes (MemAvailable).
+    #[serde(default)]
+    pub memory_available_bytes: u64,
+    /// Share of CPU time spent busy since the previous sample (about a second), all cores.
+    #[serde(default)]
+    pub cpu_busy: f64,
     /// 1-minute load average divided by the number of cores.
     pub load_per_core: f64,
     /// Instances this node runs.
@@ -99,9 +106,9 @@ pub struct HostLoad {
 }
 
 impl HostLoad {
-    /// One number to compare nodes by: the larger of the two fractions.
+    /// One number to compare nodes by: the largest of the fractions.
     pub fn score(&self) -> f64 {
-        self.memory_used.max(self.load_per_core)
+        self.memory_used.max(self.load_per_core).max(self.cpu_busy)
     }
 }
 
@@ -130,7 +137,8 @@ pub struct LabelHealth {
     pub next_start_ms: u64,
 }
 
-/// A node running an agent. Stored at `nodes/<id>` under the agent's lease.
+/// A node of the cluster, whatever roles it runs. Stored at `nodes/<id>` under the node's lease,
+/// refreshed every second.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeRecord {
@@ -149,6 +157,22 @@ pub struct NodeRecord {
     /// `rlimits only (why)`.
     #[serde(default)]
     pub limits: String,
+    /// Roles the node runs: `gateway`, `agent`, `api`.
+    #[serde(default)]
+    pub roles: Vec<String>,
+    /// Where other nodes of the cluster reach this one (its node port), if it serves one.
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// Drivers this node can run instances with (empty on a node without the agent role).
+    #[serde(default)]
+    pub drivers: Vec<crate::DriverKind>,
+}
+
+impl NodeRecord {
+    /// Whether the node runs instances (records from before roles were published do).
+    pub fn runs_instances(&self) -> bool {
+        self.roles.is_empty() || self.roles.iter().any(|r| r == "agent")
+    }
 }
 
 /// A login session. Stored at `sessions/<sha256 of token>` under a lease that ends it.

@@ -19,12 +19,33 @@ pub struct UpArgs {
     /// Roles this process runs, separated by commas
     #[arg(long, value_delimiter = ',')]
     roles: Option<Vec<Role>>,
-    /// Store backend
+    /// Store backend: embedded, or etcd://HOST:PORT[,HOST:PORT...]
     #[arg(long)]
     store: Option<Store>,
+    /// PEM CA certificate of the etcd members (turns on TLS towards etcd)
+    #[arg(long, value_name = "FILE")]
+    etcd_ca: Option<PathBuf>,
+    /// PEM client certificate for etcd, with --etcd-key
+    #[arg(long, value_name = "FILE")]
+    etcd_cert: Option<PathBuf>,
+    /// PEM key of --etcd-cert
+    #[arg(long, value_name = "FILE")]
+    etcd_key: Option<PathBuf>,
+    /// etcd user, with --etcd-password-file
+    #[arg(long)]
+    etcd_user: Option<String>,
+    /// File holding the etcd user's password
+    #[arg(long, value_name = "FILE")]
+    etcd_password_file: Option<PathBuf>,
     /// Create a demo lattice, demo users and the demo app
     #[arg(long)]
     demo: bool,
+    /// This node's name, unique in the cluster [default: a random id kept in the data dir]
+    #[arg(long)]
+    node_name: Option<String>,
+    /// With etcd, on every node but the first: a file holding the cluster's join token
+    #[arg(long, value_name = "FILE")]
+    join_token_file: Option<PathBuf>,
     /// Gateway address; port 0 picks a free one
     #[arg(long)]
     listen: Option<SocketAddr>,
@@ -168,6 +189,24 @@ impl UpArgs {
         if a.tls_listen.is_some() {
             cfg.tls_listen = a.tls_listen;
         }
+        for (flag, key) in [
+            (a.etcd_ca, &mut cfg.etcd_ca),
+            (a.etcd_cert, &mut cfg.etcd_cert),
+            (a.etcd_key, &mut cfg.etcd_key),
+            (a.etcd_password_file, &mut cfg.etcd_password_file),
+            (a.join_token_file, &mut cfg.join_token_file),
+        ] {
+            if flag.is_some() {
+                *key = flag;
+            }
+        }
+        if a.etcd_user.is_some() {
+            cfg.etcd_user = a.etcd_user;
+        }
+        if a.node_name.is_some() {
+            cfg.node_name = a.node_name;
+        }
+
         if a.demo {
             cfg.demo = true;
         }

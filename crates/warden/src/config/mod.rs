@@ -25,10 +25,25 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// The roles this process runs.
     pub roles: Vec<Role>,
-    /// Store backend.
+    /// Store backend: "embedded" (one machine) or "etcd://HOST:PORT[,HOST:PORT...]".
     pub store: Store,
+    /// PEM CA certificate of the etcd members (turns on TLS towards etcd).
+    pub etcd_ca: Option<PathBuf>,
+    /// PEM client certificate for etcd, with `etcd_key`.
+    pub etcd_cert: Option<PathBuf>,
+    /// PEM key of `etcd_cert`.
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user, with `etcd_password_file`, when etcd's authentication is on.
+    pub etcd_user: Option<String>,
+    /// File holding the etcd user's password (never the password itself: it would show in `ps`).
+    pub etcd_password_file: Option<PathBuf>,
     /// Create a demo lattice, demo users and the demo app.
     pub demo: bool,
+    /// This node's name, unique in the cluster [absent: a random id kept in the data dir].
+    pub node_name: Option<String>,
+    /// With etcd, on every node but the first: a file holding the cluster's join token (the
+    /// first node writes it to its data dir, file join-token).
+    pub join_token_file: Option<PathBuf>,
 
     /// Gateway address; port 0 picks a free one.
     pub listen: SocketAddr,
@@ -119,7 +134,14 @@ impl Default for Config {
             data_dir: "warden-data".into(),
             roles: Role::ALL.to_vec(),
             store: Store(warden_store::Backend::Embedded),
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
+            etcd_user: None,
+            etcd_password_file: None,
             demo: false,
+            node_name: None,
+            join_token_file: None,
             listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 7700)),
             max_connections: 10_000,
             max_header_bytes: 16 * 1024,
@@ -150,7 +172,7 @@ impl Default for Config {
             cgroups: Cgroups::Auto,
             bridge: BridgeName("warden0".into()),
             bridge_cidr: Cidr(Ipv4Addr::new(10, 213, 0, 0), 16),
-            node_lease_ttl: secs(10),
+            node_lease_ttl: secs(5),
         }
     }
 }
@@ -212,6 +234,46 @@ impl Config {
                 reason: reason.to_owned(),
             })
         };
+        let etcd = matches!(self.store.0, warden_store::Backend::Etcd(_));
+        let etcd_keys = [
+            ("etcd_ca", self.etcd_ca.is_some()),
+            ("etcd_cert", self.etcd_cert.is_some()),
+            ("etcd_key", self.etcd_key.is_some()),
+            ("etcd_user", self.etcd_user.is_some()),
+            ("etcd_password_file", self.etcd_password_file.is_some()),
+        ];
+        if self.join_token_file.is_some() && !etcd {
+            return invalid(
+                "join_token_file",
+                "only means something with store = \"etcd://...\"",
+            );
+        }
+        if let Some(name) = &self.node_name {
+            if let Err(e) = warden_core::name::validate_name("node", name) {
+                return invalid("node_name", &e.to_string());
+            }
+        }
+        if let Some((key, _)) = etcd_keys.iter().find(|(_, set)| *set && !etcd) {
+            return invalid(key, "only means something with store = \"etcd://...\"");
+        }
+        if self.etcd_cert.is_some() != self.etcd_key.is_some() {
+            return invalid(
+                "etcd_key",
+                "give etcd_cert and etcd_key together, or neither",
+            );
+        }
+        if self.etcd_cert.is_some() && self.etcd_ca.is_none() {
+            return invalid(
+                "etcd_ca",
+                "a client certificate needs etcd_ca to check the members",
+            );
+        }
+        if self.etcd_user.is_some() != self.etcd_password_file.is_some() {
+            return invalid(
+                "etcd_password_file",
+                "give etcd_user and etcd_password_file together, or neither",
+            );
+        }
         if self.roles.is_empty() {
             return invalid("roles", "name at least one role: gateway, agent, api");
         }
@@ -281,6 +343,25 @@ impl Config {
     /// Where TLS is served: as given, or with `--demo` beside the gateway (its port + 2, or a
     /// free port when the gateway's is 0), so that several wardens on one machine never
     /// collide.
+    pub fn store_backend(&self) -> warden_store::Backend {
+        match &self.store.0 {
+            warden_store::Backend::Etcd(o) => {
+                warden_store::Backend::Etcd(warden_store::EtcdOptions {
+                    endpoints: o.endpoints.clone(),
+                    tls: self.etcd_ca.clone().map(|ca| warden_store::EtcdTls {
+                        ca,
+                        cert: self.etcd_cert.clone(),
+                        key: self.etcd_key.clone(),
+                    }),
+                    user: self.etcd_user.clone(),
+                    password_file: self.etcd_password_file.clone(),
+                })
+            }
+            other => other.clone(),
+        }
+    }
+
+    /// Where the gateway serves TLS, if anywhere.
     pub fn tls_listen(&self) -> Option<SocketAddr> {
         self.tls_listen.or_else(|| {
             self.demo.then(|| {

@@ -52,6 +52,7 @@ pub fn probe() -> PathBuf {
 
 mod api;
 mod cli;
+mod cluster;
 mod connections;
 mod gateway;
 mod gateway_starts;
