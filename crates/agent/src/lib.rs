@@ -34,9 +34,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
-use warden_core::{Activity, AppSpec, InstanceError, InstanceRecord, Instances, Owner};
+use warden_core::{
+    Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, Owner,
+};
 use warden_store::Store;
 
 pub use drivers::sandbox;
@@ -244,8 +245,12 @@ impl Instances for Agent {
         Agent::ensure(self, spec, label, owner).await
     }
 
-    async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<TcpStream> {
-        net::connect(&instance.addr).await
+    async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<InstanceStream> {
+        net::connect(&instance.addr).await.map(InstanceStream::Tcp)
+    }
+
+    fn record(&self, id: &str) -> Option<InstanceRecord> {
+        self.inner.life.record(id)
     }
 
     /// Nothing to do here: the monitor of a local instance sees its exit itself. A cluster

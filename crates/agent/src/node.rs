@@ -195,7 +195,7 @@ pub async fn heartbeat(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(node.renew_every()) => {}
-            _ = stop.wait_for(|s| *s) => break,
+            _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
         }
         let kept = match node.keep_alive().await {
             Err(StoreError::LeaseNotFound(_)) => node.renew().await.map(|_| ()),

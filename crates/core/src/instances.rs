@@ -5,17 +5,22 @@
 //! whose request is done). The local agent implements it today; the cluster adds one that
 //! reaches other nodes. Neither side imports the other: both depend on this trait only.
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::model::{now_ms, AppSpec, InstanceRecord, Lifetime};
 
 /// Whom an instance is for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Owner {
     /// Everyone with the label.
     Shared,
@@ -48,7 +53,8 @@ impl Owner {
 }
 
 /// Why no instance could be had, found or changed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum InstanceError {
     /// No app of that name is registered.
     #[error("no app named {0:?} is registered; create it with `warden apps create`")]
@@ -90,6 +96,80 @@ pub enum InstanceError {
     /// no agent runs): the caller may try again later.
     #[error("{0}")]
     Unavailable(String),
+}
+
+/// A stream to an instance on another node (through that node's node port).
+pub trait RemoteStream: AsyncRead + AsyncWrite + Send + Sync + Unpin {
+    /// Whether an idle connection may carry another request: the far side has neither closed
+    /// it nor sent anything unasked. Must not block or consume data.
+    fn reusable(&self) -> bool;
+}
+
+/// A connection to an instance: an ordinary TCP socket to it on its own node (no proxy hop),
+/// or a stream through the node port of the node it runs on.
+pub enum InstanceStream {
+    /// Straight to the instance.
+    Tcp(TcpStream),
+    /// Through another node.
+    Remote(Box<dyn RemoteStream>),
+}
+
+impl AsyncRead for InstanceStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Remote(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for InstanceStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Remote(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Self::Remote(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Tcp(s) => s.is_write_vectored(),
+            Self::Remote(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Self::Remote(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Remote(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
 }
 
 /// Use of an instance as the gateway reports it, read by the idle reaper.
@@ -161,7 +241,12 @@ pub trait Instances: Send + Sync + 'static {
     ) -> Result<InstanceRecord, InstanceError>;
 
     /// Opens a connection to `instance`, wherever it runs.
-    async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<TcpStream>;
+    async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<InstanceStream>;
+
+    /// The record of an instance running on this node, by id.
+    fn record(&self, _id: &str) -> Option<InstanceRecord> {
+        None
+    }
 
     /// `instance` refused a connection; the caller has already stopped routing to it.
     fn refused(&self, instance: &InstanceRecord);

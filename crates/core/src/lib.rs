@@ -15,7 +15,9 @@ pub mod model;
 pub mod name;
 pub mod ratelimit;
 
-pub use instances::{Activity, ActivityGuard, InstanceError, Instances, Owner};
+pub use instances::{
+    Activity, ActivityGuard, InstanceError, InstanceStream, Instances, Owner, RemoteStream,
+};
 pub use model::{
     AppHealth, AppSpec, DriverKind, HostLoad, InstanceRecord, InstanceState, LabelHealth, Lifetime,
     Limits, NetworkMode, NodeRecord, SessionRecord, StartPath, UserRecord, MAX_POOL,

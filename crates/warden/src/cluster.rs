@@ -130,22 +130,12 @@ fn open(bytes: &[u8], token: &str) -> anyhow::Result<Secrets> {
 }
 
 fn new_secrets() -> anyhow::Result<Secrets> {
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "warden cluster CA");
-    params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    let key = rcgen::KeyPair::generate()?;
-    let cert = params.self_signed(&key)?;
+    let (ca_cert, ca_key) = warden_cluster::new_ca()?;
     Ok(Secrets {
         admin_token: warden_core::id::secret_token(),
         identity_key: warden_core::id::secret_token(),
-        ca_cert: cert.pem(),
-        ca_key: key.serialize_pem(),
+        ca_cert,
+        ca_key,
     })
 }
 
@@ -236,6 +226,78 @@ fn read_token(path: &Path) -> anyhow::Result<String> {
         );
     }
     Ok(token.to_owned())
+}
+
+/// The node port's listener, bound before the agent starts so that its record can say where
+/// it is.
+pub struct NodePort {
+    listener: tokio::net::TcpListener,
+    /// The address other nodes reach it at.
+    pub advertise: std::net::SocketAddr,
+}
+
+/// Binds the node port at `advertise` (port 0 picks a free one).
+pub async fn bind_node_port(advertise: std::net::SocketAddr) -> anyhow::Result<NodePort> {
+    let listener = tokio::net::TcpListener::bind(advertise)
+        .await
+        .with_context(|| format!("cannot listen on the node port {advertise}"))?;
+    let advertise = listener.local_addr()?;
+    Ok(NodePort {
+        listener,
+        advertise,
+    })
+}
+
+/// What [`instances`] sets up.
+pub struct Wired {
+    /// Instances anywhere in the cluster.
+    pub instances: std::sync::Arc<dyn warden_core::Instances>,
+    /// The node port's task, if this node serves one.
+    pub served: Option<tokio::task::JoinHandle<()>>,
+    /// The node port's counters.
+    pub stats: std::sync::Arc<warden_cluster::NodePortStats>,
+}
+
+/// The cluster's `Instances` for this node: its own agent's directly, other nodes' through
+/// their node ports; and this node's port serving its agent's instances, until `stop`.
+pub async fn instances(
+    store: std::sync::Arc<dyn Store>,
+    secrets: &Secrets,
+    node: &str,
+    agent: Option<std::sync::Arc<dyn warden_core::Instances>>,
+    port: Option<NodePort>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Wired> {
+    let advertise = port
+        .as_ref()
+        .map_or_else(|| "127.0.0.1:0".to_owned(), |p| p.advertise.to_string());
+    let tls = warden_cluster::NodeTls::issue(&secrets.ca_cert, &secrets.ca_key, node, &advertise)?;
+    let stats = std::sync::Arc::new(warden_cluster::NodePortStats::default());
+    let served = match (port, &agent) {
+        (Some(p), Some(local)) => Some(tokio::spawn(warden_cluster::serve(
+            p.listener,
+            tls.clone(),
+            local.clone(),
+            stats.clone(),
+            stop,
+        ))),
+        _ => None,
+    };
+    let directory = warden_cluster::Directory::start(store.clone())
+        .await
+        .context("cannot list the cluster's nodes")?;
+    let all = warden_cluster::ClusterInstances::new(
+        node.to_owned(),
+        agent,
+        warden_cluster::NodeClient::new(&tls),
+        directory,
+        store,
+    );
+    Ok(Wired {
+        instances: all.into_instances(),
+        served,
+        stats,
+    })
 }
 
 #[cfg(test)]

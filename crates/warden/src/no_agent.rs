@@ -5,8 +5,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use tokio::net::TcpStream;
-use warden_core::{Activity, AppSpec, InstanceError, InstanceRecord, Instances, Owner};
+use warden_core::{
+    Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, Owner,
+};
 
 /// No agent in this process.
 pub struct NoAgent;
@@ -28,8 +29,10 @@ impl Instances for NoAgent {
         Err(no_agent())
     }
 
-    async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<TcpStream> {
-        warden_agent::connect(&instance.addr).await
+    async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<InstanceStream> {
+        warden_agent::connect(&instance.addr)
+            .await
+            .map(InstanceStream::Tcp)
     }
 
     fn refused(&self, _instance: &InstanceRecord) {}

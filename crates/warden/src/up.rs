@@ -207,12 +207,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let store = warden_store::open(&backend, dir)
         .await
         .with_context(|| format!("cannot open the store {backend}"))?;
-    let made_token = match clustered {
-        true => {
-            cluster::join(&*store, dir, cfg.join_token_file.as_deref())
-                .await?
-                .made_token
-        }
+    let joined = match clustered {
+        true => Some(cluster::join(&*store, dir, cfg.join_token_file.as_deref()).await?),
         false => {
             files::protect_store_file(dir)?;
             None
@@ -230,16 +226,45 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         None
     };
 
-    let agent = match cfg.runs(Role::Agent) {
-        true => Some(
-            warden_agent::Agent::start(store.clone(), agent_config(&cfg, &node, &identity))
-                .await
-                .context("cannot start the agent")?,
-        ),
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    // On a cluster, an agent node serves its instances to the other nodes on its node port.
+    let node_port = match joined.is_some() && cfg.runs(Role::Agent) {
+        true => Some(cluster::bind_node_port(cfg.advertise()).await?),
         false => None,
     };
-    let instances: Option<Arc<dyn Instances>> =
+    let agent = match cfg.runs(Role::Agent) {
+        true => {
+            let mut config = agent_config(&cfg, &node, &identity);
+            config.advertise = node_port.as_ref().map(|p| p.advertise.to_string());
+            Some(
+                warden_agent::Agent::start(store.clone(), config)
+                    .await
+                    .context("cannot start the agent")?,
+            )
+        }
+        false => None,
+    };
+    let local: Option<Arc<dyn Instances>> =
         agent.clone().map(|a| Arc::new(a) as Arc<dyn Instances>);
+    let mut node_port_stats = None;
+    let instances = match &joined {
+        Some(j) => {
+            let wired = cluster::instances(
+                store.clone(),
+                &j.secrets,
+                &node,
+                local,
+                node_port,
+                stop_rx.clone(),
+            )
+            .await?;
+            tasks.extend(wired.served);
+            node_port_stats = Some(wired.stats);
+            Some(wired.instances)
+        }
+        None => local,
+    };
     let gateway = match cfg.runs(Role::Gateway) {
         true => {
             let source = instances
@@ -258,8 +283,6 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         false => None,
     };
     let mut at = Endpoints::default();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut tasks = Vec::new();
     if agent.is_none() {
         // A node without the agent still registers, so the cluster knows its roles.
         let info = warden_agent::node::NodeInfo {
@@ -296,6 +319,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             if let Some(a) = &agent_metrics {
                 text += &a.render_metrics();
             }
+            if let Some(s) = &node_port_stats {
+                text += &s.render();
+            }
             text
         }));
         tasks.push(tokio::spawn(async move {
@@ -318,7 +344,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         format!("{name}: {why}")
     });
     welcome(&cfg, &node, &at, driver.as_deref(), demo_users.as_deref());
-    if let Some(path) = &made_token {
+    if let Some(path) = joined.as_ref().and_then(|j| j.made_token.as_ref()) {
         println!(
             "  join token   {} (other nodes: warden up --store {} --join-token-file FILE)",
             path.display(),

@@ -307,6 +307,11 @@ impl Lifecycle {
     }
 
     /// Instances running on this node, ordered by app, label and id.
+    /// The record of a running instance.
+    pub(crate) fn record(&self, id: &str) -> Option<InstanceRecord> {
+        lock(&self.running).get(id).map(|r| r.record.clone())
+    }
+
     pub(crate) fn instances(&self) -> Vec<InstanceRecord> {
         let mut v: Vec<_> = lock(&self.running)
             .values()

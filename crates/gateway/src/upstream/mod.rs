@@ -21,8 +21,7 @@ use std::io::IoSlice;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use warden_core::{InstanceRecord, Instances};
+use warden_core::{InstanceRecord, InstanceStream, Instances};
 
 use warden_core::identity::Signer;
 
@@ -41,7 +40,7 @@ const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 /// A connection to an instance, with the bytes read from it and not yet used.
 pub(crate) struct Conn {
-    stream: TcpStream,
+    stream: InstanceStream,
     buf: BytesMut,
     idle_since: Instant,
 }
@@ -53,8 +52,13 @@ impl pool::Idle for Conn {
         if self.stale() || !self.buf.is_empty() {
             return false;
         }
-        let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        match &self.stream {
+            InstanceStream::Tcp(s) => {
+                let mut probe = [0u8; 1];
+                matches!(s.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            }
+            InstanceStream::Remote(s) => s.reusable(),
+        }
     }
 
     fn stale(&self) -> bool {
@@ -85,7 +89,7 @@ impl Conn {
 /// Writes `bytes` with `signature` in place of the placeholder at `at`, in one system call
 /// when the socket takes it all, as a single `write_all` would.
 async fn write_signed(
-    stream: &mut TcpStream,
+    stream: &mut InstanceStream,
     bytes: &[u8],
     at: usize,
     signature: &[u8],
@@ -177,7 +181,9 @@ impl Upstream {
             .connect(instance)
             .await
             .map_err(|e| connecting(&e))?;
-        let _ = stream.set_nodelay(true);
+        if let InstanceStream::Tcp(s) = &stream {
+            let _ = s.set_nodelay(true);
+        }
         Ok(Conn {
             stream,
             buf: BytesMut::with_capacity(8 * 1024),
@@ -348,7 +354,8 @@ mod tests {
             s.read_to_end(&mut got).await.unwrap();
             got
         });
-        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut stream =
+            warden_core::InstanceStream::Tcp(tokio::net::TcpStream::connect(addr).await.unwrap());
         super::write_signed(&mut stream, &bytes, 100, b"SIGNATUR")
             .await
             .unwrap();

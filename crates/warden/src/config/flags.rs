@@ -46,6 +46,10 @@ pub struct UpArgs {
     /// With etcd, on every node but the first: a file holding the cluster's join token
     #[arg(long, value_name = "FILE")]
     join_token_file: Option<PathBuf>,
+    /// With etcd, on an agent node: its node port's address, where other nodes reach its
+    /// instances over mutual TLS [default: 127.0.0.1 and a free port]
+    #[arg(long, value_name = "ADDR")]
+    advertise: Option<SocketAddr>,
     /// Gateway address; port 0 picks a free one
     #[arg(long)]
     listen: Option<SocketAddr>,
@@ -202,6 +206,9 @@ impl UpArgs {
         }
         if a.etcd_user.is_some() {
             cfg.etcd_user = a.etcd_user;
+        }
+        if a.advertise.is_some() {
+            cfg.advertise = a.advertise;
         }
         if a.node_name.is_some() {
             cfg.node_name = a.node_name;

@@ -44,6 +44,10 @@ pub struct Config {
     /// With etcd, on every node but the first: a file holding the cluster's join token (the
     /// first node writes it to its data dir, file join-token).
     pub join_token_file: Option<PathBuf>,
+    /// With etcd, on a node with the agent: the address of its node port, where the other
+    /// nodes (and only they: mutual TLS) reach its instances [absent: 127.0.0.1, a free port,
+    /// which only nodes on the same machine reach].
+    pub advertise: Option<SocketAddr>,
 
     /// Gateway address; port 0 picks a free one.
     pub listen: SocketAddr,
@@ -142,6 +146,7 @@ impl Default for Config {
             demo: false,
             node_name: None,
             join_token_file: None,
+            advertise: None,
             listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 7700)),
             max_connections: 10_000,
             max_header_bytes: 16 * 1024,
@@ -242,6 +247,12 @@ impl Config {
             ("etcd_user", self.etcd_user.is_some()),
             ("etcd_password_file", self.etcd_password_file.is_some()),
         ];
+        if self.advertise.is_some() && !etcd {
+            return invalid(
+                "advertise",
+                "only means something with store = \"etcd://...\"",
+            );
+        }
         if self.join_token_file.is_some() && !etcd {
             return invalid(
                 "join_token_file",
@@ -359,6 +370,12 @@ impl Config {
             }
             other => other.clone(),
         }
+    }
+
+    /// Where this node's node port listens and is reached.
+    pub fn advertise(&self) -> SocketAddr {
+        self.advertise
+            .unwrap_or_else(|| SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
     }
 
     /// Where the gateway serves TLS, if anywhere.

@@ -170,3 +170,229 @@ fn the_cluster_secrets_are_sealed_in_etcd() {
         "a private key is in etcd in clear"
     );
 }
+
+fn port_metric(w: &Warden, outcome: &str) -> f64 {
+    crate::metric(
+        w,
+        &format!("warden_node_port_connections_total{{outcome=\"{outcome}\"}}"),
+    )
+}
+
+/// alpha runs the gateway and the API but no agent; beta runs the agent behind its node port
+/// on another loopback address. A request at alpha starts an instance on beta and is served
+/// through beta's node port, signed for that instance; later requests reuse the connection;
+/// beta's own gateway reaches the instance directly.
+#[test]
+fn a_gateway_starts_and_reaches_instances_on_another_node_through_its_node_port() {
+    let cluster = EtcdCluster::start(3);
+    let alpha = Launch::new(BIN)
+        .arg("--store")
+        .arg(&cluster.url())
+        .arg("--node-name")
+        .arg("alpha")
+        .arg("--roles")
+        .arg("gateway,api")
+        .start();
+    let beta = node(
+        &cluster,
+        "beta",
+        &[
+            "--roles",
+            "gateway,agent,api",
+            "--advertise",
+            "127.0.0.2:0",
+            "--join-token-file",
+            &join_token(&alpha),
+        ],
+    )
+    .start();
+    let pw = alpha.password("alice");
+    wait_until(
+        "beta listed with its node port",
+        Duration::from_secs(20),
+        || {
+            nodes(&alpha)
+                .get("beta")?
+                .get("advertise")?
+                .as_str()
+                .map(str::to_owned)
+        },
+    );
+
+    let r = alpha.get_as("alice", &pw, "/apps/demo/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let first = r.json();
+    assert_eq!(
+        first["verified"], true,
+        "signed for the instance on beta: {first}"
+    );
+    let records = alpha.instances();
+    let record = records
+        .iter()
+        .find(|i| i["id"] == first["instance"])
+        .unwrap_or_else(|| panic!("{records:?}"));
+    assert_eq!(
+        record["node"], "beta",
+        "the instance started on the agent node"
+    );
+    assert!(
+        record["addr"].as_str().unwrap().starts_with("127.0.0.1:")
+            || record["addr"].as_str().unwrap().starts_with("fd+unix:"),
+        "the instance listens only inside its node: {record}"
+    );
+
+    // Keep-alive across nodes: the same upstream connection carries the next requests.
+    let joined = port_metric(&beta, "joined");
+    for _ in 0..10 {
+        let r = alpha.get_as("alice", &pw, "/apps/demo/");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.json()["instance"], first["instance"]);
+        assert_eq!(r.json()["peer"], first["peer"], "one pooled connection");
+    }
+    assert_eq!(
+        port_metric(&beta, "joined"),
+        joined,
+        "no new node port connection"
+    );
+
+    // beta's own gateway takes the direct path to its own instance.
+    let r = beta.get_as("alice", &pw, "/apps/demo/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["instance"], first["instance"]);
+    assert_eq!(
+        port_metric(&beta, "joined"),
+        joined,
+        "beta never uses its own node port"
+    );
+}
+
+/// Whatever is not a node of this cluster gets nothing through a node port: a plain TCP client,
+/// a TLS client without a certificate, one with a certificate of another CA.
+#[test]
+fn a_node_port_refuses_strangers() {
+    let cluster = EtcdCluster::start(1);
+    let beta = node(&cluster, "beta", &["--advertise", "127.0.0.2:0"]).start();
+    let addr = wait_until("beta's node port", Duration::from_secs(20), || {
+        nodes(&beta)
+            .get("beta")?
+            .get("advertise")?
+            .as_str()
+            .map(str::to_owned)
+    });
+
+    // Plain TCP, speaking HTTP or the node port's own framing: no byte of an answer.
+    for probe in [&b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"[..], &kill_request()] {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        s.write_all(probe).unwrap();
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        assert!(
+            !String::from_utf8_lossy(&answer).contains("HTTP") && !answer.contains(&b'{'),
+            "a plain client got {answer:?}"
+        );
+    }
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    // Trusts anything: the server's refusal, not ours, is what is tested.
+    let stranger_ca = rcgen::generate_simple_self_signed(vec!["stranger".into()]).unwrap();
+    for with_cert in [false, true] {
+        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(std::sync::Arc::new(AnyServer(provider.clone())));
+        let mut config = if with_cert {
+            builder
+                .with_client_auth_cert(
+                    vec![stranger_ca.cert.der().clone()],
+                    rustls::pki_types::PrivateKeyDer::try_from(
+                        stranger_ca.key_pair.serialize_der(),
+                    )
+                    .unwrap(),
+                )
+                .unwrap()
+        } else {
+            builder.with_no_client_auth()
+        };
+        config.alpn_protocols = vec![b"warden-node/1".to_vec()];
+        let outcome: std::io::Result<Vec<u8>> = rt.block_on(async {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let tcp = tokio::net::TcpStream::connect(&addr).await?;
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.2").unwrap();
+            let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+                .connect(name, tcp)
+                .await?;
+            tls.write_all(&kill_request()).await?;
+            let mut answer = Vec::new();
+            tls.read_to_end(&mut answer).await?;
+            Ok(answer)
+        });
+        assert!(
+            outcome.as_ref().map_or(true, |a| a.is_empty()),
+            "a TLS client (certificate of another CA: {with_cert}) got {outcome:?}"
+        );
+    }
+    wait_until("the refusals counted", Duration::from_secs(10), || {
+        (port_metric(&beta, "refused") >= 4.0).then_some(())
+    });
+    assert_eq!(port_metric(&beta, "admitted"), 0.0);
+}
+
+/// A well-formed node port request (a 4-byte length, then JSON), as a node would send it.
+fn kill_request() -> Vec<u8> {
+    let body = br#"{"op":"kill","id":"x"}"#;
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(body);
+    frame
+}
+
+#[derive(Debug)]
+struct AnyServer(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

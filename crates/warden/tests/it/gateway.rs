@@ -9,18 +9,10 @@ use serde_json::json;
 use warden_test_support::http::{basic, h2c_get, pipeline, raw};
 use warden_test_support::{request, Launch, Warden};
 
-use crate::BIN;
+use crate::{metric, BIN};
 
 fn host(w: &Warden) -> String {
     w.gateway.trim_start_matches("http://").to_owned()
-}
-
-fn metric(w: &Warden, line_start: &str) -> f64 {
-    let text = request("GET", &format!("{}/metrics", w.api), &[], b"").text();
-    text.lines()
-        .filter(|l| l.starts_with(line_start))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[test]

@@ -32,6 +32,15 @@ pub fn open_dir() -> tempfile::TempDir {
     dir
 }
 
+/// The sum of the metric lines of `w`'s API that start with `line_start`.
+pub fn metric(w: &warden_test_support::Warden, line_start: &str) -> f64 {
+    let text = warden_test_support::request("GET", &format!("{}/metrics", w.api), &[], b"").text();
+    text.lines()
+        .filter(|l| l.starts_with(line_start))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// The sandbox probe, an example of this package that `cargo test` builds beside the tests
 /// (it never ships): it tries to escape its sandbox and reports each attempt.
 pub fn probe() -> PathBuf {

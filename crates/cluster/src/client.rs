@@ -1,0 +1,125 @@
+//! The client side of other nodes' ports.
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use nix::sys::socket::{recv, MsgFlags};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+use warden_core::{InstanceError, RemoteStream};
+
+use crate::certs::server_name;
+use crate::wire::{self, Reply, Request};
+use crate::NodeTls;
+
+/// Time to reach a node and finish the handshake.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Opens connections to other nodes' ports as this node.
+#[derive(Clone)]
+pub struct NodeClient {
+    connector: TlsConnector,
+}
+
+/// A stream to an instance through its node's port.
+struct Joined(TlsStream<TcpStream>);
+
+impl tokio::io::AsyncRead for Joined {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Joined {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+impl RemoteStream for Joined {
+    /// Reusable while nothing waits on the socket: any byte there (a close, an alert, an
+    /// answer nobody asked for) or its end means the connection must not carry a request.
+    fn reusable(&self) -> bool {
+        let mut probe = [0u8; 1];
+        let fd = self.0.get_ref().0.as_raw_fd();
+        matches!(
+            recv(fd, &mut probe, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
+            Err(nix::errno::Errno::EAGAIN)
+        )
+    }
+}
+
+impl NodeClient {
+    /// A client presenting this node's certificate.
+    pub fn new(tls: &NodeTls) -> Self {
+        Self {
+            connector: TlsConnector::from(tls.client.clone()),
+        }
+    }
+
+    async fn open(&self, addr: &str) -> std::io::Result<TlsStream<TcpStream>> {
+        let name = server_name(addr).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let open = async {
+            let tcp = TcpStream::connect(addr).await?;
+            let _ = tcp.set_nodelay(true);
+            self.connector.connect(name, tcp).await
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, open)
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+    }
+
+    /// Sends `request` to the node at `addr` and returns its reply.
+    pub(crate) async fn call(&self, addr: &str, request: &Request) -> Result<Reply, InstanceError> {
+        let unreachable = |e: std::io::Error| {
+            InstanceError::Unavailable(format!("node port {addr} did not answer: {e}"))
+        };
+        let mut s = self.open(addr).await.map_err(unreachable)?;
+        wire::write(&mut s, request).await.map_err(unreachable)?;
+        wire::read(&mut s).await.map_err(unreachable)
+    }
+
+    /// A stream joined to instance `id` on the node at `addr`. A refusal (the instance is gone
+    /// or closed its port) is `ConnectionRefused`, as a local connection's would be.
+    pub(crate) async fn join(
+        &self,
+        addr: &str,
+        id: &str,
+    ) -> std::io::Result<Box<dyn RemoteStream>> {
+        let mut s = self.open(addr).await?;
+        wire::write(&mut s, &Request::Connect { id: id.to_owned() }).await?;
+        match wire::read::<Reply>(&mut s).await? {
+            Reply::Ok => Ok(Box::new(Joined(s))),
+            Reply::Err(e) => Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                e.to_string(),
+            )),
+            other => Err(std::io::Error::other(format!(
+                "node port {addr} answered connect with {other:?}"
+            ))),
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! [`ClusterInstances`]: instances on any node of the cluster, for a gateway and an API.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use warden_core::{
+    keys, Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, NodeRecord,
+    Owner,
+};
+use warden_store::{decode, Store};
+
+use crate::wire::{Reply, Request};
+use crate::{Directory, NodeClient};
+
+/// Instances wherever they run: this node's through the local agent (no hop), every other
+/// node's through its node port.
+pub struct ClusterInstances {
+    me: String,
+    local: Option<Arc<dyn Instances>>,
+    client: NodeClient,
+    nodes: Directory,
+    store: Arc<dyn Store>,
+    /// Node of each instance handed out by another node, for retire and relabel.
+    placed: Mutex<HashMap<String, String>>,
+}
+
+fn unexpected(reply: Reply) -> InstanceError {
+    InstanceError::Unavailable(format!("a node answered {reply:?}"))
+}
+
+impl ClusterInstances {
+    /// Instances for node `me`, whose own agent is `local` (if it runs one).
+    pub fn new(
+        me: String,
+        local: Option<Arc<dyn Instances>>,
+        client: NodeClient,
+        nodes: Directory,
+        store: Arc<dyn Store>,
+    ) -> Self {
+        Self {
+            me,
+            local,
+            client,
+            nodes,
+            store,
+            placed: Mutex::default(),
+        }
+    }
+
+    /// Nodes that may start an instance of `spec`, least loaded first (this node first among
+    /// equals: no hop).
+    fn candidates(&self, spec: &AppSpec) -> Vec<NodeRecord> {
+        let mut nodes: Vec<NodeRecord> = self
+            .nodes
+            .all()
+            .into_iter()
+            .filter(|n| n.runs_instances())
+            .filter(|n| {
+                if n.id == self.me {
+                    self.local.is_some()
+                } else {
+                    n.advertise.is_some()
+                }
+            })
+            .filter(|n| spec.driver.is_none_or(|d| n.drivers.contains(&d)))
+            .collect();
+        nodes.sort_by(|a, b| {
+            a.load
+                .score()
+                .total_cmp(&b.load.score())
+                .then((a.id != self.me).cmp(&(b.id != self.me)))
+                .then(a.id.cmp(&b.id))
+        });
+        nodes
+    }
+
+    fn node_of(&self, id: &str) -> Option<String> {
+        self.placed.lock().ok()?.get(id).cloned()
+    }
+
+    fn advertise(&self, node: &str) -> Option<String> {
+        self.nodes.get(node)?.advertise
+    }
+
+    /// The node running instance `id`, from the store.
+    async fn find(&self, id: &str) -> Option<InstanceRecord> {
+        let listing = self.store.list(keys::INSTANCES).await.ok()?;
+        listing
+            .entries
+            .iter()
+            .filter_map(|e| decode::<InstanceRecord>(&e.key, &e.value).ok())
+            .find(|r| r.id == id)
+    }
+
+    async fn remote(&self, node: &str, request: Request) -> Result<Reply, InstanceError> {
+        let addr = self.advertise(node).ok_or_else(|| {
+            InstanceError::Unavailable(format!("node {node} is not live or serves no node port"))
+        })?;
+        self.client.call(&addr, &request).await
+    }
+
+    /// Sends `request` about instance `id` to its node in the background.
+    fn tell(self: &Arc<Self>, id: &str, request: Request) {
+        let (this, id) = (self.clone(), id.to_owned());
+        tokio::spawn(async move {
+            let node = match this.node_of(&id) {
+                Some(n) => Some(n),
+                None => this.find(&id).await.map(|r| r.node),
+            };
+            let Some(node) = node else { return };
+            if let Err(e) = this.remote(&node, request).await {
+                tracing::warn!(instance = %id, %node, error = %e, "telling a node failed");
+            }
+        });
+    }
+}
+
+impl ClusterInstances {
+    /// As the `Instances` a gateway and an API use.
+    pub fn into_instances(self) -> Arc<dyn Instances> {
+        Arc::new(Shared(Arc::new(self)))
+    }
+}
+
+/// `Instances` takes `&self`; the background calls need an owned handle.
+struct Shared(Arc<ClusterInstances>);
+
+#[async_trait]
+impl Instances for Shared {
+    async fn ensure(
+        &self,
+        spec: &AppSpec,
+        label: &str,
+        owner: &Owner,
+    ) -> Result<InstanceRecord, InstanceError> {
+        let this = &self.0;
+        let candidates = this.candidates(spec);
+        let mut last = None;
+        for node in &candidates {
+            let outcome = if node.id == this.me {
+                match &this.local {
+                    Some(l) => l.ensure(spec, label, owner).await,
+                    None => continue,
+                }
+            } else {
+                let request = Request::Ensure {
+                    spec: Box::new(spec.clone()),
+                    label: label.to_owned(),
+                    owner: owner.clone(),
+                };
+                match this.remote(&node.id, request).await {
+                    Ok(Reply::Record(r)) => Ok(*r),
+                    Ok(Reply::Err(e)) => Err(e),
+                    Ok(other) => Err(unexpected(other)),
+                    Err(e) => Err(e),
+                }
+            };
+            match outcome {
+                Ok(r) => {
+                    if r.node != this.me {
+                        if let Ok(mut p) = this.placed.lock() {
+                            p.insert(r.id.clone(), r.node.clone());
+                        }
+                    }
+                    return Ok(r);
+                }
+                // A node that is full, stopping or gone is passed over for the next one.
+                Err(InstanceError::Unavailable(why)) => {
+                    tracing::info!(node = %node.id, app = %spec.name, why, "node passed over for a start");
+                    last = Some(why);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(InstanceError::Unavailable(match last {
+            Some(why) => format!("no node could start an instance of {}: {why}", spec.name),
+            None => format!(
+                "no live node runs an agent{} for app {}",
+                spec.driver
+                    .map(|d| format!(" with driver {d:?}"))
+                    .unwrap_or_default(),
+                spec.name
+            ),
+        }))
+    }
+
+    async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<InstanceStream> {
+        let this = &self.0;
+        if instance.node == this.me {
+            if let Some(l) = &this.local {
+                return l.connect(instance).await;
+            }
+        }
+        let addr = this.advertise(&instance.node).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                format!("node {} of instance {} is gone", instance.node, instance.id),
+            )
+        })?;
+        Ok(InstanceStream::Remote(
+            this.client.join(&addr, &instance.id).await?,
+        ))
+    }
+
+    fn refused(&self, instance: &InstanceRecord) {
+        if let Some(l) = &self.0.local {
+            if instance.node == self.0.me {
+                l.refused(instance);
+            }
+        }
+    }
+
+    fn retire(&self, id: &str) {
+        match &self.0.local {
+            Some(l) if l.record(id).is_some() => l.retire(id),
+            _ => self.0.tell(id, Request::Retire { id: id.to_owned() }),
+        }
+    }
+
+    fn relabel(&self, id: &str, label: &str) {
+        match &self.0.local {
+            Some(l) if l.record(id).is_some() => l.relabel(id, label),
+            _ => self.0.tell(
+                id,
+                Request::Relabel {
+                    id: id.to_owned(),
+                    label: label.to_owned(),
+                },
+            ),
+        }
+    }
+
+    async fn kill(&self, id: &str) -> Result<(), InstanceError> {
+        let this = &self.0;
+        if let Some(l) = &this.local {
+            if l.record(id).is_some() {
+                return l.kill(id).await;
+            }
+        }
+        let record = this
+            .find(id)
+            .await
+            .ok_or_else(|| InstanceError::UnknownInstance(id.to_owned()))?;
+        match this
+            .remote(&record.node, Request::Kill { id: id.to_owned() })
+            .await?
+        {
+            Reply::Ok => Ok(()),
+            Reply::Err(e) => Err(e),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn activity(&self, id: &str) -> Option<Arc<Activity>> {
+        self.0.local.as_ref()?.activity(id)
+    }
+
+    fn logs(&self, id: &str, lines: usize) -> Result<String, InstanceError> {
+        match &self.0.local {
+            Some(l) if l.record(id).is_some() => l.logs(id, lines),
+            _ => Err(InstanceError::Unavailable(format!(
+                "instance {id} does not run on node {}; ask the API of the node that runs it \
+                 (`warden instances list` shows the node)",
+                self.0.me
+            ))),
+        }
+    }
+
+    fn record(&self, id: &str) -> Option<InstanceRecord> {
+        self.0.local.as_ref()?.record(id)
+    }
+}

@@ -1,0 +1,29 @@
+//! The cluster: how nodes reach each other's instances, and how a gateway gets instances on
+//! any node.
+//!
+//! This crate owns the node port (a mutual-TLS listener on every agent node through which other
+//! nodes of the cluster reach its instances and ask it to start one), node certificates issued
+//! by the cluster CA, the view of live nodes, and [`ClusterInstances`], the `Instances` a
+//! gateway and an API use on a cluster: the local agent for instances of its own node (the
+//! direct path, no hop), the node port of the node that runs any other.
+//!
+//! It must not import a role crate: the local agent is an `Arc<dyn Instances>` here, and the
+//! gateway only sees `Instances`. Consensus and replication are etcd's; this crate never
+//! implements them.
+#![forbid(unsafe_code)]
+
+pub mod certs;
+mod client;
+mod directory;
+mod instances;
+mod server;
+mod wire;
+
+pub use certs::{new_ca, NodeTls};
+pub use client::NodeClient;
+pub use directory::Directory;
+pub use instances::ClusterInstances;
+pub use server::{serve, NodePortStats};
+
+/// ALPN protocol of the node port.
+pub const ALPN: &[u8] = b"warden-node/1";
