@@ -396,3 +396,114 @@ impl rustls::client::danger::ServerCertVerifier for AnyServer {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
+
+/// alpha (every role, the demo) and beta (a second gateway, with an agent of its own).
+fn two_gateways(cluster: &EtcdCluster) -> (Warden, Warden) {
+    let alpha = Launch::new(BIN)
+        .arg("--store")
+        .arg(&cluster.url())
+        .arg("--node-name")
+        .arg("alpha")
+        .start();
+    let beta = node(
+        &cluster,
+        "beta",
+        &[
+            "--roles",
+            "gateway,agent",
+            "--advertise",
+            "127.0.0.2:0",
+            "--join-token-file",
+            &join_token(&alpha),
+        ],
+    )
+    .start();
+    (alpha, beta)
+}
+
+fn get_with_token(gateway: &str, token: &str) -> u16 {
+    warden_test_support::request(
+        "GET",
+        &format!("{gateway}/apps/demo/"),
+        &[("authorization", &format!("Bearer {token}"))],
+        b"",
+    )
+    .status
+}
+
+/// A login at one gateway is valid at the other; a logout at either ends it at both.
+#[test]
+fn a_session_is_valid_at_every_gateway_until_a_logout_at_any() {
+    let cluster = EtcdCluster::start(3);
+    let (alpha, beta) = two_gateways(&cluster);
+    let pw = alpha.password("bob");
+    let r = warden_test_support::request(
+        "POST",
+        &format!("{}/login", alpha.gateway),
+        &[("authorization", &warden_test_support::http::basic("bob", &pw))],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let token = r.json()["token"].as_str().unwrap().to_owned();
+    wait_until("beta to know the session", Duration::from_secs(10), || {
+        (get_with_token(&beta.gateway, &token) == 200).then_some(())
+    });
+    let out = warden_test_support::request(
+        "POST",
+        &format!("{}/logout", beta.gateway),
+        &[("authorization", &format!("Bearer {token}"))],
+        b"",
+    );
+    assert!(out.status < 300, "{}", out.text());
+    assert_eq!(get_with_token(&beta.gateway, &token), 401);
+    wait_until("alpha to drop the session", Duration::from_secs(10), || {
+        (get_with_token(&alpha.gateway, &token) == 401).then_some(())
+    });
+}
+
+/// A node that dies while a start is asked of it is passed over: a node record that looks
+/// like the least loaded agent of the cluster but whose port is closed does not stop the start.
+#[test]
+fn a_start_passes_over_a_node_that_does_not_answer() {
+    let cluster = EtcdCluster::start(1);
+    let alpha = Launch::new(BIN)
+        .arg("--store")
+        .arg(&cluster.url())
+        .arg("--node-name")
+        .arg("alpha")
+        .arg("--roles")
+        .arg("gateway,api")
+        .start();
+    let _beta = node(
+        &cluster,
+        "beta",
+        &["--roles", "agent", "--advertise", "127.0.0.2:0", "--join-token-file", &join_token(&alpha)],
+    )
+    .start();
+    // A ghost: idle, every driver, a node port nobody listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.3:0").unwrap();
+    let ghost_port = closed.local_addr().unwrap();
+    drop(closed);
+    let ghost = serde_json::json!({
+        "id": "ghost", "hostname": "elsewhere", "pid": 1, "started_at_ms": 0,
+        "load": {"memory_used": 0.0, "cpu_busy": 0.0, "load_per_core": 0.0, "instances": 0},
+        "roles": ["agent"], "advertise": ghost_port.to_string(),
+        "drivers": ["sandbox", "process"],
+    });
+    let put = std::process::Command::new("etcdctl")
+        .args(["--endpoints", &cluster.client(0).to_string(), "put", "nodes/ghost", &ghost.to_string()])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .unwrap();
+    assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
+    wait_until("the ghost and beta listed", Duration::from_secs(20), || {
+        let n = nodes(&alpha);
+        (n.contains_key("ghost") && n.get("beta")?.get("advertise")?.is_string()).then_some(())
+    });
+    let pw = alpha.password("alice");
+    let r = alpha.get_as("alice", &pw, "/apps/demo/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let id = r.json()["instance"].clone();
+    let record = alpha.instances().into_iter().find(|i| i["id"] == id).unwrap();
+    assert_eq!(record["node"], "beta");
+}
