@@ -17,6 +17,7 @@ mod client;
 mod directory;
 mod instances;
 mod server;
+pub mod tickets;
 mod wire;
 
 pub use certs::{new_ca, NodeTls};
@@ -24,6 +25,7 @@ pub use client::NodeClient;
 pub use directory::Directory;
 pub use instances::ClusterInstances;
 pub use server::{serve, NodePortStats};
+pub use tickets::SharedTickets;
 
 /// ALPN protocol of the node port.
 pub const ALPN: &[u8] = b"warden-node/1";

@@ -39,6 +39,8 @@ pub struct Secrets {
     pub ca_cert: String,
     /// PEM key of the cluster CA.
     pub ca_key: String,
+    /// Hex key that seals the gateways' shared TLS ticket keys in the store.
+    pub ticket_seal: String,
 }
 
 /// The sealed form stored at [`SECRETS_KEY`].
@@ -136,7 +138,28 @@ fn new_secrets() -> anyhow::Result<Secrets> {
         identity_key: warden_core::id::secret_token(),
         ca_cert,
         ca_key,
+        ticket_seal: warden_core::id::secret_token(),
     })
+}
+
+/// How long a shared TLS ticket key seals new tickets (as rustls's own ticketer).
+const TICKET_PERIOD: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
+/// The TLS session-ticket keys every gateway of the cluster shares.
+pub async fn shared_tickets(
+    store: std::sync::Arc<dyn Store>,
+    secrets: &Secrets,
+) -> anyhow::Result<std::sync::Arc<dyn rustls::server::ProducesTickets>> {
+    let seal: Vec<u8> = (0..secrets.ticket_seal.len() / 2)
+        .filter_map(|i| u8::from_str_radix(secrets.ticket_seal.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect();
+    if seal.len() != 32 {
+        bail!("the cluster's ticket seal is damaged");
+    }
+    let tickets = warden_cluster::SharedTickets::start(store, &seal, TICKET_PERIOD)
+        .await
+        .context("cannot share TLS ticket keys through the store")?;
+    Ok(tickets)
 }
 
 /// How this node came by the secrets.

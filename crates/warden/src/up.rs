@@ -36,6 +36,7 @@ fn tls_settings(cfg: &Config) -> anyhow::Result<Option<warden_gateway::TlsSettin
         certs,
         admission: cfg.admission(),
         handshake_timeout: cfg.tls_handshake_timeout.0,
+        tickets: None,
     }))
 }
 
@@ -270,14 +271,14 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             let source = instances
                 .clone()
                 .unwrap_or_else(|| Arc::new(no_agent::NoAgent));
+            let mut config = gateway_config(&cfg, &identity)?;
+            if let (Some(tls), Some(j)) = (config.tls.as_mut(), &joined) {
+                tls.tickets = Some(cluster::shared_tickets(store.clone(), &j.secrets).await?);
+            }
             Some(
-                warden_gateway::Gateway::bind(
-                    gateway_config(&cfg, &identity)?,
-                    store.clone(),
-                    source,
-                )
-                .await
-                .context("cannot start the gateway")?,
+                warden_gateway::Gateway::bind(config, store.clone(), source)
+                    .await
+                    .context("cannot start the gateway")?,
             )
         }
         false => None,

@@ -38,6 +38,8 @@ pub struct TlsSettings {
     pub admission: AdmissionConfig,
     /// Time a client gets to finish its handshake.
     pub handshake_timeout: Duration,
+    /// Session-ticket keys shared with other gateways (absent: this gateway's own, rotating).
+    pub tickets: Option<Arc<dyn rustls::server::ProducesTickets>>,
 }
 
 /// Why TLS could not be set up. Raised at start, never at the first handshake.
@@ -130,8 +132,12 @@ impl Tls {
             .with_cert_resolver(resolver.clone());
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         config.session_storage = sessions.clone();
-        // Ticket keys rotate (every 6 hours in rustls), so a stolen key exposes little.
-        config.ticketer = rustls::crypto::ring::Ticketer::new()?;
+        // Ticket keys rotate (every 6 hours), so a stolen key exposes little; on a cluster
+        // every gateway shares them, so a client resumes at any.
+        config.ticketer = match &settings.tickets {
+            Some(t) => t.clone(),
+            None => rustls::crypto::ring::Ticketer::new()?,
+        };
         Ok(Self {
             config: Arc::new(config),
             names: resolver,

@@ -440,7 +440,10 @@ fn a_session_is_valid_at_every_gateway_until_a_logout_at_any() {
     let r = warden_test_support::request(
         "POST",
         &format!("{}/login", alpha.gateway),
-        &[("authorization", &warden_test_support::http::basic("bob", &pw))],
+        &[(
+            "authorization",
+            &warden_test_support::http::basic("bob", &pw),
+        )],
         b"",
     );
     assert_eq!(r.status, 200, "{}", r.text());
@@ -477,7 +480,14 @@ fn a_start_passes_over_a_node_that_does_not_answer() {
     let _beta = node(
         &cluster,
         "beta",
-        &["--roles", "agent", "--advertise", "127.0.0.2:0", "--join-token-file", &join_token(&alpha)],
+        &[
+            "--roles",
+            "agent",
+            "--advertise",
+            "127.0.0.2:0",
+            "--join-token-file",
+            &join_token(&alpha),
+        ],
     )
     .start();
     // A ghost: idle, every driver, a node port nobody listens on.
@@ -491,11 +501,21 @@ fn a_start_passes_over_a_node_that_does_not_answer() {
         "drivers": ["sandbox", "process"],
     });
     let put = std::process::Command::new("etcdctl")
-        .args(["--endpoints", &cluster.client(0).to_string(), "put", "nodes/ghost", &ghost.to_string()])
+        .args([
+            "--endpoints",
+            &cluster.client(0).to_string(),
+            "put",
+            "nodes/ghost",
+            &ghost.to_string(),
+        ])
         .env("ETCDCTL_API", "3")
         .output()
         .unwrap();
-    assert!(put.status.success(), "{}", String::from_utf8_lossy(&put.stderr));
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
     wait_until("the ghost and beta listed", Duration::from_secs(20), || {
         let n = nodes(&alpha);
         (n.contains_key("ghost") && n.get("beta")?.get("advertise")?.is_string()).then_some(())
@@ -504,6 +524,95 @@ fn a_start_passes_over_a_node_that_does_not_answer() {
     let r = alpha.get_as("alice", &pw, "/apps/demo/");
     assert_eq!(r.status, 200, "{}", r.text());
     let id = r.json()["instance"].clone();
-    let record = alpha.instances().into_iter().find(|i| i["id"] == id).unwrap();
+    let record = alpha
+        .instances()
+        .into_iter()
+        .find(|i| i["id"] == id)
+        .unwrap();
     assert_eq!(record["node"], "beta");
+}
+
+/// A client that got a session ticket from one gateway resumes at the other: the gateways
+/// share their ticket keys through the store (TLS 1.3 and 1.2).
+#[test]
+fn a_tls_session_from_one_gateway_resumes_at_the_other() {
+    let cluster = EtcdCluster::start(1);
+    let certs = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let tls = |l: Launch| {
+        l.arg("--tls-listen")
+            .arg("127.0.0.1:0")
+            .arg("--tls-cert")
+            .arg(cert.to_str().unwrap())
+            .arg("--tls-key")
+            .arg(key.to_str().unwrap())
+    };
+    let alpha = tls(node(&cluster, "alpha", &["--roles", "gateway"])).start();
+    let beta = tls(node(
+        &cluster,
+        "beta",
+        &[
+            "--roles",
+            "gateway",
+            "--join-token-file",
+            &join_token(&alpha),
+        ],
+    ))
+    .start();
+    let addr = |w: &Warden| {
+        w.tls
+            .clone()
+            .unwrap()
+            .trim_start_matches("https://")
+            .to_owned()
+    };
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ck.cert.der().clone()).unwrap();
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        let config = std::sync::Arc::new(
+            rustls::ClientConfig::builder_with_provider(provider.clone())
+                .with_protocol_versions(&[version])
+                .unwrap()
+                .with_root_certificates(roots.clone())
+                .with_no_client_auth(),
+        );
+        let handshake = |to: String| {
+            let config = config.clone();
+            rt.block_on(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let tcp = tokio::net::TcpStream::connect(&to).await.unwrap();
+                let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+                let mut s = tokio_rustls::TlsConnector::from(config)
+                    .connect(name, tcp)
+                    .await
+                    .unwrap();
+                // A request and its answer: the ticket arrives on the way.
+                s.write_all(
+                    b"GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n",
+                )
+                .await
+                .unwrap();
+                let mut answer = Vec::new();
+                let _ = s.read_to_end(&mut answer).await;
+                assert!(
+                    answer.starts_with(b"HTTP/1.1 200"),
+                    "{}",
+                    String::from_utf8_lossy(&answer)
+                );
+                s.get_ref().1.handshake_kind()
+            })
+        };
+        assert_eq!(handshake(addr(&alpha)), Some(rustls::HandshakeKind::Full));
+        assert_eq!(
+            handshake(addr(&beta)),
+            Some(rustls::HandshakeKind::Resumed),
+            "{version:?}: a ticket of alpha resumes at beta"
+        );
+    }
 }
