@@ -406,7 +406,7 @@ fn two_gateways(cluster: &EtcdCluster) -> (Warden, Warden) {
         .arg("alpha")
         .start();
     let beta = node(
-        &cluster,
+        cluster,
         "beta",
         &[
             "--roles",
