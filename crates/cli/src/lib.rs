@@ -430,6 +430,26 @@ async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
             ]
         });
         table::print(&["APP", "RUNNING BY LABEL", "DESIRED", "SPARE"], rows);
+        let nodes = v["by_node"].as_array().cloned().unwrap_or_default();
+        if !nodes.is_empty() {
+            println!();
+            let rows = nodes.iter().map(|n| {
+                let roles: Vec<String> = n["roles"].as_array().into_iter().flatten().map(s).collect();
+                let apps: Vec<String> = n["instances"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(app, labels)| format!("{app}: {}", by_label(labels)))
+                    .collect();
+                vec![
+                    s(&n["name"]),
+                    roles.join(","),
+                    format!("{:.0}%", n["load"].as_f64().unwrap_or(0.0) * 100.0),
+                    if apps.is_empty() { "-".into() } else { apps.join("; ") },
+                ]
+            });
+            table::print(&["NODE", "ROLES", "LOAD", "INSTANCES BY APP AND LABEL"], rows);
+        }
         for a in &apps {
             for c in a["crash_loops"].as_array().into_iter().flatten() {
                 let what = if c["crash_loop"].as_bool() == Some(true) {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
-use warden_core::{keys, AppHealth, AppSpec, InstanceState, LabelHealth, UserRecord};
+use warden_core::{keys, AppHealth, AppSpec, InstanceState, LabelHealth, NodeRecord, UserRecord};
 
 use crate::error::ApiError;
 use crate::Api;
@@ -37,6 +37,21 @@ pub struct CrashReport {
     pub health: LabelHealth,
 }
 
+/// One live node and what runs on it.
+#[derive(Serialize)]
+pub struct NodeStatus {
+    /// Node name.
+    pub name: String,
+    /// Roles it runs.
+    pub roles: Vec<String>,
+    /// Its node port, if it serves one.
+    pub advertise: Option<String>,
+    /// Its load score (the largest of its load fractions).
+    pub load: f64,
+    /// Instances that serve requests on it, by app, then label.
+    pub instances: BTreeMap<String, BTreeMap<String, usize>>,
+}
+
 /// The summary.
 #[derive(Serialize)]
 pub struct Status {
@@ -44,6 +59,8 @@ pub struct Status {
     pub revision: u64,
     /// Live nodes.
     pub nodes: usize,
+    /// Each live node with its instances.
+    pub by_node: Vec<NodeStatus>,
     /// Registered users.
     pub users: usize,
     /// Apps with their instance counts.
@@ -142,9 +159,34 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
             }
         })
         .collect();
+    let by_node = nodes
+        .entries
+        .iter()
+        .filter_map(|e| warden_store::decode::<NodeRecord>(&e.key, &e.value).ok())
+        .map(|n| {
+            let mut on: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+            for i in instances
+                .iter()
+                .filter(|i| i.node == n.id && i.state != InstanceState::Spare)
+            {
+                *on.entry(i.app.clone())
+                    .or_default()
+                    .entry(i.label.clone())
+                    .or_insert(0) += 1;
+            }
+            NodeStatus {
+                load: n.load.score(),
+                name: n.id,
+                roles: n.roles,
+                advertise: n.advertise,
+                instances: on,
+            }
+        })
+        .collect();
     Ok(Json(Status {
         revision: users.revision,
         nodes: nodes.entries.len(),
+        by_node,
         users: users.entries.len(),
         apps,
         damaged,

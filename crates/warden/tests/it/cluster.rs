@@ -241,6 +241,30 @@ fn a_gateway_starts_and_reaches_instances_on_another_node_through_its_node_port(
         "the instance listens only inside its node: {record}"
     );
 
+    // The status shows where instances run.
+    let (ok, out, err) = cli(
+        BIN,
+        &["status", "--data-dir", alpha.dir.to_str().unwrap()],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let beta_line = out
+        .lines()
+        .find(|l| l.starts_with("beta"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        beta_line.contains("gateway,agent,api") && beta_line.contains("demo: "),
+        "{out}"
+    );
+    let alpha_line = out
+        .lines()
+        .find(|l| l.starts_with("alpha"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        alpha_line.trim_end().ends_with('-'),
+        "no instance on alpha: {out}"
+    );
+
     // Keep-alive across nodes: the same upstream connection carries the next requests.
     let joined = port_metric(&beta, "joined");
     for _ in 0..10 {
@@ -613,6 +637,51 @@ fn a_tls_session_from_one_gateway_resumes_at_the_other() {
             handshake(addr(&beta)),
             Some(rustls::HandshakeKind::Resumed),
             "{version:?}: a ticket of alpha resumes at beta"
+        );
+    }
+}
+
+/// One of three etcd members killed under load: requests keep being served, API writes keep
+/// succeeding, and every acknowledged write is there afterwards.
+#[test]
+fn requests_and_writes_go_on_when_an_etcd_member_dies() {
+    let mut cluster = EtcdCluster::start(3);
+    let alpha = Launch::new(BIN)
+        .arg("--store")
+        .arg(&cluster.url())
+        .arg("--node-name")
+        .arg("alpha")
+        .start();
+    let pw = alpha.password("alice");
+    assert_eq!(alpha.get_as("alice", &pw, "/apps/demo/").status, 200);
+    let mut created = Vec::new();
+    for i in 0..40 {
+        if i == 10 {
+            cluster.kill(0);
+        }
+        if i == 30 {
+            cluster.restart(0);
+        }
+        let name = format!("user{i}");
+        let r = alpha.api(
+            "POST",
+            "/v1/users",
+            Some(serde_json::json!({"name": name, "password": "a-long-password", "clearance": "SECRET"})),
+        );
+        assert_eq!(r.status, 201, "write {i}: {}", r.text());
+        created.push(name);
+        let r = alpha.get_as("alice", &pw, "/apps/demo/");
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+    }
+    let users = alpha.api("GET", "/v1/users", None).json();
+    for name in &created {
+        assert!(
+            users
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|u| u["name"] == name.as_str()),
+            "{name} was acknowledged and is gone"
         );
     }
 }
