@@ -126,6 +126,11 @@ async fn handle(
                     return wire::write(&mut tls, &Reply::Err(refused)).await;
                 }
             };
+            if let warden_core::InstanceStream::Tcp(s) = &instance {
+                // Requests arrive in TLS records, often several per request: without this,
+                // Nagle holds the last piece back until the app's delayed ACK (40 ms).
+                let _ = s.set_nodelay(true);
+            }
             wire::write(&mut tls, &Reply::Ok).await?;
             stats.joined.fetch_add(1, Ordering::Relaxed);
             // The instance counts as busy while another node holds a connection to it.
