@@ -12,6 +12,8 @@ durably before it answers:
   redis            Redis with appendonly yes, appendfsync always
   postgres         PostgreSQL, a table with a primary key, synchronous_commit on
   sqlite           SQLite, WAL, synchronous=FULL
+  http-floor       nginx answering every operation with a constant, storing nothing: the most
+                   this HTTP client reaches, the ceiling of every HTTP row (warden, etcd)
 
 Everything runs on loopback on this machine, servers and client sharing its cores, as in the
 seed. The client is this one Python program for every system, so its own cost is the same in
@@ -117,6 +119,20 @@ class EtcdGateway(Http):
         self.call(c, "POST", "/v3/kv/deleterange", {"key": b64(f"test::{i}")})
 
 
+class Floor(Http):
+    def __init__(self, port):
+        super().__init__(port, {"content-type": "application/json"})
+
+    def put(self, c, i):
+        self.call(c, "POST", f"/kv/test::{i}", {"value": str(i)})
+
+    def get(self, c, i):
+        self.call(c, "GET", f"/kv/test::{i}")
+
+    def delete(self, c, i):
+        self.call(c, "DELETE", f"/kv/test::{i}")
+
+
 class Redis:
     def __init__(self, port):
         self.port = port
@@ -201,6 +217,34 @@ def close(conn):
         conn.close()
     except Exception:  # noqa: BLE001
         pass
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(roots):
+    """CPU seconds used so far by the processes `roots` and every descendant (live ones, and
+    the reaped ones counted in their parents)."""
+    parent, times = {}, {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(pid)] = int(fields[1])
+        times[int(pid)] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    wanted = set(roots)
+    changed = True
+    while changed:
+        changed = False
+        for pid, pp in parent.items():
+            if pp in wanted and pid not in wanted:
+                wanted.add(pid)
+                changed = True
+    return sum(times.get(p, 0) for p in wanted) / TICK
 
 
 def run(client, turns, workers, persistent):
@@ -315,6 +359,15 @@ class Servers:
             return Redis(port)
         if system == "postgres":
             return self.postgres()
+        if system == "http-floor":
+            d, port = tempfile.mkdtemp(dir=self.work), free_port()
+            with open(f"{d}/nginx.conf", "w") as f:
+                f.write(f"daemon off; pid {d}/pid; error_log {d}/error.log; worker_processes 1;"
+                        f"events {{}} http {{ access_log off; server {{ listen 127.0.0.1:{port};"
+                        f" keepalive_requests 1000000; location / {{ return 200 '{{}}'; }} }} }}")
+            self.spawn(["nginx", "-c", f"{d}/nginx.conf", "-p", d])
+            wait_port(port)
+            return Floor(port)
         if system == "sqlite":
             path = os.path.join(tempfile.mkdtemp(dir=self.work), "kv.db")
             c = sqlite3.connect(path)
@@ -343,7 +396,7 @@ class Servers:
         return pg
 
 
-SYSTEMS = ["warden-embedded", "warden-etcd", "etcd", "redis", "postgres", "sqlite"]
+SYSTEMS = ["warden-embedded", "warden-etcd", "etcd", "redis", "postgres", "sqlite", "http-floor"]
 
 
 def main():
@@ -367,27 +420,32 @@ def main():
                 for persistent in (False, True):
                     for k in [int(x) for x in args.workers.split(",")]:
                         for rnd in range(args.rounds):
+                            roots = [p.pid for p in servers.procs]
+                            cpu = tree_cpu(roots)
                             secs = run(client, args.turns, k, persistent)
+                            cpu = tree_cpu(roots) - cpu
                             ops = 3 * args.turns / secs
+                            us = 1e6 * cpu / (3 * args.turns)
                             mode = "persistent" if persistent else "new-connection"
-                            rows.append([system, mode, k, rnd, f"{secs:.3f}", f"{ops:.0f}"])
-                            print(f"{system:16} {mode:14} k={k:<4} round {rnd}: {ops:8.0f} ops/s", flush=True)
+                            rows.append([system, mode, k, rnd, f"{secs:.3f}", f"{ops:.0f}", f"{us:.0f}"])
+                            print(f"{system:16} {mode:14} k={k:<4} round {rnd}: {ops:8.0f} ops/s,"
+                                  f" server CPU {us:5.0f} us/op", flush=True)
             finally:
                 servers.stop_all()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     with open(f"{args.out}/store.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["system", "mode", "k", "round", "seconds", "ops_per_s"])
+        w.writerow(["system", "mode", "k", "round", "seconds", "ops_per_s", "server_cpu_us_per_op"])
         w.writerows(rows)
     report(rows, args, f"{args.out}/store.md")
     plot(rows, f"{args.out}/store.png")
 
 
-def medians(rows):
+def medians(rows, column=5):
     cells = {}
-    for system, mode, k, _, _, ops in rows:
-        cells.setdefault((system, mode, k), []).append(float(ops))
+    for row in rows:
+        cells.setdefault((row[0], row[1], row[2]), []).append(float(row[column]))
     return {c: statistics.median(v) for c, v in cells.items()}
 
 
@@ -403,7 +461,7 @@ def report(rows, args, path):
     for s in systems:
         cells = [f"{m.get((s, mode, k), 0):.0f}" for mode in modes for k in ks]
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    for peer in ["redis", "etcd"]:
+    for peer in ["redis", "etcd", "http-floor"]:
         if "warden-embedded" in systems and peer in systems:
             cells = []
             for mode in modes:
@@ -411,6 +469,12 @@ def report(rows, args, path):
                     w, p = m.get(("warden-embedded", mode, k)), m.get((peer, mode, k))
                     cells.append(f"{w / p:.2f}x" if w and p else "-")
             lines.append(f"| warden-embedded / {peer} | " + " | ".join(cells) + " |")
+    cpu = medians(rows, 6)
+    lines += ["", "Server CPU time per operation (all the system's processes, user + system), "
+              "microseconds, median:", "", head, "|" + "---|" * (1 + len(modes) * len(ks))]
+    for s in systems:
+        cells = [f"{cpu.get((s, mode, k), 0):.0f}" for mode in modes for k in ks]
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

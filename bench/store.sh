@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
+command -v nginx >/dev/null || need+=(nginx-light)
 command -v etcd >/dev/null || need+=(etcd-server)
 [ -x /usr/lib/postgresql/15/bin/postgres ] || command -v postgres >/dev/null || need+=(postgresql)
 if [ ${#need[@]} -gt 0 ]; then

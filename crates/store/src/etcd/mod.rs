@@ -34,6 +34,8 @@ const FAILOVER_BUDGET: Duration = Duration::from_secs(10);
 pub struct EtcdStore {
     client: Client,
     endpoints: String,
+    /// Why the last operation failed, until one succeeds again (for `ready`).
+    unready: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl EtcdStore {
@@ -43,6 +45,7 @@ impl EtcdStore {
         let store = Self {
             client,
             endpoints: options.endpoints.join(","),
+            unready: std::sync::Arc::default(),
         };
         // A first read, so that a wrong address or credential fails at start with a clear
         // message instead of at the first request.
@@ -61,13 +64,29 @@ impl EtcdStore {
         let mut pause = Duration::from_millis(20);
         loop {
             match op(self.client.clone()).await {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    if let Ok(mut u) = self.unready.lock() {
+                        *u = None;
+                    }
+                    return Ok(v);
+                }
                 Err(e) if transient(&e) && tokio::time::Instant::now() + pause < deadline => {
                     tracing::debug!(op = what, error = %e, "etcd unavailable; trying again");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(500));
                 }
-                Err(e) => return Err(self.error(what, e)),
+                Err(e) => {
+                    // Only an unreachable cluster makes the store unready; a refusal (a lease
+                    // gone, a bad request) is the caller's answer.
+                    let unreachable = transient(&e);
+                    let e = self.error(what, e);
+                    if unreachable {
+                        if let Ok(mut u) = self.unready.lock() {
+                            *u = Some(e.to_string());
+                        }
+                    }
+                    return Err(e);
+                }
             }
         }
     }
@@ -300,6 +319,16 @@ impl Store for EtcdStore {
             return Err(StoreError::LeaseNotFound(lease));
         }
         Ok(())
+    }
+
+    fn ready(&self) -> Result<(), StoreError> {
+        match self.unready.lock().ok().and_then(|u| u.clone()) {
+            Some(reason) => Err(StoreError::Engine {
+                op: "reach etcd",
+                reason,
+            }),
+            None => Ok(()),
+        }
     }
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<(), StoreError> {

@@ -20,8 +20,13 @@ pub(super) async fn start(
     let (tx, rx) = mpsc::channel(256);
     let client = store.client.clone();
     let endpoints = store.endpoints.clone();
+    let unready = store.unready.clone();
     tokio::spawn(async move {
-        let store = EtcdStore { client, endpoints };
+        let store = EtcdStore {
+            client,
+            endpoints,
+            unready,
+        };
         relay(&store, &prefix, from, stream, &tx).await;
     });
     Ok(Watch::from_channel(rx))

@@ -23,6 +23,18 @@ fn node(cluster: &EtcdCluster, name: &str, extra: &[&str]) -> Launch {
     l
 }
 
+/// The first node of `cluster`, with the demo (its users and app), running `roles`.
+fn demo_node(cluster: &EtcdCluster, name: &str, roles: &str) -> Warden {
+    Launch::new(BIN)
+        .arg("--store")
+        .arg(&cluster.url())
+        .arg("--node-name")
+        .arg(name)
+        .arg("--roles")
+        .arg(roles)
+        .start()
+}
+
 fn join_token(first: &Warden) -> String {
     first.dir.join("join-token").display().to_string()
 }
@@ -185,14 +197,7 @@ fn port_metric(w: &Warden, outcome: &str) -> f64 {
 #[test]
 fn a_gateway_starts_and_reaches_instances_on_another_node_through_its_node_port() {
     let cluster = EtcdCluster::start(3);
-    let alpha = Launch::new(BIN)
-        .arg("--store")
-        .arg(&cluster.url())
-        .arg("--node-name")
-        .arg("alpha")
-        .arg("--roles")
-        .arg("gateway,api")
-        .start();
+    let alpha = demo_node(&cluster, "alpha", "gateway,api");
     let beta = node(
         &cluster,
         "beta",
@@ -423,12 +428,7 @@ impl rustls::client::danger::ServerCertVerifier for AnyServer {
 
 /// alpha (every role, the demo) and beta (a second gateway, with an agent of its own).
 fn two_gateways(cluster: &EtcdCluster) -> (Warden, Warden) {
-    let alpha = Launch::new(BIN)
-        .arg("--store")
-        .arg(&cluster.url())
-        .arg("--node-name")
-        .arg("alpha")
-        .start();
+    let alpha = demo_node(&cluster, "alpha", "gateway,agent,api");
     let beta = node(
         cluster,
         "beta",
@@ -493,14 +493,7 @@ fn a_session_is_valid_at_every_gateway_until_a_logout_at_any() {
 #[test]
 fn a_start_passes_over_a_node_that_does_not_answer() {
     let cluster = EtcdCluster::start(1);
-    let alpha = Launch::new(BIN)
-        .arg("--store")
-        .arg(&cluster.url())
-        .arg("--node-name")
-        .arg("alpha")
-        .arg("--roles")
-        .arg("gateway,api")
-        .start();
+    let alpha = demo_node(&cluster, "alpha", "gateway,api");
     let _beta = node(
         &cluster,
         "beta",
@@ -646,12 +639,7 @@ fn a_tls_session_from_one_gateway_resumes_at_the_other() {
 #[test]
 fn requests_and_writes_go_on_when_an_etcd_member_dies() {
     let mut cluster = EtcdCluster::start(3);
-    let alpha = Launch::new(BIN)
-        .arg("--store")
-        .arg(&cluster.url())
-        .arg("--node-name")
-        .arg("alpha")
-        .start();
+    let alpha = demo_node(&cluster, "alpha", "gateway,agent,api");
     let pw = alpha.password("alice");
     assert_eq!(alpha.get_as("alice", &pw, "/apps/demo/").status, 200);
     let mut created = Vec::new();
