@@ -40,9 +40,24 @@ fn etcd_binary() -> &'static str {
     panic!("etcd is not installed: `apt-get install etcd-server` (.ci/run does it)")
 }
 
+/// Client TLS of the members: their certificate and key, and the CA their clients' certificates
+/// must chain to.
+pub struct MemberTls<'a> {
+    pub cert: &'a std::path::Path,
+    pub key: &'a std::path::Path,
+    pub client_ca: &'a std::path::Path,
+}
+
 impl EtcdCluster {
     /// Starts `n` members and waits until each accepts clients.
     pub fn start(n: usize) -> Self {
+        Self::start_with(n, None)
+    }
+
+    /// Starts `n` members serving clients over TLS (and asking them for certificates) when
+    /// `tls` says so.
+    pub fn start_with(n: usize, tls: Option<MemberTls<'_>>) -> Self {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let dir = tempfile::Builder::new()
             .prefix("warden-etcd")
             .tempdir()
@@ -57,11 +72,11 @@ impl EtcdCluster {
             let name = format!("m{i}");
             let client = SocketAddr::from(([127, 0, 0, 1], ports[2 * i]));
             let peer = format!("http://127.0.0.1:{}", ports[2 * i + 1]);
-            let args = vec![
+            let mut args = vec![
                 format!("--name={name}"),
                 format!("--data-dir={}", dir.path().join(&name).display()),
-                format!("--listen-client-urls=http://{client}"),
-                format!("--advertise-client-urls=http://{client}"),
+                format!("--listen-client-urls={scheme}://{client}"),
+                format!("--advertise-client-urls={scheme}://{client}"),
                 format!("--listen-peer-urls={peer}"),
                 format!("--initial-advertise-peer-urls={peer}"),
                 format!("--initial-cluster={}", peers.join(",")),
@@ -74,6 +89,14 @@ impl EtcdCluster {
                 "--log-level=error".into(),
                 "--logger=zap".into(),
             ];
+            if let Some(t) = &tls {
+                args.extend([
+                    format!("--cert-file={}", t.cert.display()),
+                    format!("--key-file={}", t.key.display()),
+                    format!("--trusted-ca-file={}", t.client_ca.display()),
+                    "--client-cert-auth".into(),
+                ]);
+            }
             members.push(Member {
                 name,
                 client,

@@ -49,7 +49,16 @@ impl EtcdStore {
         };
         // A first read, so that a wrong address or credential fails at start with a clear
         // message instead of at the first request.
-        store.get("cluster").await?;
+        if let Err(e) = store.get("cluster").await {
+            return Err(StoreError::Open {
+                path: format!("etcd://{}", store.endpoints),
+                reason: format!(
+                    "{e}; check the addresses in --store, and that --etcd-ca, --etcd-cert, \
+                     --etcd-key, --etcd-user and --etcd-password-file match how etcd serves \
+                     its clients"
+                ),
+            });
+        }
         Ok(store)
     }
 

@@ -673,3 +673,135 @@ fn requests_and_writes_go_on_when_an_etcd_member_dies() {
         );
     }
 }
+
+/// A CA and a certificate it signed for `names`, as PEM files in `dir` (`<stem>.pem`,
+/// `<stem>-key.pem`, `ca.pem`).
+fn issue(
+    dir: &std::path::Path,
+    ca: &(rcgen::Certificate, rcgen::KeyPair),
+    stem: &str,
+    names: &[&str],
+) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params =
+        rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let cert = params.signed_by(&key, &ca.0, &ca.1).unwrap();
+    std::fs::write(dir.join(format!("{stem}.pem")), cert.pem()).unwrap();
+    std::fs::write(dir.join(format!("{stem}-key.pem")), key.serialize_pem()).unwrap();
+}
+
+fn new_ca(dir: &std::path::Path, stem: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let cert = params.self_signed(&key).unwrap();
+    std::fs::write(dir.join(format!("{stem}.pem")), cert.pem()).unwrap();
+    (cert, key)
+}
+
+/// warden reaches an etcd that serves TLS and asks for client certificates with --etcd-ca,
+/// --etcd-cert and --etcd-key; without a client certificate, or trusting another CA, it stops
+/// with an error that says it could not reach etcd.
+#[test]
+fn warden_speaks_tls_to_an_etcd_that_asks_for_client_certificates() {
+    let certs = tempfile::tempdir().unwrap();
+    let d = certs.path();
+    let ca = new_ca(d, "ca");
+    issue(d, &ca, "member", &["127.0.0.1", "localhost"]);
+    issue(d, &ca, "client", &["warden"]);
+    let other = new_ca(d, "other-ca");
+    drop(other);
+    let p = |f: &str| d.join(f).display().to_string();
+    let cluster = EtcdCluster::start_with(
+        1,
+        Some(warden_test_support::etcd::MemberTls {
+            cert: &d.join("member.pem"),
+            key: &d.join("member-key.pem"),
+            client_ca: &d.join("ca.pem"),
+        }),
+    );
+    let with = |extra: &[&str]| {
+        let mut l = Launch::new(BIN)
+            .no_demo()
+            .arg("--store")
+            .arg(&cluster.url())
+            .arg("--node-name")
+            .arg("alpha");
+        for a in extra {
+            l = l.arg(a);
+        }
+        l
+    };
+    let err = with(&["--etcd-ca", &p("ca.pem")]).start_refused();
+    assert!(err.contains("etcd"), "without a client certificate: {err}");
+    let err = with(&[
+        "--etcd-ca",
+        &p("other-ca.pem"),
+        "--etcd-cert",
+        &p("client.pem"),
+        "--etcd-key",
+        &p("client-key.pem"),
+    ])
+    .start_refused();
+    assert!(err.contains("etcd"), "trusting another CA: {err}");
+    let w = with(&[
+        "--etcd-ca",
+        &p("ca.pem"),
+        "--etcd-cert",
+        &p("client.pem"),
+        "--etcd-key",
+        &p("client-key.pem"),
+    ])
+    .start();
+    assert_eq!(nodes(&w).len(), 1);
+}
+
+/// With etcd's authentication on, warden signs in with --etcd-user and the password from
+/// --etcd-password-file; a wrong password stops it with an error that never shows a password.
+#[test]
+fn warden_signs_in_to_an_etcd_with_authentication() {
+    let cluster = EtcdCluster::start(1);
+    let etcdctl = |args: &[&str]| {
+        let out = std::process::Command::new("etcdctl")
+            .args(["--endpoints", &cluster.client(0).to_string()])
+            .args(args)
+            .env("ETCDCTL_API", "3")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    etcdctl(&["user", "add", "root:root-secret-1"]);
+    etcdctl(&["auth", "enable"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (right, wrong) = (dir.path().join("right"), dir.path().join("wrong"));
+    std::fs::write(&right, "root-secret-1\n").unwrap();
+    std::fs::write(&wrong, "guessed-wrong-2\n").unwrap();
+    let with = |file: &std::path::Path| {
+        Launch::new(BIN)
+            .no_demo()
+            .arg("--store")
+            .arg(&cluster.url())
+            .arg("--etcd-user")
+            .arg("root")
+            .arg("--etcd-password-file")
+            .arg(file.to_str().unwrap())
+    };
+    let err = with(&wrong).start_refused();
+    assert!(err.contains("etcd"), "{err}");
+    assert!(
+        !err.contains("guessed-wrong-2") && !err.contains("root-secret-1"),
+        "{err}"
+    );
+    let w = with(&right).start();
+    assert_eq!(nodes(&w).len(), 1);
+    assert!(!w.stderr().contains("root-secret-1"));
+}
