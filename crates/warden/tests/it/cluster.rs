@@ -428,7 +428,7 @@ impl rustls::client::danger::ServerCertVerifier for AnyServer {
 
 /// alpha (every role, the demo) and beta (a second gateway, with an agent of its own).
 fn two_gateways(cluster: &EtcdCluster) -> (Warden, Warden) {
-    let alpha = demo_node(&cluster, "alpha", "gateway,agent,api");
+    let alpha = demo_node(cluster, "alpha", "gateway,agent,api");
     let beta = node(
         cluster,
         "beta",
