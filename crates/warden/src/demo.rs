@@ -57,6 +57,7 @@ pub async fn setup(
     store: &dyn Store,
     data_dir: &Path,
     cost: warden_auth::Argon2Cost,
+    clustered: bool,
 ) -> anyhow::Result<Vec<DemoUser>> {
     let path = data_dir.join("demo-users.json");
     let exe =
@@ -69,6 +70,16 @@ pub async fn setup(
             )
         })?;
         return seeded_before(store, users, &exe).await;
+    }
+    if clustered
+        && warden_store::get_json::<AppSpec>(store, &keys::app_spec("demo"))
+            .await?
+            .is_some()
+    {
+        // Another node of the cluster seeded it: seeding again would change the passwords
+        // that node shows.
+        tracing::info!("the demo was seeded by another node; its data dir holds demo-users.json");
+        return Ok(Vec::new());
     }
     if warden_store::get_json::<Lattice>(store, keys::LATTICE)
         .await?

@@ -222,7 +222,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     let identity = identity_key(dir)?;
     let demo_users = if cfg.demo {
-        Some(demo::setup(&*store, dir, cfg.argon2_cost()).await?)
+        Some(demo::setup(&*store, dir, cfg.argon2_cost(), clustered).await?)
     } else {
         None
     };

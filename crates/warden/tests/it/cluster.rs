@@ -805,3 +805,35 @@ fn warden_signs_in_to_an_etcd_with_authentication() {
     assert_eq!(nodes(&w).len(), 1);
     assert!(!w.stderr().contains("root-secret-1"));
 }
+
+/// `--demo` on a second node leaves the demo as the first node seeded it: the passwords the
+/// first node shows keep working, at either gateway.
+#[test]
+fn the_demo_is_seeded_once_per_cluster() {
+    let cluster = EtcdCluster::start(1);
+    let alpha = demo_node(&cluster, "alpha", "gateway,agent,api");
+    let beta = Launch::new(BIN)
+        .arg("--store")
+        .arg(&cluster.url())
+        .arg("--node-name")
+        .arg("beta")
+        .arg("--roles")
+        .arg("gateway")
+        .arg("--join-token-file")
+        .arg(&join_token(&alpha))
+        .start();
+    assert!(!beta.dir.join("demo-users.json").exists());
+    let pw = alpha.password("alice");
+    for w in [&alpha, &beta] {
+        let r = warden_test_support::request(
+            "GET",
+            &format!("{}/apps/demo/", w.gateway),
+            &[(
+                "authorization",
+                &warden_test_support::http::basic("alice", &pw),
+            )],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+}
