@@ -86,3 +86,19 @@ async fn a_watch_from_a_compacted_revision_says_so() {
         "{outcome:?}"
     );
 }
+
+/// A listing larger than gRPC's default 4 MiB answer arrives whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_past_four_mebibytes_arrives_whole() {
+    let cluster = EtcdCluster::start(1);
+    let store = connect(&cluster).await;
+    for i in 0..6 {
+        store
+            .put(&format!("big/{i}"), vec![b'x'; 1024 * 1024], None)
+            .await
+            .unwrap();
+    }
+    let listing = store.list("big").await.unwrap();
+    assert_eq!(listing.entries.len(), 6);
+    assert!(listing.entries.iter().all(|e| e.value.len() == 1024 * 1024));
+}

@@ -30,6 +30,9 @@ use crate::{
 /// leader election (about a second by default), so a killed member costs a wait, not an error.
 const FAILOVER_BUDGET: Duration = Duration::from_secs(10);
 
+/// Largest listing accepted from etcd.
+const MAX_LISTING: usize = 1 << 30;
+
 /// The store on an etcd cluster.
 pub struct EtcdStore {
     client: Client,
@@ -194,9 +197,11 @@ impl Store for EtcdStore {
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
         let (start, end) = token_range(prefix);
         let resp = self
-            .retry("list", |mut c| {
+            .retry("list", |c| {
                 let (start, end) = (start.clone(), end.clone());
-                async move { c.get(start, Some(GetOptions::new().with_range(end))).await }
+                // A listing of every user or session can outgrow gRPC's default 4 MiB answer.
+                let mut kv = c.kv_client().max_decoding_message_size(MAX_LISTING);
+                async move { kv.get(start, Some(GetOptions::new().with_range(end))).await }
             })
             .await?;
         let mut listing = Listing {
