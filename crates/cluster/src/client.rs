@@ -102,15 +102,21 @@ impl NodeClient {
         wire::read(&mut s).await.map_err(unreachable)
     }
 
-    /// A stream joined to instance `id` on the node at `addr`. A refusal (the instance is gone
-    /// or closed its port) is `ConnectionRefused`, as a local connection's would be.
-    pub(crate) async fn join(
+    /// A stream joined to instance `id`, serving `label`, on the node at `addr`. A refusal (the
+    /// instance is gone, serves another label now, or closed its port) is `ConnectionRefused`,
+    /// as a local connection's would be.
+    pub async fn join(
         &self,
         addr: &str,
         id: &str,
+        label: &str,
     ) -> std::io::Result<Box<dyn RemoteStream>> {
         let mut s = self.open(addr).await?;
-        wire::write(&mut s, &Request::Connect { id: id.to_owned() }).await?;
+        let request = Request::Connect {
+            id: id.to_owned(),
+            label: label.to_owned(),
+        };
+        wire::write(&mut s, &request).await?;
         match wire::read::<Reply>(&mut s).await? {
             Reply::Ok => Ok(Box::new(Joined(s))),
             Reply::Err(e) => Err(std::io::Error::new(

@@ -199,7 +199,9 @@ impl Instances for Shared {
             )
         })?;
         Ok(InstanceStream::Remote(
-            this.client.join(&addr, &instance.id).await?,
+            this.client
+                .join(&addr, &instance.id, &instance.label)
+                .await?,
         ))
     }
 

@@ -112,8 +112,9 @@ async fn handle(
         .await
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
     let reply = match request {
-        Request::Connect { id } => {
-            let Some(record) = local.record(&id) else {
+        Request::Connect { id, label } => {
+            let Some(record) = local.record(&id).filter(|r| r.label == label) else {
+                // Gone, or relabelled after taint: it serves nobody of `label` any more.
                 return wire::write(&mut tls, &Reply::Err(InstanceError::UnknownInstance(id)))
                     .await;
             };

@@ -13,8 +13,9 @@ const MAX_MESSAGE: u32 = 1 << 20;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub(crate) enum Request {
-    /// Join this stream to the instance.
-    Connect { id: String },
+    /// Join this stream to the instance, if it still serves `label` (a gateway whose view is
+    /// behind a relabel after taint is refused, not joined).
+    Connect { id: String, label: String },
     /// A ready instance of the app for the label and owner, started if none runs.
     Ensure {
         spec: Box<AppSpec>,
