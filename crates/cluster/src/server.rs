@@ -53,6 +53,48 @@ impl NodePortStats {
     }
 }
 
+/// Carries bytes between a joined node and the instance until either side closes, or until
+/// the instance no longer serves `label`: a gateway's bytes reach it only while it does, so a
+/// relabel after taint (made here by the agent) cuts every pooled connection of the old label
+/// before its next request.
+async fn relay(
+    tls: tokio_rustls::server::TlsStream<TcpStream>,
+    instance: warden_core::InstanceStream,
+    local: &dyn Instances,
+    id: &str,
+    label: &str,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut from_node, mut to_node) = tokio::io::split(tls);
+    let (mut from_app, mut to_app) = tokio::io::split(instance);
+    let down = async {
+        let _ = tokio::io::copy(&mut from_app, &mut to_node).await;
+        let _ = to_node.shutdown().await;
+    };
+    let up = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from_node.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if !local.record(id).is_some_and(|r| r.label == label) {
+                tracing::info!(instance = %id, label, "cut a node's connection: the instance serves another label now");
+                break;
+            }
+            if to_app.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = to_app.shutdown().await;
+    };
+    // Whichever side ends first ends the joined connection.
+    tokio::select! {
+        () = down => {}
+        () = up => {}
+    }
+}
+
 /// Serves the node port on `listener` until `stop` turns true.
 pub async fn serve(
     listener: TcpListener,
@@ -118,7 +160,7 @@ async fn handle(
                 return wire::write(&mut tls, &Reply::Err(InstanceError::UnknownInstance(id)))
                     .await;
             };
-            let mut instance = match local.connect(&record).await {
+            let instance = match local.connect(&record).await {
                 Ok(s) => s,
                 Err(e) => {
                     let refused = InstanceError::Unavailable(format!(
@@ -136,7 +178,7 @@ async fn handle(
             stats.joined.fetch_add(1, Ordering::Relaxed);
             // The instance counts as busy while another node holds a connection to it.
             let _busy = local.activity(&id).map(|a| a.begin());
-            tokio::io::copy_bidirectional(&mut tls, &mut instance).await?;
+            relay(tls, instance, local, &id, &label).await;
             return Ok(());
         }
         Request::Ensure { spec, label, owner } => match local.ensure(&spec, &label, &owner).await {

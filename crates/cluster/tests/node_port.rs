@@ -11,9 +11,9 @@ use warden_core::{
     Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, Owner,
 };
 
-/// One instance, at `addr`, serving `label`.
+/// One instance, whose label a test may change.
 struct OneInstance {
-    record: InstanceRecord,
+    record: std::sync::Mutex<InstanceRecord>,
 }
 
 #[async_trait]
@@ -24,7 +24,7 @@ impl Instances for OneInstance {
         _: &str,
         _: &Owner,
     ) -> Result<InstanceRecord, InstanceError> {
-        Ok(self.record.clone())
+        Ok(self.record.lock().unwrap().clone())
     }
     async fn connect(&self, i: &InstanceRecord) -> std::io::Result<InstanceStream> {
         Ok(InstanceStream::Tcp(
@@ -44,21 +44,34 @@ impl Instances for OneInstance {
         Ok(String::new())
     }
     fn record(&self, id: &str) -> Option<InstanceRecord> {
-        (id == self.record.id).then(|| self.record.clone())
+        let r = self.record.lock().unwrap();
+        (id == r.id).then(|| r.clone())
     }
 }
 
 #[tokio::test]
 async fn a_node_is_joined_to_an_instance_only_for_the_label_it_serves() {
-    // The "instance": says hello to whoever connects.
+    // The "instance": says hello to whoever connects and keeps what it is sent.
     let app = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let app_addr = app.local_addr().unwrap();
+    let received = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let got = received.clone();
     tokio::spawn(async move {
         loop {
             let (mut s, _) = app.accept().await.unwrap();
             tokio::io::AsyncWriteExt::write_all(&mut s, b"hello")
                 .await
                 .unwrap();
+            let got = got.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 64];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    got.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            });
         }
     });
     let record: InstanceRecord = serde_json::from_value(serde_json::json!({
@@ -73,13 +86,10 @@ async fn a_node_is_joined_to_an_instance_only_for_the_label_it_serves() {
     let beta = NodeTls::issue(&ca_cert, &ca_key, "beta", &addr).unwrap();
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
     let stats = Arc::new(NodePortStats::default());
-    tokio::spawn(serve(
-        port,
-        beta,
-        Arc::new(OneInstance { record }),
-        stats.clone(),
-        stop,
-    ));
+    let instance = Arc::new(OneInstance {
+        record: std::sync::Mutex::new(record),
+    });
+    tokio::spawn(serve(port, beta, instance.clone(), stats.clone(), stop));
     let alpha =
         NodeClient::new(&NodeTls::issue(&ca_cert, &ca_key, "alpha", "127.0.0.1:1").unwrap());
 
@@ -96,4 +106,29 @@ async fn a_node_is_joined_to_an_instance_only_for_the_label_it_serves() {
             "{id} {label}"
         );
     }
+
+    // A request on the joined connection reaches the instance while it serves SECRET...
+    tokio::io::AsyncWriteExt::write_all(&mut joined, b"one")
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while received.lock().unwrap().as_slice() != b"one" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first request never arrived"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // ...and once it is relabelled (taint), the same pooled connection carries nothing more:
+    // it is cut, and the bytes never reach the instance.
+    instance.record.lock().unwrap().label = "SECRET+A".into();
+    let _ = tokio::io::AsyncWriteExt::write_all(&mut joined, b"two").await;
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        joined.read_to_end(&mut rest),
+    )
+    .await;
+    assert!(closed.is_ok(), "the connection is cut");
+    assert_eq!(received.lock().unwrap().as_slice(), b"one");
 }
