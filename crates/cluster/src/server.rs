@@ -78,7 +78,7 @@ async fn relay(
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            if !local.record(id).is_some_and(|r| r.label == label) {
+            if local.record(id).is_none_or(|r| r.label != label) {
                 tracing::info!(instance = %id, label, "cut a node's connection: the instance serves another label now");
                 break;
             }
