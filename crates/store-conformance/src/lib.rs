@@ -294,6 +294,26 @@ pub async fn revoke_deletes_attached_keys(s: Arc<dyn Store>) {
     ));
 }
 
+pub async fn a_lease_ending_shows_every_key_it_held_to_a_watcher(s: Arc<dyn Store>) {
+    let p = scope("lease-many");
+    let lease = s.grant_lease(Duration::from_secs(60)).await.unwrap();
+    let keys: Vec<String> = (0..5).map(|i| format!("{p}/k{i}")).collect();
+    for k in &keys {
+        s.put(k, b"v".to_vec(), Some(lease)).await.unwrap();
+    }
+    let listing = s.list(&p).await.unwrap();
+    let mut w = s.watch(&p, listing.revision + 1).await.unwrap();
+    s.revoke_lease(lease).await.unwrap();
+    let mut gone = Vec::new();
+    while gone.len() < keys.len() {
+        let ev = next_event(&mut w).await;
+        assert_eq!(ev.kind, EventKind::Delete, "{}", ev.key);
+        gone.push(ev.key);
+    }
+    gone.sort();
+    assert_eq!(gone, keys, "a delete event for every key of the lease");
+}
+
 pub async fn concurrent_writers_all_land(s: Arc<dyn Store>) {
     let p = scope("concurrent");
     let writes = (0..100u32).map(|i| {
@@ -322,7 +342,7 @@ macro_rules! each_check {
             watch_from_listing_sees_every_later_change, leases_expire_and_watchers_see_it,
             revoke_deletes_attached_keys, concurrent_writers_all_land,
             compare_and_swap_expecting_a_revision_of_an_absent_key_conflicts,
-            keep_alive_extends_a_lease_past_its_ttl
+            keep_alive_extends_a_lease_past_its_ttl, a_lease_ending_shows_every_key_it_held_to_a_watcher
         }
     };
 }

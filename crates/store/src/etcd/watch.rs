@@ -94,13 +94,16 @@ async fn relay(
                 .await;
             return;
         }
+        // Every key of one transaction (a lease's expiry deletes all its keys at once) shares
+        // one revision: skip by the revision reached before this answer, not after each event.
+        let floor = next;
         for ev in resp.events() {
             let Some(kv) = ev.kv() else { continue };
             let revision = rev(kv.mod_revision());
-            if revision < next {
+            if revision < floor {
                 continue; // already delivered before a resume
             }
-            next = revision + 1;
+            next = next.max(revision + 1);
             let Ok(key) = std::str::from_utf8(kv.key()) else {
                 continue;
             };
