@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use warden_core::{keys, model::now_ms, DriverKind, InstanceRecord, NodeRecord};
-use warden_store::{get_json, put_json, LeaseId, Store, StoreError};
+use warden_store::{put_json, LeaseId, Store, StoreError};
 
 use crate::load;
 use crate::sync::lock;
@@ -69,9 +69,10 @@ fn hostname() -> String {
 // === impl Node ===
 
 impl Node {
-    /// Takes a lease for the node; [`Node::publish`] writes its record. A record of the same
-    /// name left by a process of this host that is gone (a crash) is taken over at once; one of
-    /// another host is waited for until its lease would have expired, and refused if it stays.
+    /// Claims the node's name and writes its record under a new lease. The claim is a
+    /// compare-and-swap, so two nodes starting with one name never both hold it. A record of
+    /// the name left by a process of this host that is gone (a crash) is taken over at once;
+    /// any other is waited for until its lease would have expired, and refused if it stays.
     pub async fn register(
         store: Arc<dyn Store>,
         info: NodeInfo,
@@ -79,31 +80,58 @@ impl Node {
     ) -> Result<Self, RegisterError> {
         let key = keys::node(&info.id);
         let deadline = tokio::time::Instant::now() + ttl + Duration::from_secs(2);
-        while let Some((other, _)) = get_json::<NodeRecord>(&*store, &key).await? {
-            let gone_here = other.hostname == hostname()
-                && (other.pid == std::process::id()
-                    || !std::path::Path::new(&format!("/proc/{}", other.pid)).exists());
-            if gone_here {
-                break;
-            }
-            if other.hostname == hostname() || tokio::time::Instant::now() >= deadline {
-                return Err(RegisterError::NameTaken {
-                    name: info.id.clone(),
-                    host: other.hostname,
-                    pid: other.pid,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        let lease = store.grant_lease(ttl).await?;
-        Ok(Self {
+        let node = Self {
             info,
             store,
             ttl,
-            lease: Mutex::new(lease),
+            lease: Mutex::new(0),
             started_at_ms: now_ms(),
             cpu: Mutex::new(load::cpu_times()),
-        })
+        };
+        loop {
+            let expected = match node.store.get(&key).await? {
+                None => None,
+                Some(e) => {
+                    let other = warden_store::decode::<NodeRecord>(&e.key, &e.value).ok();
+                    let gone_here = other.as_ref().is_some_and(|o| {
+                        o.hostname == hostname()
+                            && !std::path::Path::new(&format!("/proc/{}", o.pid)).exists()
+                    });
+                    if !gone_here {
+                        if tokio::time::Instant::now() >= deadline {
+                            return Err(RegisterError::NameTaken {
+                                name: node.info.id.clone(),
+                                host: other
+                                    .as_ref()
+                                    .map(|o| o.hostname.clone())
+                                    .unwrap_or_default(),
+                                pid: other.map_or(0, |o| o.pid),
+                            });
+                        }
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        continue;
+                    }
+                    Some(e.mod_revision)
+                }
+            };
+            let lease = node.store.grant_lease(ttl).await?;
+            *lock(&node.lease) = lease;
+            let bytes = serde_json::to_vec(&node.record(0)).map_err(|e| StoreError::Decode {
+                key: key.clone(),
+                reason: e.to_string(),
+            })?;
+            match node
+                .store
+                .compare_and_swap(&key, expected, Some(bytes), Some(lease))
+                .await?
+            {
+                warden_store::CasOutcome::Done(_) => return Ok(node),
+                warden_store::CasOutcome::Conflict { .. } => {
+                    // Another process claimed it between our read and our write: look again.
+                    let _ = node.store.revoke_lease(lease).await;
+                }
+            }
+        }
     }
 
     /// The node's name.
@@ -121,6 +149,24 @@ impl Node {
         PUBLISH_EVERY.min(self.ttl / 3)
     }
 
+    /// The node's record, with `instances` and no load yet.
+    fn record(&self, instances: u32) -> NodeRecord {
+        NodeRecord {
+            id: self.info.id.clone(),
+            hostname: hostname(),
+            pid: std::process::id(),
+            started_at_ms: self.started_at_ms,
+            load: warden_core::HostLoad {
+                instances,
+                ..Default::default()
+            },
+            limits: self.info.limits.clone(),
+            roles: self.info.roles.clone(),
+            advertise: self.info.advertise.clone(),
+            drivers: self.info.drivers.clone(),
+        }
+    }
+
     /// Writes the node's record with its load now and the instances it runs.
     pub async fn publish(&self, instances: u32) -> Result<(), StoreError> {
         let mut load = load::sample();
@@ -130,17 +176,8 @@ impl Node {
                 load.cpu_busy = load::busy_share(before, now);
             }
         }
-        let record = NodeRecord {
-            id: self.info.id.clone(),
-            hostname: hostname(),
-            pid: std::process::id(),
-            started_at_ms: self.started_at_ms,
-            load,
-            limits: self.info.limits.clone(),
-            roles: self.info.roles.clone(),
-            advertise: self.info.advertise.clone(),
-            drivers: self.info.drivers.clone(),
-        };
+        let mut record = self.record(instances);
+        record.load = load;
         put_json(
             &*self.store,
             &keys::node(&record.id),
@@ -206,4 +243,45 @@ pub async fn heartbeat(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
         }
     }
     node.deregister().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn of_two_nodes_starting_with_one_name_exactly_one_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(warden_store::EmbeddedStore::open(&dir.path().join("store.redb")).unwrap());
+        let info = NodeInfo {
+            id: "twin".into(),
+            ..NodeInfo::default()
+        };
+        let ttl = Duration::from_secs(1);
+        let a = tokio::spawn(Node::register(store.clone(), info.clone(), ttl));
+        let b = tokio::spawn(Node::register(store.clone(), info, ttl));
+        // The holder stays alive, as a running node would.
+        let lease = loop {
+            if let Some(e) = store.get(&keys::node("twin")).await.unwrap() {
+                break e.lease.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let keeper = tokio::spawn({
+            let store = store.clone();
+            async move {
+                loop {
+                    let _ = store.keep_alive(lease).await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        });
+        let (a, b) = (a.await.unwrap(), b.await.unwrap());
+        keeper.abort();
+        let held = [a.is_ok(), b.is_ok()];
+        assert_eq!(held.iter().filter(|h| **h).count(), 1, "{held:?}");
+        let refused = if a.is_ok() { b } else { a };
+        assert!(matches!(refused, Err(RegisterError::NameTaken { .. })));
+    }
 }

@@ -15,6 +15,10 @@ use crate::NodeTls;
 
 /// Time to reach a node and finish the handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time a node gets to answer a request: a start waits for the instance to be ready.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+/// Time a node gets to answer a connect.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Opens connections to other nodes' ports as this node.
 #[derive(Clone)]
@@ -97,9 +101,39 @@ impl NodeClient {
         let unreachable = |e: std::io::Error| {
             InstanceError::Unavailable(format!("node port {addr} did not answer: {e}"))
         };
-        let mut s = self.open(addr).await.map_err(unreachable)?;
-        wire::write(&mut s, request).await.map_err(unreachable)?;
-        wire::read(&mut s).await.map_err(unreachable)
+        let exchange = async {
+            let mut s = self.open(addr).await?;
+            wire::write(&mut s, request).await?;
+            wire::read(&mut s).await
+        };
+        tokio::time::timeout(ANSWER_TIMEOUT, exchange)
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))
+            .and_then(|r| r)
+            .map_err(unreachable)
+    }
+
+    /// Asks the node at `addr` for a ready instance of `spec`'s app (the node reads the spec
+    /// from the store by name) for `label` and `owner`.
+    pub async fn ensure(
+        &self,
+        addr: &str,
+        spec: &warden_core::AppSpec,
+        label: &str,
+        owner: &warden_core::Owner,
+    ) -> Result<warden_core::InstanceRecord, InstanceError> {
+        let request = Request::Ensure {
+            spec: Box::new(spec.clone()),
+            label: label.to_owned(),
+            owner: owner.clone(),
+        };
+        match self.call(addr, &request).await? {
+            Reply::Record(r) => Ok(*r),
+            Reply::Err(e) => Err(e),
+            other => Err(InstanceError::Unavailable(format!(
+                "node port {addr} answered a start with {other:?}"
+            ))),
+        }
     }
 
     /// A stream joined to instance `id`, serving `label`, on the node at `addr`. A refusal (the
@@ -117,7 +151,10 @@ impl NodeClient {
             label: label.to_owned(),
         };
         wire::write(&mut s, &request).await?;
-        match wire::read::<Reply>(&mut s).await? {
+        let reply = tokio::time::timeout(JOIN_TIMEOUT, wire::read::<Reply>(&mut s))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        match reply {
             Reply::Ok => Ok(Box::new(Joined(s))),
             Reply::Err(e) => Err(std::io::Error::new(
                 std::io::ErrorKind::ConnectionRefused,

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use warden_core::{
@@ -24,6 +25,9 @@ pub struct ClusterInstances {
     /// Node of each instance handed out by another node, for retire and relabel.
     placed: Mutex<HashMap<String, String>>,
 }
+
+/// Most instance ids remembered with their node (a hint; the store is the truth).
+const MAX_PLACED: usize = 10_000;
 
 fn unexpected(reply: Reply) -> InstanceError {
     InstanceError::Unavailable(format!("a node answered {reply:?}"))
@@ -100,19 +104,68 @@ impl ClusterInstances {
         self.client.call(&addr, &request).await
     }
 
-    /// Sends `request` about instance `id` to its node in the background.
+    /// Sends `request` about instance `id` to its node in the background, once.
     fn tell(self: &Arc<Self>, id: &str, request: Request) {
         let (this, id) = (self.clone(), id.to_owned());
         tokio::spawn(async move {
-            let node = match this.node_of(&id) {
-                Some(n) => Some(n),
-                None => this.find(&id).await.map(|r| r.node),
-            };
-            let Some(node) = node else { return };
-            if let Err(e) = this.remote(&node, request).await {
-                tracing::warn!(instance = %id, %node, error = %e, "telling a node failed");
+            if let Err(e) = this.send_about(&id, request).await {
+                tracing::warn!(instance = %id, error = %e, "telling the instance's node failed");
             }
         });
+    }
+
+    async fn send_about(&self, id: &str, request: Request) -> Result<(), InstanceError> {
+        let node = match self.node_of(id) {
+            Some(n) => n,
+            None => {
+                self.find(id)
+                    .await
+                    .ok_or_else(|| InstanceError::UnknownInstance(id.to_owned()))?
+                    .node
+            }
+        };
+        match self.remote(&node, request).await? {
+            Reply::Err(e) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Relabels a tainted instance on another node, trying until its node has it or the
+    /// instance is gone; a node that cannot be reached for half a minute is asked to kill it
+    /// instead, and the failure is logged as the security event it is.
+    fn relabel_remote(self: &Arc<Self>, id: &str, label: &str) {
+        let (this, id, label) = (self.clone(), id.to_owned(), label.to_owned());
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            let mut pause = Duration::from_millis(50);
+            loop {
+                let request = Request::Relabel {
+                    id: id.clone(),
+                    label: label.clone(),
+                };
+                match this.send_about(&id, request).await {
+                    Ok(()) | Err(InstanceError::UnknownInstance(_)) => return,
+                    Err(e) if tokio::time::Instant::now() >= deadline => {
+                        tracing::error!(instance = %id, error = %e, "a tainted instance on another node could not be relabelled; killing it");
+                        if let Err(e) = this.send_about(&id, Request::Kill { id: id.clone() }).await
+                        {
+                            tracing::error!(instance = %id, error = %e, "a tainted instance on another node could be neither relabelled nor killed; other gateways may route its old label to it until its node sees the taint");
+                        }
+                        return;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(2));
+                    }
+                }
+            }
+        });
+    }
+
+    fn forget(&self, id: &str) {
+        if let Ok(mut p) = self.placed.lock() {
+            p.remove(id);
+        }
     }
 }
 
@@ -144,22 +197,22 @@ impl Instances for Shared {
                     None => continue,
                 }
             } else {
-                let request = Request::Ensure {
-                    spec: Box::new(spec.clone()),
-                    label: label.to_owned(),
-                    owner: owner.clone(),
-                };
-                match this.remote(&node.id, request).await {
-                    Ok(Reply::Record(r)) => Ok(*r),
-                    Ok(Reply::Err(e)) => Err(e),
-                    Ok(other) => Err(unexpected(other)),
-                    Err(e) => Err(e),
+                match this.advertise(&node.id) {
+                    Some(addr) => this.client.ensure(&addr, spec, label, owner).await,
+                    None => Err(InstanceError::Unavailable(format!(
+                        "node {} serves no node port",
+                        node.id
+                    ))),
                 }
             };
             match outcome {
                 Ok(r) => {
                     if r.node != this.me {
                         if let Ok(mut p) = this.placed.lock() {
+                            // Only a hint (the store says where an instance runs): bounded.
+                            if p.len() >= MAX_PLACED {
+                                p.clear();
+                            }
                             p.insert(r.id.clone(), r.node.clone());
                         }
                     }
@@ -216,20 +269,17 @@ impl Instances for Shared {
     fn retire(&self, id: &str) {
         match &self.0.local {
             Some(l) if l.record(id).is_some() => l.retire(id),
-            _ => self.0.tell(id, Request::Retire { id: id.to_owned() }),
+            _ => {
+                self.0.tell(id, Request::Retire { id: id.to_owned() });
+                self.0.forget(id);
+            }
         }
     }
 
     fn relabel(&self, id: &str, label: &str) {
         match &self.0.local {
             Some(l) if l.record(id).is_some() => l.relabel(id, label),
-            _ => self.0.tell(
-                id,
-                Request::Relabel {
-                    id: id.to_owned(),
-                    label: label.to_owned(),
-                },
-            ),
+            _ => self.0.relabel_remote(id, label),
         }
     }
 

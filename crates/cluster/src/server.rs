@@ -11,14 +11,19 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
-use warden_core::{InstanceError, Instances};
+use warden_core::{keys, AppSpec, InstanceError, Instances};
+use warden_store::{get_json, Store};
 
 use crate::wire::{self, Reply, Request};
 use crate::NodeTls;
 
-/// Time a client gets to finish its handshake and send its request.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Node port connections open at once; beyond, new ones wait for the listener.
+/// Time a client gets to finish its handshake (nodes are near; strangers must not linger).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Handshakes in progress at once; beyond, new connections wait in the listen queue.
+const MAX_HANDSHAKES: usize = 128;
+/// Time an admitted node gets to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Admitted node port connections open at once; beyond, new ones are closed.
 const MAX_CONNECTIONS: usize = 4096;
 
 /// What the node port has seen, for metrics and tests.
@@ -53,10 +58,19 @@ impl NodePortStats {
     }
 }
 
+/// How often a joined connection checks that its instance still serves its label, when no
+/// byte passes: a relabel after taint closes it within this, so that no gateway reuses it.
+const LABEL_CHECK: Duration = Duration::from_millis(100);
+
+fn serves(local: &dyn Instances, id: &str, label: &str) -> bool {
+    local.record(id).is_some_and(|r| r.label == label)
+}
+
 /// Carries bytes between a joined node and the instance until either side closes, or until
-/// the instance no longer serves `label`: a gateway's bytes reach it only while it does, so a
-/// relabel after taint (made here by the agent) cuts every pooled connection of the old label
-/// before its next request.
+/// the instance no longer serves `label`: a gateway's bytes reach it only while it does, and a
+/// relabel after taint (made here by the agent) closes every connection of the old label,
+/// idle ones within [`LABEL_CHECK`] (the gateway's pool then drops them), busy ones before
+/// the next byte of a request.
 async fn relay(
     tls: tokio_rustls::server::TlsStream<TcpStream>,
     instance: warden_core::InstanceStream,
@@ -73,18 +87,30 @@ async fn relay(
     };
     let up = async {
         let mut buf = vec![0u8; 16 * 1024];
+        let mut check = tokio::time::interval(LABEL_CHECK);
         loop {
-            let n = match from_node.read(&mut buf).await {
+            let read = tokio::select! {
+                r = from_node.read(&mut buf) => r,
+                _ = check.tick() => {
+                    if serves(local, id, label) {
+                        continue;
+                    }
+                    break;
+                }
+            };
+            let n = match read {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            if local.record(id).is_none_or(|r| r.label != label) {
-                tracing::info!(instance = %id, label, "cut a node's connection: the instance serves another label now");
+            if !serves(local, id, label) {
                 break;
             }
             if to_app.write_all(&buf[..n]).await.is_err() {
                 break;
             }
+        }
+        if !serves(local, id, label) {
+            tracing::info!(instance = %id, label, "closed a node's connection: the instance serves another label now");
         }
         let _ = to_app.shutdown().await;
     };
@@ -95,18 +121,22 @@ async fn relay(
     }
 }
 
-/// Serves the node port on `listener` until `stop` turns true.
+/// Serves the node port on `listener` until `stop` turns true. App specs of start requests
+/// are read from `store`, never taken from the asking node.
 pub async fn serve(
     listener: TcpListener,
     tls: NodeTls,
     local: Arc<dyn Instances>,
+    store: Arc<dyn Store>,
     stats: Arc<NodePortStats>,
     mut stop: watch::Receiver<bool>,
 ) {
     let acceptor = TlsAcceptor::from(tls.server);
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // Handshakes have their own few slots and a short time: strangers can take only those.
+    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let admitted = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
+        let Ok(slot) = handshakes.clone().acquire_owned().await else {
             return;
         };
         let (tcp, peer) = tokio::select! {
@@ -120,37 +150,59 @@ pub async fn serve(
             },
             _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
         };
-        let (acceptor, local, stats) = (acceptor.clone(), local.clone(), stats.clone());
+        let (acceptor, local, store, stats, admitted) = (
+            acceptor.clone(),
+            local.clone(),
+            store.clone(),
+            stats.clone(),
+            admitted.clone(),
+        );
         tokio::spawn(async move {
-            let _permit = permit;
-            if let Err(e) = handle(tcp, acceptor, &*local, &stats).await {
+            let Some(tls) = handshake(tcp, acceptor, &stats).await else {
+                return;
+            };
+            drop(slot);
+            let Ok(_permit) = admitted.try_acquire_owned() else {
+                tracing::warn!(%peer, "node port full: {MAX_CONNECTIONS} connections open");
+                return;
+            };
+            if let Err(e) = handle(tls, &*local, &*store, &stats).await {
                 tracing::debug!(%peer, error = %e, "node port connection ended");
             }
         });
     }
 }
 
-async fn handle(
+async fn handshake(
     tcp: TcpStream,
     acceptor: TlsAcceptor,
-    local: &dyn Instances,
     stats: &NodePortStats,
-) -> std::io::Result<()> {
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     let _ = tcp.set_nodelay(true);
-    let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-        Ok(Ok(tls)) => tls,
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => {
+            stats.admitted.fetch_add(1, Ordering::Relaxed);
+            Some(tls)
+        }
         Ok(Err(e)) => {
             stats.refused.fetch_add(1, Ordering::Relaxed);
             tracing::info!(error = %e, "node port refused a connection: not a node of this cluster");
-            return Ok(());
+            None
         }
         Err(_) => {
             stats.refused.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            None
         }
-    };
-    stats.admitted.fetch_add(1, Ordering::Relaxed);
-    let request: Request = tokio::time::timeout(HANDSHAKE_TIMEOUT, wire::read(&mut tls))
+    }
+}
+
+async fn handle(
+    mut tls: tokio_rustls::server::TlsStream<TcpStream>,
+    local: &dyn Instances,
+    store: &dyn Store,
+    stats: &NodePortStats,
+) -> std::io::Result<()> {
+    let request: Request = tokio::time::timeout(REQUEST_TIMEOUT, wire::read(&mut tls))
         .await
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
     let reply = match request {
@@ -181,10 +233,18 @@ async fn handle(
             relay(tls, instance, local, &id, &label).await;
             return Ok(());
         }
-        Request::Ensure { spec, label, owner } => match local.ensure(&spec, &label, &owner).await {
-            Ok(r) => Reply::Record(Box::new(r)),
-            Err(e) => Reply::Err(e),
-        },
+        Request::Ensure { spec, label, owner } => {
+            // The app as the store says, not as the asking node says: a node may ask for a
+            // start, never choose what runs.
+            match get_json::<AppSpec>(store, &keys::app_spec(&spec.name)).await {
+                Ok(Some((spec, _))) => match local.ensure(&spec, &label, &owner).await {
+                    Ok(r) => Reply::Record(Box::new(r)),
+                    Err(e) => Reply::Err(e),
+                },
+                Ok(None) => Reply::Err(InstanceError::UnknownApp(spec.name)),
+                Err(e) => Reply::Err(InstanceError::Unavailable(e.to_string())),
+            }
+        }
         Request::Retire { id } => {
             local.retire(&id);
             Reply::Ok

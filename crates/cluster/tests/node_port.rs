@@ -11,19 +11,21 @@ use warden_core::{
     Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, Owner,
 };
 
-/// One instance, whose label a test may change.
+/// One instance, whose label a test may change; remembers the command of the last start.
 struct OneInstance {
     record: std::sync::Mutex<InstanceRecord>,
+    started: std::sync::Mutex<Vec<String>>,
 }
 
 #[async_trait]
 impl Instances for OneInstance {
     async fn ensure(
         &self,
-        _: &AppSpec,
+        spec: &AppSpec,
         _: &str,
         _: &Owner,
     ) -> Result<InstanceRecord, InstanceError> {
+        *self.started.lock().unwrap() = spec.command.clone();
         Ok(self.record.lock().unwrap().clone())
     }
     async fn connect(&self, i: &InstanceRecord) -> std::io::Result<InstanceStream> {
@@ -88,8 +90,19 @@ async fn a_node_is_joined_to_an_instance_only_for_the_label_it_serves() {
     let stats = Arc::new(NodePortStats::default());
     let instance = Arc::new(OneInstance {
         record: std::sync::Mutex::new(record),
+        started: std::sync::Mutex::default(),
     });
-    tokio::spawn(serve(port, beta, instance.clone(), stats.clone(), stop));
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn warden_store::Store> =
+        Arc::new(warden_store::EmbeddedStore::open(&dir.path().join("store.redb")).unwrap());
+    tokio::spawn(serve(
+        port,
+        beta,
+        instance.clone(),
+        store,
+        stats.clone(),
+        stop,
+    ));
     let alpha =
         NodeClient::new(&NodeTls::issue(&ca_cert, &ca_key, "alpha", "127.0.0.1:1").unwrap());
 
@@ -119,16 +132,69 @@ async fn a_node_is_joined_to_an_instance_only_for_the_label_it_serves() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    // ...and once it is relabelled (taint), the same pooled connection carries nothing more:
-    // it is cut, and the bytes never reach the instance.
+    // ...and once it is relabelled (taint), the node closes the idle connection by itself, so
+    // that no gateway reuses it, and nothing more reaches the instance through it.
     instance.record.lock().unwrap().label = "SECRET+A".into();
-    let _ = tokio::io::AsyncWriteExt::write_all(&mut joined, b"two").await;
     let mut rest = Vec::new();
     let closed = tokio::time::timeout(
         std::time::Duration::from_secs(10),
         joined.read_to_end(&mut rest),
     )
     .await;
-    assert!(closed.is_ok(), "the connection is cut");
+    assert!(closed.is_ok(), "the idle connection is closed");
+    let _ = tokio::io::AsyncWriteExt::write_all(&mut joined, b"two").await;
     assert_eq!(received.lock().unwrap().as_slice(), b"one");
+}
+
+/// A start asked by another node runs the app as the store holds it, whatever spec the asking
+/// node sends; an app the store does not hold is not started.
+#[tokio::test]
+async fn a_node_asks_for_a_start_but_never_chooses_what_runs() {
+    let record: InstanceRecord = serde_json::from_value(serde_json::json!({
+        "id": "i1", "app": "web", "label": "SECRET", "node": "beta", "addr": "127.0.0.1:1",
+        "pid": 1, "state": "ready", "started_at_ms": 0,
+    }))
+    .unwrap();
+    let instance = Arc::new(OneInstance {
+        record: std::sync::Mutex::new(record),
+        started: std::sync::Mutex::default(),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn warden_store::Store> =
+        Arc::new(warden_store::EmbeddedStore::open(&dir.path().join("store.redb")).unwrap());
+    let good = AppSpec::new("web", vec!["/srv/web/run".into()]);
+    warden_store::put_json(&*store, &warden_core::keys::app_spec("web"), &good, None)
+        .await
+        .unwrap();
+    let (ca_cert, ca_key) = new_ca().unwrap();
+    let port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = port.local_addr().unwrap().to_string();
+    let beta = NodeTls::issue(&ca_cert, &ca_key, "beta", &addr).unwrap();
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(
+        port,
+        beta,
+        instance.clone(),
+        store,
+        Arc::default(),
+        stop,
+    ));
+    let alpha =
+        NodeClient::new(&NodeTls::issue(&ca_cert, &ca_key, "alpha", "127.0.0.1:1").unwrap());
+
+    let forged = AppSpec::new("web", vec!["/bin/sh".into(), "-c".into(), "evil".into()]);
+    alpha
+        .ensure(&addr, &forged, "SECRET", &Owner::Shared)
+        .await
+        .unwrap();
+    assert_eq!(
+        *instance.started.lock().unwrap(),
+        vec!["/srv/web/run".to_owned()]
+    );
+
+    let unknown = AppSpec::new("nope", vec!["/bin/true".into()]);
+    let refused = alpha
+        .ensure(&addr, &unknown, "SECRET", &Owner::Shared)
+        .await;
+    assert_eq!(refused, Err(InstanceError::UnknownApp("nope".into())));
 }

@@ -301,6 +301,7 @@ pub async fn instances(
             p.listener,
             tls.clone(),
             local.clone(),
+            store.clone(),
             stats.clone(),
             stop,
         ))),

@@ -298,20 +298,32 @@ impl Lifecycle {
         let (store, lease) = (self.deps.store.clone(), self.deps.node.lease());
         let id = id.to_owned();
         tokio::spawn(async move {
+            // Other nodes' gateways learn the new label from this record: keep trying while
+            // the store is unwell (this node's port already refuses the old label).
             let key = keys::instance(&record.app, &id);
-            if let Err(e) = put_json(&*store, &key, &record, Some(lease)).await {
-                tracing::warn!(instance = %id, error = %e, "writing a tainted instance's new label failed");
+            let mut pause = std::time::Duration::from_millis(50);
+            for attempt in 0..12 {
+                match put_json(&*store, &key, &record, Some(lease)).await {
+                    Ok(_) => return,
+                    Err(e) if attempt == 11 => {
+                        tracing::error!(instance = %id, error = %e, "writing a tainted instance's new label failed; other nodes' gateways may route its old label to it until it stops")
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                    }
+                }
             }
         });
         Ok(())
     }
 
-    /// Instances running on this node, ordered by app, label and id.
     /// The record of a running instance.
     pub(crate) fn record(&self, id: &str) -> Option<InstanceRecord> {
         lock(&self.running).get(id).map(|r| r.record.clone())
     }
 
+    /// Instances running on this node, ordered by app, label and id.
     pub(crate) fn instances(&self) -> Vec<InstanceRecord> {
         let mut v: Vec<_> = lock(&self.running)
             .values()
