@@ -41,7 +41,7 @@ pub async fn run(cmd: StoreCommand) -> anyhow::Result<()> {
         StoreCommand::Restore { file, data_dir } => restore(&file, &data_dir).await,
         StoreCommand::Check { data_dir } => {
             let path = data_dir.join("store.redb");
-            let report = warden_store::embedded::verify::verify(&path)?;
+            let report = warden_store::embedded::verify::verify_thoroughly(&path)?;
             println!(
                 "{} reads through: {} records{}",
                 path.display(),

@@ -535,7 +535,7 @@ fn damaged_copies_of_a_real_store_start_sound_or_stop_clearly_and_are_never_rewr
                 );
                 assert!(
                     !ok && check.contains("damaged"),
-                    "case {n}: store check: {check}"
+                    "case {n}: store check: {check}; up said: {err}"
                 );
                 assert!(err.contains("store.redb"), "case {n} (at {at}): {err}");
                 assert!(
