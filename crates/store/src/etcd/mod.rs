@@ -134,8 +134,18 @@ pub(crate) fn transient(e: &etcd_client::Error) -> bool {
                     | tonic::Code::DeadlineExceeded
                     | tonic::Code::Aborted
                     | tonic::Code::Cancelled
-            ) || s.message().contains("leader")
-                || s.message().contains("timed out")
+            ) || [
+                "leader",
+                "timed out",
+                // The connection to the member broke under the request (the member died):
+                // tonic reports it as an unknown status with a transport error.
+                "transport error",
+                "h2 protocol error",
+                "connection reset",
+                "broken pipe",
+            ]
+            .iter()
+            .any(|m| s.message().to_ascii_lowercase().contains(m))
         }
         _ => false,
     }
@@ -382,6 +392,17 @@ mod tests {
             assert!(start.as_slice() <= inside.as_bytes() && inside.as_bytes() < end.as_slice());
         }
         assert!(b"apps/webshop".as_slice() >= end.as_slice());
+    }
+
+    #[test]
+    fn a_connection_broken_under_a_request_is_worth_another_try() {
+        let broken = tonic::Status::new(tonic::Code::Unknown, "transport error");
+        assert!(transient(&etcd_client::Error::GRpcStatus(broken)));
+        let refused = tonic::Status::new(
+            tonic::Code::InvalidArgument,
+            "etcdserver: key is not provided",
+        );
+        assert!(!transient(&etcd_client::Error::GRpcStatus(refused)));
     }
 
     #[test]
