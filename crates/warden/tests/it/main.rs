@@ -62,6 +62,7 @@ pub fn probe() -> PathBuf {
 mod api;
 mod cli;
 mod cluster;
+mod cluster_routing;
 mod connections;
 mod gateway;
 mod gateway_starts;
