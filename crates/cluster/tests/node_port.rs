@@ -51,6 +51,41 @@ impl Instances for OneInstance {
     }
 }
 
+/// A node port for `instance` with `store` on a free loopback port; its address, a client
+/// node of the same cluster, and the guard that keeps it serving.
+async fn node_port(
+    instance: Arc<OneInstance>,
+    store: Arc<dyn warden_store::Store>,
+) -> (String, NodeClient, tokio::sync::watch::Sender<bool>) {
+    let (ca_cert, ca_key) = new_ca().unwrap();
+    let port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = port.local_addr().unwrap().to_string();
+    let beta = NodeTls::issue(&ca_cert, &ca_key, "beta", &addr).unwrap();
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let stats = Arc::new(NodePortStats::default());
+    tokio::spawn(serve(port, beta, instance, store, stats, stop));
+    let alpha =
+        NodeClient::new(&NodeTls::issue(&ca_cert, &ca_key, "alpha", "127.0.0.1:1").unwrap());
+    (addr, alpha, stop_tx)
+}
+
+/// An instance record of app web, label SECRET, at `addr`.
+fn one_instance(addr: &str) -> Arc<OneInstance> {
+    let record: InstanceRecord = serde_json::from_value(serde_json::json!({
+        "id": "i1", "app": "web", "label": "SECRET", "node": "beta", "addr": addr,
+        "pid": 1, "state": "ready", "started_at_ms": 0,
+    }))
+    .unwrap();
+    Arc::new(OneInstance {
+        record: std::sync::Mutex::new(record),
+        started: std::sync::Mutex::default(),
+    })
+}
+
+fn store(dir: &tempfile::TempDir) -> Arc<dyn warden_store::Store> {
+    Arc::new(warden_store::EmbeddedStore::open(&dir.path().join("store.redb")).unwrap())
+}
+
 #[tokio::test]
 async fn a_node_is_joined_to_an_instance_only_for_the_label_it_serves() {
     // The "instance": says hello to whoever connects and keeps what it is sent.
@@ -76,35 +111,9 @@ async fn a_node_is_joined_to_an_instance_only_for_the_label_it_serves() {
             });
         }
     });
-    let record: InstanceRecord = serde_json::from_value(serde_json::json!({
-        "id": "i1", "app": "web", "label": "SECRET", "node": "beta", "addr": app_addr.to_string(),
-        "pid": 1, "state": "ready", "started_at_ms": 0,
-    }))
-    .unwrap();
-
-    let (ca_cert, ca_key) = new_ca().unwrap();
-    let port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = port.local_addr().unwrap().to_string();
-    let beta = NodeTls::issue(&ca_cert, &ca_key, "beta", &addr).unwrap();
-    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-    let stats = Arc::new(NodePortStats::default());
-    let instance = Arc::new(OneInstance {
-        record: std::sync::Mutex::new(record),
-        started: std::sync::Mutex::default(),
-    });
+    let instance = one_instance(&app_addr.to_string());
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn warden_store::Store> =
-        Arc::new(warden_store::EmbeddedStore::open(&dir.path().join("store.redb")).unwrap());
-    tokio::spawn(serve(
-        port,
-        beta,
-        instance.clone(),
-        store,
-        stats.clone(),
-        stop,
-    ));
-    let alpha =
-        NodeClient::new(&NodeTls::issue(&ca_cert, &ca_key, "alpha", "127.0.0.1:1").unwrap());
+    let (addr, alpha, _serving) = node_port(instance.clone(), store(&dir)).await;
 
     let mut joined = alpha.join(&addr, "i1", "SECRET").await.unwrap();
     let mut hello = [0u8; 5];
@@ -150,37 +159,14 @@ async fn a_node_is_joined_to_an_instance_only_for_the_label_it_serves() {
 /// node sends; an app the store does not hold is not started.
 #[tokio::test]
 async fn a_node_asks_for_a_start_but_never_chooses_what_runs() {
-    let record: InstanceRecord = serde_json::from_value(serde_json::json!({
-        "id": "i1", "app": "web", "label": "SECRET", "node": "beta", "addr": "127.0.0.1:1",
-        "pid": 1, "state": "ready", "started_at_ms": 0,
-    }))
-    .unwrap();
-    let instance = Arc::new(OneInstance {
-        record: std::sync::Mutex::new(record),
-        started: std::sync::Mutex::default(),
-    });
+    let instance = one_instance("127.0.0.1:1");
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn warden_store::Store> =
-        Arc::new(warden_store::EmbeddedStore::open(&dir.path().join("store.redb")).unwrap());
+    let store = store(&dir);
     let good = AppSpec::new("web", vec!["/srv/web/run".into()]);
     warden_store::put_json(&*store, &warden_core::keys::app_spec("web"), &good, None)
         .await
         .unwrap();
-    let (ca_cert, ca_key) = new_ca().unwrap();
-    let port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = port.local_addr().unwrap().to_string();
-    let beta = NodeTls::issue(&ca_cert, &ca_key, "beta", &addr).unwrap();
-    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-    tokio::spawn(serve(
-        port,
-        beta,
-        instance.clone(),
-        store,
-        Arc::default(),
-        stop,
-    ));
-    let alpha =
-        NodeClient::new(&NodeTls::issue(&ca_cert, &ca_key, "alpha", "127.0.0.1:1").unwrap());
+    let (addr, alpha, _serving) = node_port(instance.clone(), store).await;
 
     let forged = AppSpec::new("web", vec!["/bin/sh".into(), "-c".into(), "evil".into()]);
     alpha
