@@ -30,6 +30,11 @@ use crate::{
 /// leader election (about a second by default), so a killed member costs a wait, not an error.
 const FAILOVER_BUDGET: Duration = Duration::from_secs(10);
 
+/// How often a node compacts etcd's history.
+const COMPACT_EVERY: Duration = Duration::from_secs(60);
+/// Revisions of history kept: at one write a second per node, over an hour for a few nodes.
+const KEEP_REVISIONS: u64 = 10_000;
+
 /// Largest listing accepted from etcd.
 const MAX_LISTING: usize = 1 << 30;
 
@@ -52,7 +57,8 @@ impl EtcdStore {
         };
         // A first read, so that a wrong address or credential fails at start with a clear
         // message instead of at the first request.
-        if let Err(e) = store.get("cluster").await {
+        let first = store.get("cluster").await;
+        if let Err(e) = first {
             return Err(StoreError::Open {
                 path: format!("etcd://{}", store.endpoints),
                 reason: format!(
@@ -62,7 +68,54 @@ impl EtcdStore {
                 ),
             });
         }
+        store.spawn_compactor();
         Ok(store)
+    }
+
+    /// Keeps etcd's history bounded: every node writes its record each second, and etcd keeps
+    /// every revision until it is compacted, so without this its database would grow until it
+    /// hits its space quota and refuses writes. Every node does it (compacting twice is
+    /// harmless); a watcher further behind than [`KEEP_REVISIONS`] lists again.
+    fn spawn_compactor(&self) {
+        let store = Self {
+            client: self.client.clone(),
+            endpoints: self.endpoints.clone(),
+            unready: self.unready.clone(),
+        };
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(COMPACT_EVERY).await;
+                if let Err(e) = store.compact_history(KEEP_REVISIONS).await {
+                    tracing::debug!(error = %e, "compacting etcd's history failed");
+                }
+            }
+        });
+    }
+
+    /// Compacts etcd's history to the newest `keep` revisions.
+    pub async fn compact_history(&self, keep: u64) -> Result<(), StoreError> {
+        let now = self
+            .retry("read the revision", |mut c| async move {
+                c.get("cluster", Some(GetOptions::new().with_count_only()))
+                    .await
+            })
+            .await?;
+        let target = header_revision(now.header()).saturating_sub(keep);
+        if target == 0 {
+            return Ok(());
+        }
+        let target = i64::try_from(target).unwrap_or(i64::MAX);
+        match self
+            .retry(
+                "compact",
+                |mut c| async move { c.compact(target, None).await },
+            )
+            .await
+        {
+            // Another node compacted as far already.
+            Err(StoreError::Engine { reason, .. }) if reason.contains("compacted") => Ok(()),
+            other => other.map(drop),
+        }
     }
 
     /// Runs `op` against the cluster, trying again while members are unreachable or between
