@@ -145,6 +145,28 @@ impl NodeClient {
         id: &str,
         label: &str,
     ) -> std::io::Result<Box<dyn RemoteStream>> {
+        match self.ask_join(addr, id, label).await? {
+            Ok(s) => Ok(s),
+            Err(e) => Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                e.to_string(),
+            )),
+        }
+    }
+
+    /// Whether the node at `addr` has instance `id` serving `label`: `Ok(true)` joined,
+    /// `Ok(false)` the node answered that it has not; `Err` the node did not answer.
+    pub async fn probe(&self, addr: &str, id: &str, label: &str) -> std::io::Result<bool> {
+        Ok(self.ask_join(addr, id, label).await?.is_ok())
+    }
+
+    /// The outer error: the node did not answer; the inner one: it answered no.
+    async fn ask_join(
+        &self,
+        addr: &str,
+        id: &str,
+        label: &str,
+    ) -> std::io::Result<Result<Box<dyn RemoteStream>, InstanceError>> {
         let mut s = self.open(addr).await?;
         let request = Request::Connect {
             id: id.to_owned(),
@@ -155,11 +177,8 @@ impl NodeClient {
             .await
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
         match reply {
-            Reply::Ok => Ok(Box::new(Joined(s))),
-            Reply::Err(e) => Err(std::io::Error::new(
-                std::io::ErrorKind::ConnectionRefused,
-                e.to_string(),
-            )),
+            Reply::Ok => Ok(Ok(Box::new(Joined(s)))),
+            Reply::Err(e) => Ok(Err(e)),
             other => Err(std::io::Error::other(format!(
                 "node port {addr} answered connect with {other:?}"
             ))),

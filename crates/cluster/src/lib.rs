@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod certs;
+pub mod checker;
 mod client;
 mod directory;
 mod instances;
@@ -21,6 +22,7 @@ pub mod tickets;
 mod wire;
 
 pub use certs::{new_ca, NodeTls};
+pub use checker::{Checker, CheckerStats};
 pub use client::NodeClient;
 pub use directory::Directory;
 pub use instances::ClusterInstances;

@@ -279,6 +279,10 @@ pub struct Wired {
     pub served: Option<tokio::task::JoinHandle<()>>,
     /// The node port's counters.
     pub stats: std::sync::Arc<warden_cluster::NodePortStats>,
+    /// This node as a client of the others' ports.
+    pub client: warden_cluster::NodeClient,
+    /// The live nodes.
+    pub directory: warden_cluster::Directory,
 }
 
 /// The cluster's `Instances` for this node: its own agent's directly, other nodes' through
@@ -310,17 +314,20 @@ pub async fn instances(
     let directory = warden_cluster::Directory::start(store.clone())
         .await
         .context("cannot list the cluster's nodes")?;
+    let client = warden_cluster::NodeClient::new(&tls);
     let all = warden_cluster::ClusterInstances::new(
         node.to_owned(),
         agent,
-        warden_cluster::NodeClient::new(&tls),
-        directory,
+        client.clone(),
+        directory.clone(),
         store,
     );
     Ok(Wired {
         instances: all.into_instances(),
         served,
         stats,
+        client,
+        directory,
     })
 }
 

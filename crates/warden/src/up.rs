@@ -248,7 +248,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     let local: Option<Arc<dyn Instances>> =
         agent.clone().map(|a| Arc::new(a) as Arc<dyn Instances>);
-    let mut node_port_stats = None;
+    let (mut node_port_stats, mut checker_stats) = (None, None);
     let instances = match &joined {
         Some(j) => {
             let wired = cluster::instances(
@@ -262,6 +262,17 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             .await?;
             tasks.extend(wired.served);
             node_port_stats = Some(wired.stats);
+            if cfg.runs(Role::Checker) {
+                let stats = std::sync::Arc::new(warden_cluster::CheckerStats::default());
+                checker_stats = Some(stats.clone());
+                let checker = warden_cluster::Checker::new(
+                    store.clone(),
+                    wired.client,
+                    wired.directory,
+                    stats,
+                );
+                tasks.push(tokio::spawn(checker.run(stop_rx.clone())));
+            }
             Some(wired.instances)
         }
         None => local,
@@ -321,6 +332,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 text += &a.render_metrics();
             }
             if let Some(s) = &node_port_stats {
+                text += &s.render();
+            }
+            if let Some(s) = &checker_stats {
                 text += &s.render();
             }
             text

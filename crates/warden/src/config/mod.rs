@@ -286,12 +286,15 @@ impl Config {
             );
         }
         if self.roles.is_empty() {
-            return invalid("roles", "name at least one role: gateway, agent, api");
-        }
-        if self.roles.contains(&Role::Checker) {
             return invalid(
                 "roles",
-                "the checker role is not built yet (it comes with self-healing across nodes); use gateway, agent and api",
+                "name at least one role: gateway, agent, api, checker",
+            );
+        }
+        if self.roles.contains(&Role::Checker) && !etcd {
+            return invalid(
+                "roles",
+                "the checker probes the instances of a cluster: it runs with store = \"etcd://...\" (on one machine the agent removes the records of its dead instances itself)",
             );
         }
         if !(1..=1_048_576).contains(&self.max_log_mb) {

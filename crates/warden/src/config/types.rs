@@ -60,7 +60,8 @@ pub enum Role {
     Agent,
     /// The admin API, metrics and status.
     Api,
-    /// Probes instances and removes the records of dead ones (not built yet).
+    /// Probes instances through their nodes' ports and removes the records of dead ones (on a
+    /// cluster).
     Checker,
 }
 
@@ -74,7 +75,7 @@ impl FromStr for Role {
 
     fn from_str(s: &str) -> Result<Self, String> {
         <Self as clap::ValueEnum>::from_str(s, false).map_err(|_| {
-            format!("{s:?} is not a role; use gateway, agent or api, separated by commas")
+            format!("{s:?} is not a role; use gateway, agent, api or checker, separated by commas")
         })
     }
 }

@@ -386,3 +386,104 @@ fn the_demo_is_seeded_once_per_cluster() {
         assert_eq!(r.status, 200, "{}", r.text());
     }
 }
+
+fn etcdctl_put(cluster: &EtcdCluster, key: &str, value: &serde_json::Value) {
+    let out = std::process::Command::new("etcdctl")
+        .args([
+            "--endpoints",
+            &cluster.client(0).to_string(),
+            "put",
+            key,
+            &value.to_string(),
+        ])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The checker removes the records of instances that are gone (its node's port does not know
+/// it, or its node is not live) and leaves live ones; two checkers never remove one twice.
+#[test]
+fn checkers_remove_the_records_of_dead_instances_and_only_those() {
+    let cluster = EtcdCluster::start(1);
+    let alpha = demo_node(&cluster, "alpha", "gateway,agent,api");
+    let pw = alpha.password("alice");
+    let live = alpha.get_as("alice", &pw, "/apps/demo/").json()["instance"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ghost = |id: &str, node: &str| {
+        serde_json::json!({
+            "id": id, "app": "demo", "label": "UNCLASSIFIED", "node": node,
+            "addr": "127.0.0.1:1", "pid": 1, "state": "ready", "started_at_ms": 0,
+        })
+    };
+    // One on a live node that does not run it, one on a node that does not exist.
+    etcdctl_put(
+        &cluster,
+        "instances/demo/ghost-on-alpha",
+        &ghost("ghost-on-alpha", "alpha"),
+    );
+    etcdctl_put(
+        &cluster,
+        "instances/demo/ghost-nowhere",
+        &ghost("ghost-nowhere", "nowhere"),
+    );
+    let checkers: Vec<Warden> = ["gamma", "delta"]
+        .iter()
+        .map(|name| {
+            node(
+                &cluster,
+                name,
+                &[
+                    "--roles",
+                    "checker,api",
+                    "--join-token-file",
+                    &join_token(&alpha),
+                ],
+            )
+            .start()
+        })
+        .collect();
+    wait_until(
+        "the ghosts' records removed",
+        Duration::from_secs(30),
+        || {
+            let ids: Vec<String> = alpha
+                .instances()
+                .iter()
+                .map(|i| i["id"].as_str().unwrap_or_default().to_owned())
+                .collect();
+            (!ids.iter().any(|i| i.starts_with("ghost"))).then_some(())
+        },
+    );
+    let metric = |line: &str| checkers.iter().map(|c| crate::metric(c, line)).sum::<f64>();
+    wait_until(
+        "both checkers probed the live instance",
+        Duration::from_secs(30),
+        || {
+            checkers
+                .iter()
+                .all(|c| crate::metric(c, "warden_checker_probes_total{outcome=\"alive\"}") >= 1.0)
+                .then_some(())
+        },
+    );
+    assert_eq!(
+        metric("warden_checker_removed_total"),
+        2.0,
+        "each ghost removed once"
+    );
+    assert!(
+        alpha.instances().iter().any(|i| i["id"] == live.as_str()),
+        "the live instance keeps its record"
+    );
+    assert_eq!(
+        alpha.get_as("alice", &pw, "/apps/demo/").json()["instance"],
+        live.as_str()
+    );
+}
