@@ -192,6 +192,141 @@ struct Endpoints {
     api: Option<SocketAddr>,
 }
 
+/// Where this node's gateway and API get instances, with what runs beside them.
+struct Sources {
+    agent: Option<warden_agent::Agent>,
+    instances: Option<Arc<dyn Instances>>,
+    node_port_stats: Option<Arc<warden_cluster::NodePortStats>>,
+    checker_stats: Option<Arc<warden_cluster::CheckerStats>>,
+}
+
+/// Starts the agent if this node runs one and, on a cluster, the node port, the instances of
+/// every node, and the checker if this node runs it.
+async fn sources(
+    cfg: &Config,
+    store: &Arc<dyn warden_store::Store>,
+    joined: Option<&cluster::Joined>,
+    node: &str,
+    identity: &IdentityKey,
+    stop_rx: &watch::Receiver<bool>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<Sources> {
+    // On a cluster, an agent node serves its instances to the other nodes on its node port.
+    let node_port = match joined.is_some() && cfg.runs(Role::Agent) {
+        true => Some(cluster::bind_node_port(cfg.advertise()).await?),
+        false => None,
+    };
+    let agent = match cfg.runs(Role::Agent) {
+        true => {
+            let mut config = agent_config(cfg, node, identity);
+            config.advertise = node_port.as_ref().map(|p| p.advertise.to_string());
+            Some(
+                warden_agent::Agent::start(store.clone(), config)
+                    .await
+                    .context("cannot start the agent")?,
+            )
+        }
+        false => None,
+    };
+    let local: Option<Arc<dyn Instances>> =
+        agent.clone().map(|a| Arc::new(a) as Arc<dyn Instances>);
+    let (mut node_port_stats, mut checker_stats) = (None, None);
+    let instances = match joined {
+        Some(j) => {
+            let wired = cluster::instances(
+                store.clone(),
+                &j.secrets,
+                node,
+                local,
+                node_port,
+                stop_rx.clone(),
+            )
+            .await?;
+            tasks.extend(wired.served);
+            node_port_stats = Some(wired.stats);
+            if cfg.runs(Role::Checker) {
+                let stats = Arc::new(warden_cluster::CheckerStats::default());
+                checker_stats = Some(stats.clone());
+                let checker = warden_cluster::Checker::new(
+                    store.clone(),
+                    wired.client,
+                    wired.directory,
+                    stats,
+                );
+                tasks.push(tokio::spawn(checker.run(stop_rx.clone())));
+            }
+            Some(wired.instances)
+        }
+        None => local,
+    };
+    if agent.is_none() {
+        // A node without the agent still registers, so the cluster knows its roles.
+        let info = warden_agent::node::NodeInfo {
+            id: node.to_owned(),
+            roles: role_names(cfg),
+            ..Default::default()
+        };
+        let me = warden_agent::node::Node::register(store.clone(), info, cfg.node_lease_ttl.0)
+            .await
+            .context("cannot register the node")?;
+        me.publish(0).await.context("cannot register the node")?;
+        tasks.push(tokio::spawn(warden_agent::node::heartbeat(
+            Arc::new(me),
+            stop_rx.clone(),
+        )));
+    }
+    Ok(Sources {
+        agent,
+        instances,
+        node_port_stats,
+        checker_stats,
+    })
+}
+
+/// Serves the API on `cfg.api_listen` until `stop_rx` turns true; its address and task.
+async fn serve_api(
+    cfg: &Config,
+    store: &Arc<dyn warden_store::Store>,
+    token: &str,
+    gateway: &Option<warden_gateway::Gateway>,
+    m: &Sources,
+    stop_rx: watch::Receiver<bool>,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(cfg.api_listen)
+        .await
+        .with_context(|| format!("cannot listen for the API on {}", cfg.api_listen))?;
+    let addr = listener.local_addr()?;
+    let mut api =
+        warden_api::Api::new(store.clone(), m.instances.clone(), token, cfg.argon2_cost())
+            .protecting(cfg.data_dir.clone());
+    if let Some(g) = gateway {
+        let sync = g.view_sync();
+        api = api.with_sync(Arc::new(move |key, rev| {
+            let sync = sync.clone();
+            Box::pin(async move { sync.caught_up(&key, rev).await })
+        }));
+    }
+    let (gw_metrics, agent_metrics) = (gateway.as_ref().map(|g| g.metrics()), m.agent.clone());
+    let (node_port_stats, checker_stats) = (m.node_port_stats.clone(), m.checker_stats.clone());
+    api = api.with_metrics(Arc::new(move || {
+        let mut text = gw_metrics.as_ref().map(|m| m.render()).unwrap_or_default();
+        if let Some(a) = &agent_metrics {
+            text += &a.render_metrics();
+        }
+        if let Some(s) = &node_port_stats {
+            text += &s.render();
+        }
+        if let Some(s) = &checker_stats {
+            text += &s.render();
+        }
+        text
+    }));
+    let task = tokio::spawn(async move {
+        let _ = warden_api::serve(listener, api, stop_rx).await;
+    });
+    Ok((addr, task))
+}
+
 /// Runs until SIGINT or SIGTERM, then stops every instance before returning.
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let cfg = args.into_config()?;
@@ -229,54 +364,17 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
-    // On a cluster, an agent node serves its instances to the other nodes on its node port.
-    let node_port = match joined.is_some() && cfg.runs(Role::Agent) {
-        true => Some(cluster::bind_node_port(cfg.advertise()).await?),
-        false => None,
-    };
-    let agent = match cfg.runs(Role::Agent) {
-        true => {
-            let mut config = agent_config(&cfg, &node, &identity);
-            config.advertise = node_port.as_ref().map(|p| p.advertise.to_string());
-            Some(
-                warden_agent::Agent::start(store.clone(), config)
-                    .await
-                    .context("cannot start the agent")?,
-            )
-        }
-        false => None,
-    };
-    let local: Option<Arc<dyn Instances>> =
-        agent.clone().map(|a| Arc::new(a) as Arc<dyn Instances>);
-    let (mut node_port_stats, mut checker_stats) = (None, None);
-    let instances = match &joined {
-        Some(j) => {
-            let wired = cluster::instances(
-                store.clone(),
-                &j.secrets,
-                &node,
-                local,
-                node_port,
-                stop_rx.clone(),
-            )
-            .await?;
-            tasks.extend(wired.served);
-            node_port_stats = Some(wired.stats);
-            if cfg.runs(Role::Checker) {
-                let stats = std::sync::Arc::new(warden_cluster::CheckerStats::default());
-                checker_stats = Some(stats.clone());
-                let checker = warden_cluster::Checker::new(
-                    store.clone(),
-                    wired.client,
-                    wired.directory,
-                    stats,
-                );
-                tasks.push(tokio::spawn(checker.run(stop_rx.clone())));
-            }
-            Some(wired.instances)
-        }
-        None => local,
-    };
+    let sources = sources(
+        &cfg,
+        &store,
+        joined.as_ref(),
+        &node,
+        &identity,
+        &stop_rx,
+        &mut tasks,
+    )
+    .await?;
+    let (agent, instances) = (sources.agent.clone(), sources.instances.clone());
     let gateway = match cfg.runs(Role::Gateway) {
         true => {
             let source = instances
@@ -295,53 +393,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         false => None,
     };
     let mut at = Endpoints::default();
-    if agent.is_none() {
-        // A node without the agent still registers, so the cluster knows its roles.
-        let info = warden_agent::node::NodeInfo {
-            id: node.clone(),
-            roles: role_names(&cfg),
-            ..Default::default()
-        };
-        let me = warden_agent::node::Node::register(store.clone(), info, cfg.node_lease_ttl.0)
-            .await
-            .context("cannot register the node")?;
-        me.publish(0).await.context("cannot register the node")?;
-        tasks.push(tokio::spawn(warden_agent::node::heartbeat(
-            Arc::new(me),
-            stop_tx.subscribe(),
-        )));
-    }
     if cfg.runs(Role::Api) {
-        let listener = tokio::net::TcpListener::bind(cfg.api_listen)
-            .await
-            .with_context(|| format!("cannot listen for the API on {}", cfg.api_listen))?;
-        at.api = Some(listener.local_addr()?);
-        let mut api = warden_api::Api::new(store.clone(), instances, &token, cfg.argon2_cost())
-            .protecting(dir.clone());
-        if let Some(g) = &gateway {
-            let sync = g.view_sync();
-            api = api.with_sync(Arc::new(move |key, rev| {
-                let sync = sync.clone();
-                Box::pin(async move { sync.caught_up(&key, rev).await })
-            }));
-        }
-        let (gw_metrics, agent_metrics) = (gateway.as_ref().map(|g| g.metrics()), agent.clone());
-        api = api.with_metrics(Arc::new(move || {
-            let mut text = gw_metrics.as_ref().map(|m| m.render()).unwrap_or_default();
-            if let Some(a) = &agent_metrics {
-                text += &a.render_metrics();
-            }
-            if let Some(s) = &node_port_stats {
-                text += &s.render();
-            }
-            if let Some(s) = &checker_stats {
-                text += &s.render();
-            }
-            text
-        }));
-        tasks.push(tokio::spawn(async move {
-            let _ = warden_api::serve(listener, api, stop_rx).await;
-        }));
+        let (addr, task) = serve_api(&cfg, &store, &token, &gateway, &sources, stop_rx).await?;
+        at.api = Some(addr);
+        tasks.push(task);
     }
     if let Some(g) = gateway {
         at.gateway = Some(g.local_addr()?);
