@@ -121,6 +121,29 @@ fn nodes_join_with_the_token_publish_themselves_and_leave() {
     wait_until("gamma's lease to expire", Duration::from_secs(20), || {
         (!nodes(&first).contains_key("gamma")).then_some(())
     });
+
+    // An agent node stopped cleanly leaves at once too, with its instances' records.
+    let mut delta = node(
+        &cluster,
+        "delta",
+        &[
+            "--roles",
+            "agent",
+            "--advertise",
+            "127.0.0.3:0",
+            "--join-token-file",
+            &token,
+        ],
+    )
+    .start();
+    wait_until("delta listed", Duration::from_secs(20), || {
+        nodes(&first).contains_key("delta").then_some(())
+    });
+    delta.stop();
+    assert!(
+        !nodes(&first).contains_key("delta"),
+        "a stopped agent node is gone at once"
+    );
 }
 
 #[test]
