@@ -106,16 +106,27 @@ impl ClusterInstances {
 
     /// Sends `request` about instance `id` to its node in the background, once.
     fn tell(self: &Arc<Self>, id: &str, request: Request) {
-        let (this, id) = (self.clone(), id.to_owned());
+        // Where it runs is read now: the caller may forget the instance right after.
+        let (this, id, node) = (self.clone(), id.to_owned(), self.node_of(id));
         tokio::spawn(async move {
-            if let Err(e) = this.send_about(&id, request).await {
+            if let Err(e) = this.send_to(node, &id, request).await {
                 tracing::warn!(instance = %id, error = %e, "telling the instance's node failed");
             }
         });
     }
 
     async fn send_about(&self, id: &str, request: Request) -> Result<(), InstanceError> {
-        let node = match self.node_of(id) {
+        self.send_to(self.node_of(id), id, request).await
+    }
+
+    /// Sends `request` to `node`, or (not known) to the node the store says runs `id`.
+    async fn send_to(
+        &self,
+        node: Option<String>,
+        id: &str,
+        request: Request,
+    ) -> Result<(), InstanceError> {
+        let node = match node {
             Some(n) => n,
             None => {
                 self.find(id)
