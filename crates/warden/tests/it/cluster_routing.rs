@@ -459,3 +459,45 @@ fn a_tls_session_from_one_gateway_resumes_at_the_other() {
         );
     }
 }
+
+/// An instance that serves one request, started on another node, stops when its request is
+/// done: the gateway retires it through its node's port.
+#[test]
+fn a_per_request_instance_on_another_node_is_retired_after_its_request() {
+    let cluster = EtcdCluster::start(1);
+    let alpha = demo_node(&cluster, "alpha", "gateway,api");
+    let _beta = node(
+        &cluster,
+        "beta",
+        &[
+            "--roles",
+            "agent",
+            "--advertise",
+            "127.0.0.2:0",
+            "--join-token-file",
+            &join_token(&alpha),
+        ],
+    )
+    .start();
+    wait_until("beta's node port", Duration::from_secs(20), || {
+        nodes(&alpha)
+            .get("beta")?
+            .get("advertise")?
+            .as_str()
+            .map(str::to_owned)
+    });
+    alpha.create_demo_app(
+        &crate::app_bin(),
+        "once",
+        serde_json::json!({ "driver": "process", "lifetime": "per_request" }),
+    );
+    let pw = alpha.password("alice");
+    let r = alpha.get_as("alice", &pw, "/apps/once/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let id = r.json()["instance"].clone();
+    wait_until(
+        "the per-request instance on beta to stop",
+        Duration::from_secs(20),
+        || (!alpha.instances().iter().any(|i| i["id"] == id)).then_some(()),
+    );
+}
