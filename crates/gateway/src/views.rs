@@ -209,103 +209,116 @@ impl Shared {
     }
 
     fn apply(&self, kind: Kind, key: &str, value: Option<&[u8]>) {
-        let mut v = self.write();
-        let parse_err = |e: warden_store::StoreError| tracing::warn!(key, error = %e, "ignoring unreadable record");
-        match (kind, value) {
-            (Kind::Apps, Some(bytes)) if key.ends_with("/spec") => {
-                match decode::<AppSpec>(key, bytes) {
-                    Ok(spec) => {
-                        // Only this app's host names change: rebuilding the index over every
-                        // app made each app write cost as much as there are apps.
-                        let name = spec.name.clone();
-                        let spec = Arc::new(spec);
-                        let old_hosts = v
-                            .apps
-                            .insert(name.clone(), spec.clone())
-                            .map(|old| old.hosts.clone())
-                            .unwrap_or_default();
-                        if old_hosts.is_empty() {
-                            for h in &spec.hosts {
-                                v.hosts.insert(h.to_ascii_lowercase(), name.clone());
-                            }
-                        } else {
-                            rebuild_hosts(&mut v);
-                        }
-                    }
-                    Err(e) => parse_err(e),
-                }
-            }
-            (Kind::Apps, None) => {
-                if let Some(name) = key
-                    .strip_prefix("apps/")
-                    .and_then(|k| k.strip_suffix("/spec"))
-                {
-                    v.apps.remove(name);
-                    rebuild_hosts(&mut v);
-                }
-            }
-            (Kind::Users, Some(bytes)) => match decode::<UserRecord>(key, bytes) {
-                Ok(u) => {
-                    let fingerprint = Sha256::digest(u.password_hash.as_bytes()).into();
-                    v.users.insert(
-                        u.name.clone(),
-                        Arc::new(User {
-                            record: u,
-                            fingerprint,
-                        }),
-                    );
-                }
-                Err(e) => parse_err(e),
-            },
-            (Kind::Users, None) => {
-                if let Some(name) = key.strip_prefix("users/") {
-                    v.users.remove(name);
-                }
-            }
-            (Kind::Instances, Some(bytes)) => match decode::<InstanceRecord>(key, bytes) {
-                Ok(r) => upsert_instance(&mut v, r),
-                Err(e) => parse_err(e),
-            },
-            (Kind::Instances, None) => {
-                if let Some(id) = key.rsplit('/').next() {
-                    remove_instance(&mut v, id);
-                    v.tainted.remove(id);
-                }
-            }
-            (Kind::Sessions, Some(bytes)) => match decode::<SessionRecord>(key, bytes) {
-                Ok(sess) => {
-                    if let Some(hash) = key.strip_prefix("sessions/") {
-                        v.sessions.insert(hash.to_owned(), sess);
-                    }
-                }
-                Err(e) => parse_err(e),
-            },
-            (Kind::Sessions, None) => {
-                if let Some(hash) = key.strip_prefix("sessions/") {
-                    v.sessions.remove(hash);
-                }
-            }
-            (Kind::Lattice, Some(bytes)) => match decode::<Lattice>(key, bytes) {
-                Ok(l) => v.lattice = Some(Arc::new(l)),
-                Err(e) => parse_err(e),
-            },
-            (Kind::Lattice, None) => v.lattice = None,
-            _ => {}
-        }
+        apply_to(&mut self.write(), kind, key, value);
     }
 
-    fn reset(&self, kind: Kind) {
+    /// Replaces one view with a listing's entries at once: a request never sees it half filled
+    /// (an empty instance view would start instances that are already there).
+    fn replace(&self, kind: Kind, entries: &[warden_store::Entry]) {
         let mut v = self.write();
-        match kind {
-            Kind::Apps => {
-                v.apps.clear();
-                v.hosts.clear();
-            }
-            Kind::Users => v.users.clear(),
-            Kind::Instances => v.instances.clear(),
-            Kind::Sessions => v.sessions.clear(),
-            Kind::Lattice => v.lattice = None,
+        reset_in(&mut v, kind);
+        for e in entries {
+            apply_to(&mut v, kind, &e.key, Some(&e.value));
         }
+    }
+}
+
+fn reset_in(v: &mut Views, kind: Kind) {
+    match kind {
+        Kind::Apps => {
+            v.apps.clear();
+            v.hosts.clear();
+        }
+        Kind::Users => v.users.clear(),
+        Kind::Instances => v.instances.clear(),
+        Kind::Sessions => v.sessions.clear(),
+        Kind::Lattice => v.lattice = None,
+    }
+}
+
+fn apply_to(v: &mut Views, kind: Kind, key: &str, value: Option<&[u8]>) {
+    let parse_err =
+        |e: warden_store::StoreError| tracing::warn!(key, error = %e, "ignoring unreadable record");
+    match (kind, value) {
+        (Kind::Apps, Some(bytes)) if key.ends_with("/spec") => {
+            match decode::<AppSpec>(key, bytes) {
+                Ok(spec) => {
+                    // Only this app's host names change: rebuilding the index over every
+                    // app made each app write cost as much as there are apps.
+                    let name = spec.name.clone();
+                    let spec = Arc::new(spec);
+                    let old_hosts = v
+                        .apps
+                        .insert(name.clone(), spec.clone())
+                        .map(|old| old.hosts.clone())
+                        .unwrap_or_default();
+                    if old_hosts.is_empty() {
+                        for h in &spec.hosts {
+                            v.hosts.insert(h.to_ascii_lowercase(), name.clone());
+                        }
+                    } else {
+                        rebuild_hosts(v);
+                    }
+                }
+                Err(e) => parse_err(e),
+            }
+        }
+        (Kind::Apps, None) => {
+            if let Some(name) = key
+                .strip_prefix("apps/")
+                .and_then(|k| k.strip_suffix("/spec"))
+            {
+                v.apps.remove(name);
+                rebuild_hosts(v);
+            }
+        }
+        (Kind::Users, Some(bytes)) => match decode::<UserRecord>(key, bytes) {
+            Ok(u) => {
+                let fingerprint = Sha256::digest(u.password_hash.as_bytes()).into();
+                v.users.insert(
+                    u.name.clone(),
+                    Arc::new(User {
+                        record: u,
+                        fingerprint,
+                    }),
+                );
+            }
+            Err(e) => parse_err(e),
+        },
+        (Kind::Users, None) => {
+            if let Some(name) = key.strip_prefix("users/") {
+                v.users.remove(name);
+            }
+        }
+        (Kind::Instances, Some(bytes)) => match decode::<InstanceRecord>(key, bytes) {
+            Ok(r) => upsert_instance(v, r),
+            Err(e) => parse_err(e),
+        },
+        (Kind::Instances, None) => {
+            if let Some(id) = key.rsplit('/').next() {
+                remove_instance(v, id);
+                v.tainted.remove(id);
+            }
+        }
+        (Kind::Sessions, Some(bytes)) => match decode::<SessionRecord>(key, bytes) {
+            Ok(sess) => {
+                if let Some(hash) = key.strip_prefix("sessions/") {
+                    v.sessions.insert(hash.to_owned(), sess);
+                }
+            }
+            Err(e) => parse_err(e),
+        },
+        (Kind::Sessions, None) => {
+            if let Some(hash) = key.strip_prefix("sessions/") {
+                v.sessions.remove(hash);
+            }
+        }
+        (Kind::Lattice, Some(bytes)) => match decode::<Lattice>(key, bytes) {
+            Ok(l) => v.lattice = Some(Arc::new(l)),
+            Err(e) => parse_err(e),
+        },
+        (Kind::Lattice, None) => v.lattice = None,
+        _ => {}
     }
 }
 
@@ -405,10 +418,7 @@ async fn follow(
                 continue;
             }
         };
-        shared.reset(kind);
-        for e in &listing.entries {
-            shared.apply(kind, &e.key, Some(&e.value));
-        }
+        shared.replace(kind, &listing.entries);
         shared.mark(kind, listing.revision);
         let _ = loaded.send(true);
         let Ok(mut w) = store.watch(prefix, listing.revision + 1).await else {
