@@ -9,6 +9,36 @@ use warden_test_support::{cli, wait_until, Launch, Warden};
 use crate::cluster::{demo_node, join_token, node, nodes};
 use crate::BIN;
 
+/// An agent node `name` of `cluster` running `roles`, joined with `first`'s token, its node
+/// port on 127.0.0.2; returned once `first` lists that port.
+fn agent_node(cluster: &EtcdCluster, first: &Warden, name: &str, roles: &str) -> Warden {
+    let w = node(
+        cluster,
+        name,
+        &[
+            "--roles",
+            roles,
+            "--advertise",
+            "127.0.0.2:0",
+            "--join-token-file",
+            &join_token(first),
+        ],
+    )
+    .start();
+    wait_until(
+        &format!("{name}'s node port listed"),
+        Duration::from_secs(20),
+        || {
+            nodes(first)
+                .get(name)?
+                .get("advertise")?
+                .as_str()
+                .map(str::to_owned)
+        },
+    );
+    w
+}
+
 fn port_metric(w: &Warden, outcome: &str) -> f64 {
     crate::metric(
         w,
@@ -24,31 +54,8 @@ fn port_metric(w: &Warden, outcome: &str) -> f64 {
 fn a_gateway_starts_and_reaches_instances_on_another_node_through_its_node_port() {
     let cluster = EtcdCluster::start(3);
     let alpha = demo_node(&cluster, "alpha", "gateway,api");
-    let beta = node(
-        &cluster,
-        "beta",
-        &[
-            "--roles",
-            "gateway,agent,api",
-            "--advertise",
-            "127.0.0.2:0",
-            "--join-token-file",
-            &join_token(&alpha),
-        ],
-    )
-    .start();
+    let beta = agent_node(&cluster, &alpha, "beta", "gateway,agent,api");
     let pw = alpha.password("alice");
-    wait_until(
-        "beta listed with its node port",
-        Duration::from_secs(20),
-        || {
-            nodes(&alpha)
-                .get("beta")?
-                .get("advertise")?
-                .as_str()
-                .map(str::to_owned)
-        },
-    );
 
     let r = alpha.get_as("alice", &pw, "/apps/demo/");
     assert_eq!(r.status, 200, "{}", r.text());
@@ -320,19 +327,7 @@ fn a_session_is_valid_at_every_gateway_until_a_logout_at_any() {
 fn a_start_passes_over_a_node_that_does_not_answer() {
     let cluster = EtcdCluster::start(1);
     let alpha = demo_node(&cluster, "alpha", "gateway,api");
-    let _beta = node(
-        &cluster,
-        "beta",
-        &[
-            "--roles",
-            "agent",
-            "--advertise",
-            "127.0.0.2:0",
-            "--join-token-file",
-            &join_token(&alpha),
-        ],
-    )
-    .start();
+    let _beta = agent_node(&cluster, &alpha, "beta", "agent");
     // A ghost: idle, every driver, a node port nobody listens on.
     let closed = std::net::TcpListener::bind("127.0.0.3:0").unwrap();
     let ghost_port = closed.local_addr().unwrap();
@@ -466,26 +461,7 @@ fn a_tls_session_from_one_gateway_resumes_at_the_other() {
 fn a_per_request_instance_on_another_node_is_retired_after_its_request() {
     let cluster = EtcdCluster::start(1);
     let alpha = demo_node(&cluster, "alpha", "gateway,api");
-    let _beta = node(
-        &cluster,
-        "beta",
-        &[
-            "--roles",
-            "agent",
-            "--advertise",
-            "127.0.0.2:0",
-            "--join-token-file",
-            &join_token(&alpha),
-        ],
-    )
-    .start();
-    wait_until("beta's node port", Duration::from_secs(20), || {
-        nodes(&alpha)
-            .get("beta")?
-            .get("advertise")?
-            .as_str()
-            .map(str::to_owned)
-    });
+    let _beta = agent_node(&cluster, &alpha, "beta", "agent");
     alpha.create_demo_app(
         &crate::app_bin(),
         "once",
