@@ -129,6 +129,23 @@ impl EtcdCluster {
         self.members[i].client
     }
 
+    /// Runs `etcdctl ARGS` against member 0 (API v3) and returns what it printed; panics,
+    /// with etcdctl's error, when it fails.
+    pub fn etcdctl(&self, args: &[&str]) -> String {
+        let out = Command::new("etcdctl")
+            .args(["--endpoints", &self.client(0).to_string()])
+            .args(args)
+            .env("ETCDCTL_API", "3")
+            .output()
+            .expect("etcdctl runs (apt-get install etcd-client)");
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Kills member `i` with SIGKILL, as a crash would.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].child.take() {

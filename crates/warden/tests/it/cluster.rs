@@ -179,19 +179,7 @@ fn a_node_without_the_right_token_or_with_a_taken_name_is_refused() {
 fn the_cluster_secrets_are_sealed_in_etcd() {
     let cluster = EtcdCluster::start(1);
     let first = node(&cluster, "alpha", &[]).start();
-    let out = std::process::Command::new("etcdctl")
-        .args([
-            "--endpoints",
-            &cluster.client(0).to_string(),
-            "get",
-            "",
-            "--prefix",
-        ])
-        .env("ETCDCTL_API", "3")
-        .output()
-        .expect("etcdctl runs (apt-get install etcd-client)");
-    assert!(out.status.success());
-    let dump = String::from_utf8_lossy(&out.stdout);
+    let dump = cluster.etcdctl(&["get", "", "--prefix"]);
     assert!(
         dump.contains("cluster/secrets"),
         "the dump holds the cluster's keys"
@@ -338,21 +326,8 @@ fn warden_speaks_tls_to_an_etcd_that_asks_for_client_certificates() {
 #[test]
 fn warden_signs_in_to_an_etcd_with_authentication() {
     let cluster = EtcdCluster::start(1);
-    let etcdctl = |args: &[&str]| {
-        let out = std::process::Command::new("etcdctl")
-            .args(["--endpoints", &cluster.client(0).to_string()])
-            .args(args)
-            .env("ETCDCTL_API", "3")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "etcdctl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    etcdctl(&["user", "add", "root:root-secret-1"]);
-    etcdctl(&["auth", "enable"]);
+    cluster.etcdctl(&["user", "add", "root:root-secret-1"]);
+    cluster.etcdctl(&["auth", "enable"]);
     let dir = tempfile::tempdir().unwrap();
     let (right, wrong) = (dir.path().join("right"), dir.path().join("wrong"));
     std::fs::write(&right, "root-secret-1\n").unwrap();
@@ -410,25 +385,6 @@ fn the_demo_is_seeded_once_per_cluster() {
     }
 }
 
-fn etcdctl_put(cluster: &EtcdCluster, key: &str, value: &serde_json::Value) {
-    let out = std::process::Command::new("etcdctl")
-        .args([
-            "--endpoints",
-            &cluster.client(0).to_string(),
-            "put",
-            key,
-            &value.to_string(),
-        ])
-        .env("ETCDCTL_API", "3")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The checker removes the records of instances that are gone (its node's port does not know
 /// it, or its node is not live) and leaves live ones; two checkers never remove one twice.
 #[test]
@@ -447,16 +403,16 @@ fn checkers_remove_the_records_of_dead_instances_and_only_those() {
         })
     };
     // One on a live node that does not run it, one on a node that does not exist.
-    etcdctl_put(
-        &cluster,
+    cluster.etcdctl(&[
+        "put",
         "instances/demo/ghost-on-alpha",
-        &ghost("ghost-on-alpha", "alpha"),
-    );
-    etcdctl_put(
-        &cluster,
+        &ghost("ghost-on-alpha", "alpha").to_string(),
+    ]);
+    cluster.etcdctl(&[
+        "put",
         "instances/demo/ghost-nowhere",
-        &ghost("ghost-nowhere", "nowhere"),
-    );
+        &ghost("ghost-nowhere", "nowhere").to_string(),
+    ]);
     let checkers: Vec<Warden> = ["gamma", "delta"]
         .iter()
         .map(|name| {

@@ -338,22 +338,7 @@ fn a_start_passes_over_a_node_that_does_not_answer() {
         "roles": ["agent"], "advertise": ghost_port.to_string(),
         "drivers": ["sandbox", "process"],
     });
-    let put = std::process::Command::new("etcdctl")
-        .args([
-            "--endpoints",
-            &cluster.client(0).to_string(),
-            "put",
-            "nodes/ghost",
-            &ghost.to_string(),
-        ])
-        .env("ETCDCTL_API", "3")
-        .output()
-        .unwrap();
-    assert!(
-        put.status.success(),
-        "{}",
-        String::from_utf8_lossy(&put.stderr)
-    );
+    cluster.etcdctl(&["put", "nodes/ghost", &ghost.to_string()]);
     wait_until("the ghost and beta listed", Duration::from_secs(20), || {
         let n = nodes(&alpha);
         (n.contains_key("ghost") && n.get("beta")?.get("advertise")?.is_string()).then_some(())
