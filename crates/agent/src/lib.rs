@@ -26,6 +26,7 @@ pub mod node;
 mod paths;
 mod pools;
 mod restarts;
+mod schedule;
 mod supervise;
 mod sync;
 
@@ -70,9 +71,17 @@ pub struct AgentConfig {
     pub bridge: sandbox::bridge::BridgeConfig,
     /// The node's identity key, from which each instance's `WARDEN_INSTANCE_SECRET` is derived.
     pub identity: warden_core::identity::IdentityKey,
+    /// Placement by load (seed 003 §3.3.2): a node loaded above the cluster mean by more than
+    /// this (a fraction of its capacity) gets no new instances.
+    pub start_margin: f64,
+    /// A node loaded above the mean by more than this sheds instances to other nodes.
+    pub shed_margin: f64,
+    /// Read the node's load from this file instead of /proc (see `NodeInfo::load_file`).
+    pub load_file: Option<PathBuf>,
 }
 
 struct Inner {
+    store: Arc<dyn Store>,
     node: Arc<node::Node>,
     life: Arc<lifecycle::Lifecycle>,
     pools: Arc<pools::Pools>,
@@ -132,6 +141,7 @@ impl Agent {
                 warden_core::DriverKind::Process => vec![default],
             },
             limits: drivers.sandbox().limits().to_owned(),
+            load_file: config.load_file.clone(),
         };
         let node = Arc::new(node::Node::register(store.clone(), info, config.lease_ttl).await?);
         let paths = paths::Paths {
@@ -160,18 +170,27 @@ impl Agent {
         });
         node.publish(0).await?;
         node.remove_stale_records().await?;
+        let scheduler = Arc::new(schedule::Scheduler::new(
+            store.clone(),
+            node.clone(),
+            schedule::rules(config.start_margin, config.shed_margin),
+            stopping_rx.clone(),
+        ));
         Arc::new(supervise::Supervisor {
-            store,
+            store: store.clone(),
             node: node.clone(),
             life: life.clone(),
             pools: pools.clone(),
             restarts,
             max_log_bytes: config.max_log_bytes,
             stopping: stopping_rx,
+            placement: std::sync::Mutex::new(None),
+            scheduler,
         })
         .spawn(refill_rx);
         Ok(Self {
             inner: Arc::new(Inner {
+                store,
                 node,
                 life,
                 pools,
@@ -223,8 +242,10 @@ impl Agent {
         m.render()
     }
 
-    /// Stops every instance, removes the node's records and ends its lease.
+    /// Stops every instance, removes the node's records and ends its lease. On a cluster with
+    /// another agent node, the instances move there first (bounded), so that no request fails.
     pub async fn shutdown(&self) {
+        supervise::drain_before_stop(&*self.inner.store, &self.inner.node, &self.inner.life).await;
         let _ = self.inner.stopping.send(true);
         self.inner.pools.drain_slots(None);
         let stopped = self.inner.life.stop_all().await;

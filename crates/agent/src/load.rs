@@ -54,6 +54,37 @@ pub(crate) fn sample() -> HostLoad {
     }
 }
 
+/// The fractions a load file gives (`memory_used`, `cpu_busy`, `load_per_core`; any left out
+/// stays as measured). An unreadable file leaves the measured load and says so.
+pub(crate) fn override_from(path: &std::path::Path, load: &mut HostLoad) {
+    #[derive(serde::Deserialize)]
+    struct Fractions {
+        memory_used: Option<f64>,
+        cpu_busy: Option<f64>,
+        load_per_core: Option<f64>,
+    }
+    let read = std::fs::read(path)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice::<Fractions>(&b).map_err(|e| e.to_string()));
+    match read {
+        Ok(f) => {
+            let clamp = |v: f64| v.clamp(0.0, 1.0);
+            if let Some(v) = f.memory_used {
+                load.memory_used = clamp(v);
+            }
+            if let Some(v) = f.cpu_busy {
+                load.cpu_busy = clamp(v);
+            }
+            if let Some(v) = f.load_per_core {
+                load.load_per_core = clamp(v);
+            }
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "the load file does not read; publishing the measured load");
+        }
+    }
+}
+
 fn meminfo_kib(meminfo: &str, name: &str) -> Option<f64> {
     meminfo
         .lines()

@@ -26,7 +26,14 @@ pub struct NodeInfo {
     pub drivers: Vec<DriverKind>,
     /// What enforces sandbox limits here.
     pub limits: String,
+    /// A file the node's load is read from (JSON of [`warden_core::HostLoad`]'s fractions)
+    /// instead of /proc: for load measured some other way, and for tests of placement by load
+    /// on one machine, where every node would otherwise see the same host.
+    pub load_file: Option<std::path::PathBuf>,
 }
+
+/// Weight of each new one-second CPU sample in the published, smoothed busy share.
+const CPU_SMOOTHING: f64 = 0.1;
 
 /// How often a node's record (and its load) is written again.
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(1);
@@ -40,6 +47,10 @@ pub struct Node {
     started_at_ms: u64,
     /// CPU counters at the previous publish, for the busy share since then.
     cpu: Mutex<Option<load::CpuTimes>>,
+    /// The smoothed CPU busy share published last.
+    cpu_smoothed: Mutex<Option<f64>>,
+    /// Whether the node is drained now (published in its record).
+    draining: std::sync::atomic::AtomicBool,
 }
 
 /// Why a node could not register.
@@ -87,6 +98,8 @@ impl Node {
             lease: Mutex::new(0),
             started_at_ms: now_ms(),
             cpu: Mutex::new(load::cpu_times()),
+            cpu_smoothed: Mutex::new(None),
+            draining: std::sync::atomic::AtomicBool::new(false),
         };
         loop {
             let expected = match node.store.get(&key).await? {
@@ -164,7 +177,18 @@ impl Node {
             roles: self.info.roles.clone(),
             advertise: self.info.advertise.clone(),
             drivers: self.info.drivers.clone(),
+            draining: self.draining(),
         }
+    }
+
+    /// Whether the node is drained now.
+    pub fn draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets whether the node is drained; true when that changed (publish again).
+    pub(crate) fn set_draining(&self, on: bool) -> bool {
+        self.draining.swap(on, std::sync::atomic::Ordering::Relaxed) != on
     }
 
     /// Writes the node's record with its load now and the instances it runs.
@@ -175,6 +199,15 @@ impl Node {
             if let Some(before) = lock(&self.cpu).replace(now) {
                 load.cpu_busy = load::busy_share(before, now);
             }
+            // One second's busy share jumps with every burst; placement compares nodes by a
+            // smoothed one (about ten seconds), as seed 003 used the 1-minute load average.
+            let mut smoothed = lock(&self.cpu_smoothed);
+            let s = smoothed.get_or_insert(load.cpu_busy);
+            *s += CPU_SMOOTHING * (load.cpu_busy - *s);
+            load.cpu_busy = *s;
+        }
+        if let Some(path) = &self.info.load_file {
+            load::override_from(path, &mut load);
         }
         let mut record = self.record(instances);
         record.load = load;

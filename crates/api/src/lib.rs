@@ -18,7 +18,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use subtle::ConstantTimeEq;
 use warden_core::Instances;
@@ -41,6 +41,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/apps"),
     ("get", "/v1/apps/{name}"),
     ("delete", "/v1/apps/{name}"),
+    ("post", "/v1/apps/{name}/scale"),
     ("get", "/v1/users"),
     ("post", "/v1/users"),
     ("get", "/v1/users/{name}"),
@@ -51,6 +52,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("delete", "/v1/instances/{id}"),
     ("get", "/v1/instances/{id}/logs"),
     ("get", "/v1/nodes"),
+    ("post", "/v1/nodes/{name}/drain"),
+    ("delete", "/v1/nodes/{name}/drain"),
     ("get", "/v1/lattice"),
     ("put", "/v1/lattice"),
     ("get", "/v1/store/backup"),
@@ -168,6 +171,11 @@ impl Api {
             .route("/v1/instances/{id}", delete(instances::kill))
             .route("/v1/instances/{id}/logs", get(instances::logs))
             .route("/v1/nodes", get(nodes::list))
+            .route(
+                "/v1/nodes/{name}/drain",
+                post(nodes::drain).delete(nodes::undrain),
+            )
+            .route("/v1/apps/{name}/scale", post(apps::scale))
             .route("/v1/lattice", get(lattice::show).put(lattice::replace))
             .route("/v1/store/backup", get(store::backup))
             .route_layer(axum::middleware::from_fn_with_state(

@@ -25,6 +25,15 @@ pub enum AppsCommand {
         /// App name
         name: String,
     },
+    /// Set how many instances of a label the cluster keeps running, spread over nodes:
+    /// `warden apps scale APP LABEL=COUNT...` (0 stops keeping the label)
+    Scale {
+        /// App name
+        name: String,
+        /// LABEL=COUNT, one or more; labels not named keep their counts
+        #[arg(value_name = "LABEL=COUNT", required = true)]
+        counts: Vec<String>,
+    },
 }
 
 /// Flags of `warden apps create`.
@@ -220,6 +229,32 @@ pub(crate) async fn run(
             api.send("DELETE", &format!("/v1/apps/{name}"), None)
                 .await?;
             out.done(format!("app {name} removed; its instances are stopping"));
+        }
+        AppsCommand::Scale { name, counts } => {
+            let desired = crate::label_counts("scale", counts)?;
+            let v = api
+                .send(
+                    "POST",
+                    &format!("/v1/apps/{name}/scale"),
+                    Some(json!({ "desired": desired })),
+                )
+                .await?;
+            out.value(&v, |v| {
+                let counts: Vec<String> = v["desired"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(l, n)| format!("{l}={n}"))
+                    .collect();
+                if counts.is_empty() {
+                    println!("app {name} keeps no instance running when idle");
+                } else {
+                    println!(
+                        "app {name} keeps {} running; `warden status` shows them converging",
+                        counts.join(" ")
+                    );
+                }
+            });
         }
     }
     Ok(())

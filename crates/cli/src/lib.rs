@@ -211,7 +211,10 @@ fn s(v: &Value) -> String {
 }
 
 /// `LABEL=COUNT` pairs of `--flag`, as a map.
-fn label_counts(flag: &str, pairs: Vec<String>) -> anyhow::Result<BTreeMap<String, u32>> {
+pub(crate) fn label_counts(
+    flag: &str,
+    pairs: Vec<String>,
+) -> anyhow::Result<BTreeMap<String, u32>> {
     let mut counts = BTreeMap::new();
     for kv in pairs {
         let Some((label, n)) = kv.rsplit_once('=') else {
@@ -426,10 +429,39 @@ async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
                 s(&a["name"]),
                 by_label(&a["instances"]),
                 by_label(&a["desired"]),
+                by_label(&a["ready"]),
                 by_label(&a["spares"]),
             ]
         });
-        table::print(&["APP", "RUNNING BY LABEL", "DESIRED", "SPARE"], rows);
+        table::print(
+            &["APP", "RUNNING BY LABEL", "DESIRED", "KEPT READY", "SPARE"],
+            rows,
+        );
+        if let Some(node) = v["scheduler"].as_str() {
+            println!("scheduler: {node}");
+        }
+        for a in &apps {
+            for (label, nodes) in a["placed"].as_object().into_iter().flatten() {
+                let want = a["desired"][label].as_u64().unwrap_or(0);
+                let ready = a["ready"][label].as_u64().unwrap_or(0);
+                let state = if ready == want { "converged" } else { "converging" };
+                println!(
+                    "  {} {label}: {ready}/{want} ready, placed {} ({state})",
+                    s(&a["name"]),
+                    by_label(nodes)
+                );
+            }
+            for m in a["moving"].as_array().into_iter().flatten() {
+                println!(
+                    "  {} {}: moving {} -> {} ({})",
+                    s(&a["name"]),
+                    s(&m["label"]),
+                    s(&m["from"]),
+                    s(&m["to"]),
+                    s(&m["why"])
+                );
+            }
+        }
         let nodes = v["by_node"].as_array().cloned().unwrap_or_default();
         if !nodes.is_empty() {
             println!();
@@ -441,8 +473,13 @@ async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
                     .flatten()
                     .map(|(app, labels)| format!("{app}: {}", by_label(labels)))
                     .collect();
+                let name = if n["draining"].as_bool() == Some(true) {
+                    format!("{} (draining)", s(&n["name"]))
+                } else {
+                    s(&n["name"])
+                };
                 vec![
-                    s(&n["name"]),
+                    name,
                     roles.join(","),
                     format!("{:.0}%", n["load"].as_f64().unwrap_or(0.0) * 100.0),
                     if apps.is_empty() { "-".into() } else { apps.join("; ") },

@@ -9,6 +9,20 @@ use crate::{client, s, table, Output};
 pub enum NodesCommand {
     /// List live nodes: roles, address, load and instances
     List,
+    /// Move every instance off a node, with no failed request, and place nothing new there
+    /// until undrained
+    Drain {
+        /// Node name
+        name: String,
+        /// Wait until the node runs no instance (at most this many seconds)
+        #[arg(long, value_name = "SECONDS")]
+        wait: Option<u64>,
+    },
+    /// Let a drained node take instances again
+    Undrain {
+        /// Node name
+        name: String,
+    },
 }
 
 pub(crate) async fn run(
@@ -34,6 +48,11 @@ pub(crate) async fn run(
                         pct(&n["load"]["cpu_busy"]),
                         pct(&n["load"]["memory_used"]),
                         s(&n["load"]["instances"]),
+                        if n["draining"].as_bool() == Some(true) {
+                            "draining".to_owned()
+                        } else {
+                            "ready".to_owned()
+                        },
                     ]
                 });
                 table::print(
@@ -45,11 +64,57 @@ pub(crate) async fn run(
                         "CPU",
                         "MEMORY",
                         "INSTANCES",
+                        "STATE",
                     ],
                     rows,
                 );
             });
         }
+        NodesCommand::Drain { name, wait } => {
+            api.send("POST", &format!("/v1/nodes/{name}/drain"), None)
+                .await?;
+            if let Some(secs) = wait {
+                wait_empty(api, &name, std::time::Duration::from_secs(secs)).await?;
+                out.done(format!("node {name} is drained and runs no instance"));
+            } else {
+                out.done(format!(
+                    "node {name} is draining: its instances move to other nodes (`warden status` shows them go)"
+                ));
+            }
+        }
+        NodesCommand::Undrain { name } => {
+            api.send("DELETE", &format!("/v1/nodes/{name}/drain"), None)
+                .await?;
+            out.done(format!("node {name} takes instances again"));
+        }
     }
     Ok(())
+}
+
+/// Waits until `name` runs no instance, or fails after `limit`.
+async fn wait_empty(
+    api: &client::Client,
+    name: &str,
+    limit: std::time::Duration,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let v = api.send("GET", "/v1/nodes", None).await?;
+        let left = v
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|n| n["id"].as_str() == Some(name))
+            .map_or(0, |n| n["load"]["instances"].as_u64().unwrap_or(0));
+        if left == 0 {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            anyhow::bail!(
+                "node {name} still runs {left} instances after {}s; it keeps draining (`warden status` shows what is moving)",
+                limit.as_secs()
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
 }

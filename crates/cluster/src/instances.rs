@@ -53,7 +53,7 @@ impl ClusterInstances {
     }
 
     /// Nodes that may start an instance of `spec`, least loaded first (this node first among
-    /// equals: no hop).
+    /// equals: no hop), drained ones left out.
     fn candidates(&self, spec: &AppSpec) -> Vec<NodeRecord> {
         let mut nodes: Vec<NodeRecord> = self
             .nodes
@@ -69,6 +69,10 @@ impl ClusterInstances {
             })
             .filter(|n| spec.driver.is_none_or(|d| n.drivers.contains(&d)))
             .collect();
+        // A drained node takes nothing new, unless every node is drained.
+        if nodes.iter().any(|n| !n.draining) {
+            nodes.retain(|n| !n.draining);
+        }
         nodes.sort_by(|a, b| {
             a.load
                 .score()

@@ -35,19 +35,22 @@ pub struct NodePortStats {
     pub refused: AtomicU64,
     /// `connect` requests joined to an instance.
     pub joined: AtomicU64,
+    /// Connections closed before their first byte: liveness probes.
+    pub probes: AtomicU64,
 }
 
 impl NodePortStats {
     /// The counters in Prometheus' text format.
     pub fn render(&self) -> String {
         let mut out = String::from(
-            "# HELP warden_node_port_connections_total Node port connections by outcome: admitted (mutual TLS passed), refused (not a node of this cluster), joined (to an instance).\n\
+            "# HELP warden_node_port_connections_total Node port connections by outcome: admitted (mutual TLS passed), refused (not a node of this cluster), joined (to an instance), probe (closed before a byte: a liveness probe).\n\
              # TYPE warden_node_port_connections_total counter\n",
         );
         for (outcome, n) in [
             ("admitted", &self.admitted),
             ("refused", &self.refused),
             ("joined", &self.joined),
+            ("probe", &self.probes),
         ] {
             out += &format!(
                 "warden_node_port_connections_total{{outcome=\"{outcome}\"}} {}\n",
@@ -179,6 +182,13 @@ async fn handshake(
     stats: &NodePortStats,
 ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     let _ = tcp.set_nodelay(true);
+    // A connection closed before its first byte is a liveness probe (the scheduler's): no
+    // stranger to count or log.
+    let mut first = [0u8; 1];
+    if let Ok(Ok(0)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
+        stats.probes.fetch_add(1, Ordering::Relaxed);
+        return None;
+    }
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => {
             stats.admitted.fetch_add(1, Ordering::Relaxed);
@@ -207,8 +217,11 @@ async fn handle(
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
     let reply = match request {
         Request::Connect { id, label } => {
-            let Some(record) = local.record(&id).filter(|r| r.label == label) else {
-                // Gone, or relabelled after taint: it serves nobody of `label` any more.
+            let Some(record) = local
+                .record(&id)
+                .filter(|r| r.label == label && r.state != warden_core::InstanceState::Draining)
+            else {
+                // Gone, relabelled after taint, or draining: it takes nothing new of `label`.
                 return wire::write(&mut tls, &Reply::Err(InstanceError::UnknownInstance(id)))
                     .await;
             };

@@ -59,6 +59,26 @@ pub fn health(app: &str, node: &str) -> String {
 /// Prefix of all restart states.
 pub const HEALTH: &str = "health";
 
+/// Key of the placement: how many instances of each app's label each agent node keeps.
+/// Written only by the scheduler, by compare-and-swap.
+pub const PLACEMENT: &str = "cluster/placement";
+
+/// Key naming the agent node that runs the scheduler, under that node's lease.
+pub const SCHEDULER: &str = "cluster/scheduler";
+
+/// Key of a node's drain order (`warden nodes drain`); stays until undrained.
+pub fn drain(node: &str) -> String {
+    format!("drains/{node}")
+}
+
+/// Prefix of all drain orders.
+pub const DRAINS: &str = "drains";
+
+/// The node a drain order at `key` is for.
+pub fn node_of_drain(key: &str) -> Option<&str> {
+    key.strip_prefix("drains/")
+}
+
 /// Key of the clearance lattice.
 pub const LATTICE: &str = "lattice";
 

@@ -19,7 +19,8 @@ pub use instances::{
     Activity, ActivityGuard, InstanceError, InstanceStream, Instances, Owner, RemoteStream,
 };
 pub use model::{
-    AppHealth, AppSpec, DriverKind, HostLoad, InstanceRecord, InstanceState, LabelHealth, Lifetime,
-    Limits, NetworkMode, NodeRecord, SessionRecord, StartPath, UserRecord, MAX_POOL,
+    AppHealth, AppSpec, DrainOrder, DriverKind, HostLoad, InstanceRecord, InstanceState,
+    LabelHealth, Lifetime, Limits, Move, MoveReason, NetworkMode, NodeRecord, Placement,
+    SchedulerRecord, SessionRecord, StartPath, UserRecord, MAX_POOL,
 };
 pub use name::{validate_name, NameError};

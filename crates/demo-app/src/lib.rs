@@ -83,6 +83,9 @@ enum Action {
         n: usize,
         chunked: bool,
     },
+    /// `/_slow?ms=N`: answer as usual after N milliseconds (at most 10 s), as a request that
+    /// takes a while does.
+    Slow(u64),
 }
 
 fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
@@ -124,6 +127,12 @@ fn action(id: &Identity, health: &AtomicU64, req: &Request<Incoming>) -> Action 
                 .min(64 << 20),
             chunked: query_param(req, "chunked").as_deref() == Some("1"),
         },
+        "/_slow" => Action::Slow(
+            query_param(req, "ms")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+                .min(10_000),
+        ),
         "/_drop" if query_param(req, "instance").as_deref() == Some(id.instance.as_str()) => {
             Action::Drop
         }
@@ -250,12 +259,16 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                 let action = action(&id, &health, &req);
                 let hang = matches!(action, Action::Hang);
                 let echo = matches!(action, Action::Echo);
+                let slow = match action {
+                    Action::Slow(ms) => Some(std::time::Duration::from_millis(ms)),
+                    _ => None,
+                };
                 let result = match action {
                     Action::Hang => Ok(plain(hyper::StatusCode::OK, "never sent")),
                     Action::Hanging => Ok(Response::new(
                         Full::new(Bytes::from(hanging.load(Ordering::Relaxed).to_string())).boxed(),
                     )),
-                    Action::Answer | Action::Echo => Ok(respond(&id, &req, peer)),
+                    Action::Answer | Action::Echo | Action::Slow(_) => Ok(respond(&id, &req, peer)),
                     Action::Unhealthy => {
                         Ok(plain(hyper::StatusCode::SERVICE_UNAVAILABLE, "loading"))
                     }
@@ -287,6 +300,9 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                 async move {
                     if let Some(_counted) = hanging {
                         std::future::pending::<()>().await;
+                    }
+                    if let Some(pause) = slow {
+                        tokio::time::sleep(pause).await;
                     }
                     if echo {
                         let cookie = req.headers().get(http::header::COOKIE).cloned();

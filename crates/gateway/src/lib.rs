@@ -104,7 +104,13 @@ impl Gateway {
             Some(t) => Some(bind(t.listen)?),
             None => None,
         };
-        let views = views::Shared::new();
+        let upstream = Arc::new(upstream::Upstream::new(instances.clone()));
+        // Idle connections to an instance that leaves routing (draining, stopped) close now,
+        // so that its requests in flight are all that keep it.
+        let pool = upstream.clone();
+        let views = views::Shared::with_hook(Some(Box::new(move |id: &str, routed: bool| {
+            pool.routing(id, routed)
+        })));
         views::follow_all(store.clone(), views.clone()).await;
         let metrics = Arc::new(Metrics::new()?);
         let auth = auth::Authenticator::new(&config.auth);
@@ -112,7 +118,7 @@ impl Gateway {
             config,
             store,
             views,
-            upstream: Arc::new(upstream::Upstream::new(instances.clone())),
+            upstream,
             instances,
             auth,
             metrics,

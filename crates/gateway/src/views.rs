@@ -93,7 +93,13 @@ pub(crate) struct Shared {
     cursor: AtomicUsize,
     /// Per view, the store revision up to which it has applied every change.
     applied: [watch::Sender<u64>; 5],
+    /// Told of each instance record that leaves routing (`false`: stopped, draining, a spare)
+    /// or enters it (`true`), so idle connections to it go with it.
+    on_routing: Option<RoutingHook>,
 }
+
+/// See [`Shared::on_routing`].
+pub(crate) type RoutingHook = Box<dyn Fn(&str, bool) + Send + Sync>;
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -120,11 +126,18 @@ impl Kind {
 // === impl Shared ===
 
 impl Shared {
+    #[cfg(test)]
     pub fn new() -> Arc<Self> {
+        Self::with_hook(None)
+    }
+
+    /// Views that report instances entering and leaving routing to `hook`.
+    pub fn with_hook(hook: Option<RoutingHook>) -> Arc<Self> {
         Arc::new(Self {
             views: RwLock::new(Views::default()),
             cursor: AtomicUsize::new(0),
             applied: std::array::from_fn(|_| watch::channel(0).0),
+            on_routing: hook,
         })
     }
 
@@ -210,6 +223,15 @@ impl Shared {
 
     fn apply(&self, kind: Kind, key: &str, value: Option<&[u8]>) {
         apply_to(&mut self.write(), kind, key, value);
+        if let (Kind::Instances, Some(hook)) = (kind, &self.on_routing) {
+            let Some(id) = key.rsplit('/').next() else {
+                return;
+            };
+            let routed = value
+                .and_then(|v| decode::<InstanceRecord>(key, v).ok())
+                .is_some_and(|r| r.state == InstanceState::Ready);
+            hook(id, routed);
+        }
     }
 
     /// Replaces one view with a listing's entries at once: a request never sees it half filled

@@ -96,6 +96,9 @@ fn agent_config(cfg: &Config, node: &str, identity: &IdentityKey) -> warden_agen
             prefix: cfg.bridge_cidr.1,
         },
         identity: identity.clone(),
+        start_margin: cfg.start_margin,
+        shed_margin: cfg.shed_margin,
+        load_file: cfg.load_file.clone(),
     }
 }
 

@@ -5,6 +5,7 @@
 //! [`start`] holds the start path, [`ready`] the readiness wait. Pools and restarts are other
 //! modules' state; this one takes slots from the pools and reports crashes to the restarts.
 
+mod drain;
 mod health;
 mod ready;
 mod start;

@@ -1,73 +1,93 @@
-//! Desired counts kept across nodes (seed 003 §3.3.2): every tick compares each app's desired
-//! count per label with the shared instances the store lists on all nodes. A missing instance
-//! is started by the node whose load is lowest (nodes above the mean by a margin start none);
-//! a surplus kept instance is stopped by the node running most of them.
+//! Desired counts, this node's part: the scheduler (`crate::schedule`) says in the placement
+//! how many kept instances of each app's label this node runs; this starts the missing ones
+//! (with backoff after crashes) and drains the surplus (requests in flight finish first).
+//! Without a placement yet, nothing is started or stopped.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use warden_core::keys;
-use warden_core::{AppSpec, InstanceRecord, InstanceState, Lifetime, NodeRecord, Owner};
-use warden_store::decode;
+use warden_core::{keys, AppSpec, Lifetime, Owner, Placement};
+use warden_store::get_json;
 
 use super::Supervisor;
 use crate::lifecycle::Purpose;
 use crate::restarts::LabelKey;
+use crate::sync::lock;
 use crate::AgentError;
-
-/// A node whose load score is above the cluster mean by more than this starts no instances.
-const LOAD_MARGIN: f64 = 0.1;
 
 // === impl Supervisor (desired counts) ===
 
 impl Supervisor {
-    pub(super) async fn keep_desired(&self, apps: &[AppSpec]) -> Result<(), AgentError> {
-        let store = &*self.store;
-        let apps: Vec<&AppSpec> = apps
-            .iter()
-            .filter(|a| !a.desired.is_empty() && a.lifetime == Lifetime::Shared)
-            .collect();
-        if apps.is_empty() {
-            return Ok(());
+    /// Reads the placement again (the watch keeps it current; this catches a missed event).
+    pub(super) async fn refresh_placement(&self) {
+        match get_json::<Placement>(&*self.store, keys::PLACEMENT).await {
+            Ok(p) => *lock(&self.placement) = p.map(|(p, _)| p),
+            Err(e) => tracing::debug!(error = %e, "reading the placement failed"),
         }
-        let instances: Vec<InstanceRecord> = list_readable(store, keys::INSTANCES).await?;
-        let mut nodes: Vec<NodeRecord> = list_readable(store, keys::NODES).await?;
-        nodes.retain(NodeRecord::runs_instances);
-        let me = self.node.id();
-        let local: Vec<InstanceRecord> = self.life.instances();
-        for spec in &apps {
-            for (label, &want) in &spec.desired {
-                let key = (spec.name.clone(), label.clone());
-                let serving = |r: &&InstanceRecord| {
-                    r.app == spec.name
-                        && r.label == *label
-                        && r.lifetime == Lifetime::Shared
-                        && r.owner.is_none()
-                        && r.state != InstanceState::Spare
+    }
+
+    /// Follows the placement and acts on each change at once.
+    pub(super) async fn follow_placement(self: Arc<Self>) {
+        loop {
+            let Ok(mut w) = self.store.watch(keys::PLACEMENT, 0).await else {
+                return;
+            };
+            self.refresh_placement().await;
+            loop {
+                let ev = tokio::select! {
+                    ev = w.next() => ev,
+                    _ = self.stopped() => return,
                 };
-                let remote: Vec<&InstanceRecord> = instances
-                    .iter()
-                    .filter(serving)
-                    .filter(|r| r.node != me)
-                    .collect();
-                let mine: Vec<&InstanceRecord> = local.iter().filter(serving).collect();
-                let have = remote.len() + mine.len() + self.restarts.pending(&key) as usize;
-                let want = want as usize;
-                if have < want {
-                    if self.restarts.may_start(&key) && placement_target(&nodes, me) {
-                        self.start_kept(spec, key);
-                    }
-                } else if have > want {
-                    let kept: Vec<&&InstanceRecord> = mine.iter().filter(|r| r.kept).collect();
-                    if let Some(victim) = kept.iter().max_by_key(|r| r.started_at_ms) {
-                        if shedding_node(&instances, spec, label, me) {
-                            tracing::info!(app = %spec.name, %label, instance = %victim.id, "more instances than desired; stopping one");
-                            self.life.kill_soon(victim.id.clone());
+                match ev {
+                    Some(Ok(_)) => {
+                        self.refresh_placement().await;
+                        match crate::schedule::readable::<AppSpec>(&*self.store, keys::APPS).await {
+                            Ok(apps) => self.keep_assigned(&apps),
+                            Err(e) => tracing::debug!(error = %e, "listing apps failed"),
                         }
+                    }
+                    Some(Err(_)) => break,
+                    None => return,
+                }
+            }
+        }
+    }
+
+    /// Starts and drains this node's kept instances to match the placement.
+    pub(super) fn keep_assigned(&self, apps: &[AppSpec]) {
+        let Some(placement) = lock(&self.placement).clone() else {
+            return;
+        };
+        let me = self.node.id();
+        for spec in apps.iter().filter(|a| a.lifetime == Lifetime::Shared) {
+            for (label, &want) in placement
+                .nodes
+                .get(me)
+                .and_then(|a| a.get(&spec.name))
+                .into_iter()
+                .flatten()
+            {
+                let key = (spec.name.clone(), label.clone());
+                let have =
+                    self.life.kept(&spec.name, label).len() as u32 + self.restarts.pending(&key);
+                if have < want && self.restarts.may_start(&key) {
+                    for _ in have..want {
+                        self.start_kept(spec, key.clone());
                     }
                 }
             }
         }
-        Ok(())
+        for (app, label) in self.life.kept_labels() {
+            // Apps that are gone are stopped by the orphan and delete paths.
+            if !apps.iter().any(|a| a.name == app) {
+                continue;
+            }
+            let want = placement.count(me, &app, &label) as usize;
+            let kept = self.life.kept(&app, &label);
+            for id in kept.into_iter().skip(want) {
+                tracing::info!(%app, %label, instance = %id, "the placement keeps fewer here; draining one");
+                self.life.drain_soon(id);
+            }
+        }
     }
 
     fn start_kept(&self, spec: &AppSpec, key: LabelKey) {
@@ -89,89 +109,5 @@ impl Supervisor {
                 Err(e) => restarts.crashed(app, label, "", &e.to_string(), ""),
             }
         });
-    }
-}
-
-/// The records under `prefix` that decode as `T`. Others are skipped: one unreadable record
-/// must not stop the healing of every app. (`apps/<app>/...` also holds non-spec keys, which
-/// simply do not decode as a spec.)
-async fn list_readable<T: serde::de::DeserializeOwned>(
-    store: &dyn warden_store::Store,
-    prefix: &str,
-) -> Result<Vec<T>, AgentError> {
-    Ok(store
-        .list(prefix)
-        .await?
-        .entries
-        .iter()
-        .filter_map(|e| decode::<T>(&e.key, &e.value).ok())
-        .collect())
-}
-
-/// True when `me` should start the next missing instance: among nodes not loaded above the
-/// mean by more than the margin, the one with fewest instances (then lowest id).
-fn placement_target(nodes: &[NodeRecord], me: &str) -> bool {
-    if nodes.is_empty() {
-        return true;
-    }
-    let mean = nodes.iter().map(|n| n.load.score()).sum::<f64>() / nodes.len() as f64;
-    let best = nodes
-        .iter()
-        .filter(|n| n.load.score() <= mean + LOAD_MARGIN)
-        .min_by(|a, b| {
-            (a.load.instances, &a.id)
-                .partial_cmp(&(b.load.instances, &b.id))
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
-    best.is_none_or(|n| n.id == me)
-}
-
-/// True when `me` should stop a surplus kept instance of (app, label): the node with most
-/// kept instances of it (then highest id).
-fn shedding_node(instances: &[InstanceRecord], spec: &AppSpec, label: &str, me: &str) -> bool {
-    let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in instances
-        .iter()
-        .filter(|r| r.app == spec.name && r.label == label && r.kept)
-    {
-        *per_node.entry(r.node.as_str()).or_default() += 1;
-    }
-    per_node
-        .iter()
-        .max_by_key(|(id, n)| (**n, *id))
-        .is_none_or(|(id, _)| *id == me)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use warden_core::HostLoad;
-
-    fn node(id: &str, score: f64, instances: u32) -> NodeRecord {
-        NodeRecord {
-            id: id.into(),
-            hostname: String::new(),
-            pid: 1,
-            started_at_ms: 0,
-            load: HostLoad {
-                memory_used: score,
-                instances,
-                ..HostLoad::default()
-            },
-            limits: String::new(),
-            roles: vec!["agent".into()],
-            advertise: None,
-            drivers: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn the_least_busy_node_below_the_mean_starts() {
-        let nodes = [node("a", 0.2, 3), node("b", 0.2, 1), node("c", 0.9, 0)];
-        // c has no instances but is far above the mean load, so b starts.
-        assert!(placement_target(&nodes, "b"));
-        assert!(!placement_target(&nodes, "a"));
-        assert!(!placement_target(&nodes, "c"));
-        assert!(placement_target(&[], "x"));
     }
 }

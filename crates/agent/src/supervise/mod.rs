@@ -7,8 +7,11 @@
 //! `crate::pools`, `crate::restarts` and `crate::node`.
 
 mod desired;
+mod drain;
 mod refill;
 mod tick;
+
+pub(crate) use drain::drain_before_stop;
 
 use std::sync::Arc;
 
@@ -32,6 +35,10 @@ pub(crate) struct Supervisor {
     /// Size at which an instance's log is cut back.
     pub max_log_bytes: u64,
     pub stopping: watch::Receiver<bool>,
+    /// The placement as last read (`None` before the first scheduler wrote one).
+    pub placement: std::sync::Mutex<Option<warden_core::Placement>>,
+    /// Stands for scheduler and schedules while elected.
+    pub scheduler: Arc<crate::schedule::Scheduler>,
 }
 
 // === impl Supervisor ===
@@ -43,6 +50,8 @@ impl Supervisor {
         tokio::spawn(self.clone().renew_lease());
         tokio::spawn(self.clone().follow_app_deletes());
         tokio::spawn(self.clone().refill_on_request(refills));
+        tokio::spawn(self.clone().follow_placement());
+        tokio::spawn(self.scheduler.clone().run());
         tokio::spawn(self.tick());
     }
 

@@ -42,9 +42,9 @@ impl Supervisor {
                         .iter()
                         .filter_map(|e| decode::<AppSpec>(&e.key, &e.value).ok())
                         .collect();
-                    if let Err(e) = self.keep_desired(&apps).await {
-                        tracing::warn!(error = %e, "keeping desired counts failed this round");
-                    }
+                    self.refresh_placement().await;
+                    self.follow_drain_order().await;
+                    self.keep_assigned(&apps);
                     self.trim_pools(&apps);
                     for spec in &apps {
                         self.refill(spec, seen);

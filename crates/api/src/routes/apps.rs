@@ -110,6 +110,62 @@ pub async fn remove(
     }
 }
 
+/// Body of `POST /v1/apps/{name}/scale`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scale {
+    /// Instances the cluster keeps for each label named; 0 stops keeping that label. Labels
+    /// not named keep their counts.
+    pub desired: std::collections::BTreeMap<String, u32>,
+}
+
+/// `POST /v1/apps/{name}/scale`: sets how many instances of each named label the cluster
+/// keeps running, across nodes.
+pub async fn scale(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<Scale>,
+) -> Result<Json<AppSpec>, ApiError> {
+    let lattice = crate::routes::lattice::current(&api).await?;
+    let mut counts = std::collections::BTreeMap::new();
+    for (label, n) in &body.desired {
+        let c = lattice
+            .canonical(label)
+            .map_err(|e| ApiError::bad_request(format!("label {label:?}: {e}")))?;
+        counts.insert(c, *n);
+    }
+    let key = keys::app_spec(&name);
+    // Another writer may change the spec meanwhile: read, change, compare-and-swap, again.
+    for _ in 0..8 {
+        let Some((mut spec, rev)) = warden_store::get_json::<AppSpec>(&*api.store, &key).await?
+        else {
+            return Err(no_app(&name));
+        };
+        for (label, n) in &counts {
+            if *n == 0 {
+                spec.desired.remove(label);
+            } else {
+                spec.desired.insert(label.clone(), *n);
+            }
+        }
+        spec.validate()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
+        if let CasOutcome::Done(rev) = api
+            .store
+            .compare_and_swap(&key, Some(rev), Some(bytes), None)
+            .await?
+        {
+            api.applied(&key, rev).await;
+            tracing::info!(app = %name, desired = ?spec.desired, "app scaled");
+            return Ok(Json(spec));
+        }
+    }
+    Err(ApiError::conflict(format!(
+        "app {name:?} kept changing while it was scaled; try again"
+    )))
+}
+
 pub(crate) fn no_app(name: &str) -> ApiError {
     ApiError::not_found(format!(
         "no app named {name:?}; `warden apps list` shows the registered apps"

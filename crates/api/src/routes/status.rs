@@ -5,7 +5,11 @@ use std::collections::BTreeMap;
 use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
-use warden_core::{keys, AppHealth, AppSpec, InstanceState, LabelHealth, NodeRecord, UserRecord};
+use warden_core::{
+    keys, AppHealth, AppSpec, InstanceState, LabelHealth, Move, NodeRecord, Placement,
+    SchedulerRecord, UserRecord,
+};
+use warden_store::get_json;
 
 use crate::error::ApiError;
 use crate::Api;
@@ -23,6 +27,12 @@ pub struct AppStatus {
     pub desired: BTreeMap<String, u32>,
     /// Labels whose kept instances crashed, per node.
     pub crash_loops: Vec<CrashReport>,
+    /// Kept instances the scheduler placed, by label, then node.
+    pub placed: BTreeMap<String, BTreeMap<String, u32>>,
+    /// Ready kept instances, by label: what `desired` is met by.
+    pub ready: BTreeMap<String, usize>,
+    /// Instances moving between nodes (drain, shedding load, spreading).
+    pub moving: Vec<Move>,
 }
 
 /// Restart state of one label on one node.
@@ -50,6 +60,8 @@ pub struct NodeStatus {
     pub load: f64,
     /// Instances that serve requests on it, by app, then label.
     pub instances: BTreeMap<String, BTreeMap<String, usize>>,
+    /// Drained: nothing new is placed on it.
+    pub draining: bool,
 }
 
 /// The summary.
@@ -61,6 +73,8 @@ pub struct Status {
     pub nodes: usize,
     /// Each live node with its instances.
     pub by_node: Vec<NodeStatus>,
+    /// The agent node that places kept instances now.
+    pub scheduler: Option<String>,
     /// Registered users.
     pub users: usize,
     /// Apps with their instance counts.
@@ -86,6 +100,17 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
     let users = api.store.list(keys::USERS).await?;
     let instances = crate::routes::instances::all(&api).await?;
     let health = api.store.list(keys::HEALTH).await?;
+    let placement = get_json::<Placement>(&*api.store, keys::PLACEMENT)
+        .await
+        .ok()
+        .flatten()
+        .map(|(p, _)| p)
+        .unwrap_or_default();
+    let scheduler = get_json::<SchedulerRecord>(&*api.store, keys::SCHEDULER)
+        .await
+        .ok()
+        .flatten()
+        .map(|(s, _)| s.node);
     let mut damaged: Vec<Damaged> = [&users, &apps, &health]
         .iter()
         .flat_map(|l| l.damaged.iter())
@@ -150,12 +175,36 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
                     }
                 }
             }
+            let mut placed: BTreeMap<String, BTreeMap<String, u32>> = BTreeMap::new();
+            for (node, apps) in &placement.nodes {
+                for (label, n) in apps.get(name).into_iter().flatten() {
+                    placed
+                        .entry(label.clone())
+                        .or_default()
+                        .insert(node.clone(), *n);
+                }
+            }
+            let mut ready = BTreeMap::new();
+            for i in instances
+                .iter()
+                .filter(|i| i.app == name && i.kept && i.state == InstanceState::Ready)
+            {
+                *ready.entry(i.label.clone()).or_insert(0) += 1;
+            }
             AppStatus {
                 name: name.to_owned(),
                 instances: by_label,
                 spares,
                 desired: spec.desired.clone(),
                 crash_loops,
+                placed,
+                ready,
+                moving: placement
+                    .moves
+                    .iter()
+                    .filter(|m| m.app == name)
+                    .cloned()
+                    .collect(),
             }
         })
         .collect();
@@ -180,6 +229,7 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
                 roles: n.roles,
                 advertise: n.advertise,
                 instances: on,
+                draining: n.draining,
             }
         })
         .collect();
@@ -187,6 +237,7 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
         revision: users.revision,
         nodes: nodes.entries.len(),
         by_node,
+        scheduler,
         users: users.entries.len(),
         apps,
         damaged,

@@ -2,7 +2,9 @@
 //! `app`, everything else in `records`.
 
 mod app;
+mod placement;
 mod records;
 
 pub use app::*;
+pub use placement::*;
 pub use records::*;

@@ -52,6 +52,9 @@ pub enum InstanceState {
     /// Accepting connections, but held back in the warm pool: no request reaches it until the
     /// agent hands it out (and it becomes `ready`).
     Spare,
+    /// Being stopped without failing a request: no new request reaches it, those in flight
+    /// finish (bounded), then it stops.
+    Draining,
 }
 
 /// A running instance of an app. Stored at `instances/<app>/<id>` under its agent's lease, so it
@@ -96,7 +99,8 @@ pub struct HostLoad {
     /// Memory available, in bytes (MemAvailable).
     #[serde(default)]
     pub memory_available_bytes: u64,
-    /// Share of CPU time spent busy since the previous sample (about a second), all cores.
+    /// Share of CPU time spent busy, all cores, smoothed over about ten seconds of one-second
+    /// samples.
     #[serde(default)]
     pub cpu_busy: f64,
     /// 1-minute load average divided by the number of cores.
@@ -166,6 +170,10 @@ pub struct NodeRecord {
     /// Drivers this node can run instances with (empty on a node without the agent role).
     #[serde(default)]
     pub drivers: Vec<crate::DriverKind>,
+    /// True while the node is drained (by `warden nodes drain`, or stopping): nothing new is
+    /// placed on it and its instances move elsewhere.
+    #[serde(default)]
+    pub draining: bool,
 }
 
 impl NodeRecord {

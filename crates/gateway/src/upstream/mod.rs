@@ -175,6 +175,12 @@ impl Upstream {
         self.idle.forget(instance);
     }
 
+    /// `instance` entered (`true`) or left routing: leaving, its idle connections close and
+    /// those still busy are not pooled again when they finish.
+    pub(crate) fn routing(&self, instance: &str, routed: bool) {
+        self.idle.routing(instance, routed);
+    }
+
     async fn connect(&self, instance: &InstanceRecord) -> Result<Conn, GatewayError> {
         let stream = self
             .instances

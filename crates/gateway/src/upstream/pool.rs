@@ -23,6 +23,9 @@ pub(super) trait Idle {
 struct Lists<T> {
     by_instance: HashMap<String, Vec<T>>,
     last_sweep: Option<Instant>,
+    /// Instances out of routing (draining, stopped), since when: connections to them are not
+    /// pooled. Entries older than the idle timeout are swept (no pooled connection outlives it).
+    unrouted: HashMap<String, Instant>,
 }
 
 /// Idle connections by instance id.
@@ -36,6 +39,7 @@ impl<T> Default for Pool<T> {
             idle: Mutex::new(Lists {
                 by_instance: HashMap::new(),
                 last_sweep: None,
+                unrouted: HashMap::new(),
             }),
         }
     }
@@ -66,12 +70,9 @@ impl<T: Idle> Pool<T> {
         let mut idle = self.lock();
         // Connections to instances that are gone would otherwise stay open until someone asked
         // for that instance again, which for a stopped instance is never.
-        if idle.last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
-            idle.last_sweep = Some(Instant::now());
-            idle.by_instance.retain(|_, list| {
-                list.retain(|c| !c.stale());
-                !list.is_empty()
-            });
+        idle.sweep_if_due();
+        if idle.unrouted.contains_key(instance) {
+            return;
         }
         if let Some(list) = idle.by_instance.get_mut(instance) {
             if list.len() < MAX_IDLE_PER_INSTANCE {
@@ -85,6 +86,33 @@ impl<T: Idle> Pool<T> {
     /// Forgets every idle connection to `instance` (it is gone).
     pub fn forget(&self, instance: &str) {
         self.lock().by_instance.remove(instance);
+    }
+
+    /// `instance` entered or left routing; leaving, its idle connections close and later
+    /// check-ins of it are dropped.
+    pub fn routing(&self, instance: &str, routed: bool) {
+        let mut idle = self.lock();
+        if routed {
+            idle.unrouted.remove(instance);
+        } else {
+            idle.by_instance.remove(instance);
+            idle.unrouted.insert(instance.to_owned(), Instant::now());
+            idle.sweep_if_due();
+        }
+    }
+}
+
+impl<T: Idle> Lists<T> {
+    fn sweep_if_due(&mut self) {
+        if self.last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
+            self.last_sweep = Some(Instant::now());
+            self.by_instance.retain(|_, list| {
+                list.retain(|c| !c.stale());
+                !list.is_empty()
+            });
+            self.unrouted
+                .retain(|_, since| since.elapsed() < IDLE_TIMEOUT);
+        }
     }
 }
 
@@ -128,5 +156,24 @@ mod tests {
         assert!(pool.checkout("a").is_none());
         pool.forget("b");
         assert!(pool.checkout("b").is_none());
+    }
+
+    #[test]
+    fn an_instance_out_of_routing_keeps_no_idle_connection_until_it_is_routed_again() {
+        let pool = Pool::default();
+        let fake = |id| Fake {
+            id,
+            usable: true,
+            touched: false,
+        };
+        pool.checkin("a", fake(1));
+        pool.routing("a", false);
+        assert!(pool.checkout("a").is_none(), "idle ones close");
+        // One that was busy when the instance began draining comes back: it is not kept.
+        pool.checkin("a", fake(2));
+        assert!(pool.checkout("a").is_none());
+        pool.routing("a", true);
+        pool.checkin("a", fake(3));
+        assert_eq!(pool.checkout("a").map(|c| c.id), Some(3));
     }
 }

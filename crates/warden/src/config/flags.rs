@@ -145,6 +145,15 @@ pub struct UpArgs {
     /// How long the node's records outlive it when it dies without deregistering
     #[arg(long)]
     node_lease_ttl: Option<Human>,
+    /// A node loaded above the cluster mean by more than this fraction gets no new instances
+    #[arg(long)]
+    start_margin: Option<f64>,
+    /// A node loaded above the cluster mean by more than this fraction sheds instances
+    #[arg(long)]
+    shed_margin: Option<f64>,
+    /// Read this node's load from a JSON file instead of /proc
+    #[arg(long)]
+    load_file: Option<PathBuf>,
 }
 
 /// Sets `$cfg.$key` from `$args.$key` when the flag was given.
@@ -178,7 +187,11 @@ impl UpArgs {
             auth_failures_per_addr_user, auth_window,
             argon2_memory_kib, argon2_iterations, argon2_parallelism, api_listen,
             max_instances, max_log_mb, cgroups, bridge, bridge_cidr, node_lease_ttl,
+            start_margin, shed_margin,
         );
+        if a.load_file.is_some() {
+            cfg.load_file = a.load_file;
+        }
         for (flag, key) in [
             (
                 a.tls_handshake_concurrency,

@@ -124,6 +124,16 @@ pub struct Config {
     pub bridge_cidr: Cidr,
     /// How long the node's records outlive it when it dies without deregistering.
     pub node_lease_ttl: Human,
+    /// A node loaded above the cluster's mean load by more than this (a fraction of its
+    /// capacity) gets no new instances (seed 003 §3.3.2).
+    pub start_margin: f64,
+    /// A node loaded above the mean by more than this moves instances to other nodes, each
+    /// after its replacement is ready.
+    pub shed_margin: f64,
+    /// Read this node's load from a JSON file (`memory_used`, `cpu_busy`, `load_per_core`,
+    /// fractions) instead of /proc: for load measured another way, or to try placement by load
+    /// with several nodes on one machine.
+    pub load_file: Option<PathBuf>,
 }
 
 /// A default duration; never zero.
@@ -178,6 +188,9 @@ impl Default for Config {
             bridge: BridgeName("warden0".into()),
             bridge_cidr: Cidr(Ipv4Addr::new(10, 213, 0, 0), 16),
             node_lease_ttl: secs(5),
+            start_margin: 0.1,
+            shed_margin: 0.2,
+            load_file: None,
         }
     }
 }
@@ -251,6 +264,18 @@ impl Config {
             return invalid(
                 "advertise",
                 "only means something with store = \"etcd://...\"",
+            );
+        }
+        if !(0.0..=1.0).contains(&self.start_margin) || !(0.0..=1.0).contains(&self.shed_margin) {
+            return invalid(
+                "start_margin",
+                "start_margin and shed_margin are fractions of a node's capacity, from 0 to 1",
+            );
+        }
+        if self.shed_margin < self.start_margin {
+            return invalid(
+                "shed_margin",
+                "must be at least start_margin, or a node would shed instances it may start",
             );
         }
         if self.join_token_file.is_some() && !etcd {

@@ -66,6 +66,7 @@ mod cluster_routing;
 mod connections;
 mod gateway;
 mod gateway_starts;
+mod healing;
 mod isolation;
 mod lattice;
 mod lifetimes;

@@ -1,0 +1,121 @@
+//! Stopping an instance without failing a request: its record says `draining`, so gateways
+//! send it nothing new (and drop their idle connections to it) and this node's port refuses new
+//! joins; the requests in flight finish, within a bound; then it stops like any other.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use warden_core::{keys, model::now_ms, InstanceState};
+use warden_store::put_json;
+
+use super::{record_key, Lifecycle, Serving};
+use crate::sync::lock;
+use crate::AgentError;
+
+/// Time for every gateway's view to see the record change before in-flight counts are trusted:
+/// a request picked just before may still be on its way.
+const SETTLE: Duration = Duration::from_millis(300);
+/// Longest wait for requests in flight; then the instance stops regardless.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(25);
+
+// === impl Lifecycle (drain) ===
+
+impl Lifecycle {
+    /// Drains `id` and stops it; returns once it is gone.
+    pub(crate) async fn drain(&self, id: &str) -> Result<(), AgentError> {
+        let (record, activity) = {
+            let mut running = lock(&self.running);
+            let r = running
+                .get_mut(id)
+                .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
+            if r.record.state == InstanceState::Draining || r.stopping.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            r.record.state = InstanceState::Draining;
+            if let Some(key) = record_key(&r.record) {
+                let mut serving = lock(&self.serving);
+                if matches!(serving.get(&key), Some(Serving::Ready(x)) if x.id == id) {
+                    serving.remove(&key);
+                }
+            }
+            (r.record.clone(), r.activity.clone())
+        };
+        tracing::info!(app = %record.app, label = %record.label, instance = %id, "draining instance");
+        let key = keys::instance(&record.app, id);
+        if let Err(e) = put_json(
+            &*self.deps.store,
+            &key,
+            &record,
+            Some(self.deps.node.lease()),
+        )
+        .await
+        {
+            // The gateways will find it gone when it stops, and move on: a refused connection
+            // is retried elsewhere.
+            tracing::warn!(instance = %id, error = %e, "could not mark an instance as draining");
+        }
+        tokio::time::sleep(SETTLE).await;
+        let deadline = tokio::time::Instant::now() + MAX_WAIT;
+        while activity.idle_for(now_ms()).is_none() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(POLL).await;
+        }
+        self.kill(id).await
+    }
+
+    /// Drains `id` in the background.
+    pub(crate) fn drain_soon(self: &Arc<Self>, id: String) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let _ = me.drain(&id).await;
+        });
+    }
+
+    /// Kept instances of (app, label) that are not draining or stopping, newest first.
+    pub(crate) fn kept(&self, app: &str, label: &str) -> Vec<String> {
+        let mut v: Vec<(u64, String)> = lock(&self.running)
+            .values()
+            .filter(|r| {
+                r.record.kept
+                    && r.record.app == app
+                    && r.record.label == label
+                    && r.record.owner.is_none()
+                    && r.record.state != InstanceState::Draining
+                    && r.record.state != InstanceState::Spare
+                    && !r.stopping.load(Ordering::Relaxed)
+            })
+            .map(|r| (r.record.started_at_ms, r.record.id.clone()))
+            .collect();
+        v.sort_by(|a, b| b.cmp(a));
+        v.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// Every (app, label) with a kept instance that is not draining or stopping.
+    pub(crate) fn kept_labels(&self) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = lock(&self.running)
+            .values()
+            .filter(|r| {
+                r.record.kept
+                    && r.record.owner.is_none()
+                    && r.record.state != InstanceState::Draining
+                    && !r.stopping.load(Ordering::Relaxed)
+            })
+            .map(|r| (r.record.app.clone(), r.record.label.clone()))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Ids of instances not draining or stopping: what a drained node still has to move.
+    pub(crate) fn undrained(&self) -> Vec<String> {
+        lock(&self.running)
+            .values()
+            .filter(|r| {
+                r.record.state != InstanceState::Draining && !r.stopping.load(Ordering::Relaxed)
+            })
+            .map(|r| r.record.id.clone())
+            .collect()
+    }
+}

@@ -1,0 +1,364 @@
+//! The scheduler's decision, as a pure function of what it sees: the next [`Placement`] from the
+//! current one, the desired counts, the nodes (alive, drained, loaded) and the ready instances.
+//!
+//! The rules (seed 003 §3.3.2, with make-before-break):
+//! - A dead node's counts go at once; the missing instances are placed on live nodes.
+//! - A missing instance goes to the eligible node (alive, not drained, load not above the mean
+//!   by more than `start_margin`) with fewest of that label, then lowest load, then fewest
+//!   instances, then lowest name: a label's instances spread over nodes.
+//! - A surplus instance leaves the node with most of that label (a drained one first).
+//! - Instances *move* (the new node counts it at once, the old one only gives it up once the new
+//!   one is ready) off drained nodes, off a node loaded above the mean by more than
+//!   `shed_margin`, and from a node with two more of a label than another (after a node came
+//!   back). Shedding and spreading move one instance at a time with a pause between, so that
+//!   load figures catch up and nothing oscillates; drains move everything at once.
+//! - A label crash-looping on a node is never moved for load or spread: it would only crash
+//!   elsewhere.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use warden_core::{Move, MoveReason, Placement};
+
+/// One agent node as the scheduler sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeView {
+    pub id: String,
+    /// Its record is there and its node port answers.
+    pub alive: bool,
+    pub draining: bool,
+    /// Load score in [0, 1] (see `HostLoad::score`).
+    pub score: f64,
+}
+
+/// The scheduler's thresholds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules {
+    /// A node loaded above the mean by more than this gets no new instances.
+    pub start_margin: f64,
+    /// A node loaded above the mean by more than this sheds instances.
+    pub shed_margin: f64,
+    /// A move whose new instance is not ready by then is called off.
+    pub move_timeout_ms: u64,
+    /// Pause after a shedding or spreading move before the next.
+    pub move_pause_ms: u64,
+}
+
+/// (app, label).
+pub(crate) type LabelKey = (String, String);
+
+/// What the scheduler sees in one round.
+pub(crate) struct World {
+    /// Desired count per (app, label) of every app that has one.
+    pub desired: BTreeMap<LabelKey, u32>,
+    /// Agent nodes with a record.
+    pub nodes: Vec<NodeView>,
+    /// Ready kept instances per (node, app, label).
+    pub ready: BTreeMap<(String, String, String), u32>,
+    /// (node, app, label) whose kept instances crash in a loop.
+    pub crash_looping: BTreeSet<(String, String, String)>,
+    pub now_ms: u64,
+    pub rules: Rules,
+}
+
+impl World {
+    fn alive(&self, id: &str) -> bool {
+        self.nodes.iter().any(|n| n.id == id && n.alive)
+    }
+
+    fn node(&self, id: &str) -> Option<&NodeView> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// Mean load of live nodes.
+    fn mean(&self) -> f64 {
+        let live: Vec<f64> = self
+            .nodes
+            .iter()
+            .filter(|n| n.alive)
+            .map(|n| n.score)
+            .collect();
+        if live.is_empty() {
+            0.0
+        } else {
+            live.iter().sum::<f64>() / live.len() as f64
+        }
+    }
+
+    fn ready(&self, node: &str, app: &str, label: &str) -> u32 {
+        self.ready
+            .get(&(node.to_owned(), app.to_owned(), label.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// The next placement.
+pub(crate) fn plan(current: &Placement, w: &World) -> Placement {
+    let mut p = current.clone();
+    forget_the_dead(&mut p, w);
+    forget_undesired(&mut p, w);
+    finish_moves(&mut p, w);
+    for ((app, label), &want) in &w.desired {
+        converge(&mut p, w, app, label, want);
+    }
+    start_drain_moves(&mut p, w);
+    if !p.moves.iter().any(|m| m.why != MoveReason::Drain)
+        && w.now_ms.saturating_sub(p.last_move_ms) >= w.rules.move_pause_ms
+    {
+        if let Some(m) = shed_move(&p, w).or_else(|| spread_move(&p, w)) {
+            begin(&mut p, m);
+        }
+    }
+    p
+}
+
+/// Drops the counts of nodes that are dead or gone, and the moves that involve them: a move to a
+/// dead node is off (the old instance stays), a move from one is done (the new one stays).
+fn forget_the_dead(p: &mut Placement, w: &World) {
+    p.nodes.retain(|node, _| w.alive(node));
+    p.moves.retain(|m| w.alive(&m.from) && w.alive(&m.to));
+}
+
+/// Drops counts and moves of labels no longer desired.
+fn forget_undesired(p: &mut Placement, w: &World) {
+    for apps in p.nodes.values_mut() {
+        apps.retain(|app, labels| {
+            labels
+                .retain(|label, n| *n > 0 && w.desired.contains_key(&(app.clone(), label.clone())));
+            !labels.is_empty()
+        });
+    }
+    p.nodes.retain(|_, apps| !apps.is_empty());
+    p.moves
+        .retain(|m| w.desired.contains_key(&(m.app.clone(), m.label.clone())));
+}
+
+/// Completes moves whose new instance is ready (the old node gives its one up) and calls off
+/// those that took too long (the new node's count goes back down).
+fn finish_moves(p: &mut Placement, w: &World) {
+    let moves = std::mem::take(&mut p.moves);
+    for m in moves {
+        let target = p.count(&m.to, &m.app, &m.label);
+        if w.ready(&m.to, &m.app, &m.label) >= target {
+            let n = p.count(&m.from, &m.app, &m.label);
+            p.set(&m.from, &m.app, &m.label, n.saturating_sub(1));
+            if m.why != MoveReason::Drain {
+                p.last_move_ms = w.now_ms;
+            }
+        } else if w.now_ms.saturating_sub(m.since_ms) >= w.rules.move_timeout_ms {
+            tracing::warn!(app = %m.app, label = %m.label, from = %m.from, to = %m.to, "a moved instance did not become ready in time; it stays where it was");
+            p.set(&m.to, &m.app, &m.label, target.saturating_sub(1));
+            p.last_move_ms = w.now_ms;
+        } else {
+            p.moves.push(m);
+        }
+    }
+}
+
+/// Brings (app, label) to `want` instances, not counting the extra ones of moves in flight.
+fn converge(p: &mut Placement, w: &World, app: &str, label: &str, want: u32) {
+    loop {
+        let moving = p
+            .moves
+            .iter()
+            .filter(|m| m.app == app && m.label == label)
+            .count() as u32;
+        let placed: u32 = w
+            .nodes
+            .iter()
+            .filter(|n| n.alive)
+            .map(|n| p.count(&n.id, app, label))
+            .sum::<u32>()
+            .saturating_sub(moving);
+        if placed < want {
+            let Some(to) = best_target(p, w, app, label, None) else {
+                return;
+            };
+            let n = p.count(&to, app, label);
+            p.set(&to, app, label, n + 1);
+        } else if placed > want {
+            // Call a move off first: its new instance is the surplus.
+            if let Some(i) = p
+                .moves
+                .iter()
+                .position(|m| m.app == app && m.label == label)
+            {
+                let m = p.moves.remove(i);
+                let n = p.count(&m.to, app, label);
+                p.set(&m.to, app, label, n.saturating_sub(1));
+                continue;
+            }
+            let Some(from) = w
+                .nodes
+                .iter()
+                .filter(|n| n.alive && p.count(&n.id, app, label) > 0)
+                .max_by(|a, b| {
+                    (a.draining, p.count(&a.id, app, label), &a.id).cmp(&(
+                        b.draining,
+                        p.count(&b.id, app, label),
+                        &b.id,
+                    ))
+                })
+                .map(|n| n.id.clone())
+            else {
+                return;
+            };
+            let n = p.count(&from, app, label);
+            p.set(&from, app, label, n - 1);
+        } else {
+            return;
+        }
+    }
+}
+
+/// Where a new instance of (app, label) goes: among live, undrained nodes not loaded above the
+/// mean by more than the start margin (all live, undrained ones if none is), the one with fewest
+/// of that label, then lowest load, then fewest kept instances, then lowest name.
+fn best_target(
+    p: &Placement,
+    w: &World,
+    app: &str,
+    label: &str,
+    except: Option<&str>,
+) -> Option<String> {
+    let mean = w.mean();
+    let open: Vec<&NodeView> = w
+        .nodes
+        .iter()
+        .filter(|n| n.alive && !n.draining && Some(n.id.as_str()) != except)
+        .collect();
+    let cool: Vec<&NodeView> = open
+        .iter()
+        .copied()
+        .filter(|n| n.score <= mean + w.rules.start_margin)
+        .collect();
+    let pool = if cool.is_empty() { open } else { cool };
+    let total = |id: &str| -> u32 {
+        p.nodes
+            .get(id)
+            .map(|a| a.values().flat_map(|l| l.values()).sum())
+            .unwrap_or(0)
+    };
+    pool.into_iter()
+        .min_by(|a, b| {
+            let ka = (p.count(&a.id, app, label), a.score, total(&a.id), &a.id);
+            let kb = (p.count(&b.id, app, label), b.score, total(&b.id), &b.id);
+            ka.partial_cmp(&kb).unwrap_or(std::cmp::Ordering::Equal)
+        })
+        .map(|n| n.id.clone())
+}
+
+fn begin(p: &mut Placement, m: Move) {
+    let n = p.count(&m.to, &m.app, &m.label);
+    p.set(&m.to, &m.app, &m.label, n + 1);
+    p.moves.push(m);
+}
+
+/// Moves every instance of a drained node that is not moving yet.
+fn start_drain_moves(p: &mut Placement, w: &World) {
+    for node in w.nodes.iter().filter(|n| n.alive && n.draining) {
+        let held: Vec<(String, String, u32)> = p
+            .nodes
+            .get(&node.id)
+            .map(|apps| {
+                apps.iter()
+                    .flat_map(|(a, ls)| {
+                        ls.iter()
+                            .map(move |(l, n)| (a.to_owned(), l.to_owned(), *n))
+                    })
+                    .collect::<Vec<(String, String, u32)>>()
+            })
+            .unwrap_or_default();
+        for (app, label, n) in held {
+            let moving = p
+                .moves
+                .iter()
+                .filter(|m| m.from == node.id && m.app == app && m.label == label)
+                .count() as u32;
+            for _ in moving..n {
+                let Some(to) = best_target(p, w, &app, &label, Some(&node.id)) else {
+                    break;
+                };
+                begin(
+                    p,
+                    Move {
+                        app: app.clone(),
+                        label: label.clone(),
+                        from: node.id.clone(),
+                        to,
+                        why: MoveReason::Drain,
+                        since_ms: w.now_ms,
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// One instance off the most loaded node, if it is above the mean by more than the shedding
+/// margin, to the best node that is not.
+fn shed_move(p: &Placement, w: &World) -> Option<Move> {
+    let mean = w.mean();
+    let hot = w
+        .nodes
+        .iter()
+        .filter(|n| n.alive && !n.draining && n.score > mean + w.rules.shed_margin)
+        .max_by(|a, b| {
+            a.score
+                .partial_cmp(&b.score)
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })?;
+    let apps = p.nodes.get(&hot.id)?;
+    let (app, label, _) = apps
+        .iter()
+        .flat_map(|(a, ls)| ls.iter().map(move |(l, n)| (a, l, *n)))
+        .filter(|(a, l, _)| {
+            !w.crash_looping
+                .contains(&(hot.id.clone(), (*a).clone(), (*l).clone()))
+        })
+        .max_by_key(|(a, l, n)| (*n, (*a).clone(), (*l).clone()))?;
+    let to = best_target(p, w, app, label, Some(&hot.id))?;
+    let target = w.node(&to)?;
+    // Only to a node that is itself not loaded: otherwise the instance would come straight back.
+    (target.score <= mean + w.rules.start_margin).then(|| Move {
+        app: app.clone(),
+        label: label.clone(),
+        from: hot.id.clone(),
+        to,
+        why: MoveReason::Shed,
+        since_ms: w.now_ms,
+    })
+}
+
+/// One instance from the node with most of a label to the one with fewest, when they differ by
+/// two or more.
+fn spread_move(p: &Placement, w: &World) -> Option<Move> {
+    let open: Vec<&NodeView> = w.nodes.iter().filter(|n| n.alive && !n.draining).collect();
+    for (app, label) in w.desired.keys() {
+        let most = open
+            .iter()
+            .max_by_key(|n| (p.count(&n.id, app, label), n.id.clone()))?;
+        if w.crash_looping
+            .contains(&(most.id.clone(), app.clone(), label.clone()))
+        {
+            continue;
+        }
+        let Some(to) = best_target(p, w, app, label, Some(&most.id)) else {
+            continue;
+        };
+        if p.count(&most.id, app, label) >= p.count(&to, app, label) + 2 {
+            return Some(Move {
+                app: app.clone(),
+                label: label.clone(),
+                from: most.id.clone(),
+                to,
+                why: MoveReason::Spread,
+                since_ms: w.now_ms,
+            });
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;

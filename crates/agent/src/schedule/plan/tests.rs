@@ -1,0 +1,221 @@
+use super::*;
+
+const RULES: Rules = Rules {
+    start_margin: 0.1,
+    shed_margin: 0.2,
+    move_timeout_ms: 30_000,
+    move_pause_ms: 5_000,
+};
+
+fn node(id: &str, score: f64) -> NodeView {
+    NodeView {
+        id: id.into(),
+        alive: true,
+        draining: false,
+        score,
+    }
+}
+
+fn world(nodes: Vec<NodeView>, desired: &[(&str, u32)]) -> World {
+    World {
+        desired: desired
+            .iter()
+            .map(|(l, n)| (("demo".to_owned(), (*l).to_owned()), *n))
+            .collect(),
+        nodes,
+        ready: BTreeMap::new(),
+        crash_looping: BTreeSet::new(),
+        now_ms: 1_000_000,
+        rules: RULES,
+    }
+}
+
+fn counts(p: &Placement, label: &str, nodes: &[&str]) -> Vec<u32> {
+    nodes.iter().map(|n| p.count(n, "demo", label)).collect()
+}
+
+/// Marks every assigned instance ready, as the agents would.
+fn all_ready(p: &Placement, w: &mut World) {
+    w.ready.clear();
+    for (node, apps) in &p.nodes {
+        for (app, labels) in apps {
+            for (label, n) in labels {
+                w.ready
+                    .insert((node.clone(), app.clone(), label.clone()), *n);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_labels_instances_spread_over_nodes_and_sum_to_the_desired_count() {
+    let w = world(
+        vec![
+            node("a", 0.1),
+            node("b", 0.1),
+            node("c", 0.1),
+            node("d", 0.1),
+        ],
+        &[("PUBLIC", 4), ("SECRET", 6)],
+    );
+    let p = plan(&Placement::default(), &w);
+    assert_eq!(
+        counts(&p, "PUBLIC", &["a", "b", "c", "d"]),
+        vec![1, 1, 1, 1]
+    );
+    let secret = counts(&p, "SECRET", &["a", "b", "c", "d"]);
+    assert_eq!(secret.iter().sum::<u32>(), 6);
+    assert!(secret.iter().all(|n| (1..=2).contains(n)), "{secret:?}");
+    // Planning again changes nothing: no churn in steady state.
+    assert_eq!(plan(&p, &w), p);
+}
+
+#[test]
+fn a_dead_nodes_instances_are_placed_elsewhere_at_once() {
+    let mut w = world(
+        vec![node("a", 0.1), node("b", 0.1), node("c", 0.1)],
+        &[("PUBLIC", 3)],
+    );
+    let p = plan(&Placement::default(), &w);
+    w.nodes[1].alive = false;
+    let p = plan(&p, &w);
+    assert_eq!(
+        counts(&p, "PUBLIC", &["a", "b", "c"]).iter().sum::<u32>(),
+        3
+    );
+    assert_eq!(p.count("b", "demo", "PUBLIC"), 0);
+    assert!(p.moves.is_empty());
+}
+
+#[test]
+fn a_loaded_node_gets_no_new_instance() {
+    let w = world(
+        vec![node("a", 0.9), node("b", 0.1), node("c", 0.1)],
+        &[("PUBLIC", 2)],
+    );
+    let p = plan(&Placement::default(), &w);
+    assert_eq!(counts(&p, "PUBLIC", &["a", "b", "c"]), vec![0, 1, 1]);
+}
+
+#[test]
+fn a_drained_node_keeps_its_instances_until_their_replacements_are_ready() {
+    let mut w = world(vec![node("a", 0.1), node("b", 0.1)], &[("PUBLIC", 2)]);
+    let p = plan(&Placement::default(), &w);
+    all_ready(&p, &mut w);
+    w.nodes[0].draining = true;
+    let p = plan(&p, &w);
+    // Make before break: b starts the replacement while a keeps its one.
+    assert_eq!(counts(&p, "PUBLIC", &["a", "b"]), vec![1, 2]);
+    assert_eq!(p.moves.len(), 1);
+    assert_eq!(
+        plan(&p, &w),
+        p,
+        "nothing changes until the replacement is ready"
+    );
+    all_ready(&p, &mut w);
+    let p = plan(&p, &w);
+    assert_eq!(counts(&p, "PUBLIC", &["a", "b"]), vec![0, 2]);
+    assert!(p.moves.is_empty());
+}
+
+#[test]
+fn a_move_that_never_becomes_ready_is_called_off() {
+    let mut w = world(vec![node("a", 0.1), node("b", 0.1)], &[("PUBLIC", 2)]);
+    let p = plan(&Placement::default(), &w);
+    all_ready(&p, &mut w);
+    w.nodes[0].draining = true;
+    let p = plan(&p, &w);
+    w.now_ms += RULES.move_timeout_ms;
+    let p = plan(&p, &w);
+    // Called off, then begun again: the drain still wants it gone.
+    assert_eq!(p.moves.len(), 1);
+    assert_eq!(p.moves[0].since_ms, w.now_ms);
+    assert_eq!(counts(&p, "PUBLIC", &["a", "b"]), vec![1, 2]);
+}
+
+#[test]
+fn a_node_loaded_above_the_shedding_margin_moves_one_instance_at_a_time() {
+    let mut w = world(
+        vec![node("a", 0.1), node("b", 0.1), node("c", 0.1)],
+        &[("PUBLIC", 6)],
+    );
+    let p = plan(&Placement::default(), &w);
+    assert_eq!(counts(&p, "PUBLIC", &["a", "b", "c"]), vec![2, 2, 2]);
+    all_ready(&p, &mut w);
+    w.nodes[0].score = 0.9;
+    let p = plan(&p, &w);
+    assert_eq!(p.moves.len(), 1);
+    assert_eq!(p.moves[0].from, "a");
+    assert_eq!(p.moves[0].why, MoveReason::Shed);
+    assert_eq!(
+        counts(&p, "PUBLIC", &["a", "b", "c"]).iter().sum::<u32>(),
+        7
+    );
+    all_ready(&p, &mut w);
+    let p = plan(&p, &w);
+    assert_eq!(p.count("a", "demo", "PUBLIC"), 1);
+    assert!(p.moves.is_empty(), "the next move waits for the pause");
+    w.now_ms += RULES.move_pause_ms;
+    let p = plan(&p, &w);
+    assert_eq!(p.moves.len(), 1);
+}
+
+#[test]
+fn a_node_above_the_mean_by_less_than_the_margin_sheds_nothing() {
+    let mut w = world(
+        vec![node("a", 0.1), node("b", 0.1), node("c", 0.1)],
+        &[("PUBLIC", 3)],
+    );
+    let p = plan(&Placement::default(), &w);
+    all_ready(&p, &mut w);
+    w.nodes[0].score = 0.35; // mean 0.18: a is 0.17 above it
+    assert!(plan(&p, &w).moves.is_empty());
+}
+
+#[test]
+fn a_node_that_comes_back_gets_its_share_one_move_at_a_time() {
+    let mut w = world(
+        vec![node("a", 0.1), node("b", 0.1), node("c", 0.1)],
+        &[("PUBLIC", 6)],
+    );
+    w.nodes[2].alive = false;
+    let p = plan(&Placement::default(), &w);
+    assert_eq!(counts(&p, "PUBLIC", &["a", "b", "c"]), vec![3, 3, 0]);
+    all_ready(&p, &mut w);
+    w.nodes[2].alive = true;
+    let p = plan(&p, &w);
+    assert_eq!(p.moves.len(), 1);
+    assert_eq!(p.moves[0].why, MoveReason::Spread);
+    assert_eq!(p.moves[0].to, "c");
+}
+
+#[test]
+fn a_crash_looping_label_is_not_moved_for_load() {
+    let mut w = world(
+        vec![node("a", 0.1), node("b", 0.1), node("c", 0.1)],
+        &[("PUBLIC", 3)],
+    );
+    let p = plan(&Placement::default(), &w);
+    all_ready(&p, &mut w);
+    w.nodes[0].score = 0.9;
+    w.crash_looping
+        .insert(("a".into(), "demo".into(), "PUBLIC".into()));
+    assert!(plan(&p, &w).moves.is_empty());
+}
+
+#[test]
+fn lowering_the_count_calls_off_moves_first_and_never_leaves_more_than_desired() {
+    let mut w = world(vec![node("a", 0.1), node("b", 0.1)], &[("PUBLIC", 4)]);
+    let p = plan(&Placement::default(), &w);
+    all_ready(&p, &mut w);
+    w.nodes[0].draining = true;
+    let p = plan(&p, &w);
+    assert_eq!(p.moves.len(), 2);
+    w.desired.insert(("demo".into(), "PUBLIC".into()), 1);
+    let p = plan(&p, &w);
+    let total: u32 = counts(&p, "PUBLIC", &["a", "b"]).iter().sum();
+    assert_eq!(total as usize - p.moves.len(), 1);
+    w.desired.clear();
+    let p = plan(&p, &w);
+    assert!(p.nodes.is_empty() && p.moves.is_empty());
+}
