@@ -148,6 +148,13 @@ impl Agent {
             logs: config.log_dir.clone(),
             instances: config.instance_dir.clone(),
         };
+        let leftovers = paths.remove_leftovers();
+        if leftovers > 0 {
+            tracing::info!(
+                leftovers,
+                "removed the directories of instances from before a crash"
+            );
+        }
         let (stopping, stopping_rx) = watch::channel(false);
         let (refill_tx, refill_rx) = mpsc::unbounded_channel();
         let pools = Arc::new(pools::Pools::new(
@@ -170,6 +177,7 @@ impl Agent {
         });
         node.publish(0).await?;
         node.remove_stale_records().await?;
+
         let scheduler = Arc::new(schedule::Scheduler::new(
             store.clone(),
             node.clone(),

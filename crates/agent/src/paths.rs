@@ -30,4 +30,26 @@ impl Paths {
             .create(&dir)?;
         Ok(dir)
     }
+
+    /// Removes the private directories that instances of an earlier run of this node left
+    /// behind: they died with that run (parent-death signal), so at start none is in use. Only
+    /// names that are instance ids are touched. Returns how many went.
+    pub(crate) fn remove_leftovers(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.instances) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let is_id = name.to_str().is_some_and(|n| {
+                n.len() == 16
+                    && n.bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            });
+            if is_id && std::fs::remove_dir_all(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
 }

@@ -262,7 +262,22 @@ fn a_dead_nodes_instances_are_replaced_elsewhere_and_it_comes_back_clean() {
     });
 
     let gamma_dir = agents[1].dir.clone();
+    let private_dirs = || -> Vec<String> {
+        std::fs::read_dir(gamma_dir.join("instances"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before_kill = private_dirs();
+    assert!(
+        !before_kill.is_empty(),
+        "gamma's instance has its directory"
+    );
     agents[1].signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+    assert_eq!(private_dirs(), before_kill, "a kill -9 leaves them behind");
     let r = wait_until(
         "3 SECRET ready on the two nodes left",
         Duration::from_secs(30),
@@ -302,6 +317,11 @@ fn a_dead_nodes_instances_are_replaced_elsewhere_and_it_comes_back_clean() {
     )
     .data_dir(&gamma_dir)
     .start();
+    let left = private_dirs();
+    assert!(
+        before_kill.iter().all(|d| !left.contains(d)),
+        "a node that comes back removes what its dead instances left: {left:?}"
+    );
     wait_until("one SECRET per node again", Duration::from_secs(60), || {
         let all = kept(&alpha, &["starting", "ready", "draining"]);
         let r = ready(&alpha);
