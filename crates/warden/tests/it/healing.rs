@@ -131,6 +131,14 @@ impl Load {
     fn served(&self) -> usize {
         self.seen.lock().unwrap().get("200").copied().unwrap_or(0)
     }
+
+    /// Waits until 20 more requests have been served than now.
+    fn serves_on(&self) {
+        let from = self.served();
+        wait_until("requests served", Duration::from_secs(20), || {
+            (self.served() > from + 20).then_some(())
+        });
+    }
 }
 
 /// `n` concurrent POSTs (never retried by the gateway) that each take `ms` at the instance;
@@ -257,9 +265,7 @@ fn a_dead_nodes_instances_are_replaced_elsewhere_and_it_comes_back_clean() {
         (ready(&alpha).get("SECRET")?.len() == 3).then_some(())
     });
     let load = Load::start(&alpha, "alice");
-    wait_until("requests served", Duration::from_secs(20), || {
-        (load.served() > 20).then_some(())
-    });
+    load.serves_on();
 
     let gamma_dir = agents[1].dir.clone();
     let private_dirs = || -> Vec<String> {
@@ -293,7 +299,6 @@ fn a_dead_nodes_instances_are_replaced_elsewhere_and_it_comes_back_clean() {
         },
     );
     assert!(r["SECRET"].contains_key("beta") && r["SECRET"].contains_key("delta"));
-    let before_return = load.served();
     wait_until("gamma's records gone", Duration::from_secs(30), || {
         (!alpha.instances().iter().any(|i| i["node"] == "gamma")).then_some(())
     });
@@ -327,9 +332,7 @@ fn a_dead_nodes_instances_are_replaced_elsewhere_and_it_comes_back_clean() {
         let r = ready(&alpha);
         (r.get("SECRET")?.len() == 3 && total(all.get("SECRET")?) == 3).then_some(())
     });
-    wait_until("requests served since", Duration::from_secs(20), || {
-        (load.served() > before_return + 20).then_some(())
-    });
+    load.serves_on();
     all_ok(&load.finish());
 }
 
@@ -347,9 +350,7 @@ fn drain_moves_every_instance_off_with_no_failed_request_and_undrain_reverses_it
     let bob = alpha.password("bob");
     assert_eq!(alpha.get_as("bob", &bob, "/apps/demo/").status, 200);
     let load = Load::start(&alpha, "alice");
-    wait_until("requests served", Duration::from_secs(20), || {
-        (load.served() > 20).then_some(())
-    });
+    load.serves_on();
 
     // Requests in flight on beta's instance when the drain begins finish there.
     let slow = slow_posts(&alpha, "alice", 4, 1500);
@@ -399,9 +400,7 @@ fn a_node_stopped_with_sigterm_moves_its_instances_first() {
         (ready(&alpha).get("SECRET")?.len() == 2).then_some(())
     });
     let load = Load::start(&alpha, "alice");
-    wait_until("requests served", Duration::from_secs(20), || {
-        (load.served() > 20).then_some(())
-    });
+    load.serves_on();
     let slow = slow_posts(&alpha, "alice", 4, 1500);
     beta.stop();
     assert_eq!(
@@ -417,10 +416,7 @@ fn a_node_stopped_with_sigterm_moves_its_instances_first() {
     );
     let r = ready(&alpha);
     assert_eq!(r["SECRET"].get("gamma"), Some(&2), "{r:?}");
-    let served = load.served();
-    wait_until("requests served since", Duration::from_secs(20), || {
-        (load.served() > served + 20).then_some(())
-    });
+    load.serves_on();
     all_ok(&load.finish());
 }
 
@@ -454,9 +450,7 @@ fn a_loaded_node_sheds_an_instance_with_no_failed_request() {
         (ready(&alpha).get("SECRET")?.len() == 3).then_some(())
     });
     let load = Load::start(&alpha, "alice");
-    wait_until("requests served", Duration::from_secs(20), || {
-        (load.served() > 20).then_some(())
-    });
+    load.serves_on();
 
     // beta at 0.9 against a mean of about 0.37: above it by more than the 0.2 shedding margin.
     set("beta", 0.9);
@@ -471,10 +465,7 @@ fn a_loaded_node_sheds_an_instance_with_no_failed_request() {
         assert!(!ready(&alpha)["SECRET"].contains_key("beta"));
         std::thread::sleep(Duration::from_millis(200));
     }
-    let served = load.served();
-    wait_until("requests served since", Duration::from_secs(20), || {
-        (load.served() > served + 20).then_some(())
-    });
+    load.serves_on();
     all_ok(&load.finish());
     let metrics = nodes(&alpha);
     assert!(
