@@ -193,6 +193,7 @@ impl Agent {
             max_log_bytes: config.max_log_bytes,
             stopping: stopping_rx,
             placement: std::sync::Mutex::new(None),
+            assigning: std::sync::Mutex::new(()),
             scheduler,
         })
         .spawn(refill_rx);
@@ -250,10 +251,15 @@ impl Agent {
         m.render()
     }
 
-    /// Stops every instance, removes the node's records and ends its lease. On a cluster with
-    /// another agent node, the instances move there first (bounded), so that no request fails.
-    pub async fn shutdown(&self) {
+    /// On a cluster with another agent node, moves this node's instances there (at most 30 s)
+    /// so that stopping fails no request. Call it while the node still serves: its node port
+    /// carries requests to the instances until each has drained.
+    pub async fn drain_for_stop(&self) {
         supervise::drain_before_stop(&*self.inner.store, &self.inner.node, &self.inner.life).await;
+    }
+
+    /// Stops every instance, removes the node's records and ends its lease.
+    pub async fn shutdown(&self) {
         let _ = self.inner.stopping.send(true);
         self.inner.pools.drain_slots(None);
         let stopped = self.inner.life.stop_all().await;

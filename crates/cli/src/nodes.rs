@@ -17,6 +17,9 @@ pub enum NodesCommand {
         /// Wait until the node runs no instance (at most this many seconds)
         #[arg(long, value_name = "SECONDS")]
         wait: Option<u64>,
+        /// Drain a node that is not running yet (it starts drained)
+        #[arg(long)]
+        ahead: bool,
     },
     /// Let a drained node take instances again
     Undrain {
@@ -70,8 +73,9 @@ pub(crate) async fn run(
                 );
             });
         }
-        NodesCommand::Drain { name, wait } => {
-            api.send("POST", &format!("/v1/nodes/{name}/drain"), None)
+        NodesCommand::Drain { name, wait, ahead } => {
+            let query = if ahead { "?ahead=true" } else { "" };
+            api.send("POST", &format!("/v1/nodes/{name}/drain{query}"), None)
                 .await?;
             if let Some(secs) = wait {
                 wait_empty(api, &name, std::time::Duration::from_secs(secs)).await?;
@@ -100,12 +104,16 @@ async fn wait_empty(
     let deadline = std::time::Instant::now() + limit;
     loop {
         let v = api.send("GET", "/v1/nodes", None).await?;
-        let left = v
+        let Some(node) = v
             .as_array()
             .into_iter()
             .flatten()
             .find(|n| n["id"].as_str() == Some(name))
-            .map_or(0, |n| n["load"]["instances"].as_u64().unwrap_or(0));
+        else {
+            // Stopped meanwhile (its instances stop with it), or never running.
+            return Ok(());
+        };
+        let left = node["load"]["instances"].as_u64().unwrap_or(0);
         if left == 0 {
             return Ok(());
         }

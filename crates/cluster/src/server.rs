@@ -65,15 +65,37 @@ impl NodePortStats {
 /// byte passes: a relabel after taint closes it within this, so that no gateway reuses it.
 const LABEL_CHECK: Duration = Duration::from_millis(100);
 
-fn serves(local: &dyn Instances, id: &str, label: &str) -> bool {
-    local.record(id).is_some_and(|r| r.label == label)
+/// How long a draining instance's connection must carry nothing, its last request answered,
+/// before it counts as idle and closes.
+const DRAIN_IDLE: Duration = Duration::from_secs(1);
+
+/// What a joined connection may still carry.
+#[derive(PartialEq, Eq)]
+enum Serves {
+    /// Requests of its label.
+    Yes,
+    /// Nothing new: the instance is draining. Answers still in flight finish.
+    Draining,
+    /// Nothing at all: gone, or relabelled after taint.
+    No,
+}
+
+fn serves(local: &dyn Instances, id: &str, label: &str) -> Serves {
+    match local.record(id) {
+        Some(r) if r.label != label => Serves::No,
+        Some(r) if r.state == warden_core::InstanceState::Draining => Serves::Draining,
+        Some(_) => Serves::Yes,
+        None => Serves::No,
+    }
 }
 
 /// Carries bytes between a joined node and the instance until either side closes, or until
 /// the instance no longer serves `label`: a gateway's bytes reach it only while it does, and a
 /// relabel after taint (made here by the agent) closes every connection of the old label,
 /// idle ones within [`LABEL_CHECK`] (the gateway's pool then drops them), busy ones before
-/// the next byte of a request.
+/// the next byte of a request. A draining instance's connection closes once it is idle (its
+/// last request answered and nothing carried for [`DRAIN_IDLE`]), so that the drain does not
+/// wait for a gateway that keeps its pooled connection open.
 async fn relay(
     tls: tokio_rustls::server::TlsStream<TcpStream>,
     instance: warden_core::InstanceStream,
@@ -81,38 +103,64 @@ async fn relay(
     id: &str,
     label: &str,
 ) {
+    use std::sync::atomic::AtomicU64;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut from_node, mut to_node) = tokio::io::split(tls);
     let (mut from_app, mut to_app) = tokio::io::split(instance);
+    // Bytes carried each way: a connection is idle when the last bytes went down.
+    let (up_at, down_at) = (AtomicU64::new(0), AtomicU64::new(0));
+    let tick = AtomicU64::new(0);
     let down = async {
-        let _ = tokio::io::copy(&mut from_app, &mut to_node).await;
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = match from_app.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            down_at.store(tick.fetch_add(1, Ordering::Relaxed) + 1, Ordering::Relaxed);
+            if to_node.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
         let _ = to_node.shutdown().await;
     };
     let up = async {
         let mut buf = vec![0u8; 16 * 1024];
         let mut check = tokio::time::interval(LABEL_CHECK);
+        // Bytes last seen at a check, and since when none passed.
+        let (mut seen, mut quiet_since) = (0, tokio::time::Instant::now());
         loop {
             let read = tokio::select! {
                 r = from_node.read(&mut buf) => r,
                 _ = check.tick() => {
-                    if serves(local, id, label) {
-                        continue;
+                    let now = tick.load(Ordering::Relaxed);
+                    if now != seen {
+                        (seen, quiet_since) = (now, tokio::time::Instant::now());
                     }
-                    break;
+                    let answered = up_at.load(Ordering::Relaxed) <= down_at.load(Ordering::Relaxed);
+                    match serves(local, id, label) {
+                        Serves::Yes => continue,
+                        Serves::Draining if !answered || quiet_since.elapsed() < DRAIN_IDLE => continue,
+                        _ => break,
+                    }
                 }
             };
             let n = match read {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            if !serves(local, id, label) {
+            // A new request on a draining instance's connection is let through only if the
+            // gateway sent it before it knew; the gateway closes its pooled connections when
+            // the record says `draining`, and this one closes at the next idle check.
+            if serves(local, id, label) == Serves::No {
                 break;
             }
+            up_at.store(tick.fetch_add(1, Ordering::Relaxed) + 1, Ordering::Relaxed);
             if to_app.write_all(&buf[..n]).await.is_err() {
                 break;
             }
         }
-        if !serves(local, id, label) {
+        if serves(local, id, label) == Serves::No {
             tracing::info!(instance = %id, label, "closed a node's connection: the instance serves another label now");
         }
         let _ = to_app.shutdown().await;
@@ -182,14 +230,24 @@ async fn handshake(
     stats: &NodePortStats,
 ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     let _ = tcp.set_nodelay(true);
+    // One deadline for the first byte and the handshake together: a silent stranger holds a
+    // handshake slot no longer than before.
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
     // A connection closed before its first byte is a liveness probe (the scheduler's): no
     // stranger to count or log.
     let mut first = [0u8; 1];
-    if let Ok(Ok(0)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
-        stats.probes.fetch_add(1, Ordering::Relaxed);
-        return None;
+    match tokio::time::timeout_at(deadline, tcp.peek(&mut first)).await {
+        Ok(Ok(0)) => {
+            stats.probes.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Ok(Ok(_)) => {}
+        Ok(Err(_)) | Err(_) => {
+            stats.refused.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
     }
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+    match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
         Ok(Ok(tls)) => {
             stats.admitted.fetch_add(1, Ordering::Relaxed);
             Some(tls)

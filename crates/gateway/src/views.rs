@@ -237,10 +237,41 @@ impl Shared {
     /// Replaces one view with a listing's entries at once: a request never sees it half filled
     /// (an empty instance view would start instances that are already there).
     fn replace(&self, kind: Kind, entries: &[warden_store::Entry]) {
-        let mut v = self.write();
-        reset_in(&mut v, kind);
-        for e in entries {
-            apply_to(&mut v, kind, &e.key, Some(&e.value));
+        let routed_before: Vec<String> = match kind {
+            Kind::Instances => self
+                .read()
+                .instances
+                .values()
+                .flatten()
+                .map(|r| r.record.id.clone())
+                .collect(),
+            _ => Vec::new(),
+        };
+        {
+            let mut v = self.write();
+            reset_in(&mut v, kind);
+            for e in entries {
+                apply_to(&mut v, kind, &e.key, Some(&e.value));
+            }
+        }
+        // A listing after a broken watch may have missed an instance leaving routing.
+        if let (Kind::Instances, Some(hook)) = (kind, &self.on_routing) {
+            let v = self.read();
+            let routed = |id: &str| v.instances.values().flatten().any(|r| r.record.id == id);
+            let gone: Vec<&String> = routed_before.iter().filter(|id| !routed(id)).collect();
+            let now: Vec<String> = v
+                .instances
+                .values()
+                .flatten()
+                .map(|r| r.record.id.clone())
+                .collect();
+            drop(v);
+            for id in gone {
+                hook(id, false);
+            }
+            for id in &now {
+                hook(id, true);
+            }
         }
     }
 }

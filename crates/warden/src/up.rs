@@ -427,6 +427,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     tracing::info!(node = %node, roles = ?cfg.roles, "warden is up");
 
     shutdown_signal().await;
+    if let Some(a) = &agent {
+        // Everything still serves meanwhile: the instances leave through their drains.
+        a.drain_for_stop().await;
+    }
     tracing::info!("stopping: no new requests, stopping instances");
     let _ = stop_tx.send(true);
     if let Some(a) = &agent {

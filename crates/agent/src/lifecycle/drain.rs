@@ -25,7 +25,7 @@ const POLL: Duration = Duration::from_millis(25);
 impl Lifecycle {
     /// Drains `id` and stops it; returns once it is gone.
     pub(crate) async fn drain(&self, id: &str) -> Result<(), AgentError> {
-        let (record, activity) = {
+        let marked = {
             let mut running = lock(&self.running);
             let r = running
                 .get_mut(id)
@@ -33,15 +33,17 @@ impl Lifecycle {
             if r.record.state == InstanceState::Draining || r.stopping.load(Ordering::Relaxed) {
                 return Ok(());
             }
-            r.record.state = InstanceState::Draining;
-            if let Some(key) = record_key(&r.record) {
-                let mut serving = lock(&self.serving);
-                if matches!(serving.get(&key), Some(Serving::Ready(x)) if x.id == id) {
-                    serving.remove(&key);
-                }
+            if r.record.state == InstanceState::Starting {
+                // Not ready, so nothing routes to it: there is nothing to wait for.
+                None
+            } else {
+                Some(Self::mark_draining(&self.serving, id, r))
             }
-            (r.record.clone(), r.activity.clone())
         };
+        let Some((record, activity)) = marked else {
+            return self.kill(id).await;
+        };
+
         tracing::info!(app = %record.app, label = %record.label, instance = %id, "draining instance");
         let key = keys::instance(&record.app, id);
         if let Err(e) = put_json(
@@ -64,6 +66,23 @@ impl Lifecycle {
         self.kill(id).await
     }
 
+    /// Marks a running instance as draining and takes it out of the serving map: (its record,
+    /// its activity).
+    fn mark_draining(
+        serving: &std::sync::Mutex<std::collections::HashMap<super::ServeKey, Serving>>,
+        id: &str,
+        r: &mut super::Running,
+    ) -> (warden_core::InstanceRecord, Arc<warden_core::Activity>) {
+        r.record.state = InstanceState::Draining;
+        if let Some(key) = record_key(&r.record) {
+            let mut serving = lock(serving);
+            if matches!(serving.get(&key), Some(Serving::Ready(x)) if x.id == id) {
+                serving.remove(&key);
+            }
+        }
+        (r.record.clone(), r.activity.clone())
+    }
+
     /// Drains `id` in the background.
     pub(crate) fn drain_soon(self: &Arc<Self>, id: String) {
         let me = self.clone();
@@ -72,7 +91,7 @@ impl Lifecycle {
         });
     }
 
-    /// Kept instances of (app, label) that are not draining or stopping, newest first.
+    /// Kept instances of (app, label) that are not draining or stopping, oldest first.
     pub(crate) fn kept(&self, app: &str, label: &str) -> Vec<String> {
         let mut v: Vec<(u64, String)> = lock(&self.running)
             .values()
@@ -87,7 +106,7 @@ impl Lifecycle {
             })
             .map(|r| (r.record.started_at_ms, r.record.id.clone()))
             .collect();
-        v.sort_by(|a, b| b.cmp(a));
+        v.sort();
         v.into_iter().map(|(_, id)| id).collect()
     }
 

@@ -242,6 +242,13 @@ impl Lifecycle {
             self.publish_or_stop(key, record).await?;
         }
         let still_running = match lock(&self.running).get_mut(&record.id) {
+            // Being drained or stopped meanwhile: it must not come back into routing.
+            Some(r)
+                if r.stopping.load(Ordering::Relaxed)
+                    || r.record.state == InstanceState::Draining =>
+            {
+                false
+            }
             Some(r) => {
                 r.record = record.clone();
                 true

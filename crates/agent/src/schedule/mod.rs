@@ -14,13 +14,18 @@
 //! find it absent. It goes with the node's lease; but a lease lasts seconds, so an agent that
 //! finds the holder's node port refusing connections (its process is gone) deletes the record
 //! by compare-and-swap and takes over at once. The scheduler probes every agent node's port the
-//! same way each round: a node whose port refuses (or twice does not answer) is dead to it at
-//! once, well before its lease ends, and its instances are placed elsewhere.
+//! same way each round: a node whose port refuses is dead to it at once, well before its lease
+//! ends, and its instances are placed elsewhere.
+//!
+//! Only a refusal counts: it comes from the node's own kernel, so the process is gone. A probe
+//! that gets no answer proves nothing (the network between two nodes, or a node port whose
+//! backlog a stranger filled); such a node stays as it is until its lease ends, so that no
+//! partition and no flood of connections can make the scheduler evict a live node.
 
 mod plan;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -31,7 +36,6 @@ use warden_core::{
 use warden_store::{decode, CasOutcome, Store, StoreError};
 
 use crate::node::Node;
-use crate::sync::lock;
 pub(crate) use plan::Rules;
 use plan::{NodeView, World};
 
@@ -39,8 +43,6 @@ use plan::{NodeView, World};
 const ROUND: Duration = Duration::from_millis(250);
 /// A node port that does not accept a connection within this is not answering.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
-/// Probes in a row that time out before a node counts as dead (a refusal counts at once).
-const TIMEOUTS_TO_DEAD: u32 = 2;
 
 /// The scheduler's thresholds as configured.
 pub(crate) fn rules(start_margin: f64, shed_margin: f64) -> Rules {
@@ -58,8 +60,6 @@ pub(crate) struct Scheduler {
     pub node: Arc<Node>,
     pub rules: Rules,
     pub stopping: watch::Receiver<bool>,
-    /// Probes in a row that timed out, per node.
-    timeouts: Mutex<HashMap<String, u32>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +83,6 @@ impl Scheduler {
             node,
             rules,
             stopping,
-            timeouts: Mutex::default(),
         }
     }
 
@@ -166,26 +165,9 @@ impl Scheduler {
             return Ok(true);
         };
         Ok(match &record.advertise {
-            Some(addr) => self.judge(node, probe(addr).await),
+            Some(addr) => probe(addr).await != Probe::Refuses,
             None => true,
         })
-    }
-
-    /// Whether a node counts as alive after a probe.
-    fn judge(&self, node: &str, probe: Probe) -> bool {
-        let mut timeouts = lock(&self.timeouts);
-        match probe {
-            Probe::Answers => {
-                timeouts.remove(node);
-                true
-            }
-            Probe::Refuses => false,
-            Probe::Silent => {
-                let n = timeouts.entry(node.to_owned()).or_default();
-                *n += 1;
-                *n < TIMEOUTS_TO_DEAD
-            }
-        }
     }
 
     /// One scheduling round: look, plan, write the placement if it changed.
@@ -193,10 +175,15 @@ impl Scheduler {
         let store = &*self.store;
         let current = store.get(keys::PLACEMENT).await?;
         let (placement, revision) = match &current {
-            Some(e) => (
-                decode::<Placement>(&e.key, &e.value).unwrap_or_default(),
-                Some(e.mod_revision),
-            ),
+            Some(e) => match decode::<Placement>(&e.key, &e.value) {
+                Ok(p) => (p, Some(e.mod_revision)),
+                Err(err) => {
+                    // Rebuilding it from nothing would drain every node: leave it for an
+                    // operator (or a scheduler of the version that wrote it).
+                    tracing::warn!(error = %err, "the placement does not read; not scheduling");
+                    return Ok(());
+                }
+            },
             None => (Placement::default(), None),
         };
         if placement.term > term {
@@ -254,7 +241,7 @@ impl Scheduler {
             .zip(probes)
             .map(|(n, p)| NodeView {
                 id: n.id.clone(),
-                alive: self.judge(&n.id, p),
+                alive: p != Probe::Refuses,
                 draining: n.draining || drains.contains(&n.id),
                 score: n.load.score(),
             })

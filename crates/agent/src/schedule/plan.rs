@@ -65,10 +65,6 @@ impl World {
         self.nodes.iter().any(|n| n.id == id && n.alive)
     }
 
-    fn node(&self, id: &str) -> Option<&NodeView> {
-        self.nodes.iter().find(|n| n.id == id)
-    }
-
     /// Mean load of live nodes.
     fn mean(&self) -> f64 {
         let live: Vec<f64> = self
@@ -149,6 +145,7 @@ fn finish_moves(p: &mut Placement, w: &World) {
             tracing::warn!(app = %m.app, label = %m.label, from = %m.from, to = %m.to, "a moved instance did not become ready in time; it stays where it was");
             p.set(&m.to, &m.app, &m.label, target.saturating_sub(1));
             p.last_move_ms = w.now_ms;
+            p.last_timeout_ms = w.now_ms;
         } else {
             p.moves.push(m);
         }
@@ -156,22 +153,25 @@ fn finish_moves(p: &mut Placement, w: &World) {
 }
 
 /// Brings (app, label) to `want` instances, not counting the extra ones of moves in flight.
+/// Each round of the loop adds or removes one instance; counts are bounded by the API
+/// (`AppSpec::validate`), so the loop is too.
 fn converge(p: &mut Placement, w: &World, app: &str, label: &str, want: u32) {
+    let want = u64::from(want);
     loop {
         let moving = p
             .moves
             .iter()
             .filter(|m| m.app == app && m.label == label)
-            .count() as u32;
-        let placed: u32 = w
+            .count() as u64;
+        let placed: u64 = w
             .nodes
             .iter()
             .filter(|n| n.alive)
-            .map(|n| p.count(&n.id, app, label))
-            .sum::<u32>()
+            .map(|n| u64::from(p.count(&n.id, app, label)))
+            .sum::<u64>()
             .saturating_sub(moving);
         if placed < want {
-            let Some(to) = best_target(p, w, app, label, None) else {
+            let Some(to) = best_target(p, w, app, label, None, false) else {
                 return;
             };
             let n = p.count(&to, app, label);
@@ -204,39 +204,55 @@ fn converge(p: &mut Placement, w: &World, app: &str, label: &str, want: u32) {
                 return;
             };
             let n = p.count(&from, app, label);
-            p.set(&from, app, label, n - 1);
+            p.set(&from, app, label, n.saturating_sub(1));
         } else {
             return;
         }
     }
 }
 
-/// Where a new instance of (app, label) goes: among live, undrained nodes not loaded above the
-/// mean by more than the start margin (all live, undrained ones if none is), the one with fewest
-/// of that label, then lowest load, then fewest kept instances, then lowest name.
+/// Where a new instance of (app, label) goes: among live, undrained nodes where the label is
+/// not crash-looping and whose load is not above the mean by more than the start margin, the
+/// one with fewest of that label, then lowest load, then fewest kept instances, then lowest
+/// name. When no node is cool enough, any live, undrained one (`strict`: none, for moves that
+/// only balance: a move to a loaded node would come straight back).
 fn best_target(
     p: &Placement,
     w: &World,
     app: &str,
     label: &str,
     except: Option<&str>,
+    strict: bool,
 ) -> Option<String> {
     let mean = w.mean();
     let open: Vec<&NodeView> = w
         .nodes
         .iter()
         .filter(|n| n.alive && !n.draining && Some(n.id.as_str()) != except)
+        .filter(|n| {
+            !w.crash_looping
+                .contains(&(n.id.clone(), app.to_owned(), label.to_owned()))
+        })
         .collect();
     let cool: Vec<&NodeView> = open
         .iter()
         .copied()
         .filter(|n| n.score <= mean + w.rules.start_margin)
         .collect();
-    let pool = if cool.is_empty() { open } else { cool };
-    let total = |id: &str| -> u32 {
+    let pool = if cool.is_empty() && !strict {
+        open
+    } else {
+        cool
+    };
+    let total = |id: &str| -> u64 {
         p.nodes
             .get(id)
-            .map(|a| a.values().flat_map(|l| l.values()).sum())
+            .map(|a| {
+                a.values()
+                    .flat_map(|l| l.values())
+                    .map(|n| u64::from(*n))
+                    .sum()
+            })
             .unwrap_or(0)
     };
     pool.into_iter()
@@ -254,8 +270,13 @@ fn begin(p: &mut Placement, m: Move) {
     p.moves.push(m);
 }
 
-/// Moves every instance of a drained node that is not moving yet.
+/// Moves every instance of a drained node that is not moving yet; after a move that timed out,
+/// not before the pause (a replacement that cannot become ready would otherwise be tried
+/// again and again).
 fn start_drain_moves(p: &mut Placement, w: &World) {
+    if w.now_ms.saturating_sub(p.last_timeout_ms) < w.rules.move_pause_ms {
+        return;
+    }
     for node in w.nodes.iter().filter(|n| n.alive && n.draining) {
         let held: Vec<(String, String, u32)> = p
             .nodes
@@ -276,7 +297,7 @@ fn start_drain_moves(p: &mut Placement, w: &World) {
                 .filter(|m| m.from == node.id && m.app == app && m.label == label)
                 .count() as u32;
             for _ in moving..n {
-                let Some(to) = best_target(p, w, &app, &label, Some(&node.id)) else {
+                let Some(to) = best_target(p, w, &app, &label, Some(&node.id), false) else {
                     break;
                 };
                 begin(
@@ -317,10 +338,8 @@ fn shed_move(p: &Placement, w: &World) -> Option<Move> {
                 .contains(&(hot.id.clone(), (*a).clone(), (*l).clone()))
         })
         .max_by_key(|(a, l, n)| (*n, (*a).clone(), (*l).clone()))?;
-    let to = best_target(p, w, app, label, Some(&hot.id))?;
-    let target = w.node(&to)?;
-    // Only to a node that is itself not loaded: otherwise the instance would come straight back.
-    (target.score <= mean + w.rules.start_margin).then(|| Move {
+    let to = best_target(p, w, app, label, Some(&hot.id), true)?;
+    Some(Move {
         app: app.clone(),
         label: label.clone(),
         from: hot.id.clone(),
@@ -343,7 +362,7 @@ fn spread_move(p: &Placement, w: &World) -> Option<Move> {
         {
             continue;
         }
-        let Some(to) = best_target(p, w, app, label, Some(&most.id)) else {
+        let Some(to) = best_target(p, w, app, label, Some(&most.id), true) else {
             continue;
         };
         if p.count(&most.id, app, label) >= p.count(&to, app, label) + 2 {

@@ -14,6 +14,9 @@ use crate::restarts::LabelKey;
 use crate::sync::lock;
 use crate::AgentError;
 
+/// Kept instances one call starts at most, per label.
+const MAX_KEPT_STARTS: usize = 8;
+
 // === impl Supervisor (desired counts) ===
 
 impl Supervisor {
@@ -52,8 +55,11 @@ impl Supervisor {
         }
     }
 
-    /// Starts and drains this node's kept instances to match the placement.
+    /// Starts and drains this node's kept instances to match the placement. The tick and the
+    /// placement's watch both call it; one at a time, or both would count the same missing
+    /// instance before either had started it.
     pub(super) fn keep_assigned(&self, apps: &[AppSpec]) {
+        let _one_at_a_time = lock(&self.assigning);
         let Some(placement) = lock(&self.placement).clone() else {
             return;
         };
@@ -70,7 +76,9 @@ impl Supervisor {
                 let have =
                     self.life.kept(&spec.name, label).len() as u32 + self.restarts.pending(&key);
                 if have < want && self.restarts.may_start(&key) {
-                    for _ in have..want {
+                    // A few at a time: a thousand starts at once would starve the lease
+                    // renewal and the requests being served; the next tick goes on.
+                    for _ in (have..want).take(MAX_KEPT_STARTS) {
                         self.start_kept(spec, key.clone());
                     }
                 }
@@ -82,6 +90,7 @@ impl Supervisor {
                 continue;
             }
             let want = placement.count(me, &app, &label) as usize;
+            // Oldest first: the surplus is the newest, which may not even be ready yet.
             let kept = self.life.kept(&app, &label);
             for id in kept.into_iter().skip(want) {
                 tracing::info!(%app, %label, instance = %id, "the placement keeps fewer here; draining one");

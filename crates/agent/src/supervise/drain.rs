@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use warden_core::{keys, model::now_ms, DrainOrder, NodeRecord, Placement};
-use warden_store::{decode, put_json};
+use warden_store::decode;
 
 use super::Supervisor;
 use crate::sync::lock;
@@ -70,11 +70,20 @@ pub(crate) async fn drain_before_stop(
         since_ms: now_ms(),
         reason: "stopping".into(),
     };
-    if put_json(store, &keys::drain(node.id()), &order, Some(node.lease()))
+    // Only if the operator gave none: theirs stays across this stop (it has no lease), where
+    // this one goes with the node.
+    let bytes = serde_json::to_vec(&order).expect("a drain order serialises");
+    match store
+        .compare_and_swap(
+            &keys::drain(node.id()),
+            None,
+            Some(bytes),
+            Some(node.lease()),
+        )
         .await
-        .is_err()
     {
-        return;
+        Ok(_) => {}
+        Err(_) => return,
     }
     tracing::info!(node = %node.id(), "stopping: moving instances to other nodes first");
     let deadline = tokio::time::Instant::now() + STOP_DRAIN_MAX;

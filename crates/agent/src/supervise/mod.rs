@@ -37,6 +37,8 @@ pub(crate) struct Supervisor {
     pub stopping: watch::Receiver<bool>,
     /// The placement as last read (`None` before the first scheduler wrote one).
     pub placement: std::sync::Mutex<Option<warden_core::Placement>>,
+    /// Held while this node's kept instances are matched to the placement.
+    pub assigning: std::sync::Mutex<()>,
     /// Stands for scheduler and schedules while elected.
     pub scheduler: Arc<crate::schedule::Scheduler>,
 }

@@ -54,7 +54,8 @@ impl Supervisor {
     /// (from `Pools::deletions_seen` before `spec` was read): `spec` may be the deleted
     /// app's, and the next tick refills from a fresh listing anyway.
     pub(super) fn refill(self: &Arc<Self>, spec: &AppSpec, seen: u64) {
-        if self.stopping() || self.pools.deletions_seen() != seen {
+        // A drained node keeps no pool: whatever it starts it would drain again.
+        if self.stopping() || self.node.draining() || self.pools.deletions_seen() != seen {
             return;
         }
         match spec.start {

@@ -1,7 +1,7 @@
 //! `/v1/nodes`: nodes whose agents are alive (their records live under the agents' leases),
 //! and their drain orders.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use warden_core::{keys, model::now_ms, DrainOrder, NodeRecord};
@@ -21,15 +21,31 @@ pub async fn list(State(api): State<Api>) -> Result<Json<Vec<NodeRecord>>, ApiEr
     Ok(Json(nodes))
 }
 
+/// Query of `POST /v1/nodes/{name}/drain`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainQuery {
+    /// Drain a node that is not running (yet).
+    #[serde(default)]
+    pub ahead: bool,
+}
+
 /// `POST /v1/nodes/{name}/drain`: nothing new is placed on the node and its instances move to
 /// other nodes, each stopping once its replacement is ready. The order stays (across restarts
-/// of the node) until `DELETE`. A node that is not running may be drained ahead of time.
+/// of the node) until `DELETE`. A node that is not running is drained only with `?ahead=true`.
 pub async fn drain(
     State(api): State<Api>,
     Path(name): Path<String>,
+    Query(q): Query<DrainQuery>,
 ) -> Result<(StatusCode, Json<DrainOrder>), ApiError> {
     warden_core::name::validate_name("node", &name)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // A misspelt name would drain nothing and say it did.
+    if !q.ahead && api.store.get(&keys::node(&name)).await?.is_none() {
+        return Err(ApiError::not_found(format!(
+            "no live node named {name:?} (`warden nodes list` shows them); to drain a node that is not running yet, ask with ?ahead=true (`warden nodes drain --ahead`)"
+        )));
+    }
     let order = DrainOrder {
         since_ms: now_ms(),
         reason: "operator".into(),

@@ -119,6 +119,9 @@ pub const MAX_HEALTH_PATH: usize = 1024;
 /// Most prepared sandboxes or spare instances per app and label one node keeps.
 pub const MAX_POOL: u32 = 256;
 
+/// Most instances an app's desired count keeps for one label, across the cluster.
+pub const MAX_DESIRED: u32 = 10_000;
+
 fn default_slots() -> u32 {
     2
 }
@@ -315,6 +318,11 @@ impl AppSpec {
                     "static_dir {dir:?} must be an absolute path"
                 )));
             }
+        }
+        if let Some((label, n)) = self.desired.iter().find(|(_, n)| **n > MAX_DESIRED) {
+            return Err(SpecError::Lifetime(format!(
+                "desired[{label:?}] is {n}; keep at most {MAX_DESIRED} instances of a label"
+            )));
         }
         if self.lifetime != Lifetime::Shared && !self.desired.is_empty() {
             return Err(SpecError::Lifetime(

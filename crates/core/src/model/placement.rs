@@ -30,6 +30,10 @@ pub struct Placement {
     /// while so that load figures catch up.
     #[serde(default)]
     pub last_move_ms: u64,
+    /// When a move last timed out (its new instance never became ready): drains wait a while
+    /// before trying again.
+    #[serde(default)]
+    pub last_timeout_ms: u64,
 }
 
 /// One instance moving between nodes.

@@ -88,7 +88,7 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
         (
             "post",
             "/v1/nodes/{name}/drain",
-            "/v1/nodes/doc-node/drain".into(),
+            "/v1/nodes/doc-node/drain?ahead=true".into(),
             None,
         ),
         (

@@ -340,7 +340,7 @@ fn a_dead_nodes_instances_are_replaced_elsewhere_and_it_comes_back_clean() {
 fn drain_moves_every_instance_off_with_no_failed_request_and_undrain_reverses_it() {
     let cluster = EtcdCluster::start(1);
     let alpha = demo_node(&cluster, "alpha", "gateway,api");
-    let _beta = agent(&cluster, &alpha, "beta", "127.0.0.2:0", &[]);
+    let mut beta = agent(&cluster, &alpha, "beta", "127.0.0.2:0", &[]);
     let _gamma = agent(&cluster, &alpha, "gamma", "127.0.0.3:0", &[]);
     run_cli(&alpha, &["apps", "scale", "demo", "SECRET=2"]);
     wait_until("one SECRET per node", Duration::from_secs(30), || {
@@ -387,6 +387,22 @@ fn drain_moves_every_instance_off_with_no_failed_request_and_undrain_reverses_it
     all_ok(&load.finish());
     let r = alpha.api("DELETE", "/v1/nodes/beta/drain", None);
     assert_eq!(r.status, 404, "not drained any more: {}", r.text());
+
+    // A misspelt name is refused rather than drained; a node not running yet can be, on purpose.
+    let dir = alpha.dir.display().to_string();
+    let (ok, _, err) = cli(BIN, &["nodes", "drain", "betta", "--data-dir", &dir], &[]);
+    assert!(!ok && err.contains("no live node named \"betta\""), "{err}");
+    run_cli(&alpha, &["nodes", "drain", "epsilon", "--ahead"]);
+    assert_eq!(
+        alpha.api("DELETE", "/v1/nodes/epsilon/drain", None).status,
+        204
+    );
+
+    // An operator's drain outlives the node's own drain when it stops with instances left.
+    run_cli(&alpha, &["nodes", "drain", "beta"]);
+    beta.stop();
+    let r = alpha.api("DELETE", "/v1/nodes/beta/drain", None);
+    assert_eq!(r.status, 204, "the operator's order stays: {}", r.text());
 }
 
 #[test]
@@ -413,6 +429,13 @@ fn a_node_stopped_with_sigterm_moves_its_instances_first() {
             .contains("moving instances to other nodes first"),
         "{}",
         beta.stderr()
+    );
+    let r = alpha.api("DELETE", "/v1/nodes/beta/drain", None);
+    assert_eq!(
+        r.status,
+        404,
+        "a stopping node's own order goes with it: {}",
+        r.text()
     );
     let r = ready(&alpha);
     assert_eq!(r["SECRET"].get("gamma"), Some(&2), "{r:?}");

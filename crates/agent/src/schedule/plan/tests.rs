@@ -127,10 +127,57 @@ fn a_move_that_never_becomes_ready_is_called_off() {
     let p = plan(&p, &w);
     w.now_ms += RULES.move_timeout_ms;
     let p = plan(&p, &w);
-    // Called off, then begun again: the drain still wants it gone.
+    // Called off; the drain tries again only after a pause.
+    assert!(p.moves.is_empty());
+    assert_eq!(counts(&p, "PUBLIC", &["a", "b"]), vec![1, 1]);
+    w.now_ms += RULES.move_pause_ms;
+    let p = plan(&p, &w);
     assert_eq!(p.moves.len(), 1);
     assert_eq!(p.moves[0].since_ms, w.now_ms);
     assert_eq!(counts(&p, "PUBLIC", &["a", "b"]), vec![1, 2]);
+}
+
+#[test]
+fn a_node_loaded_from_outside_never_gets_back_what_it_shed() {
+    // b is loaded by something warden does not run: shedding moves its instance to a; spreading
+    // must not move it back (b is the only other node, and it is hot).
+    let mut w = world(vec![node("a", 0.2), node("b", 0.7)], &[("PUBLIC", 2)]);
+    w.nodes[1].score = 0.2;
+    let p = plan(&Placement::default(), &w);
+    assert_eq!(counts(&p, "PUBLIC", &["a", "b"]), vec![1, 1]);
+    all_ready(&p, &mut w);
+    w.nodes[1].score = 0.7;
+    let mut p = plan(&p, &w);
+    for _ in 0..20 {
+        all_ready(&p, &mut w);
+        w.now_ms += RULES.move_pause_ms;
+        p = plan(&p, &w);
+    }
+    assert_eq!(counts(&p, "PUBLIC", &["a", "b"]), vec![2, 0]);
+    assert!(p.moves.is_empty(), "{:?}", p.moves);
+}
+
+#[test]
+fn nothing_moves_to_a_node_where_the_label_crash_loops() {
+    let mut w = world(
+        vec![node("a", 0.1), node("b", 0.1), node("c", 0.1)],
+        &[("PUBLIC", 3)],
+    );
+    let p = plan(&Placement::default(), &w);
+    all_ready(&p, &mut w);
+    w.nodes[0].draining = true;
+    w.crash_looping
+        .insert(("b".into(), "demo".into(), "PUBLIC".into()));
+    let p = plan(&p, &w);
+    assert_eq!(p.moves.len(), 1);
+    assert_eq!(p.moves[0].to, "c");
+}
+
+#[test]
+fn large_counts_are_placed_without_overflow() {
+    let w = world(vec![node("a", 0.1), node("b", 0.1)], &[("PUBLIC", 10_000)]);
+    let p = plan(&Placement::default(), &w);
+    assert_eq!(counts(&p, "PUBLIC", &["a", "b"]), vec![5_000, 5_000]);
 }
 
 #[test]
