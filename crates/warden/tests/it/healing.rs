@@ -578,3 +578,51 @@ fn a_label_that_crashes_everywhere_backs_off_and_stays_put() {
         "{out}"
     );
 }
+
+/// A node that stops answering without dying (frozen here; a lost network looks the same to the
+/// others) is not dead to the scheduler until its lease ends: then its instances are replaced.
+/// When it wakes, it registers again and stops what the placement no longer gives it.
+#[test]
+fn a_frozen_node_is_replaced_when_its_lease_ends_and_stops_its_instances_when_it_wakes() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let cluster = EtcdCluster::start(1);
+    let (alpha, agents) = three_agents(&cluster, [&[], &[], &[]]);
+    run_cli(&alpha, &["apps", "scale", "demo", "SECRET=3"]);
+    wait_until("one SECRET per node", Duration::from_secs(30), || {
+        (ready(&alpha).get("SECRET")?.len() == 3).then_some(())
+    });
+    let old = alpha
+        .instances()
+        .into_iter()
+        .find(|i| i["node"] == "gamma" && i["app"] == "demo")
+        .expect("gamma's instance");
+    let old_pid = old["pid"].as_u64().unwrap() as u32;
+    let gamma = Pid::from_raw(agents[1].pid() as i32);
+    kill(gamma, Signal::SIGSTOP).unwrap();
+    let r = wait_until(
+        "gamma's lease to end and its instance to be replaced",
+        Duration::from_secs(30),
+        || {
+            let r = ready(&alpha);
+            let s = r.get("SECRET")?;
+            (!s.contains_key("gamma") && total(s) == 3).then_some(r)
+        },
+    );
+    assert_eq!(r["SECRET"].len(), 2, "{r:?}");
+    kill(gamma, Signal::SIGCONT).unwrap();
+    wait_until("gamma back", Duration::from_secs(30), || {
+        nodes(&alpha).contains_key("gamma").then_some(())
+    });
+    // Its old instance, still running when it froze, is stopped: the placement moved it.
+    wait_until(
+        "gamma's old instance to stop",
+        Duration::from_secs(60),
+        || (!warden_test_support::process_alive(old_pid)).then_some(()),
+    );
+    // And it gets its share back by spreading, with no instance more than desired.
+    wait_until("one SECRET per node again", Duration::from_secs(60), || {
+        let all = kept(&alpha, &["starting", "ready", "draining"]);
+        (ready(&alpha).get("SECRET")?.len() == 3 && total(all.get("SECRET")?) == 3).then_some(())
+    });
+}
