@@ -59,7 +59,10 @@ impl Driver for ProcessDriver {
         let port = free_port().map_err(LaunchError::NoPort)?;
         let mut env = l.env.clone();
         env.insert("PORT".into(), port.to_string());
-        env.insert("WARDEN_DATA_DIR".into(), l.dir.display().to_string());
+        // Absolute: an app that changes directory must still find it.
+        let dir = std::path::absolute(l.dir).unwrap_or_else(|_| l.dir.to_owned());
+        env.insert("WARDEN_DATA_DIR".into(), dir.display().to_string());
+        env.insert("HOME".into(), dir.display().to_string());
         let what = || l.spec.command.first().cloned().unwrap_or_default();
         let mut cmd =
             spawn::command(&l.spec.command, &env, l.log).map_err(|source| LaunchError::Spawn {

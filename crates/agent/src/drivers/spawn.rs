@@ -25,8 +25,9 @@ pub(crate) fn command(
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"))?;
+    let port = env.get("PORT").map_or("", String::as_str);
     let mut cmd = Command::new(program);
-    cmd.args(args)
+    cmd.args(args.iter().map(|a| expand_port(a, port)))
         .env_clear()
         .env("PATH", INSTANCE_PATH)
         .envs(env)
@@ -36,6 +37,33 @@ pub(crate) fn command(
         .process_group(0)
         .kill_on_drop(false);
     Ok(cmd)
+}
+
+/// `arg` with `$PORT` and `${PORT}` replaced by `port`: commands are run without a shell, and
+/// an app's command line naming its port (`gunicorn -b 127.0.0.1:$PORT app:app`) is the common
+/// case. `$PORTS` or `$PORT_X` are other names and stay as they are.
+pub(crate) fn expand_port(arg: &str, port: &str) -> String {
+    let mut out = String::with_capacity(arg.len());
+    let mut rest = arg;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i..];
+        if let Some(tail) = after.strip_prefix("${PORT}") {
+            out.push_str(port);
+            rest = tail;
+        } else if let Some(tail) = after
+            .strip_prefix("$PORT")
+            .filter(|t| !t.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_'))
+        {
+            out.push_str(port);
+            rest = tail;
+        } else {
+            out.push('$');
+            rest = &after[1..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The open-file soft limit warden started with, restored for instances; 0 until raised.
@@ -135,5 +163,22 @@ pub(crate) fn spawn(mut cmd: Command) -> std::io::Result<Child> {
 pub(crate) fn signal_group(pid: u32, signal: nix::sys::signal::Signal) {
     if let Ok(pid) = i32::try_from(pid) {
         let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_is_expanded_in_arguments_and_nothing_else_is() {
+        assert_eq!(expand_port("127.0.0.1:$PORT", "8000"), "127.0.0.1:8000");
+        assert_eq!(expand_port("--port=${PORT}", "8000"), "--port=8000");
+        assert_eq!(expand_port("$PORT$PORT", "1"), "11");
+        assert_eq!(
+            expand_port("$PORTS $PORT_X $HOME $", "1"),
+            "$PORTS $PORT_X $HOME $"
+        );
+        assert_eq!(expand_port("naïve $PORT", "2"), "naïve 2");
     }
 }

@@ -153,7 +153,9 @@ impl Lifecycle {
             if let Some(e) = backing_off() {
                 return Err(e);
             }
-            let r = self.start(spec, label, owner, Purpose::Serve).await?;
+            let r = self.start(spec, label, owner, Purpose::Serve).await;
+            self.count_launch_failure(&spec.name, label, crash_owner, &r);
+            let r = r?;
             self.deps.restarts.started(&spec.name, label, crash_owner);
             return Ok(r);
         };
@@ -171,10 +173,9 @@ impl Lifecycle {
                     // a half-started instance behind.
                     let (me, owner, spec) = (self.clone(), owner.clone(), spec.clone());
                     tokio::spawn(async move {
-                        let result = me
-                            .start(&spec, &key.1, &owner, Purpose::Serve)
-                            .await
-                            .map_err(InstanceError::from);
+                        let result = me.start(&spec, &key.1, &owner, Purpose::Serve).await;
+                        me.count_launch_failure(&key.0, &key.1, &key.2, &result);
+                        let result = result.map_err(InstanceError::from);
                         if result.is_ok() {
                             me.deps.restarts.started(&key.0, &key.1, &key.2);
                         }
@@ -191,6 +192,22 @@ impl Lifecycle {
             .await
             .map_err(|_| shutting_down())?;
         done.clone().unwrap_or_else(|| Err(shutting_down()))
+    }
+
+    /// A start whose program could not even be run (missing, not executable, a bad working
+    /// directory) counts as a crash: the next waits out a backoff instead of every request
+    /// trying again, and the app's status says why. An instance that ran and exited is counted
+    /// by its monitor.
+    fn count_launch_failure(
+        &self,
+        app: &str,
+        label: &str,
+        owner: &str,
+        result: &Result<InstanceRecord, AgentError>,
+    ) {
+        if let Err(e @ AgentError::Launch { .. }) = result {
+            self.deps.restarts.crashed(app, label, owner, &e.to_string(), "");
+        }
     }
 
     /// After a start, the serving map holds the instance if it still runs, and is free otherwise.

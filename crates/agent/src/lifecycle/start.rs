@@ -65,6 +65,12 @@ impl Lifecycle {
             Err((id, source)) => {
                 self.release(&spec.name);
                 let _ = std::fs::remove_dir_all(self.deps.paths.instance(&id));
+                // Nothing ran, so its log says nothing: one empty file per failed start would
+                // pile up (the error itself is in the app's status).
+                let log = self.deps.paths.log(&spec.name, &id);
+                if std::fs::metadata(&log).is_ok_and(|m| m.len() == 0) {
+                    let _ = std::fs::remove_file(&log);
+                }
                 return Err(AgentError::Launch {
                     app: spec.name.clone(),
                     source,

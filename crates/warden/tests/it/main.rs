@@ -60,6 +60,7 @@ pub fn probe() -> PathBuf {
 }
 
 mod api;
+mod app_contract;
 mod cli;
 mod cluster;
 mod cluster_routing;

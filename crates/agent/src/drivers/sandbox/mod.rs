@@ -199,7 +199,12 @@ impl SandboxDriver {
     pub(crate) fn prepare(&self, l: &Launch<'_>) -> Result<Prepared, LaunchError> {
         let first = l.spec.command.first().map_or("", String::as_str);
         let program = resolve_program(first, l.spec.workdir.as_deref())?;
-        let mut argv = l.spec.command.clone();
+        let mut argv: Vec<String> = l
+            .spec
+            .command
+            .iter()
+            .map(|a| crate::drivers::spawn::expand_port(a, &SANDBOX_PORT.to_string()))
+            .collect();
         argv[0] = program.display().to_string();
         let mut env = l.env.clone();
         env.insert("PORT".into(), SANDBOX_PORT.to_string());
