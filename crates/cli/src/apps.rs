@@ -61,10 +61,10 @@ pub struct CreateApp {
     start_timeout_ms: Option<u64>,
     /// How instances run: sandbox (isolated) or process (a plain process under an unprivileged
     /// uid, no isolation); left out, the node's default, the sandbox wherever it can make one
-    #[arg(long)]
+    #[arg(long, value_parser = ["sandbox", "process"])]
     driver: Option<String>,
     /// Whom one instance serves: shared (default), per_user or per_request
-    #[arg(long)]
+    #[arg(long, value_parser = ["shared", "per_user", "per_request"])]
     lifetime: Option<String>,
     /// Stop instances idle this long, in milliseconds (0 keeps them)
     #[arg(long)]
@@ -85,7 +85,7 @@ pub struct CreateApp {
     #[arg(long)]
     millicpus: Option<u64>,
     /// How a request that finds no instance gets one: jit (default), slot or warm
-    #[arg(long)]
+    #[arg(long, value_parser = ["jit", "slot", "warm"])]
     start: Option<String>,
     /// Prepared sandboxes kept per node with --start slot
     #[arg(long)]
@@ -100,7 +100,7 @@ pub struct CreateApp {
     health_path: Option<String>,
     /// Network of sandboxed instances: isolated (default, loopback only) or bridged (a veth
     /// on the node's bridge for egress; warden must run as root)
-    #[arg(long)]
+    #[arg(long, value_parser = ["isolated", "bridged"])]
     network: Option<String>,
 }
 

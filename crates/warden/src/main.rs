@@ -127,11 +127,33 @@ fn parse() -> Cli {
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
+/// `warden status --json | head` closes the pipe before warden is done writing. Rust ignores
+/// SIGPIPE, so the write fails and `println!` panics; like any Unix tool, stop quietly instead,
+/// with the status a shell gives a command SIGPIPE ended (128 + 13).
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.contains("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> std::process::ExitCode {
     // Before anything is opened: what the caller left open must never reach an instance.
     warden_agent::close_inherited_descriptors();
     alloc::give_memory_back_at_once();
     let cli = parse();
+    if !matches!(cli.command, Command::Up(_)) {
+        quiet_on_broken_pipe();
+    }
     // The sandbox helper forks, so it must run before any runtime thread exists.
     if let Command::SandboxInit = &cli.command {
         let code = match std::env::current_dir() {

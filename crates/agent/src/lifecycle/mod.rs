@@ -206,7 +206,9 @@ impl Lifecycle {
         result: &Result<InstanceRecord, AgentError>,
     ) {
         if let Err(e @ AgentError::Launch { .. }) = result {
-            self.deps.restarts.crashed(app, label, owner, &e.to_string(), "");
+            self.deps
+                .restarts
+                .crashed(app, label, owner, &e.to_string(), "");
         }
     }
 

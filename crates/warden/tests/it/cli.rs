@@ -260,6 +260,52 @@ fn errors_say_what_to_do_next() {
     std::fs::write(&bad, "api = 1\nfoo = 2\n").unwrap();
     let (ok, _, err) = cli(BIN, &["status", "--config", bad.to_str().unwrap()], &[]);
     assert!(!ok && err.contains("bad.toml"), "{err}");
+    // A value outside a closed set is refused with the values it could be, before any request.
+    let (ok, _, err) = cli(
+        BIN,
+        &[
+            "apps",
+            "create",
+            "x",
+            "--lifetime",
+            "forever",
+            "--",
+            "/bin/true",
+        ],
+        &[],
+    );
+    assert!(
+        !ok && err.contains("possible values: shared, per_user, per_request"),
+        "{err}"
+    );
+}
+
+/// `warden status --json | head`: the reader goes away early, and warden stops quietly.
+#[test]
+fn a_reader_that_goes_away_early_is_no_crash() {
+    use std::process::{Command, Stdio};
+    let w = Warden::demo(BIN);
+    for _ in 0..20 {
+        let r = w.api(
+            "POST",
+            "/v1/users",
+            Some(serde_json::json!({"name": format!("u{}", warden_core::id::short_id()), "password": "a-long-password-1", "clearance": "SECRET"})),
+        );
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let mut child = Command::new(BIN)
+        .args(["users", "list", "--json"])
+        .envs(env_of(&w))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed before warden writes a byte.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(141), "{err}");
 }
 
 #[test]
