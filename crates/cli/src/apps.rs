@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::bail;
+use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
@@ -102,6 +103,12 @@ pub struct CreateApp {
     /// on the node's bridge for egress; warden must run as root)
     #[arg(long, value_parser = ["isolated", "bridged"])]
     network: Option<String>,
+    /// Directory of static files the gateway serves itself, without an instance (absolute)
+    #[arg(long, value_name = "DIR")]
+    static_dir: Option<std::path::PathBuf>,
+    /// Path prefix within the app under which --static-dir is served (default /static/)
+    #[arg(long, value_name = "PREFIX")]
+    static_prefix: Option<String>,
 }
 
 // === impl CreateApp ===
@@ -130,6 +137,8 @@ impl CreateApp {
             warm,
             health_path,
             network,
+            static_dir,
+            static_prefix,
         } = self;
         let mut envs = BTreeMap::new();
         for kv in env {
@@ -167,6 +176,16 @@ impl CreateApp {
         }
         if let Some(v) = idle_timeout_ms {
             body["idle_timeout_ms"] = json!(v);
+        }
+        if let Some(dir) = static_dir {
+            // The gateway serves it from wherever it runs: a relative path would mean
+            // nothing there.
+            let dir = std::path::absolute(&dir)
+                .with_context(|| format!("--static-dir {}", dir.display()))?;
+            body["static_dir"] = json!(dir.display().to_string());
+        }
+        if let Some(p) = static_prefix {
+            body["static_prefix"] = json!(p);
         }
         if let Some(v) = max_instances {
             body["max_instances"] = json!(v);

@@ -167,3 +167,46 @@ fn no_app_may_serve_warden_s_own_data_as_static_files() {
         assert!(r.text().contains("data directory"), "{}", r.text());
     }
 }
+
+/// `warden apps create --static-dir` (a relative path made absolute, as the gateway needs it)
+/// and `--static-prefix`.
+#[test]
+fn static_files_are_set_from_the_cli() {
+    let w = Warden::demo(BIN);
+    let base = w.dir.parent().unwrap().to_owned();
+    std::fs::create_dir_all(base.join("pub")).unwrap();
+    std::fs::write(base.join("pub/hello.txt"), "hello from disk").unwrap();
+    // Run from `base`, so that `pub` is relative to it.
+    let out = std::process::Command::new(BIN)
+        .current_dir(&base)
+        .args([
+            "apps",
+            "create",
+            "files2",
+            "--static-dir",
+            "pub",
+            "--static-prefix",
+            "/files/",
+            "--data-dir",
+            w.dir.to_str().unwrap(),
+            "--",
+            BIN,
+            "demo-app",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spec = w.api("GET", "/v1/apps/files2", None).json();
+    assert_eq!(spec["static_dir"], base.join("pub").display().to_string());
+    let r = w.get_as(
+        "alice",
+        &w.password("alice"),
+        "/apps/files2/files/hello.txt",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.text(), "hello from disk");
+}
