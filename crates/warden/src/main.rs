@@ -120,10 +120,51 @@ fn init_logs() {
         .init();
 }
 
+/// Client options given before the command (`warden --json status`, `warden --data-dir D apps
+/// list`) move after its name, where the client commands take them; anything else is left for
+/// clap to judge.
+fn client_options_after_command(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    const COMMANDS: [&str; 7] = [
+        "apps",
+        "users",
+        "instances",
+        "nodes",
+        "lattice",
+        "status",
+        "logs",
+    ];
+    const WITH_VALUE: [&str; 4] = ["--api", "--token", "--config", "--data-dir"];
+    let mut leading = Vec::new();
+    let mut i = 1;
+    while let Some(a) = args.get(i).and_then(|a| a.to_str()) {
+        let name = a.split_once('=').map_or(a, |(n, _)| n);
+        if a == "--json" || (WITH_VALUE.contains(&name) && a.contains('=')) {
+            leading.push(i);
+            i += 1;
+        } else if WITH_VALUE.contains(&a) && args.get(i + 1).is_some() {
+            leading.extend([i, i + 1]);
+            i += 2;
+        } else {
+            break;
+        }
+    }
+    let is_client = args
+        .get(i)
+        .and_then(|a| a.to_str())
+        .is_some_and(|c| COMMANDS.contains(&c));
+    if leading.is_empty() || !is_client {
+        return args;
+    }
+    let mut out = vec![args[0].clone(), args[i].clone()];
+    out.extend(leading.iter().map(|&k| args[k].clone()));
+    out.extend(args[i + 1..].iter().cloned());
+    out
+}
+
 /// Parses the command line, with `up`'s help showing the defaults of the one place they live.
 fn parse() -> Cli {
     let cmd = Cli::command().mut_subcommand("up", config::help_with_defaults);
-    let matches = cmd.get_matches();
+    let matches = cmd.get_matches_from(client_options_after_command(std::env::args_os().collect()));
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
@@ -208,6 +249,36 @@ async fn run(cli: Cli) -> std::process::ExitCode {
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client_options_after_command as reorder;
+
+    fn v(args: &[&str]) -> Vec<std::ffi::OsString> {
+        args.iter().map(Into::into).collect()
+    }
+
+    #[test]
+    fn client_options_before_the_command_go_after_it() {
+        assert_eq!(
+            reorder(v(&["warden", "--json", "--data-dir", "d", "apps", "list"])),
+            v(&["warden", "apps", "--json", "--data-dir", "d", "list"])
+        );
+        assert_eq!(
+            reorder(v(&["warden", "--api=http://x", "status"])),
+            v(&["warden", "status", "--api=http://x"])
+        );
+        // Not a client command, or nothing to move: as given.
+        for args in [
+            &["warden", "--data-dir", "d", "up"][..],
+            &["warden", "status", "--json"],
+            &["warden", "--bogus", "status"],
+            &["warden", "--data-dir"],
+        ] {
+            assert_eq!(reorder(v(args)), v(args));
         }
     }
 }

@@ -280,6 +280,19 @@ fn errors_say_what_to_do_next() {
     );
 }
 
+/// Client options work before the command too, as with git or kubectl.
+#[test]
+fn client_options_may_come_before_the_command() {
+    let w = Warden::demo(BIN);
+    let dir = w.dir.to_str().unwrap();
+    let (ok, out, err) = cli(BIN, &["--data-dir", dir, "--json", "apps", "list"], &[]);
+    assert!(ok, "{err}");
+    let apps: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(apps[0]["name"], "demo");
+    let (ok, out, err) = cli(BIN, &["--data-dir", dir, "status"], &[]);
+    assert!(ok && out.contains("demo"), "{err}");
+}
+
 /// `warden status --json | head`: the reader goes away early, and warden stops quietly.
 #[test]
 fn a_reader_that_goes_away_early_is_no_crash() {
