@@ -194,6 +194,7 @@ impl Agent {
             stopping: stopping_rx,
             placement: std::sync::Mutex::new(None),
             assigning: std::sync::Mutex::new(()),
+            replacing: std::sync::Mutex::default(),
             scheduler,
         })
         .spawn(refill_rx);

@@ -40,6 +40,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/apps"),
     ("post", "/v1/apps"),
     ("get", "/v1/apps/{name}"),
+    ("patch", "/v1/apps/{name}"),
     ("delete", "/v1/apps/{name}"),
     ("post", "/v1/apps/{name}/scale"),
     ("get", "/v1/users"),
@@ -161,7 +162,10 @@ impl Api {
         let admin = Router::new()
             .route("/v1/status", get(status::show))
             .route("/v1/apps", get(apps::list).post(apps::create))
-            .route("/v1/apps/{name}", get(apps::show).delete(apps::remove))
+            .route(
+                "/v1/apps/{name}",
+                get(apps::show).patch(apps::update).delete(apps::remove),
+            )
             .route("/v1/users", get(users::list).post(users::create))
             .route(
                 "/v1/users/{name}",

@@ -26,6 +26,9 @@ pub enum AppsCommand {
         /// App name
         name: String,
     },
+    /// Change an app: `warden apps update NAME [options] [-- PROGRAM [ARGS...]]`. A changed
+    /// command, environment or limit rolls out with no failed request
+    Update(Box<UpdateApp>),
     /// Set how many instances of a label the cluster keeps running, spread over nodes:
     /// `warden apps scale APP LABEL=COUNT...` (0 stops keeping the label)
     Scale {
@@ -35,6 +38,128 @@ pub enum AppsCommand {
         #[arg(value_name = "LABEL=COUNT", required = true)]
         counts: Vec<String>,
     },
+}
+
+/// Flags of `warden apps update`: only what is given changes.
+#[derive(Debug, Args)]
+pub struct UpdateApp {
+    /// App name
+    name: String,
+    /// New program and arguments
+    #[arg(last = true)]
+    command: Vec<String>,
+    /// Set an environment variable, KEY=VALUE (repeatable)
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Remove an environment variable (repeatable)
+    #[arg(long = "unset-env", value_name = "KEY")]
+    unset_env: Vec<String>,
+    /// Host names routed to the app, replacing the present ones (repeatable)
+    #[arg(long = "host")]
+    hosts: Vec<String>,
+    /// Groups allowed to use the app, replacing the present ones (repeatable)
+    #[arg(long = "group")]
+    groups: Vec<String>,
+    /// Instances kept running for a label, LABEL=COUNT (repeatable; 0 stops keeping it)
+    #[arg(long = "desired", value_name = "LABEL=COUNT")]
+    desired: Vec<String>,
+    /// Memory limit of each sandboxed instance, in MiB
+    #[arg(long)]
+    memory_mb: Option<u64>,
+    /// Process limit of each sandboxed instance
+    #[arg(long)]
+    processes: Option<u64>,
+    /// CPU cap of each sandboxed instance in thousandths of a core
+    #[arg(long)]
+    millicpus: Option<u64>,
+    /// How a request that finds no instance gets one
+    #[arg(long, value_parser = ["jit", "slot", "warm"])]
+    start: Option<String>,
+    /// Stop instances idle this long, in milliseconds (0 keeps them)
+    #[arg(long)]
+    idle_timeout_ms: Option<u64>,
+    /// Most instances of the app per node
+    #[arg(long)]
+    max_instances: Option<u32>,
+    /// Path an instance must answer 2xx or 3xx before it counts as ready
+    #[arg(long)]
+    health_path: Option<String>,
+    /// Directory of static files the gateway serves itself (absolute)
+    #[arg(long, value_name = "DIR")]
+    static_dir: Option<std::path::PathBuf>,
+    /// Path prefix within the app under which --static-dir is served
+    #[arg(long, value_name = "PREFIX")]
+    static_prefix: Option<String>,
+}
+
+impl UpdateApp {
+    /// The merge patch the API takes (RFC 7396), from the flags given.
+    fn patch(self) -> anyhow::Result<Value> {
+        let mut p = json!({});
+        if !self.command.is_empty() {
+            p["command"] = json!(self.command);
+        }
+        let mut env = serde_json::Map::new();
+        for kv in self.env {
+            let Some((k, v)) = kv.split_once('=') else {
+                bail!("--env {kv:?} must be KEY=VALUE")
+            };
+            env.insert(k.to_owned(), json!(v));
+        }
+        for k in self.unset_env {
+            env.insert(k, Value::Null);
+        }
+        if !env.is_empty() {
+            p["env"] = Value::Object(env);
+        }
+        if !self.hosts.is_empty() {
+            p["hosts"] = json!(self.hosts);
+        }
+        if !self.groups.is_empty() {
+            p["groups"] = json!(self.groups);
+        }
+        let desired = label_counts("desired", self.desired)?;
+        if !desired.is_empty() {
+            let counts: serde_json::Map<String, Value> = desired
+                .into_iter()
+                .map(|(l, n)| (l, if n == 0 { Value::Null } else { json!(n) }))
+                .collect();
+            p["desired"] = Value::Object(counts);
+        }
+        for (key, v) in [
+            ("memory_mb", self.memory_mb),
+            ("processes", self.processes),
+            ("millicpus", self.millicpus),
+        ] {
+            if let Some(v) = v {
+                p["limits"][key] = json!(v);
+            }
+        }
+        if let Some(v) = self.start {
+            p["start"] = json!(v);
+        }
+        if let Some(v) = self.idle_timeout_ms {
+            p["idle_timeout_ms"] = json!(v);
+        }
+        if let Some(v) = self.max_instances {
+            p["max_instances"] = json!(v);
+        }
+        if let Some(v) = self.health_path {
+            p["health_path"] = json!(v);
+        }
+        if let Some(dir) = self.static_dir {
+            let dir = std::path::absolute(&dir)
+                .with_context(|| format!("--static-dir {}", dir.display()))?;
+            p["static_dir"] = json!(dir.display().to_string());
+        }
+        if let Some(v) = self.static_prefix {
+            p["static_prefix"] = json!(v);
+        }
+        if p.as_object().is_some_and(serde_json::Map::is_empty) {
+            bail!("nothing to change: give at least one option (`warden apps update --help`)");
+        }
+        Ok(p)
+    }
 }
 
 /// Flags of `warden apps create`.
@@ -248,6 +373,17 @@ pub(crate) async fn run(
             api.send("DELETE", &format!("/v1/apps/{name}"), None)
                 .await?;
             out.done(format!("app {name} removed; its instances are stopping"));
+        }
+        AppsCommand::Update(update) => {
+            let name = update.name.clone();
+            let v = api
+                .send("PATCH", &format!("/v1/apps/{name}"), Some(update.patch()?))
+                .await?;
+            out.value(&v, |_| {
+                println!(
+                    "app {name} updated; instances of a changed command or environment are replaced as their successors become ready (`warden status` shows them go)"
+                )
+            });
         }
         AppsCommand::Scale { name, counts } => {
             let desired = crate::label_counts("scale", counts)?;

@@ -20,7 +20,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-pub use apps::{AppsCommand, CreateApp};
+pub use apps::{AppsCommand, CreateApp, UpdateApp};
 pub use config::Endpoint;
 
 /// How to reach the API.
@@ -449,6 +449,12 @@ async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
                     "  {} {label}: {ready}/{want} ready, placed {} ({state})",
                     s(&a["name"]),
                     by_label(nodes)
+                );
+            }
+            if let Some(n) = a["outdated"].as_u64().filter(|n| *n > 0) {
+                println!(
+                    "  {}: rolling out, {n} instance(s) of the old spec still serving",
+                    s(&a["name"])
                 );
             }
             for m in a["moving"].as_array().into_iter().flatten() {

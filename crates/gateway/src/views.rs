@@ -518,6 +518,7 @@ mod tests {
             lifetime: Lifetime::Shared,
             owner: None,
             kept: false,
+            generation: String::new(),
         }
     }
 

@@ -20,6 +20,14 @@ const SETTLE: Duration = Duration::from_millis(300);
 const MAX_WAIT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(25);
 
+/// A kept instance as `Lifecycle::kept` reports it.
+pub(crate) struct Kept {
+    pub id: String,
+    /// Started from the spec's current generation.
+    pub current: bool,
+    pub ready: bool,
+}
+
 // === impl Lifecycle (drain) ===
 
 impl Lifecycle {
@@ -91,9 +99,10 @@ impl Lifecycle {
         });
     }
 
-    /// Kept instances of (app, label) that are not draining or stopping, oldest first.
-    pub(crate) fn kept(&self, app: &str, label: &str) -> Vec<String> {
-        let mut v: Vec<(u64, String)> = lock(&self.running)
+    /// Kept instances of (app, label) that are not draining or stopping, oldest first, each
+    /// saying whether it runs `generation` of the spec and whether it is ready.
+    pub(crate) fn kept(&self, app: &str, label: &str, generation: &str) -> Vec<Kept> {
+        let mut v: Vec<(u64, Kept)> = lock(&self.running)
             .values()
             .filter(|r| {
                 r.record.kept
@@ -104,10 +113,31 @@ impl Lifecycle {
                     && r.record.state != InstanceState::Spare
                     && !r.stopping.load(Ordering::Relaxed)
             })
-            .map(|r| (r.record.started_at_ms, r.record.id.clone()))
+            .map(|r| {
+                (
+                    r.record.started_at_ms,
+                    Kept {
+                        id: r.record.id.clone(),
+                        current: r.record.generation == generation,
+                        ready: r.record.state == InstanceState::Ready,
+                    },
+                )
+            })
             .collect();
-        v.sort();
-        v.into_iter().map(|(_, id)| id).collect()
+        v.sort_by(|a, b| (a.0, &a.1.id).cmp(&(b.0, &b.1.id)));
+        v.into_iter().map(|(_, k)| k).collect()
+    }
+
+    /// Takes `old`'s place for its label and owner with `new` (a replacement of a newer spec):
+    /// requests that find no instance in the gateway's view get `new` from now on.
+    pub(crate) fn take_over(&self, old: &str, new: &warden_core::InstanceRecord) {
+        if let Some(key) = record_key(new) {
+            let mut serving = lock(&self.serving);
+            if matches!(serving.get(&key), Some(Serving::Ready(x)) if x.id == old) {
+                serving.remove(&key);
+            }
+        }
+        self.serve_if_free(new);
     }
 
     /// Every (app, label) with a kept instance that is not draining or stopping.

@@ -32,6 +32,7 @@ use crate::restarts::Restarts;
 use crate::sync::lock;
 use crate::{logs, AgentError};
 
+pub(crate) use drain::Kept;
 pub(crate) use start::Purpose;
 
 /// Time an instance gets to exit after SIGTERM before SIGKILL.

@@ -172,6 +172,7 @@ impl Lifecycle {
                 _ => None,
             },
             kept: purpose == Purpose::Kept,
+            generation: spec.generation(),
         };
         let (exit_tx, exit_rx) = watch::channel(false);
         let (status_tx, status_rx) = oneshot::channel::<String>();
@@ -368,6 +369,7 @@ impl Lifecycle {
         owner: &Owner,
     ) -> Option<InstanceRecord> {
         let t = Instant::now();
+        let generation = spec.generation();
         let record = {
             let mut running = lock(&self.running);
             let r = running
@@ -376,6 +378,8 @@ impl Lifecycle {
                     r.record.app == spec.name
                         && r.record.label == label
                         && r.record.state == InstanceState::Spare
+                        // A spare of an older spec is the rollout's to stop, never handed out.
+                        && r.record.generation == generation
                         && !r.stopping.load(Ordering::Relaxed)
                 })
                 .min_by_key(|r| r.record.started_at_ms)?;

@@ -56,17 +56,8 @@ pub(crate) struct Pools {
 }
 
 /// What of a spec a prepared slot depends on.
-fn fingerprint(spec: &AppSpec) -> Vec<u8> {
-    serde_json::to_vec(&(
-        &spec.command,
-        &spec.workdir,
-        &spec.env,
-        &spec.limits,
-        spec.driver,
-        spec.network,
-        spec.io_uring,
-    ))
-    .unwrap_or_default()
+fn fingerprint(spec: &AppSpec) -> String {
+    spec.generation()
 }
 
 // === impl Pools ===

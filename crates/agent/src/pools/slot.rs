@@ -18,7 +18,7 @@ pub(crate) struct Slot {
     /// The id the instance will have; its directory and log are already named after it.
     pub id: String,
     pub(super) log: PathBuf,
-    pub(super) fingerprint: Vec<u8>,
+    pub(super) fingerprint: String,
     pub(super) child: Child,
     pub(super) addr: String,
     pub(super) control: std::os::unix::net::UnixStream,

@@ -9,7 +9,7 @@ use warden_core::{keys, AppSpec, Lifetime, Owner, Placement};
 use warden_store::get_json;
 
 use super::Supervisor;
-use crate::lifecycle::Purpose;
+use crate::lifecycle::{Kept, Purpose};
 use crate::restarts::LabelKey;
 use crate::sync::lock;
 use crate::AgentError;
@@ -73,8 +73,15 @@ impl Supervisor {
                 .flatten()
             {
                 let key = (spec.name.clone(), label.clone());
-                let have =
-                    self.life.kept(&spec.name, label).len() as u32 + self.restarts.pending(&key);
+                // Instances of an older spec do not count: they are replaced (below).
+                let generation = spec.generation();
+                let current = self
+                    .life
+                    .kept(&spec.name, label, &generation)
+                    .iter()
+                    .filter(|k| k.current)
+                    .count();
+                let have = current as u32 + self.restarts.pending(&key);
                 if have < want && self.restarts.may_start(&key) {
                     // A few at a time: a thousand starts at once would starve the lease
                     // renewal and the requests being served; the next tick goes on.
@@ -86,15 +93,26 @@ impl Supervisor {
         }
         for (app, label) in self.life.kept_labels() {
             // Apps that are gone are stopped by the orphan and delete paths.
-            if !apps.iter().any(|a| a.name == app) {
+            let Some(spec) = apps.iter().find(|a| a.name == app) else {
                 continue;
-            }
+            };
             let want = placement.count(me, &app, &label) as usize;
+            let (current, old): (Vec<Kept>, Vec<Kept>) = self
+                .life
+                .kept(&app, &label, &spec.generation())
+                .into_iter()
+                .partition(|k| k.current);
             // Oldest first: the surplus is the newest, which may not even be ready yet.
-            let kept = self.life.kept(&app, &label);
-            for id in kept.into_iter().skip(want) {
-                tracing::info!(%app, %label, instance = %id, "the placement keeps fewer here; draining one");
-                self.life.drain_soon(id);
+            for k in current.iter().skip(want) {
+                tracing::info!(%app, %label, instance = %k.id, "the placement keeps fewer here; draining one");
+                self.life.drain_soon(k.id.clone());
+            }
+            // An instance of an older spec serves until one of the current spec is ready in
+            // its place (make before break); if those never become ready, it keeps serving.
+            let ready = current.iter().take(want).filter(|k| k.ready).count();
+            for k in old.iter().skip(want.saturating_sub(ready)) {
+                tracing::info!(%app, %label, instance = %k.id, "rolling out: an instance of the new spec is ready; draining one of the old");
+                self.life.drain_soon(k.id.clone());
             }
         }
     }

@@ -9,6 +9,7 @@
 mod desired;
 mod drain;
 mod refill;
+mod rollout;
 mod tick;
 
 pub(crate) use drain::drain_before_stop;
@@ -39,6 +40,8 @@ pub(crate) struct Supervisor {
     pub placement: std::sync::Mutex<Option<warden_core::Placement>>,
     /// Held while this node's kept instances are matched to the placement.
     pub assigning: std::sync::Mutex<()>,
+    /// Instances being replaced by the rollout of a changed spec.
+    pub replacing: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Stands for scheduler and schedules while elected.
     pub scheduler: Arc<crate::schedule::Scheduler>,
 }

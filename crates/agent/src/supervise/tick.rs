@@ -45,6 +45,7 @@ impl Supervisor {
                     self.refresh_placement().await;
                     self.follow_drain_order().await;
                     self.keep_assigned(&apps);
+                    self.roll_out(&apps);
                     self.trim_pools(&apps);
                     for spec in &apps {
                         self.refill(spec, seen);

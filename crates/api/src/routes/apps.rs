@@ -28,6 +28,27 @@ fn check_static_dir(api: &Api, dir: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Writes `spec`'s desired and warm counts under the lattice's canonical labels: instances
+/// carry canonical labels, and a count under another spelling would never see its instances
+/// and start them forever.
+async fn canonical_counts(api: &Api, spec: &mut AppSpec) -> Result<(), ApiError> {
+    if spec.desired.is_empty() && spec.warm.is_empty() {
+        return Ok(());
+    }
+    let lattice = crate::routes::lattice::current(api).await?;
+    for (what, counts) in [("desired", &mut spec.desired), ("warm", &mut spec.warm)] {
+        let mut canonical = std::collections::BTreeMap::new();
+        for (label, n) in counts.iter() {
+            let c = lattice
+                .canonical(label)
+                .map_err(|e| ApiError::bad_request(format!("{what} label {label:?}: {e}")))?;
+            canonical.insert(c, *n);
+        }
+        *counts = canonical;
+    }
+    Ok(())
+}
+
 /// `GET /v1/apps`: every app whose record reads; a damaged one is left out (`GET /v1/status`
 /// lists it) rather than hiding every other.
 pub async fn list(State(api): State<Api>) -> Result<Json<Vec<AppSpec>>, ApiError> {
@@ -51,21 +72,7 @@ pub async fn create(
     if let Some(dir) = &spec.static_dir {
         check_static_dir(&api, dir)?;
     }
-    if !spec.desired.is_empty() || !spec.warm.is_empty() {
-        // Instances carry canonical labels; a count under another spelling would never see its
-        // instances and start them forever.
-        let lattice = crate::routes::lattice::current(&api).await?;
-        for (what, counts) in [("desired", &mut spec.desired), ("warm", &mut spec.warm)] {
-            let mut canonical = std::collections::BTreeMap::new();
-            for (label, n) in counts.iter() {
-                let c = lattice
-                    .canonical(label)
-                    .map_err(|e| ApiError::bad_request(format!("{what} label {label:?}: {e}")))?;
-                canonical.insert(c, *n);
-            }
-            *counts = canonical;
-        }
-    }
+    canonical_counts(&api, &mut spec).await?;
     let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
     match api
         .store
@@ -108,6 +115,82 @@ pub async fn remove(
         }
         None => Err(no_app(&name)),
     }
+}
+
+/// RFC 7396 JSON merge patch: `patch`'s members replace `target`'s, objects merge member by
+/// member, and `null` removes.
+fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    use serde_json::Value;
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(serde_json::Map::new());
+    }
+    let t = target.as_object_mut().expect("made an object above");
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+/// `PATCH /v1/apps/{name}`: changes an app with a JSON merge patch of its spec (RFC 7396:
+/// `{"env": {"GREETING": "hi", "OLD": null}, "hosts": ["a.example"]}`). What instances run
+/// (command, environment, limits, driver, network, working directory) rolls out with no failed
+/// request: each instance is replaced by one of the new spec, which must be ready first; the
+/// rest (hosts, groups, counts, static files, timeouts) takes effect at once.
+pub async fn update(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    ApiJson(patch): ApiJson<serde_json::Value>,
+) -> Result<Json<AppSpec>, ApiError> {
+    if !patch.is_object() {
+        return Err(ApiError::bad_request(
+            "the body must be a JSON object of the spec's fields to change (a merge patch)",
+        ));
+    }
+    if patch
+        .get("name")
+        .is_some_and(|n| n.as_str() != Some(name.as_str()))
+    {
+        return Err(ApiError::bad_request(
+            "an app cannot be renamed; create one under the new name and remove this one",
+        ));
+    }
+    let key = keys::app_spec(&name);
+    for _ in 0..8 {
+        let Some((spec, rev)) = warden_store::get_json::<AppSpec>(&*api.store, &key).await? else {
+            return Err(no_app(&name));
+        };
+        let mut value = serde_json::to_value(&spec).map_err(ApiError::internal)?;
+        merge_patch(&mut value, &patch);
+        let mut next: AppSpec = serde_path_to_error::deserialize(value)
+            .map_err(|e| ApiError::bad_request(format!("the patched spec does not read: {e}")))?;
+        next.validate()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if let Some(dir) = &next.static_dir {
+            check_static_dir(&api, dir)?;
+        }
+        canonical_counts(&api, &mut next).await?;
+        let bytes = serde_json::to_vec(&next).map_err(ApiError::internal)?;
+        if let CasOutcome::Done(rev) = api
+            .store
+            .compare_and_swap(&key, Some(rev), Some(bytes), None)
+            .await?
+        {
+            api.applied(&key, rev).await;
+            let rolls = next.generation() != spec.generation();
+            tracing::info!(app = %name, rolls, "app updated");
+            return Ok(Json(next));
+        }
+    }
+    Err(ApiError::conflict(format!(
+        "app {name:?} kept changing while it was updated; try again"
+    )))
 }
 
 /// Body of `POST /v1/apps/{name}/scale`.

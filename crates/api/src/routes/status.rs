@@ -33,6 +33,8 @@ pub struct AppStatus {
     pub ready: BTreeMap<String, usize>,
     /// Instances moving between nodes (drain, shedding load, spreading).
     pub moving: Vec<Move>,
+    /// Instances started from an older spec, being replaced.
+    pub outdated: usize,
 }
 
 /// Restart state of one label on one node.
@@ -191,7 +193,13 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
             {
                 *ready.entry(i.label.clone()).or_insert(0) += 1;
             }
+            let generation = spec.generation();
+            let outdated = instances
+                .iter()
+                .filter(|i| i.app == name && !i.generation.is_empty() && i.generation != generation)
+                .count();
             AppStatus {
+                outdated,
                 name: name.to_owned(),
                 instances: by_label,
                 spares,

@@ -253,6 +253,26 @@ pub enum SpecError {
 // === impl AppSpec ===
 
 impl AppSpec {
+    /// What an instance of this spec runs, as a short hex digest: its command, working
+    /// directory, environment, limits, driver and network. Instances started from another
+    /// generation are replaced (rolled out) when it changes; the other fields (hosts, groups,
+    /// counts, static files, timeouts) take effect without a restart.
+    pub fn generation(&self) -> String {
+        use sha2::Digest;
+        let bytes = serde_json::to_vec(&(
+            &self.command,
+            &self.workdir,
+            &self.env,
+            &self.limits,
+            self.driver,
+            self.network,
+            self.io_uring,
+        ))
+        .unwrap_or_default();
+        let digest = sha2::Sha256::digest(&bytes);
+        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// The driver instances of this app run with on a node whose default is `node_default`:
     /// the one the spec names; else the sandbox when the app needs one (a bridged network, a
     /// slot pool); else the node's default.

@@ -87,6 +87,10 @@ pub struct InstanceRecord {
     /// Kept running by the app's desired count (not reaped when idle).
     #[serde(default)]
     pub kept: bool,
+    /// The app spec's generation it was started from (`AppSpec::generation`); an instance of
+    /// an older one is replaced.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub generation: String,
 }
 
 /// A node's load, published for placement (seed 003 §3.3.2): fractions of the host's own

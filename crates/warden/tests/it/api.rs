@@ -57,6 +57,12 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
         ("get", "/v1/apps", "/v1/apps".into(), None),
         ("get", "/v1/apps/{name}", "/v1/apps/doc-app".into(), None),
         (
+            "patch",
+            "/v1/apps/{name}",
+            "/v1/apps/doc-app".into(),
+            Some(json!({"env": {"A": "1"}})),
+        ),
+        (
             "post",
             "/v1/apps/{name}/scale",
             "/v1/apps/doc-app/scale".into(),

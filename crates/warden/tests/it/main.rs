@@ -72,6 +72,7 @@ mod isolation;
 mod lattice;
 mod lifetimes;
 mod pools;
+mod rollout;
 mod routing;
 mod sandbox;
 mod security;
