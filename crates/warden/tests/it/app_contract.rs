@@ -104,3 +104,62 @@ fn a_program_that_does_not_exist_is_named_and_leaves_no_empty_logs() {
         .collect();
     assert!(empty.is_empty(), "empty logs left behind: {empty:?}");
 }
+
+/// A script whose interpreter lives outside what the sandbox shows (a virtualenv made with a
+/// Python under $HOME, say) fails with the interpreter named, not a bare "no such file" about
+/// the script.
+#[test]
+fn a_script_whose_interpreter_the_sandbox_cannot_see_says_so() {
+    let w = Warden::demo(BIN);
+    let base = w.dir.parent().unwrap().to_owned();
+    let (app, interp) = (base.join("app"), base.join("interp"));
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::create_dir_all(&interp).unwrap();
+    std::os::unix::fs::symlink("/bin/sh", interp.join("sh")).unwrap();
+    let script = app.join("run.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!{}\nexec python3 -m http.server \"$PORT\"\n",
+            interp.join("sh").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for (name, driver) in [("vsb", "sandbox"), ("vproc", "process")] {
+        let r = w.api(
+            "POST",
+            "/v1/apps",
+            Some(
+                json!({ "name": name, "driver": driver, "workdir": app.display().to_string(),
+                         "command": [script.display().to_string()] }),
+            ),
+        );
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let pw = w.password("alice");
+    // The host sees the interpreter: the process driver runs it.
+    assert_eq!(w.get_as("alice", &pw, "/apps/vproc/").status, 200);
+    let report = warden_test_support::wait_until(
+        "a crash loop of vsb",
+        std::time::Duration::from_secs(60),
+        || {
+            let _ = w.get_as("alice", &pw, "/apps/vsb/");
+            let status = w.api("GET", "/v1/status", None).json();
+            let app = status["apps"]
+                .as_array()?
+                .iter()
+                .find(|a| a["name"] == "vsb")?
+                .clone();
+            let c = app["crash_loops"].as_array()?.first()?.clone();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            (c["crash_loop"] == true).then_some(c)
+        },
+    );
+    let lines = report["last_lines"].as_str().unwrap();
+    assert!(
+        lines.contains("names the interpreter")
+            && lines.contains(&interp.join("sh").display().to_string()),
+        "{report}"
+    );
+}

@@ -82,6 +82,9 @@ pub(crate) enum SetupError {
     /// The seccomp filter could not be installed.
     #[error("seccomp: {0}")]
     Seccomp(String),
+    /// The program could not be run, and why in words.
+    #[error("cannot run the app: {0}")]
+    Exec(String),
 }
 
 impl SetupError {

@@ -76,9 +76,40 @@ pub(super) fn exec_app(
         return SetupError::sys("execve", nix::errno::Errno::ENOENT);
     };
     match nix::unistd::execve(program, &argv, &env) {
+        Err(nix::errno::Errno::ENOENT) if let Some(why) = not_visible(&plan.argv[0]) => {
+            SetupError::Exec(why)
+        }
         Err(e) => SetupError::sys(format!("execve {}", plan.argv[0]), e),
         Ok(never) => match never {},
     }
+}
+
+/// Why `program` cannot be run in here although the agent found it on the host: it links out
+/// of what the sandbox shows, or names an interpreter on its first line (`#!`) that does not
+/// (a virtualenv made with a Python outside /usr is the common case).
+fn not_visible(program: &str) -> Option<String> {
+    use std::io::Read;
+    const SHOWN: &str = "the sandbox shows /usr, /bin, /sbin, /lib*, /etc, the app's working directory and the program itself";
+    let path = Path::new(program);
+    if !path.exists() {
+        let target = std::fs::read_link(path).ok()?;
+        return Some(format!(
+            "{program} is a link to {}, which is outside what {SHOWN}; point the command at a file inside them",
+            target.display()
+        ));
+    }
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .ok()?;
+    let line = head[..n].split(|b| *b == b'\n').next()?;
+    let interpreter = String::from_utf8_lossy(line.strip_prefix(b"#!")?);
+    let interpreter = interpreter.split_whitespace().next()?;
+    (!Path::new(interpreter).exists()).then(|| {
+        format!(
+            "{program} names the interpreter {interpreter} on its first line, and {SHOWN}, not that; install the interpreter under /usr, or make the virtualenv with /usr/bin/python3 -m venv --copies"
+        )
+    })
 }
 
 /// Everything the app's process does to itself before exec.
