@@ -112,6 +112,21 @@ pub enum LaunchError {
     Cgroup(#[from] CgroupError),
 }
 
+impl LaunchError {
+    /// Whether the app's own command is at fault (missing, not executable, unreachable by its
+    /// uid), rather than the node.
+    pub(crate) fn is_the_apps(&self) -> bool {
+        match self {
+            Self::NotFound { .. } | Self::Unreachable { .. } => true,
+            Self::Spawn { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(libc::ENOENT | libc::EACCES | libc::ENOEXEC | libc::ENOTDIR)
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// The environment every instance of `spec` gets, but for its label and port.
 pub(crate) fn base_env(spec: &AppSpec, id: &str) -> BTreeMap<String, String> {
     let mut env = spec.env.clone();

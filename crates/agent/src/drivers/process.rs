@@ -62,7 +62,9 @@ impl Driver for ProcessDriver {
         // Absolute: an app that changes directory must still find it.
         let dir = std::path::absolute(l.dir).unwrap_or_else(|_| l.dir.to_owned());
         env.insert("WARDEN_DATA_DIR".into(), dir.display().to_string());
-        env.insert("HOME".into(), dir.display().to_string());
+        // An app that names its own HOME keeps it.
+        env.entry("HOME".into())
+            .or_insert_with(|| dir.display().to_string());
         let what = || l.spec.command.first().cloned().unwrap_or_default();
         let mut cmd =
             spawn::command(&l.spec.command, &env, l.log).map_err(|source| LaunchError::Spawn {

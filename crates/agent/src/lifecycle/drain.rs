@@ -140,6 +140,17 @@ impl Lifecycle {
         self.serve_if_free(new);
     }
 
+    /// Records of the instances that are neither draining nor being stopped.
+    pub(crate) fn rollable(&self) -> Vec<warden_core::InstanceRecord> {
+        lock(&self.running)
+            .values()
+            .filter(|r| {
+                r.record.state != InstanceState::Draining && !r.stopping.load(Ordering::Relaxed)
+            })
+            .map(|r| r.record.clone())
+            .collect()
+    }
+
     /// Every (app, label) with a kept instance that is not draining or stopping.
     pub(crate) fn kept_labels(&self) -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> = lock(&self.running)

@@ -195,10 +195,11 @@ impl Lifecycle {
         done.clone().unwrap_or_else(|| Err(shutting_down()))
     }
 
-    /// A start whose program could not even be run (missing, not executable, a bad working
-    /// directory) counts as a crash: the next waits out a backoff instead of every request
-    /// trying again, and the app's status says why. An instance that ran and exited is counted
-    /// by its monitor.
+    /// A start whose program could not even be run (missing, not executable) counts as a
+    /// crash: the next waits out a backoff instead of every request trying again, and the
+    /// app's status says why. The node's own troubles (a full disk, no free port or uid) do
+    /// not count, or one app's trouble would hold every other back. An instance that ran and
+    /// exited is counted by its monitor.
     fn count_launch_failure(
         &self,
         app: &str,
@@ -206,10 +207,12 @@ impl Lifecycle {
         owner: &str,
         result: &Result<InstanceRecord, AgentError>,
     ) {
-        if let Err(e @ AgentError::Launch { .. }) = result {
-            self.deps
-                .restarts
-                .crashed(app, label, owner, &e.to_string(), "");
+        if let Err(e @ AgentError::Launch { source, .. }) = result {
+            if source.is_the_apps() {
+                self.deps
+                    .restarts
+                    .crashed(app, label, owner, &e.to_string(), "");
+            }
         }
     }
 

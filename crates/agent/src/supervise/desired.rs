@@ -109,9 +109,13 @@ impl Supervisor {
             }
             // An instance of an older spec serves until one of the current spec is ready in
             // its place (make before break); if those never become ready, it keeps serving.
-            let ready = current.iter().take(want).filter(|k| k.ready).count();
-            for k in old.iter().skip(want.saturating_sub(ready)) {
+            let ready: Vec<&Kept> = current.iter().take(want).filter(|k| k.ready).collect();
+            for k in old.iter().skip(want.saturating_sub(ready.len())) {
                 tracing::info!(%app, %label, instance = %k.id, "rolling out: an instance of the new spec is ready; draining one of the old");
+                // Requests that find no instance in a gateway's view get the new one.
+                if let Some(new) = ready.first().and_then(|n| self.life.record(&n.id)) {
+                    self.life.take_over(&k.id, &new);
+                }
                 self.life.drain_soon(k.id.clone());
             }
         }
@@ -133,6 +137,20 @@ impl Supervisor {
                 }
                 // The monitor already counted an instance that exited.
                 Err(AgentError::Exited { .. }) => {}
+                // No room: an instance of an older spec, if one runs, makes room first.
+                Err(e @ AgentError::Full { .. }) => {
+                    let generation = spec.generation();
+                    let kept = life.kept(app, label, &generation);
+                    if let Some(old) = kept.iter().find(|k| !k.current) {
+                        tracing::info!(%app, %label, instance = %old.id, "rolling out at capacity: draining an instance of the old spec first");
+                        life.drain_soon(old.id.clone());
+                    } else {
+                        restarts.crashed(app, label, "", &e.to_string(), "");
+                    }
+                }
+                Err(AgentError::Launch { source, .. }) if !source.is_the_apps() => {
+                    tracing::warn!(%app, %label, error = %source, "a kept instance could not start here; the next tick tries again");
+                }
                 Err(e) => restarts.crashed(app, label, "", &e.to_string(), ""),
             }
         });

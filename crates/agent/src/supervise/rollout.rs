@@ -15,15 +15,14 @@ use crate::lifecycle::Purpose;
 use crate::sync::lock;
 use crate::AgentError;
 
-/// Replacements one tick begins at most: a rollout must not starve the node.
-const MAX_REPLACEMENTS: usize = 8;
+/// Replacements under way at most: a rollout must not starve the node or its users.
+const MAX_REPLACING: usize = 8;
 
 // === impl Supervisor (rollout) ===
 
 impl Supervisor {
     pub(super) fn roll_out(self: &Arc<Self>, apps: &[AppSpec]) {
-        let mut begun = 0;
-        for r in self.life.instances() {
+        for r in self.life.rollable() {
             if r.kept || r.lifetime == Lifetime::PerRequest {
                 continue;
             }
@@ -38,21 +37,26 @@ impl Supervisor {
                     tracing::info!(app = %r.app, instance = %r.id, "rolling out: stopping a spare of the old spec");
                     self.life.kill_soon(r.id.clone());
                 }
-                InstanceState::Ready if begun < MAX_REPLACEMENTS => {
-                    let owner = r.owner.clone().map_or(Owner::Shared, Owner::User);
-                    let crash_owner = r.owner.clone().unwrap_or_default();
-                    if self
-                        .restarts
-                        .waiting(&r.app, &r.label, &crash_owner)
-                        .is_some()
-                        || !lock(&self.replacing).insert(r.id.clone())
-                    {
+                // A user's own instance (or one whose lifetime changed) is not started ahead
+                // for nobody: it finishes what it serves, and the next request starts one of
+                // the new spec.
+                InstanceState::Ready if r.owner.is_some() || r.lifetime != spec.lifetime => {
+                    tracing::info!(app = %r.app, instance = %r.id, "rolling out: draining an instance of the old spec");
+                    self.life.drain_soon(r.id.clone());
+                }
+                InstanceState::Ready => {
+                    if self.restarts.waiting(&r.app, &r.label, "").is_some() {
                         continue;
                     }
-                    begun += 1;
+                    {
+                        let mut replacing = lock(&self.replacing);
+                        if replacing.len() >= MAX_REPLACING || !replacing.insert(r.id.clone()) {
+                            continue;
+                        }
+                    }
                     let (me, spec, old) = (self.clone(), spec.clone(), r.clone());
                     tokio::spawn(async move {
-                        me.replace(&spec, &old, &owner, &crash_owner).await;
+                        me.replace(&spec, &old).await;
                         lock(&me.replacing).remove(&old.id);
                     });
                 }
@@ -61,31 +65,35 @@ impl Supervisor {
         }
     }
 
-    async fn replace(
-        &self,
-        spec: &AppSpec,
-        old: &warden_core::InstanceRecord,
-        owner: &Owner,
-        crash_owner: &str,
-    ) {
+    async fn replace(&self, spec: &AppSpec, old: &warden_core::InstanceRecord) {
         let (app, label) = (&old.app, &old.label);
-        match self.life.start(spec, label, owner, Purpose::Serve).await {
+        match self
+            .life
+            .start(spec, label, &Owner::Shared, Purpose::Serve)
+            .await
+        {
             Ok(new) => {
-                self.restarts.started(app, label, crash_owner);
+                self.restarts.started(app, label, "");
                 tracing::info!(%app, %label, old = %old.id, new = %new.id, "rolling out: replacement ready; draining the old instance");
                 self.life.take_over(&old.id, &new);
                 let _ = self.life.drain(&old.id).await;
             }
             // The monitor counted an instance that ran and exited.
             Err(AgentError::Exited { .. }) => {}
-            Err(e @ AgentError::Launch { .. }) => {
-                tracing::warn!(%app, %label, old = %old.id, error = %e, "rolling out: the replacement did not start; the old instance keeps serving");
-                self.restarts
-                    .crashed(app, label, crash_owner, &e.to_string(), "");
+            // No room for one more: the old one makes room first, and the next request starts
+            // one of the new spec.
+            Err(AgentError::Full { .. }) => {
+                tracing::info!(%app, %label, old = %old.id, "rolling out at capacity: draining the old instance first");
+                let _ = self.life.drain(&old.id).await;
             }
-            // Full, shutting down: the old one serves, and the next tick tries again.
+            Err(AgentError::Launch { source, .. }) if !source.is_the_apps() => {
+                tracing::debug!(%app, %label, old = %old.id, error = %source, "rolling out: no replacement this time");
+            }
+            // Not found, not ready in time, not healthy: the old one keeps serving, and the
+            // next try waits out the backoff.
             Err(e) => {
-                tracing::debug!(%app, %label, old = %old.id, error = %e, "rolling out: no replacement this time");
+                tracing::warn!(%app, %label, old = %old.id, error = %e, "rolling out: the replacement did not start; the old instance keeps serving");
+                self.restarts.crashed(app, label, "", &e.to_string(), "");
             }
         }
     }

@@ -161,6 +161,7 @@ pub async fn update(
             "an app cannot be renamed; create one under the new name and remove this one",
         ));
     }
+    let patch = canonical_patch_counts(&api, patch).await?;
     let key = keys::app_spec(&name);
     for _ in 0..8 {
         let Some((spec, rev)) = warden_store::get_json::<AppSpec>(&*api.store, &key).await? else {
@@ -191,6 +192,34 @@ pub async fn update(
     Err(ApiError::conflict(format!(
         "app {name:?} kept changing while it was updated; try again"
     )))
+}
+
+/// A patch's `desired` and `warm` keys under the lattice's canonical labels, so that they
+/// meet the stored ones (which are canonical) in the merge; two spellings of one label are
+/// refused.
+async fn canonical_patch_counts(
+    api: &Api,
+    mut patch: serde_json::Value,
+) -> Result<serde_json::Value, ApiError> {
+    for what in ["desired", "warm"] {
+        let Some(counts) = patch.get(what).and_then(|c| c.as_object()).cloned() else {
+            continue;
+        };
+        let lattice = crate::routes::lattice::current(api).await?;
+        let mut canonical = serde_json::Map::new();
+        for (label, n) in counts {
+            let c = lattice
+                .canonical(&label)
+                .map_err(|e| ApiError::bad_request(format!("{what} label {label:?}: {e}")))?;
+            if canonical.insert(c.clone(), n).is_some() {
+                return Err(ApiError::bad_request(format!(
+                    "{what} names the label {c:?} twice, in two spellings"
+                )));
+            }
+        }
+        patch[what] = serde_json::Value::Object(canonical);
+    }
+    Ok(patch)
 }
 
 /// Body of `POST /v1/apps/{name}/scale`.

@@ -119,6 +119,10 @@ pub const MAX_HEALTH_PATH: usize = 1024;
 /// Most prepared sandboxes or spare instances per app and label one node keeps.
 pub const MAX_POOL: u32 = 256;
 
+/// Largest app spec, encoded: specs travel in node-port messages (1 MiB at most) and in every
+/// view.
+pub const MAX_SPEC_BYTES: usize = 256 * 1024;
+
 /// Most instances an app's desired count keeps for one label, across the cluster.
 pub const MAX_DESIRED: u32 = 10_000;
 
@@ -254,9 +258,10 @@ pub enum SpecError {
 
 impl AppSpec {
     /// What an instance of this spec runs, as a short hex digest: its command, working
-    /// directory, environment, limits, driver and network. Instances started from another
-    /// generation are replaced (rolled out) when it changes; the other fields (hosts, groups,
-    /// counts, static files, timeouts) take effect without a restart.
+    /// directory, environment, limits, driver, network, whom it serves and how it starts (a
+    /// slot pool makes the sandbox the driver). Instances started from another generation are
+    /// replaced (rolled out) when it changes; the other fields (hosts, groups, counts, static
+    /// files, timeouts) take effect without a restart.
     pub fn generation(&self) -> String {
         use sha2::Digest;
         let bytes = serde_json::to_vec(&(
@@ -267,6 +272,8 @@ impl AppSpec {
             self.driver,
             self.network,
             self.io_uring,
+            self.lifetime,
+            self.start,
         ))
         .unwrap_or_default();
         let digest = sha2::Sha256::digest(&bytes);
@@ -338,6 +345,12 @@ impl AppSpec {
                     "static_dir {dir:?} must be an absolute path"
                 )));
             }
+        }
+        let size = serde_json::to_vec(self).map_or(0, |v| v.len());
+        if size > MAX_SPEC_BYTES {
+            return Err(SpecError::Lifetime(format!(
+                "the app's spec is {size} bytes; keep it under {MAX_SPEC_BYTES} (a large environment belongs in a file the app reads)"
+            )));
         }
         if let Some((label, n)) = self.desired.iter().find(|(_, n)| **n > MAX_DESIRED) {
             return Err(SpecError::Lifetime(format!(

@@ -174,6 +174,30 @@ fn updates_are_checked_like_creations() {
             .status,
         404
     );
+    // Many small patches cannot grow a spec past what one message between nodes carries.
+    let big = "x".repeat(200 * 1024);
+    let r = w.api("PATCH", "/v1/apps/demo", Some(json!({"env": {"A": big}})));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = w.api("PATCH", "/v1/apps/demo", Some(json!({"env": {"B": big}})));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("bytes"), "{}", r.text());
+    let r = w.api("PATCH", "/v1/apps/demo", Some(json!({"env": {"A": null}})));
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Counts merge label by label; null stops keeping one.
+    let both = json!({"desired": {"SECRET": 1, "CONFIDENTIAL": 1}});
+    let r = w.api("PATCH", "/v1/apps/demo", Some(both.clone()));
+    assert_eq!(r.json()["desired"], both["desired"], "{}", r.text());
+    let r = w.api(
+        "PATCH",
+        "/v1/apps/demo",
+        Some(json!({"desired": {"SECRET": null}})),
+    );
+    assert_eq!(
+        r.json()["desired"],
+        json!({"CONFIDENTIAL": 1}),
+        "{}",
+        r.text()
+    );
     // Hosts and groups change at once, with no instance replaced.
     let r = w.api(
         "PATCH",
@@ -186,4 +210,43 @@ fn updates_are_checked_like_creations() {
     assert_eq!(r.json()["hosts"], json!(["new.localhost"]));
     let (ok, _, err) = update(&w, &["demo"]);
     assert!(!ok && err.contains("nothing to change"), "{err}");
+}
+
+/// With no room for one more instance, the old one makes room first: the rollout finishes.
+#[test]
+fn a_rollout_at_capacity_replaces_the_old_instance_after_all() {
+    let w = Warden::demo(BIN);
+    w.create_demo_app(
+        BIN,
+        "tight",
+        json!({ "desired": {"SECRET": 1}, "max_instances": 1 }),
+    );
+    wait_until("the kept instance", Duration::from_secs(30), || {
+        (instances(&w, "tight")
+            .iter()
+            .filter(|i| i.2 == "ready")
+            .count()
+            == 1)
+            .then_some(())
+    });
+    let before = instances(&w, "tight");
+    let (ok, _, err) = update(&w, &["tight", "--env", "V=2"]);
+    assert!(ok, "{err}");
+    let after = wait_until("the instance replaced", Duration::from_secs(60), || {
+        let now = instances(&w, "tight");
+        (now.len() == 1 && now[0].0 != before[0].0 && now[0].2 == "ready").then_some(now)
+    });
+    assert_ne!(after[0].1, before[0].1, "of the new spec");
+    let status = w.api("GET", "/v1/status", None).json();
+    let app = status["apps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "tight")
+        .unwrap();
+    assert_eq!(
+        app["crash_loops"],
+        json!([]),
+        "a full app is no crash: {app}"
+    );
 }
