@@ -54,6 +54,31 @@ fn an_app_that_changes_directory_still_finds_its_data_dir_and_home() {
     assert_eq!(data, home);
 }
 
+/// Requests `app` as alice until its status reports a crash loop (each request after a backoff
+/// tries a start again); the report. Every answer must be `status`.
+fn crash_loop_by_requests(w: &Warden, app: &str, status: Option<u16>) -> serde_json::Value {
+    let pw = w.password("alice");
+    warden_test_support::wait_until(
+        &format!("a crash loop of {app}"),
+        std::time::Duration::from_secs(60),
+        || {
+            let r = w.get_as("alice", &pw, &format!("/apps/{app}/"));
+            if let Some(s) = status {
+                assert_eq!(r.status, s, "{}", r.text());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let all = w.api("GET", "/v1/status", None).json();
+            let a = all["apps"]
+                .as_array()?
+                .iter()
+                .find(|a| a["name"] == app)?
+                .clone();
+            let c = a["crash_loops"].as_array()?.first()?.clone();
+            (c["crash_loop"] == true).then_some(c)
+        },
+    )
+}
+
 /// A program that does not exist: the request fails at once, the app's status names the
 /// program, and no attempt leaves an empty log behind.
 #[test]
@@ -71,23 +96,7 @@ fn a_program_that_does_not_exist_is_named_and_leaves_no_empty_logs() {
     // Users are told it failed, never why: that is for the operator (the status, below).
     assert!(!r.text().contains("/no/such/server"), "{}", r.text());
     // Each request after a backoff tries again, until three in a row make a crash loop.
-    let report = warden_test_support::wait_until(
-        "a crash loop of ghost",
-        std::time::Duration::from_secs(60),
-        || {
-            let r = w.get_as("alice", &pw, "/apps/ghost/");
-            assert!(r.status == 503, "{} {}", r.status, r.text());
-            let status = w.api("GET", "/v1/status", None).json();
-            let app = status["apps"]
-                .as_array()?
-                .iter()
-                .find(|a| a["name"] == "ghost")?
-                .clone();
-            let c = app["crash_loops"].as_array()?.first()?.clone();
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            (c["crash_loop"] == true).then_some(c)
-        },
-    );
+    let report = crash_loop_by_requests(&w, "ghost", Some(503));
     assert!(
         report["last_exit"]
             .as_str()
@@ -140,22 +149,7 @@ fn a_script_whose_interpreter_the_sandbox_cannot_see_says_so() {
     let pw = w.password("alice");
     // The host sees the interpreter: the process driver runs it.
     assert_eq!(w.get_as("alice", &pw, "/apps/vproc/").status, 200);
-    let report = warden_test_support::wait_until(
-        "a crash loop of vsb",
-        std::time::Duration::from_secs(60),
-        || {
-            let _ = w.get_as("alice", &pw, "/apps/vsb/");
-            let status = w.api("GET", "/v1/status", None).json();
-            let app = status["apps"]
-                .as_array()?
-                .iter()
-                .find(|a| a["name"] == "vsb")?
-                .clone();
-            let c = app["crash_loops"].as_array()?.first()?.clone();
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            (c["crash_loop"] == true).then_some(c)
-        },
-    );
+    let report = crash_loop_by_requests(&w, "vsb", None);
     let lines = report["last_lines"].as_str().unwrap();
     assert!(
         lines.contains("names the interpreter")
