@@ -155,7 +155,9 @@ impl Lifecycle {
                 return Err(e);
             }
             let r = self.start(spec, label, owner, Purpose::Serve).await;
-            self.count_launch_failure(&spec.name, label, crash_owner, &r);
+            if let Err(e) = &r {
+                self.count_start_failure(&spec.name, label, crash_owner, e);
+            }
             let r = r?;
             self.deps.restarts.started(&spec.name, label, crash_owner);
             return Ok(r);
@@ -175,7 +177,9 @@ impl Lifecycle {
                     let (me, owner, spec) = (self.clone(), owner.clone(), spec.clone());
                     tokio::spawn(async move {
                         let result = me.start(&spec, &key.1, &owner, Purpose::Serve).await;
-                        me.count_launch_failure(&key.0, &key.1, &key.2, &result);
+                        if let Err(e) = &result {
+                            me.count_start_failure(&key.0, &key.1, &key.2, e);
+                        }
                         let result = result.map_err(InstanceError::from);
                         if result.is_ok() {
                             me.deps.restarts.started(&key.0, &key.1, &key.2);
@@ -195,24 +199,24 @@ impl Lifecycle {
         done.clone().unwrap_or_else(|| Err(shutting_down()))
     }
 
-    /// A start whose program could not even be run (missing, not executable) counts as a
-    /// crash: the next waits out a backoff instead of every request trying again, and the
-    /// app's status says why. The node's own troubles (a full disk, no free port or uid) do
-    /// not count, or one app's trouble would hold every other back. An instance that ran and
-    /// exited is counted by its monitor.
-    fn count_launch_failure(
-        &self,
-        app: &str,
-        label: &str,
-        owner: &str,
-        result: &Result<InstanceRecord, AgentError>,
-    ) {
-        if let Err(e @ AgentError::Launch { source, .. }) = result {
-            if source.is_the_apps() {
-                self.deps
-                    .restarts
-                    .crashed(app, label, owner, &e.to_string(), "");
-            }
+    /// Counts a failed start as a crash of (app, label, owner) when the app is at fault, so the
+    /// next start waits out a backoff and the app's status says why. The one place that judges
+    /// start failures (requests, kept instances and rollouts all come here):
+    /// - a program that cannot be run (missing, not executable) or an instance not ready in
+    ///   time: the app's fault, counted;
+    /// - an instance that ran and exited: its monitor counted it already;
+    /// - the node's own troubles (a full disk, no free port or uid), a full app or node, a
+    ///   shutdown: not the app's, or one app's trouble would hold every other back.
+    pub(crate) fn count_start_failure(&self, app: &str, label: &str, owner: &str, e: &AgentError) {
+        let the_apps = match e {
+            AgentError::Launch { source, .. } => source.is_the_apps(),
+            AgentError::Timeout { .. } => true,
+            _ => false,
+        };
+        if the_apps {
+            self.deps
+                .restarts
+                .crashed(app, label, owner, &e.to_string(), "");
         }
     }
 

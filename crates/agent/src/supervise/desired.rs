@@ -145,13 +145,13 @@ impl Supervisor {
                         tracing::info!(%app, %label, instance = %old.id, "rolling out at capacity: draining an instance of the old spec first");
                         life.drain_soon(old.id.clone());
                     } else {
-                        restarts.crashed(app, label, "", &e.to_string(), "");
+                        tracing::warn!(%app, %label, error = %e, "no room for a kept instance here");
                     }
                 }
-                Err(AgentError::Launch { source, .. }) if !source.is_the_apps() => {
-                    tracing::warn!(%app, %label, error = %source, "a kept instance could not start here; the next tick tries again");
+                Err(e) => {
+                    tracing::warn!(%app, %label, error = %e, "a kept instance did not start");
+                    life.count_start_failure(app, label, "", e);
                 }
-                Err(e) => restarts.crashed(app, label, "", &e.to_string(), ""),
             }
         });
     }

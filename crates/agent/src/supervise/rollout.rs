@@ -86,14 +86,11 @@ impl Supervisor {
                 tracing::info!(%app, %label, old = %old.id, "rolling out at capacity: draining the old instance first");
                 let _ = self.life.drain(&old.id).await;
             }
-            Err(AgentError::Launch { source, .. }) if !source.is_the_apps() => {
-                tracing::debug!(%app, %label, old = %old.id, error = %source, "rolling out: no replacement this time");
-            }
-            // Not found, not ready in time, not healthy: the old one keeps serving, and the
-            // next try waits out the backoff.
+            // The old one keeps serving; when the app is at fault, the next try waits out the
+            // backoff.
             Err(e) => {
                 tracing::warn!(%app, %label, old = %old.id, error = %e, "rolling out: the replacement did not start; the old instance keeps serving");
-                self.restarts.crashed(app, label, "", &e.to_string(), "");
+                self.life.count_start_failure(app, label, "", &e);
             }
         }
     }

@@ -157,3 +157,34 @@ fn a_script_whose_interpreter_the_sandbox_cannot_see_says_so() {
         "{report}"
     );
 }
+
+/// An app that never listens is no cheaper to retry than one that crashes: a start that is
+/// not ready in time counts as a crash too, so requests back off instead of each starting
+/// another instance and waiting the whole start timeout.
+#[test]
+fn an_app_that_never_listens_backs_off_like_a_crash() {
+    let w = Warden::demo(BIN);
+    let r = w.api(
+        "POST",
+        "/v1/apps",
+        Some(
+            json!({ "name": "mute", "driver": "process", "start_timeout_ms": 300,
+                     "command": ["/bin/sh", "-c", "exec sleep 60"] }),
+        ),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let report = crash_loop_by_requests(&w, "mute", None);
+    assert!(
+        report["last_exit"]
+            .as_str()
+            .unwrap()
+            .contains("did not become ready"),
+        "{report}"
+    );
+    // Backing off: a request now is refused at once, starting nothing.
+    let before = w.instances().len();
+    let r = w.get_as("alice", &w.password("alice"), "/apps/mute/");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.header("retry-after").is_some(), "{:?}", r.headers);
+    assert_eq!(w.instances().len(), before);
+}
