@@ -40,6 +40,79 @@ pub enum AppsCommand {
     },
 }
 
+/// Flags both `create` and `update` take; each goes into the request body only when given.
+#[derive(Debug, Args)]
+pub struct Tuning {
+    /// Stop instances idle this long, in milliseconds (0 keeps them)
+    #[arg(long)]
+    idle_timeout_ms: Option<u64>,
+    /// Most instances of the app per node
+    #[arg(long)]
+    max_instances: Option<u32>,
+    /// Memory limit of each sandboxed instance, in MiB (cgroup limit, else address space)
+    #[arg(long)]
+    memory_mb: Option<u64>,
+    /// Process limit of each sandboxed instance
+    #[arg(long)]
+    processes: Option<u64>,
+    /// CPU cap of each sandboxed instance in thousandths of a core (needs the cpu cgroup)
+    #[arg(long)]
+    millicpus: Option<u64>,
+    /// How a request that finds no instance gets one: jit (default), slot or warm
+    #[arg(long, value_parser = ["jit", "slot", "warm"])]
+    start: Option<String>,
+    /// Path an instance must answer 2xx or 3xx before it counts as ready (default: accepting
+    /// a connection is enough)
+    #[arg(long)]
+    health_path: Option<String>,
+    /// Directory of static files the gateway serves itself, without an instance
+    #[arg(long, value_name = "DIR")]
+    static_dir: Option<std::path::PathBuf>,
+    /// Path prefix within the app under which --static-dir is served (default /static/)
+    #[arg(long, value_name = "PREFIX")]
+    static_prefix: Option<String>,
+}
+
+impl Tuning {
+    /// Writes the flags given into `body` (a spec, or a merge patch of one).
+    fn write(self, body: &mut Value) -> anyhow::Result<()> {
+        for (key, v) in [
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("max_instances", self.max_instances.map(u64::from)),
+        ] {
+            if let Some(v) = v {
+                body[key] = json!(v);
+            }
+        }
+        for (key, v) in [
+            ("memory_mb", self.memory_mb),
+            ("processes", self.processes),
+            ("millicpus", self.millicpus),
+        ] {
+            if let Some(v) = v {
+                body["limits"][key] = json!(v);
+            }
+        }
+        for (key, v) in [
+            ("start", self.start),
+            ("health_path", self.health_path),
+            ("static_prefix", self.static_prefix),
+        ] {
+            if let Some(v) = v {
+                body[key] = json!(v);
+            }
+        }
+        if let Some(dir) = self.static_dir {
+            // The gateway serves it from wherever it runs: a relative path would mean nothing
+            // there.
+            let dir = std::path::absolute(&dir)
+                .with_context(|| format!("--static-dir {}", dir.display()))?;
+            body["static_dir"] = json!(dir.display().to_string());
+        }
+        Ok(())
+    }
+}
+
 /// Flags of `warden apps update`: only what is given changes.
 #[derive(Debug, Args)]
 pub struct UpdateApp {
@@ -63,33 +136,8 @@ pub struct UpdateApp {
     /// Instances kept running for a label, LABEL=COUNT (repeatable; 0 stops keeping it)
     #[arg(long = "desired", value_name = "LABEL=COUNT")]
     desired: Vec<String>,
-    /// Memory limit of each sandboxed instance, in MiB
-    #[arg(long)]
-    memory_mb: Option<u64>,
-    /// Process limit of each sandboxed instance
-    #[arg(long)]
-    processes: Option<u64>,
-    /// CPU cap of each sandboxed instance in thousandths of a core
-    #[arg(long)]
-    millicpus: Option<u64>,
-    /// How a request that finds no instance gets one
-    #[arg(long, value_parser = ["jit", "slot", "warm"])]
-    start: Option<String>,
-    /// Stop instances idle this long, in milliseconds (0 keeps them)
-    #[arg(long)]
-    idle_timeout_ms: Option<u64>,
-    /// Most instances of the app per node
-    #[arg(long)]
-    max_instances: Option<u32>,
-    /// Path an instance must answer 2xx or 3xx before it counts as ready
-    #[arg(long)]
-    health_path: Option<String>,
-    /// Directory of static files the gateway serves itself (absolute)
-    #[arg(long, value_name = "DIR")]
-    static_dir: Option<std::path::PathBuf>,
-    /// Path prefix within the app under which --static-dir is served
-    #[arg(long, value_name = "PREFIX")]
-    static_prefix: Option<String>,
+    #[command(flatten)]
+    tuning: Tuning,
 }
 
 impl UpdateApp {
@@ -126,35 +174,7 @@ impl UpdateApp {
                 .collect();
             p["desired"] = Value::Object(counts);
         }
-        for (key, v) in [
-            ("memory_mb", self.memory_mb),
-            ("processes", self.processes),
-            ("millicpus", self.millicpus),
-        ] {
-            if let Some(v) = v {
-                p["limits"][key] = json!(v);
-            }
-        }
-        if let Some(v) = self.start {
-            p["start"] = json!(v);
-        }
-        if let Some(v) = self.idle_timeout_ms {
-            p["idle_timeout_ms"] = json!(v);
-        }
-        if let Some(v) = self.max_instances {
-            p["max_instances"] = json!(v);
-        }
-        if let Some(v) = self.health_path {
-            p["health_path"] = json!(v);
-        }
-        if let Some(dir) = self.static_dir {
-            let dir = std::path::absolute(&dir)
-                .with_context(|| format!("--static-dir {}", dir.display()))?;
-            p["static_dir"] = json!(dir.display().to_string());
-        }
-        if let Some(v) = self.static_prefix {
-            p["static_prefix"] = json!(v);
-        }
+        self.tuning.write(&mut p)?;
         if p.as_object().is_some_and(serde_json::Map::is_empty) {
             bail!("nothing to change: give at least one option (`warden apps update --help`)");
         }
@@ -192,27 +212,9 @@ pub struct CreateApp {
     /// Whom one instance serves: shared (default), per_user or per_request
     #[arg(long, value_parser = ["shared", "per_user", "per_request"])]
     lifetime: Option<String>,
-    /// Stop instances idle this long, in milliseconds (0 keeps them)
-    #[arg(long)]
-    idle_timeout_ms: Option<u64>,
-    /// Most instances of the app per node
-    #[arg(long)]
-    max_instances: Option<u32>,
     /// Instances kept running for a label, LABEL=COUNT (repeatable)
     #[arg(long = "desired", value_name = "LABEL=COUNT")]
     desired: Vec<String>,
-    /// Memory limit of each sandboxed instance, in MiB (cgroup limit, else address space)
-    #[arg(long)]
-    memory_mb: Option<u64>,
-    /// Process limit of each sandboxed instance
-    #[arg(long)]
-    processes: Option<u64>,
-    /// CPU cap of each sandboxed instance in thousandths of a core (needs the cpu cgroup)
-    #[arg(long)]
-    millicpus: Option<u64>,
-    /// How a request that finds no instance gets one: jit (default), slot or warm
-    #[arg(long, value_parser = ["jit", "slot", "warm"])]
-    start: Option<String>,
     /// Prepared sandboxes kept per node with --start slot
     #[arg(long)]
     slots: Option<u32>,
@@ -220,20 +222,12 @@ pub struct CreateApp {
     /// (repeatable)
     #[arg(long = "warm", value_name = "LABEL=COUNT")]
     warm: Vec<String>,
-    /// Path an instance must answer 2xx or 3xx before it counts as ready (default: accepting
-    /// a connection is enough)
-    #[arg(long)]
-    health_path: Option<String>,
     /// Network of sandboxed instances: isolated (default, loopback only) or bridged (a veth
     /// on the node's bridge for egress; warden must run as root)
     #[arg(long, value_parser = ["isolated", "bridged"])]
     network: Option<String>,
-    /// Directory of static files the gateway serves itself, without an instance (absolute)
-    #[arg(long, value_name = "DIR")]
-    static_dir: Option<std::path::PathBuf>,
-    /// Path prefix within the app under which --static-dir is served (default /static/)
-    #[arg(long, value_name = "PREFIX")]
-    static_prefix: Option<String>,
+    #[command(flatten)]
+    tuning: Tuning,
 }
 
 // === impl CreateApp ===
@@ -251,19 +245,11 @@ impl CreateApp {
             start_timeout_ms,
             driver,
             lifetime,
-            idle_timeout_ms,
-            max_instances,
             desired,
-            memory_mb,
-            processes,
-            millicpus,
-            start,
             slots,
             warm,
-            health_path,
             network,
-            static_dir,
-            static_prefix,
+            tuning,
         } = self;
         let mut envs = BTreeMap::new();
         for kv in env {
@@ -291,43 +277,13 @@ impl CreateApp {
         for (key, v) in [
             ("driver", driver),
             ("lifetime", lifetime),
-            ("start", start),
-            ("health_path", health_path),
             ("network", network),
         ] {
             if let Some(v) = v {
                 body[key] = json!(v);
             }
         }
-        if let Some(v) = idle_timeout_ms {
-            body["idle_timeout_ms"] = json!(v);
-        }
-        if let Some(dir) = static_dir {
-            // The gateway serves it from wherever it runs: a relative path would mean
-            // nothing there.
-            let dir = std::path::absolute(&dir)
-                .with_context(|| format!("--static-dir {}", dir.display()))?;
-            body["static_dir"] = json!(dir.display().to_string());
-        }
-        if let Some(p) = static_prefix {
-            body["static_prefix"] = json!(p);
-        }
-        if let Some(v) = max_instances {
-            body["max_instances"] = json!(v);
-        }
-        if memory_mb.is_some() || processes.is_some() || millicpus.is_some() {
-            let mut limits = json!({});
-            if let Some(v) = millicpus {
-                limits["millicpus"] = json!(v);
-            }
-            if let Some(v) = memory_mb {
-                limits["memory_mb"] = json!(v);
-            }
-            if let Some(v) = processes {
-                limits["processes"] = json!(v);
-            }
-            body["limits"] = limits;
-        }
+        tuning.write(&mut body)?;
         Ok(body)
     }
 }

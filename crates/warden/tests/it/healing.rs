@@ -180,6 +180,19 @@ fn all_ok(seen: &BTreeMap<String, usize>) {
     );
 }
 
+/// alpha: gateway and API with the demo; agents beta and gamma, keeping one SECRET instance
+/// of the demo app each.
+fn two_agents_one_secret_each(cluster: &EtcdCluster) -> (Warden, Warden, Warden) {
+    let alpha = demo_node(cluster, "alpha", "gateway,api");
+    let beta = agent(cluster, &alpha, "beta", "127.0.0.2:0", &[]);
+    let gamma = agent(cluster, &alpha, "gamma", "127.0.0.3:0", &[]);
+    run_cli(&alpha, &["apps", "scale", "demo", "SECRET=2"]);
+    wait_until("one SECRET per node", Duration::from_secs(30), || {
+        (ready(&alpha).get("SECRET")?.len() == 2).then_some(())
+    });
+    (alpha, beta, gamma)
+}
+
 /// alpha: gateway and API with the demo; agents beta, gamma, delta.
 fn three_agents(cluster: &EtcdCluster, extra: [&[&str]; 3]) -> (Warden, Vec<Warden>) {
     let alpha = demo_node(cluster, "alpha", "gateway,api");
@@ -339,13 +352,7 @@ fn a_dead_nodes_instances_are_replaced_elsewhere_and_it_comes_back_clean() {
 #[test]
 fn drain_moves_every_instance_off_with_no_failed_request_and_undrain_reverses_it() {
     let cluster = EtcdCluster::start(1);
-    let alpha = demo_node(&cluster, "alpha", "gateway,api");
-    let mut beta = agent(&cluster, &alpha, "beta", "127.0.0.2:0", &[]);
-    let _gamma = agent(&cluster, &alpha, "gamma", "127.0.0.3:0", &[]);
-    run_cli(&alpha, &["apps", "scale", "demo", "SECRET=2"]);
-    wait_until("one SECRET per node", Duration::from_secs(30), || {
-        (ready(&alpha).get("SECRET")?.len() == 2).then_some(())
-    });
+    let (alpha, mut beta, _gamma) = two_agents_one_secret_each(&cluster);
     // An instance nobody keeps, started by a request (bob's label), is moved too.
     let bob = alpha.password("bob");
     assert_eq!(alpha.get_as("bob", &bob, "/apps/demo/").status, 200);
@@ -408,13 +415,7 @@ fn drain_moves_every_instance_off_with_no_failed_request_and_undrain_reverses_it
 #[test]
 fn a_node_stopped_with_sigterm_moves_its_instances_first() {
     let cluster = EtcdCluster::start(1);
-    let alpha = demo_node(&cluster, "alpha", "gateway,api");
-    let mut beta = agent(&cluster, &alpha, "beta", "127.0.0.2:0", &[]);
-    let _gamma = agent(&cluster, &alpha, "gamma", "127.0.0.3:0", &[]);
-    run_cli(&alpha, &["apps", "scale", "demo", "SECRET=2"]);
-    wait_until("one SECRET per node", Duration::from_secs(30), || {
-        (ready(&alpha).get("SECRET")?.len() == 2).then_some(())
-    });
+    let (alpha, mut beta, _gamma) = two_agents_one_secret_each(&cluster);
     let load = Load::start(&alpha, "alice");
     load.serves_on();
     let slow = slow_posts(&alpha, "alice", 4, 1500);

@@ -16,6 +16,15 @@ fn update(w: &Warden, args: &[&str]) -> (bool, String, String) {
     cli(BIN, &all, &[])
 }
 
+/// Waits until `n` instances of `app` are ready.
+fn wait_ready(w: &Warden, app: &str, n: usize) {
+    wait_until(
+        &format!("{n} ready instances of {app}"),
+        Duration::from_secs(30),
+        || (instances(w, app).iter().filter(|i| i.2 == "ready").count() == n).then_some(()),
+    );
+}
+
 /// Instance ids of `app` and the generations they run.
 fn instances(w: &Warden, app: &str) -> Vec<(String, String, String)> {
     w.instances()
@@ -37,14 +46,7 @@ fn a_changed_environment_rolls_out_with_no_failed_request() {
     w.create_demo_app(BIN, "web", json!({ "desired": {"SECRET": 2} }));
     let pw = w.password("alice");
     let bob = w.password("bob");
-    wait_until("2 kept SECRET instances", Duration::from_secs(30), || {
-        (instances(&w, "web")
-            .iter()
-            .filter(|i| i.2 == "ready")
-            .count()
-            == 2)
-            .then_some(())
-    });
+    wait_ready(&w, "web", 2);
     // bob's label has an instance nobody keeps, started by his request.
     assert_eq!(w.get_as("bob", &bob, "/apps/web/").status, 200);
     let before = instances(&w, "web");
@@ -108,14 +110,7 @@ fn a_change_whose_instances_do_not_start_leaves_the_old_ones_serving() {
     let w = Warden::demo(BIN);
     w.create_demo_app(BIN, "web", json!({ "desired": {"SECRET": 1} }));
     let pw = w.password("alice");
-    wait_until("the kept instance", Duration::from_secs(30), || {
-        (instances(&w, "web")
-            .iter()
-            .filter(|i| i.2 == "ready")
-            .count()
-            == 1)
-            .then_some(())
-    });
+    wait_ready(&w, "web", 1);
     let before = instances(&w, "web");
     let (ok, _, err) = update(&w, &["web", "--", "/no/such/server"]);
     assert!(ok, "{err}");
@@ -221,14 +216,7 @@ fn a_rollout_at_capacity_replaces_the_old_instance_after_all() {
         "tight",
         json!({ "desired": {"SECRET": 1}, "max_instances": 1 }),
     );
-    wait_until("the kept instance", Duration::from_secs(30), || {
-        (instances(&w, "tight")
-            .iter()
-            .filter(|i| i.2 == "ready")
-            .count()
-            == 1)
-            .then_some(())
-    });
+    wait_ready(&w, "tight", 1);
     let before = instances(&w, "tight");
     let (ok, _, err) = update(&w, &["tight", "--env", "V=2"]);
     assert!(ok, "{err}");
