@@ -15,6 +15,7 @@
 //! Instance environments never carry the agent's own environment.
 #![deny(unsafe_code)]
 
+mod build;
 pub mod drivers;
 mod error;
 mod lifecycle;
@@ -41,6 +42,7 @@ use warden_core::{
 };
 use warden_store::Store;
 
+pub use build::Builder;
 pub use drivers::sandbox;
 pub use drivers::spawn::{close_inherited_descriptors, raise_open_file_limit};
 pub use error::AgentError;
@@ -59,6 +61,8 @@ pub struct AgentConfig {
     pub log_dir: PathBuf,
     /// Directory under which each instance gets its private writable directory.
     pub instance_dir: PathBuf,
+    /// Directory of built slugs (releases pushed with `warden push`).
+    pub slug_dir: PathBuf,
     /// TTL of the node's lease; records vanish this long after the agent dies.
     pub lease_ttl: Duration,
     /// Most instances this node runs at once.
@@ -86,6 +90,7 @@ struct Inner {
     life: Arc<lifecycle::Lifecycle>,
     pools: Arc<pools::Pools>,
     drivers: Arc<drivers::Drivers>,
+    paths: paths::Paths,
     metrics: Arc<metrics::Metrics>,
     stopping: watch::Sender<bool>,
 }
@@ -106,7 +111,12 @@ impl Agent {
         // Logs are warden's alone; the instances directory is passable but not listable, so a
         // `process` instance under its own uid reaches its own directory (mode 0700, its uid's)
         // and cannot find or enter any other.
-        for (dir, mode) in [(&config.log_dir, 0o700), (&config.instance_dir, 0o711)] {
+        // Slugs likewise: instances of a release reach their slug's tree by its id.
+        for (dir, mode) in [
+            (&config.log_dir, 0o700),
+            (&config.instance_dir, 0o711),
+            (&config.slug_dir, 0o711),
+        ] {
             std::fs::create_dir_all(dir)
                 .and_then(|()| {
                     std::fs::set_permissions(
@@ -147,6 +157,10 @@ impl Agent {
         let paths = paths::Paths {
             logs: config.log_dir.clone(),
             instances: config.instance_dir.clone(),
+            // Absolute: a slug is an instance's working directory, and sandbox-init runs in
+            // the instance's own directory.
+            slugs: std::path::absolute(&config.slug_dir)
+                .unwrap_or_else(|_| config.slug_dir.clone()),
         };
         let leftovers = paths.remove_leftovers();
         if leftovers > 0 {
@@ -167,7 +181,7 @@ impl Agent {
         let life = lifecycle::Lifecycle::new(lifecycle::Deps {
             store: store.clone(),
             node: node.clone(),
-            paths,
+            paths: paths.clone(),
             max_instances: config.max_instances,
             drivers: drivers.clone(),
             pools: pools.clone(),
@@ -205,10 +219,22 @@ impl Agent {
                 life,
                 pools,
                 drivers,
+                paths,
                 metrics,
                 stopping,
             }),
         })
+    }
+
+    /// The builder of slugs on this node: builds run at most `time_limit` and unpack at most
+    /// `max_unpacked` bytes.
+    pub fn builder(&self, time_limit: Duration, max_unpacked: u64) -> Builder {
+        Builder::new(
+            self.inner.drivers.clone(),
+            self.inner.paths.clone(),
+            time_limit,
+            max_unpacked,
+        )
     }
 
     /// This node's id.

@@ -9,6 +9,8 @@ pub(crate) struct Paths {
     pub logs: PathBuf,
     /// One private directory per instance, named by its id.
     pub instances: PathBuf,
+    /// Built slugs, one directory per slug id (see `crate::build`).
+    pub slugs: PathBuf,
 }
 
 impl Paths {

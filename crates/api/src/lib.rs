@@ -9,6 +9,7 @@
 //! bodies may hold passwords: they are hashed at once and never logged or returned.
 #![forbid(unsafe_code)]
 
+mod deliver;
 pub mod error;
 pub mod routes;
 
@@ -43,6 +44,13 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("patch", "/v1/apps/{name}"),
     ("delete", "/v1/apps/{name}"),
     ("post", "/v1/apps/{name}/scale"),
+    ("get", "/v1/limits"),
+    ("get", "/v1/apps/{name}/releases"),
+    ("post", "/v1/apps/{name}/releases"),
+    ("get", "/v1/apps/{name}/releases/{number}/log"),
+    ("get", "/v1/apps/{name}/config"),
+    ("post", "/v1/apps/{name}/config"),
+    ("post", "/v1/apps/{name}/rollback"),
     ("get", "/v1/users"),
     ("post", "/v1/users"),
     ("get", "/v1/users/{name}"),
@@ -79,6 +87,9 @@ pub type SyncHook = Arc<dyn Fn(String, u64) -> BoxFuture + Send + Sync>;
 /// The future a [`SyncHook`] returns.
 pub type BoxFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
+/// Largest upload a push may send unless configured otherwise: 256 MiB.
+pub const DEFAULT_MAX_UPLOAD: u64 = 256 * 1024 * 1024;
+
 /// Longest a write waits for the local gateway to apply it before answering anyway.
 const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -91,8 +102,13 @@ pub struct Api {
     pub instances: Option<Arc<dyn Instances>>,
     /// The cost of the Argon2id hashes of new passwords.
     pub argon2: warden_auth::Argon2Cost,
-    /// warden's data directory, which no app may serve as static files.
+    /// warden's data directory, which no app may serve as static files; uploads and release
+    /// logs live under it.
     pub data_dir: Option<std::path::PathBuf>,
+    /// What builds pushed apps and tries releases, if this process runs the agent role.
+    pub builds: Option<Arc<dyn warden_core::builds::Builds>>,
+    /// Largest upload a push may send, in bytes.
+    pub max_upload: u64,
     token: Arc<str>,
     sync: Option<SyncHook>,
     metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
@@ -113,6 +129,8 @@ impl Api {
             instances,
             argon2,
             data_dir: None,
+            builds: None,
+            max_upload: DEFAULT_MAX_UPLOAD,
             token: admin_token.into(),
             sync: None,
             metrics: None,
@@ -123,6 +141,17 @@ impl Api {
     /// files.
     pub fn protecting(mut self, dir: std::path::PathBuf) -> Self {
         self.data_dir = Some(dir);
+        self
+    }
+
+    /// Takes pushes, building them with `builds`, of at most `max_upload` bytes.
+    pub fn with_builds(
+        mut self,
+        builds: Arc<dyn warden_core::builds::Builds>,
+        max_upload: u64,
+    ) -> Self {
+        self.builds = Some(builds);
+        self.max_upload = max_upload;
         self
     }
 
@@ -180,6 +209,19 @@ impl Api {
                 post(nodes::drain).delete(nodes::undrain),
             )
             .route("/v1/apps/{name}/scale", post(apps::scale))
+            .route(
+                "/v1/apps/{name}/releases",
+                get(releases::list)
+                    .post(releases::push)
+                    .layer(axum::extract::DefaultBodyLimit::disable()),
+            )
+            .route("/v1/apps/{name}/releases/{number}/log", get(releases::log))
+            .route("/v1/limits", get(releases::limits))
+            .route(
+                "/v1/apps/{name}/config",
+                get(releases::config_show).post(releases::config_change),
+            )
+            .route("/v1/apps/{name}/rollback", post(releases::rollback))
             .route("/v1/lattice", get(lattice::show).put(lattice::replace))
             .route("/v1/store/backup", get(store::backup))
             .route_layer(axum::middleware::from_fn_with_state(

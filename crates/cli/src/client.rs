@@ -96,6 +96,74 @@ impl Client {
         Ok((status, bytes))
     }
 
+    /// Sends `body` (sent in chunks, `progress` told of each) and returns the answer's status and
+    /// body unread, for answers that stream (a push's build output). A non-2xx answer becomes
+    /// an error carrying the API's message.
+    pub async fn stream(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        headers: &[(&str, String)],
+        body: Bytes,
+        progress: impl Fn(u64, u64) + Send + Sync + 'static,
+    ) -> anyhow::Result<hyper::body::Incoming> {
+        use futures_util::StreamExt;
+        const CHUNK: usize = 256 * 1024;
+        let url = format!("{}{path}", self.endpoint.api);
+        let total = body.len() as u64;
+        let chunks: Vec<Bytes> = (0..body.len())
+            .step_by(CHUNK)
+            .map(|i| body.slice(i..(i + CHUNK).min(body.len())))
+            .collect();
+        let mut sent = 0u64;
+        let frames = futures_util::stream::iter(chunks).map(move |c| {
+            sent += c.len() as u64;
+            progress(sent, total);
+            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(c))
+        });
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(&url)
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", self.endpoint.token),
+            )
+            .header(http::header::CONTENT_TYPE, content_type)
+            .header(http::header::CONTENT_LENGTH, total);
+        for (k, v) in headers {
+            req = req.header(*k, v);
+        }
+        let req = req
+            .body(http_body_util::StreamBody::new(frames))
+            .with_context(|| {
+                format!("{url} is not a usable URL; pass --api like http://127.0.0.1:7701")
+            })?;
+        let http = HyperClient::builder(TokioExecutor::new()).build_http();
+        let resp = http.request(req).await.map_err(|e| {
+            anyhow!(
+                "cannot reach the warden API at {}: {e}; is `warden up` running there?",
+                self.endpoint.api
+            )
+        })?;
+        let status = resp.status();
+        if !status.is_success() {
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .context("reading the API's answer")?
+                .to_bytes();
+            let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            bail!(
+                "{} (HTTP {})",
+                error_message(&value, &bytes),
+                status.as_u16()
+            );
+        }
+        Ok(resp.into_body())
+    }
+
     /// GETs a plain-text document (such as `/metrics`); `None` if it cannot be had.
     pub async fn text(&self, path: &str) -> Option<String> {
         let req = http::Request::get(format!("{}{path}", self.endpoint.api))

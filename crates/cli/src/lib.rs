@@ -9,7 +9,9 @@
 mod apps;
 mod client;
 mod config;
+mod deploy;
 pub mod nodes;
+mod pack;
 mod phases;
 mod table;
 
@@ -22,6 +24,7 @@ use serde_json::{json, Value};
 
 pub use apps::{AppsCommand, CreateApp, UpdateApp};
 pub use config::Endpoint;
+pub use deploy::{ConfigCommand, Push};
 
 /// How to reach the API.
 #[derive(Debug, Clone, Args)]
@@ -140,6 +143,23 @@ pub enum ClientCommand {
     Nodes(nodes::NodesCommand),
     /// Show the platform's state
     Status,
+    /// Push an app's source: build it once, try it, and roll it out with no downtime
+    Push(Push),
+    /// List an app's releases
+    Releases {
+        /// App name
+        app: String,
+    },
+    /// Show or change an app's config vars (each change is a release)
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Run an earlier release again, without rebuilding
+    Rollback {
+        /// App name
+        app: String,
+        /// Release number [default: the last one that served before the current]
+        to: Option<u64>,
+    },
     /// Print the last lines an instance wrote (running or recently exited)
     Logs {
         /// Instance id (`warden instances list` shows them)
@@ -161,6 +181,12 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
         ClientCommand::Instances(c) => instances(&api, &out, c).await,
         ClientCommand::Nodes(c) => nodes::run(&api, &out, c).await,
         ClientCommand::Status => status(&api, &out).await,
+        ClientCommand::Push(p) => deploy::push(&api, &out, &args.data_dir, p).await,
+        ClientCommand::Releases { app } => deploy::releases(&api, &out, &app).await,
+        ClientCommand::Config(c) => deploy::config(&api, &out, &args.data_dir, c).await,
+        ClientCommand::Rollback { app, to } => {
+            deploy::rollback(&api, &out, &args.data_dir, &app, to).await
+        }
         ClientCommand::Lattice(c) => lattice(&api, &out, c).await,
         ClientCommand::Logs { id, lines } => {
             let text = api

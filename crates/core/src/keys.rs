@@ -79,6 +79,16 @@ pub fn node_of_drain(key: &str) -> Option<&str> {
     key.strip_prefix("drains/")
 }
 
+/// Key of release `number` of `app`; numbers are zero-padded so that keys sort in order.
+pub fn release(app: &str, number: u64) -> String {
+    format!("releases/{app}/{number:010}")
+}
+
+/// Prefix of every release of `app`.
+pub fn releases(app: &str) -> String {
+    format!("releases/{app}")
+}
+
 /// Key of the clearance lattice.
 pub const LATTICE: &str = "lattice";
 

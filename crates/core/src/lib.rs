@@ -7,6 +7,7 @@
 //! crate.
 #![forbid(unsafe_code)]
 
+pub mod builds;
 pub mod id;
 pub mod identity;
 pub mod instances;
@@ -19,8 +20,9 @@ pub use instances::{
     Activity, ActivityGuard, InstanceError, InstanceStream, Instances, Owner, RemoteStream,
 };
 pub use model::{
-    AppHealth, AppSpec, DrainOrder, DriverKind, HostLoad, InstanceRecord, InstanceState,
-    LabelHealth, Lifetime, Limits, Move, MoveReason, NetworkMode, NodeRecord, Placement,
-    SchedulerRecord, SessionRecord, StartPath, UserRecord, MAX_POOL,
+    AppHealth, AppSpec, BuildKind, DrainOrder, DriverKind, HostLoad, InstanceRecord, InstanceState,
+    LabelHealth, Lifetime, Limits, Move, MoveReason, NetworkMode, NodeRecord, Placement, Release,
+    ReleaseSource, ReleaseStatus, SchedulerRecord, SessionRecord, SpecRelease, StartPath,
+    UserRecord, MAX_POOL,
 };
 pub use name::{validate_name, NameError};

@@ -46,6 +46,14 @@ enum Command {
     Status(ClientArgs),
     /// Print the last lines an instance wrote
     Logs(LogsCmd),
+    /// Push an app's source: build it once, try it, roll it out with no downtime
+    Push(PushCmd),
+    /// List an app's releases
+    Releases(ReleasesCmd),
+    /// Show or change an app's config vars (each change is a release)
+    Config(ConfigCmd),
+    /// Run an earlier release of an app again, without rebuilding
+    Rollback(RollbackCmd),
     /// Back up a running warden's store, or restore a backup into a stopped one's data dir
     #[command(subcommand)]
     Store(store_cmd::StoreCommand),
@@ -91,6 +99,40 @@ struct InstancesCmd {
 }
 
 #[derive(Debug, clap::Args)]
+struct PushCmd {
+    #[command(flatten)]
+    push: warden_cli::Push,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct ReleasesCmd {
+    /// App name
+    app: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct ConfigCmd {
+    #[command(subcommand)]
+    command: warden_cli::ConfigCommand,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct RollbackCmd {
+    /// App name
+    app: String,
+    /// Release number [default: the last one that served before the current]
+    to: Option<u64>,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
 struct NodesCmd {
     #[command(subcommand)]
     command: warden_cli::nodes::NodesCommand,
@@ -124,7 +166,7 @@ fn init_logs() {
 /// list`) move after its name, where the client commands take them; anything else is left for
 /// clap to judge.
 fn client_options_after_command(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const COMMANDS: [&str; 7] = [
+    const COMMANDS: [&str; 11] = [
         "apps",
         "users",
         "instances",
@@ -132,6 +174,10 @@ fn client_options_after_command(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::
         "lattice",
         "status",
         "logs",
+        "push",
+        "releases",
+        "config",
+        "rollback",
     ];
     const WITH_VALUE: [&str; 4] = ["--api", "--token", "--config", "--data-dir"];
     let mut leading = Vec::new();
@@ -237,6 +283,18 @@ async fn run(cli: Cli) -> std::process::ExitCode {
             let cmd = ClientCommand::Logs {
                 id: c.id,
                 lines: c.lines,
+            };
+            warden_cli::run(&c.client, cmd).await
+        }
+        Command::Push(c) => warden_cli::run(&c.client, ClientCommand::Push(c.push)).await,
+        Command::Releases(c) => {
+            warden_cli::run(&c.client, ClientCommand::Releases { app: c.app }).await
+        }
+        Command::Config(c) => warden_cli::run(&c.client, ClientCommand::Config(c.command)).await,
+        Command::Rollback(c) => {
+            let cmd = ClientCommand::Rollback {
+                app: c.app,
+                to: c.to,
             };
             warden_cli::run(&c.client, cmd).await
         }

@@ -86,6 +86,7 @@ fn agent_config(cfg: &Config, node: &str, identity: &IdentityKey) -> warden_agen
         advertise: None,
         log_dir: cfg.data_dir.join("logs"),
         instance_dir: cfg.data_dir.join("instances"),
+        slug_dir: cfg.data_dir.join("slugs"),
         lease_ttl: cfg.node_lease_ttl.0,
         max_instances: cfg.max_instances,
         max_log_bytes: cfg.max_log_mb * 1024 * 1024,
@@ -302,6 +303,11 @@ async fn serve_api(
     let mut api =
         warden_api::Api::new(store.clone(), m.instances.clone(), token, cfg.argon2_cost())
             .protecting(cfg.data_dir.clone());
+    if let Some(agent) = &m.agent {
+        let max = cfg.max_upload_mb * 1024 * 1024;
+        let builder = agent.builder(std::time::Duration::from_secs(cfg.build_timeout), max * 4);
+        api = api.with_builds(Arc::new(builder), max);
+    }
     if let Some(g) = gateway {
         let sync = g.view_sync();
         api = api.with_sync(Arc::new(move |key, rev| {

@@ -24,6 +24,9 @@ pub(crate) struct Launch<'a> {
     pub log: &'a Path,
     /// A directory only this instance may write; removed when it exits.
     pub dir: &'a Path,
+    /// A slug's build rather than an instance: the workdir is writable (and, in a sandbox, the
+    /// host's network shared) for the build alone.
+    pub build: bool,
 }
 
 /// What a started instance holds on the node until its process is reaped (a bridge address,
@@ -107,6 +110,12 @@ pub enum LaunchError {
     /// The sandbox's network could not be had.
     #[error(transparent)]
     Bridge(#[from] BridgeError),
+    /// The release's slug is not on this node.
+    #[error("the release's slug {slug} is not on this node; push the app again through an API node that can reach it")]
+    NoSlug {
+        /// The slug's id.
+        slug: String,
+    },
     /// The sandbox's cgroups could not be set up.
     #[error("cannot set up the instance's cgroup: {0}")]
     Cgroup(#[from] CgroupError),

@@ -7,7 +7,7 @@
 
 mod drain;
 mod health;
-mod ready;
+pub(crate) mod ready;
 mod start;
 
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -12,7 +12,7 @@ use crate::net;
 const FAST_POLL: Duration = Duration::from_millis(100);
 
 /// How a wait for readiness ended.
-pub(super) enum Ready {
+pub(crate) enum Ready {
     Yes,
     Exited,
     /// What was still missing.
@@ -21,7 +21,7 @@ pub(super) enum Ready {
 
 /// Waits until the app at `addr` is ready, the process exits, or `timeout` passes. Ready means
 /// accepting a TCP connection and, when the app names a health path, answering it 2xx or 3xx.
-pub(super) async fn wait_ready(
+pub(crate) async fn wait_ready(
     addr: &str,
     health: Option<&str>,
     mut exited: watch::Receiver<bool>,

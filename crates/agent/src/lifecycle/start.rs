@@ -111,7 +111,11 @@ impl Lifecycle {
         let id = warden_core::id::short_id();
         let dir = self.deps.paths.instance(&id);
         let log = self.deps.paths.log(&spec.name, &id);
-        let mut env = self.deps.drivers.base_env(spec, &id);
+        let run = match crate::build::slugs::run_spec(&self.deps.paths.slugs, spec) {
+            Ok(run) => run,
+            Err(e) => return Err((id, e)),
+        };
+        let mut env = self.deps.drivers.base_env(&run, &id);
         env.insert("WARDEN_LABEL".into(), label.to_owned());
         let started = std::fs::DirBuilder::new()
             .recursive(true)
@@ -123,10 +127,11 @@ impl Lifecycle {
             })
             .and_then(|()| {
                 let launch = Launch {
-                    spec,
+                    spec: &run,
                     env,
                     log: &log,
                     dir: &dir,
+                    build: false,
                 };
                 let driver = spec.driver_on(self.deps.drivers.default().0);
                 self.deps.drivers.get(driver).start(&launch)

@@ -258,11 +258,19 @@ impl Pools {
                 path: self.paths.instance(&id),
                 source,
             })?;
+        let run = match crate::build::slugs::run_spec(&self.paths.slugs, spec) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
         let launch = Launch {
-            spec,
-            env: self.drivers.base_env(spec, &id),
+            spec: &run,
+            env: self.drivers.base_env(&run, &id),
             log: &log,
             dir: &dir,
+            build: false,
         };
         let p = match self.drivers.sandbox().prepare(&launch) {
             Ok(p) => p,

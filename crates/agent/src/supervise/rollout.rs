@@ -39,8 +39,12 @@ impl Supervisor {
                 }
                 // A user's own instance (or one whose lifetime changed) is not started ahead
                 // for nobody: it finishes what it serves, and the next request starts one of
-                // the new spec.
-                InstanceState::Ready if r.owner.is_some() || r.lifetime != spec.lifetime => {
+                // the new spec. An app that became a static site runs nothing at all.
+                InstanceState::Ready
+                    if r.owner.is_some()
+                        || r.lifetime != spec.lifetime
+                        || spec.command.is_empty() =>
+                {
                     tracing::info!(app = %r.app, instance = %r.id, "rolling out: draining an instance of the old spec");
                     self.life.drain_soon(r.id.clone());
                 }

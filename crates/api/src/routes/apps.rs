@@ -28,6 +28,17 @@ fn check_static_dir(api: &Api, dir: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Whether `dir` is the slug of the static site `spec` runs as its release: built by warden
+/// under its data directory, and served on purpose.
+fn is_release_site(api: &Api, spec: &AppSpec, dir: &str) -> bool {
+    let (Some(builds), Some(r)) = (&api.builds, &spec.release) else {
+        return false;
+    };
+    builds
+        .slug_dir(&r.slug)
+        .is_some_and(|d| d.display().to_string() == dir)
+}
+
 /// Writes `spec`'s desired and warm counts under the lattice's canonical labels: instances
 /// carry canonical labels, and a count under another spelling would never see its instances
 /// and start them forever.
@@ -69,6 +80,11 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<AppSpec>), ApiError> {
     spec.validate()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if spec.release.is_some() {
+        return Err(ApiError::bad_request(
+            "an app's release is made by `warden push` (POST /v1/apps/NAME/releases); leave it out",
+        ));
+    }
     if let Some(dir) = &spec.static_dir {
         check_static_dir(&api, dir)?;
     }
@@ -161,6 +177,11 @@ pub async fn update(
             "an app cannot be renamed; create one under the new name and remove this one",
         ));
     }
+    if patch.get("release").is_some() {
+        return Err(ApiError::bad_request(
+            "an app's release changes only through `warden push`, `warden config` and `warden rollback`",
+        ));
+    }
     let patch = canonical_patch_counts(&api, patch).await?;
     let key = keys::app_spec(&name);
     for _ in 0..8 {
@@ -174,7 +195,9 @@ pub async fn update(
         next.validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         if let Some(dir) = &next.static_dir {
-            check_static_dir(&api, dir)?;
+            if !is_release_site(&api, &next, dir) {
+                check_static_dir(&api, dir)?;
+            }
         }
         canonical_counts(&api, &mut next).await?;
         let bytes = serde_json::to_vec(&next).map_err(ApiError::internal)?;

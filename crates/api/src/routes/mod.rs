@@ -4,6 +4,7 @@ pub mod apps;
 pub mod instances;
 pub mod lattice;
 pub mod nodes;
+pub mod releases;
 pub mod status;
 pub mod store;
 pub mod users;

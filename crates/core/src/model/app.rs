@@ -84,6 +84,10 @@ pub struct AppSpec {
     /// surface is why Docker's and ChromeOS's sandboxes deny it too.
     #[serde(default)]
     pub io_uring: bool,
+    /// The release the app runs (`warden push`): instances run `command` in the release's slug,
+    /// which each node resolves to its own copy, so `workdir` stays unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<super::SpecRelease>,
 }
 
 /// The network of a sandboxed instance.
@@ -252,6 +256,9 @@ pub enum SpecError {
     /// The health path cannot be put in a request line.
     #[error("{0}")]
     Health(String),
+    /// The release settings do not fit.
+    #[error("{0}")]
+    Release(String),
 }
 
 // === impl AppSpec ===
@@ -274,6 +281,7 @@ impl AppSpec {
             self.io_uring,
             self.lifetime,
             self.start,
+            self.release.as_ref().map(|r| &r.slug),
         ))
         .unwrap_or_default();
         let digest = sha2::Sha256::digest(&bytes);
@@ -318,14 +326,31 @@ impl AppSpec {
             health_path: None,
             network: NetworkMode::default(),
             io_uring: false,
+            release: None,
         }
     }
 
     /// Checks the invariants serde cannot express.
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_name("app", &self.name)?;
-        if self.command.first().is_none_or(|c| c.is_empty()) {
+        // A static site runs nothing: every path is a file the gateway serves.
+        let static_only =
+            self.command.is_empty() && self.static_dir.is_some() && self.static_prefix == "/";
+        if !static_only && self.command.first().is_none_or(|c| c.is_empty()) {
             return Err(SpecError::EmptyCommand);
+        }
+        if let Some(r) = &self.release {
+            if !super::is_slug_id(&r.slug) {
+                return Err(SpecError::Release(format!(
+                    "release.slug {:?} is not a slug id (64 hex digits)",
+                    r.slug
+                )));
+            }
+            if self.workdir.is_some() {
+                return Err(SpecError::Release(
+                    "an app that runs a release runs in its slug; remove workdir".into(),
+                ));
+            }
         }
         if self.start_timeout_ms == 0 || self.start_timeout_ms > MAX_START_TIMEOUT_MS {
             return Err(SpecError::StartTimeout(self.start_timeout_ms));

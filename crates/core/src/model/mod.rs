@@ -4,7 +4,9 @@
 mod app;
 mod placement;
 mod records;
+mod release;
 
 pub use app::*;
 pub use placement::*;
 pub use records::*;
+pub use release::*;

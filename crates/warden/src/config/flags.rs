@@ -133,6 +133,12 @@ pub struct UpArgs {
     /// Size in MiB at which an instance's log is cut back to its newer half
     #[arg(long)]
     max_log_mb: Option<u64>,
+    /// Largest upload `warden push` may send to this API, in MiB
+    #[arg(long)]
+    max_upload_mb: Option<u64>,
+    /// Longest a push's build may run, in seconds
+    #[arg(long)]
+    build_timeout: Option<u64>,
     /// Sandbox limits through cgroups where possible (auto), or rlimits only (off)
     #[arg(long)]
     cgroups: Option<Cgroups>,
@@ -186,7 +192,7 @@ impl UpArgs {
             auth_negative_ttl, auth_failures_per_user, auth_failures_per_addr,
             auth_failures_per_addr_user, auth_window,
             argon2_memory_kib, argon2_iterations, argon2_parallelism, api_listen,
-            max_instances, max_log_mb, cgroups, bridge, bridge_cidr, node_lease_ttl,
+            max_instances, max_log_mb, max_upload_mb, build_timeout, cgroups, bridge, bridge_cidr, node_lease_ttl,
             start_margin, shed_margin,
         );
         if a.load_file.is_some() {

@@ -114,6 +114,11 @@ pub struct Config {
     /// Size in MiB at which an instance's log is cut back to its newer half (checked twice a
     /// second).
     pub max_log_mb: u64,
+    /// Largest upload `warden push` may send to this node's API, in MiB; the unpacked tree may
+    /// be at most four times as large.
+    pub max_upload_mb: u64,
+    /// Longest a push's build may run, in seconds.
+    pub build_timeout: u64,
     /// Sandbox limits through cgroups where warden may write a hierarchy (auto), or through
     /// rlimits only (off).
     pub cgroups: Cgroups,
@@ -184,6 +189,8 @@ impl Default for Config {
             api_listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 7701)),
             max_instances: 256,
             max_log_mb: 8,
+            max_upload_mb: 256,
+            build_timeout: 900,
             cgroups: Cgroups::Auto,
             bridge: BridgeName("warden0".into()),
             bridge_cidr: Cidr(Ipv4Addr::new(10, 213, 0, 0), 16),
@@ -324,6 +331,12 @@ impl Config {
         }
         if !(1..=1_048_576).contains(&self.max_log_mb) {
             return invalid("max_log_mb", "use 1 to 1048576 (MiB)");
+        }
+        if !(1..=65_536).contains(&self.max_upload_mb) {
+            return invalid("max_upload_mb", "use 1 to 65536 (MiB)");
+        }
+        if !(1..=86_400).contains(&self.build_timeout) {
+            return invalid("build_timeout", "use 1 to 86400 (seconds)");
         }
         if self.tls_cert.len() != self.tls_key.len() {
             return Err(ConfigError::Invalid {

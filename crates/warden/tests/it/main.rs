@@ -65,6 +65,7 @@ mod cli;
 mod cluster;
 mod cluster_routing;
 mod connections;
+mod deploy;
 mod gateway;
 mod gateway_starts;
 mod healing;

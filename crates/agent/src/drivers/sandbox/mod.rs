@@ -63,6 +63,10 @@ pub(crate) struct Plan {
     /// The app may use io_uring.
     #[serde(default)]
     pub io_uring: bool,
+    /// A build rather than an instance: the workdir (the slug being built) is writable and the
+    /// host's network is shared, so that package managers reach their registries.
+    #[serde(default)]
+    pub build: bool,
 }
 
 /// What a sandbox holds on the node until its process is reaped: a bridge address and its
@@ -211,13 +215,29 @@ impl SandboxDriver {
         env.insert("WARDEN_DATA_DIR".into(), DATA_MOUNT.into());
         env.insert("HOME".into(), DATA_MOUNT.into());
         env.insert("TMPDIR".into(), "/tmp".into());
-        env.insert("PATH".into(), INSTANCE_PATH.into());
+        // A release's PATH names its slug's own bin directories, which the sandbox shows.
+        env.entry("PATH".into())
+            .or_insert_with(|| INSTANCE_PATH.into());
         let lease = match l.spec.network {
             NetworkMode::Isolated => None,
             NetworkMode::Bridged => Some(self.bridge.lease()?),
         };
         if let Some(lease) = &lease {
             env.insert("WARDEN_NETWORK_ADDR".into(), lease.plan.addr.to_string());
+        }
+        if l.build {
+            if let Some(w) = &l.spec.workdir {
+                // Init derives the ids from its working directory, the instance directory as
+                // the kernel names it.
+                let dir = std::fs::canonicalize(l.dir).unwrap_or_else(|_| l.dir.to_owned());
+                let (uid, gid) = init::host_ids(&dir, nix::unistd::geteuid().is_root());
+                crate::build::chown_tree(Path::new(w), uid, gid).map_err(|source| {
+                    LaunchError::Sandbox {
+                        what: "give the build its directory",
+                        source,
+                    }
+                })?;
+            }
         }
         let data = l.dir.join(DATA_DIR);
         std::fs::create_dir_all(&data).map_err(|source| LaunchError::Create {
@@ -245,6 +265,7 @@ impl SandboxDriver {
             cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
             enforced,
             io_uring: l.spec.io_uring,
+            build: l.build,
         };
         let held = SandboxHeld {
             lease,

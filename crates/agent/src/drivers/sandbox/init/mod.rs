@@ -30,6 +30,8 @@ mod handover;
 mod mounts;
 mod privileges;
 
+pub(crate) use privileges::host_ids;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -222,12 +224,16 @@ fn child(
     privileged: bool,
 ) -> i32 {
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
-    let flags = CloneFlags::CLONE_NEWUSER
+    let mut flags = CloneFlags::CLONE_NEWUSER
         | CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWNET
         | CloneFlags::CLONE_NEWIPC
         | CloneFlags::CLONE_NEWUTS;
+    if plan.build {
+        // Package managers fetch from their registries over the host's network.
+        flags.remove(CloneFlags::CLONE_NEWNET);
+    }
     if let Err(e) = unshare(flags) {
         let hint = if e == nix::errno::Errno::EPERM || e == nix::errno::Errno::ENOSPC {
             "; user namespaces are not allowed here. Allow them (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0, or on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0), run warden as root, or use driver \"process\""
@@ -271,7 +277,8 @@ fn child(
 /// Pid 1 of the sandbox.
 fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
-    if let Err(e) = mounts::enter_root(&shown).and_then(|()| network(plan)) {
+    let networked = || if plan.build { Ok(()) } else { network(plan) };
+    if let Err(e) = mounts::enter_root(&shown).and_then(|()| networked()) {
         return fail("cannot build the sandbox", e);
     }
     drop(shown);

@@ -25,9 +25,19 @@ const DEVICES: &[&str] = &[
 
 /// A host path opened before the namespaces hide it.
 pub(super) enum Shown {
-    Dir { path: String, fd: OwnedFd },
-    File { path: String, fd: OwnedFd },
-    Link { path: String, target: PathBuf },
+    Dir {
+        path: String,
+        fd: OwnedFd,
+        writable: bool,
+    },
+    File {
+        path: String,
+        fd: OwnedFd,
+    },
+    Link {
+        path: String,
+        target: PathBuf,
+    },
 }
 
 fn open_path(path: &Path) -> std::io::Result<OwnedFd> {
@@ -58,6 +68,7 @@ pub(super) fn open_shown(plan: &Plan, data: &Path) -> std::io::Result<Vec<Shown>
             Ok(m) if m.is_dir() => shown.push(Shown::Dir {
                 path: (*d).into(),
                 fd: open_path(p)?,
+                writable: false,
             }),
             _ => {}
         }
@@ -74,12 +85,14 @@ pub(super) fn open_shown(plan: &Plan, data: &Path) -> std::io::Result<Vec<Shown>
             shown.push(Shown::Dir {
                 path: w.clone(),
                 fd: open_path(Path::new(w))?,
+                writable: plan.build,
             });
         }
     }
     shown.push(Shown::Dir {
         path: DATA_MOUNT.into(),
         fd: open_path(data)?,
+        writable: true,
     });
     Ok(shown)
 }
@@ -165,10 +178,10 @@ fn build_root(stage: &Path, shown: &[Shown]) -> Result<(), SetupError> {
                 std::os::unix::fs::symlink(target, &at)
                     .map_err(|e| SetupError::path("symlink", &at, e))?;
             }
-            Shown::Dir { path, fd } => {
+            Shown::Dir { path, fd, writable } => {
                 let at = stage.join(path.trim_start_matches('/'));
                 mkdir(&at)?;
-                bind(&fd_path(fd), &at, path != DATA_MOUNT)?;
+                bind(&fd_path(fd), &at, !writable)?;
             }
             Shown::File { path, fd } => {
                 let at = stage.join(path.trim_start_matches('/'));

@@ -19,7 +19,7 @@ const UID_RANGE: u32 = 100_000;
 
 /// The host uid and gid the sandbox of instance directory `dir` maps to its root: the agent's
 /// own when it is unprivileged, one of its own per instance when the agent is root.
-pub(super) fn host_ids(dir: &Path, privileged: bool) -> (u32, u32) {
+pub(crate) fn host_ids(dir: &Path, privileged: bool) -> (u32, u32) {
     if privileged {
         let id = UID_BASE + fnv(dir.to_string_lossy().as_bytes()) % UID_RANGE;
         (id, id)

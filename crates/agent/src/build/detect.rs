@@ -1,0 +1,244 @@
+//! How to build and run a pushed tree, told from its files the way buildpacks do: a `Procfile`
+//! names the start command; `requirements.txt` or `pyproject.toml` make a Python app,
+//! `package.json` a Node app, an `index.html` without a Procfile a static site. The pusher may
+//! name the kind instead.
+
+use std::path::Path;
+
+use warden_core::builds::BuildError;
+use warden_core::BuildKind;
+
+/// The Python that builds and runs virtual environments: the system's, which the sandbox shows
+/// (a Python under /root or /opt is invisible there).
+pub(crate) const PYTHON: &str = "/usr/bin/python3";
+
+/// What to run to build a tree and then to start it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Recipe {
+    pub kind: BuildKind,
+    /// Shell script run in the tree to build it; `None` when there is nothing to build.
+    pub script: Option<String>,
+    /// What instances run; empty for a static site.
+    pub command: Vec<String>,
+}
+
+fn detect_error(msg: impl Into<String>) -> BuildError {
+    BuildError::Detect(msg.into())
+}
+
+/// The `web` line of the tree's Procfile, if it has one. Refuses a Procfile without one.
+fn procfile_web(dir: &Path) -> Result<Option<String>, BuildError> {
+    let Ok(text) = std::fs::read_to_string(dir.join("Procfile")) else {
+        return Ok(None);
+    };
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('#') {
+            continue;
+        }
+        if let Some((name, cmd)) = line.split_once(':') {
+            if name.trim() == "web" && !cmd.trim().is_empty() {
+                return Ok(Some(cmd.trim().to_owned()));
+            }
+        }
+    }
+    Err(detect_error(
+        "the Procfile has no `web:` line; add one with the command that serves the app, e.g. `web: gunicorn app:app --bind 127.0.0.1:$PORT`",
+    ))
+}
+
+/// The command that starts a Node app without a Procfile: `npm start` when package.json has a
+/// start script, else `node` on its `main` or on server.js or index.js.
+fn node_start(dir: &Path) -> Result<String, BuildError> {
+    let text = std::fs::read_to_string(dir.join("package.json"))
+        .map_err(|e| detect_error(format!("cannot read package.json: {e}")))?;
+    let pkg: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| detect_error(format!("package.json is not JSON: {e}")))?;
+    if pkg["scripts"]["start"].is_string() {
+        return Ok("npm start".into());
+    }
+    let main = pkg["main"].as_str().map(str::to_owned);
+    for candidate in main
+        .iter()
+        .map(String::as_str)
+        .chain(["server.js", "index.js"])
+    {
+        if dir.join(candidate).is_file() {
+            return Ok(format!("node {}", shell_quote(candidate)));
+        }
+    }
+    Err(detect_error(
+        "cannot tell how to start this Node app: add a `start` script to package.json or a Procfile with a `web:` line",
+    ))
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Decides how to build and run the tree at `dir`, as `kind` when the pusher named one.
+pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, BuildError> {
+    let has = |f: &str| dir.join(f).is_file();
+    let web = procfile_web(dir)?;
+    let python = has("requirements.txt") || has("pyproject.toml");
+    let kind = match kind {
+        Some(k) => k,
+        None if python => BuildKind::Python,
+        None if has("package.json") => BuildKind::Node,
+        None if web.is_some() => BuildKind::Procfile,
+        None if has("index.html") => BuildKind::Static,
+        None => {
+            return Err(detect_error(
+                "cannot tell how to build or run this tree: add a Procfile with a `web:` line, a requirements.txt or pyproject.toml (Python), a package.json (Node) or an index.html (a static site), or name it with --kind",
+            ))
+        }
+    };
+    let run = |cmd: String| vec!["/bin/sh".to_owned(), "-c".to_owned(), format!("exec {cmd}")];
+    let recipe = match kind {
+        BuildKind::Python => {
+            let Some(web) = web else {
+                return Err(detect_error(
+                    "a Python app needs a Procfile with a `web:` line, e.g. `web: gunicorn app:app --bind 127.0.0.1:$PORT`",
+                ));
+            };
+            if !Path::new(PYTHON).is_file() {
+                return Err(BuildError::Node(format!(
+                    "this node has no {PYTHON} to build Python apps with; install it with its venv module (Debian: apt-get install python3-venv)"
+                )));
+            }
+            let install = if has("requirements.txt") {
+                "-r requirements.txt"
+            } else if has("pyproject.toml") {
+                "."
+            } else {
+                return Err(detect_error(
+                    "a Python app needs a requirements.txt or a pyproject.toml",
+                ));
+            };
+            Recipe {
+                kind,
+                script: Some(format!(
+                    "set -e\n{PYTHON} -m venv .venv\n.venv/bin/pip install --disable-pip-version-check --no-input --no-cache-dir {install}\n"
+                )),
+                command: run(web),
+            }
+        }
+        BuildKind::Node => {
+            if !has("package.json") {
+                return Err(detect_error("a Node app needs a package.json"));
+            }
+            let web = match web {
+                Some(w) => w,
+                None => node_start(dir)?,
+            };
+            let install = if has("package-lock.json") {
+                "ci"
+            } else {
+                "install"
+            };
+            Recipe {
+                kind,
+                script: Some(format!(
+                    "set -e\nnpm {install} --omit=dev --no-audit --no-fund --no-update-notifier\n"
+                )),
+                command: run(web),
+            }
+        }
+        BuildKind::Procfile => {
+            let Some(web) = web else {
+                return Err(detect_error(
+                    "kind procfile needs a Procfile with a `web:` line",
+                ));
+            };
+            Recipe {
+                kind,
+                script: None,
+                command: run(web),
+            }
+        }
+        BuildKind::Static => {
+            if !has("index.html") {
+                return Err(detect_error(
+                    "a static site needs an index.html at the top of the tree",
+                ));
+            }
+            Recipe {
+                kind,
+                script: None,
+                command: Vec::new(),
+            }
+        }
+    };
+    Ok(recipe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().expect("dir");
+        for (name, body) in files {
+            std::fs::write(d.path().join(name), body).expect("write");
+        }
+        d
+    }
+
+    fn kind_of(files: &[(&str, &str)]) -> Result<Recipe, BuildError> {
+        detect(tree(files).path(), None)
+    }
+
+    #[test]
+    fn tells_kinds_apart_from_their_files() {
+        let procfile = (
+            "Procfile",
+            "# a comment\nworker: x\nweb: gunicorn app:app\n",
+        );
+        if Path::new(PYTHON).is_file() {
+            let py = kind_of(&[procfile, ("requirements.txt", "flask\n")]).expect("python");
+            assert_eq!(py.kind, BuildKind::Python);
+            assert_eq!(py.command[2], "exec gunicorn app:app");
+            assert!(py.script.expect("script").contains("-r requirements.txt"));
+        }
+        let node =
+            kind_of(&[("package.json", r#"{"scripts":{"start":"node s.js"}}"#)]).expect("node");
+        assert_eq!(
+            (node.kind, node.command[2].as_str()),
+            (BuildKind::Node, "exec npm start")
+        );
+        assert!(node.script.expect("script").contains("npm install"));
+        let main = kind_of(&[
+            ("package.json", r#"{"main":"app.js"}"#),
+            ("package-lock.json", "{}"),
+            ("app.js", ""),
+        ])
+        .expect("node main");
+        assert_eq!(main.command[2], "exec node 'app.js'");
+        assert!(main.script.expect("script").contains("npm ci"));
+        let site = kind_of(&[("index.html", "<p>hi")]).expect("static");
+        assert_eq!((site.kind, site.command.len()), (BuildKind::Static, 0));
+        let bin = kind_of(&[procfile, ("index.html", "")]).expect("procfile");
+        assert_eq!((bin.kind, bin.script), (BuildKind::Procfile, None));
+    }
+
+    #[test]
+    fn says_what_is_missing() {
+        for (files, want) in [
+            (vec![("README", "")], "cannot tell how to build"),
+            (vec![("Procfile", "worker: x\n")], "no `web:` line"),
+            (
+                vec![("package.json", "{}")],
+                "cannot tell how to start this Node app",
+            ),
+            (vec![("package.json", "{")], "not JSON"),
+        ] {
+            let err = kind_of(&files).expect_err(want).to_string();
+            assert!(err.contains(want), "{err:?} should say {want:?}");
+        }
+        let forced = detect(tree(&[("README", "")]).path(), Some(BuildKind::Static));
+        assert!(forced
+            .expect_err("no index")
+            .to_string()
+            .contains("index.html"));
+    }
+}

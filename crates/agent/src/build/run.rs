@@ -1,0 +1,161 @@
+//! Running a build script in the tree it builds: through the node's driver (a sandbox that may
+//! write only the tree and its own private directory, sharing the host's network so package
+//! managers reach their registries), with a time limit, its output streamed line by line.
+
+use std::io::{Read, Seek};
+use std::path::Path;
+use std::time::Duration;
+
+use warden_core::builds::{BuildError, Output};
+use warden_core::{AppSpec, Limits};
+
+use crate::drivers::{Drivers, Launch};
+use crate::paths::Paths;
+
+/// Limits of a build: package installs need more than an instance's defaults.
+const BUILD_LIMITS: Limits = Limits {
+    memory_mb: 4096,
+    processes: 1024,
+    cpu_seconds: 0,
+    millicpus: 0,
+};
+
+/// Lines of output a failed build's error carries.
+pub(crate) const TAIL_LINES: usize = 20;
+
+/// Runs `script` with `/bin/sh` in `tree` for `app`, at most `limit`; every line it prints goes
+/// to `out`.
+pub(crate) async fn run_script(
+    drivers: &Drivers,
+    paths: &Paths,
+    app: &str,
+    tree: &Path,
+    script: &str,
+    limit: Duration,
+    out: &Output,
+) -> Result<(), BuildError> {
+    let id = warden_core::id::short_id();
+    let dir = paths
+        .create_instance(&id)
+        .map_err(|e| BuildError::Node(format!("cannot create the build's directory: {e}")))?;
+    let log = paths.logs.join(format!("build-{id}.log"));
+    let result = run_in(drivers, app, tree, script, limit, out, &dir, &log).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&log);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_in(
+    drivers: &Drivers,
+    app: &str,
+    tree: &Path,
+    script: &str,
+    limit: Duration,
+    out: &Output,
+    dir: &Path,
+    log: &Path,
+) -> Result<(), BuildError> {
+    let mut spec = AppSpec::new(app, vec!["/bin/sh".into(), "-c".into(), script.into()]);
+    spec.workdir = Some(tree.display().to_string());
+    spec.limits = BUILD_LIMITS;
+    let mut env = std::collections::BTreeMap::new();
+    for (k, v) in [
+        ("CI", "true"),
+        ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
+        ("npm_config_update_notifier", "false"),
+    ] {
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let (kind, _) = drivers.default();
+    if kind == warden_core::DriverKind::Process {
+        out("warning: this node cannot make sandboxes; the build runs as a plain process");
+    }
+    let launch = Launch {
+        spec: &spec,
+        env,
+        log,
+        dir,
+        build: true,
+    };
+    let started = drivers
+        .get(kind)
+        .start(&launch)
+        .map_err(|e| BuildError::Node(format!("cannot start the build: {e}")))?;
+    let mut child = started.child;
+    let pid = child.id();
+    let mut reader = Tail::new(log);
+    let deadline = tokio::time::Instant::now() + limit;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break Some(status),
+            () = tokio::time::sleep_until(deadline) => break None,
+            () = tokio::time::sleep(Duration::from_millis(100)) => reader.emit(out),
+        }
+    };
+    if status.is_none() {
+        if let Some(pid) = pid {
+            crate::drivers::spawn::signal_group(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = child.wait().await;
+    }
+    reader.emit(out);
+    reader.finish(out);
+    if let Some(held) = started.held {
+        held.release().await;
+    }
+    match status {
+        None => Err(BuildError::Failed(format!(
+            "the build ran out of its {} s; last lines:\n{}",
+            limit.as_secs(),
+            crate::logs::tail(log, TAIL_LINES)
+        ))),
+        Some(Ok(s)) if s.success() => Ok(()),
+        Some(Ok(s)) => Err(BuildError::Failed(format!(
+            "the build failed ({s}); last lines:\n{}",
+            crate::logs::tail(log, TAIL_LINES)
+        ))),
+        Some(Err(e)) => Err(BuildError::Node(format!("cannot wait for the build: {e}"))),
+    }
+}
+
+/// Follows a growing log file, handing on whole lines.
+struct Tail<'a> {
+    path: &'a Path,
+    offset: u64,
+    partial: Vec<u8>,
+}
+
+impl<'a> Tail<'a> {
+    fn new(path: &'a Path) -> Self {
+        Self {
+            path,
+            offset: 0,
+            partial: Vec::new(),
+        }
+    }
+
+    fn emit(&mut self, out: &Output) {
+        let Ok(mut f) = std::fs::File::open(self.path) else {
+            return;
+        };
+        if f.seek(std::io::SeekFrom::Start(self.offset)).is_err() {
+            return;
+        }
+        let mut buf = Vec::new();
+        if let Ok(n) = f.read_to_end(&mut buf) {
+            self.offset += n as u64;
+            self.partial.extend_from_slice(&buf);
+        }
+        while let Some(i) = self.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=i).collect();
+            out(String::from_utf8_lossy(&line[..i]).trim_end_matches('\r'));
+        }
+    }
+
+    fn finish(&mut self, out: &Output) {
+        if !self.partial.is_empty() {
+            out(&String::from_utf8_lossy(&std::mem::take(&mut self.partial)));
+        }
+    }
+}

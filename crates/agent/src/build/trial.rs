@@ -1,0 +1,98 @@
+//! Trying a release before it serves: one instance of the new spec, started outside all
+//! routing and records, must become ready (its health path, else accepting connections) within
+//! the app's start timeout; then it stops. A release that fails here never reaches users.
+
+use std::time::Duration;
+
+use warden_core::AppSpec;
+
+use super::run::TAIL_LINES;
+use crate::drivers::{Drivers, Launch};
+use crate::lifecycle::ready::{wait_ready, Ready};
+use crate::paths::Paths;
+
+/// Runs the trial; on failure, why and the last lines the instance printed.
+pub(crate) async fn trial(
+    drivers: &Drivers,
+    paths: &Paths,
+    spec: &AppSpec,
+    label: &str,
+) -> Result<(), String> {
+    let run = super::slugs::run_spec(&paths.slugs, spec).map_err(|e| e.to_string())?;
+    let id = warden_core::id::short_id();
+    let dir = paths
+        .create_instance(&id)
+        .map_err(|e| format!("cannot create the trial instance's directory: {e}"))?;
+    let log = paths.logs.join(format!("trial-{id}.log"));
+    let result = run_trial(drivers, &run, label, &id, &dir, &log).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&log);
+    result
+}
+
+async fn run_trial(
+    drivers: &Drivers,
+    spec: &AppSpec,
+    label: &str,
+    id: &str,
+    dir: &std::path::Path,
+    log: &std::path::Path,
+) -> Result<(), String> {
+    let mut env = drivers.base_env(spec, id);
+    env.insert("WARDEN_LABEL".into(), label.to_owned());
+    let launch = Launch {
+        spec,
+        env,
+        log,
+        dir,
+        build: false,
+    };
+    let driver = spec.driver_on(drivers.default().0);
+    let started = drivers
+        .get(driver)
+        .start(&launch)
+        .map_err(|e| format!("cannot start the release's instance: {e}"))?;
+    let mut child = started.child;
+    let pid = child.id();
+    let (exited_tx, exited) = tokio::sync::watch::channel(false);
+    let timeout = Duration::from_millis(spec.start_timeout_ms);
+    let ready = {
+        let wait = wait_ready(&started.addr, spec.health_path.as_deref(), exited, timeout);
+        tokio::pin!(wait);
+        let mut status = None;
+        let ready = loop {
+            tokio::select! {
+                r = &mut wait => break r,
+                s = child.wait(), if status.is_none() => {
+                    status = Some(s);
+                    let _ = exited_tx.send(true);
+                }
+            }
+        };
+        (ready, status)
+    };
+    if let Some(pid) = pid {
+        crate::drivers::spawn::signal_group(pid, nix::sys::signal::Signal::SIGKILL);
+    }
+    let status = match ready.1 {
+        Some(s) => s.ok(),
+        None => child.wait().await.ok(),
+    };
+    if let Some(held) = started.held {
+        held.release().await;
+    }
+    let tail = || crate::logs::tail(log, TAIL_LINES);
+    match ready.0 {
+        Ready::Yes => Ok(()),
+        Ready::Exited => Err(format!(
+            "the release's instance exited before it was ready ({}); last lines:\n{}",
+            status.map_or("status unknown".to_owned(), |s| s.to_string()),
+            tail()
+        )),
+        Ready::TimedOut(missing) => Err(format!(
+            "the release's instance was not ready within {} ms: {missing}; last lines:\n{}",
+            spec.start_timeout_ms,
+            tail()
+        )),
+    }
+}

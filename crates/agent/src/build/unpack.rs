@@ -1,0 +1,236 @@
+//! Unpacking a pushed archive: a gzip'd tar of regular files, directories and relative symlinks
+//! that stay inside it; nothing else, and within bounds. Anything else is refused with what it
+//! was, before a build runs.
+
+use std::path::{Component, Path, PathBuf};
+
+use warden_core::builds::BuildError;
+
+/// Most entries one archive may hold.
+pub(crate) const MAX_ENTRIES: u64 = 200_000;
+
+fn bad(msg: impl Into<String>) -> BuildError {
+    BuildError::BadArchive(msg.into())
+}
+
+/// `path` made of normal components only (no root, no `..`), or `None`.
+fn relative(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(p) => out.push(p),
+            Component::CurDir => {}
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Whether a symlink at `at` (relative to the archive's root) pointing at `target` stays
+/// inside the archive.
+fn link_stays_inside(at: &Path, target: &Path) -> bool {
+    if target.is_absolute() {
+        return false;
+    }
+    let mut depth: i64 = at.components().count() as i64 - 1;
+    for c in target.components() {
+        match c {
+            Component::Normal(_) => depth += 1,
+            Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return false;
+                }
+            }
+            Component::CurDir => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Unpacks `archive` into `into` (which must exist), refusing entries that are not plain files,
+/// directories or inner symlinks, paths that leave it, more than [`MAX_ENTRIES`] entries or
+/// more than `max_bytes` of content. Files get mode 0755 when any execute bit was set, else
+/// 0644; directories 0755.
+pub(crate) fn unpack(archive: &Path, into: &Path, max_bytes: u64) -> Result<u64, BuildError> {
+    use std::os::unix::fs::PermissionsExt;
+    let file = std::fs::File::open(archive)
+        .map_err(|e| BuildError::Node(format!("cannot open the upload: {e}")))?;
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(std::io::BufReader::new(file)));
+    tar.set_overwrite(true);
+    tar.set_preserve_permissions(false);
+    tar.set_unpack_xattrs(false);
+    let entries = tar
+        .entries()
+        .map_err(|e| bad(format!("the upload is not a gzip'd tar archive: {e}")))?;
+    let (mut count, mut total) = (0u64, 0u64);
+    for entry in entries {
+        let mut entry = entry.map_err(|e| {
+            bad(format!(
+                "the upload is not a readable gzip'd tar archive ({e}); make it with `warden push` or `tar -czf`"
+            ))
+        })?;
+        count += 1;
+        if count > MAX_ENTRIES {
+            return Err(bad(format!(
+                "the archive holds more than {MAX_ENTRIES} entries; leave out what the app does not need (.wardenignore)"
+            )));
+        }
+        let raw = entry
+            .path()
+            .map_err(|e| bad(format!("an entry's path is unreadable: {e}")))?
+            .into_owned();
+        let Some(rel) = relative(&raw) else {
+            return Err(bad(format!(
+                "entry {} leaves the archive (an absolute path or ..)",
+                raw.display()
+            )));
+        };
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        let kind = entry.header().entry_type();
+        let mode = entry.header().mode().unwrap_or(0o644);
+        match kind {
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                total = total.saturating_add(entry.size());
+                if total > max_bytes {
+                    return Err(bad(format!(
+                        "the archive unpacks to more than {max_bytes} bytes; leave out what the app does not need (.wardenignore)"
+                    )));
+                }
+            }
+            tar::EntryType::Directory => {}
+            tar::EntryType::Symlink => {
+                let target = entry
+                    .link_name()
+                    .ok()
+                    .flatten()
+                    .map(|t| t.into_owned())
+                    .unwrap_or_default();
+                if !link_stays_inside(&rel, &target) {
+                    return Err(bad(format!(
+                        "symlink {} points outside the archive ({}); a slug holds only its own files",
+                        rel.display(),
+                        target.display()
+                    )));
+                }
+            }
+            other => {
+                return Err(bad(format!(
+                    "entry {} is a {other:?}; an archive may hold only files, directories and symlinks inside it",
+                    rel.display()
+                )))
+            }
+        }
+        let ok = entry
+            .unpack_in(into)
+            .map_err(|e| bad(format!("cannot unpack {}: {e}", rel.display())))?;
+        if !ok {
+            return Err(bad(format!("entry {} leaves the archive", rel.display())));
+        }
+        let at = into.join(&rel);
+        let perm = match kind {
+            tar::EntryType::Directory => Some(0o755),
+            tar::EntryType::Symlink => None,
+            _ if mode & 0o111 != 0 => Some(0o755),
+            _ => Some(0o644),
+        };
+        if let Some(p) = perm {
+            std::fs::set_permissions(&at, std::fs::Permissions::from_mode(p)).map_err(|e| {
+                BuildError::Node(format!("cannot set the mode of {}: {e}", at.display()))
+            })?;
+        }
+    }
+    if count == 0 {
+        return Err(bad("the archive is empty"));
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn archive(build: impl FnOnce(&mut tar::Builder<Vec<u8>>)) -> tempfile::NamedTempFile {
+        let mut b = tar::Builder::new(Vec::new());
+        build(&mut b);
+        let tar = b.into_inner().expect("tar");
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &tar).expect("gzip");
+        let f = tempfile::NamedTempFile::new().expect("temp");
+        std::fs::write(f.path(), gz.finish().expect("gzip")).expect("write");
+        f
+    }
+
+    fn file(b: &mut tar::Builder<Vec<u8>>, path: &str, body: &[u8]) {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(body.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        // Written raw: `append_data` refuses `..` itself, and the point is to see that unpack
+        // refuses it too.
+        let name = path.as_bytes();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.set_cksum();
+        b.append(&h, body).expect("append");
+    }
+
+    fn link(b: &mut tar::Builder<Vec<u8>>, path: &str, target: &str) {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, path, target).expect("link");
+    }
+
+    #[test]
+    fn unpacks_files_and_inner_links() {
+        let a = archive(|b| {
+            file(b, "app/main.py", b"print(1)");
+            link(b, "app/alias.py", "main.py");
+        });
+        let dir = tempfile::tempdir().expect("dir");
+        assert_eq!(unpack(a.path(), dir.path(), 1 << 20).expect("unpack"), 8);
+        assert_eq!(
+            std::fs::read(dir.path().join("app/alias.py")).expect("read"),
+            b"print(1)"
+        );
+    }
+
+    #[test]
+    fn refuses_escapes_devices_and_bombs() {
+        let dir = tempfile::tempdir().expect("dir");
+        let cases: Vec<(tempfile::NamedTempFile, &str)> = vec![
+            (archive(|b| file(b, "../evil", b"x")), "leaves the archive"),
+            (archive(|b| link(b, "etc", "/etc")), "points outside"),
+            (archive(|b| link(b, "a/up", "../../x")), "points outside"),
+            (
+                archive(|b| {
+                    let mut h = tar::Header::new_gnu();
+                    h.set_entry_type(tar::EntryType::Char);
+                    h.set_size(0);
+                    b.append_data(&mut h, "null", std::io::empty())
+                        .expect("dev");
+                }),
+                "may hold only",
+            ),
+            (
+                archive(|b| file(b, "big", &[0u8; 4096])),
+                "more than 1000 bytes",
+            ),
+            (archive(|_| {}), "empty"),
+        ];
+        for (a, want) in cases {
+            let err = unpack(a.path(), dir.path(), 1000)
+                .expect_err(want)
+                .to_string();
+            assert!(err.contains(want), "{err:?} should say {want:?}");
+        }
+        let not_gzip = tempfile::NamedTempFile::new().expect("temp");
+        std::fs::write(not_gzip.path(), b"hello").expect("write");
+        let err = unpack(not_gzip.path(), dir.path(), 1000).expect_err("not gzip");
+        assert!(matches!(err, BuildError::BadArchive(_)), "{err}");
+        assert!(!dir.path().parent().expect("parent").join("evil").exists());
+    }
+}

@@ -1,0 +1,337 @@
+//! Making a release serve: every push, config change and rollback goes through here. A
+//! numbered release record is written first (status `building`); then, in a task that outlives
+//! the request, the slug is built (pushes only), one instance of the new spec is tried outside
+//! all routing, and only then is the app's spec switched to the release by compare-and-swap.
+//! The agents' rollout does the rest: new instances start and become ready before the old
+//! ones drain. A failure at any step marks the release failed and leaves the app's spec, and
+//! so what serves, as it was.
+//!
+//! Progress goes to the client as NDJSON events (`{"log": …}`, then one `{"done": …}` or
+//! `{"failed": …}`) and to the release's log file, which `GET …/releases/{n}/log` serves.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::response::{IntoResponse, Response};
+use tokio::sync::mpsc;
+use warden_core::builds::{Builds, Built, Output};
+use warden_core::model::now_ms;
+use warden_core::{keys, AppSpec, BuildKind, Release, ReleaseSource, ReleaseStatus, SpecRelease};
+use warden_store::{get_json, put_json, CasOutcome};
+
+use crate::error::ApiError;
+use crate::Api;
+
+/// What a release runs, before it is built.
+pub(crate) enum Step {
+    /// Build this pushed source first.
+    Build(warden_core::builds::Prepared),
+    /// Reuse an earlier release's slug.
+    Reuse(Built),
+}
+
+/// The log file of release `number` of `app`.
+pub(crate) fn log_path(api: &Api, app: &str, number: u64) -> Option<PathBuf> {
+    Some(
+        api.data_dir
+            .as_ref()?
+            .join("releases")
+            .join(app)
+            .join(format!("{number}.log")),
+    )
+}
+
+/// Writes `release` under the next free number of its app and returns it.
+pub(crate) async fn record(api: &Api, mut release: Release) -> Result<Release, ApiError> {
+    for _ in 0..16 {
+        let listing = api.store.list(&keys::releases(&release.app)).await?;
+        let last = listing
+            .entries
+            .iter()
+            .filter_map(|e| e.key.rsplit('/').next()?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        release.number = last + 1;
+        let bytes = serde_json::to_vec(&release).map_err(ApiError::internal)?;
+        let key = keys::release(&release.app, release.number);
+        if let CasOutcome::Done(_) = api
+            .store
+            .compare_and_swap(&key, None, Some(bytes), None)
+            .await?
+        {
+            return Ok(release);
+        }
+    }
+    Err(ApiError::conflict(
+        "too many releases of this app are being made at once; try again",
+    ))
+}
+
+/// Starts the release's delivery in the background and answers with its progress.
+pub(crate) fn start(api: Api, builds: Arc<dyn Builds>, release: Release, step: Step) -> Response {
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
+    let log = log_path(&api, &release.app, release.number);
+    if let Some(dir) = log.as_ref().and_then(|l| l.parent()) {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let sink = Sink { tx, log };
+    tokio::spawn(async move {
+        let number = release.number;
+        let app = release.app.clone();
+        let outcome = deliver(&api, &*builds, release.clone(), step, &sink).await;
+        let mut release = release;
+        match outcome {
+            Ok(done) => {
+                release.status = ReleaseStatus::Released;
+                release.slug = Some(done.slug.clone());
+                release.kind = Some(done.kind);
+                release.command = done.command.clone();
+                if let Err(e) =
+                    put_json(&*api.store, &keys::release(&app, number), &release, None).await
+                {
+                    tracing::warn!(app, number, error = %e, "cannot mark a release released");
+                }
+                tracing::info!(app, release = number, "release serving");
+                sink.event(serde_json::json!({ "done": release, "path": format!("/apps/{app}/") }));
+            }
+            Err(error) => {
+                release.status = ReleaseStatus::Failed;
+                release.error = Some(error.clone());
+                if let Err(e) =
+                    put_json(&*api.store, &keys::release(&app, number), &release, None).await
+                {
+                    tracing::warn!(app, number, error = %e, "cannot mark a release failed");
+                }
+                tracing::info!(app, release = number, "release failed");
+                sink.log_only(&format!("release {number} failed: {error}"));
+                sink.event(serde_json::json!({ "failed": release }));
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// Where progress goes: the client (while it listens) and the release's log.
+struct Sink {
+    tx: mpsc::UnboundedSender<Bytes>,
+    log: Option<PathBuf>,
+}
+
+impl Sink {
+    fn event(&self, v: serde_json::Value) {
+        let mut line = v.to_string();
+        line.push('\n');
+        let _ = self.tx.send(Bytes::from(line));
+    }
+
+    fn line(&self, text: &str) {
+        self.log_only(text);
+        self.event(serde_json::json!({ "log": text }));
+    }
+
+    /// Into the release's log only: the client hears of it in the final event.
+    fn log_only(&self, text: &str) {
+        if let Some(log) = &self.log {
+            use std::io::Write;
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+            {
+                let _ = writeln!(f, "{text}");
+            }
+        }
+    }
+
+    fn output(&self) -> Output {
+        let tx = self.tx.clone();
+        let log = self.log.clone();
+        Arc::new(move |text: &str| {
+            Sink {
+                tx: tx.clone(),
+                log: log.clone(),
+            }
+            .line(text)
+        })
+    }
+}
+
+/// Builds, tries and switches to the release; the error says why it does not serve.
+async fn deliver(
+    api: &Api,
+    builds: &dyn Builds,
+    release: Release,
+    step: Step,
+    sink: &Sink,
+) -> Result<Built, String> {
+    let app = &release.app;
+    let built = match step {
+        Step::Reuse(b) => b,
+        Step::Build(p) if p.built.is_some() => {
+            sink.line("-----> this tree was built before: reusing its slug");
+            builds
+                .build(p, sink.output())
+                .await
+                .map_err(|e| e.to_string())?
+        }
+        Step::Build(p) => builds
+            .build(p, sink.output())
+            .await
+            .map_err(|e| e.to_string())?,
+    };
+    for _attempt in 0..8 {
+        let current = get_json::<AppSpec>(&*api.store, &keys::app_spec(app))
+            .await
+            .map_err(|e| e.to_string())?;
+        let revision = current.as_ref().map(|(_, r)| *r);
+        let spec = compose(builds, current.map(|(s, _)| s), app, &release, &built)?;
+        if built.kind != BuildKind::Static {
+            let label = crate::routes::lattice::current(api)
+                .await
+                .ok()
+                .and_then(|l| l.levels.first().cloned())
+                .ok_or("no clearance lattice is defined yet; define it first with `warden lattice set`")?;
+            sink.line(&format!(
+                "-----> trying release {} (one instance, label {label})",
+                release.number
+            ));
+            builds.trial(&spec, &label).await?;
+            sink.line("-----> the instance is ready");
+        }
+        let bytes = serde_json::to_vec(&spec).map_err(|e| e.to_string())?;
+        match api
+            .store
+            .compare_and_swap(&keys::app_spec(app), revision, Some(bytes), None)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            CasOutcome::Done(rev) => {
+                api.applied(&keys::app_spec(app), rev).await;
+                rolled_out(api, &spec, sink).await;
+                return Ok(built);
+            }
+            CasOutcome::Conflict { .. } => {
+                sink.line("the app changed meanwhile; applying the release to its new spec");
+            }
+        }
+    }
+    Err("the app's spec kept changing; push again".into())
+}
+
+/// Longest a release waits for its rollout before it answers anyway.
+const ROLLOUT_WAIT: std::time::Duration = std::time::Duration::from_secs(150);
+
+/// Waits (bounded) until no ready instance of `spec`'s app runs an earlier spec: the agents
+/// start new instances, hand them the old ones' traffic and drain the old ones.
+async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) {
+    let generation = spec.generation();
+    let deadline = tokio::time::Instant::now() + ROLLOUT_WAIT;
+    let mut told = None;
+    loop {
+        let old = match api.store.list(&keys::app_instances(&spec.name)).await {
+            Ok(l) => l
+                .entries
+                .iter()
+                .filter_map(|e| {
+                    serde_json::from_slice::<warden_core::InstanceRecord>(&e.value).ok()
+                })
+                .filter(|r| {
+                    r.state == warden_core::InstanceState::Ready && r.generation != generation
+                })
+                .count(),
+            Err(_) => 0,
+        };
+        if old == 0 {
+            sink.line("-----> rolled out: every ready instance runs this release");
+            return;
+        }
+        if told != Some(old) {
+            sink.line(&format!(
+                "-----> rolling out: {old} instance(s) of the earlier release still serving; they hand over without dropping a request"
+            ));
+            told = Some(old);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            sink.line("-----> the rollout goes on in the background; `warden status` follows it");
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// The app's spec running `release` of slug `built`: the current spec (or a new app's
+/// defaults) with the release's command and config vars. A static site clears the command
+/// and is served from the slug; a static directory an earlier static release set is dropped.
+fn compose(
+    builds: &dyn Builds,
+    current: Option<AppSpec>,
+    app: &str,
+    release: &Release,
+    built: &Built,
+) -> Result<AppSpec, String> {
+    let mut spec = current.unwrap_or_else(|| AppSpec::new(app, Vec::new()));
+    let earlier_static = spec
+        .release
+        .as_ref()
+        .and_then(|r| builds.slug_dir(&r.slug))
+        .map(|d| d.display().to_string());
+    if earlier_static.is_some() && spec.static_dir == earlier_static {
+        spec.static_dir = None;
+        spec.static_prefix = AppSpec::new(app, Vec::new()).static_prefix;
+    }
+    spec.release = Some(SpecRelease {
+        number: release.number,
+        slug: built.slug.clone(),
+    });
+    spec.workdir = None;
+    spec.command = built.command.clone();
+    spec.env = release.config.clone();
+    if built.kind == BuildKind::Static {
+        spec.static_dir = Some(built.dir.display().to_string());
+        spec.static_prefix = "/".into();
+        spec.desired.clear();
+        spec.warm.clear();
+    }
+    spec.validate()
+        .map_err(|e| format!("the release does not make a usable app: {e}"))?;
+    Ok(spec)
+}
+
+/// The config vars an app has now (its spec's environment), empty for a new app.
+pub(crate) async fn config_of(api: &Api, app: &str) -> Result<BTreeMap<String, String>, ApiError> {
+    Ok(get_json::<AppSpec>(&*api.store, &keys::app_spec(app))
+        .await?
+        .map(|(s, _)| s.env)
+        .unwrap_or_default())
+}
+
+/// A new release record of `app` in state `building`.
+pub(crate) fn fresh(
+    app: &str,
+    source: ReleaseSource,
+    config: BTreeMap<String, String>,
+    by: String,
+) -> Release {
+    Release {
+        app: app.to_owned(),
+        number: 0,
+        source,
+        slug: None,
+        kind: None,
+        command: Vec::new(),
+        config,
+        by,
+        at_ms: now_ms(),
+        status: ReleaseStatus::Building,
+        error: None,
+    }
+}

@@ -1,0 +1,411 @@
+//! `/v1/apps/{name}/releases`, `/config` and `/rollback`: pushes, config vars and rollbacks,
+//! each a numbered release delivered by [`crate::deliver`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use warden_core::builds::{BuildError, Builds, Built};
+use warden_core::{keys, validate_name, BuildKind, Release, ReleaseSource, ReleaseStatus};
+use warden_store::{decode, get_json};
+
+use crate::deliver::{self, Step};
+use crate::error::{ApiError, ApiJson};
+use crate::Api;
+
+/// Longest `from` or `by` text kept in a release.
+const MAX_NOTE: usize = 200;
+
+/// `text` without control characters, at most [`MAX_NOTE`] characters: it is shown in
+/// terminals and logs.
+fn note(text: &str) -> String {
+    text.chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_NOTE)
+        .collect()
+}
+
+fn builds(api: &Api) -> Result<Arc<dyn Builds>, ApiError> {
+    api.builds.clone().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this API node builds nothing: releases are made on a node that runs both the api and agent roles",
+        )
+    })
+}
+
+fn by(headers: &HeaderMap) -> String {
+    note(
+        headers
+            .get("x-warden-by")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("unknown"),
+    )
+}
+
+/// Query of `POST /v1/apps/{name}/releases`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushQuery {
+    /// How to build: python, node, static or procfile; detected when absent.
+    pub kind: Option<String>,
+    /// Where the source came from (a directory, a git URL and commit).
+    pub from: Option<String>,
+}
+
+/// `POST /v1/apps/{name}/releases`: a gzip'd tar of the app's source. Answers 4xx before
+/// anything runs for a bad name, kind or archive or an oversized upload; else streams the
+/// build and the release's outcome.
+pub async fn push(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    Query(q): Query<PushQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    validate_name("app", &name).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let builds = builds(&api)?;
+    let kind = match q.kind.as_deref() {
+        None => None,
+        Some(k) => Some(BuildKind::parse(k).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "kind {k:?} is not one warden builds; use one of {}",
+                BuildKind::NAMES.join(", ")
+            ))
+        })?),
+    };
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > api.max_upload) {
+        return Err(too_large(api.max_upload));
+    }
+    let (upload, digest) = receive(&api, body).await?;
+    let prepared = builds.prepare(&name, &upload, &digest, kind).await;
+    let _ = std::fs::remove_file(&upload);
+    let prepared = prepared.map_err(|e| match e {
+        BuildError::BadArchive(m) | BuildError::Detect(m) => ApiError::bad_request(m),
+        BuildError::Failed(m) | BuildError::Node(m) => ApiError::internal(m),
+    })?;
+    let from = note(q.from.as_deref().unwrap_or("an upload"));
+    let source = ReleaseSource::Push { digest, from };
+    let config = deliver::config_of(&api, &name).await?;
+    let mut release = deliver::fresh(&name, source, config, by(&headers));
+    release.slug = Some(prepared.slug.clone());
+    release.kind = Some(prepared.kind);
+    release.command = prepared.command.clone();
+    let release = deliver::record(&api, release).await?;
+    tracing::info!(app = %name, release = release.number, "push received");
+    Ok(deliver::start(api, builds, release, Step::Build(prepared)))
+}
+
+/// `GET /v1/limits`: what this API takes, so that a client can refuse an upload before
+/// sending it (an HTTP client that is still sending rarely reads an early 413).
+pub async fn limits(State(api): State<Api>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "max_upload_bytes": api.max_upload }))
+}
+
+fn too_large(max: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "the upload is larger than this API takes ({max} bytes); leave out what the app does not need (.wardenignore), or raise warden up --max-upload-mb"
+        ),
+    )
+}
+
+/// Writes the request body to a private file under the data directory, at most
+/// `api.max_upload` bytes, and returns it with its SHA-256.
+async fn receive(api: &Api, body: Body) -> Result<(std::path::PathBuf, String), ApiError> {
+    use futures_util::StreamExt;
+    use sha2::Digest;
+    use tokio::io::AsyncWriteExt;
+    let dir = api
+        .data_dir
+        .as_ref()
+        .ok_or_else(|| ApiError::internal("this API has no data directory for uploads"))?
+        .join("uploads");
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", dir.display())))?;
+    let path = dir.join(format!("{}.tar.gz", warden_core::id::short_id()));
+    let mut file = tokio::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .await
+        .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", path.display())))?;
+    let mut hash = sha2::Sha256::new();
+    let mut size = 0u64;
+    let mut stream = body.into_data_stream();
+    let result = async {
+        while let Some(chunk) = stream.next().await {
+            let chunk =
+                chunk.map_err(|e| ApiError::bad_request(format!("the upload broke off: {e}")))?;
+            size += chunk.len() as u64;
+            if size > api.max_upload {
+                return Err(too_large(api.max_upload));
+            }
+            hash.update(&chunk);
+            file.write_all(&chunk).await.map_err(|e| {
+                ApiError::new(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    format!("cannot store the upload: {e}; free space under the data directory"),
+                )
+            })?;
+        }
+        file.flush().await.map_err(ApiError::internal)?;
+        if size == 0 {
+            return Err(ApiError::bad_request(
+                "the upload is empty; send a gzip'd tar of the app's source",
+            ));
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        let _ = tokio::fs::remove_file(&path).await;
+        return Err(e);
+    }
+    let digest = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok((path, digest))
+}
+
+/// `GET /v1/apps/{name}/releases`: every release, newest last.
+pub async fn list(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+) -> Result<Json<Vec<Release>>, ApiError> {
+    let listing = api.store.list(&keys::releases(&name)).await?;
+    let releases = listing
+        .entries
+        .iter()
+        .filter_map(|e| crate::routes::readable(decode::<Release>(&e.key, &e.value)))
+        .collect();
+    Ok(Json(releases))
+}
+
+/// `GET /v1/apps/{name}/releases/{number}/log`: the release's build and delivery output.
+pub async fn log(
+    State(api): State<Api>,
+    Path((name, number)): Path<(String, u64)>,
+) -> Result<Response, ApiError> {
+    validate_name("app", &name).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let release = get_release(&api, &name, number).await?;
+    let text = deliver::log_path(&api, &name, release.number)
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default();
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+async fn get_release(api: &Api, app: &str, number: u64) -> Result<Release, ApiError> {
+    get_json::<Release>(&*api.store, &keys::release(app, number))
+        .await?
+        .map(|(r, _)| r)
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "app {app:?} has no release {number}; `warden releases {app}` lists them"
+            ))
+        })
+}
+
+/// `GET /v1/apps/{name}/config`: the app's config vars.
+pub async fn config_show(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+) -> Result<Json<BTreeMap<String, String>>, ApiError> {
+    get_json::<warden_core::AppSpec>(&*api.store, &keys::app_spec(&name))
+        .await?
+        .map(|(s, _)| Json(s.env))
+        .ok_or_else(|| crate::routes::apps::no_app(&name))
+}
+
+/// Body of `POST /v1/apps/{name}/config`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigChange {
+    /// Vars to set.
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+    /// Vars to remove.
+    #[serde(default)]
+    pub unset: Vec<String>,
+}
+
+/// Whether `key` can be an environment variable name.
+fn env_name_ok(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 256
+        && !key.starts_with(|c: char| c.is_ascii_digit())
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The release the app runs now, as a slug to reuse.
+async fn current_release(
+    api: &Api,
+    builds: &dyn Builds,
+    app: &str,
+) -> Result<(Release, Built), ApiError> {
+    let spec = get_json::<warden_core::AppSpec>(&*api.store, &keys::app_spec(app))
+        .await?
+        .map(|(s, _)| s)
+        .ok_or_else(|| crate::routes::apps::no_app(app))?;
+    let Some(r) = spec.release else {
+        return Err(ApiError::conflict(format!(
+            "app {app:?} runs no release yet; push it first (`warden push {app} DIR`), or change its environment with `warden apps update {app} --env K=V`"
+        )));
+    };
+    let release = get_release(api, app, r.number).await?;
+    let built = reuse(builds, &release)?;
+    Ok((release, built))
+}
+
+/// The built slug of `release`, to run it again.
+fn reuse(builds: &dyn Builds, release: &Release) -> Result<Built, ApiError> {
+    let (Some(slug), Some(kind)) = (&release.slug, release.kind) else {
+        return Err(ApiError::conflict(format!(
+            "release {} was never built",
+            release.number
+        )));
+    };
+    let dir = builds.slug_dir(slug).ok_or_else(|| {
+        ApiError::conflict(format!(
+            "release {}'s slug is not on this node any more; push the app again",
+            release.number
+        ))
+    })?;
+    Ok(Built {
+        slug: slug.clone(),
+        kind,
+        command: release.command.clone(),
+        dir,
+        cached: true,
+    })
+}
+
+/// `POST /v1/apps/{name}/config`: a release of the current slug with changed config vars.
+pub async fn config_change(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    ApiJson(change): ApiJson<ConfigChange>,
+) -> Result<Response, ApiError> {
+    let builds = builds(&api)?;
+    if let Some(k) = change
+        .set
+        .keys()
+        .chain(&change.unset)
+        .find(|k| !env_name_ok(k))
+    {
+        return Err(ApiError::bad_request(format!(
+            "{k:?} is not a usable variable name: letters, digits and '_', not starting with a digit"
+        )));
+    }
+    if change.set.is_empty() && change.unset.is_empty() {
+        return Err(ApiError::bad_request(
+            "nothing to change: give vars to set or unset",
+        ));
+    }
+    let (current, built) = current_release(&api, &*builds, &name).await?;
+    let mut config = deliver::config_of(&api, &name).await?;
+    let mut changed: Vec<String> = Vec::new();
+    for k in &change.unset {
+        if config.remove(k).is_some() {
+            changed.push(k.clone());
+        }
+    }
+    for (k, v) in change.set {
+        if config.get(&k) != Some(&v) {
+            changed.push(k.clone());
+            config.insert(k, v);
+        }
+    }
+    if changed.is_empty() {
+        return Err(ApiError::bad_request(
+            "the config already holds these values; nothing to release",
+        ));
+    }
+    let mut release = deliver::fresh(
+        &name,
+        ReleaseSource::Config { changed },
+        config,
+        by(&headers),
+    );
+    release.slug = current.slug.clone();
+    release.kind = current.kind;
+    release.command = current.command.clone();
+    let release = deliver::record(&api, release).await?;
+    Ok(deliver::start(api, builds, release, Step::Reuse(built)))
+}
+
+/// Body of `POST /v1/apps/{name}/rollback`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rollback {
+    /// The release to run again; the last released one before the current when absent.
+    #[serde(default)]
+    pub to: Option<u64>,
+}
+
+/// `POST /v1/apps/{name}/rollback`: a release that runs an earlier one's slug and config.
+pub async fn rollback(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<Rollback>,
+) -> Result<Response, ApiError> {
+    let builds = builds(&api)?;
+    let spec = get_json::<warden_core::AppSpec>(&*api.store, &keys::app_spec(&name))
+        .await?
+        .map(|(s, _)| s)
+        .ok_or_else(|| crate::routes::apps::no_app(&name))?;
+    let current = spec.release.as_ref().map(|r| r.number);
+    let target = match body.to {
+        Some(n) => get_release(&api, &name, n).await?,
+        None => {
+            let listing = api.store.list(&keys::releases(&name)).await?;
+            let released: Vec<Release> = listing
+                .entries
+                .iter()
+                .filter_map(|e| decode::<Release>(&e.key, &e.value).ok())
+                .filter(|r| r.status == ReleaseStatus::Released && Some(r.number) < current)
+                .collect();
+            released.into_iter().last().ok_or_else(|| {
+                ApiError::conflict(format!(
+                    "app {name:?} has no earlier release that served; `warden releases {name}` lists them"
+                ))
+            })?
+        }
+    };
+    if target.status != ReleaseStatus::Released {
+        return Err(ApiError::conflict(format!(
+            "release {} never served (it is {:?}); roll back to one that did",
+            target.number, target.status
+        )));
+    }
+    let built = reuse(&*builds, &target)?;
+    let mut release = deliver::fresh(
+        &name,
+        ReleaseSource::Rollback { to: target.number },
+        target.config.clone(),
+        by(&headers),
+    );
+    release.slug = target.slug.clone();
+    release.kind = target.kind;
+    release.command = target.command.clone();
+    let release = deliver::record(&api, release).await?;
+    Ok(deliver::start(api, builds, release, Step::Reuse(built)))
+}

@@ -1,0 +1,413 @@
+//! `warden push`, `releases`, `config` and `rollback`: deploying an app from its source.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::Subcommand;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+
+use crate::client::Client;
+use crate::{s, table, Output};
+
+/// `warden config ...`
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Show an app's config vars
+    Show {
+        /// App name
+        app: String,
+    },
+    /// Set config vars: a new release of the current code, tried before it serves
+    Set {
+        /// App name
+        app: String,
+        /// KEY=VALUE (repeatable)
+        #[arg(required = true)]
+        pairs: Vec<String>,
+    },
+    /// Remove config vars: a new release of the current code
+    Unset {
+        /// App name
+        app: String,
+        /// KEY (repeatable)
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+}
+
+/// What to push.
+#[derive(Debug, clap::Args)]
+pub struct Push {
+    /// App name (created if it does not exist)
+    pub app: String,
+    /// Directory of the app's source [default: the current directory]
+    #[arg(conflicts_with = "git")]
+    pub dir: Option<PathBuf>,
+    /// Push a commit of this git repository (a local path or a URL) instead of a directory
+    #[arg(long)]
+    pub git: Option<String>,
+    /// Branch, tag or commit of --git [default: the repository's HEAD]
+    #[arg(long = "ref", requires = "git")]
+    pub git_ref: Option<String>,
+    /// How to build, instead of telling from the files
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(warden_core::BuildKind::NAMES))]
+    pub kind: Option<String>,
+}
+
+/// Who is deploying, for the release record.
+fn who() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| {
+            use std::os::unix::fs::MetadataExt;
+            let uid = std::fs::metadata("/proc/self").map_or(u32::MAX, |m| m.uid());
+            std::fs::read_to_string("/etc/passwd")
+                .ok()
+                .and_then(|p| {
+                    p.lines()
+                        .map(|l| l.split(':').collect::<Vec<_>>())
+                        .find(|f| f.len() > 2 && f[2] == uid.to_string())
+                        .map(|f| f[0].to_owned())
+                })
+                .unwrap_or_else(|| format!("uid {uid}"))
+        });
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    format!("{user}@{}", host.trim())
+}
+
+/// A scratch clone of `url` at `git_ref`, and the commit it holds.
+fn checkout(url: &str, git_ref: Option<&str>) -> anyhow::Result<(tempdir::Dir, String)> {
+    let dir = tempdir::Dir::new()?;
+    let git = |args: &[&str]| -> anyhow::Result<String> {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .output()
+            .context("cannot run git; install it to push with --git")?;
+        if !out.status.success() {
+            bail!(
+                "git {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    let path = dir.path().display().to_string();
+    git(&["clone", "--quiet", "--no-checkout", "--", url, &path])?;
+    git(&[
+        "-C",
+        &path,
+        "checkout",
+        "--quiet",
+        git_ref.unwrap_or("HEAD"),
+        "--",
+    ])?;
+    let commit = git(&["-C", &path, "rev-parse", "HEAD"])?;
+    Ok((dir, commit))
+}
+
+/// A directory removed when dropped.
+mod tempdir {
+    pub(crate) struct Dir(std::path::PathBuf);
+
+    impl Dir {
+        pub(crate) fn new() -> anyhow::Result<Self> {
+            let p = std::env::temp_dir().join(format!(
+                "warden-push-{}-{}",
+                std::process::id(),
+                warden_core::id::short_id()
+            ));
+            std::fs::create_dir(&p)?;
+            Ok(Self(p))
+        }
+        pub(crate) fn path(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Where the gateway of a local `warden up` listens, to print a URL to try.
+fn gateway(data_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(data_dir.join("endpoints.json")).ok()?;
+    let v: Value = serde_json::from_str(&text).ok()?;
+    v["gateway"].as_str().map(str::to_owned)
+}
+
+/// `warden push`.
+pub(crate) async fn push(
+    api: &Client,
+    out: &Output,
+    data_dir: &Path,
+    p: Push,
+) -> anyhow::Result<()> {
+    let (_clone, dir, from) = match &p.git {
+        Some(url) => {
+            let (clone, commit) = checkout(url, p.git_ref.as_deref())?;
+            let dir = clone.path().to_owned();
+            (Some(clone), dir, format!("{url}@{commit}"))
+        }
+        None => {
+            let dir = p.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+            let abs = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
+            (None, dir, abs.display().to_string())
+        }
+    };
+    let (archive, files) = crate::pack::pack(&dir)?;
+    if !out.json {
+        eprintln!(
+            "-----> packed {files} files of {from} ({} bytes)",
+            archive.len()
+        );
+    }
+    if let Some(max) = api
+        .send("GET", "/v1/limits", None)
+        .await
+        .ok()
+        .and_then(|v| v["max_upload_bytes"].as_u64())
+    {
+        if archive.len() as u64 > max {
+            bail!(
+                "the packed source is {} bytes, larger than this API takes ({max} bytes); leave out what the app does not need (.gitignore, .wardenignore), or raise warden up --max-upload-mb",
+                archive.len()
+            );
+        }
+    }
+    let mut query = format!("?from={}", encode(&from));
+    if let Some(k) = &p.kind {
+        query += &format!("&kind={k}");
+    }
+    let tty = !out.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let body = api
+        .stream(
+            "POST",
+            &format!("/v1/apps/{}/releases{query}", p.app),
+            "application/gzip",
+            &[("x-warden-by", who())],
+            archive.into(),
+            move |sent, total| {
+                if tty {
+                    eprint!("\r-----> uploading {sent} of {total} bytes");
+                    if sent == total {
+                        eprintln!();
+                    }
+                }
+            },
+        )
+        .await?;
+    follow(body, out, &p.app, data_dir).await
+}
+
+/// Percent-encodes a query value.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z'
+            | b'a'..=b'z'
+            | b'0'..=b'9'
+            | b'-'
+            | b'_'
+            | b'.'
+            | b'~'
+            | b'/'
+            | b':'
+            | b'@' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Prints a release's progress as it comes; fails when the release failed.
+async fn follow(
+    mut body: hyper::body::Incoming,
+    out: &Output,
+    app: &str,
+    data_dir: &Path,
+) -> anyhow::Result<()> {
+    let mut pending = Vec::new();
+    let mut last: Option<Value> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.context(
+            "the API's answer broke off; `warden releases APP` shows how the release ended",
+        )?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        pending.extend_from_slice(&data);
+        while let Some(i) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=i).collect();
+            let Ok(v) = serde_json::from_slice::<Value>(&line) else {
+                continue;
+            };
+            if out.json {
+                println!("{v}");
+            } else if let Some(text) = v["log"].as_str() {
+                println!("{text}");
+            }
+            if v.get("done").is_some() || v.get("failed").is_some() {
+                last = Some(v);
+            }
+        }
+    }
+    let Some(v) = last else {
+        bail!("the API stopped answering before the release ended; `warden releases {app}` shows how it ended");
+    };
+    if let Some(r) = v.get("failed") {
+        bail!(
+            "release {} of {app} failed; the app keeps serving what it served before:\n{}",
+            s(&r["number"]),
+            s(&r["error"])
+        );
+    }
+    if !out.json {
+        let r = &v["done"];
+        println!("release {} of {app} serves", s(&r["number"]));
+        let path = s(&v["path"]);
+        match gateway(data_dir) {
+            Some(g) => println!("try: curl -u USER:PASSWORD {g}{path}"),
+            None => println!("try: curl -u USER:PASSWORD http://GATEWAY{path}"),
+        }
+    }
+    Ok(())
+}
+
+/// `warden releases APP`.
+pub(crate) async fn releases(api: &Client, out: &Output, app: &str) -> anyhow::Result<()> {
+    let v = api
+        .send("GET", &format!("/v1/apps/{app}/releases"), None)
+        .await?;
+    let spec = api.send("GET", &format!("/v1/apps/{app}"), None).await.ok();
+    let current = spec.as_ref().and_then(|s| s["release"]["number"].as_u64());
+    out.value(&v, |v| {
+        let rows = v.as_array().into_iter().flatten().map(|r| {
+            let src = &r["source"];
+            let source = match src["type"].as_str() {
+                Some("push") => format!("push {}", s(&src["from"])),
+                Some("config") => format!("config {}", s(&src["changed"])),
+                Some("rollback") => format!("rollback to {}", s(&src["to"])),
+                _ => s(src),
+            };
+            let digest = s(&r["slug"]).chars().take(12).collect::<String>();
+            let mut status = s(&r["status"]);
+            if r["number"].as_u64() == current && current.is_some() {
+                status = "serving".into();
+            }
+            vec![
+                s(&r["number"]),
+                status,
+                s(&r["kind"]),
+                digest,
+                s(&r["by"]),
+                when(r["at_ms"].as_u64().unwrap_or(0)),
+                source,
+            ]
+        });
+        table::print(
+            &["RELEASE", "STATUS", "KIND", "SLUG", "BY", "WHEN", "SOURCE"],
+            rows,
+        );
+    });
+    Ok(())
+}
+
+/// A time in ms since the epoch, as UTC `YYYY-MM-DD HH:MM:SS`.
+fn when(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// `warden config ...`.
+pub(crate) async fn config(
+    api: &Client,
+    out: &Output,
+    data_dir: &Path,
+    cmd: ConfigCommand,
+) -> anyhow::Result<()> {
+    let (app, body) = match cmd {
+        ConfigCommand::Show { app } => {
+            let v = api
+                .send("GET", &format!("/v1/apps/{app}/config"), None)
+                .await?;
+            out.value(&v, |v| {
+                for (k, val) in v.as_object().into_iter().flatten() {
+                    println!("{k}={}", s(val));
+                }
+            });
+            return Ok(());
+        }
+        ConfigCommand::Set { app, pairs } => {
+            let mut set = serde_json::Map::new();
+            for kv in pairs {
+                let Some((k, v)) = kv.split_once('=') else {
+                    bail!("{kv:?} must be KEY=VALUE");
+                };
+                set.insert(k.to_owned(), json!(v));
+            }
+            (app, json!({ "set": set }))
+        }
+        ConfigCommand::Unset { app, keys } => (app, json!({ "unset": keys })),
+    };
+    let body = api
+        .stream(
+            "POST",
+            &format!("/v1/apps/{app}/config"),
+            "application/json",
+            &[("x-warden-by", who())],
+            body.to_string().into(),
+            |_, _| {},
+        )
+        .await?;
+    follow(body, out, &app, data_dir).await
+}
+
+/// `warden rollback APP [N]`.
+pub(crate) async fn rollback(
+    api: &Client,
+    out: &Output,
+    data_dir: &Path,
+    app: &str,
+    to: Option<u64>,
+) -> anyhow::Result<()> {
+    let body = api
+        .stream(
+            "POST",
+            &format!("/v1/apps/{app}/rollback"),
+            "application/json",
+            &[("x-warden-by", who())],
+            json!({ "to": to }).to_string().into(),
+            |_, _| {},
+        )
+        .await?;
+    follow(body, out, app, data_dir).await
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn dates_are_civil_utc() {
+        assert_eq!(super::when(0), "1970-01-01 00:00:00");
+        assert_eq!(super::when(1_795_000_000_000), "2026-11-18 11:06:40");
+    }
+}

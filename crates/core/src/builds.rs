@@ -1,0 +1,85 @@
+//! The seam between the API, which takes pushes and makes releases, and the agent, which builds
+//! slugs and tries them: [`Builds`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::{AppSpec, BuildKind};
+
+/// Where a build's or a trial's output lines go, as they come.
+pub type Output = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// A built slug.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Built {
+    /// The slug's id: SHA-256 over the source archive's digest and how it was built.
+    pub slug: String,
+    /// How it was built.
+    pub kind: BuildKind,
+    /// What instances run (the Procfile's `web`, through `/bin/sh -c`); empty for a static site.
+    pub command: Vec<String>,
+    /// The slug's files on this node, for a static site the gateway serves.
+    pub dir: PathBuf,
+    /// Whether an earlier push had built it already.
+    pub cached: bool,
+}
+
+/// Why a push could not be built. `BadArchive` is the pusher's to fix before anything ran.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The upload is not a usable archive (or holds something a slug may not).
+    #[error("{0}")]
+    BadArchive(String),
+    /// The tree does not say how to build or run it.
+    #[error("{0}")]
+    Detect(String),
+    /// The build ran and failed, or ran out of time.
+    #[error("{0}")]
+    Failed(String),
+    /// The node could not do its part (disk, directories, no driver).
+    #[error("{0}")]
+    Node(String),
+}
+
+/// Builds slugs from pushed archives and tries releases before they serve.
+#[async_trait]
+pub trait Builds: Send + Sync + 'static {
+    /// Checks the archive at `archive` (gzip'd tar, SHA-256 `digest`) and unpacks it, unless
+    /// the slug it makes with `kind` (detected when `None`) is built already. Cheap errors only:
+    /// a bad archive, a tree that says nothing about how to run it.
+    async fn prepare(
+        &self,
+        app: &str,
+        archive: &Path,
+        digest: &str,
+        kind: Option<BuildKind>,
+    ) -> Result<Prepared, BuildError>;
+
+    /// Builds what [`Builds::prepare`] unpacked, with a time limit; output goes to `out`.
+    async fn build(&self, prepared: Prepared, out: Output) -> Result<Built, BuildError>;
+
+    /// Starts one instance of `spec` for `label` outside all routing, waits until it is ready
+    /// (its health path, else accepting connections), and stops it. On failure: why, with the
+    /// last lines it printed.
+    async fn trial(&self, spec: &AppSpec, label: &str) -> Result<(), String>;
+
+    /// The directory of slug `slug` on this node, if it is built here.
+    fn slug_dir(&self, slug: &str) -> Option<PathBuf>;
+}
+
+/// An unpacked source waiting for its build, or a slug already built.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The slug's id.
+    pub slug: String,
+    /// How it will be built.
+    pub kind: BuildKind,
+    /// What instances will run.
+    pub command: Vec<String>,
+    /// The built slug, when an earlier push built it.
+    pub built: Option<Built>,
+    /// Where the source was unpacked, when it still has to be built.
+    pub tree: Option<PathBuf>,
+}

@@ -1,0 +1,139 @@
+//! Releases: what an app runs after a push, a config change or a rollback.
+//!
+//! A push uploads a source archive; the API node builds it once into a slug (a directory that
+//! holds the app and its dependencies, named by the digest of the source and how it was built)
+//! and records a numbered release. Config changes and rollbacks make releases too, reusing a
+//! built slug. The app's spec then names the release ([`SpecRelease`]) and the agents run its
+//! command in the slug; a release is never changed after it is made, only its status.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The release an app's spec runs: which slug, under which number. Each node resolves the slug
+/// to its own copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecRelease {
+    /// The release's number.
+    pub number: u64,
+    /// The slug's id: 64 hex digits.
+    pub slug: String,
+}
+
+/// How a slug was built from its source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BuildKind {
+    /// A Python app: a virtual environment with the app's requirements.
+    Python,
+    /// A Node app: `npm ci --omit=dev` (or `npm install` without a lock file).
+    Node,
+    /// Files the gateway serves itself; no instance runs.
+    Static,
+    /// Nothing to build: the Procfile's command runs as it is (a prebuilt program, a script).
+    Procfile,
+}
+
+impl BuildKind {
+    /// Every kind, as the CLI and API spell them.
+    pub const NAMES: &[&str] = &["python", "node", "static", "procfile"];
+
+    /// The kind's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Python => "python",
+            Self::Node => "node",
+            Self::Static => "static",
+            Self::Procfile => "procfile",
+        }
+    }
+
+    /// The kind named `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "python" => Some(Self::Python),
+            "node" => Some(Self::Node),
+            "static" => Some(Self::Static),
+            "procfile" => Some(Self::Procfile),
+            _ => None,
+        }
+    }
+}
+
+/// What made a release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ReleaseSource {
+    /// A push of a source archive.
+    Push {
+        /// SHA-256 of the uploaded archive, hex.
+        digest: String,
+        /// Where the source came from, as the pusher described it (a directory, a git URL and
+        /// commit).
+        from: String,
+    },
+    /// `warden config set` or `unset`: the keys that changed.
+    Config {
+        /// The changed keys.
+        changed: Vec<String>,
+    },
+    /// `warden rollback`: the release whose slug and config this one runs again.
+    Rollback {
+        /// The release rolled back to.
+        to: u64,
+    },
+}
+
+/// Where a release stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseStatus {
+    /// Being built or tried.
+    Building,
+    /// Its build failed, or its instance did not start; the app kept its earlier release.
+    Failed,
+    /// Built, tried and made the app's release (it may since have been replaced).
+    Released,
+}
+
+/// A numbered release of an app. Stored at `releases/<app>/<number>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Release {
+    /// The app.
+    pub app: String,
+    /// The release's number: 1 for the first, one more for each after.
+    pub number: u64,
+    /// What made it.
+    pub source: ReleaseSource,
+    /// The slug it runs, once built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slug: Option<String>,
+    /// How the slug was built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<BuildKind>,
+    /// The command instances run (the Procfile's `web`), empty for a static site.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// The app's config vars as of this release (instances get them as environment); a
+    /// rollback restores them.
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+    /// Who made it, as the client said (user@host); informational only.
+    pub by: String,
+    /// When it was made, in ms since the epoch.
+    pub at_ms: u64,
+    /// Where it stands.
+    pub status: ReleaseStatus,
+    /// Why it failed, with the last lines of output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Whether `s` is a slug id: 64 lowercase hex digits.
+pub fn is_slug_id(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
