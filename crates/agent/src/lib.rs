@@ -91,6 +91,7 @@ struct Inner {
     pools: Arc<pools::Pools>,
     drivers: Arc<drivers::Drivers>,
     paths: paths::Paths,
+    slugs: Arc<build::slugs::Fetcher>,
     metrics: Arc<metrics::Metrics>,
     stopping: watch::Sender<bool>,
 }
@@ -178,6 +179,7 @@ impl Agent {
             refill_tx,
         ));
         let restarts = Arc::new(restarts::Restarts::default());
+        let slugs = Arc::new(build::slugs::Fetcher::default());
         let life = lifecycle::Lifecycle::new(lifecycle::Deps {
             store: store.clone(),
             node: node.clone(),
@@ -188,6 +190,7 @@ impl Agent {
             restarts: restarts.clone(),
             metrics: metrics.clone(),
             stopping: stopping_rx.clone(),
+            slugs: slugs.clone(),
         });
         node.publish(0).await?;
         node.remove_stale_records().await?;
@@ -220,6 +223,7 @@ impl Agent {
                 pools,
                 drivers,
                 paths,
+                slugs,
                 metrics,
                 stopping,
             }),
@@ -235,6 +239,16 @@ impl Agent {
             time_limit,
             max_unpacked,
         )
+    }
+
+    /// Where this node gets release slugs it did not build (another node of its cluster).
+    pub fn set_slug_source(&self, source: Arc<dyn warden_core::builds::SlugSource>) {
+        self.inner.slugs.set_source(source);
+    }
+
+    /// The directory of this node's slugs, which its node port serves to other nodes.
+    pub fn slug_dir(&self) -> PathBuf {
+        self.inner.paths.slugs.clone()
     }
 
     /// This node's id.

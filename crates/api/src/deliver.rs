@@ -282,7 +282,8 @@ fn compose(
     let earlier_static = spec
         .release
         .as_ref()
-        .and_then(|r| builds.slug_dir(&r.slug))
+        .and_then(|r| builds.built(&r.slug))
+        .map(|b| b.dir)
         .map(|d| d.display().to_string());
     if earlier_static.is_some() && spec.static_dir == earlier_static {
         spec.static_dir = None;
@@ -291,6 +292,7 @@ fn compose(
     spec.release = Some(SpecRelease {
         number: release.number,
         slug: built.slug.clone(),
+        archive: Some(built.archive.clone()),
     });
     spec.workdir = None;
     spec.command = built.command.clone();

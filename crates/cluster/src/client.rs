@@ -18,6 +18,8 @@ use crate::NodeTls;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time a node gets to answer a request: a start waits for the instance to be ready.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+/// Time a slug transfer may take.
+const SLUG_TIMEOUT: Duration = Duration::from_secs(600);
 /// Time a node gets to answer a connect.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -112,6 +114,47 @@ impl NodeClient {
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))
             .and_then(|r| r)
             .map_err(unreachable)
+    }
+
+    /// Copies slug `id`'s archive from the node at `addr` into `into`, at most `max` bytes.
+    pub async fn fetch_slug(
+        &self,
+        addr: &str,
+        id: &str,
+        into: &std::path::Path,
+        max: u64,
+    ) -> Result<(), String> {
+        use tokio::io::AsyncReadExt;
+        let exchange = async {
+            let mut s = self.open(addr).await.map_err(|e| e.to_string())?;
+            let request = Request::Slug { id: id.to_owned() };
+            wire::write(&mut s, &request)
+                .await
+                .map_err(|e| e.to_string())?;
+            let size = match wire::read(&mut s).await.map_err(|e| e.to_string())? {
+                Reply::Blob { size } if size <= max => size,
+                Reply::Blob { size } => {
+                    return Err(format!("its archive is {size} bytes, more than {max}"))
+                }
+                Reply::Err(e) => return Err(e.to_string()),
+                other => return Err(format!("answered {other:?}")),
+            };
+            let mut file = tokio::fs::File::create(into)
+                .await
+                .map_err(|e| e.to_string())?;
+            let copied = tokio::io::copy(&mut (&mut s).take(size), &mut file)
+                .await
+                .map_err(|e| e.to_string())?;
+            if copied != size {
+                return Err(format!("the transfer ended after {copied} of {size} bytes"));
+            }
+            tokio::io::AsyncWriteExt::flush(&mut file)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        tokio::time::timeout(SLUG_TIMEOUT, exchange)
+            .await
+            .map_err(|_| format!("no slug within {} s", SLUG_TIMEOUT.as_secs()))?
     }
 
     /// Asks the node at `addr` for a ready instance of `spec`'s app (the node reads the spec

@@ -18,6 +18,7 @@ mod client;
 mod directory;
 mod instances;
 mod server;
+mod slugs;
 pub mod tickets;
 mod wire;
 
@@ -27,6 +28,7 @@ pub use client::NodeClient;
 pub use directory::Directory;
 pub use instances::ClusterInstances;
 pub use server::{serve, NodePortStats};
+pub use slugs::SlugFetcher;
 pub use tickets::SharedTickets;
 
 /// ALPN protocol of the node port.

@@ -174,14 +174,17 @@ async fn relay(
 
 /// Serves the node port on `listener` until `stop` turns true. App specs of start requests
 /// are read from `store`, never taken from the asking node.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     listener: TcpListener,
     tls: NodeTls,
     local: Arc<dyn Instances>,
     store: Arc<dyn Store>,
     stats: Arc<NodePortStats>,
+    slugs: Option<std::path::PathBuf>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let slugs = Arc::new(slugs);
     let acceptor = TlsAcceptor::from(tls.server);
     // Handshakes have their own few slots and a short time: strangers can take only those.
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
@@ -201,12 +204,13 @@ pub async fn serve(
             },
             _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
         };
-        let (acceptor, local, store, stats, admitted) = (
+        let (acceptor, local, store, stats, admitted, slugs) = (
             acceptor.clone(),
             local.clone(),
             store.clone(),
             stats.clone(),
             admitted.clone(),
+            slugs.clone(),
         );
         tokio::spawn(async move {
             let Some(tls) = handshake(tcp, acceptor, &stats).await else {
@@ -217,7 +221,7 @@ pub async fn serve(
                 tracing::warn!(%peer, "node port full: {MAX_CONNECTIONS} connections open");
                 return;
             };
-            if let Err(e) = handle(tls, &*local, &*store, &stats).await {
+            if let Err(e) = handle(tls, &*local, &*store, &stats, slugs.as_deref()).await {
                 tracing::debug!(%peer, error = %e, "node port connection ended");
             }
         });
@@ -269,6 +273,7 @@ async fn handle(
     local: &dyn Instances,
     store: &dyn Store,
     stats: &NodePortStats,
+    slugs: Option<&std::path::Path>,
 ) -> std::io::Result<()> {
     let request: Request = tokio::time::timeout(REQUEST_TIMEOUT, wire::read(&mut tls))
         .await
@@ -332,6 +337,35 @@ async fn handle(
             Ok(t) => Reply::Text(t),
             Err(e) => Reply::Err(e),
         },
+        Request::Slug { id } => return send_slug(tls, slugs, &id).await,
     };
     wire::write(&mut tls, &reply).await
+}
+
+/// Sends the archive of slug `id` (complete on this node: its digest file is written last),
+/// or says this node has none.
+async fn send_slug(
+    mut tls: tokio_rustls::server::TlsStream<TcpStream>,
+    slugs: Option<&std::path::Path>,
+    id: &str,
+) -> std::io::Result<()> {
+    let home = slugs
+        .filter(|_| warden_core::model::is_slug_id(id))
+        .map(|s| s.join(id));
+    let file = match &home {
+        Some(h) if h.join("slug.sha256").is_file() => {
+            tokio::fs::File::open(h.join("slug.tar.gz")).await.ok()
+        }
+        _ => None,
+    };
+    let Some(mut file) = file else {
+        let none = InstanceError::Unavailable(format!("slug {id} is not on this node"));
+        return wire::write(&mut tls, &Reply::Err(none)).await;
+    };
+    let size = file.metadata().await?.len();
+    wire::write(&mut tls, &Reply::Blob { size }).await?;
+    let sent = tokio::io::copy(&mut file, &mut tls).await?;
+    tokio::io::AsyncWriteExt::shutdown(&mut tls).await?;
+    tracing::info!(slug = %id, bytes = sent, "sent a slug to another node");
+    Ok(())
 }

@@ -30,6 +30,8 @@ pub(crate) enum Request {
     Kill { id: String },
     /// The last lines an instance printed.
     Logs { id: String, lines: usize },
+    /// A release's slug archive, if this node has it.
+    Slug { id: String },
 }
 
 /// What a node answers.
@@ -42,6 +44,8 @@ pub(crate) enum Reply {
     Record(Box<InstanceRecord>),
     /// Log lines.
     Text(String),
+    /// `size` bytes of a slug's archive follow.
+    Blob { size: u64 },
     /// It could not be done.
     Err(InstanceError),
 }

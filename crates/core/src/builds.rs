@@ -22,6 +22,8 @@ pub struct Built {
     pub command: Vec<String>,
     /// The slug's files on this node, for a static site the gateway serves.
     pub dir: PathBuf,
+    /// SHA-256 of the slug's archive, for nodes that fetch it.
+    pub archive: String,
     /// Whether an earlier push had built it already.
     pub cached: bool,
 }
@@ -65,8 +67,16 @@ pub trait Builds: Send + Sync + 'static {
     /// last lines it printed.
     async fn trial(&self, spec: &AppSpec, label: &str) -> Result<(), String>;
 
-    /// The directory of slug `slug` on this node, if it is built here.
-    fn slug_dir(&self, slug: &str) -> Option<PathBuf>;
+    /// Slug `slug`, if it is built (or fetched) on this node.
+    fn built(&self, slug: &str) -> Option<Built>;
+}
+
+/// Where a node gets a slug it did not build: another node of the cluster that has it.
+#[async_trait]
+pub trait SlugSource: Send + Sync + 'static {
+    /// Copies the archive of slug `slug` into the file `into`, at most `max` bytes. The caller
+    /// checks its digest.
+    async fn fetch(&self, slug: &str, into: &Path, max: u64) -> Result<(), String>;
 }
 
 /// An unpacked source waiting for its build, or a slug already built.

@@ -293,6 +293,7 @@ pub async fn instances(
     node: &str,
     agent: Option<std::sync::Arc<dyn warden_core::Instances>>,
     port: Option<NodePort>,
+    slugs: Option<std::path::PathBuf>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<Wired> {
     let advertise = port
@@ -307,6 +308,7 @@ pub async fn instances(
             local.clone(),
             store.clone(),
             stats.clone(),
+            slugs,
             stop,
         ))),
         _ => None,

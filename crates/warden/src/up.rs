@@ -243,10 +243,19 @@ async fn sources(
                 node,
                 local,
                 node_port,
+                agent.as_ref().map(|a| a.slug_dir()),
                 stop_rx.clone(),
             )
             .await?;
             tasks.extend(wired.served);
+            if let Some(a) = &agent {
+                // Releases built on another node come from there.
+                a.set_slug_source(Arc::new(warden_cluster::SlugFetcher::new(
+                    wired.client.clone(),
+                    wired.directory.clone(),
+                    node.to_owned(),
+                )));
+            }
             node_port_stats = Some(wired.stats);
             if cfg.runs(Role::Checker) {
                 let stats = Arc::new(warden_cluster::CheckerStats::default());

@@ -10,6 +10,7 @@
 //! or interrupted build and is removed before the next. Built slugs belong to warden and are
 //! read-only to everyone else: instances see them read-only (the sandbox binds them so).
 
+mod archive;
 mod detect;
 mod relocate;
 mod run;
@@ -18,7 +19,7 @@ mod trial;
 mod unpack;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -60,14 +61,15 @@ impl Builder {
         BuildError::Node(format!("cannot {what}: {e}"))
     }
 
-    /// The built slug `id`, if its mark is there.
-    fn built(&self, id: &str, cached: bool) -> Option<Built> {
-        let mark = slugs::mark(&self.paths.slugs, id)?;
+    /// The built slug `id`, if it is complete.
+    fn complete(&self, id: &str, cached: bool) -> Option<Built> {
+        let (mark, archive) = slugs::mark(&self.paths.slugs, id)?;
         Some(Built {
             slug: id.to_owned(),
             kind: mark.kind,
             command: mark.command,
             dir: slugs::tree(&self.paths.slugs, id),
+            archive,
             cached,
         })
     }
@@ -138,7 +140,7 @@ impl Builds for Builder {
             let scratch = slugs.join(format!(".unpack-{}", warden_core::id::short_id()));
             std::fs::create_dir(&scratch)
                 .map_err(|e| Self::node_error("create a directory to unpack into", e))?;
-            let recipe = unpack::unpack(&archive, &scratch, max)
+            let recipe = unpack::unpack(&archive, &scratch, max, false)
                 .and_then(|_| detect::detect(&scratch, kind));
             let recipe = match recipe {
                 Ok(r) => r,
@@ -159,7 +161,7 @@ impl Builds for Builder {
         .await
         .map_err(|e| Self::node_error("unpack the archive", e))?
         .map(|mut p| {
-            if let Some(b) = self.built(&p.slug, true) {
+            if let Some(b) = self.complete(&p.slug, true) {
                 if let Some(t) = p.tree.take() {
                     let _ = std::fs::remove_dir_all(t);
                 }
@@ -189,8 +191,8 @@ impl Builds for Builder {
         trial::trial(&self.drivers, &self.paths, spec, label).await
     }
 
-    fn slug_dir(&self, slug: &str) -> Option<PathBuf> {
-        self.built(slug, true).map(|b| b.dir)
+    fn built(&self, slug: &str) -> Option<Built> {
+        self.complete(slug, true)
     }
 }
 
@@ -202,7 +204,7 @@ impl Builder {
         kind: BuildKind,
         out: &Output,
     ) -> Result<Built, BuildError> {
-        if let Some(b) = self.built(id, true) {
+        if let Some(b) = self.complete(id, true) {
             return Ok(b);
         }
         // The recipe again, from the tree that will be built (the same files prepare saw).
@@ -226,7 +228,14 @@ impl Builder {
             serde_json::to_vec(&mark).map_err(|e| Self::node_error("encode the slug's mark", e))?;
         std::fs::write(home.join(slugs::MARK), bytes)
             .map_err(|e| Self::node_error("write the slug's mark", e))?;
-        self.built(id, false)
+        let home2 = home.clone();
+        let digest = tokio::task::spawn_blocking(move || archive::pack(&home2))
+            .await
+            .map_err(|e| Self::node_error("pack the slug", e))?
+            .map_err(|e| Self::node_error("pack the slug", e))?;
+        std::fs::write(home.join(slugs::DIGEST), digest)
+            .map_err(|e| Self::node_error("write the slug's digest", e))?;
+        self.complete(id, false)
             .ok_or_else(|| BuildError::Node("the slug's mark cannot be read back".into()))
     }
 

@@ -10,8 +10,11 @@ use warden_core::{AppSpec, BuildKind};
 use crate::drivers::spawn::INSTANCE_PATH;
 use crate::drivers::LaunchError;
 
-/// File beside a slug's tree, written last: the slug is complete when it is there.
+/// File beside a slug's tree: how it was built and what it runs.
 pub(crate) const MARK: &str = "slug.json";
+/// File beside a slug's tree holding its archive's SHA-256, written last: the slug is
+/// complete when it is there.
+pub(crate) const DIGEST: &str = "slug.sha256";
 
 /// What [`MARK`] holds.
 #[derive(Debug, Serialize, Deserialize)]
@@ -25,13 +28,17 @@ pub(crate) fn tree(slugs: &Path, id: &str) -> PathBuf {
     slugs.join(id).join("app")
 }
 
-/// The mark of slug `id`, if it is built here.
-pub(crate) fn mark(slugs: &Path, id: &str) -> Option<Mark> {
+/// The mark of slug `id` and its archive's digest, if it is complete here.
+pub(crate) fn mark(slugs: &Path, id: &str) -> Option<(Mark, String)> {
     if !warden_core::model::is_slug_id(id) {
         return None;
     }
+    let digest = std::fs::read_to_string(slugs.join(id).join(DIGEST)).ok()?;
     let bytes = std::fs::read(slugs.join(id).join(MARK)).ok()?;
-    serde_json::from_slice(&bytes).ok()
+    Some((
+        serde_json::from_slice(&bytes).ok()?,
+        digest.trim().to_owned(),
+    ))
 }
 
 /// What an instance of `spec` runs on this node: `spec` itself, or for a release the spec in
@@ -57,4 +64,98 @@ pub(crate) fn run_spec<'a>(
         .entry("PATH".into())
         .or_insert_with(|| format!("{t}/.venv/bin:{t}/node_modules/.bin:{INSTANCE_PATH}"));
     Ok(Cow::Owned(run))
+}
+
+/// Brings slugs this node did not build from a node that has them (see
+/// `warden_core::builds::SlugSource`), once per slug, checked against the digest the app's
+/// spec names.
+#[derive(Default)]
+pub(crate) struct Fetcher {
+    source: std::sync::OnceLock<std::sync::Arc<dyn warden_core::builds::SlugSource>>,
+    fetching:
+        std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Largest slug archive a node fetches.
+const MAX_FETCH: u64 = 16 << 30;
+
+impl Fetcher {
+    /// Where slugs come from; set once, when the node joins its cluster.
+    pub(crate) fn set_source(&self, source: std::sync::Arc<dyn warden_core::builds::SlugSource>) {
+        let _ = self.source.set(source);
+    }
+
+    /// Makes sure the slug of `release` is on this node, fetching it if it is not.
+    pub(crate) async fn ensure(
+        &self,
+        slugs: &Path,
+        release: &warden_core::SpecRelease,
+    ) -> Result<(), LaunchError> {
+        if mark(slugs, &release.slug).is_some() {
+            return Ok(());
+        }
+        let missing = || LaunchError::NoSlug {
+            slug: release.slug.clone(),
+        };
+        let (Some(source), Some(digest)) = (self.source.get(), &release.archive) else {
+            return Err(missing());
+        };
+        let gate = crate::sync::lock(&self.fetching)
+            .entry(release.slug.clone())
+            .or_default()
+            .clone();
+        let _one = gate.lock().await;
+        if mark(slugs, &release.slug).is_some() {
+            return Ok(());
+        }
+        let result = self.fetch(&**source, slugs, &release.slug, digest).await;
+        crate::sync::lock(&self.fetching).remove(&release.slug);
+        result.map_err(|why| LaunchError::Fetch {
+            slug: release.slug.clone(),
+            why,
+        })
+    }
+
+    async fn fetch(
+        &self,
+        source: &dyn warden_core::builds::SlugSource,
+        slugs: &Path,
+        id: &str,
+        digest: &str,
+    ) -> Result<(), String> {
+        std::fs::create_dir_all(slugs).map_err(|e| e.to_string())?;
+        let scratch = slugs.join(format!(".fetch-{}", warden_core::id::short_id()));
+        std::fs::create_dir(&scratch).map_err(|e| e.to_string())?;
+        let file = scratch.join(super::archive::FILE);
+        let result = async {
+            source.fetch(id, &file, MAX_FETCH).await?;
+            let (file2, scratch2, digest, id) = (
+                file.clone(),
+                scratch.clone(),
+                digest.to_owned(),
+                id.to_owned(),
+            );
+            let home = slugs.join(&id);
+            tokio::task::spawn_blocking(move || -> Result<(), String> {
+                let got = super::archive::sha256_file(&file2).map_err(|e| e.to_string())?;
+                if got != digest {
+                    return Err(format!("the fetched slug's digest is {got}, not {digest}"));
+                }
+                super::unpack::unpack(&file2, &scratch2, MAX_FETCH * 8, true)
+                    .map_err(|e| e.to_string())?;
+                std::fs::write(scratch2.join(DIGEST), &digest).map_err(|e| e.to_string())?;
+                let _ = std::fs::remove_dir_all(&home);
+                std::fs::rename(&scratch2, &home).map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        }
+        .await;
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&scratch);
+        } else {
+            tracing::info!(slug = %id, "fetched a release's slug from another node");
+        }
+        result
+    }
 }

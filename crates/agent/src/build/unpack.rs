@@ -52,8 +52,14 @@ fn link_stays_inside(at: &Path, target: &Path) -> bool {
 /// Unpacks `archive` into `into` (which must exist), refusing entries that are not plain files,
 /// directories or inner symlinks, paths that leave it, more than [`MAX_ENTRIES`] entries or
 /// more than `max_bytes` of content. Files get mode 0755 when any execute bit was set, else
-/// 0644; directories 0755.
-pub(crate) fn unpack(archive: &Path, into: &Path, max_bytes: u64) -> Result<u64, BuildError> {
+/// 0644; directories 0755. A `built` slug (checked against its digest before) may hold
+/// symlinks anywhere, such as a virtual environment's `python` to the system's.
+pub(crate) fn unpack(
+    archive: &Path,
+    into: &Path,
+    max_bytes: u64,
+    built: bool,
+) -> Result<u64, BuildError> {
     use std::os::unix::fs::PermissionsExt;
     let file = std::fs::File::open(archive)
         .map_err(|e| BuildError::Node(format!("cannot open the upload: {e}")))?;
@@ -109,7 +115,7 @@ pub(crate) fn unpack(archive: &Path, into: &Path, max_bytes: u64) -> Result<u64,
                     .flatten()
                     .map(|t| t.into_owned())
                     .unwrap_or_default();
-                if !link_stays_inside(&rel, &target) {
+                if !built && !link_stays_inside(&rel, &target) {
                     return Err(bad(format!(
                         "symlink {} points outside the archive ({}); a slug holds only its own files",
                         rel.display(),
@@ -191,7 +197,10 @@ mod tests {
             link(b, "app/alias.py", "main.py");
         });
         let dir = tempfile::tempdir().expect("dir");
-        assert_eq!(unpack(a.path(), dir.path(), 1 << 20).expect("unpack"), 8);
+        assert_eq!(
+            unpack(a.path(), dir.path(), 1 << 20, false).expect("unpack"),
+            8
+        );
         assert_eq!(
             std::fs::read(dir.path().join("app/alias.py")).expect("read"),
             b"print(1)"
@@ -222,14 +231,14 @@ mod tests {
             (archive(|_| {}), "empty"),
         ];
         for (a, want) in cases {
-            let err = unpack(a.path(), dir.path(), 1000)
+            let err = unpack(a.path(), dir.path(), 1000, false)
                 .expect_err(want)
                 .to_string();
             assert!(err.contains(want), "{err:?} should say {want:?}");
         }
         let not_gzip = tempfile::NamedTempFile::new().expect("temp");
         std::fs::write(not_gzip.path(), b"hello").expect("write");
-        let err = unpack(not_gzip.path(), dir.path(), 1000).expect_err("not gzip");
+        let err = unpack(not_gzip.path(), dir.path(), 1000, false).expect_err("not gzip");
         assert!(matches!(err, BuildError::BadArchive(_)), "{err}");
         assert!(!dir.path().parent().expect("parent").join("evil").exists());
     }

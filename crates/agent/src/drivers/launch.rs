@@ -116,6 +116,14 @@ pub enum LaunchError {
         /// The slug's id.
         slug: String,
     },
+    /// The release's slug could not be fetched from another node.
+    #[error("cannot fetch the release's slug {slug}: {why}")]
+    Fetch {
+        /// The slug's id.
+        slug: String,
+        /// Why.
+        why: String,
+    },
     /// The sandbox's cgroups could not be set up.
     #[error("cannot set up the instance's cgroup: {0}")]
     Cgroup(#[from] CgroupError),

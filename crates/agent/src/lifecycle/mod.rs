@@ -78,6 +78,8 @@ pub(crate) struct Deps {
     pub restarts: Arc<Restarts>,
     pub metrics: Arc<Metrics>,
     pub stopping: watch::Receiver<bool>,
+    /// Brings release slugs this node did not build.
+    pub slugs: Arc<crate::build::slugs::Fetcher>,
 }
 
 /// The instances of this node.

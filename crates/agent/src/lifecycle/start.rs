@@ -58,6 +58,16 @@ impl Lifecycle {
                 return Ok(r);
             }
         }
+        if let Some(release) = &spec.release {
+            self.deps
+                .slugs
+                .ensure(&self.deps.paths.slugs, release)
+                .await
+                .map_err(|source| AgentError::Launch {
+                    app: spec.name.clone(),
+                    source,
+                })?;
+        }
         self.reserve(spec)?;
         let began = Instant::now();
         let launched = match self.launch(spec, label, purpose) {

@@ -35,8 +35,8 @@ fn is_release_site(api: &Api, spec: &AppSpec, dir: &str) -> bool {
         return false;
     };
     builds
-        .slug_dir(&r.slug)
-        .is_some_and(|d| d.display().to_string() == dir)
+        .built(&r.slug)
+        .is_some_and(|b| b.dir.display().to_string() == dir)
 }
 
 /// Writes `spec`'s desired and warm counts under the lattice's canonical labels: instances

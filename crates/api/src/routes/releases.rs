@@ -281,18 +281,16 @@ fn reuse(builds: &dyn Builds, release: &Release) -> Result<Built, ApiError> {
             release.number
         )));
     };
-    let dir = builds.slug_dir(slug).ok_or_else(|| {
+    let built = builds.built(slug).ok_or_else(|| {
         ApiError::conflict(format!(
             "release {}'s slug is not on this node any more; push the app again",
             release.number
         ))
     })?;
     Ok(Built {
-        slug: slug.clone(),
         kind,
         command: release.command.clone(),
-        dir,
-        cached: true,
+        ..built
     })
 }
 

@@ -19,6 +19,9 @@ pub struct SpecRelease {
     pub number: u64,
     /// The slug's id: 64 hex digits.
     pub slug: String,
+    /// SHA-256 of the slug's archive, which a node that did not build it fetches and checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<String>,
 }
 
 /// How a slug was built from its source.

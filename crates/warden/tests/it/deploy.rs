@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use warden_test_support::{cli, http, Launch, Warden};
+use warden_test_support::{cli, http, wait_until, Launch, Warden};
 
 use crate::BIN;
 
@@ -441,4 +441,70 @@ fn a_git_commit_is_pushed() {
     assert_eq!(answer(&w, "carol", "g")["label"], "TOP SECRET");
     let r = &releases(&w, "g")[0];
     assert_eq!(r["source"]["from"], format!("{url}@{first}"));
+}
+
+#[test]
+fn a_release_runs_on_nodes_that_did_not_build_it() {
+    let cluster = warden_test_support::etcd::EtcdCluster::start(1);
+    let load = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        load.path(),
+        r#"{"memory_used": 0.1, "cpu_busy": 0.1, "load_per_core": 0.1}"#,
+    )
+    .unwrap();
+    let alpha = Launch::new(BIN)
+        .arg("--store")
+        .arg(&cluster.url())
+        .arg("--node-name")
+        .arg("alpha")
+        .arg("--roles")
+        .arg("gateway,api,agent")
+        .arg("--advertise")
+        .arg("127.0.0.1:0")
+        .arg("--load-file")
+        .arg(&load.path().display().to_string())
+        .start();
+    let beta = crate::healing::agent(&cluster, &alpha, "beta", "127.0.0.2:0", &[]);
+    let src = fixture("plain");
+    push_ok(&alpha, "plain", src.path());
+    let (ok, _, err) = run(&alpha, &["apps", "scale", "plain", "SECRET=2"]);
+    assert!(ok, "{err}");
+    // One on each node: beta runs a slug it fetched from alpha over the node port.
+    let on = wait_until(
+        "one ready instance on each node",
+        Duration::from_secs(60),
+        || {
+            let nodes: std::collections::BTreeSet<String> = alpha
+                .instances()
+                .iter()
+                .filter(|i| i["app"] == "plain" && i["state"] == "ready")
+                .map(|i| i["node"].as_str().unwrap().to_owned())
+                .collect();
+            (nodes.len() == 2).then_some(nodes)
+        },
+    );
+    assert!(on.contains("beta"), "{on:?}");
+    let slug = alpha.api("GET", "/v1/apps/plain", None).json()["release"]["slug"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(beta
+        .dir
+        .join("slugs")
+        .join(&slug)
+        .join("app/server.py")
+        .is_file());
+    // Both serve alice, whichever the gateway picks.
+    for _ in 0..6 {
+        assert_eq!(
+            answer(&alpha, "alice", "plain")["answer"],
+            "hello from plain"
+        );
+    }
+    // A config change rolls out on both nodes, from the same slug.
+    let (ok, _, err) = run(&alpha, &["config", "set", "plain", "ANSWER=everywhere"]);
+    assert!(ok, "{err}");
+    for _ in 0..6 {
+        assert_eq!(answer(&alpha, "alice", "plain")["answer"], "everywhere");
+    }
 }

@@ -20,7 +20,13 @@ use crate::BIN;
 /// Every node here shares one host, whose load says nothing about any one node (and is sampled
 /// by each at other moments): unless `extra` gives another, each reads one even load from a
 /// file, so that placement goes by instances alone.
-fn agent(cluster: &EtcdCluster, first: &Warden, name: &str, addr: &str, extra: &[&str]) -> Warden {
+pub(crate) fn agent(
+    cluster: &EtcdCluster,
+    first: &Warden,
+    name: &str,
+    addr: &str,
+    extra: &[&str],
+) -> Warden {
     let token = join_token(first);
     let even = first.dir.join("even-load.json");
     std::fs::write(

@@ -1,0 +1,65 @@
+//! A built slug as one file, for nodes that run its release but did not build it: a gzip'd tar
+//! of the slug's home (its mark and its tree), its bytes fixed by its files alone, named in the
+//! app's spec by its SHA-256 so that a fetching node checks what it got.
+
+use std::io::Write;
+use std::path::Path;
+
+/// File name of the archive in a slug's home; never inside the archive itself.
+pub(crate) const FILE: &str = "slug.tar.gz";
+
+/// Packs `home` (all but the archive) into `home/slug.tar.gz`; returns its SHA-256, hex.
+pub(crate) fn pack(home: &Path) -> std::io::Result<String> {
+    let mut entries = Vec::new();
+    collect(home, home, &mut entries)?;
+    entries.sort();
+    let tmp = home.join(format!(".{FILE}.part"));
+    let file = std::fs::File::create(&tmp)?;
+    let gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(std::io::BufWriter::new(file), flate2::Compression::fast());
+    let mut tar = tar::Builder::new(gz);
+    tar.mode(tar::HeaderMode::Deterministic);
+    tar.follow_symlinks(false);
+    for rel in &entries {
+        if rel.as_os_str() == FILE {
+            continue;
+        }
+        tar.append_path_with_name(home.join(rel), rel)?;
+    }
+    let mut w = tar.into_inner()?.finish()?;
+    w.flush()?;
+    drop(w);
+    std::fs::rename(&tmp, home.join(FILE))?;
+    sha256_file(&home.join(FILE))
+}
+
+fn collect(root: &Path, dir: &Path, out: &mut Vec<std::path::PathBuf>) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let path = e.path();
+        let rel = path.strip_prefix(root).unwrap_or(&path).to_owned();
+        if rel
+            .as_os_str()
+            .to_string_lossy()
+            .starts_with(&format!(".{FILE}"))
+        {
+            continue;
+        }
+        let ft = e.file_type()?;
+        out.push(rel);
+        if ft.is_dir() {
+            collect(root, &path, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// SHA-256 of a file, hex.
+pub(crate) fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use sha2::Digest;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut f, &mut h)?;
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
