@@ -43,6 +43,7 @@ struct LabelState {
     next_start_ms: u64,
     last_exit: String,
     last_lines: String,
+    last_instance: String,
     up_since: Option<Instant>,
 }
 
@@ -76,8 +77,17 @@ fn crash_key(app: &str, label: &str, owner: &str) -> CrashKey {
 // === impl Restarts ===
 
 impl Restarts {
-    /// An instance of (app, label) for `owner` ("" for none) crashed or failed to start.
-    pub(crate) fn crashed(&self, app: &str, label: &str, owner: &str, status: &str, tail: &str) {
+    /// Instance `instance` ("" when it never got one) of (app, label) for `owner` ("" for
+    /// none) crashed or failed to start.
+    pub(crate) fn crashed(
+        &self,
+        app: &str,
+        label: &str,
+        owner: &str,
+        instance: &str,
+        status: &str,
+        tail: &str,
+    ) {
         let mut s = lock(&self.state);
         let l = s.labels.entry(crash_key(app, label, owner)).or_default();
         if l.up_since.is_some_and(|t| t.elapsed() >= STABLE_AFTER) {
@@ -90,6 +100,7 @@ impl Restarts {
         l.next_start_ms = now_ms() + delay.as_millis() as u64;
         l.last_exit = status.to_owned();
         l.last_lines = tail.to_owned();
+        l.last_instance = instance.to_owned();
         tracing::warn!(app, label, owner, crashes = l.crashes, retry_ms = delay.as_millis() as u64, %status, "instance crashed; the next start waits out the backoff");
         s.dirty.insert(app.to_owned());
     }
@@ -187,6 +198,7 @@ impl Restarts {
                             crash_loop: l.crashes >= CRASH_LOOP,
                             last_exit: l.last_exit.clone(),
                             last_lines: l.last_lines.clone(),
+                            last_instance: l.last_instance.clone(),
                             next_start_ms: l.next_start_ms,
                         },
                     );
@@ -215,7 +227,14 @@ mod tests {
     fn crashes_in_a_row_make_a_crash_loop_and_are_reported() {
         let k = Restarts::default();
         for _ in 0..CRASH_LOOP {
-            k.crashed("web", "PUBLIC", "", "exit status: 3", "boom");
+            k.crashed(
+                "web",
+                "PUBLIC",
+                "",
+                "0123456789abcdef",
+                "exit status: 3",
+                "boom",
+            );
         }
         assert!(!k.may_start(&("web".into(), "PUBLIC".into())));
         let dirty = k.take_dirty();

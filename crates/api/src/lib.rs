@@ -45,6 +45,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("delete", "/v1/apps/{name}"),
     ("post", "/v1/apps/{name}/scale"),
     ("get", "/v1/limits"),
+    ("get", "/v1/apps/{name}/logs"),
     ("get", "/v1/apps/{name}/releases"),
     ("post", "/v1/apps/{name}/releases"),
     ("get", "/v1/apps/{name}/releases/{number}/log"),
@@ -217,6 +218,7 @@ impl Api {
             )
             .route("/v1/apps/{name}/releases/{number}/log", get(releases::log))
             .route("/v1/limits", get(releases::limits))
+            .route("/v1/apps/{name}/logs", get(instances::app_logs))
             .route(
                 "/v1/apps/{name}/config",
                 get(releases::config_show).post(releases::config_change),

@@ -319,12 +319,7 @@ pub(crate) async fn run(
                 table::print(&["NAME", "COMMAND", "GROUPS", "HOSTS"], rows);
             });
         }
-        AppsCommand::Show { name } => {
-            let v = api.send("GET", &format!("/v1/apps/{name}"), None).await?;
-            out.value(&v, |v| {
-                println!("{}", serde_json::to_string_pretty(v).unwrap_or_default())
-            });
-        }
+        AppsCommand::Show { name } => crate::deploy::show(api, out, &name).await?,
         AppsCommand::Rm { name } => {
             api.send("DELETE", &format!("/v1/apps/{name}"), None)
                 .await?;

@@ -10,6 +10,7 @@ mod apps;
 mod client;
 mod config;
 mod deploy;
+mod logs;
 pub mod nodes;
 mod pack;
 mod phases;
@@ -25,6 +26,7 @@ use serde_json::{json, Value};
 pub use apps::{AppsCommand, CreateApp, UpdateApp};
 pub use config::Endpoint;
 pub use deploy::{ConfigCommand, Push};
+pub use logs::Logs;
 
 /// How to reach the API.
 #[derive(Debug, Clone, Args)]
@@ -98,7 +100,11 @@ pub enum UsersCommand {
 #[derive(Debug, Subcommand)]
 pub enum InstancesCommand {
     /// List running instances
-    List,
+    List {
+        /// Also every app's instances that crashed or failed to start, with how they ended
+        #[arg(long)]
+        all: bool,
+    },
     /// Kill an instance
     Kill {
         /// Instance id
@@ -160,14 +166,8 @@ pub enum ClientCommand {
         /// Release number [default: the last one that served before the current]
         to: Option<u64>,
     },
-    /// Print the last lines an instance wrote (running or recently exited)
-    Logs {
-        /// Instance id (`warden instances list` shows them)
-        id: String,
-        /// How many of the last lines to print
-        #[arg(long, short = 'n', default_value_t = 100)]
-        lines: usize,
-    },
+    /// Print what an app's instances (or one instance) wrote, with instance, label and release
+    Logs(Logs),
 }
 
 /// Runs a client command.
@@ -188,20 +188,7 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
             deploy::rollback(&api, &out, &args.data_dir, &app, to).await
         }
         ClientCommand::Lattice(c) => lattice(&api, &out, c).await,
-        ClientCommand::Logs { id, lines } => {
-            let text = api
-                .get_text(&format!("/v1/instances/{id}/logs?lines={lines}"))
-                .await?;
-            if out.json {
-                println!("{}", json!({ "id": id, "lines": text }));
-            } else {
-                print!("{text}");
-                if !text.is_empty() && !text.ends_with('\n') {
-                    println!();
-                }
-            }
-            Ok(())
-        }
+        ClientCommand::Logs(l) => logs::run(&api, &out, l).await,
     }
 }
 
@@ -350,25 +337,73 @@ async fn instances(
     cmd: InstancesCommand,
 ) -> anyhow::Result<()> {
     match cmd {
-        InstancesCommand::List => {
-            let v = api.send("GET", "/v1/instances", None).await?;
-            out.value(&v, |v| {
-                let rows = v.as_array().into_iter().flatten().map(|i| {
+        InstancesCommand::List { all } => {
+            let mut v = api.send("GET", "/v1/instances", None).await?;
+            let failed = if all {
+                failed_instances(api).await?
+            } else {
+                Vec::new()
+            };
+            if out.json {
+                if all {
+                    v = json!({ "running": v, "failed": failed });
+                }
+                out.value(&v, |_| {});
+                return Ok(());
+            }
+            let rows = v.as_array().into_iter().flatten().map(|i| {
+                vec![
+                    s(&i["id"]),
+                    s(&i["app"]),
+                    s(&i["label"]),
+                    s(&i["state"]),
+                    s(&i["node"]),
+                    s(&i["addr"]),
+                    s(&i["pid"]),
+                ]
+            });
+            table::print(
+                &["ID", "APP", "LABEL", "STATE", "NODE", "ADDR", "PID"],
+                rows,
+            );
+            if all && !failed.is_empty() {
+                println!();
+                let rows = failed.iter().map(|f| {
                     vec![
-                        s(&i["id"]),
-                        s(&i["app"]),
-                        s(&i["label"]),
-                        s(&i["state"]),
-                        s(&i["node"]),
-                        s(&i["addr"]),
-                        s(&i["pid"]),
+                        f["instance"]
+                            .as_str()
+                            .filter(|i| !i.is_empty())
+                            .unwrap_or("(no start)")
+                            .to_owned(),
+                        s(&f["app"]),
+                        s(&f["label"]),
+                        s(&f["state"]),
+                        s(&f["node"]),
+                        s(&f["last_exit"]),
                     ]
                 });
                 table::print(
-                    &["ID", "APP", "LABEL", "STATE", "NODE", "ADDR", "PID"],
+                    &["FAILED", "APP", "LABEL", "STATE", "NODE", "HOW IT ENDED"],
                     rows,
                 );
-            });
+                for f in &failed {
+                    let tail = s(&f["last_lines"]);
+                    if !tail.trim().is_empty() {
+                        println!(
+                            "\n{} of {} ({}), last lines:",
+                            f["instance"]
+                                .as_str()
+                                .filter(|i| !i.is_empty())
+                                .unwrap_or("a start"),
+                            s(&f["app"]),
+                            s(&f["label"])
+                        );
+                        for line in tail.lines() {
+                            println!("  {line}");
+                        }
+                    }
+                }
+            }
         }
         InstancesCommand::Kill { id } => {
             api.send("DELETE", &format!("/v1/instances/{id}"), None)
@@ -377,6 +412,28 @@ async fn instances(
         }
     }
     Ok(())
+}
+
+/// Every app's instances that crashed or failed to start, as the nodes' health records say.
+async fn failed_instances(api: &client::Client) -> anyhow::Result<Vec<Value>> {
+    let status = api.send("GET", "/v1/status", None).await?;
+    let mut out = Vec::new();
+    for app in status["apps"].as_array().into_iter().flatten() {
+        for c in app["crash_loops"].as_array().into_iter().flatten() {
+            // The health record's fields, flattened into the report.
+            let h = c;
+            out.push(json!({
+                "instance": h["last_instance"],
+                "app": app["name"],
+                "label": c["label"],
+                "node": c["node"],
+                "state": if h["crash_loop"] == true { format!("crash loop ({} in a row)", s(&h["crashes"])) } else { format!("crashed ({} in a row)", s(&h["crashes"])) },
+                "last_exit": h["last_exit"],
+                "last_lines": h["last_lines"],
+            }));
+        }
+    }
+    Ok(out)
 }
 
 async fn lattice(api: &client::Client, out: &Output, cmd: LatticeCommand) -> anyhow::Result<()> {

@@ -519,6 +519,7 @@ mod tests {
             owner: None,
             kept: false,
             generation: String::new(),
+            release: None,
         }
     }
 

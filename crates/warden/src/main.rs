@@ -44,7 +44,7 @@ enum Command {
     Lattice(LatticeCmd),
     /// Show the platform's state
     Status(ClientArgs),
-    /// Print the last lines an instance wrote
+    /// Print what an app's instances (or one instance) wrote, with instance, label and release
     Logs(LogsCmd),
     /// Push an app's source: build it once, try it, roll it out with no downtime
     Push(PushCmd),
@@ -142,11 +142,8 @@ struct NodesCmd {
 
 #[derive(Debug, clap::Args)]
 struct LogsCmd {
-    /// Instance id (`warden instances list` shows them)
-    id: String,
-    /// How many of the last lines to print
-    #[arg(long, short = 'n', default_value_t = 100)]
-    lines: usize,
+    #[command(flatten)]
+    logs: warden_cli::Logs,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -279,13 +276,7 @@ async fn run(cli: Cli) -> std::process::ExitCode {
         Command::Nodes(c) => warden_cli::run(&c.client, ClientCommand::Nodes(c.command)).await,
         Command::Lattice(c) => warden_cli::run(&c.client, ClientCommand::Lattice(c.command)).await,
         Command::Status(c) => warden_cli::run(&c, ClientCommand::Status).await,
-        Command::Logs(c) => {
-            let cmd = ClientCommand::Logs {
-                id: c.id,
-                lines: c.lines,
-            };
-            warden_cli::run(&c.client, cmd).await
-        }
+        Command::Logs(c) => warden_cli::run(&c.client, ClientCommand::Logs(c.logs)).await,
         Command::Push(c) => warden_cli::run(&c.client, ClientCommand::Push(c.push)).await,
         Command::Releases(c) => {
             warden_cli::run(&c.client, ClientCommand::Releases { app: c.app }).await

@@ -218,7 +218,7 @@ impl Lifecycle {
         if the_apps {
             self.deps
                 .restarts
-                .crashed(app, label, owner, &e.to_string(), "");
+                .crashed(app, label, owner, "", &e.to_string(), "");
         }
     }
 

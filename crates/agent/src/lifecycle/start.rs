@@ -188,6 +188,7 @@ impl Lifecycle {
             },
             kept: purpose == Purpose::Kept,
             generation: spec.generation(),
+            release: spec.release.as_ref().map(|r| r.number),
         };
         let (exit_tx, exit_rx) = watch::channel(false);
         let (status_tx, status_rx) = oneshot::channel::<String>();
@@ -473,7 +474,7 @@ impl Monitor {
             let owner = r.owner.as_deref().unwrap_or("");
             life.deps
                 .restarts
-                .crashed(&r.app, &r.label, owner, &status, &tail);
+                .crashed(&r.app, &r.label, owner, &r.id, &status, &tail);
         }
         let _ = self.exited.send(true);
     }

@@ -114,7 +114,8 @@ impl Supervisor {
                 Err(AgentError::Exited { .. } | AgentError::ShuttingDown) => {}
                 Err(e) => {
                     tracing::warn!(app = %key.0, label = %key.1, error = %e, "starting a spare instance failed");
-                    me.restarts.crashed(&key.0, &key.1, "", &e.to_string(), "");
+                    me.restarts
+                        .crashed(&key.0, &key.1, "", "", &e.to_string(), "");
                 }
             }
         });

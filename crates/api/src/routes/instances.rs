@@ -104,3 +104,64 @@ pub async fn kill(State(api): State<Api>, Path(id): Path<String>) -> Result<Stat
         Err(e) => Err(ApiError::internal(e)),
     }
 }
+
+/// Query of `GET /v1/apps/{name}/logs`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppLogsQuery {
+    /// How many of each instance's last lines (default 100, at most 10000).
+    pub lines: Option<usize>,
+    /// Only instances of this release.
+    pub release: Option<u64>,
+    /// Only instances serving this label.
+    pub label: Option<String>,
+    /// Only this instance.
+    pub instance: Option<String>,
+}
+
+/// `GET /v1/apps/{name}/logs`: the last lines of each running instance of the app, with its
+/// label and release. Instances on other nodes are listed with an empty text and a note:
+/// their lines are on their node.
+pub async fn app_logs(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<AppLogsQuery>,
+) -> Result<Json<Vec<serde_json::Value>>, ApiError> {
+    if warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&name))
+        .await?
+        .is_none()
+    {
+        return Err(crate::routes::apps::no_app(&name));
+    }
+    let lines = q.lines.unwrap_or(100).min(10_000);
+    let mut out = Vec::new();
+    for r in all(&api).await? {
+        let wanted = r.app == name
+            && q.release.is_none_or(|n| r.release == Some(n))
+            && q.label.as_ref().is_none_or(|l| &r.label == l)
+            && q.instance.as_ref().is_none_or(|i| &r.id == i);
+        if !wanted {
+            continue;
+        }
+        let (text, note) = match api.instances.as_ref().map(|s| s.logs(&r.id, lines)) {
+            Some(Ok(t)) => (t, None),
+            _ => (
+                String::new(),
+                Some(format!(
+                    "its lines are on node {}; ask that node's API",
+                    r.node
+                )),
+            ),
+        };
+        out.push(serde_json::json!({
+            "instance": r.id,
+            "label": r.label,
+            "release": r.release,
+            "node": r.node,
+            "state": r.state,
+            "text": text,
+            "note": note,
+        }));
+    }
+    Ok(Json(out))
+}

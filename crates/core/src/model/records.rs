@@ -91,6 +91,9 @@ pub struct InstanceRecord {
     /// an older one is replaced.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub generation: String,
+    /// The release of the app it runs, for an app deployed with `warden push`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<u64>,
 }
 
 /// A node's load, published for placement (seed 003 §3.3.2): fractions of the host's own
@@ -141,6 +144,9 @@ pub struct LabelHealth {
     pub last_exit: String,
     /// The last lines the crashed instance printed.
     pub last_lines: String,
+    /// The crashed instance's id; empty when the start failed before it had one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_instance: String,
     /// When the next start is allowed, milliseconds since the Unix epoch.
     pub next_start_ms: u64,
 }

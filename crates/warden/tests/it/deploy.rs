@@ -40,7 +40,9 @@ fn fixture(name: &str) -> tempfile::TempDir {
 fn run(w: &Warden, args: &[&str]) -> (bool, String, String) {
     let dir = w.dir.display().to_string();
     let mut all = args.to_vec();
-    all.extend_from_slice(&["--data-dir", &dir]);
+    // Before a `--`, after which the app's own command starts.
+    let at = all.iter().position(|a| *a == "--").unwrap_or(all.len());
+    all.splice(at..at, ["--data-dir", &dir]);
     cli(BIN, &all, &[])
 }
 
@@ -187,6 +189,28 @@ fn a_flask_app_is_built_served_rolled_out_and_rolled_back() {
     // The build's output is kept with its release.
     let log = w.api("GET", "/v1/apps/shop/releases/1/log", None).text();
     assert!(log.contains("Successfully installed"), "{log}");
+    // Logs name the instance, label and release; a release's own come first.
+    let (ok, logs, err) = run(&w, &["logs", "shop", "--release", "4", "-n", "50"]);
+    assert!(ok, "{err}");
+    assert!(
+        logs.contains("[build r4] -----> trying release 4"),
+        "{logs}"
+    );
+    assert!(
+        logs.lines()
+            .any(|l| l.contains(" SECRET r4] ") && l.contains("Booting worker")),
+        "{logs}"
+    );
+    let (_, none, _) = run(&w, &["logs", "shop", "--release", "2"]);
+    assert!(
+        !none.contains("Booting worker"),
+        "release 2 runs nowhere now: {none}"
+    );
+    let (_, show, _) = run(&w, &["apps", "show", "shop"]);
+    assert!(
+        show.contains("release   4 (python, rollback to 1)"),
+        "{show}"
+    );
 }
 
 #[test]
@@ -302,6 +326,43 @@ fn a_failing_start_or_build_leaves_the_serving_release() {
     assert_eq!(statuses, ["released", "failed", "failed"]);
     let spec = w.api("GET", "/v1/apps/app", None).json();
     assert_eq!(spec["release"]["number"], 1);
+
+    let (_, show, _) = run(&w, &["apps", "show", "app"]);
+    assert!(
+        show.contains("last deploy  release 3 failed: the build failed"),
+        "{show}"
+    );
+
+    // An app that crashes at start shows in `instances list --all`, with how it ended.
+    let (ok, _, err) = run(
+        &w,
+        &[
+            "apps",
+            "create",
+            "crashy",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo dying; exit 4",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_ne!(
+        w.get_as("alice", &w.password("alice"), "/apps/crashy/")
+            .status,
+        200
+    );
+    // The node writes its health record within a moment.
+    let list = wait_until("the crash listed", Duration::from_secs(20), || {
+        let (ok, list, _) = run(&w, &["instances", "list", "--all"]);
+        (ok && list.contains("crashy")).then_some(list)
+    });
+    assert!(
+        list.contains("crashy") && list.contains("exit status: 4") && list.contains("  dying"),
+        "{list}"
+    );
+    let (_, plain, _) = run(&w, &["instances", "list"]);
+    assert!(!plain.contains("crashy"), "{plain}");
 
     // Rolling back to a failed release is refused.
     let (ok, _, err) = run(&w, &["rollback", "app", "2"]);

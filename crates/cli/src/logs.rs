@@ -1,0 +1,163 @@
+//! `warden logs`: an app's instances' output with the instance, label and release on each
+//! line (and a release's build output), or one instance's, once or following.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::bail;
+use serde_json::json;
+
+use crate::client::Client;
+use crate::{s, Output};
+
+/// What `warden logs` prints.
+#[derive(Debug, clap::Args)]
+pub struct Logs {
+    /// App name, or the id of one instance (`warden instances list` shows them)
+    pub target: String,
+    /// How many of the last lines of each instance to print
+    #[arg(long, short = 'n', default_value_t = 100)]
+    pub lines: usize,
+    /// Keep printing new lines as they come (Ctrl-C stops)
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Only instances of this release, after the release's build output
+    #[arg(long)]
+    pub release: Option<u64>,
+    /// Only instances serving this label
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Only this instance of the app
+    #[arg(long)]
+    pub instance: Option<String>,
+}
+
+/// The lines of `new` after its overlap with the end of `old`: what a follow has not printed.
+fn unseen<'a>(old: &[String], new: &'a [String]) -> &'a [String] {
+    let max = old.len().min(new.len());
+    for k in (1..=max).rev() {
+        if old[old.len() - k..] == new[..k] {
+            return &new[k..];
+        }
+    }
+    new
+}
+
+fn query_value(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// `warden logs`.
+pub(crate) async fn run(api: &Client, out: &Output, l: Logs) -> anyhow::Result<()> {
+    let app = api
+        .send("GET", &format!("/v1/apps/{}", l.target), None)
+        .await
+        .is_ok();
+    if !app {
+        if l.follow || l.release.is_some() || l.label.is_some() || l.instance.is_some() {
+            bail!("no app named {:?}; `warden apps list` shows them", l.target);
+        }
+        let text = api
+            .get_text(&format!(
+                "/v1/instances/{}/logs?lines={}",
+                l.target, l.lines
+            ))
+            .await?;
+        if out.json {
+            println!("{}", json!({ "id": l.target, "lines": text }));
+        } else {
+            print!("{text}");
+            if !text.is_empty() && !text.ends_with('\n') {
+                println!();
+            }
+        }
+        return Ok(());
+    }
+    if let Some(n) = l.release {
+        let build = api
+            .get_text(&format!("/v1/apps/{}/releases/{n}/log", l.target))
+            .await?;
+        for line in build.lines() {
+            print_line(out, "build", "", Some(n), line);
+        }
+    }
+    let mut query = format!("?lines={}", l.lines);
+    if let Some(n) = l.release {
+        query += &format!("&release={n}");
+    }
+    if let Some(label) = &l.label {
+        query += &format!("&label={}", query_value(label));
+    }
+    if let Some(i) = &l.instance {
+        query += &format!("&instance={}", query_value(i));
+    }
+    let path = format!("/v1/apps/{}/logs{query}", l.target);
+    let mut seen: HashMap<String, Vec<String>> = HashMap::new();
+    loop {
+        let v = api.send("GET", &path, None).await?;
+        for e in v.as_array().into_iter().flatten() {
+            let id = s(&e["instance"]);
+            let new: Vec<String> = e["text"]
+                .as_str()
+                .unwrap_or("")
+                .lines()
+                .map(str::to_owned)
+                .collect();
+            let first = !seen.contains_key(&id);
+            let old = seen.entry(id.clone()).or_default();
+            if first {
+                if let Some(note) = e["note"].as_str() {
+                    eprintln!("instance {id} ({}): {note}", s(&e["label"]));
+                }
+            }
+            for line in unseen(old, &new) {
+                print_line(out, &id, &s(&e["label"]), e["release"].as_u64(), line);
+            }
+            *old = new;
+        }
+        if !l.follow {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn print_line(out: &Output, instance: &str, label: &str, release: Option<u64>, line: &str) {
+    if out.json {
+        println!(
+            "{}",
+            json!({ "instance": instance, "label": label, "release": release, "line": line })
+        );
+        return;
+    }
+    let release = release.map_or(String::new(), |n| format!(" r{n}"));
+    let label = if label.is_empty() {
+        String::new()
+    } else {
+        format!(" {label}")
+    };
+    println!("[{instance}{label}{release}] {line}");
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_follow_prints_only_what_it_has_not() {
+        let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            super::unseen(&v(&["a", "b"]), &v(&["a", "b", "c"])),
+            v(&["c"])
+        );
+        assert_eq!(
+            super::unseen(&v(&["a", "b"]), &v(&["b", "c", "d"])),
+            v(&["c", "d"])
+        );
+        assert_eq!(super::unseen(&v(&[]), &v(&["x"])), v(&["x"]));
+        assert_eq!(super::unseen(&v(&["x"]), &v(&["y"])), v(&["y"]));
+    }
+}
