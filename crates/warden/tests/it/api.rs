@@ -68,6 +68,50 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
             "/v1/apps/doc-app/scale".into(),
             Some(json!({"desired": {"SECRET": 1}})),
         ),
+        // A static site: pushed (its archive is sent below), configured and rolled back.
+        (
+            "post",
+            "/v1/apps/{name}/releases",
+            "/v1/apps/doc-site/releases".into(),
+            None,
+        ),
+        (
+            "get",
+            "/v1/apps/{name}/releases",
+            "/v1/apps/doc-site/releases".into(),
+            None,
+        ),
+        (
+            "get",
+            "/v1/apps/{name}/releases/{number}/log",
+            "/v1/apps/doc-site/releases/1/log".into(),
+            None,
+        ),
+        (
+            "post",
+            "/v1/apps/{name}/config",
+            "/v1/apps/doc-site/config".into(),
+            Some(json!({"set": {"A": "1"}})),
+        ),
+        (
+            "get",
+            "/v1/apps/{name}/config",
+            "/v1/apps/doc-site/config".into(),
+            None,
+        ),
+        (
+            "post",
+            "/v1/apps/{name}/rollback",
+            "/v1/apps/doc-site/rollback".into(),
+            Some(json!({"to": 1})),
+        ),
+        (
+            "get",
+            "/v1/apps/{name}/logs",
+            "/v1/apps/demo/logs".into(),
+            None,
+        ),
+        ("get", "/v1/limits", "/v1/limits".into(), None),
         ("post", "/v1/users", "/v1/users".into(), Some(user)),
         ("get", "/v1/users", "/v1/users".into(), None),
         ("get", "/v1/users/{name}", "/v1/users/doc-user".into(), None),
@@ -145,8 +189,27 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
             1,
             "{method} {path} documents one success: {success:?}"
         );
-        let r = w.api(&method.to_uppercase(), concrete, body.clone());
+        let r = if *path == "/v1/apps/{name}/releases" && *method == "post" {
+            request(
+                "POST",
+                &format!("{}{concrete}", w.api),
+                &[("authorization", &format!("Bearer {}", w.token))],
+                &site_archive(),
+            )
+        } else {
+            w.api(&method.to_uppercase(), concrete, body.clone())
+        };
         assert_eq!(r.status, success[0], "{method} {concrete}: {}", r.text());
+        if *method == "post"
+            && path.starts_with("/v1/apps/{name}/")
+            && *path != "/v1/apps/{name}/scale"
+        {
+            assert!(
+                r.text().contains("\"done\""),
+                "{method} {concrete}: {}",
+                r.text()
+            );
+        }
     }
 }
 
@@ -389,4 +452,17 @@ fn nodes_and_status() {
         (Some(1), Some(4))
     );
     assert_eq!(status["apps"][0]["instances"]["SECRET"], 1);
+}
+
+/// A gzip'd tar of a one-page static site.
+fn site_archive() -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let page = b"<h1>docs</h1>";
+    let mut h = tar::Header::new_gnu();
+    h.set_size(page.len() as u64);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "index.html", &page[..]).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &b.into_inner().unwrap()).unwrap();
+    gz.finish().unwrap()
 }
