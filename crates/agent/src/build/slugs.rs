@@ -159,3 +159,93 @@ impl Fetcher {
         result
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Hands out the bytes it holds as any slug's archive.
+    struct Source(Vec<u8>);
+
+    #[async_trait::async_trait]
+    impl warden_core::builds::SlugSource for Source {
+        async fn fetch(&self, _slug: &str, into: &Path, _max: u64) -> Result<(), String> {
+            std::fs::write(into, &self.0).map_err(|e| e.to_string())
+        }
+    }
+
+    /// A built slug's archive (mark and tree), and its digest.
+    fn archive() -> (Vec<u8>, String) {
+        let home = tempfile::tempdir().expect("dir");
+        std::fs::create_dir(home.path().join("app")).expect("app");
+        std::fs::write(home.path().join("app/server.py"), "print(1)").expect("write");
+        std::os::unix::fs::symlink("/usr/bin/python3", home.path().join("app/python"))
+            .expect("link");
+        let mark = Mark {
+            kind: BuildKind::Procfile,
+            command: vec!["python3".into(), "server.py".into()],
+        };
+        std::fs::write(
+            home.path().join(MARK),
+            serde_json::to_vec(&mark).expect("json"),
+        )
+        .expect("write");
+        let digest = super::super::archive::pack(home.path()).expect("pack");
+        (
+            std::fs::read(home.path().join(super::super::archive::FILE)).expect("read"),
+            digest,
+        )
+    }
+
+    fn release(digest: &str) -> warden_core::SpecRelease {
+        warden_core::SpecRelease {
+            number: 1,
+            slug: "ab".repeat(32),
+            archive: Some(digest.to_owned()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fetched_slug_is_kept_only_when_its_digest_matches() {
+        let (bytes, digest) = archive();
+        let slugs = tempfile::tempdir().expect("dir");
+        let f = Fetcher::default();
+        let none = f.ensure(slugs.path(), &release(&digest)).await;
+        assert!(
+            matches!(none, Err(LaunchError::NoSlug { .. })),
+            "no source, no slug"
+        );
+
+        let mut tampered = bytes.clone();
+        let last = tampered.len() - 9;
+        tampered[last] ^= 1;
+        f.set_source(std::sync::Arc::new(Source(tampered)));
+        let err = f
+            .ensure(slugs.path(), &release(&digest))
+            .await
+            .expect_err("tampered");
+        assert!(err.to_string().contains("digest"), "{err}");
+        assert!(mark(slugs.path(), &"ab".repeat(32)).is_none());
+
+        let good = Fetcher::default();
+        good.set_source(std::sync::Arc::new(Source(bytes)));
+        good.ensure(slugs.path(), &release(&digest))
+            .await
+            .expect("fetched");
+        let (m, d) = mark(slugs.path(), &"ab".repeat(32)).expect("complete");
+        assert_eq!((m.kind, d), (BuildKind::Procfile, digest));
+        let tree = tree(slugs.path(), &"ab".repeat(32));
+        assert!(tree.join("server.py").is_file());
+        assert_eq!(
+            std::fs::read_link(tree.join("python")).expect("link"),
+            Path::new("/usr/bin/python3")
+        );
+        // Nothing of the failed try is left behind.
+        let left: Vec<_> = std::fs::read_dir(slugs.path())
+            .expect("list")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+    }
+}

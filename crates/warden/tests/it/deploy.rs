@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use warden_test_support::{cli, http, wait_until, Launch, Warden};
 
 use crate::BIN;
@@ -275,17 +275,25 @@ fn config_changes_are_releases_and_rollback_restores_them() {
     let (ok, _, err) = run(&w, &["rollback", "plain", "2"]);
     assert!(ok, "{err}");
     assert_eq!(answer(&w, "alice", "plain")["answer"], "forty two");
+    // Without a number: the last release that served before the current one (3: ANSWER unset).
+    let (ok, out, err) = run(&w, &["rollback", "plain"]);
+    assert!(
+        ok && out.contains("release 5 of plain serves"),
+        "{out}{err}"
+    );
+    assert_eq!(answer(&w, "alice", "plain")["answer"], "hello from plain");
     let (_, list, _) = run(&w, &["releases", "plain"]);
     assert!(
         list.contains("config ANSWER,MODE")
             && list.contains("rollback to 2")
+            && list.contains("rollback to 3")
             && list.contains("serving"),
         "{list}"
     );
     // Bad names are refused before anything runs.
     let (ok, _, err) = run(&w, &["config", "set", "plain", "1BAD=x"]);
     assert!(!ok && err.contains("not a usable variable name"), "{err}");
-    assert_eq!(releases(&w, "plain").len(), 4);
+    assert_eq!(releases(&w, "plain").len(), 5);
 }
 
 #[test]
@@ -568,4 +576,40 @@ fn a_release_runs_on_nodes_that_did_not_build_it() {
     for _ in 0..6 {
         assert_eq!(answer(&alpha, "alice", "plain")["answer"], "everywhere");
     }
+}
+
+#[test]
+fn a_build_writes_only_its_own_tree() {
+    let w = Warden::demo(BIN);
+    let dir = tempfile::tempdir().unwrap();
+    let outside = w.dir.join("planted-by-a-build");
+    // npm runs the package's own install scripts: hostile code at build time.
+    let script = format!(
+        "touch {} || true; touch /etc/planted-by-a-build || true; touch ../beside-the-tree || true; echo built > inside.txt",
+        outside.display()
+    );
+    let pkg = json!({
+        "name": "hostile",
+        "version": "1.0.0",
+        "scripts": {
+            "preinstall": script,
+            "start": "node -e \"require('http').createServer((q,r)=>r.end(JSON.stringify({answer:require('fs').readFileSync('inside.txt','utf8').trim()}))).listen(+process.env.PORT,'127.0.0.1')\""
+        }
+    });
+    std::fs::write(dir.path().join("package.json"), pkg.to_string()).unwrap();
+    push_ok(&w, "hostile", dir.path());
+    assert_eq!(answer(&w, "alice", "hostile")["answer"], "built");
+    let slug = w.api("GET", "/v1/apps/hostile", None).json()["release"]["slug"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let home = w.dir.join("slugs").join(&slug);
+    assert!(home.join("app/inside.txt").is_file());
+    assert!(!outside.exists() && !Path::new("/etc/planted-by-a-build").exists());
+    assert!(!home.join("beside-the-tree").exists());
+    // The built tree is warden's and nobody else may change it.
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(home.join("app/inside.txt")).unwrap();
+    assert_eq!(m.uid(), nix::unistd::geteuid().as_raw());
+    assert_eq!(m.mode() & 0o022, 0, "mode {:o}", m.mode());
 }
