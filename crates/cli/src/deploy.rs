@@ -473,6 +473,22 @@ pub(crate) async fn show(api: &Client, out: &Output, app: &str) -> anyhow::Resul
         .map(|(k, _)| k.clone())
         .collect();
     println!("  config    {}", or_dash(&config.join(", ")));
+    // Ready instances per label and node, from the records every node writes.
+    let records = api
+        .send("GET", "/v1/instances", None)
+        .await
+        .unwrap_or(Value::Null);
+    let mut by_node: std::collections::BTreeMap<String, std::collections::BTreeMap<String, usize>> =
+        std::collections::BTreeMap::new();
+    for i in records.as_array().into_iter().flatten() {
+        if i["app"] == app && i["state"] == "ready" {
+            *by_node
+                .entry(s(&i["label"]))
+                .or_default()
+                .entry(s(&i["node"]))
+                .or_default() += 1;
+        }
+    }
     let mut labels: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     for key in ["desired", "instances", "ready"] {
         labels.extend(
@@ -487,11 +503,11 @@ pub(crate) async fn show(api: &Client, out: &Output, app: &str) -> anyhow::Resul
         println!("  no instances run");
     } else {
         let rows = labels.iter().map(|l| {
-            let nodes: Vec<String> = st["placed"]
-                .as_object()
+            let nodes: Vec<String> = by_node
+                .get(l)
                 .into_iter()
                 .flatten()
-                .filter_map(|(node, per)| per[l].as_u64().map(|n| format!("{node}={n}")))
+                .map(|(node, n)| format!("{node}={n}"))
                 .collect();
             vec![
                 l.clone(),
@@ -503,7 +519,10 @@ pub(crate) async fn show(api: &Client, out: &Output, app: &str) -> anyhow::Resul
                 or_dash(&nodes.join(" ")),
             ]
         });
-        table::print(&["LABEL", "DESIRED", "READY", "RUNNING", "PLACED"], rows);
+        table::print(
+            &["LABEL", "DESIRED", "READY", "RUNNING", "READY PER NODE"],
+            rows,
+        );
     }
     for c in st["crash_loops"].as_array().into_iter().flatten() {
         println!(

@@ -421,15 +421,19 @@ async fn failed_instances(api: &client::Client) -> anyhow::Result<Vec<Value>> {
     for app in status["apps"].as_array().into_iter().flatten() {
         for c in app["crash_loops"].as_array().into_iter().flatten() {
             // The health record's fields, flattened into the report.
-            let h = c;
+            let state = if c["crash_loop"] == true {
+                "crash loop"
+            } else {
+                "crashed"
+            };
             out.push(json!({
-                "instance": h["last_instance"],
+                "instance": c["last_instance"],
                 "app": app["name"],
                 "label": c["label"],
                 "node": c["node"],
-                "state": if h["crash_loop"] == true { format!("crash loop ({} in a row)", s(&h["crashes"])) } else { format!("crashed ({} in a row)", s(&h["crashes"])) },
-                "last_exit": h["last_exit"],
-                "last_lines": h["last_lines"],
+                "state": format!("{state} ({} in a row)", s(&c["crashes"])),
+                "last_exit": c["last_exit"],
+                "last_lines": c["last_lines"],
             }));
         }
     }
@@ -584,8 +588,12 @@ async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
                     "restarting"
                 };
                 println!();
+                let instance = c["last_instance"]
+                    .as_str()
+                    .map(|i| format!(" (last instance {i})"))
+                    .unwrap_or_default();
                 println!(
-                    "{what}: app {} label {} on node {}: {} crashes in a row, last {}",
+                    "{what}: app {} label {} on node {}: {} crashes in a row, last {}{instance}",
                     s(&a["name"]),
                     s(&c["label"]),
                     s(&c["node"]),
