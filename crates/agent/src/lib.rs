@@ -163,6 +163,10 @@ impl Agent {
             slugs: std::path::absolute(&config.slug_dir)
                 .unwrap_or_else(|_| config.slug_dir.clone()),
         };
+        let swept = build::slugs::sweep(&paths.slugs);
+        if swept > 0 {
+            tracing::info!(swept, "removed what interrupted builds and fetches left");
+        }
         let leftovers = paths.remove_leftovers();
         if leftovers > 0 {
             tracing::info!(
@@ -238,6 +242,7 @@ impl Agent {
             self.inner.paths.clone(),
             time_limit,
             max_unpacked,
+            self.inner.slugs.clone(),
         )
     }
 

@@ -47,6 +47,12 @@ fn collect(root: &Path, dir: &Path, out: &mut Vec<std::path::PathBuf>) -> std::i
             continue;
         }
         let ft = e.file_type()?;
+        if !(ft.is_file() || ft.is_dir() || ft.is_symlink()) {
+            return Err(std::io::Error::other(format!(
+                "the build left {} that is neither a file, a directory nor a symlink; a slug may hold only those",
+                rel.display()
+            )));
+        }
         out.push(rel);
         if ft.is_dir() {
             collect(root, &path, out)?;

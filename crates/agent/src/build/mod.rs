@@ -18,9 +18,8 @@ pub(crate) mod slugs;
 mod trial;
 mod unpack;
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,7 +28,6 @@ use warden_core::{AppSpec, BuildKind};
 
 use crate::drivers::Drivers;
 use crate::paths::Paths;
-use crate::sync::lock;
 
 /// Builds slugs and tries releases on this node.
 pub struct Builder {
@@ -37,8 +35,9 @@ pub struct Builder {
     paths: Paths,
     time_limit: Duration,
     max_unpacked: u64,
-    /// One lock per slug being built: two pushes of one tree build it once.
-    building: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One lock per slug, shared with the fetcher: two pushes of one tree build it once, and
+    /// a fetch never meets a build of the same slug.
+    locks: Arc<slugs::Fetcher>,
 }
 
 impl Builder {
@@ -47,13 +46,14 @@ impl Builder {
         paths: Paths,
         time_limit: Duration,
         max_unpacked: u64,
+        locks: Arc<slugs::Fetcher>,
     ) -> Self {
         Self {
             drivers,
             paths,
             time_limit,
             max_unpacked,
-            building: Mutex::default(),
+            locks,
         }
     }
 
@@ -108,7 +108,10 @@ fn seal_tree(dir: &Path) -> std::io::Result<()> {
             return Ok(());
         }
         let mode = m.permissions().mode() & 0o7777;
-        let sealed = (mode & !0o7022) | 0o044 | if m.is_dir() { 0o011 } else { 0 };
+        // Readable by all, executable by all where anyone could run it, writable by warden
+        // alone, no set-id bits.
+        let runnable = m.is_dir() || mode & 0o111 != 0;
+        let sealed = (mode & 0o0755 & !0o022) | 0o444 | if runnable { 0o111 } else { 0 };
         if sealed != mode {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(sealed))?;
         }
@@ -179,11 +182,10 @@ impl Builds for Builder {
             return Err(BuildError::Node("nothing was unpacked to build".into()));
         };
         let id = prepared.slug.clone();
-        let gate = lock(&self.building).entry(id.clone()).or_default().clone();
+        let gate = self.locks.gate(&id);
         let _building = gate.lock().await;
         let result = self.build_locked(&id, &scratch, prepared.kind, &out).await;
-        let _ = std::fs::remove_dir_all(&scratch);
-        lock(&self.building).remove(&id);
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&scratch)).await;
         result
     }
 
@@ -233,7 +235,10 @@ impl Builder {
             .await
             .map_err(|e| Self::node_error("pack the slug", e))?
             .map_err(|e| Self::node_error("pack the slug", e))?;
-        std::fs::write(home.join(slugs::DIGEST), digest)
+        // Written whole, then renamed: a reader sees no digest or all of it.
+        let part = home.join(format!(".{}.part", slugs::DIGEST));
+        std::fs::write(&part, digest)
+            .and_then(|()| std::fs::rename(&part, home.join(slugs::DIGEST)))
             .map_err(|e| Self::node_error("write the slug's digest", e))?;
         self.complete(id, false)
             .ok_or_else(|| BuildError::Node("the slug's mark cannot be read back".into()))
@@ -264,9 +269,11 @@ impl Builder {
             ));
         }
         let tree2 = tree.to_owned();
+        // Sealed first: from here on nobody but warden may change the tree, so rewriting
+        // files in it by path is safe (the build's processes died with its sandbox).
         tokio::task::spawn_blocking(move || {
-            relocate::relocate(&tree2)?;
-            seal_tree(&tree2)
+            seal_tree(&tree2)?;
+            relocate::relocate(&tree2)
         })
         .await
         .map_err(|e| Self::node_error("finish the slug", e))?

@@ -10,6 +10,18 @@ use std::path::Path;
 /// Rewrites the shebangs under `tree/.venv/bin` that name a Python inside `tree`.
 pub(crate) fn relocate(tree: &Path) -> std::io::Result<()> {
     let bin = tree.join(".venv/bin");
+    for dir in [tree.join(".venv"), bin.clone()] {
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(std::io::Error::other(format!(
+                    "{} is a symlink; a virtual environment must be the tree's own",
+                    dir.display()
+                )))
+            }
+            Ok(_) => {}
+            Err(_) => return Ok(()),
+        }
+    }
     let Ok(entries) = std::fs::read_dir(&bin) else {
         return Ok(());
     };

@@ -20,6 +20,11 @@ const BUILD_LIMITS: Limits = Limits {
     millicpus: 0,
 };
 
+/// Most bytes of build output read at once.
+const READ_AT_ONCE: u64 = 1 << 20;
+/// Longest line handed on whole; longer ones come in pieces.
+const LONGEST_LINE: usize = 4096;
+
 /// Lines of output a failed build's error carries.
 pub(crate) const TAIL_LINES: usize = 20;
 
@@ -67,9 +72,14 @@ async fn run_in(
     ] {
         env.insert(k.to_owned(), v.to_owned());
     }
-    let (kind, _) = drivers.default();
+    let (kind, why) = drivers.default();
     if kind == warden_core::DriverKind::Process {
-        out("warning: this node cannot make sandboxes; the build runs as a plain process");
+        // A build runs the app's dependencies' own install scripts: hostile code, which a
+        // plain process would run with the node's file system view and whose leftovers would
+        // outlive it.
+        return Err(BuildError::Node(format!(
+            "this node builds nothing: builds run in a sandbox and this node cannot make one ({why}); push through an API node whose agent can (user namespaces allowed, or warden run as root)"
+        )));
     }
     let launch = Launch {
         spec: &spec,
@@ -135,21 +145,32 @@ impl<'a> Tail<'a> {
         }
     }
 
+    /// Hands on the whole lines written since the last call: at most [`READ_AT_ONCE`] bytes
+    /// of them (the rest comes next time), a line longer than [`LONGEST_LINE`] in pieces.
     fn emit(&mut self, out: &Output) {
-        let Ok(mut f) = std::fs::File::open(self.path) else {
+        let Ok(f) = std::fs::File::open(self.path) else {
             return;
         };
+        let mut f = std::io::BufReader::new(f);
         if f.seek(std::io::SeekFrom::Start(self.offset)).is_err() {
             return;
         }
         let mut buf = Vec::new();
-        if let Ok(n) = f.read_to_end(&mut buf) {
+        if let Ok(n) = f.take(READ_AT_ONCE).read_to_end(&mut buf) {
             self.offset += n as u64;
             self.partial.extend_from_slice(&buf);
         }
-        while let Some(i) = self.partial.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = self.partial.drain(..=i).collect();
-            out(String::from_utf8_lossy(&line[..i]).trim_end_matches('\r'));
+        loop {
+            let end = match self.partial.iter().position(|&b| b == b'\n') {
+                Some(i) if i <= LONGEST_LINE => i,
+                _ if self.partial.len() > LONGEST_LINE => LONGEST_LINE,
+                _ => break,
+            };
+            let line: Vec<u8> = self.partial.drain(..end).collect();
+            if self.partial.first() == Some(&b'\n') {
+                self.partial.remove(0);
+            }
+            out(String::from_utf8_lossy(&line).trim_end_matches('\r'));
         }
     }
 

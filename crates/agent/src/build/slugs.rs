@@ -66,20 +66,49 @@ pub(crate) fn run_spec<'a>(
     Ok(Cow::Owned(run))
 }
 
+/// Removes what interrupted builds and fetches left under `slugs` (scratch trees, slugs
+/// without their digest); run at start, when none is under way. Returns how many went.
+pub(crate) fn sweep(slugs: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(slugs) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let scratch = name.starts_with(".unpack-") || name.starts_with(".fetch-");
+        let unfinished = warden_core::model::is_slug_id(&name) && !e.path().join(DIGEST).is_file();
+        if (scratch || unfinished) && std::fs::remove_dir_all(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// Brings slugs this node did not build from a node that has them (see
 /// `warden_core::builds::SlugSource`), once per slug, checked against the digest the app's
 /// spec names.
 #[derive(Default)]
 pub(crate) struct Fetcher {
     source: std::sync::OnceLock<std::sync::Arc<dyn warden_core::builds::SlugSource>>,
-    fetching:
-        std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>,
+    /// One lock per slug id, for fetches and builds alike; never removed (one small entry per
+    /// slug the node has ever had), so that no two holders of one id's lock exist.
+    gates: std::sync::Mutex<Gates>,
 }
+
+type Gates = std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>;
 
 /// Largest slug archive a node fetches.
 const MAX_FETCH: u64 = 16 << 30;
 
 impl Fetcher {
+    /// The lock of slug `id`: whoever builds or fetches it holds it.
+    pub(crate) fn gate(&self, id: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+        crate::sync::lock(&self.gates)
+            .entry(id.to_owned())
+            .or_default()
+            .clone()
+    }
+
     /// Where slugs come from; set once, when the node joins its cluster.
     pub(crate) fn set_source(&self, source: std::sync::Arc<dyn warden_core::builds::SlugSource>) {
         let _ = self.source.set(source);
@@ -100,16 +129,12 @@ impl Fetcher {
         let (Some(source), Some(digest)) = (self.source.get(), &release.archive) else {
             return Err(missing());
         };
-        let gate = crate::sync::lock(&self.fetching)
-            .entry(release.slug.clone())
-            .or_default()
-            .clone();
+        let gate = self.gate(&release.slug);
         let _one = gate.lock().await;
         if mark(slugs, &release.slug).is_some() {
             return Ok(());
         }
         let result = self.fetch(&**source, slugs, &release.slug, digest).await;
-        crate::sync::lock(&self.fetching).remove(&release.slug);
         result.map_err(|why| LaunchError::Fetch {
             slug: release.slug.clone(),
             why,

@@ -6,6 +6,31 @@ use std::path::{Component, Path, PathBuf};
 
 use warden_core::builds::BuildError;
 
+/// Decompressed bytes allowed beyond the content itself: headers and padding.
+const HEADER_SLACK: u64 = 64 << 20;
+
+/// A reader that fails once it has given `left` bytes.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Err(std::io::Error::other(
+                "the archive unpacks to more than this node takes",
+            ));
+        }
+        let max = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..max])?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
 /// Most entries one archive may hold.
 pub(crate) const MAX_ENTRIES: u64 = 200_000;
 
@@ -63,7 +88,14 @@ pub(crate) fn unpack(
     use std::os::unix::fs::PermissionsExt;
     let file = std::fs::File::open(archive)
         .map_err(|e| BuildError::Node(format!("cannot open the upload: {e}")))?;
-    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(std::io::BufReader::new(file)));
+    // Everything decompressed counts, headers included: a small upload must not become
+    // gigabytes in memory (long-name headers are read whole) or on disk.
+    let cap = max_bytes.saturating_add(HEADER_SLACK);
+    let inflated = flate2::read::GzDecoder::new(std::io::BufReader::new(file));
+    let mut tar = tar::Archive::new(Capped {
+        inner: inflated,
+        left: cap,
+    });
     tar.set_overwrite(true);
     tar.set_preserve_permissions(false);
     tar.set_unpack_xattrs(false);
@@ -128,6 +160,19 @@ pub(crate) fn unpack(
                     "entry {} is a {other:?}; an archive may hold only files, directories and symlinks inside it",
                     rel.display()
                 )))
+            }
+        }
+        // No entry may be written through a symlink an earlier entry made: `d -> .` and then
+        // `d/d/x -> ../../etc` would put a link out of the tree at its top.
+        let mut at = into.to_path_buf();
+        for c in rel.parent().into_iter().flat_map(|p| p.components()) {
+            at.push(c);
+            if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(bad(format!(
+                    "entry {} lies under symlink {}; an archive may not write through its own links",
+                    rel.display(),
+                    at.strip_prefix(into).unwrap_or(&at).display()
+                )));
             }
         }
         let ok = entry
@@ -214,6 +259,13 @@ mod tests {
             (archive(|b| file(b, "../evil", b"x")), "leaves the archive"),
             (archive(|b| link(b, "etc", "/etc")), "points outside"),
             (archive(|b| link(b, "a/up", "../../x")), "points outside"),
+            (
+                archive(|b| {
+                    link(b, "d", ".");
+                    link(b, "d/d/out", "../../x");
+                }),
+                "lies under symlink",
+            ),
             (
                 archive(|b| {
                     let mut h = tar::Header::new_gnu();
