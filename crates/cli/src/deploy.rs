@@ -107,6 +107,35 @@ fn checkout(url: &str, git_ref: Option<&str>) -> anyhow::Result<(tempdir::Dir, S
     Ok((dir, commit))
 }
 
+/// `url` without a user and password (`https://user:token@host/…`): the release record shows
+/// where the code came from, never how to log in there.
+fn without_credentials(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            format!("{scheme}://{host}{path}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// A line from a build or an app, for a terminal: control characters (escape sequences a
+/// hostile dependency might print) become U+FFFD, tabs stay.
+pub(crate) fn printable(line: &str) -> String {
+    line.chars()
+        .map(|c| {
+            if c.is_control() && c != '\t'
+                || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+            {
+                '\u{fffd}'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
 /// A directory removed when dropped.
 mod tempdir {
     pub(crate) struct Dir(std::path::PathBuf);
@@ -151,7 +180,11 @@ pub(crate) async fn push(
         Some(url) => {
             let (clone, commit) = checkout(url, p.git_ref.as_deref())?;
             let dir = clone.path().to_owned();
-            (Some(clone), dir, format!("{url}@{commit}"))
+            (
+                Some(clone),
+                dir,
+                format!("{}@{commit}", without_credentials(url)),
+            )
         }
         None => {
             let dir = p.dir.clone().unwrap_or_else(|| PathBuf::from("."));
@@ -248,7 +281,7 @@ async fn follow(
             if out.json {
                 println!("{v}");
             } else if let Some(text) = v["log"].as_str() {
-                println!("{text}");
+                println!("{}", printable(text));
             }
             if v.get("done").is_some() || v.get("failed").is_some() {
                 last = Some(v);
@@ -263,11 +296,22 @@ async fn follow(
             "release {} of {app} failed; the app keeps serving what it served before:\n{}",
             s(&r["number"]),
             s(&r["error"])
+                .lines()
+                .map(printable)
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     }
     if !out.json {
         let r = &v["done"];
-        println!("release {} of {app} serves", s(&r["number"]));
+        if v["rolled_out"] == false {
+            println!(
+                "release {} of {app} takes new requests; instances of earlier releases are still handing over (`warden status`)",
+                s(&r["number"])
+            );
+        } else {
+            println!("release {} of {app} serves", s(&r["number"]));
+        }
         let path = s(&v["path"]);
         match gateway(data_dir) {
             Some(g) => println!("try: curl -u USER:PASSWORD {g}{path}"),
@@ -560,5 +604,15 @@ mod tests {
     fn dates_are_civil_utc() {
         assert_eq!(super::when(0), "1970-01-01 00:00:00");
         assert_eq!(super::when(1_795_000_000_000), "2026-11-18 11:06:40");
+    }
+
+    #[test]
+    fn git_urls_lose_their_credentials_and_output_its_escapes() {
+        assert_eq!(
+            super::without_credentials("https://me:tok@git.example.com/a/b.git"),
+            "https://git.example.com/a/b.git"
+        );
+        assert_eq!(super::without_credentials("/srv/repo"), "/srv/repo");
+        assert_eq!(super::printable("a\u{1b}[2Jb\tc"), "a\u{fffd}[2Jb\tc");
     }
 }

@@ -141,7 +141,10 @@ fn print_line(out: &Output, instance: &str, label: &str, release: Option<u64>, l
     } else {
         format!(" {label}")
     };
-    println!("[{instance}{label}{release}] {line}");
+    println!(
+        "[{instance}{label}{release}] {}",
+        crate::deploy::printable(line)
+    );
 }
 
 #[cfg(test)]

@@ -313,6 +313,8 @@ async fn serve_api(
         warden_api::Api::new(store.clone(), m.instances.clone(), token, cfg.argon2_cost())
             .protecting(cfg.data_dir.clone());
     if let Some(agent) = &m.agent {
+        // Uploads of pushes an earlier run did not finish.
+        let _ = std::fs::remove_dir_all(cfg.data_dir.join("uploads"));
         let max = cfg.max_upload_mb * 1024 * 1024;
         let builder = agent.builder(std::time::Duration::from_secs(cfg.build_timeout), max * 4);
         api = api.with_builds(Arc::new(builder), max);

@@ -94,14 +94,35 @@ pub async fn push(
     })?;
     let from = note(q.from.as_deref().unwrap_or("an upload"));
     let source = ReleaseSource::Push { digest, from };
-    let config = deliver::config_of(&api, &name).await?;
-    let mut release = deliver::fresh(&name, source, config, by(&headers));
-    release.slug = Some(prepared.slug.clone());
-    release.kind = Some(prepared.kind);
-    release.command = prepared.command.clone();
-    let release = deliver::record(&api, release).await?;
+    let recorded = async {
+        let current = get_json::<warden_core::AppSpec>(&*api.store, &keys::app_spec(&name)).await?;
+        let existed = current.is_some();
+        let config = current.map(|(s, _)| s.env).unwrap_or_default();
+        let mut release = deliver::fresh(&name, source, config, by(&headers));
+        release.slug = Some(prepared.slug.clone());
+        release.kind = Some(prepared.kind);
+        release.command = prepared.command.clone();
+        Ok::<_, ApiError>((deliver::record(&api, release).await?, existed))
+    }
+    .await;
+    let (release, existed) = match recorded {
+        Ok(r) => r,
+        Err(e) => {
+            // The unpacked tree waits for a build that will not come.
+            if let Some(tree) = &prepared.tree {
+                let _ = std::fs::remove_dir_all(tree);
+            }
+            return Err(e);
+        }
+    };
     tracing::info!(app = %name, release = release.number, "push received");
-    Ok(deliver::start(api, builds, release, Step::Build(prepared)))
+    Ok(deliver::start(
+        api,
+        builds,
+        release,
+        Step::Build(prepared),
+        existed,
+    ))
 }
 
 /// `GET /v1/limits`: what this API takes, so that a client can refuse an upload before
@@ -346,7 +367,13 @@ pub async fn config_change(
     release.kind = current.kind;
     release.command = current.command.clone();
     let release = deliver::record(&api, release).await?;
-    Ok(deliver::start(api, builds, release, Step::Reuse(built)))
+    Ok(deliver::start(
+        api,
+        builds,
+        release,
+        Step::Reuse(built),
+        true,
+    ))
 }
 
 /// Body of `POST /v1/apps/{name}/rollback`.
@@ -405,5 +432,11 @@ pub async fn rollback(
     release.kind = target.kind;
     release.command = target.command.clone();
     let release = deliver::record(&api, release).await?;
-    Ok(deliver::start(api, builds, release, Step::Reuse(built)))
+    Ok(deliver::start(
+        api,
+        builds,
+        release,
+        Step::Reuse(built),
+        true,
+    ))
 }

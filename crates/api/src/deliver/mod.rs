@@ -7,7 +7,10 @@
 //! so what serves, as it was.
 //!
 //! Progress goes to the client as NDJSON events (`{"log": …}`, then one `{"done": …}` or
-//! `{"failed": …}`) and to the release's log file, which `GET …/releases/{n}/log` serves.
+//! `{"failed": …}`) and to the release's log file, which `GET …/releases/{n}/log` serves
+//! (both bounded: see [`sink`]).
+
+mod sink;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -16,13 +19,14 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
-use warden_core::builds::{Builds, Built, Output};
+use warden_core::builds::{Builds, Built};
 use warden_core::model::now_ms;
 use warden_core::{keys, AppSpec, BuildKind, Release, ReleaseSource, ReleaseStatus, SpecRelease};
 use warden_store::{get_json, put_json, CasOutcome};
 
 use crate::error::ApiError;
 use crate::Api;
+use sink::Sink;
 
 /// What a release runs, before it is built.
 pub(crate) enum Step {
@@ -70,31 +74,45 @@ pub(crate) async fn record(api: &Api, mut release: Release) -> Result<Release, A
 }
 
 /// Starts the release's delivery in the background and answers with its progress.
-pub(crate) fn start(api: Api, builds: Arc<dyn Builds>, release: Release, step: Step) -> Response {
-    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
-    let log = log_path(&api, &release.app, release.number);
-    if let Some(dir) = log.as_ref().and_then(|l| l.parent()) {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let sink = Sink { tx, log };
+/// `must_exist`: the app existed when the release was asked for, so one deleted meanwhile
+/// is not brought back.
+pub(crate) fn start(
+    api: Api,
+    builds: Arc<dyn Builds>,
+    release: Release,
+    step: Step,
+    must_exist: bool,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Bytes>(sink::QUEUE);
+    let sink = Sink::new(tx, log_path(&api, &release.app, release.number));
     tokio::spawn(async move {
         let number = release.number;
         let app = release.app.clone();
-        let outcome = deliver(&api, &*builds, release.clone(), step, &sink).await;
+        let outcome = deliver(&api, &*builds, release.clone(), step, must_exist, &sink).await;
         let mut release = release;
         match outcome {
-            Ok(done) => {
+            Ok(Delivered {
+                built: done,
+                config,
+                rolled_out,
+            }) => {
                 release.status = ReleaseStatus::Released;
                 release.slug = Some(done.slug.clone());
                 release.kind = Some(done.kind);
                 release.command = done.command.clone();
+                release.config = config;
                 if let Err(e) =
                     put_json(&*api.store, &keys::release(&app, number), &release, None).await
                 {
                     tracing::warn!(app, number, error = %e, "cannot mark a release released");
                 }
                 tracing::info!(app, release = number, "release serving");
-                sink.event(serde_json::json!({ "done": release, "path": format!("/apps/{app}/") }));
+                sink.finish(serde_json::json!({
+                    "done": release,
+                    "path": format!("/apps/{app}/"),
+                    "rolled_out": rolled_out,
+                }))
+                .await;
             }
             Err(error) => {
                 release.status = ReleaseStatus::Failed;
@@ -106,7 +124,7 @@ pub(crate) fn start(api: Api, builds: Arc<dyn Builds>, release: Release, step: S
                 }
                 tracing::info!(app, release = number, "release failed");
                 sink.log_only(&format!("release {number} failed: {error}"));
-                sink.event(serde_json::json!({ "failed": release }));
+                sink.finish(serde_json::json!({ "failed": release })).await;
             }
         }
     });
@@ -120,49 +138,13 @@ pub(crate) fn start(api: Api, builds: Arc<dyn Builds>, release: Release, step: S
         .into_response()
 }
 
-/// Where progress goes: the client (while it listens) and the release's log.
-struct Sink {
-    tx: mpsc::UnboundedSender<Bytes>,
-    log: Option<PathBuf>,
-}
-
-impl Sink {
-    fn event(&self, v: serde_json::Value) {
-        let mut line = v.to_string();
-        line.push('\n');
-        let _ = self.tx.send(Bytes::from(line));
-    }
-
-    fn line(&self, text: &str) {
-        self.log_only(text);
-        self.event(serde_json::json!({ "log": text }));
-    }
-
-    /// Into the release's log only: the client hears of it in the final event.
-    fn log_only(&self, text: &str) {
-        if let Some(log) = &self.log {
-            use std::io::Write;
-            if let Ok(mut f) = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-            {
-                let _ = writeln!(f, "{text}");
-            }
-        }
-    }
-
-    fn output(&self) -> Output {
-        let tx = self.tx.clone();
-        let log = self.log.clone();
-        Arc::new(move |text: &str| {
-            Sink {
-                tx: tx.clone(),
-                log: log.clone(),
-            }
-            .line(text)
-        })
-    }
+/// What a release that serves ended with.
+struct Delivered {
+    built: Built,
+    /// The config vars it runs with.
+    config: BTreeMap<String, String>,
+    /// Whether every ready instance ran it before the wait ended.
+    rolled_out: bool,
 }
 
 /// Builds, tries and switches to the release; the error says why it does not serve.
@@ -171,8 +153,9 @@ async fn deliver(
     builds: &dyn Builds,
     release: Release,
     step: Step,
+    must_exist: bool,
     sink: &Sink,
-) -> Result<Built, String> {
+) -> Result<Delivered, String> {
     let app = &release.app;
     let built = match step {
         Step::Reuse(b) => b,
@@ -193,7 +176,22 @@ async fn deliver(
             .await
             .map_err(|e| e.to_string())?;
         let revision = current.as_ref().map(|(_, r)| *r);
-        let spec = compose(builds, current.map(|(s, _)| s), app, &release, &built)?;
+        let current = current.map(|(s, _)| s);
+        match current.as_ref().and_then(|s| s.release.as_ref()) {
+            Some(newer) if newer.number > release.number => {
+                return Err(format!(
+                    "release {} serves already, made after this one; this one is not applied",
+                    newer.number
+                ))
+            }
+            _ if current.is_none() && must_exist => {
+                return Err(format!(
+                    "app {app:?} was removed meanwhile; nothing is applied"
+                ))
+            }
+            _ => {}
+        }
+        let (spec, config) = compose(builds, current, app, &release, &built)?;
         if built.kind != BuildKind::Static {
             let label = crate::routes::lattice::current(api)
                 .await
@@ -216,8 +214,12 @@ async fn deliver(
         {
             CasOutcome::Done(rev) => {
                 api.applied(&keys::app_spec(app), rev).await;
-                rolled_out(api, &spec, sink).await;
-                return Ok(built);
+                let rolled_out = rolled_out(api, &spec, sink).await;
+                return Ok(Delivered {
+                    built,
+                    config,
+                    rolled_out,
+                });
             }
             CasOutcome::Conflict { .. } => {
                 sink.line("the app changed meanwhile; applying the release to its new spec");
@@ -230,15 +232,18 @@ async fn deliver(
 /// Longest a release waits for its rollout before it answers anyway.
 const ROLLOUT_WAIT: std::time::Duration = std::time::Duration::from_secs(150);
 
-/// Waits (bounded) until no ready instance of `spec`'s app runs an earlier spec: the agents
-/// start new instances, hand them the old ones' traffic and drain the old ones.
-async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) {
+/// Waits (bounded) until no ready instance of `spec`'s app runs an earlier spec and this
+/// node's gateway has seen as much: the agents start new instances, hand them the old ones'
+/// traffic and drain the old ones. False if the wait ended first.
+async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) -> bool {
     let generation = spec.generation();
     let deadline = tokio::time::Instant::now() + ROLLOUT_WAIT;
     let mut told = None;
+    let prefix = keys::app_instances(&spec.name);
     loop {
-        let old = match api.store.list(&keys::app_instances(&spec.name)).await {
-            Ok(l) => l
+        // A store that does not answer says nothing: ask again until the wait ends.
+        if let Ok(listing) = api.store.list(&prefix).await {
+            let old = listing
                 .entries
                 .iter()
                 .filter_map(|e| {
@@ -247,37 +252,42 @@ async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) {
                 .filter(|r| {
                     r.state == warden_core::InstanceState::Ready && r.generation != generation
                 })
-                .count(),
-            Err(_) => 0,
-        };
-        if old == 0 {
-            sink.line("-----> rolled out: every ready instance runs this release");
-            return;
-        }
-        if told != Some(old) {
-            sink.line(&format!(
-                "-----> rolling out: {old} instance(s) of the earlier release still serving; they hand over without dropping a request"
-            ));
-            told = Some(old);
+                .count();
+            if old == 0 {
+                api.applied(&prefix, listing.revision).await;
+                sink.line("-----> rolled out: every ready instance runs this release");
+                return true;
+            }
+            if told != Some(old) {
+                sink.line(&format!(
+                    "-----> rolling out: {old} instance(s) of the earlier release still serving; they hand over without dropping a request"
+                ));
+                told = Some(old);
+            }
         }
         if tokio::time::Instant::now() >= deadline {
-            sink.line("-----> the rollout goes on in the background; `warden status` follows it");
-            return;
+            sink.line(&format!(
+                "-----> not rolled out within {} s: new requests go to this release, earlier instances still hand over; `warden status` follows it",
+                ROLLOUT_WAIT.as_secs()
+            ));
+            return false;
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
 
-/// The app's spec running `release` of slug `built`: the current spec (or a new app's
-/// defaults) with the release's command and config vars. A static site clears the command
-/// and is served from the slug; a static directory an earlier static release set is dropped.
+/// The app's spec running `release` of slug `built`, and the config vars it runs with: the
+/// current spec (or a new app's defaults) with the release's command; a push keeps the app's
+/// config vars as they are now (a `config set` during its build stays), a config change or a
+/// rollback brings its own. A static site clears the command and is served from the slug; a
+/// static directory an earlier static release set is dropped.
 fn compose(
     builds: &dyn Builds,
     current: Option<AppSpec>,
     app: &str,
     release: &Release,
     built: &Built,
-) -> Result<AppSpec, String> {
+) -> Result<(AppSpec, BTreeMap<String, String>), String> {
     let mut spec = current.unwrap_or_else(|| AppSpec::new(app, Vec::new()));
     let earlier_static = spec
         .release
@@ -296,7 +306,9 @@ fn compose(
     });
     spec.workdir = None;
     spec.command = built.command.clone();
-    spec.env = release.config.clone();
+    if !matches!(release.source, ReleaseSource::Push { .. }) {
+        spec.env = release.config.clone();
+    }
     if built.kind == BuildKind::Static {
         spec.static_dir = Some(built.dir.display().to_string());
         spec.static_prefix = "/".into();
@@ -305,7 +317,8 @@ fn compose(
     }
     spec.validate()
         .map_err(|e| format!("the release does not make a usable app: {e}"))?;
-    Ok(spec)
+    let config = spec.env.clone();
+    Ok((spec, config))
 }
 
 /// The config vars an app has now (its spec's environment), empty for a new app.

@@ -1,0 +1,113 @@
+//! Where a release's progress goes: the pusher's connection, while it listens, and the
+//! release's log file. Both are bounded: build output is hostile (a dependency's install
+//! script prints what it likes), and warden's process also runs the gateway.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use tokio::sync::mpsc;
+use warden_core::builds::Output;
+
+/// Most bytes of output one release keeps and sends; the rest is dropped, once said so.
+const MAX_OUTPUT: u64 = 8 << 20;
+/// Events queued for a client that reads slowly; beyond, output lines are dropped for it (the
+/// log keeps them) and only the final event waits.
+pub(super) const QUEUE: usize = 1024;
+
+/// A release's progress.
+#[derive(Clone)]
+pub(super) struct Sink(Arc<Inner>);
+
+struct Inner {
+    tx: mpsc::Sender<Bytes>,
+    log: Mutex<Option<std::fs::File>>,
+    written: AtomicU64,
+    truncated: AtomicBool,
+}
+
+impl Sink {
+    /// Progress to `tx` and to a new private file at `log`.
+    pub(super) fn new(tx: mpsc::Sender<Bytes>, log: Option<PathBuf>) -> Self {
+        let file = log.and_then(|path| {
+            use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+            let dir = path.parent()?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .ok()?;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(&path)
+                .ok()
+        });
+        Self(Arc::new(Inner {
+            tx,
+            log: Mutex::new(file),
+            written: AtomicU64::new(0),
+            truncated: AtomicBool::new(false),
+        }))
+    }
+
+    fn send(&self, v: &serde_json::Value) {
+        let mut line = v.to_string();
+        line.push('\n');
+        let _ = self.0.tx.try_send(Bytes::from(line));
+    }
+
+    /// The final event: waits for room, as the client must hear how the release ended.
+    pub(super) async fn finish(&self, v: serde_json::Value) {
+        let mut line = v.to_string();
+        line.push('\n');
+        let _ = self.0.tx.send(Bytes::from(line)).await;
+    }
+
+    /// A line of progress, to the client and the log.
+    pub(super) fn line(&self, text: &str) {
+        if self.log_only(text) {
+            self.send(&serde_json::json!({ "log": text }));
+        }
+    }
+
+    /// A line into the release's log only (the client hears of it in the final event);
+    /// false once the release's output is over its bound.
+    pub(super) fn log_only(&self, text: &str) -> bool {
+        let n = self
+            .0
+            .written
+            .fetch_add(text.len() as u64 + 1, Ordering::Relaxed);
+        if n > MAX_OUTPUT {
+            if !self.0.truncated.swap(true, Ordering::Relaxed) {
+                let note = format!("(output truncated: more than {MAX_OUTPUT} bytes)");
+                self.append(&note);
+                self.send(&serde_json::json!({ "log": note }));
+            }
+            return false;
+        }
+        self.append(text);
+        true
+    }
+
+    fn append(&self, text: &str) {
+        if let Some(f) = self
+            .0
+            .log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            let _ = writeln!(f, "{text}");
+        }
+    }
+
+    /// The sink as a build's output.
+    pub(super) fn output(&self) -> Output {
+        let me = self.clone();
+        Arc::new(move |text: &str| me.line(text))
+    }
+}
