@@ -613,3 +613,58 @@ fn a_build_writes_only_its_own_tree() {
     assert_eq!(m.uid(), nix::unistd::geteuid().as_raw());
     assert_eq!(m.mode() & 0o022, 0, "mode {:o}", m.mode());
 }
+
+/// A Node app whose build takes `secs` (its own install script sleeps) and which answers its
+/// config var ANSWER, or `default`.
+fn slow_node_app(secs: u32, default: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let start = format!(
+        "node -e \"require('http').createServer((q,r)=>r.end(JSON.stringify({{answer:process.env.ANSWER||'{default}'}}))).listen(+process.env.PORT,'127.0.0.1')\""
+    );
+    let pkg = json!({
+        "name": "slow",
+        "version": "1.0.0",
+        "scripts": { "preinstall": format!("sleep {secs}"), "start": start }
+    });
+    std::fs::write(dir.path().join("package.json"), pkg.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn a_late_build_never_undoes_what_happened_meanwhile() {
+    let w = Warden::demo(BIN);
+    let plain = fixture("plain");
+    push_ok(&w, "app", plain.path());
+
+    // A change made while a push builds stays.
+    let slow = slow_node_app(3, "slow");
+    let (dir, data) = (slow.path().to_owned(), w.dir.display().to_string());
+    let pushing = std::thread::spawn(move || {
+        let d = dir.display().to_string();
+        cli(BIN, &["push", "app", &d, "--data-dir", &data], &[])
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let (ok, _, err) = run(&w, &["apps", "update", "app", "--env", "ANSWER=kept"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = pushing.join().unwrap();
+    assert!(ok, "{out}{err}");
+    assert_eq!(answer(&w, "alice", "app")["answer"], "kept");
+
+    // An older release that finishes after a newer one is not applied.
+    let slower = slow_node_app(4, "older");
+    let (dir, data) = (slower.path().to_owned(), w.dir.display().to_string());
+    let pushing = std::thread::spawn(move || {
+        let d = dir.display().to_string();
+        cli(BIN, &["push", "app", &d, "--data-dir", &data], &[])
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    push_ok(&w, "app", plain.path());
+    let (ok, _, err) = pushing.join().unwrap();
+    assert!(
+        !ok && err.contains("serves already, made after this one"),
+        "{err}"
+    );
+    assert_eq!(answer(&w, "alice", "app")["answer"], "kept");
+    let spec = w.api("GET", "/v1/apps/app", None).json();
+    assert_eq!(spec["release"]["number"], 4);
+}
