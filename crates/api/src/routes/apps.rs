@@ -126,6 +126,13 @@ pub async fn remove(
     match api.store.delete(&keys::app_spec(&name)).await? {
         Some(rev) => {
             api.applied(&keys::app_spec(&name), rev).await;
+            // Its releases go with it: an app made later under the name starts at release 1
+            // and can never roll back to this one's code or config vars.
+            if let Ok(listing) = api.store.list(&keys::releases(&name)).await {
+                for e in listing.entries {
+                    let _ = api.store.delete(&e.key).await;
+                }
+            }
             tracing::info!(app = %name, "app removed");
             Ok(StatusCode::NO_CONTENT)
         }

@@ -294,6 +294,13 @@ fn config_changes_are_releases_and_rollback_restores_them() {
     let (ok, _, err) = run(&w, &["config", "set", "plain", "1BAD=x"]);
     assert!(!ok && err.contains("not a usable variable name"), "{err}");
     assert_eq!(releases(&w, "plain").len(), 5);
+    // Removing the app removes its releases: a new app of the name starts afresh.
+    let (ok, _, err) = run(&w, &["apps", "rm", "plain"]);
+    assert!(ok, "{err}");
+    assert!(releases(&w, "plain").is_empty());
+    push_ok(&w, "plain", src.path());
+    assert_eq!(releases(&w, "plain")[0]["number"], 1);
+    assert_eq!(answer(&w, "alice", "plain")["answer"], "hello from plain");
 }
 
 #[test]
