@@ -102,6 +102,18 @@ def warden_run(binary, rnd):
     return rows
 
 
+def serve_once(d, port, want):
+    """gunicorn from the venv in `d`, until it answers `want`; then stopped."""
+    g = subprocess.Popen([os.path.join(d, ".venv/bin/gunicorn"), "--bind", f"127.0.0.1:{port}",
+                          "--workers", "2", "app:app"], cwd=d,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        until_answer(f"http://127.0.0.1:{port}/", want)
+    finally:
+        g.terminate()
+        g.wait()
+
+
 def floor_runs(rounds):
     rows = []
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
@@ -113,21 +125,11 @@ def floor_runs(rounds):
         subprocess.run([os.path.join(d, ".venv/bin/pip"), "install", "--disable-pip-version-check",
                         "--no-input", "--no-cache-dir", "-r", os.path.join(d, "requirements.txt")],
                        check=True, stdout=subprocess.DEVNULL)
-        g = subprocess.Popen([os.path.join(d, ".venv/bin/gunicorn"), "--bind", f"127.0.0.1:{port}",
-                              "--workers", "2", "app:app"], cwd=d,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        until_answer(f"http://127.0.0.1:{port}/", f"floor {i}")
+        serve_once(d, port, f"floor {i}")
         rows.append(("floor", "cold", i, time.time() - t0))
-        g.terminate()
-        g.wait()
         t0 = time.time()
-        g = subprocess.Popen([os.path.join(d, ".venv/bin/gunicorn"), "--bind", f"127.0.0.1:{port}",
-                              "--workers", "2", "app:app"], cwd=d,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        until_answer(f"http://127.0.0.1:{port}/", f"floor {i}")
+        serve_once(d, port, f"floor {i}")
         rows.append(("floor", "cached", i, time.time() - t0))
-        g.terminate()
-        g.wait()
     return rows
 
 

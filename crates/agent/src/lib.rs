@@ -11,7 +11,9 @@
 //!
 //! The parts, each owning its state: `lifecycle` (the instances), `pools` (slots and spare
 //! starts), `restarts` (crash backoff), `node` (the lease and node record), `supervise` (the
-//! background duties that tie them together) and [`drivers`] (the ways to run an instance).
+//! background duties that tie them together), [`drivers`] (the ways to run an instance) and
+//! `build` (slugs of pushed apps: built in a sandbox, tried outside routing, fetched from other
+//! nodes; [`Builder`] is what the API gets, through [`warden_core::builds::Builds`]).
 //! Instance environments never carry the agent's own environment.
 #![deny(unsafe_code)]
 

@@ -3,7 +3,8 @@
 //! This crate owns the admin interface and its validation: every body is parsed into a type that
 //! refuses unknown fields, every error is JSON saying what to do. It writes desired state to the
 //! store and asks the instances source (the local agent, through [`warden_core::Instances`]) to
-//! start or kill instances; it never serves app traffic.
+//! start or kill instances; it never serves app traffic. Pushes are built and tried by the
+//! local agent too (through [`warden_core::builds::Builds`]); `deliver` makes a release serve.
 //!
 //! Access needs the admin token (`Authorization: Bearer …`), compared in constant time. Request
 //! bodies may hold passwords: they are hashed at once and never logged or returned.

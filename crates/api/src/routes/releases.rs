@@ -1,5 +1,5 @@
 //! `/v1/apps/{name}/releases`, `/config` and `/rollback`: pushes, config vars and rollbacks,
-//! each a numbered release delivered by [`crate::deliver`].
+//! each a numbered release delivered by `crate::deliver`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -357,15 +357,24 @@ pub async fn config_change(
             "the config already holds these values; nothing to release",
         ));
     }
-    let mut release = deliver::fresh(
-        &name,
-        ReleaseSource::Config { changed },
-        config,
-        by(&headers),
-    );
-    release.slug = current.slug.clone();
-    release.kind = current.kind;
-    release.command = current.command.clone();
+    let source = ReleaseSource::Config { changed };
+    rerelease(api, builds, &current, source, config, built, by(&headers)).await
+}
+
+/// A new release of `of`'s slug and command with `config`, delivered.
+async fn rerelease(
+    api: Api,
+    builds: Arc<dyn Builds>,
+    of: &Release,
+    source: ReleaseSource,
+    config: BTreeMap<String, String>,
+    built: Built,
+    by: String,
+) -> Result<Response, ApiError> {
+    let mut release = deliver::fresh(&of.app, source, config, by);
+    release.slug = of.slug.clone();
+    release.kind = of.kind;
+    release.command = of.command.clone();
     let release = deliver::record(&api, release).await?;
     Ok(deliver::start(
         api,
@@ -422,21 +431,7 @@ pub async fn rollback(
         )));
     }
     let built = reuse(&*builds, &target)?;
-    let mut release = deliver::fresh(
-        &name,
-        ReleaseSource::Rollback { to: target.number },
-        target.config.clone(),
-        by(&headers),
-    );
-    release.slug = target.slug.clone();
-    release.kind = target.kind;
-    release.command = target.command.clone();
-    let release = deliver::record(&api, release).await?;
-    Ok(deliver::start(
-        api,
-        builds,
-        release,
-        Step::Reuse(built),
-        true,
-    ))
+    let source = ReleaseSource::Rollback { to: target.number };
+    let config = target.config.clone();
+    rerelease(api, builds, &target, source, config, built, by(&headers)).await
 }
