@@ -249,6 +249,19 @@ fn an_express_app_and_a_static_site_serve() {
         http::request("GET", &format!("{}/apps/docs/", w.gateway), &[], b"").status,
         401
     );
+
+    // A tree that would run (a Procfile) is served as files when the pusher says so.
+    let both = fixture("plain");
+    std::fs::write(both.path().join("index.html"), "<p>as files</p>").unwrap();
+    let (ok, out, err) = push(&w, "both", both.path(), &["--kind", "static"]);
+    assert!(
+        ok && out.contains("a static app: nothing to build"),
+        "{out}{err}"
+    );
+    let r = w.get_as("alice", &w.password("alice"), "/apps/both/");
+    assert!(r.text().contains("as files"), "{}", r.text());
+    let (ok, _, err) = push(&w, "both", both.path(), &["--kind", "cobol"]);
+    assert!(!ok && err.contains("possible values"), "{err}");
 }
 
 #[test]
@@ -600,12 +613,15 @@ fn a_build_writes_only_its_own_tree() {
         "version": "1.0.0",
         "scripts": {
             "preinstall": script,
-            "start": "node -e \"require('http').createServer((q,r)=>r.end(JSON.stringify({answer:require('fs').readFileSync('inside.txt','utf8').trim()}))).listen(+process.env.PORT,'127.0.0.1')\""
+            // It answers what its build left, and whether it can change its own code.
+            "start": "node -e \"const fs=require('fs');let w='no';try{fs.writeFileSync('x','1');w='yes'}catch(e){}require('http').createServer((q,r)=>r.end(JSON.stringify({answer:fs.readFileSync('inside.txt','utf8').trim(),writable:w}))).listen(+process.env.PORT,'127.0.0.1')\""
         }
     });
     std::fs::write(dir.path().join("package.json"), pkg.to_string()).unwrap();
     push_ok(&w, "hostile", dir.path());
-    assert_eq!(answer(&w, "alice", "hostile")["answer"], "built");
+    let a = answer(&w, "alice", "hostile");
+    assert_eq!(a["answer"], "built");
+    assert_eq!(a["writable"], "no", "an instance sees its slug read-only");
     let slug = w.api("GET", "/v1/apps/hostile", None).json()["release"]["slug"]
         .as_str()
         .unwrap()
