@@ -558,7 +558,10 @@ pub(crate) async fn show(api: &Client, out: &Output, app: &str) -> anyhow::Resul
                 st["desired"][l]
                     .as_u64()
                     .map_or("-".into(), |n| n.to_string()),
-                s(&st["ready"][l]),
+                by_node
+                    .get(l)
+                    .map_or(0, |n| n.values().sum::<usize>())
+                    .to_string(),
                 s(&st["instances"][l]),
                 or_dash(&nodes.join(" ")),
             ]
