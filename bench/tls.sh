@@ -13,8 +13,16 @@ fi
 python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib
 
 cargo build --release --locked -p warden -p warden-bench
+# `--providers`: also a warden built with ring instead of aws-lc-rs (the default), whose
+# handshake cost is measured in the same run (issue 21); the other flags go to warden-bench.
+ALSO=()
+if [ "${1:-}" = "--providers" ]; then
+  shift
+  cargo build --release --locked -p warden --no-default-features --target-dir target/ring
+  ALSO=(--also-warden ring=target/ring/release/warden)
+fi
 mkdir -p bench/out
 # Thousands of emulated clients, each with a socket: raise the soft limit to the hard limit.
 ulimit -n "$(ulimit -Hn)" || true
-target/release/warden-bench tls --warden target/release/warden --out bench/out "$@"
+target/release/warden-bench tls --warden target/release/warden --out bench/out "${ALSO[@]}" "$@"
 python3 bench/plot_tls.py bench/out/tls-handshakes.csv bench/out/tls-overload.csv bench/out/tls.png

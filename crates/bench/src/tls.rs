@@ -82,6 +82,10 @@ pub(crate) struct Args {
     /// Skip the overload runs (handshake cost only)
     #[arg(long)]
     no_overload: bool,
+    /// Another warden binary whose handshake cost is measured in the same run, as NAME=PATH
+    /// (reported as server `warden-NAME`), e.g. `aws-lc=target/aws-lc/release/warden`
+    #[arg(long = "also-warden")]
+    also_warden: Vec<String>,
 }
 
 /// The per-request client timeout of the seed's httperf configuration.
@@ -643,7 +647,22 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 
     // Each server runs alone, so the others' idle processes do not share its CPUs.
     let (_up, up_port) = upstream(&warden_bin)?;
-    let servers = ["warden", "warden-no-admission", "nginx"];
+    let mut servers: Vec<(String, PathBuf)> = ["warden", "warden-no-admission", "nginx"]
+        .iter()
+        .map(|s| (s.to_string(), warden_bin.clone()))
+        .collect();
+    for also in &args.also_warden {
+        let (name, path) = also
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--also-warden {also:?} must be NAME=PATH"))?;
+        let wrapper = pinned(
+            &work,
+            &format!("warden-{name}-pinned"),
+            &std::fs::canonicalize(path)?.display().to_string(),
+            &pinning,
+        )?;
+        servers.push((format!("warden-{name}"), wrapper));
+    }
     let mut rates =
         String::from("server,cert,tls,handshake,connections_per_sec,resumed_fraction,errors\n");
     let mut over = String::from("server,cert,clients,load,replies_per_sec,timeouts,refused,errors,full_handshakes,resumed_handshakes,sessions\n");
@@ -655,7 +674,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         requests: args.requests_per_connection.max(1),
     });
     let mut saturation = args.saturation_clients;
-    for server in servers {
+    for (server, bin) in &servers {
+        let server = server.as_str();
+        // Binaries besides the first are measured for handshake cost only.
+        let alternative = !matches!(server, "warden" | "warden-no-admission" | "nginx");
         let (w, peer);
         let (port, authorization) = if server == "nginx" {
             let pw = "bench-password-for-nginx";
@@ -664,7 +686,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             w = None;
             (port, basic("alice", pw))
         } else {
-            let warden = start_warden(&warden_bin, &certs, server == "warden", &args.warden_args);
+            let admission = server == "warden" || alternative;
+            let warden = start_warden(bin, &certs, admission, &args.warden_args);
             let pw = warden.password("alice");
             let port = tls_port(&warden)?;
             w = Some(warden);
@@ -710,7 +733,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 }
             }
         }
-        if args.no_overload {
+        if args.no_overload || alternative {
             drop((w, peer));
             continue;
         }

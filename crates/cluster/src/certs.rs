@@ -104,7 +104,10 @@ impl NodeTls {
         ca: CertificateDer<'static>,
     ) -> Result<Self, CertError> {
         let tls = |e: rustls::Error| CertError::Tls(e.to_string());
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        // The process's provider (warden's `main` installs it), else ring.
+        let provider = rustls::crypto::CryptoProvider::get_default()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
         let mut roots = RootCertStore::empty();
         roots.add(ca).map_err(tls)?;
         let roots = Arc::new(roots);

@@ -230,10 +230,29 @@ fn quiet_on_broken_pipe() {
     }));
 }
 
+/// The TLS cryptography every part of this process uses (gateway, node port, etcd client):
+/// aws-lc-rs when built with the `aws-lc` feature, else ring.
+fn install_crypto_provider() {
+    #[cfg(feature = "aws-lc")]
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    #[cfg(not(feature = "aws-lc"))]
+    let provider = rustls::crypto::ring::default_provider();
+    // Only fails if one is installed already, which is then the one used.
+    let _ = provider.install_default();
+}
+
+/// The name of the TLS cryptography provider this binary was built with.
+pub(crate) const CRYPTO: &str = if cfg!(feature = "aws-lc") {
+    "aws-lc-rs"
+} else {
+    "ring"
+};
+
 fn main() -> std::process::ExitCode {
     // Before anything is opened: what the caller left open must never reach an instance.
     warden_agent::close_inherited_descriptors();
     alloc::give_memory_back_at_once();
+    install_crypto_provider();
     let cli = parse();
     if !matches!(cli.command, Command::Up(_)) {
         quiet_on_broken_pipe();

@@ -441,7 +441,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             cfg.store
         );
     }
-    tracing::info!(node = %node, roles = ?cfg.roles, "warden is up");
+    tracing::info!(node = %node, roles = ?cfg.roles, tls_crypto = crate::CRYPTO, "warden is up");
 
     shutdown_signal().await;
     if let Some(a) = &agent {

@@ -119,11 +119,19 @@ pub(crate) struct Tls {
     pub handshake_timeout: Duration,
 }
 
+/// The process's TLS cryptography: the provider the binary installed (see warden's `main`),
+/// else ring.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    rustls::crypto::CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
+}
+
 impl Tls {
     /// Loads every certificate and builds the rustls configuration; every file problem is
     /// reported here, naming the file.
     pub fn new(settings: &TlsSettings) -> Result<Self, TlsError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = provider();
         let resolver = Arc::new(certs::SniResolver::load(&settings.certs, &provider)?);
         let sessions = Arc::new(SessionCache(ServerSessionMemoryCache::new(64 * 1024)));
         let mut config = ServerConfig::builder_with_provider(provider)

@@ -111,6 +111,12 @@ async fn demo_tls_serves_resumes_both_versions_and_sets_a_secure_cookie() {
         "{}",
         w.stdout()
     );
+    // The faster provider (BENCHMARKS.md, "TLS cryptography") is the one built by default.
+    assert!(
+        w.stderr().contains("tls_crypto=\"aws-lc-rs\""),
+        "{}",
+        w.stderr()
+    );
     let auth = basic("alice", &w.password("alice"));
     for versions in [vec![&rustls::version::TLS13], vec![&rustls::version::TLS12]] {
         let cfg = client(&[&demo_cert(&w)], &versions, &[b"http/1.1"]);
