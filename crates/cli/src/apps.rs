@@ -319,7 +319,7 @@ pub(crate) async fn run(
                 table::print(&["NAME", "COMMAND", "GROUPS", "HOSTS"], rows);
             });
         }
-        AppsCommand::Show { name } => crate::deploy::show(api, out, &name).await?,
+        AppsCommand::Show { name } => crate::show::run(api, out, &name).await?,
         AppsCommand::Rm { name } => {
             api.send("DELETE", &format!("/v1/apps/{name}"), None)
                 .await?;
