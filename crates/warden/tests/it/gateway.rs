@@ -743,3 +743,108 @@ fn an_idle_keep_alive_connection_on_hypers_path_closes_without_a_word() {
         String::from_utf8_lossy(&rest)
     );
 }
+
+/// Sends `req` on an HTTP/2 connection and reads the whole answer: status, headers, body.
+async fn h2_exchange(
+    mut send: hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    req: http::Request<http_body_util::Full<bytes::Bytes>>,
+) -> (u16, http::HeaderMap, Vec<u8>) {
+    use http_body_util::BodyExt;
+    send.ready().await.unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.unwrap().to_bytes().to_vec();
+    (parts.status.as_u16(), parts.headers, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_users_streams_on_one_http2_connection_keep_their_labels_and_bodies() {
+    use http_body_util::Full;
+    let w = Warden::demo(BIN);
+    let users = [
+        ("alice", "SECRET"),
+        ("bob", "CONFIDENTIAL"),
+        ("carol", "TOP SECRET"),
+        ("dave", "UNCLASSIFIED"),
+    ];
+    let auths: Vec<String> = users
+        .iter()
+        .map(|(u, _)| basic(u, &w.password(u)))
+        .collect();
+    let addr = w.gateway.trim_start_matches("http://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+
+    // A stream the client gives up on (RST_STREAM) leaves the connection serving.
+    let slow = http::Request::get(format!("{}/apps/demo/_slow?ms=3000", w.gateway))
+        .header("authorization", &auths[0])
+        .body(Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let abandoned = tokio::spawn(h2_exchange(send.clone(), slow));
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    abandoned.abort();
+
+    // 48 streams at once, four users in turn: half ask who they are, half send 200 KiB
+    // bodies of their own to the echo, which answers them back with the label it was told.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..48usize {
+        let (user, label) = users[i % 4];
+        let auth = auths[i % 4].clone();
+        let send = send.clone();
+        let url = format!(
+            "{}/apps/demo/{}",
+            w.gateway,
+            if i % 2 == 0 { "" } else { "_echo" }
+        );
+        let body: Vec<u8> = if i % 2 == 0 {
+            Vec::new()
+        } else {
+            (0..200 * 1024).map(|j| (i * 7 + j % 251) as u8).collect()
+        };
+        let req = http::Request::builder()
+            .method(if i % 2 == 0 { "GET" } else { "POST" })
+            .uri(url)
+            .header("authorization", auth)
+            .body(Full::new(bytes::Bytes::from(body.clone())))
+            .unwrap();
+        tasks.spawn(async move {
+            let (status, headers, got) = h2_exchange(send, req).await;
+            (i, user, label, body, status, headers, got)
+        });
+    }
+    let mut seen = 0;
+    while let Some(r) = tasks.join_next().await {
+        let (i, user, label, sent, status, headers, got) = r.unwrap();
+        assert_eq!(status, 200, "stream {i} of {user}");
+        if i % 2 == 0 {
+            let v: serde_json::Value = serde_json::from_slice(&got).unwrap();
+            assert_eq!(
+                (v["label"].as_str(), v["verified"].as_bool()),
+                (Some(label), Some(true)),
+                "stream {i} of {user}: {v}"
+            );
+        } else {
+            assert_eq!(got.len(), sent.len(), "stream {i} of {user}");
+            assert!(
+                got == sent,
+                "stream {i} of {user}: another stream's body came back"
+            );
+            let told = headers
+                .get("x-echo-h-x-warden-label")
+                .and_then(|v| v.to_str().ok());
+            assert_eq!(told, Some(label), "stream {i} of {user}");
+            let who = headers
+                .get("x-echo-h-x-warden-user")
+                .and_then(|v| v.to_str().ok());
+            assert_eq!(who, Some(user), "stream {i}");
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 48);
+}
