@@ -227,10 +227,16 @@ impl Shared {
             let Some(id) = key.rsplit('/').next() else {
                 return;
             };
-            let routed = value
-                .and_then(|v| decode::<InstanceRecord>(key, v).ok())
-                .is_some_and(|r| r.state == InstanceState::Ready);
-            hook(id, routed);
+            // Only a change of routing is reported: ready enters it; draining, a delete or an
+            // unreadable record leaves it. A starting or spare record is neither: one that
+            // arrives late (the watch behind a start the gateway itself asked for and already
+            // uses) must not cut the connections of an instance that serves.
+            let state = value.map(|v| decode::<InstanceRecord>(key, v).map(|r| r.state).ok());
+            match state {
+                Some(Some(InstanceState::Ready)) => hook(id, true),
+                Some(Some(InstanceState::Starting | InstanceState::Spare)) => {}
+                _ => hook(id, false),
+            }
         }
     }
 
@@ -525,6 +531,28 @@ mod tests {
 
     fn routed(s: &Shared, label: &str) -> bool {
         s.pick("demo", label, "", false, &[]).is_some()
+    }
+
+    #[test]
+    fn only_entering_and_leaving_routing_reach_the_hook() {
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let c = calls.clone();
+        let s = Shared::with_hook(Some(Box::new(move |id: &str, routed: bool| {
+            c.lock().unwrap().push((id.to_owned(), routed))
+        })));
+        let with = |state: InstanceState| {
+            let mut r = record("SECRET");
+            r.state = state;
+            serde_json::to_vec(&r).unwrap()
+        };
+        let key = "instances/demo/i1";
+        s.apply(Kind::Instances, key, Some(&with(InstanceState::Ready)));
+        // The start's own "starting" record, late behind its "ready": nothing changes.
+        s.apply(Kind::Instances, key, Some(&with(InstanceState::Starting)));
+        s.apply(Kind::Instances, key, Some(&with(InstanceState::Draining)));
+        s.apply(Kind::Instances, key, None);
+        let seen: Vec<bool> = calls.lock().unwrap().iter().map(|(_, r)| *r).collect();
+        assert_eq!(seen, [true, false, false]);
     }
 
     #[test]
