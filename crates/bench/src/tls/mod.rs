@@ -1,0 +1,265 @@
+//! Seed 004's experiment, side by side: TLS handshake cost, and sessions under overload, for
+//! warden with handshake admission control, warden without it, and nginx.
+//!
+//! 1. Handshake cost: connections per second, each a TLS handshake (all full, or all resumed)
+//!    plus one tiny request, for ECDSA P-256 and RSA-2048 certificates and TLS 1.2 and 1.3.
+//! 2. Overload: emulated clients as in the seed (§5.2). A client opens a session: a persistent
+//!    HTTPS connection on which it sends requests with exponential think time between them; it
+//!    then opens the session's next connection, which resumes the TLS session. No reply within
+//!    10 s (or a refused handshake) ends the session and the client starts a new one, and so a
+//!    full handshake. Loads go from a quarter of the saturating client count to three times it.
+//!
+//! httperf (the seed's generator) multiplexes with select() and so cannot hold more than 1024
+//! connections, nor run more than one core; this generator is a tokio program that can.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::ServerName;
+use rustls::SupportedProtocolVersion;
+use warden_test_support::http::basic;
+
+use crate::gateway::{prepare, tool_version, upstream};
+
+mod client;
+mod servers;
+
+use client::*;
+use servers::*;
+
+/// Flags of `warden-bench tls`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The warden binary to measure
+    #[arg(long, default_value = "target/release/warden")]
+    warden: PathBuf,
+    /// Directory for CSV, certificates and the work files of nginx
+    #[arg(long, default_value = "bench/out")]
+    out: PathBuf,
+    /// Seconds per handshake-cost run
+    #[arg(long, default_value_t = 5)]
+    handshake_seconds: u64,
+    /// Concurrent connections during the handshake-cost runs
+    #[arg(long, default_value_t = 32)]
+    handshake_concurrency: usize,
+    /// Seconds of each overload run that are measured (after the warm-up)
+    #[arg(long, default_value_t = 30)]
+    overload_seconds: u64,
+    /// Seconds of each overload run before measuring starts, so timeouts can take hold
+    #[arg(long, default_value_t = 10)]
+    warmup_seconds: u64,
+    /// Mean think time between a client's requests, in milliseconds (the seed used 7 s with a
+    /// few hundred clients; shorter here so saturation comes within the file-descriptor limit)
+    #[arg(long, default_value_t = 500)]
+    think_ms: u64,
+    /// Connections per session (the first is a full handshake, the others resume)
+    #[arg(long, default_value_t = 2)]
+    connections_per_session: u32,
+    /// Requests per connection
+    #[arg(long, default_value_t = 5)]
+    requests_per_connection: u32,
+    /// Loads as multiples of the saturating client count
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,1,1.5,2,3")]
+    loads: Vec<f64>,
+    /// Saturating client count; when not given, warden's session capacity is measured with
+    /// clients that do not think, and the count that would ask for exactly that is used
+    #[arg(long)]
+    saturation_clients: Option<usize>,
+    /// Which certificate the overload runs use
+    #[arg(long, default_value = "rsa", value_parser = ["rsa", "ecdsa"])]
+    overload_cert: String,
+    /// Extra flags for `warden up` (for example admission limits), repeatable
+    #[arg(long = "warden-arg", allow_hyphen_values = true)]
+    warden_args: Vec<String>,
+    /// Skip the overload runs (handshake cost only)
+    #[arg(long)]
+    no_overload: bool,
+    /// Another warden binary whose handshake cost is measured in the same run, as NAME=PATH
+    /// (reported as server `warden-NAME`), e.g. `aws-lc=target/aws-lc/release/warden`
+    #[arg(long = "also-warden")]
+    also_warden: Vec<String>,
+}
+
+/// The per-request client timeout of the seed's httperf configuration.
+pub(super) const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn version_name(v: &SupportedProtocolVersion) -> &'static str {
+    if v.version == rustls::ProtocolVersion::TLSv1_3 {
+        "1.3"
+    } else {
+        "1.2"
+    }
+}
+
+pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
+    let work = prepare(&args.warden, &args.out, "tls-work")?;
+    let certs = make_certs(&work.join("certs"))?;
+    let pinning = pin()?;
+    let warden_bin = std::fs::canonicalize(&args.warden)?;
+    let warden_bin = pinned(
+        &work,
+        "warden-pinned",
+        &warden_bin.display().to_string(),
+        &pinning,
+    )?;
+    let runner = pinned(&work, "run-pinned", "", &pinning)?;
+    let server_cpus = pinning.as_ref().map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |p| p.count,
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+
+    // Each server runs alone, so the others' idle processes do not share its CPUs.
+    let (_up, up_port) = upstream(&warden_bin)?;
+    let mut servers: Vec<(String, PathBuf)> = ["warden", "warden-no-admission", "nginx"]
+        .iter()
+        .map(|s| (s.to_string(), warden_bin.clone()))
+        .collect();
+    for also in &args.also_warden {
+        let (name, path) = also
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--also-warden {also:?} must be NAME=PATH"))?;
+        let wrapper = pinned(
+            &work,
+            &format!("warden-{name}-pinned"),
+            &std::fs::canonicalize(path)?.display().to_string(),
+            &pinning,
+        )?;
+        servers.push((format!("warden-{name}"), wrapper));
+    }
+    let mut rates =
+        String::from("server,cert,tls,handshake,connections_per_sec,resumed_fraction,errors\n");
+    let mut over = String::from("server,cert,clients,load,replies_per_sec,timeouts,refused,errors,full_handshakes,resumed_handshakes,sessions\n");
+    let rates_path = args.out.join("tls-handshakes.csv");
+    let over_path = args.out.join("tls-overload.csv");
+    let session = Arc::new(Session {
+        think: Duration::from_millis(args.think_ms.max(1)),
+        connections: args.connections_per_session.max(1),
+        requests: args.requests_per_connection.max(1),
+    });
+    let mut saturation = args.saturation_clients;
+    for (server, bin) in &servers {
+        let server = server.as_str();
+        // Binaries besides the first are measured for handshake cost only.
+        let alternative = !matches!(server, "warden" | "warden-no-admission" | "nginx");
+        let (w, peer);
+        let (port, authorization) = if server == "nginx" {
+            let pw = "bench-password-for-nginx";
+            let (p, port) = nginx(&work, &runner, &certs, up_port, pw, server_cpus)?;
+            peer = Some(p);
+            w = None;
+            (port, basic("alice", pw))
+        } else {
+            let admission = server == "warden" || alternative;
+            let warden = start_warden(bin, &certs, admission, &args.warden_args);
+            let pw = warden.password("alice");
+            let port = tls_port(&warden)?;
+            w = Some(warden);
+            peer = None;
+            (port, basic("alice", &pw))
+        };
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        // Handshake cost is the same code with or without admission: measure it once.
+        if server != "warden-no-admission" {
+            for cert in ["ecdsa", "rsa"] {
+                for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+                    for resume in [false, true] {
+                        let t = Target {
+                            addr,
+                            host: ServerName::try_from(format!("{cert}.bench"))?,
+                            path: "/healthz",
+                            authorization: None,
+                        };
+                        let r = rt.block_on(handshake_rate(
+                            &t,
+                            || client_config(version, resume),
+                            args.handshake_concurrency,
+                            args.handshake_seconds,
+                        ))?;
+                        let kind = if resume { "resumed" } else { "full" };
+                        eprintln!(
+                            "handshake {server:<8} {cert:<5} TLS {} {kind:<7} {:>8.0} conn/s  resumed {:>5.1}%  errors {}",
+                            version_name(version),
+                            r.per_sec,
+                            r.resumed_fraction * 100.0,
+                            r.errors
+                        );
+                        let _ = writeln!(
+                            rates,
+                            "{server},{cert},{},{kind},{:.1},{:.3},{}",
+                            version_name(version),
+                            r.per_sec,
+                            r.resumed_fraction,
+                            r.errors
+                        );
+                        std::fs::write(&rates_path, &rates)?;
+                    }
+                }
+            }
+        }
+        if args.no_overload || alternative {
+            drop((w, peer));
+            continue;
+        }
+        let t = Target {
+            addr,
+            host: ServerName::try_from(format!("{}.bench", args.overload_cert))?,
+            path: "/apps/demo/",
+            authorization: Some(authorization),
+        };
+        let base = client_config(&rustls::version::TLS13, true)?;
+        let sat = match saturation {
+            Some(n) => n,
+            None => {
+                let n = rt.block_on(calibrate(&t, base.clone(), &session))?;
+                saturation = Some(n);
+                n
+            }
+        };
+        for &load in &args.loads {
+            let clients = ((sat as f64 * load).round() as usize).clamp(1, 15_000);
+            let o = rt.block_on(overload(
+                &t,
+                base.clone(),
+                session.clone(),
+                clients,
+                Duration::from_secs(args.warmup_seconds),
+                Duration::from_secs(args.overload_seconds.max(1)),
+            ))?;
+            eprintln!(
+                "overload  {server:<19} {load:>4}x {clients:>6} clients {:>8.0} replies/s  timeouts {:>6}  refused {:>6}  errors {:>5}  full {:>6}  resumed {:>6}",
+                o.replies_per_sec, o.timeouts, o.refused, o.errors, o.full, o.resumed
+            );
+            let _ = writeln!(
+                over,
+                "{server},{},{clients},{load},{:.1},{},{},{},{},{},{}",
+                args.overload_cert,
+                o.replies_per_sec,
+                o.timeouts,
+                o.refused,
+                o.errors,
+                o.full,
+                o.resumed,
+                o.sessions
+            );
+            std::fs::write(&over_path, &over)?;
+        }
+        drop((w, peer));
+    }
+    println!(
+        "wrote {} and {} ({}; {}); servers on CPUs {}, load generator on the last; saturation taken as {} clients",
+        rates_path.display(),
+        over_path.display(),
+        tool_version("nginx", &["-v"]),
+        tool_version("openssl", &["version"]),
+        pinning.as_ref().map_or("all (not pinned)", |p| p.servers.as_str()),
+        saturation.unwrap_or(0)
+    );
+    Ok(())
+}
