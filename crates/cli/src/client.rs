@@ -1,6 +1,6 @@
 //! A small JSON-over-HTTP client for the API.
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client as HyperClient};
@@ -37,11 +37,7 @@ impl Client {
             serde_json::from_slice(&bytes).unwrap_or(Value::Null)
         };
         if !status.is_success() {
-            bail!(
-                "{} (HTTP {})",
-                error_message(&value, &bytes),
-                status.as_u16()
-            );
+            return Err(failure(status, &bytes));
         }
         Ok(value)
     }
@@ -50,12 +46,7 @@ impl Client {
     pub async fn get_text(&self, path: &str) -> anyhow::Result<String> {
         let (status, bytes) = self.raw("GET", path, None).await?;
         if !status.is_success() {
-            let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            bail!(
-                "{} (HTTP {})",
-                error_message(&value, &bytes),
-                status.as_u16()
-            );
+            return Err(failure(status, &bytes));
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
@@ -86,14 +77,7 @@ impl Client {
                 self.endpoint.api
             )
         })?;
-        let status = resp.status();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .context("reading the API's answer")?
-            .to_bytes();
-        Ok((status, bytes))
+        Ok((resp.status(), read_all(resp.into_body()).await?))
     }
 
     /// Sends `body` (sent in chunks, `progress` told of each) and returns the answer's status and
@@ -148,18 +132,7 @@ impl Client {
         })?;
         let status = resp.status();
         if !status.is_success() {
-            let bytes = resp
-                .into_body()
-                .collect()
-                .await
-                .context("reading the API's answer")?
-                .to_bytes();
-            let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            bail!(
-                "{} (HTTP {})",
-                error_message(&value, &bytes),
-                status.as_u16()
-            );
+            return Err(failure(status, &read_all(resp.into_body()).await?));
         }
         Ok(resp.into_body())
     }
@@ -176,6 +149,25 @@ impl Client {
         let bytes = resp.into_body().collect().await.ok()?.to_bytes();
         Some(String::from_utf8_lossy(&bytes).into_owned())
     }
+}
+
+/// A non-2xx answer as an error carrying the API's message.
+fn failure(status: http::StatusCode, bytes: &[u8]) -> anyhow::Error {
+    let value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+    anyhow!(
+        "{} (HTTP {})",
+        error_message(&value, bytes),
+        status.as_u16()
+    )
+}
+
+/// The whole body of an answer.
+async fn read_all(body: hyper::body::Incoming) -> anyhow::Result<Bytes> {
+    Ok(body
+        .collect()
+        .await
+        .context("reading the API's answer")?
+        .to_bytes())
 }
 
 /// The API's error message, or the raw answer when it is not the usual JSON error.
