@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
@@ -74,6 +75,16 @@ pub(crate) async fn run(
             },
             _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
         };
+        // A full handshake that waited out its budget in the backlog is refused here, before
+        // it takes a slot or a task: under overload such refusals come by the thousand a second.
+        let early = if tls {
+            match early_tls(&state, &stream) {
+                Some(e) => Some(e),
+                None => continue,
+            }
+        } else {
+            None
+        };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             state.metrics.refused_connections.inc();
             if !tls {
@@ -89,8 +100,8 @@ pub(crate) async fn run(
         tokio::spawn(
             async move {
                 state.metrics.connections.inc();
-                if tls {
-                    with_tls(state.clone(), stream, peer).await;
+                if let Some(early) = early {
+                    with_tls(state.clone(), stream, peer, early).await;
                 } else {
                     plain(state.clone(), stream, peer).await;
                 }
@@ -132,22 +143,64 @@ async fn plain(state: Arc<State>, stream: TcpStream, peer: SocketAddr) {
     downstream::serve_http1(state, stream, client, Some(spare), clock).await;
 }
 
-async fn with_tls(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
+/// The first bytes of a TLS connection read in the accept loop, and when they arrived.
+struct Early {
+    buf: BytesMut,
+    arrived: Option<Instant>,
+}
+
+/// One read without waiting, in the accept loop. `None` when the connection was refused here: a
+/// whole ClientHello for a full handshake that already waited longer than admission's queue wait.
+/// The refusal costs one write and a close: no task, no slot, no timer.
+fn early_tls(state: &State, stream: &TcpStream) -> Option<Early> {
+    let tls = state.tls.as_ref()?;
+    let mut early = Early {
+        buf: BytesMut::with_capacity(2048),
+        arrived: None,
+    };
+    // Nothing yet, an error or the end of the stream: the connection's task sorts it out.
+    let Ok((_, arrived)) = tls::arrival::try_read_stamped(stream, &mut early.buf) else {
+        return Some(early);
+    };
+    early.arrived = arrived;
+    let waited = arrived.map(|a| a.elapsed());
+    if tls.admission.too_late(waited) && tls::hello::first_record_read(&early.buf) {
+        let kind = tls::hello::classify(&early.buf, |id| tls.sessions.contains(id));
+        if kind == (tls::hello::First::Tls { resumption: false }) {
+            state.metrics.tls.refused.inc();
+            let _ = stream.try_write(&TLS_REFUSAL);
+            return None;
+        }
+    }
+    Some(early)
+}
+
+async fn with_tls(state: Arc<State>, stream: TcpStream, peer: SocketAddr, early: Early) {
     let Some(tls) = state.tls.as_ref() else {
         return;
     };
     let _ = stream.set_nodelay(true);
     let m = &state.metrics;
     let started = Instant::now();
-    let first = match tokio::time::timeout(
-        state.config.header_timeout,
-        tls::hello::read_first_record(&mut stream),
-    )
-    .await
-    {
-        Ok(Ok(b)) => b,
-        _ => return,
+    let Early {
+        mut buf,
+        mut arrived,
+    } = early;
+    let read = async {
+        while !tls::hello::first_record_read(&buf) {
+            let (n, at) = tls::arrival::read_stamped(&stream, &mut buf).await?;
+            if n == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+            }
+            arrived = arrived.or(at);
+        }
+        Ok(())
     };
+    match tokio::time::timeout(state.config.header_timeout, read).await {
+        Ok(Ok(())) => {}
+        _ => return,
+    }
+    let first = buf;
     let resumption = match tls::hello::classify(&first, |id| tls.sessions.contains(id)) {
         tls::hello::First::NotTls => {
             tls::answer_plain_http(Prefixed::new(first, stream), tls.names.clone()).await;
@@ -159,10 +212,11 @@ async fn with_tls(state: Arc<State>, mut stream: TcpStream, peer: SocketAddr) {
     let admitted = if resumption {
         None
     } else {
-        match tls.admission.admit_full().await {
+        match tls.admission.admit_full(arrived.map(|a| a.elapsed())).await {
             Some(a) => Some(a),
             None => {
                 m.tls.refused.inc();
+                let mut stream = stream;
                 let _ = stream.write_all(&TLS_REFUSAL).await;
                 return;
             }

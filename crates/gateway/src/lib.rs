@@ -101,7 +101,15 @@ impl Gateway {
         };
         let listener = bind(config.listen)?;
         let tls_listener = match &config.tls {
-            Some(t) => Some(bind(t.listen)?),
+            Some(t) => {
+                let l = bind(t.listen)?;
+                // Without arrival stamps, admission counts a handshake's wait from when it is
+                // read: it still works, but cannot tell a ClientHello gone stale in the backlog.
+                if let Err(e) = tls::arrival::stamp_arrivals(&l) {
+                    tracing::warn!(error = %e, "cannot ask the kernel to stamp arrivals on the TLS listener; handshakes that waited in the backlog will not be recognised as stale");
+                }
+                Some(l)
+            }
             None => None,
         };
         let upstream = Arc::new(upstream::Upstream::new(instances.clone()));

@@ -6,6 +6,14 @@
 //! server collapses to a fraction of its peak. So full handshakes are admitted only up to a
 //! concurrency limit, with a short bounded queue; the rest are refused at once, which costs a
 //! few bytes. Resumption attempts never wait.
+//!
+//! The queueing delay counts from the kernel's arrival stamp of the ClientHello (see
+//! `arrival`), not from when the gateway reads it: under overload a hello can wait in the listen
+//! backlog longer than its client does, and a server that signs for clients already gone serves
+//! no one (measured: zero replies at 5x overload with RSA-4096 before this). A full handshake that
+//! has already waited `queue_wait` is refused even if a slot is free, as CoDel drops packets that
+//! sat in a queue too long: the wait itself says the server is behind. Resumptions are never
+//! refused, however long they waited: they cost little and finish sessions.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -48,10 +56,20 @@ impl Admission {
         }
     }
 
-    /// A slot for a full handshake, or `None`: refuse it.
-    pub async fn admit_full(&self) -> Option<Admitted> {
+    /// Whether a full handshake whose hello arrived `waited` ago is past saving: it has spent
+    /// its whole queueing budget before the gateway even read it.
+    pub fn too_late(&self, waited: Option<Duration>) -> bool {
+        self.config.enabled && waited.is_some_and(|w| w >= self.config.queue_wait)
+    }
+
+    /// A slot for a full handshake whose hello arrived `waited` ago (`None`: not known), or
+    /// `None`: refuse it.
+    pub async fn admit_full(&self, waited: Option<Duration>) -> Option<Admitted> {
         if !self.config.enabled {
             return Some(Admitted(None));
+        }
+        if self.too_late(waited) {
+            return None;
         }
         if let Ok(p) = self.slots.clone().try_acquire_owned() {
             return Some(Admitted(Some(p)));
@@ -60,8 +78,9 @@ impl Admission {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        let r =
-            tokio::time::timeout(self.config.queue_wait, self.slots.clone().acquire_owned()).await;
+        // What is left of the budget after the wait before the gateway read the hello.
+        let budget = self.config.queue_wait - waited.unwrap_or_default();
+        let r = tokio::time::timeout(budget, self.slots.clone().acquire_owned()).await;
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         match r {
             Ok(Ok(p)) => Some(Admitted(Some(p))),
@@ -86,26 +105,62 @@ mod tests {
     #[tokio::test]
     async fn beyond_limit_and_queue_is_refused_at_once() {
         let a = Admission::new(config(1, 0));
-        let first = a.admit_full().await;
+        let first = a.admit_full(None).await;
         assert!(first.is_some());
-        assert!(a.admit_full().await.is_none());
+        assert!(a.admit_full(None).await.is_none());
         drop(first);
-        assert!(a.admit_full().await.is_some());
+        assert!(a.admit_full(None).await.is_some());
     }
 
     #[tokio::test]
     async fn a_queued_handshake_gets_the_next_free_slot() {
         let a = Arc::new(Admission::new(config(1, 1)));
-        let first = a.admit_full().await;
+        let first = a.admit_full(None).await;
         let a2 = a.clone();
-        let queued = tokio::spawn(async move { a2.admit_full().await.is_some() });
+        let queued = tokio::spawn(async move { a2.admit_full(None).await.is_some() });
         while a.waiting.load(Ordering::Acquire) == 0 {
             tokio::task::yield_now().await;
         }
         // The queue holds one; the next is refused.
-        assert!(a.admit_full().await.is_none());
+        assert!(a.admit_full(None).await.is_none());
         drop(first);
         assert!(queued.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_handshake_that_waited_its_budget_in_the_backlog_is_refused_even_with_slots_free() {
+        let mut c = config(4, 4);
+        c.queue_wait = Duration::from_millis(250);
+        let a = Admission::new(c);
+        let stale = Some(Duration::from_millis(250));
+        assert!(a.too_late(stale));
+        assert!(a.admit_full(stale).await.is_none());
+        // A recent hello, or one whose arrival is unknown, takes a free slot.
+        assert!(!a.too_late(Some(Duration::from_millis(249))));
+        assert!(a
+            .admit_full(Some(Duration::from_millis(249)))
+            .await
+            .is_some());
+        assert!(a.admit_full(None).await.is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_backlog_wait_counts_against_the_queue_budget() {
+        let mut c = config(1, 1);
+        c.queue_wait = Duration::from_millis(250);
+        let a = Arc::new(Admission::new(c));
+        let held = a.admit_full(None).await;
+        let a2 = a.clone();
+        let began = tokio::time::Instant::now();
+        let queued = tokio::spawn(async move {
+            let r = a2.admit_full(Some(Duration::from_millis(200))).await;
+            (r.is_some(), began.elapsed())
+        });
+        let (admitted, waited) = queued.await.unwrap();
+        assert!(!admitted);
+        // The paused clock makes this exact: only 50 ms of the 250 were left to wait.
+        assert_eq!(waited, Duration::from_millis(50));
+        drop(held);
     }
 
     #[tokio::test]
@@ -113,6 +168,8 @@ mod tests {
         let mut c = config(0, 0);
         c.enabled = false;
         let a = Admission::new(c);
-        assert!(a.admit_full().await.is_some());
+        assert!(a.admit_full(None).await.is_some());
+        assert!(!a.too_late(Some(Duration::from_secs(60))));
+        assert!(a.admit_full(Some(Duration::from_secs(60))).await.is_some());
     }
 }

@@ -6,9 +6,6 @@
 //! Parsing a dozen length-prefixed fields by hand keeps a parser crate and its dependencies out of
 //! the accept path; every length is checked against what is left.
 
-use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt};
-
 /// Largest TLS record payload (RFC 8446 §5.1) plus room for expansion.
 const MAX_RECORD: usize = 16384 + 2048;
 const HANDSHAKE: u8 = 0x16;
@@ -25,26 +22,20 @@ pub(crate) enum First {
     NotTls,
 }
 
-/// Reads until the first TLS record is complete (or it is clear this is not TLS).
-/// Returns the bytes read, which must be replayed to the TLS engine.
-pub(crate) async fn read_first_record<S: AsyncRead + Unpin>(
-    s: &mut S,
-) -> std::io::Result<BytesMut> {
-    let mut buf = BytesMut::with_capacity(2048);
-    loop {
-        if !buf.is_empty() && buf[0] != HANDSHAKE {
-            return Ok(buf);
-        }
-        if buf.len() >= 5 {
-            let need = 5 + usize::from(u16::from_be_bytes([buf[3], buf[4]]));
-            if buf.len() >= need || need > 5 + MAX_RECORD {
-                return Ok(buf);
-            }
-        }
-        if s.read_buf(&mut buf).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
+/// Whether `buf` holds enough to classify the connection: the whole first TLS record, or bytes
+/// that show this is not TLS, or a record header announcing more than a record may hold.
+pub(crate) fn first_record_read(buf: &[u8]) -> bool {
+    if buf.is_empty() {
+        return false;
     }
+    if buf[0] != HANDSHAKE {
+        return true;
+    }
+    if buf.len() < 5 {
+        return false;
+    }
+    let need = 5 + usize::from(u16::from_be_bytes([buf[3], buf[4]]));
+    buf.len() >= need || need > 5 + MAX_RECORD
 }
 
 /// Classifies a connection by its first record. `known_session` says whether a legacy session id
@@ -207,17 +198,18 @@ mod tests {
         assert_eq!(classify(b"GET / HTTP/1.1\r\n", |_| true), First::NotTls);
     }
 
-    #[tokio::test]
-    async fn reads_exactly_one_record_or_the_first_plain_bytes() {
+    #[test]
+    fn a_record_is_read_when_whole_and_plain_bytes_at_once() {
         let rec = hello(&[], &[]);
-        let mut input = rec.clone();
-        input.extend(b"next record");
-        let got = read_first_record(&mut &input[..]).await.unwrap();
-        assert!(got.len() >= rec.len() && got.starts_with(&rec));
-        let got = read_first_record(&mut &b"GET / HTTP/1.1\r\n"[..])
-            .await
-            .unwrap();
-        assert_eq!(got[0], b'G');
-        assert!(read_first_record(&mut &rec[..10]).await.is_err());
+        for cut in 0..rec.len() {
+            assert!(!first_record_read(&rec[..cut]), "cut {cut}");
+        }
+        assert!(first_record_read(&rec));
+        let mut more = rec.clone();
+        more.extend(b"next record");
+        assert!(first_record_read(&more));
+        assert!(first_record_read(b"G"));
+        // A header announcing more than any record holds: no point waiting for it.
+        assert!(first_record_read(&[HANDSHAKE, 3, 1, 0xff, 0xff]));
     }
 }

@@ -4,6 +4,7 @@
 //! concurrency limit with a short bounded queue, and the excess is refused at once.
 
 pub(crate) mod admission;
+pub(crate) mod arrival;
 mod certs;
 pub(crate) mod hello;
 mod redirect;
