@@ -17,6 +17,9 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(about = "Benchmarks of warden against its own binary")]
 struct Cli {

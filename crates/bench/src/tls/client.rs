@@ -59,7 +59,11 @@ pub(super) fn client_config(
     version: &'static SupportedProtocolVersion,
     resume: bool,
 ) -> anyhow::Result<Arc<ClientConfig>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    // aws-lc-rs and X25519 alone: the key share every server here picks anyway, made with the
+    // fastest code at hand, so that one generator core outlasts the server it overloads.
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    provider.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::X25519];
+    let provider = Arc::new(provider);
     let mut cfg = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[version])?
         .dangerous()
@@ -185,6 +189,8 @@ pub(super) async fn handshake_rate(
 pub(super) struct Counters {
     pub(super) replies: AtomicU64,
     pub(super) timeouts: AtomicU64,
+    /// Of the timeouts, those before the handshake ended: of a new session, of a resumption.
+    pub(super) handshake_timeouts: [AtomicU64; 2],
     pub(super) refused: AtomicU64,
     pub(super) errors: AtomicU64,
     pub(super) full: AtomicU64,
@@ -194,6 +200,8 @@ pub(super) struct Counters {
 
 pub(super) struct Session {
     pub(super) think: Duration,
+    /// No reply within this ends the session (httperf's client timeout).
+    pub(super) timeout: Duration,
     pub(super) connections: u32,
     pub(super) requests: u32,
 }
@@ -240,10 +248,10 @@ pub(super) async fn emulated_client(
                     tokio::time::sleep(think(&s)).await;
                 }
                 let began = Instant::now();
-                let mut sender = match tokio::time::timeout(CLIENT_TIMEOUT, connect(&t, &cfg)).await
-                {
+                let mut sender = match tokio::time::timeout(s.timeout, connect(&t, &cfg)).await {
                     Err(_) => {
                         count(&c.timeouts);
+                        count(&c.handshake_timeouts[usize::from(conn > 0)]);
                         break 'session;
                     }
                     Ok(Err(_)) => {
@@ -262,10 +270,10 @@ pub(super) async fn emulated_client(
                 };
                 for r in 0..s.requests {
                     let budget = if r == 0 {
-                        CLIENT_TIMEOUT.saturating_sub(began.elapsed())
+                        s.timeout.saturating_sub(began.elapsed())
                     } else {
                         tokio::time::sleep(think(&s)).await;
-                        CLIENT_TIMEOUT
+                        s.timeout
                     };
                     match tokio::time::timeout(budget, get(&mut sender, &t)).await {
                         Ok(Ok(200)) => count(&c.replies),
@@ -288,6 +296,7 @@ pub(super) async fn emulated_client(
 pub(super) struct Overload {
     pub(super) replies_per_sec: f64,
     pub(super) timeouts: u64,
+    pub(super) handshake_timeouts: [u64; 2],
     pub(super) refused: u64,
     pub(super) errors: u64,
     pub(super) full: u64,
@@ -324,6 +333,10 @@ pub(super) async fn overload(
     Ok(Overload {
         replies_per_sec: c.replies.load(Relaxed) as f64 / measure.as_secs_f64(),
         timeouts: c.timeouts.load(Relaxed),
+        handshake_timeouts: [
+            c.handshake_timeouts[0].load(Relaxed),
+            c.handshake_timeouts[1].load(Relaxed),
+        ],
         refused: c.refused.load(Relaxed),
         errors: c.errors.load(Relaxed),
         full: c.full.load(Relaxed),
@@ -341,6 +354,7 @@ pub(super) async fn calibrate(
 ) -> anyhow::Result<usize> {
     let eager = Arc::new(Session {
         think: Duration::ZERO,
+        timeout: s.timeout,
         connections: s.connections,
         requests: s.requests,
     });

@@ -6,8 +6,11 @@
 //! 2. Overload: emulated clients as in the seed (§5.2). A client opens a session: a persistent
 //!    HTTPS connection on which it sends requests with exponential think time between them; it
 //!    then opens the session's next connection, which resumes the TLS session. No reply within
-//!    10 s (or a refused handshake) ends the session and the client starts a new one, and so a
-//!    full handshake. Loads go from a quarter of the saturating client count to three times it.
+//!    the client timeout (or a refused handshake, after a think time) ends the session and the
+//!    client starts a new one, and so a full handshake. Loads go from a quarter of the saturating
+//!    client count to five times it. The seed's think time (7 s) and client timeout (10 s) are
+//!    both divided by ten, so saturation comes within the descriptor limit while their ratio,
+//!    which decides when timeouts set off the collapse, stays the seed's.
 //!
 //! httperf (the seed's generator) multiplexes with select() and so cannot hold more than 1024
 //! connections, nor run more than one core; this generator is a tokio program that can.
@@ -53,8 +56,12 @@ pub(crate) struct Args {
     warmup_seconds: u64,
     /// Mean think time between a client's requests, in milliseconds (the seed used 7 s with a
     /// few hundred clients; shorter here so saturation comes within the file-descriptor limit)
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 700)]
     think_ms: u64,
+    /// Client timeout in milliseconds: no reply within it and the client gives up its session
+    /// (the seed: 10 s, with 7 s of think time)
+    #[arg(long, default_value_t = 1000)]
+    client_timeout_ms: u64,
     /// Connections per session (the first is a full handshake, the others resume)
     #[arg(long, default_value_t = 2)]
     connections_per_session: u32,
@@ -62,21 +69,31 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 5)]
     requests_per_connection: u32,
     /// Loads as multiples of the saturating client count
-    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,1,1.5,2,3")]
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,1,1.5,2,3,4,5")]
     loads: Vec<f64>,
     /// Saturating client count; when not given, warden's session capacity is measured with
     /// clients that do not think, and the count that would ask for exactly that is used
     #[arg(long)]
     saturation_clients: Option<usize>,
-    /// Which certificate the overload runs use
-    #[arg(long, default_value = "rsa", value_parser = ["rsa", "ecdsa"])]
+    /// Which certificate the overload runs use. RSA-4096 by default: on one server core beside
+    /// one generator core, only then does a full handshake cost the server much more than the
+    /// client, so the server and not the generator is what saturates (with RSA-2048 the
+    /// generator's own CPU ran out first)
+    #[arg(long, default_value = "rsa4096", value_parser = ["rsa", "ecdsa", "rsa4096"])]
     overload_cert: String,
+    /// Servers to measure, of warden, warden-no-admission and nginx
+    #[arg(long, value_delimiter = ',', default_value = "warden,warden-no-admission,nginx",
+          value_parser = ["warden", "warden-no-admission", "nginx"])]
+    servers: Vec<String>,
     /// Extra flags for `warden up` (for example admission limits), repeatable
     #[arg(long = "warden-arg", allow_hyphen_values = true)]
     warden_args: Vec<String>,
     /// Skip the overload runs (handshake cost only)
     #[arg(long)]
     no_overload: bool,
+    /// Skip the handshake-cost runs (overload only)
+    #[arg(long)]
+    no_handshakes: bool,
     /// Another warden binary whose handshake cost is measured in the same run, as NAME=PATH
     /// (reported as server `warden-NAME`), e.g. `aws-lc=target/aws-lc/release/warden`
     #[arg(long = "also-warden")]
@@ -85,6 +102,24 @@ pub(crate) struct Args {
 
 /// The per-request client timeout of the seed's httperf configuration.
 pub(super) const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Each emulated client holds one socket; refuse a load the descriptor limit cannot hold rather
+/// than measure a smaller one under its name.
+fn check_descriptors(clients: usize) -> anyhow::Result<()> {
+    let (soft, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)?;
+    // Room for the runtime, the server's pipes and the handshake-cost connections.
+    let room = usize::try_from(soft)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(512);
+    if clients > room {
+        anyhow::bail!(
+            "{clients} emulated clients need {clients} sockets but the descriptor limit is {soft} \
+             (hard limit {hard}): raise it with `ulimit -n {hard}` (bench/tls.sh does), or pass \
+             smaller --loads or a longer --think-ms"
+        );
+    }
+    Ok(())
+}
 
 fn version_name(v: &SupportedProtocolVersion) -> &'static str {
     if v.version == rustls::ProtocolVersion::TLSv1_3 {
@@ -117,9 +152,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
 
     // Each server runs alone, so the others' idle processes do not share its CPUs.
     let (_up, up_port) = upstream(&warden_bin)?;
-    let mut servers: Vec<(String, PathBuf)> = ["warden", "warden-no-admission", "nginx"]
+    let mut servers: Vec<(String, PathBuf)> = args
+        .servers
         .iter()
-        .map(|s| (s.to_string(), warden_bin.clone()))
+        .map(|s| (s.clone(), warden_bin.clone()))
         .collect();
     for also in &args.also_warden {
         let (name, path) = also
@@ -140,6 +176,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let over_path = args.out.join("tls-overload.csv");
     let session = Arc::new(Session {
         think: Duration::from_millis(args.think_ms.max(1)),
+        timeout: Duration::from_millis(args.client_timeout_ms.max(1)),
         connections: args.connections_per_session.max(1),
         requests: args.requests_per_connection.max(1),
     });
@@ -166,7 +203,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         };
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         // Handshake cost is the same code with or without admission: measure it once.
-        if server != "warden-no-admission" {
+        if server != "warden-no-admission" && !args.no_handshakes {
             for cert in ["ecdsa", "rsa"] {
                 for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
                     for resume in [false, true] {
@@ -223,7 +260,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             }
         };
         for &load in &args.loads {
-            let clients = ((sat as f64 * load).round() as usize).clamp(1, 15_000);
+            let clients = ((sat as f64 * load).round() as usize).max(1);
+            check_descriptors(clients)?;
             let o = rt.block_on(overload(
                 &t,
                 base.clone(),
@@ -233,8 +271,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 Duration::from_secs(args.overload_seconds.max(1)),
             ))?;
             eprintln!(
-                "overload  {server:<19} {load:>4}x {clients:>6} clients {:>8.0} replies/s  timeouts {:>6}  refused {:>6}  errors {:>5}  full {:>6}  resumed {:>6}",
-                o.replies_per_sec, o.timeouts, o.refused, o.errors, o.full, o.resumed
+                "overload  {server:<19} {load:>4}x {clients:>6} clients {:>8.0} replies/s  timeouts {:>6} (in handshakes: new {}, resumed {})  refused {:>6}  errors {:>5}  full {:>6}  resumed {:>6}",
+                o.replies_per_sec, o.timeouts, o.handshake_timeouts[0], o.handshake_timeouts[1], o.refused, o.errors, o.full, o.resumed
             );
             let _ = writeln!(
                 over,

@@ -22,16 +22,19 @@ impl Certs {
     }
 }
 
-/// Self-signed ECDSA P-256 and RSA-2048 certificates for `ecdsa.bench` and `rsa.bench`.
+/// The certificates every server holds, each for its own name (`KIND.bench`).
+pub(super) const CERT_KINDS: [&str; 3] = ["ecdsa", "rsa", "rsa4096"];
+
+/// Self-signed ECDSA P-256, RSA-2048 and RSA-4096 certificates for `ecdsa.bench`, `rsa.bench`
+/// and `rsa4096.bench`.
 pub(super) fn make_certs(dir: &Path) -> anyhow::Result<Certs> {
     std::fs::create_dir_all(dir)?;
-    for (kind, keyopt) in [
-        (
-            "ecdsa",
-            vec!["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"],
-        ),
-        ("rsa", vec!["-newkey", "rsa:2048"]),
-    ] {
+    for kind in CERT_KINDS {
+        let keyopt = match kind {
+            "ecdsa" => vec!["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"],
+            "rsa" => vec!["-newkey", "rsa:2048"],
+            _ => vec!["-newkey", "rsa:4096"],
+        };
         let status = Command::new("openssl")
             .args(["req", "-x509", "-nodes", "-days", "30"])
             .args(&keyopt)
@@ -66,7 +69,12 @@ pub(super) fn nginx(
     let port = free_port()?;
     std::fs::write(dir.join("htpasswd"), format!("alice:{{PLAIN}}{password}\n"))?;
     let mut servers = String::new();
-    for (kind, options) in [("ecdsa", " backlog=65535"), ("rsa", "")] {
+    for kind in CERT_KINDS {
+        let options = if kind == CERT_KINDS[0] {
+            " backlog=65535"
+        } else {
+            ""
+        };
         // Listen options may be given once per address.
         let _ = write!(
             servers,
@@ -173,7 +181,7 @@ pub(super) fn start_warden(bin: &Path, certs: &Certs, admission: bool, extra: &[
     for a in extra {
         l = l.arg(a);
     }
-    for kind in ["ecdsa", "rsa"] {
+    for kind in CERT_KINDS {
         l = l
             .arg("--tls-cert")
             .arg(&certs.cert(kind).display().to_string())
