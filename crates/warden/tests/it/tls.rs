@@ -286,6 +286,65 @@ async fn alpn_negotiates_h2_and_requests_are_served_over_it() {
     assert!(String::from_utf8_lossy(&body).contains("\"instance\""));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_large_bodies_pass_both_ways_and_request_trailers_never_become_headers() {
+    use http_body_util::BodyExt;
+    let w = Launch::new(bin()).start();
+    let cfg = client(&[&demo_cert(&w)], &any_version(), &[b"h2"]);
+    let s = connect(&cfg, &tls_addr(&w), "localhost").await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(s),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let auth = basic("alice", &w.password("alice"));
+
+    // 8 MiB up, far past HTTP/2's flow-control windows, then trailers that name another user
+    // and label: the gateway passes the body whole and drops the trailers, as it drops every
+    // identity header a client sends.
+    let sent: Vec<u8> = (0..8 << 20).map(|i: usize| (i % 251) as u8).collect();
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-warden-user", "mallory".parse().unwrap());
+    trailers.insert("x-warden-label", "TOP SECRET".parse().unwrap());
+    trailers.insert("x-smuggled", "1".parse().unwrap());
+    let body = http_body_util::Full::new(bytes::Bytes::from(sent.clone()))
+        .with_trailers(async move { Some(Ok(trailers)) })
+        .boxed();
+    let req = http::Request::post("https://localhost/apps/demo/_echo")
+        .header("authorization", &auth)
+        .body(body)
+        .unwrap();
+    send.ready().await.unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let h = |n: &str| {
+        resp.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    assert_eq!(h("x-echo-h-x-warden-user").as_deref(), Some("alice"));
+    assert_eq!(h("x-echo-h-x-warden-label").as_deref(), Some("SECRET"));
+    assert_eq!(h("x-echo-h-x-smuggled"), None, "a trailer reached the app");
+    let got = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(got.len(), sent.len());
+    assert!(got[..] == sent[..], "the body came back changed");
+
+    // 8 MiB down, sent by the app in chunks of unknown total length.
+    let req = http::Request::get("https://localhost/apps/demo/_bytes?n=8388608&chunked=1")
+        .header("authorization", &auth)
+        .body(http_body_util::Empty::<bytes::Bytes>::new().boxed())
+        .unwrap();
+    send.ready().await.unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let got = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(got.len(), 8 << 20);
+    assert!(got.iter().all(|&b| b == b'x'));
+}
+
 /// A self-signed certificate for `name`, written as PEM files under `dir`.
 fn cert_for(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     let ck = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
@@ -482,4 +541,78 @@ async fn admission_control_switched_off_admits_every_handshake() {
         metric(&w, "warden_gateway_tls_admission_refused_total"),
         0.0
     );
+}
+
+/// A connection whose ClientHello (from `cfg`, so a resumption attempt when `cfg` holds a
+/// session) has been written; nothing is read.
+async fn hello_written(addr: &str, cfg: &Arc<ClientConfig>) -> TcpStream {
+    let mut conn =
+        rustls::ClientConnection::new(cfg.clone(), ServerName::try_from("localhost").unwrap())
+            .unwrap();
+    let mut hello = Vec::new();
+    conn.write_tls(&mut hello).unwrap();
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(&hello).await.unwrap();
+    tcp
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_handshake_stale_in_the_backlog_is_refused_and_a_resumption_as_stale_served() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let w = Launch::new(bin())
+        .arg("--tls-queue-wait")
+        .arg("250ms")
+        .start();
+    let addr = tls_addr(&w);
+    let auth = basic("alice", &w.password("alice"));
+    let cert = demo_cert(&w);
+    let returning = client(&[&cert], &any_version(), &[]);
+    let s = connect(&returning, &addr, "localhost").await.unwrap();
+    assert_eq!(get(s, "GET", "/apps/demo/", &auth).await.0, 200);
+
+    // While the gateway is stopped, the kernel completes TCP handshakes and keeps the hellos,
+    // as it does in a backlog the gateway is too busy to drain.
+    let pid = Pid::from_raw(w.pid() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    // The signal stops each thread a little later: wait until none can still accept.
+    wait_until(
+        "every thread of the gateway to stop",
+        Duration::from_secs(10),
+        || {
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+            tasks
+                .flatten()
+                .all(|t| {
+                    let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                    // The state follows the command name in parentheses.
+                    stat.rsplit_once(") ")
+                        .is_some_and(|(_, rest)| rest.starts_with('T'))
+                })
+                .then_some(())
+        },
+    );
+    let mut fresh = hello_written(&addr, &client(&[&cert], &any_version(), &[])).await;
+    let mut back = hello_written(&addr, &returning).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    kill(pid, Signal::SIGCONT).unwrap();
+
+    // Both waited longer than the queue wait: the full handshake gets the refusal alert, the
+    // resumption its ServerHello.
+    let mut first = [0u8; 1];
+    fresh.read_exact(&mut first).await.unwrap();
+    assert_eq!(
+        first[0], 0x15,
+        "a stale full handshake is refused with an alert"
+    );
+    back.read_exact(&mut first).await.unwrap();
+    assert_eq!(first[0], 0x16, "a stale resumption goes on (ServerHello)");
+    assert!(metric(&w, "warden_gateway_tls_admission_refused_total") >= 1.0);
+
+    // A hello that did not wait is served as before.
+    let s = connect(&client(&[&cert], &any_version(), &[]), &addr, "localhost")
+        .await
+        .unwrap();
+    assert_eq!(kind(&s), Some(HandshakeKind::Full));
+    assert_eq!(get(s, "GET", "/apps/demo/", &auth).await.0, 200);
 }
