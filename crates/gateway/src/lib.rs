@@ -166,18 +166,36 @@ impl Gateway {
     pub async fn serve(self, shutdown: watch::Receiver<bool>) {
         // One connection limit across both listeners.
         let slots = Arc::new(Semaphore::new(self.state.config.max_connections));
-        let tls_task = self.tls_listener.map(|l| {
-            tokio::spawn(accept::run(
-                l,
-                self.state.clone(),
-                slots.clone(),
-                shutdown.clone(),
-                true,
-            ))
+        // Admission control refuses full handshakes while this runtime is behind.
+        let lag = self.state.tls.is_some().then(|| {
+            let state = self.state.clone();
+            tokio::spawn(async move {
+                if let Some(tls) = &state.tls {
+                    tls.admission.measure_lag().await;
+                }
+            })
         });
-        accept::run(self.listener, self.state, slots, shutdown, false).await;
+        let tls_task = self.tls_listener.and_then(|l| {
+            let l = match l.into_std() {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot take over the TLS listener; TLS is not served");
+                    return None;
+                }
+            };
+            let (state, slots, shutdown) =
+                (self.state.clone(), slots.clone(), shutdown.clone());
+            let rt = tokio::runtime::Handle::current();
+            Some(tokio::task::spawn_blocking(move || {
+                tls::accept::run(l, state, slots, shutdown, rt)
+            }))
+        });
+        accept::run(self.listener, self.state, slots, shutdown).await;
         if let Some(t) = tls_task {
             let _ = t.await;
+        }
+        if let Some(l) = lag {
+            l.abort();
         }
     }
 }

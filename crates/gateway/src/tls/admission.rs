@@ -14,10 +14,24 @@
 //! has already waited `queue_wait` is refused even if a slot is free, as CoDel drops packets that
 //! sat in a queue too long: the wait itself says the server is behind. Resumptions are never
 //! refused, however long they waited: they cost little and finish sessions.
+//!
+//! A handshake admitted while the runtime is behind delays everyone else: its signature runs on
+//! the same threads as the requests of sessions already served, and under overload those
+//! requests waited past their clients' patience (measured: most timeouts at 5x were requests,
+//! not handshakes). So a timer that should fire every `LAG_TICK` measures how late it fires,
+//! which is how long a ready task waits for a thread; while that is past `LAG_LIMIT`, full
+//! handshakes are refused and the threads go to sessions already under way.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// How often the runtime's lag is measured.
+const LAG_TICK: Duration = Duration::from_millis(10);
+/// Lag beyond which the runtime counts as behind: well above what a busy but coping runtime
+/// shows (a few milliseconds: one RSA-4096 signature is about 1.5 ms) and well below a client's
+/// patience.
+const LAG_LIMIT: Duration = Duration::from_millis(20);
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -45,6 +59,8 @@ pub(crate) struct Admission {
     config: AdmissionConfig,
     slots: Arc<Semaphore>,
     waiting: AtomicUsize,
+    /// The runtime's lag at the last tick, in microseconds.
+    lag_micros: AtomicU64,
 }
 
 impl Admission {
@@ -52,14 +68,40 @@ impl Admission {
         Self {
             slots: Arc::new(Semaphore::new(config.concurrency)),
             waiting: AtomicUsize::new(0),
+            lag_micros: AtomicU64::new(0),
             config,
         }
     }
 
-    /// Whether a full handshake whose hello arrived `waited` ago is past saving: it has spent
-    /// its whole queueing budget before the gateway even read it.
+    /// Whether a full handshake whose hello arrived `waited` ago is refused without waiting: it
+    /// has spent its whole queueing budget before the gateway even read it, or the runtime is
+    /// behind.
     pub fn too_late(&self, waited: Option<Duration>) -> bool {
-        self.config.enabled && waited.is_some_and(|w| w >= self.config.queue_wait)
+        self.config.enabled
+            && (waited.is_some_and(|w| w >= self.config.queue_wait) || self.behind())
+    }
+
+    /// Whether the runtime is behind while full handshakes are what keeps it busy: at least
+    /// one per 64 slots (one per core with the default limit) is under way. A stall with no
+    /// handshake in progress (a start, a pause of the process, a busy neighbour) refuses no
+    /// one: the lag is not theirs, and the server always makes progress on handshakes.
+    fn behind(&self) -> bool {
+        let in_progress = self.config.concurrency - self.slots.available_permits();
+        let floor = (self.config.concurrency / 64).max(1);
+        self.lag_micros.load(Ordering::Relaxed) > LAG_LIMIT.as_micros() as u64
+            && in_progress >= floor
+    }
+
+    /// Measures the runtime's lag for as long as it runs (spawned once per gateway).
+    pub async fn measure_lag(&self) {
+        loop {
+            let due = tokio::time::Instant::now() + LAG_TICK;
+            tokio::time::sleep_until(due).await;
+            let late = u64::try_from(due.elapsed().as_micros()).unwrap_or(u64::MAX);
+            // The last tick alone: an average over a few (tried) let the lag build up for
+            // longer before refusing, and at 5x overload lost a quarter of the replies to it.
+            self.lag_micros.store(late, Ordering::Relaxed);
+        }
     }
 
     /// A slot for a full handshake whose hello arrived `waited` ago (`None`: not known), or
@@ -161,6 +203,42 @@ mod tests {
         // The paused clock makes this exact: only 50 ms of the 250 were left to wait.
         assert_eq!(waited, Duration::from_millis(50));
         drop(held);
+    }
+
+    #[tokio::test]
+    async fn while_the_runtime_is_behind_with_handshakes_under_way_more_are_refused() {
+        let a = Admission::new(config(4, 4));
+        a.lag_micros
+            .store(LAG_LIMIT.as_micros() as u64 + 1, Ordering::Relaxed);
+        // Behind, but no handshake under way: the lag is not theirs.
+        assert!(!a.too_late(None));
+        let first = a.admit_full(None).await;
+        assert!(first.is_some());
+        // One under way and the runtime behind: the next is refused, slots free or not.
+        assert!(a.too_late(None));
+        assert!(a.admit_full(None).await.is_none());
+        a.lag_micros.store(0, Ordering::Relaxed);
+        assert!(a.admit_full(None).await.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_runtime_blocked_past_the_limit_is_measured_as_behind() {
+        let a = Arc::new(Admission::new(config(4, 4)));
+        let _measuring = tokio::spawn({
+            let a = a.clone();
+            async move { a.measure_lag().await }
+        });
+        tokio::task::yield_now().await;
+        let _under_way = a.admit_full(None).await;
+        // The only thread of this runtime is held: the timer cannot fire on time.
+        std::thread::sleep(LAG_LIMIT * 3);
+        for _ in 0..10_000 {
+            if a.behind() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("a blocked runtime was not measured as behind");
     }
 
     #[tokio::test]

@@ -31,30 +31,41 @@ pub(crate) fn stamp_arrivals(listener: &TcpListener) -> io::Result<()> {
 
 /// Reads what is there now, without waiting, appending it to `buf`. Returns the bytes read (0 at
 /// end of stream) and when the first of them arrived, if the kernel stamped them.
-/// `WouldBlock` when nothing has arrived yet.
+/// `WouldBlock` when nothing has arrived yet, or when tokio has not yet seen the socket
+/// readable.
 pub(crate) fn try_read_stamped(
     stream: &TcpStream,
     buf: &mut BytesMut,
 ) -> io::Result<(usize, Option<Instant>)> {
+    stream.try_io(Interest::READABLE, || read_now(stream, buf))
+}
+
+/// As [`try_read_stamped`], for a socket just accepted and not yet handed to tokio.
+pub(crate) fn read_stamped_now(
+    stream: &impl AsRawFd,
+    buf: &mut BytesMut,
+) -> io::Result<(usize, Option<Instant>)> {
+    read_now(stream, buf)
+}
+
+fn read_now(stream: &impl AsRawFd, buf: &mut BytesMut) -> io::Result<(usize, Option<Instant>)> {
     let mut chunk = [0u8; READ];
-    let (n, at) = stream.try_io(Interest::READABLE, || {
-        let mut iov = [IoSliceMut::new(&mut chunk)];
-        let mut cmsg = nix::cmsg_space!(TimeSpec);
-        let msg = recvmsg::<SockaddrStorage>(
-            stream.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_DONTWAIT,
-        )
-        .map_err(io::Error::from)?;
-        let mut at = None;
-        for c in msg.cmsgs().map_err(io::Error::from)? {
-            if let ControlMessageOwned::ScmTimestampns(ts) = c {
-                at = Some(ts);
-            }
+    let mut iov = [IoSliceMut::new(&mut chunk)];
+    let mut cmsg = nix::cmsg_space!(TimeSpec);
+    let msg = recvmsg::<SockaddrStorage>(
+        stream.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_DONTWAIT,
+    )
+    .map_err(io::Error::from)?;
+    let mut at = None;
+    for c in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmTimestampns(ts) = c {
+            at = Some(ts);
         }
-        Ok((msg.bytes, at))
-    })?;
+    }
+    let n = msg.bytes;
     buf.extend_from_slice(&chunk[..n]);
     Ok((n, at.map(arrived)))
 }

@@ -3,6 +3,7 @@
 //! control (seed 004 §8): resumption attempts are always admitted, full handshakes only up to a
 //! concurrency limit with a short bounded queue, and the excess is refused at once.
 
+pub(crate) mod accept;
 pub(crate) mod admission;
 pub(crate) mod arrival;
 mod certs;

@@ -1,0 +1,253 @@
+//! The TLS listener's accept loop, on a thread of its own, then per connection the first
+//! record, admission control (seed 004 §8) and the handshake, before the connection goes
+//! downstream.
+//!
+//! Under overload most connections to the TLS port are refused: full handshakes whose hello
+//! waited past admission's budget, by the ten thousand a second. One refusal is cheap (an
+//! accept, a read, a write, a close); what makes refusals expensive is waiting for their turn.
+//! As a task of the runtime, the loop took its turn behind signatures and requests, the backlog
+//! filled, every hello in it went stale, and the kernel dropped new SYNs, which clients resend
+//! only after a second (measured: 14,753 dropped in 10 s at 5x overload). On a thread of its
+//! own the loop gets the CPU share the kernel gives any busy thread, drains the backlog as fast
+//! as connections come, and a refused connection never reaches the runtime at all. Connections
+//! that go on are handed to the runtime.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::runtime::Handle;
+use tokio::sync::{watch, Semaphore};
+use tracing::Instrument;
+
+use crate::accept::{EMFILE, ENFILE};
+use crate::client::Client;
+use crate::downstream;
+use crate::phases::Clock;
+use crate::prefixed::Prefixed;
+use crate::state::State;
+use crate::tls;
+
+/// A fatal `internal_error` alert: the cheapest clear "not now" a TLS client understands.
+const TLS_REFUSAL: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x50];
+
+/// Connections in one drain of the backlog beyond which the loop waits `GATHER` before the next.
+const BATCH: usize = 8;
+const GATHER: Duration = Duration::from_millis(5);
+
+/// How often an idle loop looks whether the gateway is shutting down.
+const SHUTDOWN_CHECK: u16 = 100;
+
+/// Accepts on `listener` (non-blocking) until `shutdown` turns true, on the calling thread
+/// (a blocking one); connections that go on run on `rt`. `slots` is the connection limit
+/// shared by every listener.
+pub(crate) fn run(
+    listener: std::net::TcpListener,
+    state: Arc<State>,
+    slots: Arc<Semaphore>,
+    shutdown: watch::Receiver<bool>,
+    rt: Handle,
+) {
+    // A descriptor held in reserve: out of descriptors, it is let go to accept the waiting
+    // client and close it at once, rather than leave it unanswered in the backlog.
+    let mut reserve = std::fs::File::open("/dev/null").ok();
+    while !*shutdown.borrow() {
+        let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+        if !matches!(poll(&mut fds, PollTimeout::from(SHUTDOWN_CHECK)), Ok(n) if n > 0) {
+            continue;
+        }
+        // Everything waiting, then back to poll.
+        let mut drained = 0;
+        loop {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    drained += 1;
+                    one(&state, &slots, &rt, stream, peer);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // Under a flood, let arrivals gather for a moment: one wake-up for many
+                    // connections rather than a switch of threads for each.
+                    if drained >= BATCH {
+                        std::thread::sleep(GATHER);
+                    }
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let out_of_descriptors = matches!(e.raw_os_error(), Some(EMFILE | ENFILE));
+                    if out_of_descriptors && reserve.take().is_some() {
+                        if listener.accept().is_ok() {
+                            state.metrics.refused_connections.inc();
+                        }
+                        reserve = std::fs::File::open("/dev/null").ok();
+                    }
+                    warden_core::log_limited!(warn, error = %e, "TLS accept failed; closing waiting clients while out of descriptors");
+                    // Back off instead of spinning.
+                    std::thread::sleep(Duration::from_millis(10));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// One accepted connection: refused here, or handed to the runtime.
+fn one(
+    state: &Arc<State>,
+    slots: &Arc<Semaphore>,
+    rt: &Handle,
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+) {
+    let Some(early) = early_tls(state, &stream) else {
+        return;
+    };
+    let Ok(slot) = slots.clone().try_acquire_owned() else {
+        state.metrics.refused_connections.inc();
+        return;
+    };
+    // Accepted sockets do not inherit the listener's O_NONBLOCK; tokio needs it.
+    if stream.set_nonblocking(true).is_err() {
+        return;
+    }
+    let state = state.clone();
+    let span = tracing::debug_span!("conn", %peer, tls = true);
+    rt.spawn(
+        async move {
+            let Ok(stream) = TcpStream::from_std(stream) else {
+                return;
+            };
+            state.metrics.connections.inc();
+            with_tls(state.clone(), stream, peer, early).await;
+            state.metrics.connections.dec();
+            drop(slot);
+        }
+        .instrument(span),
+    );
+}
+
+/// The first bytes of a TLS connection read in the accept loop, and when they arrived.
+struct Early {
+    buf: BytesMut,
+    arrived: Option<Instant>,
+}
+
+/// One read without waiting, in the accept loop. `None` when the connection was refused here: a
+/// whole ClientHello for a full handshake that already waited longer than admission's queue
+/// wait, or came while the runtime is behind. The refusal costs one write and a close: no task,
+/// no slot, no timer, no registration with the runtime.
+fn early_tls(state: &State, stream: &std::net::TcpStream) -> Option<Early> {
+    let tls = state.tls.as_ref()?;
+    let mut early = Early {
+        buf: BytesMut::with_capacity(2048),
+        arrived: None,
+    };
+    // Nothing yet, an error or the end of the stream: the connection's task sorts it out.
+    let Ok((_, arrived)) = tls::arrival::read_stamped_now(stream, &mut early.buf) else {
+        return Some(early);
+    };
+    early.arrived = arrived;
+    let waited = arrived.map(|a| a.elapsed());
+    if tls.admission.too_late(waited) && tls::hello::first_record_read(&early.buf) {
+        let kind = tls::hello::classify(&early.buf, |id| tls.sessions.contains(id));
+        if kind == (tls::hello::First::Tls { resumption: false }) {
+            state.metrics.tls.refused.inc();
+            // Non-blocking (MSG_DONTWAIT): a full socket buffer drops the alert, not the thread.
+            let _ = nix::sys::socket::send(
+                stream.as_raw_fd(),
+                &TLS_REFUSAL,
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+            );
+            return None;
+        }
+    }
+    Some(early)
+}
+
+async fn with_tls(state: Arc<State>, stream: TcpStream, peer: SocketAddr, early: Early) {
+    let Some(tls) = state.tls.as_ref() else {
+        return;
+    };
+    let _ = stream.set_nodelay(true);
+    let m = &state.metrics;
+    let started = Instant::now();
+    let Early {
+        mut buf,
+        mut arrived,
+    } = early;
+    let read = async {
+        while !tls::hello::first_record_read(&buf) {
+            let (n, at) = tls::arrival::read_stamped(&stream, &mut buf).await?;
+            if n == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+            }
+            arrived = arrived.or(at);
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(state.config.header_timeout, read).await {
+        Ok(Ok(())) => {}
+        _ => return,
+    }
+    let first = buf;
+    let resumption = match tls::hello::classify(&first, |id| tls.sessions.contains(id)) {
+        tls::hello::First::NotTls => {
+            tls::answer_plain_http(Prefixed::new(first, stream), tls.names.clone()).await;
+            return;
+        }
+        tls::hello::First::Tls { resumption } => resumption,
+    };
+    // Resumption attempts are always admitted: they are cheap and finish sessions.
+    let admitted = if resumption {
+        None
+    } else {
+        match tls.admission.admit_full(arrived.map(|a| a.elapsed())).await {
+            Some(a) => Some(a),
+            None => {
+                m.tls.refused.inc();
+                let mut stream = stream;
+                let _ = stream.write_all(&TLS_REFUSAL).await;
+                return;
+            }
+        }
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
+    let io = Prefixed::new(first, stream);
+    let conn = match tokio::time::timeout(tls.handshake_timeout, acceptor.accept(io)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            m.tls.failed.inc();
+            tracing::debug!(error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            m.tls.failed.inc();
+            tracing::debug!("TLS handshake timed out");
+            return;
+        }
+    };
+    drop(admitted);
+    let took = started.elapsed().as_secs_f64();
+    if conn.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+        m.tls.resumed.inc();
+        m.conn_phase.handshake_resumed.observe(took);
+    } else {
+        m.tls.full.inc();
+        m.conn_phase.handshake_full.observe(took);
+        if resumption {
+            m.tls.resumption_missed.inc();
+        }
+    }
+    let clock = Clock::new(state.metrics.clone());
+    let client = Client::new(peer, true);
+    if conn.get_ref().1.alpn_protocol() == Some(b"h2") {
+        downstream::serve_http2(state, conn, client, clock).await;
+    } else {
+        downstream::serve_http1(state, conn, client, None, clock).await;
+    }
+}
