@@ -59,10 +59,15 @@ pub(super) fn client_config(
     version: &'static SupportedProtocolVersion,
     resume: bool,
 ) -> anyhow::Result<Arc<ClientConfig>> {
-    // aws-lc-rs and X25519 alone: the key share every server here picks anyway, made with the
-    // fastest code at hand, so that one generator core outlasts the server it overloads.
+    // aws-lc-rs, with X25519 the only key share offered (the one every server here picks
+    // anyway; no post-quantum hybrid share to make and send), so that one generator core
+    // outlasts the server it overloads. P-256 is listed too: a TLS 1.2 server (OpenSSL) serves
+    // its ECDSA P-256 certificate only to a client that lists that curve.
     let mut provider = rustls::crypto::aws_lc_rs::default_provider();
-    provider.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::X25519];
+    provider.kx_groups = vec![
+        rustls::crypto::aws_lc_rs::kx_group::X25519,
+        rustls::crypto::aws_lc_rs::kx_group::SECP256R1,
+    ];
     let provider = Arc::new(provider);
     let mut cfg = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[version])?

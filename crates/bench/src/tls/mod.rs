@@ -204,7 +204,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         // Handshake cost is the same code with or without admission: measure it once.
         if server != "warden-no-admission" && !args.no_handshakes {
-            for cert in ["ecdsa", "rsa"] {
+            for cert in CERT_KINDS {
                 for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
                     for resume in [false, true] {
                         let t = Target {
