@@ -1,7 +1,8 @@
 //! The gateway: the single entry point through which users reach app instances.
 //!
-//! It owns the request path: accept (`accept`: listeners, the connection limit, TLS with
-//! handshake admission control), the downstream side (`downstream`: the HTTP/1.1 lane and
+//! It owns the request path: accept (`accept`: listeners, the connection limit; `tls`: TLS
+//! with handshake admission control, whose accept loop has a thread of its own), the
+//! downstream side (`downstream`: the HTTP/1.1 lane and
 //! hyper's HTTP/1.1 and HTTP/2), authentication (`auth`: session tokens, or HTTP Basic
 //! against Argon2id hashes with a verified-credential cache and failure throttling), routing and
 //! authorisation (`route`), the gateway's own answers (`endpoints`), forwarding with

@@ -36,7 +36,7 @@ use crate::tls;
 /// A fatal `internal_error` alert: the cheapest clear "not now" a TLS client understands.
 const TLS_REFUSAL: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x50];
 
-/// Connections in one drain of the backlog beyond which the loop waits `GATHER` before the next.
+/// Refusals in one drain of the backlog from which the loop waits `GATHER` before the next.
 const BATCH: usize = 8;
 const GATHER: Duration = Duration::from_millis(5);
 
@@ -62,17 +62,19 @@ pub(crate) fn run(
             continue;
         }
         // Everything waiting, then back to poll.
-        let mut drained = 0;
+        let mut refused = 0;
         loop {
             match listener.accept() {
                 Ok((stream, peer)) => {
-                    drained += 1;
-                    one(&state, &slots, &rt, stream, peer);
+                    if !one(&state, &slots, &rt, stream, peer) {
+                        refused += 1;
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    // Under a flood, let arrivals gather for a moment: one wake-up for many
-                    // connections rather than a switch of threads for each.
-                    if drained >= BATCH {
+                    // Under a flood of refusals, let arrivals gather for a moment: one wake-up
+                    // for many connections rather than a switch of threads for each. Never
+                    // otherwise: clients served one after another would wait on it.
+                    if refused >= BATCH {
                         std::thread::sleep(GATHER);
                     }
                     break;
@@ -96,24 +98,24 @@ pub(crate) fn run(
     }
 }
 
-/// One accepted connection: refused here, or handed to the runtime.
+/// One accepted connection: refused here (false), or handed to the runtime (true).
 fn one(
     state: &Arc<State>,
     slots: &Arc<Semaphore>,
     rt: &Handle,
     stream: std::net::TcpStream,
     peer: SocketAddr,
-) {
+) -> bool {
     let Some(early) = early_tls(state, &stream) else {
-        return;
+        return false;
     };
     let Ok(slot) = slots.clone().try_acquire_owned() else {
         state.metrics.refused_connections.inc();
-        return;
+        return false;
     };
     // Accepted sockets do not inherit the listener's O_NONBLOCK; tokio needs it.
     if stream.set_nonblocking(true).is_err() {
-        return;
+        return false;
     }
     let state = state.clone();
     let span = tracing::debug_span!("conn", %peer, tls = true);
@@ -129,6 +131,7 @@ fn one(
         }
         .instrument(span),
     );
+    true
 }
 
 /// The first bytes of a TLS connection read in the accept loop, and when they arrived.
