@@ -39,7 +39,7 @@ pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// Accepts plain HTTP on `listener` until `shutdown` turns true; `slots` is the connection limit
-/// shared by every listener. (The TLS listener has a thread of its own: `tls::accept`.)
+/// shared by every listener. (The TLS listener has its own loop: `tls::accept`.)
 pub(crate) async fn run(
     listener: TcpListener,
     state: Arc<State>,

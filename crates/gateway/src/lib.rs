@@ -1,8 +1,7 @@
 //! The gateway: the single entry point through which users reach app instances.
 //!
 //! It owns the request path: accept (`accept`: listeners, the connection limit; `tls`: TLS
-//! with handshake admission control, whose accept loop has a thread of its own), the
-//! downstream side (`downstream`: the HTTP/1.1 lane and
+//! with handshake admission control), the downstream side (`downstream`: the HTTP/1.1 lane and
 //! hyper's HTTP/1.1 and HTTP/2), authentication (`auth`: session tokens, or HTTP Basic
 //! against Argon2id hashes with a verified-credential cache and failure throttling), routing and
 //! authorisation (`route`), the gateway's own answers (`endpoints`), forwarding with
@@ -176,20 +175,13 @@ impl Gateway {
                 }
             })
         });
-        let tls_task = self.tls_listener.and_then(|l| {
-            let l = match l.into_std() {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot take over the TLS listener; TLS is not served");
-                    return None;
-                }
-            };
-            let (state, slots, shutdown) =
-                (self.state.clone(), slots.clone(), shutdown.clone());
-            let rt = tokio::runtime::Handle::current();
-            Some(tokio::task::spawn_blocking(move || {
-                tls::accept::run(l, state, slots, shutdown, rt)
-            }))
+        let tls_task = self.tls_listener.map(|l| {
+            tokio::spawn(tls::accept::run(
+                l,
+                self.state.clone(),
+                slots.clone(),
+                shutdown.clone(),
+            ))
         });
         accept::run(self.listener, self.state, slots, shutdown).await;
         if let Some(t) = tls_task {

@@ -1,27 +1,25 @@
-//! The TLS listener's accept loop, on a thread of its own, then per connection the first
-//! record, admission control (seed 004 §8) and the handshake, before the connection goes
-//! downstream.
+//! The TLS listener's accept loop, then per connection the first record, admission control
+//! (seed 004 §8) and the handshake, before the connection goes downstream.
 //!
 //! Under overload most connections to the TLS port are refused: full handshakes whose hello
 //! waited past admission's budget, by the ten thousand a second. One refusal is cheap (an
 //! accept, a read, a write, a close); what makes refusals expensive is waiting for their turn.
-//! As a task of the runtime, the loop took its turn behind signatures and requests, the backlog
-//! filled, every hello in it went stale, and the kernel dropped new SYNs, which clients resend
-//! only after a second (measured: 14,753 dropped in 10 s at 5x overload). On a thread of its
-//! own the loop gets the CPU share the kernel gives any busy thread, drains the backlog as fast
-//! as connections come, and a refused connection never reaches the runtime at all. Connections
-//! that go on are handed to the runtime.
+//! When the loop took its turn like any task (tokio's budget makes it yield after 128 accepts),
+//! it waited behind signatures, the backlog filled, every hello in it went stale, and the kernel
+//! dropped new SYNs, which clients resend only after a second. So the loop drains the whole
+//! backlog each time it runs, refusing stale full handshakes right there: no task, no slot, no
+//! timer. (A thread of its own, tried, had fewer timeouts at 5x overload but cost every
+//! connection a wake-up of another thread, and resumptions, where little cryptography is left,
+//! fell to 0.5-0.9x nginx's rate: docs/BENCHMARKS.md.)
 
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-use tokio::runtime::Handle;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tracing::Instrument;
 
@@ -36,94 +34,59 @@ use crate::tls;
 /// A fatal `internal_error` alert: the cheapest clear "not now" a TLS client understands.
 const TLS_REFUSAL: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x50];
 
-/// Refusals in one drain of the backlog from which the loop waits `GATHER` before the next.
-const BATCH: usize = 8;
-const GATHER: Duration = Duration::from_millis(5);
-
-/// How often an idle loop looks whether the gateway is shutting down.
-const SHUTDOWN_CHECK: u16 = 100;
-
-/// Accepts on `listener` (non-blocking) until `shutdown` turns true, on the calling thread
-/// (a blocking one); connections that go on run on `rt`. `slots` is the connection limit
-/// shared by every listener.
-pub(crate) fn run(
-    listener: std::net::TcpListener,
+/// Accepts on `listener` until `shutdown` turns true; `slots` is the connection limit shared
+/// by every listener.
+pub(crate) async fn run(
+    listener: TcpListener,
     state: Arc<State>,
     slots: Arc<Semaphore>,
-    shutdown: watch::Receiver<bool>,
-    rt: Handle,
+    mut shutdown: watch::Receiver<bool>,
 ) {
     // A descriptor held in reserve: out of descriptors, it is let go to accept the waiting
     // client and close it at once, rather than leave it unanswered in the backlog.
     let mut reserve = std::fs::File::open("/dev/null").ok();
-    while !*shutdown.borrow() {
-        let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
-        if !matches!(poll(&mut fds, PollTimeout::from(SHUTDOWN_CHECK)), Ok(n) if n > 0) {
-            continue;
-        }
-        // Everything waiting, then back to poll.
-        let mut refused = 0;
-        loop {
-            match listener.accept() {
-                Ok((stream, peer)) => {
-                    if !one(&state, &slots, &rt, stream, peer) {
-                        refused += 1;
+    loop {
+        // Unconstrained: the whole backlog in one turn (see the module's doc).
+        let accepted = tokio::select! {
+            r = tokio::task::unconstrained(listener.accept()) => r,
+            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => one(&state, &slots, stream, peer),
+            Err(e) => {
+                let out_of_descriptors = matches!(e.raw_os_error(), Some(EMFILE | ENFILE));
+                if out_of_descriptors && reserve.take().is_some() {
+                    let waiting = tokio::select! {
+                        biased;
+                        r = listener.accept() => r.ok(),
+                        () = std::future::ready(()) => None,
+                    };
+                    if waiting.is_some() {
+                        state.metrics.refused_connections.inc();
                     }
+                    reserve = std::fs::File::open("/dev/null").ok();
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    // Under a flood of refusals, let arrivals gather for a moment: one wake-up
-                    // for many connections rather than a switch of threads for each. Never
-                    // otherwise: clients served one after another would wait on it.
-                    if refused >= BATCH {
-                        std::thread::sleep(GATHER);
-                    }
-                    break;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    let out_of_descriptors = matches!(e.raw_os_error(), Some(EMFILE | ENFILE));
-                    if out_of_descriptors && reserve.take().is_some() {
-                        if listener.accept().is_ok() {
-                            state.metrics.refused_connections.inc();
-                        }
-                        reserve = std::fs::File::open("/dev/null").ok();
-                    }
-                    warden_core::log_limited!(warn, error = %e, "TLS accept failed; closing waiting clients while out of descriptors");
-                    // Back off instead of spinning.
-                    std::thread::sleep(Duration::from_millis(10));
-                    break;
-                }
+                warden_core::log_limited!(warn, error = %e, "TLS accept failed; closing waiting clients while out of descriptors");
+                // Back off instead of spinning.
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
     }
 }
 
-/// One accepted connection: refused here (false), or handed to the runtime (true).
-fn one(
-    state: &Arc<State>,
-    slots: &Arc<Semaphore>,
-    rt: &Handle,
-    stream: std::net::TcpStream,
-    peer: SocketAddr,
-) -> bool {
+/// One accepted connection: refused here, or given a task.
+fn one(state: &Arc<State>, slots: &Arc<Semaphore>, stream: TcpStream, peer: SocketAddr) {
     let Some(early) = early_tls(state, &stream) else {
-        return false;
+        return;
     };
     let Ok(slot) = slots.clone().try_acquire_owned() else {
         state.metrics.refused_connections.inc();
-        return false;
+        return;
     };
-    // Accepted sockets do not inherit the listener's O_NONBLOCK; tokio needs it.
-    if stream.set_nonblocking(true).is_err() {
-        return false;
-    }
     let state = state.clone();
     let span = tracing::debug_span!("conn", %peer, tls = true);
-    rt.spawn(
+    tokio::spawn(
         async move {
-            let Ok(stream) = TcpStream::from_std(stream) else {
-                return;
-            };
             state.metrics.connections.inc();
             with_tls(state.clone(), stream, peer, early).await;
             state.metrics.connections.dec();
@@ -131,7 +94,6 @@ fn one(
         }
         .instrument(span),
     );
-    true
 }
 
 /// The first bytes of a TLS connection read in the accept loop, and when they arrived.
@@ -143,8 +105,8 @@ struct Early {
 /// One read without waiting, in the accept loop. `None` when the connection was refused here: a
 /// whole ClientHello for a full handshake that already waited longer than admission's queue
 /// wait, or came while the runtime is behind. The refusal costs one write and a close: no task,
-/// no slot, no timer, no registration with the runtime.
-fn early_tls(state: &State, stream: &std::net::TcpStream) -> Option<Early> {
+/// no slot, no timer.
+fn early_tls(state: &State, stream: &TcpStream) -> Option<Early> {
     let tls = state.tls.as_ref()?;
     let mut early = Early {
         buf: BytesMut::with_capacity(2048),
