@@ -46,23 +46,13 @@ pub(crate) async fn run(
     slots: Arc<Semaphore>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    // A descriptor held in reserve: out of descriptors, it is let go to accept the waiting
-    // client and tell it 503 at once, rather than leaving it unanswered in the backlog
-    // (libuv's and nginx's way).
-    let mut reserve = std::fs::File::open("/dev/null").ok();
+    let mut reserve = Reserve::new();
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    let out_of_descriptors = matches!(e.raw_os_error(), Some(EMFILE | ENFILE));
-                    if out_of_descriptors && reserve.take().is_some() {
-                        refuse_one(&listener, &state).await;
-                        reserve = std::fs::File::open("/dev/null").ok();
-                    }
-                    warden_core::log_limited!(warn, error = %e, "accept failed; answering 503 to waiting clients while out of descriptors");
-                    // Back off instead of spinning.
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    reserve.accept_failed(&listener, &state, e, OVER_LIMIT).await;
                     continue;
                 }
             },
@@ -91,19 +81,44 @@ pub(crate) async fn run(
 }
 
 /// `EMFILE` and `ENFILE` (Linux): the process's or the system's descriptors are all in use.
-pub(crate) const EMFILE: i32 = 24;
-pub(crate) const ENFILE: i32 = 23;
+const EMFILE: i32 = 24;
+const ENFILE: i32 = 23;
 
-/// Accepts one waiting client, if any, and closes it with a 503.
-async fn refuse_one(listener: &TcpListener, state: &State) {
-    let accepted = tokio::select! {
-        biased;
-        r = listener.accept() => r.ok(),
-        () = std::future::ready(()) => None,
-    };
-    if let Some((stream, _)) = accepted {
-        state.metrics.refused_connections.inc();
-        let _ = stream.try_write(OVER_LIMIT);
+/// A descriptor held in reserve: out of descriptors, it is let go to accept the waiting client
+/// and answer it at once, rather than leave it unanswered in the backlog (libuv's and nginx's
+/// way).
+pub(crate) struct Reserve(Option<std::fs::File>);
+
+impl Reserve {
+    pub(crate) fn new() -> Self {
+        Self(std::fs::File::open("/dev/null").ok())
+    }
+
+    /// After a failed accept: out of descriptors, accepts one waiting client with the reserve
+    /// and closes it after writing `answer` (a 503, or nothing for TLS); then backs off instead
+    /// of spinning.
+    pub(crate) async fn accept_failed(
+        &mut self,
+        listener: &TcpListener,
+        state: &State,
+        e: std::io::Error,
+        answer: &[u8],
+    ) {
+        let out_of_descriptors = matches!(e.raw_os_error(), Some(EMFILE | ENFILE));
+        if out_of_descriptors && self.0.take().is_some() {
+            let waiting = tokio::select! {
+                biased;
+                r = listener.accept() => r.ok(),
+                () = std::future::ready(()) => None,
+            };
+            if let Some((stream, _)) = waiting {
+                state.metrics.refused_connections.inc();
+                let _ = stream.try_write(answer);
+            }
+            self.0 = std::fs::File::open("/dev/null").ok();
+        }
+        warden_core::log_limited!(warn, error = %e, "accept failed; closing waiting clients at once while out of descriptors");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -15,7 +15,7 @@
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
@@ -23,7 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tracing::Instrument;
 
-use crate::accept::{EMFILE, ENFILE};
+use crate::accept::Reserve;
 use crate::client::Client;
 use crate::downstream;
 use crate::phases::Clock;
@@ -42,9 +42,7 @@ pub(crate) async fn run(
     slots: Arc<Semaphore>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    // A descriptor held in reserve: out of descriptors, it is let go to accept the waiting
-    // client and close it at once, rather than leave it unanswered in the backlog.
-    let mut reserve = std::fs::File::open("/dev/null").ok();
+    let mut reserve = Reserve::new();
     loop {
         // Unconstrained: the whole backlog in one turn (see the module's doc).
         let accepted = tokio::select! {
@@ -53,23 +51,7 @@ pub(crate) async fn run(
         };
         match accepted {
             Ok((stream, peer)) => one(&state, &slots, stream, peer),
-            Err(e) => {
-                let out_of_descriptors = matches!(e.raw_os_error(), Some(EMFILE | ENFILE));
-                if out_of_descriptors && reserve.take().is_some() {
-                    let waiting = tokio::select! {
-                        biased;
-                        r = listener.accept() => r.ok(),
-                        () = std::future::ready(()) => None,
-                    };
-                    if waiting.is_some() {
-                        state.metrics.refused_connections.inc();
-                    }
-                    reserve = std::fs::File::open("/dev/null").ok();
-                }
-                warden_core::log_limited!(warn, error = %e, "TLS accept failed; closing waiting clients while out of descriptors");
-                // Back off instead of spinning.
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            Err(e) => reserve.accept_failed(&listener, &state, e, &[]).await,
         }
     }
 }

@@ -478,6 +478,22 @@ async fn stalled_full_handshake(addr: &str, cfg: &Arc<ClientConfig>) -> TcpStrea
     tcp
 }
 
+/// A connection from `cfg`, retried for up to 10 s while admission still refuses it.
+async fn admitted_again(cfg: &Arc<ClientConfig>, addr: &str) -> TlsStream<TcpStream> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match connect(cfg, addr, "localhost").await {
+            Ok(s) => return s,
+            Err(e) if tries < 200 => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("full handshakes still refused: {e}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_handshakes_beyond_the_limit_are_refused_but_resumptions_admitted() {
     let w = Launch::new(bin())
@@ -506,18 +522,7 @@ async fn full_handshakes_beyond_the_limit_are_refused_but_resumptions_admitted()
 
     // Once the stalled handshake goes away, full handshakes are admitted again.
     drop(staller);
-    let mut tries = 0;
-    let s = loop {
-        tries += 1;
-        match connect(&newcomer, &addr, "localhost").await {
-            Ok(s) => break s,
-            Err(e) if tries < 200 => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("full handshakes still refused: {e}"),
-        }
-    };
+    let s = admitted_again(&newcomer, &addr).await;
     assert_eq!(kind(&s), Some(HandshakeKind::Full));
 }
 
@@ -611,19 +616,7 @@ async fn a_full_handshake_stale_in_the_backlog_is_refused_and_a_resumption_as_st
 
     // A hello that did not wait is served as before, once the gateway has measured that its
     // runtime caught up after the stop (the next tick of its lag timer).
-    let newcomer = client(&[&cert], &any_version(), &[]);
-    let mut tries = 0;
-    let s = loop {
-        tries += 1;
-        match connect(&newcomer, &addr, "localhost").await {
-            Ok(s) => break s,
-            Err(e) if tries < 100 => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("fresh full handshakes still refused: {e}"),
-        }
-    };
+    let s = admitted_again(&client(&[&cert], &any_version(), &[]), &addr).await;
     assert_eq!(kind(&s), Some(HandshakeKind::Full));
     assert_eq!(get(s, "GET", "/apps/demo/", &auth).await.0, 200);
 }
