@@ -37,18 +37,17 @@ pub(crate) fn try_read_stamped(
     stream: &TcpStream,
     buf: &mut BytesMut,
 ) -> io::Result<(usize, Option<Instant>)> {
-    stream.try_io(Interest::READABLE, || read_now(stream, buf))
+    stream.try_io(Interest::READABLE, || read_stamped_now(stream, buf))
 }
 
-/// As [`try_read_stamped`], for a socket just accepted and not yet handed to tokio.
+/// As [`try_read_stamped`], but asks the kernel even before tokio has seen the socket readable:
+/// for a socket just accepted, whose first bytes are usually there already while tokio learns
+/// of them only at its next poll. A `WouldBlock` here leaves tokio's readiness as it was, so a
+/// later wait for readiness is still woken.
 pub(crate) fn read_stamped_now(
     stream: &impl AsRawFd,
     buf: &mut BytesMut,
 ) -> io::Result<(usize, Option<Instant>)> {
-    read_now(stream, buf)
-}
-
-fn read_now(stream: &impl AsRawFd, buf: &mut BytesMut) -> io::Result<(usize, Option<Instant>)> {
     let mut chunk = [0u8; READ];
     let mut iov = [IoSliceMut::new(&mut chunk)];
     let mut cmsg = nix::cmsg_space!(TimeSpec);

@@ -478,6 +478,18 @@ async fn stalled_full_handshake(addr: &str, cfg: &Arc<ClientConfig>) -> TcpStrea
     tcp
 }
 
+/// The TLS address, alice's credentials, the demo certificate, and a client holding a session
+/// to come back to (its request makes it read its tickets).
+async fn returning_client(w: &Warden) -> (String, String, PathBuf, Arc<ClientConfig>) {
+    let addr = tls_addr(w);
+    let auth = basic("alice", &w.password("alice"));
+    let cert = demo_cert(w);
+    let returning = client(&[&cert], &any_version(), &[]);
+    let s = connect(&returning, &addr, "localhost").await.unwrap();
+    assert_eq!(get(s, "GET", "/apps/demo/", &auth).await.0, 200);
+    (addr, auth, cert, returning)
+}
+
 /// A connection from `cfg`, retried for up to 10 s while admission still refuses it.
 async fn admitted_again(cfg: &Arc<ClientConfig>, addr: &str) -> TlsStream<TcpStream> {
     let mut tries = 0;
@@ -502,13 +514,7 @@ async fn full_handshakes_beyond_the_limit_are_refused_but_resumptions_admitted()
         .arg("--tls-handshake-queue")
         .arg("0")
         .start();
-    let addr = tls_addr(&w);
-    let auth = basic("alice", &w.password("alice"));
-    let cert = demo_cert(&w);
-    let returning = client(&[&cert], &any_version(), &[]);
-    // A session to come back to (the request makes the client read its tickets).
-    let s = connect(&returning, &addr, "localhost").await.unwrap();
-    assert_eq!(get(s, "GET", "/apps/demo/", &auth).await.0, 200);
+    let (addr, auth, cert, returning) = returning_client(&w).await;
 
     let staller = stalled_full_handshake(&addr, &client(&[&cert], &any_version(), &[])).await;
     // The only slot is taken: a newcomer's full handshake is refused at once...
@@ -569,12 +575,7 @@ async fn a_full_handshake_stale_in_the_backlog_is_refused_and_a_resumption_as_st
         .arg("--tls-queue-wait")
         .arg("250ms")
         .start();
-    let addr = tls_addr(&w);
-    let auth = basic("alice", &w.password("alice"));
-    let cert = demo_cert(&w);
-    let returning = client(&[&cert], &any_version(), &[]);
-    let s = connect(&returning, &addr, "localhost").await.unwrap();
-    assert_eq!(get(s, "GET", "/apps/demo/", &auth).await.0, 200);
+    let (addr, auth, cert, returning) = returning_client(&w).await;
 
     // While the gateway is stopped, the kernel completes TCP handshakes and keeps the hellos,
     // as it does in a backlog the gateway is too busy to drain.
