@@ -101,6 +101,23 @@ mod tests {
     async fn accepted_connections_carry_the_arrival_of_their_first_bytes() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         stamp_arrivals(&listener).unwrap();
+        // The kernel switches stamping on for the whole machine from a deferred work item when
+        // the first socket asks for it, so the first segments after that may come unstamped.
+        let mut on = false;
+        for _ in 0..200 {
+            let mut warm = TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .unwrap();
+            warm.write_all(b"x").await.unwrap();
+            let (server, _) = listener.accept().await.unwrap();
+            let (_, at) = read_stamped(&server, &mut BytesMut::new()).await.unwrap();
+            if at.is_some() {
+                on = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(on, "the kernel never stamped a segment in 2 s");
         let mut client = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
