@@ -15,12 +15,21 @@ pub(crate) fn app_route<'a>(
     target: &'a str,
 ) -> Option<(&'a str, usize)> {
     let host = host.map(|h| h.rsplit_once(':').map_or(h, |(name, _)| name));
-    if let Some(app) = host.and_then(|h| views.hosts.get(&h.to_ascii_lowercase())) {
+    // Hosts are kept in lower case; most requests send theirs so, and need no copy.
+    if let Some(app) = host.and_then(|h| views.hosts.get(lowercase(h).as_ref())) {
         return Some((app.as_str(), 0));
     }
     let path = target.split('?').next().unwrap_or(target);
     let (app, _) = path.strip_prefix("/apps/")?.split_once('/')?;
     Some((app, "/apps/".len() + app.len()))
+}
+
+fn lowercase(h: &str) -> std::borrow::Cow<'_, str> {
+    if h.bytes().any(|b| b.is_ascii_uppercase()) {
+        h.to_ascii_lowercase().into()
+    } else {
+        h.into()
+    }
 }
 
 /// The path within the app's static directory that `path_and_query` asks for, if the app has

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use http::{header, Request, Response};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::Instrument;
@@ -41,12 +41,14 @@ pub(super) async fn serve<S>(
     let (svc_state, svc_clock, svc_client) = (state.clone(), clock.clone(), client.clone());
     let svc = hyper::service::service_fn(move |req| {
         let (state, clock, client) = (svc_state.clone(), svc_clock.clone(), svc_client.clone());
-        async move {
+        // Boxed: hyper moves a stream's future into a task of its own, and a request's future
+        // is large enough that copying it costs more than the allocation.
+        Box::pin(async move {
             clock.service_start();
             let resp = handle(&state, req, &client).await;
             clock.service_end();
             Ok::<_, std::convert::Infallible>(resp)
-        }
+        })
     });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
@@ -91,18 +93,13 @@ enum Route {
 
 fn route(views: &views::Shared, req: &Request<Incoming>) -> Route {
     let path = req.uri().path();
-    let query = req
-        .uri()
-        .query()
-        .map(|q| format!("?{q}"))
-        .unwrap_or_default();
-    let target = format!("{path}{query}");
+    let target = req.uri().path_and_query().map_or(path, |pq| pq.as_str());
     let host = req
         .headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| req.uri().authority().map(|a| a.as_str()));
-    if let Some((app, skip)) = app_route(&views.read(), host, &target) {
+    if let Some((app, skip)) = app_route(&views.read(), host, target) {
         return Route::App {
             app: app.to_owned(),
             prefix: target[..skip].to_owned(),
@@ -110,6 +107,11 @@ fn route(views: &views::Shared, req: &Request<Incoming>) -> Route {
         };
     }
     if path.starts_with("/apps/") {
+        let query = req
+            .uri()
+            .query()
+            .map(|q| format!("?{q}"))
+            .unwrap_or_default();
         return Route::AddSlash(format!("{path}/{query}"));
     }
     Route::Gateway
@@ -219,16 +221,12 @@ async fn to_app(
     }
     let (mut parts, body) = req.into_parts();
     // Buffered so a request refused by a dying instance can be sent to the next one.
-    let body = Limited::new(body, limit).collect().await.map_err(|e| {
-        if e.downcast_ref::<http_body_util::LengthLimitError>()
-            .is_some()
-        {
-            GatewayError::PayloadTooLarge { limit }
-        } else {
-            GatewayError::BadRequest(format!("reading the request body failed: {e}"))
-        }
-    })?;
-    let body = body.to_bytes();
+    let body = if body.is_end_stream() {
+        // Most requests have none (over HTTP/2, the head ends the stream): nothing to wait for.
+        bytes::Bytes::new()
+    } else {
+        collect_body(body, limit).await?
+    };
     with_host(&mut parts);
     let host = parts
         .headers
@@ -266,6 +264,20 @@ async fn to_app(
         })
         .boxed();
     Ok(Response::from_parts(parts, body))
+}
+
+/// Reads a request body whole, refusing one larger than `limit`.
+async fn collect_body(body: Incoming, limit: usize) -> Result<bytes::Bytes, GatewayError> {
+    let body = Limited::new(body, limit).collect().await.map_err(|e| {
+        if e.downcast_ref::<http_body_util::LengthLimitError>()
+            .is_some()
+        {
+            GatewayError::PayloadTooLarge { limit }
+        } else {
+            GatewayError::BadRequest(format!("reading the request body failed: {e}"))
+        }
+    })?;
+    Ok(body.to_bytes())
 }
 
 /// Gives the request a `Host`: HTTP/2 carries the host in the URI, and an HTTP/1.0 client may

@@ -42,9 +42,14 @@ fn malformed(what: impl std::fmt::Display) -> GatewayError {
 
 /// Parses the response head at the start of `buf`; `head_only` for the answer to a HEAD.
 pub(crate) fn parse(buf: &[u8], head_only: bool) -> Result<Parsed, GatewayError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut r = httparse::Response::new(&mut fields);
-    let n = match r.parse(buf) {
+    // Left uninitialised: filling the array costs more than parsing a short head.
+    let mut fields = [std::mem::MaybeUninit::uninit(); MAX_HEADERS];
+    let mut r = httparse::Response::new(&mut []);
+    let n = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut r,
+        buf,
+        &mut fields,
+    ) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
         Err(e) => return Err(malformed(format_args!("malformed response head: {e}"))),

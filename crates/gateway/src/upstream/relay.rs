@@ -139,10 +139,12 @@ impl Answer {
         self,
         upstream: Arc<Upstream>,
     ) -> Result<Response<response::Body>, GatewayError> {
-        let mut fields = [httparse::EMPTY_HEADER; 128];
-        let mut parsed = httparse::Response::new(&mut fields);
+        let mut fields = [std::mem::MaybeUninit::uninit(); 128];
+        let mut parsed = httparse::Response::new(&mut []);
         // The head is the gateway's own writing of a head httparse already read.
-        let Ok(httparse::Status::Complete(_)) = parsed.parse(&self.head) else {
+        let Ok(httparse::Status::Complete(_)) = httparse::ParserConfig::default()
+            .parse_response_with_uninit_headers(&mut parsed, &self.head, &mut fields)
+        else {
             return Err(GatewayError::Broken("an unreadable response head".into()));
         };
         let mut headers = HeaderMap::with_capacity(parsed.headers.len());
