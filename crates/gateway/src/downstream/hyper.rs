@@ -8,11 +8,12 @@ use std::time::Instant;
 use http::{header, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body as _, Incoming};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::Instrument;
 use warden_core::Owner;
 
+use super::streams::{self, Streams};
 use crate::client::Client;
 use crate::dispatch;
 use crate::error::GatewayError;
@@ -50,7 +51,8 @@ pub(super) async fn serve<S>(
             Ok::<_, std::convert::Infallible>(resp)
         })
     });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let streams = Streams::default();
+    let mut builder = hyper_util::server::conn::auto::Builder::new(streams.clone());
     builder
         .http1()
         .timer(TokioTimer::new())
@@ -63,16 +65,24 @@ pub(super) async fn serve<S>(
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(state.config.max_header_bytes).unwrap_or(u32::MAX));
     let io = TokioIo::new(Timed::new(io, clock.clone()));
-    if let Err(e) = builder.serve_connection(io, svc).await {
+    let conn = builder.serve_connection(io, svc);
+    // The error is read inside the block, so the future `drive` holds has a plain output.
+    let ended = async {
+        let e = conn.await.err()?;
         let timed_out = e
             .downcast_ref::<hyper::Error>()
             .is_some_and(|e| e.is_timeout());
-        // A keep-alive connection that timed out idle gets closed without a word; only a
-        // request that began and did not arrive in time is answered 408.
-        if let (true, true, Some(spare)) = (timed_out, clock.reading(), &spare) {
-            spare.try_write_now(TIMEOUT_408);
-        }
         tracing::debug!(error = %e, "connection ended with an error");
+        Some(timed_out)
+    };
+    // A keep-alive connection that timed out idle gets closed without a word; only a request
+    // that began and did not arrive in time is answered 408.
+    if let (Some(true), true, Some(spare)) = (
+        streams::drive(ended, streams).await,
+        clock.reading(),
+        &spare,
+    ) {
+        spare.try_write_now(TIMEOUT_408);
     }
     clock.closed();
 }

@@ -7,6 +7,7 @@
 
 mod hyper;
 mod lane;
+mod streams;
 
 use std::sync::Arc;
 

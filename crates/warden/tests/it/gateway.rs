@@ -848,3 +848,49 @@ async fn many_users_streams_on_one_http2_connection_keep_their_labels_and_bodies
     }
     assert_eq!(seen, 48);
 }
+
+/// A connection's HTTP/2 streams are served side by side: one waiting on a slow app holds up
+/// none of the others on the same connection, and still gets its own answer in the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_stream_holds_up_no_other_stream_on_its_http2_connection() {
+    use http_body_util::Full;
+    let w = Warden::demo(BIN);
+    let auth = basic("alice", &w.password("alice"));
+    let addr = w.gateway.trim_start_matches("http://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let get = |path: &str| {
+        http::Request::get(format!("{}/apps/demo/{path}", w.gateway))
+            .header("authorization", &auth)
+            .body(Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    // The instance is up before the slow request goes out.
+    assert_eq!(h2_exchange(send.clone(), get("")).await.0, 200);
+    let slow = tokio::spawn(h2_exchange(send.clone(), get("_slow?ms=8000")));
+    for i in 0..5 {
+        // A bound on waiting, not a measure of speed: a stream queued behind the slow one
+        // would wait the slow one's 8 s.
+        let (status, _, body) =
+            tokio::time::timeout(Duration::from_secs(30), h2_exchange(send.clone(), get("")))
+                .await
+                .unwrap_or_else(|_| panic!("stream {i} never got its answer"));
+        assert_eq!(status, 200, "stream {i}");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["user"], "alice", "stream {i}: {v}");
+    }
+    assert!(
+        !slow.is_finished(),
+        "the other streams waited for the slow one"
+    );
+    let (status, _, body) = slow.await.unwrap();
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["path"], "/_slow", "{v}");
+}
