@@ -10,11 +10,13 @@
 //! stream's), so the queue is drained right after each of them, without a wake-up.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 
 type Queued = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -27,6 +29,12 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     fn execute(&self, fut: F) {
+        // A stream that panics ends alone, as its own task did, not with its connection.
+        let fut = AssertUnwindSafe(fut).catch_unwind().map(|r| {
+            if r.is_err() {
+                tracing::error!("an HTTP/2 stream panicked; its connection goes on");
+            }
+        });
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
