@@ -90,7 +90,7 @@ pub struct UpArgs {
     /// Full TLS handshakes that may wait for a slot before the rest are refused [default: 64 per core]
     #[arg(long)]
     tls_handshake_queue: Option<usize>,
-    /// Longest wait of a full TLS handshake before it is refused, counted from the arrival of its ClientHello (time spent in the kernel's backlog counts) [default: 250ms]
+    /// Longest wait of a full TLS handshake before it is refused, counted from the arrival of its ClientHello (time spent in the kernel's backlog counts)
     #[arg(long)]
     tls_queue_wait: Option<Human>,
     /// Time a client gets to finish its TLS handshake
