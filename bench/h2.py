@@ -44,6 +44,17 @@ def wait(what, f, limit=60):
     raise SystemExit(f"timed out waiting for {what}")
 
 
+def stop(procs, timeout=30):
+    """Terminates `procs`, killing those that do not end within `timeout` seconds."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except Exception:
+            p.kill()
+
+
 def pinned(cpu, argv):
     return ["taskset", "-c", str(cpu)] + argv if shutil.which("taskset") else argv
 
@@ -150,13 +161,7 @@ def main():
                 print(f"{path:<24} {server:<7} {rate:>10.0f} req/s  failed {failed}  non-2xx {non2xx}", flush=True)
                 rows.append((run, path, server, rate, failed, non2xx))
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except Exception:
-                p.kill()
+        stop(procs)
     with open(os.path.join(a.out, "h2.csv"), "w") as f:
         f.write("run,path,server,requests_per_sec,failed,non_2xx\n")
         for r in rows:

@@ -27,7 +27,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from h2 import free_port, listening, nginx_conf, wait  # noqa: E402
+from h2 import free_port, listening, nginx_conf, stop, wait  # noqa: E402
 
 
 def count(vg, work, name, url, args, header=None, h1=False):
@@ -143,13 +143,7 @@ def main():
             rows.append((path, "nginx") + count(vg, ndir, name, url, a))
             print(rows[-1], flush=True)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=60)
-            except Exception:
-                p.kill()
+        stop(procs, timeout=60)
     with open(os.path.join(a.out, "h2-instructions.csv"), "w") as f:
         f.write("path,server,requests,instructions_per_request,sha256_per_request\n")
         for r in rows:

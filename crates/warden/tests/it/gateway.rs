@@ -744,6 +744,22 @@ fn an_idle_keep_alive_connection_on_hypers_path_closes_without_a_word() {
     );
 }
 
+/// An HTTP/2 connection (cleartext, prior knowledge) to `w`'s gateway.
+async fn h2_connect(
+    w: &Warden,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>> {
+    let addr = w.gateway.trim_start_matches("http://").to_owned();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
 /// Sends `req` on an HTTP/2 connection and reads the whole answer: status, headers, body.
 async fn h2_exchange(
     mut send: hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
@@ -771,15 +787,7 @@ async fn many_users_streams_on_one_http2_connection_keep_their_labels_and_bodies
         .iter()
         .map(|(u, _)| basic(u, &w.password(u)))
         .collect();
-    let addr = w.gateway.trim_start_matches("http://").to_owned();
-    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let (send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let send = h2_connect(&w).await;
 
     // A stream the client gives up on (RST_STREAM) leaves the connection serving.
     let slow = http::Request::get(format!("{}/apps/demo/_slow?ms=3000", w.gateway))
@@ -856,15 +864,7 @@ async fn a_slow_stream_holds_up_no_other_stream_on_its_http2_connection() {
     use http_body_util::Full;
     let w = Warden::demo(BIN);
     let auth = basic("alice", &w.password("alice"));
-    let addr = w.gateway.trim_start_matches("http://").to_owned();
-    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    let (send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let send = h2_connect(&w).await;
     let get = |path: &str| {
         http::Request::get(format!("{}/apps/demo/{path}", w.gateway))
             .header("authorization", &auth)
