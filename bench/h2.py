@@ -44,6 +44,16 @@ def wait(what, f, limit=60):
     raise SystemExit(f"timed out waiting for {what}")
 
 
+def ec_cert(work):
+    """A self-signed P-256 certificate for localhost and 127.0.0.1 in `work`: (cert, key)."""
+    cert, key = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
 def stop(procs, timeout=30):
     """Terminates `procs`, killing those that do not end within `timeout` seconds."""
     for p in procs:
@@ -113,11 +123,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="warden-h2-")
-    cert, key = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-                    "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True)
+    cert, key = ec_cert(work)
     procs = []
     rows = []
     try:

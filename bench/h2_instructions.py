@@ -27,7 +27,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from h2 import free_port, listening, nginx_conf, stop, wait  # noqa: E402
+from h2 import ec_cert, free_port, listening, nginx_conf, stop, wait  # noqa: E402
 
 
 def count(vg, work, name, url, args, header=None, h1=False):
@@ -86,10 +86,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="warden-h2i-")
-    cert, key = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-                    "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
+    cert, key = ec_cert(work)
     rows, procs = [], []
     try:
         # warden, under callgrind.
