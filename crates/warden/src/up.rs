@@ -36,8 +36,22 @@ fn tls_settings(cfg: &Config) -> anyhow::Result<Option<warden_gateway::TlsSettin
         certs,
         admission: cfg.admission(),
         handshake_timeout: cfg.tls_handshake_timeout.0,
-        tickets: None,
+        tickets: local_ticketer()?,
     }))
+}
+
+/// Session tickets on one node, sealed by the binary's own provider: aws-lc-rs draws each
+/// ticket's nonce from its own generator, where ring's ticketer (the gateway's fallback) asks
+/// the kernel, one `getrandom` call for every connection that gets a ticket. A cluster
+/// replaces this with keys shared through the store.
+fn local_ticketer() -> anyhow::Result<Option<Arc<dyn rustls::server::ProducesTickets>>> {
+    #[cfg(feature = "aws-lc")]
+    return Ok(Some(
+        rustls::crypto::aws_lc_rs::Ticketer::new()
+            .context("cannot make TLS session ticket keys")?,
+    ));
+    #[cfg(not(feature = "aws-lc"))]
+    Ok(None)
 }
 
 /// A self-signed certificate for localhost and 127.0.0.1, made once per data dir.
