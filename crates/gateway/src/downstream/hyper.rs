@@ -42,8 +42,9 @@ pub(super) async fn serve<S>(
     let (svc_state, svc_clock, svc_client) = (state.clone(), clock.clone(), client.clone());
     let svc = hyper::service::service_fn(move |req| {
         let (state, clock, client) = (svc_state.clone(), svc_clock.clone(), svc_client.clone());
-        // Boxed: hyper moves a stream's future into a task of its own, and a request's future
-        // is large enough that copying it costs more than the allocation.
+        // Boxed: hyper moves a stream's future into its own stream future, which goes into a
+        // box of its own (`streams`), and a request's future is large enough that copying it
+        // twice costs more than the allocation.
         Box::pin(async move {
             clock.service_start();
             let resp = handle(&state, req, &client).await;

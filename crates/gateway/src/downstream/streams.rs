@@ -67,8 +67,7 @@ pub(super) fn drive<C: Future>(conn: C, streams: Streams) -> Drive<C> {
     }
 }
 
-/// The future [`drive`] returns: a named type rather than an `async fn`, whose future the
-/// compiler cannot prove `Send` through hyper's higher-ranked bounds.
+/// The future [`drive`] returns.
 pub(super) struct Drive<C: Future> {
     /// Dropped as soon as it is over, as hyper's connection was before: its streams learn
     /// then that it is gone.
