@@ -117,6 +117,56 @@ pub(crate) fn reaped_children() -> Seconds {
     }
 }
 
+/// Busy and total time of each CPU so far, in ticks, from /proc/stat: where a process's own
+/// times miss the kernel's network work done on its core for others (softirq), a core's busy
+/// time counts everything that ran there.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cores(Vec<(u64, u64)>);
+
+impl Cores {
+    pub(crate) fn now() -> Cores {
+        Cores(fs::read_to_string("/proc/stat").map_or_else(|_| Vec::new(), |s| cores_of(&s)))
+    }
+
+    /// Busy seconds and the busy fraction of the CPUs in `cpus` since `earlier`.
+    pub(crate) fn busy_since(&self, earlier: &Cores, cpus: &[usize]) -> (f64, f64) {
+        let (mut busy, mut total) = (0u64, 0u64);
+        for &c in cpus {
+            if let (Some(a), Some(b)) = (earlier.0.get(c), self.0.get(c)) {
+                busy += b.0.saturating_sub(a.0);
+                total += b.1.saturating_sub(a.1);
+            }
+        }
+        (
+            busy as f64 / ticks_per_second(),
+            busy as f64 / total.max(1) as f64,
+        )
+    }
+}
+
+/// Per CPU (`cpuN` lines, in order): busy = user, nice, system, irq and softirq; total adds
+/// idle and iowait. Steal (time the hypervisor gave elsewhere) is in neither.
+fn cores_of(stat: &str) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for line in stat.lines() {
+        let Some(rest) = line.strip_prefix("cpu") else {
+            continue;
+        };
+        if !rest.starts_with(|c: char| c.is_ascii_digit()) {
+            continue;
+        }
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        let at = |i: usize| f.get(i).copied().unwrap_or(0);
+        let busy = at(0) + at(1) + at(2) + at(5) + at(6);
+        out.push((busy, busy + at(3) + at(4)));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,6 +176,20 @@ mod tests {
         let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 1234 567 0 0 20 0 3 0";
         assert_eq!(stat_ticks(stat), Some((1234, 567)));
         assert_eq!(stat_ticks("42 (x) S 1"), None);
+    }
+
+    #[test]
+    fn reads_busy_and_total_time_per_core() {
+        let stat = "cpu  10 0 5 100 2 0 1 7 0 0\ncpu0 4 1 2 50 1 3 1 5 0 0\ncpu1 6 0 3 50 1 0 0 2 0 0\nintr 1 2\n";
+        assert_eq!(cores_of(stat), vec![(11, 62), (9, 60)]);
+        let (a, b) = (
+            Cores(vec![(0, 0), (10, 20)]),
+            Cores(vec![(50, 100), (15, 40)]),
+        );
+        let (secs, fraction) = b.busy_since(&a, &[1]);
+        assert!((fraction - 0.25).abs() < 1e-9);
+        assert!((secs - 5.0 / ticks_per_second()).abs() < 1e-9);
+        assert_eq!(b.busy_since(&a, &[0, 1]).1, 55.0 / 120.0);
     }
 
     #[test]

@@ -66,6 +66,13 @@ enum Cmd {
         #[arg(long)]
         refusals: Option<PathBuf>,
     },
+    /// The floor of a TLS refusal: refuses every connection with an alert after one read, the
+    /// least a TLS server can do; started by `tls --servers refuse-all`.
+    TlsRefuser {
+        /// Port to listen on at 127.0.0.1
+        #[arg(long)]
+        listen: u16,
+    },
 }
 
 pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -86,5 +93,6 @@ fn main() -> anyhow::Result<()> {
             upstream,
             refusals,
         } => relay::run(listen, upstream, refusals.as_deref()),
+        Cmd::TlsRefuser { listen } => tls::refuser::run(listen),
     }
 }

@@ -17,7 +17,34 @@ use rustls::{ClientConfig, HandshakeKind, SupportedProtocolVersion};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use super::servers::Cpus;
 use super::CLIENT_TIMEOUT;
+use crate::cpu::Cores;
+
+/// How busy each side's cores were over a measured window.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Busy {
+    /// Busy core-seconds of the servers' cores (the server, its upstream, and the kernel's
+    /// work on their sockets).
+    pub(super) server_secs: f64,
+    /// Busy fraction of the servers' cores and of the generator's.
+    pub(super) server: f64,
+    pub(super) generator: f64,
+}
+
+impl Busy {
+    fn between(a: &Cores, b: &Cores, cpus: Option<&Cpus>) -> Busy {
+        let Some(c) = cpus else {
+            return Busy::default();
+        };
+        let (server_secs, server) = b.busy_since(a, &c.servers);
+        Busy {
+            server_secs,
+            server,
+            generator: b.busy_since(a, &c.generator).1,
+        }
+    }
+}
 
 /// httperf), so its CPU goes to the handshake itself and the server, not the client, saturates.
 #[derive(Debug)]
@@ -129,6 +156,10 @@ pub(super) async fn get(sender: &mut Sender, t: &Target) -> anyhow::Result<u16> 
 /// One handshake-cost figure.
 pub(super) struct Rate {
     pub(super) per_sec: f64,
+    pub(super) busy: Busy,
+    /// Busy time of the servers' cores per connection, in microseconds: the server's cost,
+    /// whichever side ran out of CPU first.
+    pub(super) server_us: f64,
     pub(super) resumed_fraction: f64,
     pub(super) errors: u64,
 }
@@ -140,6 +171,7 @@ pub(super) async fn handshake_rate(
     config: impl Fn() -> anyhow::Result<Arc<ClientConfig>>,
     concurrency: usize,
     seconds: u64,
+    cpus: Option<&Cpus>,
 ) -> anyhow::Result<Rate> {
     let (mut s, _) = connect(t, &config()?).await.context("first connection")?;
     let status = get(&mut s, t).await?;
@@ -152,6 +184,7 @@ pub(super) async fn handshake_rate(
     let errors = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let start = Instant::now();
+    let cores = Cores::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
         let (t, cfg) = (t.clone(), config()?);
@@ -182,9 +215,12 @@ pub(super) async fn handshake_rate(
         task.await?;
     }
     let secs = start.elapsed().as_secs_f64();
+    let busy = Busy::between(&cores, &Cores::now(), cpus);
     let n = done.load(Relaxed);
     Ok(Rate {
         per_sec: n as f64 / secs,
+        busy,
+        server_us: busy.server_secs * 1e6 / n.max(1) as f64,
         resumed_fraction: resumed.load(Relaxed) as f64 / n.max(1) as f64,
         errors: errors.load(Relaxed),
     })
@@ -300,6 +336,7 @@ pub(super) async fn emulated_client(
 
 pub(super) struct Overload {
     pub(super) replies_per_sec: f64,
+    pub(super) busy: Busy,
     pub(super) timeouts: u64,
     pub(super) handshake_timeouts: [u64; 2],
     pub(super) refused: u64,
@@ -316,6 +353,7 @@ pub(super) async fn overload(
     clients: usize,
     warmup: Duration,
     measure: Duration,
+    cpus: Option<&Cpus>,
 ) -> anyhow::Result<Overload> {
     let c = Arc::new(Counters::default());
     let measure_from = Instant::now() + warmup;
@@ -332,11 +370,21 @@ pub(super) async fn overload(
             ))
         })
         .collect();
+    // The cores are read when measuring starts and when it ends, not when the last client
+    // has wound down.
+    let window = tokio::spawn(async move {
+        tokio::time::sleep_until(measure_from.into()).await;
+        let a = Cores::now();
+        tokio::time::sleep_until(end.into()).await;
+        (a, Cores::now())
+    });
     for task in tasks {
         task.await?;
     }
+    let (a, b) = window.await?;
     Ok(Overload {
         replies_per_sec: c.replies.load(Relaxed) as f64 / measure.as_secs_f64(),
+        busy: Busy::between(&a, &b, cpus),
         timeouts: c.timeouts.load(Relaxed),
         handshake_timeouts: [
             c.handshake_timeouts[0].load(Relaxed),
@@ -364,7 +412,7 @@ pub(super) async fn calibrate(
         requests: s.requests,
     });
     let measure = Duration::from_secs(5);
-    let o = overload(t, base, eager, 64, Duration::from_secs(2), measure).await?;
+    let o = overload(t, base, eager, 64, Duration::from_secs(2), measure, None).await?;
     let sessions_per_sec = o.replies_per_sec / f64::from(s.connections * s.requests);
     let session_secs = s.think.as_secs_f64() * f64::from(s.connections * s.requests);
     let n = (sessions_per_sec * session_secs).round().max(1.0) as usize;

@@ -28,6 +28,7 @@ use warden_test_support::http::basic;
 use crate::gateway::{prepare, tool_version, upstream};
 
 mod client;
+pub(crate) mod refuser;
 mod servers;
 
 use client::*;
@@ -81,9 +82,10 @@ pub(crate) struct Args {
     /// generator's own CPU ran out first)
     #[arg(long, default_value = "rsa4096", value_parser = ["rsa", "ecdsa", "rsa4096"])]
     overload_cert: String,
-    /// Servers to measure, of warden, warden-no-admission and nginx
+    /// Servers to measure, of warden, warden-no-admission and nginx; and refuse-all, the floor
+    /// of refusing (overload runs only: every handshake refused with the least work possible)
     #[arg(long, value_delimiter = ',', default_value = "warden,warden-no-admission,nginx",
-          value_parser = ["warden", "warden-no-admission", "nginx"])]
+          value_parser = ["warden", "warden-no-admission", "nginx", "refuse-all"])]
     servers: Vec<String>,
     /// Extra flags for `warden up` (for example admission limits), repeatable
     #[arg(long = "warden-arg", allow_hyphen_values = true)]
@@ -170,8 +172,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         servers.push((format!("warden-{name}"), wrapper));
     }
     let mut rates =
-        String::from("server,cert,tls,handshake,connections_per_sec,resumed_fraction,errors\n");
-    let mut over = String::from("server,cert,clients,load,replies_per_sec,timeouts,refused,errors,full_handshakes,resumed_handshakes,sessions\n");
+        String::from("server,cert,tls,handshake,connections_per_sec,resumed_fraction,errors,server_core_us_per_connection,server_core_busy,generator_core_busy\n");
+    let mut over = String::from("server,cert,clients,load,replies_per_sec,timeouts,refused,errors,full_handshakes,resumed_handshakes,sessions,server_core_busy,generator_core_busy,server_core_us_per_refusal\n");
+    let cpus = pinning.as_ref().map(|p| &p.cpus);
     let rates_path = args.out.join("tls-handshakes.csv");
     let over_path = args.out.join("tls-overload.csv");
     let session = Arc::new(Session {
@@ -184,9 +187,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     for (server, bin) in &servers {
         let server = server.as_str();
         // Binaries besides the three are measured for handshake cost only.
-        let alternative = !matches!(server, "warden" | "warden-no-admission" | "nginx");
+        let alternative = !matches!(
+            server,
+            "warden" | "warden-no-admission" | "nginx" | "refuse-all"
+        );
         let (w, peer);
-        let (port, authorization) = if server == "nginx" {
+        let (port, authorization) = if server == "refuse-all" {
+            let (p, port) = refuse_all(&runner)?;
+            peer = Some(p);
+            w = None;
+            (port, basic("alice", "refused-anyway"))
+        } else if server == "nginx" {
             let pw = "bench-password-for-nginx";
             let (p, port) = nginx(&work, &runner, &certs, up_port, pw, server_cpus)?;
             peer = Some(p);
@@ -205,7 +216,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         // Handshake cost is measured without admission control, as nginx has none: 32 clients
         // making RSA-4096 handshakes back to back keep the runtime behind, and admission
         // would refuse some of them (the overload runs show what admission does).
-        if server != "warden" && !args.no_handshakes {
+        if !matches!(server, "warden" | "refuse-all") && !args.no_handshakes {
             for cert in CERT_KINDS {
                 for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
                     for resume in [false, true] {
@@ -220,22 +231,29 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                             || client_config(version, resume),
                             args.handshake_concurrency,
                             args.handshake_seconds,
+                            cpus,
                         ))?;
                         let kind = if resume { "resumed" } else { "full" };
                         eprintln!(
-                            "handshake {server:<8} {cert:<5} TLS {} {kind:<7} {:>8.0} conn/s  resumed {:>5.1}%  errors {}",
+                            "handshake {server:<8} {cert:<5} TLS {} {kind:<7} {:>8.0} conn/s  resumed {:>5.1}%  errors {}  server core {:>6.1} us/conn, {:>3.0}% busy; generator core {:>3.0}% busy",
                             version_name(version),
                             r.per_sec,
                             r.resumed_fraction * 100.0,
-                            r.errors
+                            r.errors,
+                            r.server_us,
+                            r.busy.server * 100.0,
+                            r.busy.generator * 100.0
                         );
                         let _ = writeln!(
                             rates,
-                            "{server},{cert},{},{kind},{:.1},{:.3},{}",
+                            "{server},{cert},{},{kind},{:.1},{:.3},{},{:.1},{:.3},{:.3}",
                             version_name(version),
                             r.per_sec,
                             r.resumed_fraction,
-                            r.errors
+                            r.errors,
+                            r.server_us,
+                            r.busy.server,
+                            r.busy.generator
                         );
                         std::fs::write(&rates_path, &rates)?;
                     }
@@ -255,6 +273,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         let base = client_config(&rustls::version::TLS13, true)?;
         let sat = match saturation {
             Some(n) => n,
+            None if server == "refuse-all" => anyhow::bail!(
+                "refuse-all serves no session to calibrate with: list it after warden, or pass \
+                 --saturation-clients"
+            ),
             None => {
                 let n = rt.block_on(calibrate(&t, base.clone(), &session))?;
                 saturation = Some(n);
@@ -271,14 +293,19 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 clients,
                 Duration::from_secs(args.warmup_seconds),
                 Duration::from_secs(args.overload_seconds.max(1)),
+                cpus,
             ))?;
+            // The servers' busy core time over the refusals: their whole cost for refuse-all,
+            // an upper bound for a server that also served sessions.
+            let per_refusal = o.busy.server_secs * 1e6 / o.refused.max(1) as f64;
             eprintln!(
-                "overload  {server:<19} {load:>4}x {clients:>6} clients {:>8.0} replies/s  timeouts {:>6} (in handshakes: new {}, resumed {})  refused {:>6}  errors {:>5}  full {:>6}  resumed {:>6}",
-                o.replies_per_sec, o.timeouts, o.handshake_timeouts[0], o.handshake_timeouts[1], o.refused, o.errors, o.full, o.resumed
+                "overload  {server:<19} {load:>4}x {clients:>6} clients {:>8.0} replies/s  timeouts {:>6} (in handshakes: new {}, resumed {})  refused {:>6}  errors {:>5}  full {:>6}  resumed {:>6}  cores busy: server {:>3.0}%, generator {:>3.0}%; server core per refusal {:.1} us (if refusals were all it did)",
+                o.replies_per_sec, o.timeouts, o.handshake_timeouts[0], o.handshake_timeouts[1], o.refused, o.errors, o.full, o.resumed,
+                o.busy.server * 100.0, o.busy.generator * 100.0, per_refusal
             );
             let _ = writeln!(
                 over,
-                "{server},{},{clients},{load},{:.1},{},{},{},{},{},{}",
+                "{server},{},{clients},{load},{:.1},{},{},{},{},{},{},{:.3},{:.3},{:.1}",
                 args.overload_cert,
                 o.replies_per_sec,
                 o.timeouts,
@@ -286,7 +313,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 o.errors,
                 o.full,
                 o.resumed,
-                o.sessions
+                o.sessions,
+                o.busy.server,
+                o.busy.generator,
+                per_refusal
             );
             std::fs::write(&over_path, &over)?;
         }

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context};
 use warden_test_support::{Launch, Warden};
 
-use crate::gateway::{free_port, start_nginx, Peer};
+use crate::gateway::{free_port, start_nginx, wait_listening, Peer};
 
 pub(super) struct Certs {
     pub(super) dir: PathBuf,
@@ -126,12 +126,40 @@ http {{
     start_nginx(cmd, &path, port)
 }
 
+/// The floor of refusing ([`super::refuser`]): this binary's `tls-refuser`, on the servers' CPUs.
+pub(super) fn refuse_all(runner: &Path) -> anyhow::Result<(Peer, u16)> {
+    let port = free_port()?;
+    let child = Command::new(runner)
+        .arg(std::env::current_exe().context("finding warden-bench itself")?)
+        .args(["tls-refuser", "--listen", &port.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting the refusal floor")?;
+    wait_listening(port, "the refusal floor");
+    Ok((
+        Peer {
+            name: "refuse-all",
+            child,
+        },
+        port,
+    ))
+}
+
 /// CPUs for the servers and for the load generator: on a machine of n CPUs the servers get
 /// the first n-1 and this process the last, so the client's own TLS work never competes with
 /// the server it measures. `None` on a single CPU.
 pub(super) struct Pinning {
     pub(super) servers: String,
     pub(super) count: usize,
+    /// Which cores the servers and the generator run on, to read how busy each side was.
+    pub(super) cpus: Cpus,
+}
+
+/// The servers' cores and the generator's.
+#[derive(Clone, Debug)]
+pub(super) struct Cpus {
+    pub(super) servers: Vec<usize>,
+    pub(super) generator: Vec<usize>,
 }
 
 pub(super) fn pin() -> anyhow::Result<Option<Pinning>> {
@@ -151,6 +179,10 @@ pub(super) fn pin() -> anyhow::Result<Option<Pinning>> {
             format!("0-{}", n - 2)
         },
         count: n - 1,
+        cpus: Cpus {
+            servers: (0..n - 1).collect(),
+            generator: vec![n - 1],
+        },
     }))
 }
 
