@@ -108,6 +108,12 @@ impl Gateway {
                 if let Err(e) = tls::arrival::stamp_arrivals(&l) {
                     tracing::warn!(error = %e, "cannot ask the kernel to stamp arrivals on the TLS listener; handshakes that waited in the backlog will not be recognised as stale");
                 }
+                if let Some(tune) = t.tune_listener {
+                    use std::os::fd::AsFd;
+                    if let Err(e) = tune(l.as_fd()) {
+                        tracing::warn!(error = %e, "cannot tune the TLS listener; connections are accepted before their first bytes, and refusing them costs more");
+                    }
+                }
                 Some(l)
             }
             None => None,

@@ -13,6 +13,7 @@ mod cluster;
 mod config;
 mod demo;
 mod files;
+mod listen;
 mod no_agent;
 mod store_cmd;
 mod up;

@@ -37,6 +37,7 @@ fn tls_settings(cfg: &Config) -> anyhow::Result<Option<warden_gateway::TlsSettin
         admission: cfg.admission(),
         handshake_timeout: cfg.tls_handshake_timeout.0,
         tickets: local_ticketer()?,
+        tune_listener: Some(crate::listen::defer_accept),
     }))
 }
 

@@ -8,7 +8,10 @@
 //! it waited behind signatures, the backlog filled, every hello in it went stale, and the kernel
 //! dropped new SYNs, which clients resend only after a second. So the loop drains the whole
 //! backlog each time it runs, refusing stale full handshakes right there: no task, no slot, no
-//! timer. (A thread of its own, tried, had fewer timeouts at 5x overload but cost every
+//! timer. That needs the hello to be there when the connection is accepted: the binary sets
+//! `TCP_DEFER_ACCEPT` on the listener ([`crate::TlsSettings::tune_listener`]), without which
+//! nearly every connection was accepted a few microseconds before its hello and a refusal
+//! went through a task after all, at twice the cost. (A thread of its own, tried, had fewer timeouts at 5x overload but cost every
 //! connection a wake-up of another thread, and resumptions, where little cryptography is left,
 //! fell to 0.5-0.9x nginx's rate: docs/BENCHMARKS.md.)
 
@@ -106,7 +109,8 @@ fn early_tls(state: &State, stream: &TcpStream) -> Option<Early> {
         buf: BytesMut::with_capacity(2048),
         arrived: None,
     };
-    // Nothing yet, an error or the end of the stream: the connection's task sorts it out.
+    // Nothing yet (no deferred accept, or a client silent for its whole deferral), an error
+    // or the end of the stream: the connection's task sorts it out.
     let Ok((_, arrived)) = tls::arrival::read_stamped_now(stream, &mut early.buf) else {
         return Some(early);
     };

@@ -42,6 +42,10 @@ pub struct TlsSettings {
     pub handshake_timeout: Duration,
     /// Session-ticket keys shared with other gateways (absent: this gateway's own, rotating).
     pub tickets: Option<Arc<dyn rustls::server::ProducesTickets>>,
+    /// Applied to the TLS listening socket before its first accept: an option this crate
+    /// cannot set without unsafe code. The binary passes `TCP_DEFER_ACCEPT`, so that a
+    /// connection is accepted with its ClientHello and admission decides in the accept loop.
+    pub tune_listener: Option<fn(std::os::fd::BorrowedFd<'_>) -> std::io::Result<()>>,
 }
 
 /// Why TLS could not be set up. Raised at start, never at the first handshake.

@@ -457,6 +457,29 @@ fn bad_certificate_files_fail_at_start_naming_the_file() {
     assert!(err.contains("--tls-cert"), "{err}");
 }
 
+/// A client that connects to the TLS port and says nothing takes no connection slot: the
+/// kernel holds the connection until its first bytes arrive (deferred accept), so silent
+/// connections cannot shut real clients out, and admission decides on each connection with
+/// its ClientHello in hand, in the accept loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_on_the_tls_port_take_no_connection_slot() {
+    let w = Launch::new(bin()).arg("--max-connections").arg("2").start();
+    let addr = tls_addr(&w);
+    let auth = basic("alice", &w.password("alice"));
+    let cert = demo_cert(&w);
+    // Connected from the client's side, ahead of the real client in the backlog; the kernel
+    // hands them over only after several seconds of silence.
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    let s = connect(&client(&[&cert], &any_version(), &[]), &addr, "localhost")
+        .await
+        .expect("a silent connection took the slot of a real client");
+    assert_eq!(get(s, "GET", "/apps/demo/", &auth).await.0, 200);
+    drop(silent);
+}
+
 /// A connection that sent a fresh ClientHello and got the server's first flight, then stalls:
 /// it holds a full-handshake slot until the server's handshake timeout.
 async fn stalled_full_handshake(addr: &str, cfg: &Arc<ClientConfig>) -> TcpStream {
