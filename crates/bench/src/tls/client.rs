@@ -247,6 +247,9 @@ pub(super) struct Session {
     pub(super) requests: u32,
 }
 
+/// The period of the timer that measures how late the generator runs.
+const LAG_TICK: Duration = Duration::from_millis(10);
+
 /// One emulated client until `end`; counts only what happens after `measure_from`.
 pub(super) async fn emulated_client(
     t: Target,
@@ -337,6 +340,8 @@ pub(super) async fn emulated_client(
 pub(super) struct Overload {
     pub(super) replies_per_sec: f64,
     pub(super) busy: Busy,
+    /// How late a 10 ms timer of the generator fired: 99th percentile and most, in ms.
+    pub(super) generator_late_ms: [f64; 2],
     pub(super) timeouts: u64,
     pub(super) handshake_timeouts: [u64; 2],
     pub(super) refused: u64,
@@ -375,16 +380,31 @@ pub(super) async fn overload(
     let window = tokio::spawn(async move {
         tokio::time::sleep_until(measure_from.into()).await;
         let a = Cores::now();
+        // How late the generator's own timers fire: a client's timeout is a timer too, so
+        // while the generator's core is out of time its clients time out on their own.
+        let mut late = Vec::new();
+        while Instant::now() + LAG_TICK < end {
+            let due = Instant::now() + LAG_TICK;
+            tokio::time::sleep_until(due.into()).await;
+            late.push(due.elapsed().as_secs_f64() * 1e3);
+        }
         tokio::time::sleep_until(end.into()).await;
-        (a, Cores::now())
+        late.sort_by(f64::total_cmp);
+        (a, Cores::now(), late)
     });
     for task in tasks {
         task.await?;
     }
-    let (a, b) = window.await?;
+    let (a, b, late) = window.await?;
+    let generator_late_ms = if late.is_empty() {
+        [0.0; 2]
+    } else {
+        [crate::percentile(&late, 0.99), late[late.len() - 1]]
+    };
     Ok(Overload {
         replies_per_sec: c.replies.load(Relaxed) as f64 / measure.as_secs_f64(),
         busy: Busy::between(&a, &b, cpus),
+        generator_late_ms,
         timeouts: c.timeouts.load(Relaxed),
         handshake_timeouts: [
             c.handshake_timeouts[0].load(Relaxed),

@@ -173,7 +173,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     let mut rates =
         String::from("server,cert,tls,handshake,connections_per_sec,resumed_fraction,errors,server_core_us_per_connection,server_core_busy,generator_core_busy\n");
-    let mut over = String::from("server,cert,clients,load,replies_per_sec,timeouts,refused,errors,full_handshakes,resumed_handshakes,sessions,server_core_busy,generator_core_busy,server_core_us_per_refusal\n");
+    let mut over = String::from("server,cert,clients,load,replies_per_sec,timeouts,refused,errors,full_handshakes,resumed_handshakes,sessions,server_core_busy,generator_core_busy,server_core_us_per_refusal,generator_late_ms_p99,generator_late_ms_max\n");
     let cpus = pinning.as_ref().map(|p| &p.cpus);
     let rates_path = args.out.join("tls-handshakes.csv");
     let over_path = args.out.join("tls-overload.csv");
@@ -299,13 +299,14 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             // an upper bound for a server that also served sessions.
             let per_refusal = o.busy.server_secs * 1e6 / o.refused.max(1) as f64;
             eprintln!(
-                "overload  {server:<19} {load:>4}x {clients:>6} clients {:>8.0} replies/s  timeouts {:>6} (in handshakes: new {}, resumed {})  refused {:>6}  errors {:>5}  full {:>6}  resumed {:>6}  cores busy: server {:>3.0}%, generator {:>3.0}%; server core per refusal {:.1} us (if refusals were all it did)",
+                "overload  {server:<19} {load:>4}x {clients:>6} clients {:>8.0} replies/s  timeouts {:>6} (in handshakes: new {}, resumed {})  refused {:>6}  errors {:>5}  full {:>6}  resumed {:>6}  cores busy: server {:>3.0}%, generator {:>3.0}%; server core per refusal {:.1} us (if refusals were all it did); generator's timers late by {:.0} ms (p99), {:.0} ms (most)",
                 o.replies_per_sec, o.timeouts, o.handshake_timeouts[0], o.handshake_timeouts[1], o.refused, o.errors, o.full, o.resumed,
-                o.busy.server * 100.0, o.busy.generator * 100.0, per_refusal
+                o.busy.server * 100.0, o.busy.generator * 100.0, per_refusal,
+                o.generator_late_ms[0], o.generator_late_ms[1]
             );
             let _ = writeln!(
                 over,
-                "{server},{},{clients},{load},{:.1},{},{},{},{},{},{},{:.3},{:.3},{:.1}",
+                "{server},{},{clients},{load},{:.1},{},{},{},{},{},{},{:.3},{:.3},{:.1},{:.1},{:.1}",
                 args.overload_cert,
                 o.replies_per_sec,
                 o.timeouts,
@@ -316,7 +317,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                 o.sessions,
                 o.busy.server,
                 o.busy.generator,
-                per_refusal
+                per_refusal,
+                o.generator_late_ms[0],
+                o.generator_late_ms[1]
             );
             std::fs::write(&over_path, &over)?;
         }
