@@ -12,6 +12,12 @@
 //!    both divided by ten, so saturation comes within the descriptor limit while their ratio,
 //!    which decides when timeouts set off the collapse, stays the seed's.
 //!
+//! 3. The floor of refusing: the same overload against `refuse-all` ([`refuser`]), which refuses
+//!    every handshake with the least work a server can do; its busy core time per refusal is
+//!    what any server pays, and with the refusal rate of a run it bounds how much of its peak
+//!    a server can keep. Each run also reports how busy the server's and the generator's
+//!    cores were and how late the generator's own timers fired.
+//!
 //! httperf (the seed's generator) multiplexes with select() and so cannot hold more than 1024
 //! connections, nor run more than one core; this generator is a tokio program that can.
 
@@ -84,7 +90,7 @@ pub(crate) struct Args {
     overload_cert: String,
     /// Servers to measure, of warden, warden-no-admission and nginx; and refuse-all, the floor
     /// of refusing (overload runs only: every handshake refused with the least work possible)
-    #[arg(long, value_delimiter = ',', default_value = "warden,warden-no-admission,nginx",
+    #[arg(long, value_delimiter = ',', default_value = "warden,warden-no-admission,nginx,refuse-all",
           value_parser = ["warden", "warden-no-admission", "nginx", "refuse-all"])]
     servers: Vec<String>,
     /// Extra flags for `warden up` (for example admission limits), repeatable
