@@ -44,6 +44,9 @@ series = defaultdict(list)
 if os.path.exists(ov):
     with open(ov, newline="") as f:
         for r in csv.DictReader(f):
+            # The refusal floor serves no session: its figures are in the CSV, not the plots.
+            if r["server"] == "refuse-all":
+                continue
             full, resumed = int(r["full_handshakes"]), int(r["resumed_handshakes"])
             series[r["server"]].append(
                 (
