@@ -11,9 +11,10 @@
 //! timer. That needs the hello to be there when the connection is accepted: the binary sets
 //! `TCP_DEFER_ACCEPT` on the listener ([`crate::TlsSettings::tune_listener`]), without which
 //! nearly every connection was accepted a few microseconds before its hello and a refusal
-//! went through a task after all, at twice the cost. (A thread of its own, tried, had fewer timeouts at 5x overload but cost every
-//! connection a wake-up of another thread, and resumptions, where little cryptography is left,
-//! fell to 0.5-0.9x nginx's rate: docs/BENCHMARKS.md.)
+//! went through a task after all, at twice the cost. (A thread of its own, tried, had fewer
+//! timeouts at 5x overload but cost every connection a wake-up of another thread, and
+//! resumptions, where little cryptography is left, fell to 0.5-0.9x nginx's rate:
+//! docs/BENCHMARKS.md.)
 
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
