@@ -5,11 +5,8 @@
 # in one run. Needs network access to PyPI. Writes bench/out/deploy.csv and deploy.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y python3-venv
-fi
+. bench/lib.sh
+/usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || install_packages python3-venv
 cargo build --release --locked -p warden
 mkdir -p bench/out
 python3 bench/deploy.py --warden target/release/warden --out bench/out "$@"

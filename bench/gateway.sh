@@ -6,11 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null || ! command -v haproxy >/dev/null; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y wrk nginx-light haproxy
-fi
+. bench/lib.sh
+need_packages wrk:wrk nginx:nginx-light haproxy:haproxy
 python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib
 
 cargo build --release --locked -p warden -p warden-bench

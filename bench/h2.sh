@@ -5,15 +5,8 @@
 # --connections, --streams, --warden-arg).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-need=()
-command -v nginx >/dev/null || need+=(nginx-light)
-command -v h2load >/dev/null || need+=(nghttp2-client)
-command -v openssl >/dev/null || need+=(openssl)
-if [ ${#need[@]} -gt 0 ]; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y "${need[@]}"
-fi
+. bench/lib.sh
+need_packages nginx:nginx-light h2load:nghttp2-client openssl:openssl
 cargo build --release --locked -p warden
 mkdir -p bench/out
 ulimit -n "$(ulimit -Hn)" || true

@@ -6,15 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need=()
-command -v nginx >/dev/null || need+=(nginx-light)
-command -v etcd >/dev/null || need+=(etcd-server)
-command -v wrk >/dev/null || need+=(wrk)
-if [ ${#need[@]} -gt 0 ]; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y "${need[@]}"
-fi
+. bench/lib.sh
+need_packages nginx:nginx-light etcd:etcd-server wrk:wrk
 python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib
 
 cargo build --release --locked -p warden

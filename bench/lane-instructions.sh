@@ -11,11 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v valgrind >/dev/null || ! command -v wrk >/dev/null; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y valgrind wrk
-fi
+. bench/lib.sh
+need_packages valgrind:valgrind wrk:wrk
 cargo build --release --locked -p warden
 mkdir -p bench/out
 work=$(mktemp -d)

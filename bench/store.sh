@@ -6,16 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need=()
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v nginx >/dev/null || need+=(nginx-light)
-command -v etcd >/dev/null || need+=(etcd-server)
-[ -x /usr/lib/postgresql/15/bin/postgres ] || command -v postgres >/dev/null || need+=(postgresql)
-if [ ${#need[@]} -gt 0 ]; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y "${need[@]}"
-fi
+. bench/lib.sh
+need_packages redis-server:redis-server nginx:nginx-light etcd:etcd-server
+# Debian keeps postgres off PATH.
+[ -x /usr/lib/postgresql/15/bin/postgres ] || need_packages postgres:postgresql
 # Debian keeps PostgreSQL's programs out of PATH.
 for d in /usr/lib/postgresql/*/bin; do PATH="$PATH:$d"; done
 export PATH

@@ -5,11 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v nginx >/dev/null || ! command -v openssl >/dev/null; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y nginx-light openssl
-fi
+. bench/lib.sh
+need_packages nginx:nginx-light openssl:openssl
 python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install --quiet matplotlib
 
 cargo build --release --locked -p warden -p warden-bench
@@ -28,8 +25,7 @@ ulimit -n "$(ulimit -Hn)" || true
 # At 4096 (the default) a flood of new clients overflows it, and a dropped SYN is retried only
 # after a second, past the client timeout: a timeout where a refusal was due.
 if [ "$(sysctl -n net.core.somaxconn)" -lt 65535 ]; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO sysctl -q -w net.core.somaxconn=65535 ||
+  as_root sysctl -q -w net.core.somaxconn=65535 ||
     echo "warning: could not raise net.core.somaxconn; overload runs will show SYN drops as timeouts" >&2
 fi
 target/release/warden-bench tls --warden target/release/warden --out bench/out "${ALSO[@]}" "$@"
