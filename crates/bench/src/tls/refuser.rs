@@ -31,6 +31,8 @@ pub(crate) fn run(listen: u16) -> anyhow::Result<()> {
     let mut hello = [0u8; 4096];
     loop {
         let Ok((s, _)) = listener.accept() else {
+            // Out of descriptors, say: back off rather than spin on the servers' core.
+            std::thread::sleep(std::time::Duration::from_millis(1));
             continue;
         };
         // The hello is usually there by the time the connection is accepted; if not, the
