@@ -75,9 +75,10 @@ enum Action {
     /// `x-echo-cookie`, the names of its headers in `x-echo-headers`, and each header's values
     /// in `x-echo-h-<name>`.
     Echo,
-    /// `/_set-cookie?c=COOKIE`: answer as usual with `Set-Cookie: COOKIE` and
-    /// `Set-Cookie: theme=dark`, as an app planting a cookie would.
-    SetCookie(String),
+    /// `/_set-cookie?c=COOKIE[&h=NAME&v=VALUE]`: answer as usual with `Set-Cookie: COOKIE`,
+    /// `Set-Cookie: theme=dark` and, given `h`, the header `NAME: VALUE`, as an app planting a
+    /// cookie (or clearing them) would.
+    SetCookie(String, Option<(String, String)>),
     /// `/_bytes?n=N[&chunked=1]`: N bytes of `x`, with a length or chunked in 16 KiB frames.
     Bytes {
         n: usize,
@@ -118,7 +119,10 @@ fn action(id: &Identity, health: &AtomicU64, req: &Request<Incoming>) -> Action 
         "/_hang" => Action::Hang,
         "/_hanging" => Action::Hanging,
         "/_echo" => Action::Echo,
-        "/_set-cookie" => Action::SetCookie(query_param(req, "c").unwrap_or_default()),
+        "/_set-cookie" => Action::SetCookie(
+            query_param(req, "c").unwrap_or_default(),
+            query_param(req, "h").map(|h| (h, query_param(req, "v").unwrap_or_default())),
+        ),
         "/_bytes" => Action::Bytes {
             // Capped, so no request can make the instance allocate without bound.
             n: query_param(req, "n")
@@ -284,11 +288,19 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                         let _ = closed_tx.send(true);
                         Ok(respond(&id, &req, peer))
                     }
-                    Action::SetCookie(cookie) => {
+                    Action::SetCookie(cookie, extra) => {
                         let mut resp = respond(&id, &req, peer);
                         for c in [cookie.as_str(), "theme=dark"] {
                             if let Ok(v) = http::HeaderValue::from_str(c) {
                                 resp.headers_mut().append(http::header::SET_COOKIE, v);
+                            }
+                        }
+                        if let Some((name, value)) = extra {
+                            if let (Ok(n), Ok(v)) = (
+                                http::HeaderName::from_bytes(name.as_bytes()),
+                                http::HeaderValue::from_str(&value),
+                            ) {
+                                resp.headers_mut().append(n, v);
                             }
                         }
                         Ok(resp)

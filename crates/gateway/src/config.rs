@@ -30,4 +30,6 @@ pub struct GatewayConfig {
     pub tls: Option<TlsSettings>,
     /// The node's identity key: signs the identity sent to each instance under its secret.
     pub identity: warden_core::identity::IdentityKey,
+    /// What static files are never served from: warden's data directory.
+    pub private: crate::PrivateData,
 }

@@ -4,8 +4,10 @@
 //! Towards the app ([`write_request`]): hop-by-hop headers (RFC 9110 §7.6.1) and those a
 //! `Connection` header names are dropped, and so are the credentials meant for the gateway
 //! (`Authorization`, the session cookie; the app's own cookies pass) and every identity and
-//! forwarding header, which the gateway owns: `X-Warden-*`, `X-Forwarded-*`, `Forwarded` and
-//! `X-Real-IP`, in any case and with `_` for `-`. The gateway then sets its own: who the user
+//! forwarding header, which the gateway owns: `X-Warden-*`, `X-Forwarded-*`, `Forwarded`, and
+//! every header that names the client's address (`X-Real-IP`, `True-Client-IP`,
+//! `CF-Connecting-IP` and their kin, by the words in their names) or scheme, in any case and
+//! with `_` for `-`. The gateway then sets its own: who the user
 //! is (`X-Warden-User`, `X-Warden-Label`) and how the request came (`Forwarded` per RFC 7239,
 //! `X-Forwarded-For`, `-Proto`, `-Host`, and `-Prefix` with the `/apps/<name>` it took off the
 //! path, so apps can build links that work), and `X-Warden-Signature`, a MAC of the identity
@@ -15,9 +17,11 @@
 //! Towards the client ([`response_drops`]): hop-by-hop headers and those `Connection` names,
 //! except the ones that frame the body; the taint report, which only the gateway reads; and
 //! any cookie the gateway owns: an app can never set, change or delete the session cookie
-//! (`Set-Cookie` with its name in any case, with any attributes; `Set-Cookie2` altogether,
-//! which no browser reads any more). Apps share one origin, so a planted session cookie would
-//! make another user's browser speak as the app's choice of user.
+//! (`Set-Cookie` judged as a browser parses it: its name in any case, with any attributes, or a
+//! nameless cookie whose value a browser sends back as the session cookie; `Set-Cookie2`
+//! altogether, which no browser reads any more; `Clear-Site-Data`, which would clear it).
+//! Apps share one origin, so a planted session cookie would make another user's browser speak
+//! as the app's choice of user.
 //!
 //! A rule written twice drifts, and the drift is the vulnerability: every path calls these.
 
@@ -44,8 +48,23 @@ const HOP_BY_HOP: [&str; 7] = [
 
 /// Name prefixes of the headers the gateway owns, whatever follows.
 const OWNED_PREFIXES: [&str; 2] = ["x-warden-", "x-forwarded-"];
-/// Other headers the gateway owns.
-const OWNED: [&str; 2] = ["forwarded", "x-real-ip"];
+/// Other headers the gateway owns: how the request came, in the spellings app servers read
+/// besides `Forwarded` and `X-Forwarded-*` (gunicorn, Werkzeug and IIS take the scheme from
+/// these when the peer is a local proxy, as the gateway is).
+const OWNED: [&str; 6] = [
+    "forwarded",
+    "x-real-ip",
+    "x-host",
+    "x-scheme",
+    "x-url-scheme",
+    "front-end-https",
+];
+/// Words that, anywhere in a header's name, make it one that tells who the client is
+/// (`True-Client-IP`, `CF-Connecting-IP`, `X-Cluster-Client-IP`, `X-Remote-Addr`,
+/// `X-Envoy-External-Address`, `X-Original-Forwarded-For`…): proxies and CDNs each coin their
+/// own, and an app trusts whichever its framework reads. The class is withheld, not the
+/// spellings seen so far, so an app can trust every client-address header it gets.
+const ADDRESS_WORDS: [&str; 4] = ["ip", "ipv6", "addr", "address"];
 
 fn is(name: &[u8], wanted: &str) -> bool {
     name.eq_ignore_ascii_case(wanted.as_bytes())
@@ -69,11 +88,18 @@ fn folded(name: &[u8]) -> impl Iterator<Item = u8> + '_ {
 }
 
 /// Whether a header `name` from a client is one the gateway owns (sets itself, or keeps to
-/// itself), in any case and with '_' for '-'.
+/// itself), in any case and with '_' for '-': the gateway's identity headers, and every header
+/// that says where the client is or how it came (a word of [`ADDRESS_WORDS`], or one starting
+/// with `forwarded`, between the name's dashes).
 fn owned(name: &[u8]) -> bool {
     let starts = |p: &str| name.len() >= p.len() && folded(&name[..p.len()]).eq(p.bytes());
     let equals = |w: &str| name.len() == w.len() && folded(name).eq(w.bytes());
-    OWNED_PREFIXES.iter().any(|p| starts(p)) || OWNED.iter().any(|w| equals(w))
+    OWNED_PREFIXES.iter().any(|p| starts(p))
+        || OWNED.iter().any(|w| equals(w))
+        || name.split(|&b| b == b'-' || b == b'_').any(|word| {
+            ADDRESS_WORDS.iter().any(|w| is(word, w))
+                || (word.len() >= 9 && word[..9].eq_ignore_ascii_case(b"forwarded"))
+        })
 }
 
 /// Request headers the app never gets from the client: hop-by-hop ones, the framing (the
@@ -321,24 +347,49 @@ impl<'a> ResponseFraming<'a> {
     }
 }
 
-/// Whether a `Set-Cookie` value sets the gateway's session cookie: its name (before the first
-/// `=`, or the whole pair without one) is the session cookie's in any case.
+/// Whether a `Set-Cookie` value may set the gateway's session cookie, judged as a browser
+/// parses it (RFC 6265bis §5.6): the pair is what comes before the first `;`; its name is what
+/// comes before the first `=` (none: the pair is a nameless cookie's value), both trimmed.
+/// A browser sends a nameless cookie back as its bare value, so `=warden_session=X` comes
+/// back as `warden_session=X`: what is judged is the pair as the browser will send it, read
+/// as the gateway reads a `Cookie` header ([`crate::auth::session::tokens`]). A value with a
+/// control character, which a browser ignores whole, is dropped too.
 fn sets_session_cookie(value: &[u8]) -> bool {
-    let pair = value.split(|&b| b == b';').next().unwrap_or(value);
-    let name = pair.split(|&b| b == b'=').next().unwrap_or(pair);
-    std::str::from_utf8(name).is_ok_and(crate::auth::session::is_session_cookie)
+    let Ok(value) = std::str::from_utf8(value) else {
+        // Not text: no browser reads it as the session cookie, and no app needs to send it.
+        return true;
+    };
+    if value.chars().any(|c| c != '\t' && c.is_ascii_control()) {
+        return true;
+    }
+    let pair = value.split(';').next().unwrap_or(value);
+    let sent = match pair.split_once('=') {
+        Some((name, rest)) if name.trim_matches([' ', '\t']).is_empty() => rest,
+        _ => pair,
+    };
+    let name = sent.split_once('=').map_or(sent, |(n, _)| n);
+    crate::auth::session::is_session_cookie(name)
+}
+
+/// Whether a `Clear-Site-Data` response header stays away from the client: always. Every app
+/// shares the gateway's origin, so `"cookies"` (or `"*"`) would end the user's session and
+/// `"storage"` would wipe every other app's storage on that origin: no app may speak for the
+/// origin.
+fn clears_site_data(name: &[u8]) -> bool {
+    is(name, "clear-site-data")
 }
 
 /// Whether a response header stays away from the client: hop-by-hop, named by `Connection`,
-/// the taint report (read by the gateway), a cookie the gateway owns, or a `Content-Length`
-/// that a `Transfer-Encoding` overrides (RFC 9112 §6.3). `Transfer-Encoding` itself passes: the
-/// body is relayed with its framing on the lane, and hyper's path drops it when it frames the
-/// body anew.
+/// the taint report (read by the gateway), a cookie the gateway owns, `Clear-Site-Data`, or a
+/// `Content-Length` that a `Transfer-Encoding` overrides (RFC 9112 §6.3). `Transfer-Encoding`
+/// itself passes: the body is relayed with its framing on the lane, and hyper's path drops it
+/// when it frames the body anew.
 pub(crate) fn response_drops(name: &[u8], value: &[u8], framing: &ResponseFraming<'_>) -> bool {
     hop_by_hop(name)
         || is(name, TAINT)
         || is(name, "set-cookie2")
         || (is(name, "set-cookie") && sets_session_cookie(value))
+        || clears_site_data(name)
         || framing.named.iter().any(|n| n.eq_ignore_ascii_case(name))
         || (framing.transfer_encoded && is(name, "content-length"))
 }

@@ -51,6 +51,7 @@ use warden_store::Store;
 
 pub use auth::AuthConfig;
 pub use config::GatewayConfig;
+pub use endpoints::statics::PrivateData;
 pub use error::{GatewayError, Origin, Retry};
 pub use metrics::Metrics;
 pub use response::Body;

@@ -87,6 +87,7 @@ fn gateway_config(
         auth: cfg.auth(),
         tls: tls_settings(cfg)?,
         identity: identity.clone(),
+        private: warden_gateway::PrivateData::data_dir(&cfg.data_dir),
     })
 }
 

@@ -217,7 +217,14 @@ async fn to_app(
     let spec = spec.ok_or_else(|| GatewayError::NotFound(format!("no app named {app:?}")))?;
     admit(&spec, &user)?;
     if let (Some(root), Some(rel)) = (&spec.static_dir, static_path(&spec, path_and_query)) {
-        return Ok(endpoints::statics::file(root, rel, req.method(), req.headers()).await);
+        return Ok(endpoints::statics::file(
+            root,
+            rel,
+            &state.config.private,
+            req.method(),
+            req.headers(),
+        )
+        .await);
     }
     let label = user.record.clearance.as_str();
     tracing::Span::current().record("label", label);

@@ -2,7 +2,7 @@
 //! adds a trailing slash to an app's root, and apps' static files ([`statics`]).
 
 pub(crate) mod login;
-pub(crate) mod statics;
+pub mod statics;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;

@@ -2,8 +2,10 @@
 //! for them.
 //!
 //! Paths are percent-decoded and must stay inside the app's directory: `.` and `..` segments,
-//! NUL bytes and backslashes are refused, and the resolved path (symlinks followed) must still
-//! lie under the resolved root, so neither traversal nor a symlink can reach other files.
+//! NUL bytes and backslashes are refused, and the kernel resolves the rest beneath the root's
+//! descriptor when the file is opened (symlinks only while they stay beneath), so neither
+//! traversal nor a symlink can reach other files; and nothing is served from warden's own data
+//! directory, checked on what was opened, at every request.
 //! Answers carry Content-Type, ETag and Last-Modified, honour If-None-Match and
 //! If-Modified-Since with 304, and single byte ranges with 206 or 416.
 
@@ -21,10 +23,46 @@ use crate::response::{self as respond, Body};
 /// Read size when streaming a file.
 const CHUNK: usize = 64 * 1024;
 
+/// Where static files may never come from: warden's own data directory (its admin token, keys,
+/// store and instances' data), except the sites warden built there (`slugs/`), which are served
+/// on purpose. Paths are canonical.
+#[derive(Debug, Clone, Default)]
+pub struct PrivateData {
+    /// Warden's data directory.
+    pub data_dir: Option<PathBuf>,
+    /// The one part of it that may be served: built slugs.
+    pub served_within: Option<PathBuf>,
+}
+
+impl PrivateData {
+    /// The data directory `dir` (resolved now), whose `slugs/` alone may be served.
+    pub fn data_dir(dir: &Path) -> Self {
+        let dir = std::fs::canonicalize(dir)
+            .or_else(|_| std::path::absolute(dir))
+            .unwrap_or_else(|_| dir.to_owned());
+        Self {
+            served_within: Some(dir.join("slugs")),
+            data_dir: Some(dir),
+        }
+    }
+
+    /// Whether a file whose real path is `real` may be served.
+    fn allows(&self, real: &Path) -> bool {
+        match &self.data_dir {
+            Some(d) if real.starts_with(d) => self
+                .served_within
+                .as_ref()
+                .is_some_and(|s| real.starts_with(s)),
+            _ => true,
+        }
+    }
+}
+
 /// Answers a request for `rel` (the path after the static prefix) from `root`.
 pub(crate) async fn file(
     root: &str,
     rel: &str,
+    private: &PrivateData,
     method: &Method,
     headers: &HeaderMap,
 ) -> Response<Body> {
@@ -35,24 +73,43 @@ pub(crate) async fn file(
             .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return r;
     }
-    let Some(path) = resolve(Path::new(root), rel).await else {
+    let (root, rel, private) = (PathBuf::from(root), rel.to_owned(), private.clone());
+    let opened = tokio::task::spawn_blocking(move || open(&root, &rel, &private))
+        .await
+        .ok()
+        .flatten();
+    let Some(opened) = opened else {
         return GatewayError::NotFound("no such file".into()).into_response();
     };
-    match answer(&path, method, headers).await {
+    match answer(opened, method, headers).await {
         Ok(r) => r,
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "reading a static file failed");
+            tracing::warn!(error = %e, "reading a static file failed");
             GatewayError::NotFound("no such file".into()).into_response()
         }
     }
 }
 
-/// The file `rel` names under `root`, or `None` if it does not exist or would leave `root`.
-async fn resolve(root: &Path, rel: &str) -> Option<PathBuf> {
+/// A static file, opened.
+struct Opened {
+    file: std::fs::File,
+    meta: std::fs::Metadata,
+    /// Its real path (for its media type).
+    real: PathBuf,
+}
+
+/// Opens the file `rel` names beneath `root`, or `None` if it does not exist, is no regular
+/// file or would leave `root`. Resolved by the kernel at the moment of opening
+/// (`RESOLVE_BENEATH`: no `..`, absolute path or symlink may leave the root's descriptor), never
+/// as text; then the real path of what was opened must not be in warden's data directory,
+/// whatever the root has become since it was configured (a path that did not exist when
+/// written, made a symlink later).
+fn open(root: &Path, rel: &str, private: &PrivateData) -> Option<Opened> {
+    use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
     let decoded = percent_encoding::percent_decode_str(rel)
         .decode_utf8()
         .ok()?;
-    let mut path = root.to_path_buf();
+    let mut path = PathBuf::from(".");
     for seg in decoded.split('/') {
         if seg == "." || seg == ".." || seg.contains('\0') || seg.contains('\\') {
             return None;
@@ -61,32 +118,49 @@ async fn resolve(root: &Path, rel: &str) -> Option<PathBuf> {
             path.push(seg);
         }
     }
-    let real_root = tokio::fs::canonicalize(root).await.ok()?;
-    let mut real = tokio::fs::canonicalize(&path).await.ok()?;
-    if !real.starts_with(&real_root) {
+    let root = nix::fcntl::open(
+        root,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()?;
+    // Non-blocking, so that a FIFO planted in the tree cannot hold the thread on open.
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let at = |p: &Path| -> Option<(std::fs::File, std::fs::Metadata)> {
+        let file = std::fs::File::from(openat2(&root, p, how).ok()?);
+        let meta = file.metadata().ok()?;
+        Some((file, meta))
+    };
+    let (mut file, mut meta) = at(&path)?;
+    if meta.is_dir() {
+        (file, meta) = at(&path.join("index.html"))?;
+    }
+    if !meta.is_file() {
         return None;
     }
-    if tokio::fs::metadata(&real).await.ok()?.is_dir() {
-        real = tokio::fs::canonicalize(real.join("index.html"))
-            .await
-            .ok()?;
-        if !real.starts_with(&real_root) {
-            return None;
-        }
+    let real = std::fs::read_link(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&file)
+    ))
+    .ok()?;
+    if !private.allows(&real) {
+        tracing::warn!(
+            "a static directory leads into warden's data directory: refused; point static_dir elsewhere"
+        );
+        return None;
     }
-    tokio::fs::metadata(&real)
-        .await
-        .ok()?
-        .is_file()
-        .then_some(real)
+    Some(Opened { file, meta, real })
 }
 
 async fn answer(
-    path: &Path,
+    opened: Opened,
     method: &Method,
     headers: &HeaderMap,
 ) -> std::io::Result<Response<Body>> {
-    let meta = tokio::fs::metadata(path).await?;
+    let Opened { file, meta, real } = opened;
+    let path = real.as_path();
     let len = meta.len();
     let modified = meta.modified().unwrap_or(UNIX_EPOCH);
     let mtime = modified.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -140,7 +214,7 @@ async fn answer(
     if method == Method::HEAD {
         return Ok(resp);
     }
-    let mut file = tokio::fs::File::open(path).await?;
+    let mut file = tokio::fs::File::from_std(file);
     file.seek(std::io::SeekFrom::Start(start)).await?;
     let stream = futures_util::stream::unfold((file, end - start), |(mut file, left)| async move {
         if left == 0 {
@@ -275,8 +349,8 @@ mod tests {
         assert_eq!(range("bytes=+1-2", 10), Range::Whole);
     }
 
-    #[tokio::test]
-    async fn paths_cannot_leave_the_root() {
+    #[test]
+    fn paths_cannot_leave_the_root() {
         let dir = tempfile::tempdir().expect("tmp");
         let root = dir.path().join("static");
         std::fs::create_dir_all(root.join("sub")).expect("mkdir");
@@ -284,20 +358,34 @@ mod tests {
         std::fs::write(root.join("sub/index.html"), "i").expect("write");
         std::fs::write(dir.path().join("secret"), "s").expect("write");
         std::os::unix::fs::symlink(dir.path().join("secret"), root.join("link")).expect("symlink");
-        assert!(resolve(&root, "a.txt").await.is_some());
-        assert!(resolve(&root, "sub/")
-            .await
-            .is_some_and(|p| p.ends_with("index.html")));
+        // Links that each look inside but whose chain ends outside.
+        std::os::unix::fs::symlink("..", root.join("sub/up")).expect("symlink");
+        std::os::unix::fs::symlink("sub/up/..", root.join("chain")).expect("symlink");
+        std::os::unix::fs::symlink("a.txt", root.join("inner")).expect("symlink");
+        nix::unistd::mkfifo(&root.join("fifo"), nix::sys::stat::Mode::S_IRWXU).expect("fifo");
+        let open = |rel: &str| open(&root, rel, &PrivateData::default());
+        assert!(open("a.txt").is_some());
+        assert!(open("inner").is_some_and(|o| o.real.ends_with("a.txt")));
+        assert!(open("sub/up/a.txt").is_some());
+        assert!(open("sub/").is_some_and(|o| o.real.ends_with("index.html")));
         for bad in [
             "../secret",
             "%2e%2e/secret",
             "sub/../../secret",
             "link",
+            "chain/secret",
             "a.txt%00",
             "..%2fsecret",
             "nope",
+            "fifo",
         ] {
-            assert!(resolve(&root, bad).await.is_none(), "{bad}");
+            assert!(open(bad).is_none(), "{bad}");
         }
+        // Nothing from the data directory but its built sites.
+        let private = PrivateData::data_dir(&root);
+        std::fs::create_dir_all(root.join("slugs/s1")).expect("mkdir");
+        std::fs::write(root.join("slugs/s1/site.html"), "s").expect("write");
+        assert!(super::open(&root, "a.txt", &private).is_none());
+        assert!(super::open(&root, "slugs/s1/site.html", &private).is_some());
     }
 }

@@ -37,35 +37,64 @@ fn an_app_cannot_plant_or_clear_the_gateways_session_cookie() {
     let w = Warden::demo(BIN);
     let dave = login(&w, "dave", &w.password("dave"));
     let carol = basic("carol", &w.password("carol"));
-    for planted in [
-        format!("warden_session={dave}; Path=/"),
-        format!("WARDEN_SESSION={dave}; Path=/; HttpOnly"),
-        format!(" Warden_Session ={dave}"),
-        "warden_session=; Max-Age=0".to_owned(),
+    let h = host(&w);
+    // What reaches the client of what the app set: its cookies and any Clear-Site-Data.
+    let seen = |r: &warden_test_support::Response| -> Vec<String> {
+        r.headers
+            .iter()
+            .filter(|(n, _)| {
+                n.eq_ignore_ascii_case("set-cookie") || n.eq_ignore_ascii_case("clear-site-data")
+            })
+            .map(|(n, v)| format!("{}: {v}", n.to_ascii_lowercase()))
+            .collect()
+    };
+    let theme = vec!["set-cookie: theme=dark".to_owned()];
+    for (planted, extra) in [
+        (format!("warden_session={dave}; Path=/"), None),
+        (format!("WARDEN_SESSION={dave}; Path=/; HttpOnly"), None),
+        (format!(" Warden_Session ={dave}"), None),
+        ("warden_session=; Max-Age=0".to_owned(), None),
+        // Nameless: a browser (RFC 6265bis) sends these back as `warden_session=<dave's>`.
+        (format!("=warden_session={dave}; Path=/"), None),
+        (format!(" = WARDEN_SESSION={dave}"), None),
+        // Clearing every cookie of the origin ends the user's session.
+        ("a=1; Max-Age=0".to_owned(), Some("\"cookies\"")),
+        ("a=1; Max-Age=0".to_owned(), Some("\"*\"")),
     ] {
-        let q: String = percent_encode(&planted);
-        let path = format!("/apps/demo/_set-cookie?c={q}");
+        let mut path = format!("/apps/demo/_set-cookie?c={}", percent_encode(&planted));
+        if let Some(v) = extra {
+            path += &format!("&h=clear-site-data&v={}", percent_encode(v));
+        }
+        let kept = |r: &warden_test_support::Response| {
+            let mut s = seen(r);
+            s.retain(|c| !c.starts_with("set-cookie: a=1"));
+            s
+        };
         let r = get(&w, &path, &[("authorization", &carol)]);
         assert_eq!(r.status, 200, "{}", r.text());
-        let cookies: Vec<&str> = r
-            .headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case("set-cookie"))
-            .map(|(_, v)| v.as_str())
-            .collect();
-        assert_eq!(cookies, vec!["theme=dark"], "{planted:?} over HTTP/1.1");
+        assert_eq!(kept(&r), theme, "{planted:?} {extra:?} over HTTP/1.1");
+        let r = raw(
+            &h,
+            format!("GET {path} HTTP/1.0\r\nauthorization: {carol}\r\n\r\n").as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(kept(&r), theme, "{planted:?} {extra:?} over HTTP/1.0");
         let (_, r) = h2c_get(
             &format!("{}{path}", w.gateway),
             &[("authorization", &carol)],
         );
-        let cookies: Vec<&str> = r
-            .headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case("set-cookie"))
-            .map(|(_, v)| v.as_str())
-            .collect();
-        assert_eq!(cookies, vec!["theme=dark"], "{planted:?} over HTTP/2");
+        assert_eq!(kept(&r), theme, "{planted:?} {extra:?} over HTTP/2");
     }
+    // The app's own cookies still pass, nameless ones too.
+    let r = get(
+        &w,
+        &format!("/apps/demo/_set-cookie?c={}", percent_encode("=lang=en")),
+        &[("authorization", &carol)],
+    );
+    assert_eq!(
+        seen(&r),
+        vec!["set-cookie: =lang=en".to_owned(), theme[0].clone()]
+    );
 }
 
 fn percent_encode(s: &str) -> String {
@@ -319,15 +348,58 @@ fn strangers_cannot_grow_the_metrics() {
 fn the_gateway_owns_every_forwarding_header_the_app_gets() {
     let w = Warden::demo(BIN);
     let auth = basic("alice", &w.password("alice"));
+    // Every header the gateway owns, in the spellings app servers read, and every kin of the
+    // client-address headers proxies and CDNs coin: each forged value carries FORGED.
     let forged = [
-        ("authorization", auth.as_str()),
-        ("forwarded", "for=10.9.9.9;host=evil.example"),
-        ("x-real-ip", "10.9.9.9"),
-        ("x-forwarded-host", "evil.example"),
-        ("x-forwarded-prefix", "/evil"),
-        ("x-forwarded-port", "1"),
-        ("x-warden-taint", "UNCLASSIFIED"),
+        "x-warden-user",
+        "X_Warden_User",
+        "x-warden-label",
+        "x-warden_label",
+        "x-warden-signature",
+        "x-warden-taint",
+        "forwarded",
+        "x-forwarded-for",
+        "X_Forwarded_For",
+        "x-forwarded-host",
+        "x-forwarded-prefix",
+        "x-forwarded-port",
+        "x-forwarded-proto",
+        "x-original-forwarded-for",
+        "x-real-ip",
+        "true-client-ip",
+        "cf-connecting-ip",
+        "x-client-ip",
+        "x-cluster-client-ip",
+        "fastly-client-ip",
+        "x-remote-addr",
+        "x-host",
+        "x-url-scheme",
+        "front-end-https",
+        "proxy",
+        "proxy_authorization",
     ];
+    let h = host(&w);
+    let head: String = forged.iter().map(|n| format!("{n}: FORGED\r\n")).collect();
+    // The same request by every way in: the HTTP/1.1 lane, hyper's HTTP/1.1 (a `Connection`
+    // option the lane leaves to hyper), HTTP/1.0 and HTTP/2.
+    let lane = raw(
+        &h,
+        format!("GET /apps/demo/_echo HTTP/1.1\r\nhost: {h}\r\nauthorization: {auth}\r\n{head}connection: close\r\n\r\n").as_bytes(),
+    );
+    let hyper11 = raw(
+        &h,
+        format!("GET /apps/demo/_echo HTTP/1.1\r\nhost: {h}\r\nauthorization: {auth}\r\n{head}connection: close, x-hop\r\nx-hop: 1\r\n\r\n").as_bytes(),
+    );
+    let http10 = raw(
+        &h,
+        format!(
+            "GET /apps/demo/_echo HTTP/1.0\r\nhost: {h}\r\nauthorization: {auth}\r\n{head}\r\n"
+        )
+        .as_bytes(),
+    );
+    let mut headers: Vec<(&str, &str)> = forged.iter().map(|n| (*n, "FORGED")).collect();
+    headers.push(("authorization", &auth));
+    let (_, http2) = h2c_get(&format!("{}/apps/demo/_echo", w.gateway), &headers);
     let echo = |r: &warden_test_support::Response, name: &str| -> Vec<String> {
         r.headers
             .iter()
@@ -335,21 +407,37 @@ fn the_gateway_owns_every_forwarding_header_the_app_gets() {
             .map(|(_, v)| v.clone())
             .collect()
     };
-    let r = get(&w, "/apps/demo/_echo", &forged);
-    assert_eq!(r.status, 200, "{}", r.text());
-    let h = host(&w);
-    assert_eq!(
-        echo(&r, "forwarded"),
-        vec![format!("for=127.0.0.1;host=\"{h}\";proto=http")]
-    );
-    assert_eq!(echo(&r, "x-forwarded-host"), vec![h.clone()]);
-    assert_eq!(
-        echo(&r, "x-forwarded-prefix"),
-        vec!["/apps/demo".to_owned()]
-    );
-    assert_eq!(echo(&r, "x-forwarded-for"), vec!["127.0.0.1".to_owned()]);
-    for gone in ["x-real-ip", "x-forwarded-port", "x-warden-taint"] {
-        assert!(echo(&r, gone).is_empty(), "{gone} reached the app");
+    for (way, r) in [
+        ("the lane", &lane),
+        ("hyper's HTTP/1.1", &hyper11),
+        ("HTTP/1.0", &http10),
+        ("HTTP/2", &http2),
+    ] {
+        assert_eq!(r.status, 200, "{way}: {}", r.text());
+        let reached: Vec<&(String, String)> = r
+            .headers
+            .iter()
+            .filter(|(n, v)| {
+                n.to_ascii_lowercase().starts_with("x-echo-h-") && v.contains("FORGED")
+            })
+            .collect();
+        assert!(
+            reached.is_empty(),
+            "{way}: forged headers reached the app: {reached:?}"
+        );
+        assert_eq!(echo(r, "x-warden-user"), vec!["alice"], "{way}");
+        assert_eq!(echo(r, "x-warden-label"), vec!["SECRET"], "{way}");
+        assert_eq!(echo(r, "x-warden-signature").len(), 1, "{way}");
+        assert_eq!(
+            echo(r, "forwarded"),
+            vec![format!("for=127.0.0.1;host=\"{h}\";proto=http")],
+            "{way}"
+        );
+        assert_eq!(echo(r, "x-forwarded-host"), vec![h.clone()], "{way}");
+        assert_eq!(echo(r, "x-forwarded-prefix"), vec!["/apps/demo"], "{way}");
+        assert_eq!(echo(r, "x-forwarded-for"), vec!["127.0.0.1"], "{way}");
+        assert_eq!(echo(r, "x-forwarded-proto"), vec!["http"], "{way}");
+        assert!(echo(r, "x-hop").is_empty(), "{way}");
     }
     // By host name, nothing was taken off the path: no prefix.
     let r = get(

@@ -168,6 +168,43 @@ fn no_app_may_serve_warden_s_own_data_as_static_files() {
     }
 }
 
+/// A static directory is judged when a file is served, not only when the app is written: a
+/// path that did not exist then, made a symlink to warden's data directory (or to a directory
+/// holding it) later, serves nothing of warden's.
+#[test]
+fn a_static_dir_made_a_symlink_later_serves_nothing_of_warden_s() {
+    let w = Warden::demo(BIN);
+    let data = std::fs::canonicalize(&w.dir).unwrap();
+    let parent = data.parent().unwrap();
+    let root = parent.join("later");
+    let spec = json!({"name": "later", "command": [BIN, "demo-app"], "static_dir": root.display().to_string(), "static_prefix": "/assets/"});
+    assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
+    let auth = basic("alice", &w.password("alice"));
+    let get = |path: &str| {
+        let url = format!("{}/apps/later/assets/{path}", w.gateway);
+        request("GET", &url, &[("authorization", &auth)], b"")
+    };
+
+    std::os::unix::fs::symlink(&data, &root).unwrap();
+    for path in ["admin-token", "tls/demo-key.pem", "demo-users.json"] {
+        let r = get(path);
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+        assert!(!r.text().contains(token.trim()));
+    }
+
+    std::fs::remove_file(&root).unwrap();
+    std::os::unix::fs::symlink(parent, &root).unwrap();
+    std::fs::write(parent.join("hello.txt"), "hello beside").unwrap();
+    let r = get("hello.txt");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.text(), "hello beside");
+    let name = data.file_name().unwrap().to_str().unwrap();
+    let r = get(&format!("{name}/admin-token"));
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(!r.text().contains(token.trim()));
+}
+
 /// `warden apps create --static-dir` (a relative path made absolute, as the gateway needs it)
 /// and `--static-prefix`.
 #[test]
