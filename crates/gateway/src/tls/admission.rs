@@ -161,13 +161,21 @@ mod tests {
         let first = a.admit_full(None).await;
         let a2 = a.clone();
         let queued = tokio::spawn(async move { a2.admit_full(None).await.is_some() });
-        while a.waiting.load(Ordering::Acquire) == 0 {
-            tokio::task::yield_now().await;
-        }
+        // Bounded: broken admission fails here instead of hanging the test run.
+        let bound = Duration::from_secs(10);
+        tokio::time::timeout(bound, async {
+            while a.waiting.load(Ordering::Acquire) == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the second handshake never queued");
         // The queue holds one; the next is refused.
-        assert!(a.admit_full(None).await.is_none());
+        let third = tokio::time::timeout(bound, a.admit_full(None)).await;
+        assert!(third.expect("a full queue did not refuse at once").is_none());
         drop(first);
-        assert!(queued.await.unwrap());
+        let got = tokio::time::timeout(bound, queued).await;
+        assert!(got.expect("the queued handshake never got the freed slot").unwrap());
     }
 
     #[tokio::test]
