@@ -241,14 +241,23 @@ mod tests {
         assert!(t.check("alice", ip(1)).is_ok());
         // A new window counts afresh: the same failures throttle again, under every key.
         t.fail("alice", ip(1));
-        assert!(t.check("alice", ip(1)).is_ok(), "one failure of the new window");
+        assert!(
+            t.check("alice", ip(1)).is_ok(),
+            "one failure of the new window"
+        );
         t.fail("alice", ip(1));
-        assert!(t.check("alice", ip(1)).is_err(), "throttled again after a window ended");
+        assert!(
+            t.check("alice", ip(1)).is_err(),
+            "throttled again after a window ended"
+        );
         std::thread::sleep(Duration::from_millis(60));
         for name in ["a", "b", "c", "d", "e"] {
             t.fail(name, ip(2));
         }
-        assert!(t.check("f", ip(2)).is_err(), "the address limit, in a later window");
+        assert!(
+            t.check("f", ip(2)).is_err(),
+            "the address limit, in a later window"
+        );
     }
 
     #[test]

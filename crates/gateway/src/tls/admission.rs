@@ -172,10 +172,14 @@ mod tests {
         .expect("the second handshake never queued");
         // The queue holds one; the next is refused.
         let third = tokio::time::timeout(bound, a.admit_full(None)).await;
-        assert!(third.expect("a full queue did not refuse at once").is_none());
+        assert!(third
+            .expect("a full queue did not refuse at once")
+            .is_none());
         drop(first);
         let got = tokio::time::timeout(bound, queued).await;
-        assert!(got.expect("the queued handshake never got the freed slot").unwrap());
+        assert!(got
+            .expect("the queued handshake never got the freed slot")
+            .unwrap());
     }
 
     #[tokio::test]

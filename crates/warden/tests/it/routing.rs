@@ -115,6 +115,64 @@ fn requests_take_turns_or_go_to_the_instance_with_fewest_in_flight() {
     drop(held);
 }
 
+/// A draining instance takes no new request, though it still runs and accepts connections
+/// (it waits for the requests it holds): every gateway takes it out of routing at once.
+#[test]
+fn a_draining_instance_gets_no_new_request() {
+    let w = Warden::demo(BIN);
+    let all = kept(&w, "drain", 2, json!({}));
+    let auth = basic("alice", &w.password("alice"));
+    // One request held on each instance (they take turns), so whichever drains waits.
+    let held: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(w.gateway.trim_start_matches("http://")).unwrap();
+            write!(
+                s,
+                "GET /apps/drain/_hang HTTP/1.1\r\nhost: x\r\nauthorization: {auth}\r\n\r\n"
+            )
+            .unwrap();
+            s
+        })
+        .collect();
+    wait_until("a held request on each instance", WAIT, || {
+        all.iter()
+            .all(|(_, addr)| {
+                request("GET", &format!("http://{addr}/_hanging"), &[], b"").text() == "1"
+            })
+            .then_some(())
+    });
+    let r = w.api(
+        "POST",
+        "/v1/apps/drain/scale",
+        Some(json!({"desired": {"SECRET": 1}})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let draining = wait_until("one instance to drain", WAIT, || {
+        w.instances()
+            .into_iter()
+            .find(|i| i["app"] == "drain" && i["state"] == "draining")
+            .map(|i| i["id"].as_str().unwrap().to_owned())
+    });
+    // It still runs and answers whoever reaches it directly...
+    let addr = &all.iter().find(|(id, _)| *id == draining).unwrap().1;
+    assert_eq!(
+        request("GET", &format!("http://{addr}/_hanging"), &[], b"").text(),
+        "1"
+    );
+    // ...but the gateway sends nothing new to it.
+    let alice = w.password("alice");
+    for _ in 0..8 {
+        let r = w.get_as("alice", &alice, "/apps/drain/");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_ne!(
+            r.json()["instance"],
+            draining.as_str(),
+            "a draining instance was routed to"
+        );
+    }
+    drop(held);
+}
+
 #[test]
 fn every_refusing_instance_is_passed_over_while_one_lives() {
     let w = Warden::demo(BIN);
