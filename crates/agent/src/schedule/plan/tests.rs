@@ -266,3 +266,28 @@ fn lowering_the_count_calls_off_moves_first_and_never_leaves_more_than_desired()
     let p = plan(&p, &w);
     assert!(p.nodes.is_empty() && p.moves.is_empty());
 }
+
+#[test]
+fn one_labels_moves_never_count_for_another() {
+    let mut w = world(
+        vec![node("a", 0.1), node("b", 0.1)],
+        &[("PUBLIC", 2), ("SECRET", 2)],
+    );
+    let p = plan(&Placement::default(), &w);
+    all_ready(&p, &mut w);
+    w.nodes[0].draining = true;
+    let p = plan(&p, &w);
+    // Each label moves its own instance off a, make before break, and no more.
+    for label in ["PUBLIC", "SECRET"] {
+        assert_eq!(counts(&p, label, &["a", "b"]), vec![1, 2], "{label}");
+        assert_eq!(p.moves.iter().filter(|m| m.label == label).count(), 1);
+    }
+    assert_eq!(plan(&p, &w), p);
+    // A label scaled while another's move is under way gets exactly its new count.
+    w.desired.insert(("demo".into(), "PUBLIC".into()), 3);
+    let p = plan(&p, &w);
+    let public = counts(&p, "PUBLIC", &["a", "b"]);
+    let moving = p.moves.iter().filter(|m| m.label == "PUBLIC").count() as u32;
+    assert_eq!(public.iter().sum::<u32>() - moving, 3, "{public:?} {:?}", p.moves);
+    assert_eq!(counts(&p, "SECRET", &["a", "b"]), vec![1, 2]);
+}
