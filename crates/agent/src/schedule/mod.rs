@@ -51,8 +51,14 @@ pub(crate) fn rules(start_margin: f64, shed_margin: f64) -> Rules {
         shed_margin,
         move_timeout_ms: 30_000,
         move_pause_ms: 5_000,
+        full: FULL,
     }
 }
+
+/// Load score from which a node has no room for another instance (its busiest resource,
+/// memory, CPU or run queue per core, 85% used): below it, spreading a label's instances over
+/// nodes wins over balancing load.
+const FULL: f64 = 0.85;
 
 /// One agent's part in scheduling: standing for election, and scheduling while elected.
 pub(crate) struct Scheduler {

@@ -3,13 +3,17 @@
 //!
 //! The rules (seed 003 §3.3.2, with make-before-break):
 //! - A dead node's counts go at once; the missing instances are placed on live nodes.
-//! - A missing instance goes to the eligible node (alive, not drained, load not above the mean
-//!   by more than `start_margin`) with fewest of that label, then lowest load, then fewest
-//!   instances, then lowest name: a label's instances spread over nodes.
+//! - A missing instance goes to the eligible node (alive, not drained, with room: load below
+//!   `full`) with fewest of that label; load decides only between nodes with equally few (one
+//!   not above the mean by more than `start_margin` first, then lowest load, then fewest
+//!   instances, then lowest name). Spread for availability wins over balance by load: a label's
+//!   instances stay at most one apart over the nodes with room, so losing one node never takes
+//!   all of a label that more nodes could hold.
 //! - A surplus instance leaves the node with most of that label (a drained one first).
 //! - Instances *move* (the new node counts it at once, the old one only gives it up once the new
 //!   one is ready) off drained nodes, off a node loaded above the mean by more than
-//!   `shed_margin`, and from a node with two more of a label than another (after a node came
+//!   `shed_margin` (only what keeps the spread, unless the node is out of room), and from a
+//!   node with two more of a label than another with room, loaded or not (after a node came
 //!   back). Shedding and spreading move one instance at a time with a pause between, so that
 //!   load figures catch up and nothing oscillates; drains move everything at once.
 //! - A label crash-looping on a node is never moved for load or spread: it would only crash
@@ -41,6 +45,9 @@ pub(crate) struct Rules {
     pub move_timeout_ms: u64,
     /// Pause after a shedding or spreading move before the next.
     pub move_pause_ms: u64,
+    /// A node loaded this much or more has no room: it gets no new instance while another
+    /// node has room, counts for no label's spread, and sheds whatever keeps the spread.
+    pub full: f64,
 }
 
 /// (app, label).
@@ -171,7 +178,7 @@ fn converge(p: &mut Placement, w: &World, app: &str, label: &str, want: u32) {
             .sum::<u64>()
             .saturating_sub(moving);
         if placed < want {
-            let Some(to) = best_target(p, w, app, label, None, false) else {
+            let Some(to) = best_target(p, w, app, label, None, Purpose::Place) else {
                 return;
             };
             let n = p.count(&to, app, label);
@@ -211,20 +218,41 @@ fn converge(p: &mut Placement, w: &World, app: &str, label: &str, want: u32) {
     }
 }
 
-/// Where a new instance of (app, label) goes: among live, undrained nodes where the label is
-/// not crash-looping and whose load is not above the mean by more than the start margin, the
-/// one with fewest of that label, then lowest load, then fewest kept instances, then lowest
-/// name. When no node is cool enough, any live, undrained one (`strict`: none, for moves that
-/// only balance: a move to a loaded node would come straight back).
+/// Why a node is sought for an instance: the rules differ in how much load they accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// A missing instance, or one moving off a drained node: it must run somewhere.
+    Place,
+    /// A move that only balances load: never to a node that is itself loaded.
+    Shed,
+    /// A move that restores the spread: to any node with room, loaded or not.
+    Spread,
+}
+
+/// Whether a node has room for another instance at all: below [`Rules::full`].
+fn has_room(w: &World, n: &NodeView) -> bool {
+    n.score < w.rules.full
+}
+
+/// Where a new instance of (app, label) goes. The candidates are live, undrained nodes where
+/// the label is not crash-looping and that have room ([`has_room`]); among them the one with
+/// fewest of that label, so a label's instances spread over nodes (at most one apart: the
+/// spread is a hard rule, as Kubernetes' topology spread with `maxSkew: 1` and
+/// `DoNotSchedule`); load only decides between nodes with equally few: first one not above the
+/// mean by more than the start margin, then the lowest load, then fewest kept instances, then
+/// the lowest name. For [`Purpose::Place`], when no node has room, any candidate; for
+/// [`Purpose::Shed`], only nodes not above the mean by the start margin (a move to a loaded
+/// node would come straight back).
 fn best_target(
     p: &Placement,
     w: &World,
     app: &str,
     label: &str,
     except: Option<&str>,
-    strict: bool,
+    purpose: Purpose,
 ) -> Option<String> {
     let mean = w.mean();
+    let hot = |n: &NodeView| n.score > mean + w.rules.start_margin;
     let open: Vec<&NodeView> = w
         .nodes
         .iter()
@@ -234,15 +262,15 @@ fn best_target(
                 .contains(&(n.id.clone(), app.to_owned(), label.to_owned()))
         })
         .collect();
-    let cool: Vec<&NodeView> = open
+    let roomy: Vec<&NodeView> = open
         .iter()
         .copied()
-        .filter(|n| n.score <= mean + w.rules.start_margin)
+        .filter(|n| has_room(w, n) && (purpose != Purpose::Shed || !hot(n)))
         .collect();
-    let pool = if cool.is_empty() && !strict {
+    let pool = if roomy.is_empty() && purpose == Purpose::Place {
         open
     } else {
-        cool
+        roomy
     };
     let total = |id: &str| -> u64 {
         p.nodes
@@ -257,11 +285,37 @@ fn best_target(
     };
     pool.into_iter()
         .min_by(|a, b| {
-            let ka = (p.count(&a.id, app, label), a.score, total(&a.id), &a.id);
-            let kb = (p.count(&b.id, app, label), b.score, total(&b.id), &b.id);
-            ka.partial_cmp(&kb).unwrap_or(std::cmp::Ordering::Equal)
+            let key = |n: &NodeView| (p.count(&n.id, app, label), hot(n), n.score, total(&n.id));
+            key(a)
+                .partial_cmp(&key(b))
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then_with(|| a.id.cmp(&b.id))
         })
         .map(|n| n.id.clone())
+}
+
+/// How far apart a label's counts are (most minus fewest) over the nodes that could take one
+/// of its instances (live, undrained, with room, not crash-looping it), with one instance
+/// moved from `from` to `to` when given.
+fn skew(p: &Placement, w: &World, app: &str, label: &str, moved: Option<(&str, &str)>) -> u32 {
+    let counts: Vec<u32> = w
+        .nodes
+        .iter()
+        .filter(|n| n.alive && !n.draining && has_room(w, n))
+        .filter(|n| {
+            !w.crash_looping
+                .contains(&(n.id.clone(), app.to_owned(), label.to_owned()))
+        })
+        .map(|n| {
+            let c = p.count(&n.id, app, label);
+            match moved {
+                Some((from, _)) if from == n.id => c.saturating_sub(1),
+                Some((_, to)) if to == n.id => c + 1,
+                _ => c,
+            }
+        })
+        .collect();
+    counts.iter().max().unwrap_or(&0) - counts.iter().min().unwrap_or(&0)
 }
 
 fn begin(p: &mut Placement, m: Move) {
@@ -297,7 +351,7 @@ fn start_drain_moves(p: &mut Placement, w: &World) {
                 .filter(|m| m.from == node.id && m.app == app && m.label == label)
                 .count() as u32;
             for _ in moving..n {
-                let Some(to) = best_target(p, w, &app, &label, Some(&node.id), false) else {
+                let Some(to) = best_target(p, w, &app, &label, Some(&node.id), Purpose::Place) else {
                     break;
                 };
                 begin(
@@ -317,7 +371,10 @@ fn start_drain_moves(p: &mut Placement, w: &World) {
 }
 
 /// One instance off the most loaded node, if it is above the mean by more than the shedding
-/// margin, to the best node that is not.
+/// margin, to the best node that is not; the label with most instances there first. A node
+/// with room gives up an instance only where the move keeps the label's spread (at most one
+/// apart, or no worse than it is): spread for availability wins over balance by load. A node
+/// out of room sheds regardless.
 fn shed_move(p: &Placement, w: &World) -> Option<Move> {
     let mean = w.mean();
     let hot = w
@@ -330,27 +387,34 @@ fn shed_move(p: &Placement, w: &World) -> Option<Move> {
                 .unwrap_or(std::cmp::Ordering::Equal)
         })?;
     let apps = p.nodes.get(&hot.id)?;
-    let (app, label, _) = apps
+    let mut held: Vec<(&String, &String, u32)> = apps
         .iter()
         .flat_map(|(a, ls)| ls.iter().map(move |(l, n)| (a, l, *n)))
-        .filter(|(a, l, _)| {
-            !w.crash_looping
-                .contains(&(hot.id.clone(), (*a).clone(), (*l).clone()))
+        .filter(|(a, l, n)| {
+            *n > 0
+                && !w
+                    .crash_looping
+                    .contains(&(hot.id.clone(), (*a).clone(), (*l).clone()))
         })
-        .max_by_key(|(a, l, n)| (*n, (*a).clone(), (*l).clone()))?;
-    let to = best_target(p, w, app, label, Some(&hot.id), true)?;
-    Some(Move {
-        app: app.clone(),
-        label: label.clone(),
-        from: hot.id.clone(),
-        to,
-        why: MoveReason::Shed,
-        since_ms: w.now_ms,
+        .collect();
+    held.sort_by(|x, y| (y.2, y.0, y.1).cmp(&(x.2, x.0, x.1)));
+    held.into_iter().find_map(|(app, label, _)| {
+        let to = best_target(p, w, app, label, Some(&hot.id), Purpose::Shed)?;
+        let spread_kept = !has_room(w, hot)
+            || skew(p, w, app, label, Some((&hot.id, &to))) <= skew(p, w, app, label, None).max(1);
+        spread_kept.then(|| Move {
+            app: app.clone(),
+            label: label.clone(),
+            from: hot.id.clone(),
+            to,
+            why: MoveReason::Shed,
+            since_ms: w.now_ms,
+        })
     })
 }
 
-/// One instance from the node with most of a label to the one with fewest, when they differ by
-/// two or more.
+/// One instance from the node with most of a label to the one with fewest that has room,
+/// loaded or not, when they differ by two or more.
 fn spread_move(p: &Placement, w: &World) -> Option<Move> {
     let open: Vec<&NodeView> = w.nodes.iter().filter(|n| n.alive && !n.draining).collect();
     for (app, label) in w.desired.keys() {
@@ -362,7 +426,7 @@ fn spread_move(p: &Placement, w: &World) -> Option<Move> {
         {
             continue;
         }
-        let Some(to) = best_target(p, w, app, label, Some(&most.id), true) else {
+        let Some(to) = best_target(p, w, app, label, Some(&most.id), Purpose::Spread) else {
             continue;
         };
         if p.count(&most.id, app, label) >= p.count(&to, app, label) + 2 {

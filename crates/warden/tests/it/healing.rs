@@ -505,6 +505,43 @@ fn a_loaded_node_sheds_an_instance_with_no_failed_request() {
     );
 }
 
+/// Spread for availability wins over balance by load: a node busier than the others (77%
+/// against a mean of 56%, over the start margin) but with room still holds its share of a
+/// label, so losing any one node never takes every instance of it.
+#[test]
+fn a_busier_node_with_room_still_holds_its_share_of_a_label() {
+    let cluster = EtcdCluster::start(1);
+    let loads = tempfile::tempdir().unwrap();
+    let file = |name: &str, x: f64| {
+        let path = loads.path().join(format!("{name}.json"));
+        let v = serde_json::json!({"memory_used": x, "cpu_busy": x, "load_per_core": x});
+        std::fs::write(&path, v.to_string()).unwrap();
+        path.display().to_string()
+    };
+    let (fb, fg, fd) = (file("beta", 0.77), file("gamma", 0.45), file("delta", 0.45));
+    let (alpha, _agents) = three_agents(
+        &cluster,
+        [
+            &["--load-file", &fb],
+            &["--load-file", &fg],
+            &["--load-file", &fd],
+        ],
+    );
+    run_cli(&alpha, &["apps", "scale", "demo", "SECRET=4"]);
+    let placed = wait_until(
+        "four SECRET instances ready",
+        Duration::from_secs(30),
+        || {
+            let r = ready(&alpha);
+            let s = r.get("SECRET")?;
+            (total(s) == 4).then(|| s.clone())
+        },
+    );
+    assert_eq!(placed.len(), 3, "a node holds none: {placed:?}");
+    let (most, fewest) = (placed.values().max(), placed.values().min());
+    assert_eq!(most.unwrap() - fewest.unwrap(), 1, "{placed:?}");
+}
+
 #[test]
 fn a_label_that_crashes_everywhere_backs_off_and_stays_put() {
     let cluster = EtcdCluster::start(1);

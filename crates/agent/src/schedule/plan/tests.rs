@@ -5,6 +5,7 @@ const RULES: Rules = Rules {
     shed_margin: 0.2,
     move_timeout_ms: 30_000,
     move_pause_ms: 5_000,
+    full: 0.85,
 };
 
 fn node(id: &str, score: f64) -> NodeView {
@@ -139,8 +140,8 @@ fn a_move_that_never_becomes_ready_is_called_off() {
 
 #[test]
 fn a_node_loaded_from_outside_never_gets_back_what_it_shed() {
-    // b is loaded by something warden does not run: shedding moves its instance to a; spreading
-    // must not move it back (b is the only other node, and it is hot).
+    // b is loaded by something warden does not run. With room left (70%), it keeps its share:
+    // shedding it would put every instance of the label on a.
     let mut w = world(vec![node("a", 0.2), node("b", 0.7)], &[("PUBLIC", 2)]);
     w.nodes[1].score = 0.2;
     let p = plan(&Placement::default(), &w);
@@ -148,6 +149,14 @@ fn a_node_loaded_from_outside_never_gets_back_what_it_shed() {
     all_ready(&p, &mut w);
     w.nodes[1].score = 0.7;
     let mut p = plan(&p, &w);
+    for _ in 0..20 {
+        all_ready(&p, &mut w);
+        w.now_ms += RULES.move_pause_ms;
+        p = plan(&p, &w);
+    }
+    assert_eq!(counts(&p, "PUBLIC", &["a", "b"]), vec![1, 1]);
+    // Out of room (90%), it sheds; spreading must not move the instance back while it is.
+    w.nodes[1].score = 0.9;
     for _ in 0..20 {
         all_ready(&p, &mut w);
         w.now_ms += RULES.move_pause_ms;
@@ -288,6 +297,74 @@ fn one_labels_moves_never_count_for_another() {
     let p = plan(&p, &w);
     let public = counts(&p, "PUBLIC", &["a", "b"]);
     let moving = p.moves.iter().filter(|m| m.label == "PUBLIC").count() as u32;
-    assert_eq!(public.iter().sum::<u32>() - moving, 3, "{public:?} {:?}", p.moves);
+    assert_eq!(
+        public.iter().sum::<u32>() - moving,
+        3,
+        "{public:?} {:?}",
+        p.moves
+    );
     assert_eq!(counts(&p, "SECRET", &["a", "b"]), vec![1, 2]);
+}
+
+/// Every replica of a label on one node is lost with that node: a node that is merely busier
+/// than the others still takes its share, and is not made to shed it.
+#[test]
+fn spread_wins_over_load_on_nodes_with_room() {
+    // The finding: two agents, one at 77% against a mean of 61%, over the start margin.
+    let mut w = world(vec![node("n2", 0.77), node("n3", 0.45)], &[("SECRET", 4)]);
+    let p = plan(&Placement::default(), &w);
+    assert_eq!(counts(&p, "SECRET", &["n2", "n3"]), vec![2, 2]);
+    all_ready(&p, &mut w);
+    w.now_ms += RULES.move_pause_ms;
+    assert_eq!(plan(&p, &w), p, "no move that breaks the spread");
+
+    // Three nodes of unequal load, several labels: each label at most one apart everywhere.
+    let mut w = world(
+        vec![node("a", 0.8), node("b", 0.3), node("c", 0.5)],
+        &[("PUBLIC", 4), ("SECRET", 3), ("TOP", 5)],
+    );
+    let mut p = plan(&Placement::default(), &w);
+    for _ in 0..5 {
+        all_ready(&p, &mut w);
+        w.now_ms += RULES.move_pause_ms;
+        p = plan(&p, &w);
+    }
+    for (label, want) in [("PUBLIC", 4), ("SECRET", 3), ("TOP", 5)] {
+        let c = counts(&p, label, &["a", "b", "c"]);
+        assert_eq!(c.iter().sum::<u32>(), want, "{label}: {c:?}");
+        let (most, fewest) = (c.iter().max().unwrap(), c.iter().min().unwrap());
+        assert!(most - fewest <= 1, "{label}: {c:?}");
+        assert!(c.iter().all(|n| *n > 0), "{label}: {c:?}");
+    }
+    // Load decides between nodes with equally few: the coolest gets the odd one.
+    assert_eq!(counts(&p, "PUBLIC", &["a", "b", "c"]), vec![1, 2, 1]);
+}
+
+/// A node out of room is the exception: it gets nothing while another node has room, and
+/// sheds what it holds, even if that leaves a label unevenly spread.
+#[test]
+fn a_node_out_of_room_gets_nothing_and_sheds() {
+    let mut w = world(
+        vec![node("a", 0.1), node("b", 0.1), node("c", 0.1)],
+        &[("PUBLIC", 3)],
+    );
+    let p = plan(&Placement::default(), &w);
+    all_ready(&p, &mut w);
+    w.nodes[0].score = 0.9;
+    w.now_ms += RULES.move_pause_ms;
+    let p = plan(&p, &w);
+    assert_eq!(p.moves.len(), 1, "{p:?}");
+    assert_eq!(p.moves[0].from, "a");
+    let w2 = world(
+        vec![node("a", 0.9), node("b", 0.1), node("c", 0.1)],
+        &[("PUBLIC", 4)],
+    );
+    assert_eq!(
+        counts(
+            &plan(&Placement::default(), &w2),
+            "PUBLIC",
+            &["a", "b", "c"]
+        ),
+        vec![0, 2, 2]
+    );
 }
