@@ -79,6 +79,7 @@ mod sandbox;
 mod security;
 mod settings;
 mod statics;
+mod stdio;
 mod store_durability;
 mod tls;
 mod walking_skeleton;

@@ -294,6 +294,11 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
         Ok(None) => return 0,
         Err(e) => return fail("cannot read the start message", e),
     };
+    // The control socket was descriptor 0 and is closed now: /dev/null takes its place, so
+    // that no socket init or the app opens later becomes a stdin.
+    if let Err(e) = privileges::stdin_from_dev_null() {
+        return fail("cannot give the sandbox a stdin", e);
+    }
     // SAFETY: single-threaded.
     match unsafe { fork() } {
         Err(e) => fail("fork", e),

@@ -121,9 +121,7 @@ fn prepare_exec(plan: &Plan, filters: &[seccompiler::BpfProgram]) -> Result<(), 
     // default like any process started by a shell.
     // SAFETY: restoring the default disposition installs no handler.
     let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
-    let null = std::fs::File::open("/dev/null")
-        .map_err(|e| SetupError::path("open", Path::new("/dev/null"), e))?;
-    nix::unistd::dup2_stdin(&null).map_err(|e| SetupError::sys("stdin from /dev/null", e))?;
+    stdin_from_dev_null()?;
     let dir = plan.workdir.as_deref().unwrap_or(DATA_MOUNT);
     nix::unistd::chdir(dir).map_err(|e| SetupError::sys(format!("chdir {dir}"), e))?;
     let l = &plan.limits;
@@ -149,6 +147,28 @@ fn prepare_exec(plan: &Plan, filters: &[seccompiler::BpfProgram]) -> Result<(), 
         seccompiler::apply_filter(f).map_err(|e| SetupError::Seccomp(e.to_string()))?;
     }
     Ok(())
+}
+
+/// Puts /dev/null on descriptor 0, whether or not 0 is open now. With 0 closed (init gave its
+/// control socket back), opening /dev/null yields 0 itself: duplicating it onto itself and
+/// dropping the file would close it again, and the app's first socket would become its stdin.
+pub(super) fn stdin_from_dev_null() -> Result<(), SetupError> {
+    use std::os::fd::{AsRawFd, IntoRawFd};
+    let null = std::fs::File::open("/dev/null")
+        .map_err(|e| SetupError::path("open", Path::new("/dev/null"), e))?;
+    if null.as_raw_fd() == 0 {
+        // Opened close-on-exec, like every file std opens: clear that, and keep it open for
+        // good.
+        nix::fcntl::fcntl(
+            &null,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .map_err(|e| SetupError::sys("stdin from /dev/null", e))?;
+        let _stdin = null.into_raw_fd();
+        return Ok(());
+    }
+    // dup2 leaves the copy without close-on-exec.
+    nix::unistd::dup2_stdin(&null).map_err(|e| SetupError::sys("stdin from /dev/null", e))
 }
 
 /// Root inside the namespace must not mean capabilities: lock root's special treatment off,
