@@ -169,6 +169,18 @@ impl Agent {
         if swept > 0 {
             tracing::info!(swept, "removed what interrupted builds and fetches left");
         }
+        // Before anything starts: what a killed run left running ends first, then its files go.
+        let instances = paths.instances.clone();
+        let ended =
+            tokio::task::spawn_blocking(move || drivers::leftovers::end_leftovers(&instances))
+                .await
+                .unwrap_or(0);
+        if ended > 0 {
+            tracing::warn!(
+                ended,
+                "ended instances that an earlier run of this agent left running"
+            );
+        }
         let leftovers = paths.remove_leftovers();
         if leftovers > 0 {
             tracing::info!(

@@ -34,7 +34,8 @@ impl Paths {
     }
 
     /// Removes the private directories that instances of an earlier run of this node left
-    /// behind: they died with that run (parent-death signal), so at start none is in use. Only
+    /// behind: they died with that run (parent-death signal) or were ended at this start
+    /// ([`crate::drivers::leftovers::end_leftovers`], called first), so none is in use. Only
     /// names that are instance ids are touched. Returns how many went.
     pub(crate) fn remove_leftovers(&self) -> usize {
         let Ok(entries) = std::fs::read_dir(&self.instances) else {

@@ -45,7 +45,7 @@ pub(crate) async fn run_script(
         .map_err(|e| BuildError::Node(format!("cannot create the build's directory: {e}")))?;
     let log = paths.logs.join(format!("build-{id}.log"));
     let result = run_in(drivers, app, tree, script, limit, out, &dir, &log).await;
-    let _ = std::fs::remove_dir_all(&dir);
+    crate::drivers::leftovers::remove_instance_dir(&dir);
     let _ = std::fs::remove_file(&log);
     result
 }

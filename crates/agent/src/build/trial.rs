@@ -25,7 +25,7 @@ pub(crate) async fn trial(
         .map_err(|e| format!("cannot create the trial instance's directory: {e}"))?;
     let log = paths.logs.join(format!("trial-{id}.log"));
     let result = run_trial(drivers, &run, label, &id, &dir, &log).await;
-    let _ = std::fs::remove_dir_all(&dir);
+    crate::drivers::leftovers::remove_instance_dir(&dir);
     let _ = std::fs::remove_file(&log);
     result
 }

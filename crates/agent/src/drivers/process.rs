@@ -86,7 +86,7 @@ impl Driver for ProcessDriver {
             // std drops supplementary groups (setgroups(0)) before setuid when it runs as root.
             cmd.uid(lease.uid()).gid(lease.uid());
         }
-        let child = spawn::spawn(cmd).map_err(|source| match &lease {
+        let child = spawn::spawn(cmd, l.dir).map_err(|source| match &lease {
             Some(lease) if source.kind() == std::io::ErrorKind::PermissionDenied => {
                 LaunchError::Unreachable {
                     what: what(),

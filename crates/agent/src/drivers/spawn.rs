@@ -127,18 +127,76 @@ fn close_on_exec_from_3() {
     }
 }
 
-/// Spawns `cmd` in its own process group, tied to the agent's life by a parent-death signal,
-/// with no descriptor but stdin, stdout and stderr.
-pub(crate) fn spawn(mut cmd: Command) -> std::io::Result<Child> {
+/// Spawns `cmd` for the instance in `dir` in its own process group, tied to the agent's life by
+/// a parent-death signal, with no descriptor but stdin, stdout and stderr. The group is
+/// recorded beside `dir`, so that an agent started after this one died ends what is left of it
+/// (see [`super::leftovers`]).
+pub(crate) fn spawn(cmd: Command, dir: &Path) -> std::io::Result<Child> {
+    let mut child = on_forking_thread(with_death_signal(cmd))?;
+    if let Some(pid) = child.id() {
+        if let Err(e) = super::leftovers::record(dir, pid) {
+            // Unrecorded, it could outlive a crash of the agent unseen: not started at all.
+            signal_group(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = child.start_kill();
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot record the instance's processes beside {}: {e}",
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    Ok(child)
+}
+
+/// Runs `cmd.spawn()` on the one thread that forks every instance, which lives as long as
+/// warden. A parent-death signal fires when the *thread* that forked exits, not the process:
+/// a child forked on one of the runtime's blocking threads, which end after a while idle, would
+/// be killed with it.
+fn on_forking_thread(cmd: Command) -> std::io::Result<Child> {
+    type Job = Box<dyn FnOnce() + Send>;
+    static FORKER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Job>>> =
+        std::sync::OnceLock::new();
+    let forker = FORKER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("warden-forker".into())
+            .spawn(move || rx.into_iter().for_each(|job| job()))
+            .ok()
+            .map(|_| tx)
+    });
+    let Some(forker) = forker else {
+        return Err(std::io::Error::other(
+            "the thread that starts instances could not be created; restart warden",
+        ));
+    };
+    // The child is registered with this runtime's reaper.
+    let runtime = tokio::runtime::Handle::try_current();
+    let (reply, answer) = std::sync::mpsc::sync_channel(1);
+    let mut cmd = cmd;
+    let job: Job = Box::new(move || {
+        let _entered = runtime.as_ref().ok().map(tokio::runtime::Handle::enter);
+        let _ = reply.send(cmd.spawn());
+    });
+    forker.send(job).map_err(|_| {
+        std::io::Error::other("the thread that starts instances is gone; restart warden")
+    })?;
+    answer.recv().map_err(|_| {
+        std::io::Error::other("the thread that starts instances is gone; restart warden")
+    })?
+}
+
+/// `cmd` with its child tied to the agent's life, its descriptors and open-file limit set.
+fn with_death_signal(mut cmd: Command) -> Command {
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
     // getrlimit(2), setrlimit(2) and close_range(2), which are async-signal-safe; it allocates
     // nothing and touches no locks (the atomic load is lock-free).
     unsafe {
         cmd.pre_exec(|| {
             close_on_exec_from_3();
-            // If warden dies, even by SIGKILL, the kernel kills the instance: no orphans. The
-            // signal is tied to the forking thread, and instances are spawned from the runtime's
-            // worker threads, which live as long as warden does.
+            // If warden dies, even by SIGKILL, the kernel kills the instance. The signal is tied
+            // to the forking thread: see `on_forking_thread`.
             nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
                 .map_err(std::io::Error::from)?;
             let soft = STARTING_NOFILE.load(std::sync::atomic::Ordering::Relaxed);
@@ -156,7 +214,7 @@ pub(crate) fn spawn(mut cmd: Command) -> std::io::Result<Child> {
             Ok(())
         });
     }
-    cmd.spawn()
+    cmd
 }
 
 /// Sends `signal` to the instance's whole process group.
@@ -180,5 +238,52 @@ mod tests {
             "$PORTS $PORT_X $HOME $"
         );
         assert_eq!(expand_port("naïve $PORT", "2"), "naïve 2");
+    }
+
+    /// A child spawned from a thread that then ends (a blocking thread of the runtime, idle for
+    /// a while) lives on: its parent-death signal is tied to the thread that forks every child,
+    /// not to the caller's.
+    #[tokio::test]
+    async fn an_instance_outlives_the_thread_that_asked_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let instance = dir.path().join("0123456789abcdef");
+        std::fs::create_dir(&instance).unwrap();
+        let log = dir.path().join("log");
+        let runtime = tokio::runtime::Handle::current();
+        let (child, tid) = std::thread::spawn(move || {
+            let _entered = runtime.enter();
+            let cmd = command(&["sleep".into(), "30".into()], &BTreeMap::new(), &log).unwrap();
+            (spawn(cmd, &instance).unwrap(), nix::unistd::gettid())
+        })
+        .join()
+        .unwrap();
+        let pid = child.id().unwrap();
+        assert!(super::super::leftovers::pid_file(&dir.path().join("0123456789abcdef")).exists());
+        // Once the thread is reaped (its /proc entry gone), the kernel has sent the death
+        // signals tied to it: the child would be dead or have SIGKILL pending.
+        let task = format!("/proc/self/task/{tid}");
+        for _ in 0..1000 {
+            if !std::path::Path::new(&task).exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!std::path::Path::new(&task).exists(), "the thread ended");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        signal_group(pid, nix::sys::signal::Signal::SIGKILL);
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        let killed = |mask: String| u64::from_str_radix(&mask, 16).unwrap_or(0) & (1 << 8) != 0;
+        let state = field("State:");
+        assert!(state.starts_with('S') || state.starts_with('R'), "{status}");
+        assert!(
+            !killed(field("SigPnd:")) && !killed(field("ShdPnd:")),
+            "{status}"
+        );
     }
 }

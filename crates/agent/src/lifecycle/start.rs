@@ -74,7 +74,7 @@ impl Lifecycle {
             Ok(l) => l,
             Err((id, source)) => {
                 self.release(&spec.name);
-                let _ = std::fs::remove_dir_all(self.deps.paths.instance(&id));
+                crate::drivers::leftovers::remove_instance_dir(&self.deps.paths.instance(&id));
                 // Nothing ran, so its log says nothing: one empty file per failed start would
                 // pile up (the error itself is in the app's status).
                 let log = self.deps.paths.log(&spec.name, &id);
@@ -365,7 +365,7 @@ impl Lifecycle {
                 }
             }
         }
-        let _ = std::fs::remove_dir_all(self.deps.paths.instance(id));
+        crate::drivers::leftovers::remove_instance_dir(&self.deps.paths.instance(id));
         if let Err(e) = self
             .deps
             .store

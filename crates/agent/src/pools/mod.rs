@@ -261,7 +261,7 @@ impl Pools {
         let run = match crate::build::slugs::run_spec(&self.paths.slugs, spec) {
             Ok(r) => r,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                crate::drivers::leftovers::remove_instance_dir(&dir);
                 return Err(e);
             }
         };
@@ -275,7 +275,7 @@ impl Pools {
         let p = match self.drivers.sandbox().prepare(&launch) {
             Ok(p) => p,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                crate::drivers::leftovers::remove_instance_dir(&dir);
                 return Err(e);
             }
         };

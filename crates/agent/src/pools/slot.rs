@@ -77,7 +77,7 @@ impl Slot {
         tokio::spawn(async move {
             let _ = child.wait().await;
             Box::new(held).release().await;
-            let _ = std::fs::remove_dir_all(dir);
+            crate::drivers::leftovers::remove_instance_dir(&dir);
         });
     }
 }

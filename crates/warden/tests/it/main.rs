@@ -72,6 +72,7 @@ mod healing;
 mod isolation;
 mod lattice;
 mod lifetimes;
+mod orphans;
 mod pools;
 mod rollout;
 mod routing;

@@ -48,7 +48,9 @@ fn metric(w: &Warden, name_and_labels: &str) -> Option<f64> {
 fn slot_dirs(w: &Warden) -> BTreeSet<String> {
     std::fs::read_dir(w.dir.join("instances"))
         .map(|d| {
+            // Directories: beside each lies the record of its processes (`<id>.pid`).
             d.filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .collect()
         })

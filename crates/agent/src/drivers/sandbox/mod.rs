@@ -303,7 +303,7 @@ impl SandboxDriver {
             .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
                 theirs,
             )));
-        let child = spawn::spawn(cmd).map_err(spawn_error)?;
+        let child = spawn::spawn(cmd, l.dir).map_err(spawn_error)?;
         Ok(Prepared {
             child,
             addr: format!(

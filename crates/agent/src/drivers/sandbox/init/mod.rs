@@ -223,7 +223,10 @@ fn child(
     from_helper: OwnedFd,
     privileged: bool,
 ) -> i32 {
-    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    let helper = nix::unistd::getppid();
+    if let Err(code) = die_with(helper) {
+        return code;
+    }
     let mut flags = CloneFlags::CLONE_NEWUSER
         | CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
@@ -263,6 +266,12 @@ fn child(
     if let Err(e) = privileges::become_ns_root(privileged) {
         return fail("cannot become root of the user namespace", e);
     }
+    // Asked for again: the kernel clears a parent-death signal when the effective uid changes,
+    // as becoming root of the namespace does, and this process, and with it the whole sandbox,
+    // would outlive the helper.
+    if let Err(code) = die_with(helper) {
+        return code;
+    }
     // SAFETY: still single-threaded.
     match unsafe { fork() } {
         Err(e) => fail("fork", e),
@@ -272,6 +281,17 @@ fn child(
             exit_code(waitpid(child, None))
         }
     }
+}
+
+/// Asks for SIGKILL when the parent dies, and exits if `parent` is already gone (it died
+/// before the request, which the kernel then never signals).
+fn die_with(parent: nix::unistd::Pid) -> Result<(), i32> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
+        .map_err(|e| fail("cannot tie the sandbox to its helper", e))?;
+    if nix::unistd::getppid() != parent {
+        return Err(SETUP_FAILED);
+    }
+    Ok(())
 }
 
 /// Pid 1 of the sandbox.

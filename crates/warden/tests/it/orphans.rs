@@ -1,0 +1,107 @@
+//! Instances end with the warden that started them, even one killed with SIGKILL, and a warden
+//! that starts ends whatever an earlier, killed run still left running.
+
+use std::time::Duration;
+
+use serde_json::json;
+use warden_test_support::{process_alive, wait_until, Launch, Warden};
+
+use crate::{app_bin, BIN};
+
+/// Every live process whose process group is `pgid`.
+fn group(pgid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            (fields.get(2)?.parse::<u32>().ok()? == pgid && process_alive(pid)).then_some(pid)
+        })
+        .collect()
+}
+
+fn serve(w: &Warden, app: &str) {
+    let r = w.get_as("alice", &w.password("alice"), &format!("/apps/{app}/"));
+    assert_eq!(r.status, 200, "{app}: {}", r.text());
+}
+
+#[test]
+fn instances_of_both_drivers_die_with_a_warden_killed_by_sigkill() {
+    let mut w = Warden::demo(BIN);
+    w.create_demo_app(&app_bin(), "plain", json!({ "driver": "process" }));
+    w.create_demo_app(BIN, "jail", json!({ "driver": "sandbox" }));
+    serve(&w, "plain");
+    serve(&w, "jail");
+    let mut processes = Vec::new();
+    for i in w.instances() {
+        let pid = i["pid"].as_u64().unwrap() as u32;
+        let members = group(pid);
+        assert!(
+            !members.is_empty(),
+            "instance {i}: no process in group {pid}"
+        );
+        processes.push((i["app"].as_str().unwrap().to_owned(), members));
+    }
+    assert!(processes.iter().any(|(app, _)| app == "jail"));
+    assert!(processes.iter().any(|(app, _)| app == "plain"));
+
+    w.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+    wait_until(
+        "every process of every instance to end with warden",
+        Duration::from_secs(20),
+        || {
+            processes
+                .iter()
+                .all(|(_, members)| members.iter().all(|p| !process_alive(*p)))
+                .then_some(())
+        },
+    );
+}
+
+#[test]
+fn a_warden_that_starts_ends_what_a_killed_one_left_running() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .unwrap();
+    let data = tmp.path().join("data");
+    let out = crate::open_dir();
+    let mut w = Launch::new(BIN).data_dir(&data).start();
+    // The app's own child gets no parent-death signal: it outlives warden's SIGKILL, as any
+    // worker or helper process an app starts would.
+    let spec = json!({
+        "name": "forks",
+        "driver": "process",
+        "command": ["/bin/sh", "-c", r#"sleep 600 & echo $! > "$OUT/child"; exec "$APP" demo-app"#],
+        "env": { "OUT": out.path().display().to_string(), "APP": app_bin() },
+    });
+    assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+    serve(&w, "forks");
+    let app = w.instances()[0]["pid"].as_u64().unwrap() as u32;
+    let child: u32 = wait_until("the app's child", Duration::from_secs(10), || {
+        std::fs::read_to_string(out.path().join("child"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    });
+
+    w.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+    wait_until(
+        "the app to end with warden",
+        Duration::from_secs(20),
+        || (!process_alive(app)).then_some(()),
+    );
+    assert!(process_alive(child), "the app's child outlived warden");
+
+    let _again = Launch::new(BIN).data_dir(&data).start();
+    wait_until(
+        "the restarted warden to end the leftover",
+        Duration::from_secs(30),
+        || (!process_alive(child)).then_some(()),
+    );
+}
