@@ -45,6 +45,7 @@ use warden_core::{
 use warden_store::Store;
 
 pub use build::Builder;
+pub use drivers::image::hold_own_image;
 pub use drivers::sandbox;
 pub use drivers::spawn::{close_inherited_descriptors, raise_open_file_limit};
 pub use error::AgentError;

@@ -269,6 +269,8 @@ fn main() -> std::process::ExitCode {
         };
         return std::process::ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX));
     }
+    // Not in sandbox-init above: its forks never exec, and the sandbox's init would hold it.
+    warden_agent::hold_own_image();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

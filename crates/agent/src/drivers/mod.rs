@@ -3,6 +3,7 @@
 //!
 //! Only this module and `crate::net` use `unsafe`, each block with a `SAFETY:` comment.
 
+pub(crate) mod image;
 pub(crate) mod launch;
 pub(crate) mod leftovers;
 pub(crate) mod process;

@@ -83,4 +83,5 @@ mod statics;
 mod stdio;
 mod store_durability;
 mod tls;
+mod upgrade;
 mod walking_skeleton;

@@ -142,7 +142,7 @@ pub(crate) struct Prepared {
 /// never touched.
 pub(crate) fn user_namespaces() -> std::io::Result<()> {
     use std::os::unix::process::CommandExt;
-    let exe = std::env::current_exe()?;
+    let exe = crate::drivers::image::own_image()?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("--version")
         .stdin(std::process::Stdio::null())
@@ -280,7 +280,7 @@ impl SandboxDriver {
             what: "write the sandbox plan",
             source,
         })?;
-        let exe = std::env::current_exe().map_err(|source| LaunchError::Sandbox {
+        let exe = crate::drivers::image::own_image().map_err(|source| LaunchError::Sandbox {
             what: "find the warden binary to run sandbox-init",
             source,
         })?;
