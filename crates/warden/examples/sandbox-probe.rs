@@ -148,6 +148,36 @@ fn inherited_descriptors() {
     report("inherited-fds", escaped, "only 0, 1 and 2 are open");
 }
 
+/// Whether the seccomp filter itself refuses mount(2), told apart from the kernel's refusal of
+/// an app without capabilities, which is EPERM too: a mount(2) whose file-system type cannot be
+/// read fails in the kernel with EFAULT before any permission check, while the filter answers
+/// EPERM before the kernel looks at anything.
+fn seccomp_mount() {
+    // SAFETY: mount(2) only reads the strings its pointers name; the type's pointer (dangling,
+    // address 1) is unreadable on purpose, so the call fails with EFAULT if it reaches the kernel at all.
+    let rc = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_mount,
+            c"none".as_ptr(),
+            c"/tmp".as_ptr(),
+            std::ptr::dangling::<nix::libc::c_char>(),
+            0 as nix::libc::c_ulong,
+            std::ptr::null::<nix::libc::c_void>(),
+        )
+    };
+    let e = std::io::Error::last_os_error();
+    match (rc, e.raw_os_error()) {
+        (0, _) => report("seccomp-mount", Some("mount(2) succeeded".into()), ""),
+        (_, Some(nix::libc::EPERM)) => report("seccomp-mount", None, "the filter answers EPERM"),
+        (_, Some(nix::libc::EFAULT)) => report(
+            "seccomp-mount",
+            Some("mount(2) reached the kernel, which read its arguments (EFAULT)".into()),
+            "",
+        ),
+        _ => println!("probe seccomp-mount: FAILED (unexpected {e})"),
+    }
+}
+
 /// The filler of [`alloc`]: exits 0 once every page is touched, 2 if the reservation fails.
 fn fill(mb: usize) -> ! {
     let mut v: Vec<u8> = Vec::new();
@@ -266,6 +296,18 @@ fn run(args: &ProbeArgs) {
             .unwrap_or_default()
     };
     let (cap_eff, nnp) = (field("CapEff:"), field("NoNewPrivs:"));
+    // Each on its own: no-new-privileges is a step of the sandbox of its own, not a side
+    // effect of installing the seccomp filter.
+    for (what, name, want) in [
+        ("no-new-privs", "NoNewPrivs:", "1"),
+        ("seccomp-mode", "Seccomp:", "2"),
+    ] {
+        let value = field(name);
+        if !value.is_empty() {
+            let escaped = (value != want).then(|| format!("{name} {value}"));
+            report(what, escaped, format!("{name} {value}"));
+        }
+    }
     if cap_eff.is_empty() {
         println!("probe capabilities: unknown (no /proc/self/status)");
     } else {
@@ -321,6 +363,7 @@ fn run(args: &ProbeArgs) {
         Ok(()) => report("mount", Some("mounted a tmpfs".into()), ""),
         Err(e) => report("mount", None, e),
     }
+    seccomp_mount();
     if let Some(n) = args.processes {
         spawn_many(n);
     }

@@ -77,6 +77,7 @@ mod pools;
 mod rollout;
 mod routing;
 mod sandbox;
+mod seccomp;
 mod security;
 mod settings;
 mod statics;

@@ -139,6 +139,48 @@ pub(crate) fn filters(io_uring: bool) -> Result<Vec<BpfProgram>, FilterError> {
         .collect()
 }
 
+/// Installs `filter` on the calling thread with seccomp(2) itself, not through seccompiler's
+/// `apply_filter`, which sets no-new-privileges on the way: the sandbox sets that flag in a step
+/// of its own (`init::privileges`), and each guard must stand, and be tested, on its own. The
+/// kernel takes a filter from a caller without no-new-privileges if it has CAP_SYS_ADMIN in its
+/// user namespace, as root of the sandbox's namespace does until it execs the app.
+pub(crate) fn install(filter: &[seccompiler::sock_filter]) -> std::io::Result<()> {
+    /// `struct sock_fprog` of linux/filter.h.
+    #[repr(C)]
+    struct Fprog {
+        len: libc::c_ushort,
+        filter: *const seccompiler::sock_filter,
+    }
+    let len = u16::try_from(filter.len())
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("a filter of {} instructions", filter.len()),
+            )
+        })?;
+    let prog = Fprog {
+        len,
+        filter: filter.as_ptr(),
+    };
+    // SAFETY: seccomp(2) copies the program that `prog` points to, which outlives the call, and
+    // keeps no pointer to it.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0 as libc::c_ulong,
+            &prog as *const Fprog,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -144,7 +144,8 @@ fn prepare_exec(plan: &Plan, filters: &[seccompiler::BpfProgram]) -> Result<(), 
     }
     drop_privileges()?;
     for f in filters {
-        seccompiler::apply_filter(f).map_err(|e| SetupError::Seccomp(e.to_string()))?;
+        crate::drivers::sandbox::seccomp::install(f)
+            .map_err(|e| SetupError::Seccomp(e.to_string()))?;
     }
     Ok(())
 }
