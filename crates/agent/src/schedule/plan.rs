@@ -351,7 +351,8 @@ fn start_drain_moves(p: &mut Placement, w: &World) {
                 .filter(|m| m.from == node.id && m.app == app && m.label == label)
                 .count() as u32;
             for _ in moving..n {
-                let Some(to) = best_target(p, w, &app, &label, Some(&node.id), Purpose::Place) else {
+                let Some(to) = best_target(p, w, &app, &label, Some(&node.id), Purpose::Place)
+                else {
                     break;
                 };
                 begin(

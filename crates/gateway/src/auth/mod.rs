@@ -8,11 +8,13 @@
 //! count, so Basic credentials beside it are used. More than one Authorization header gets 400.
 //!
 //! Argon2id never runs on the async executor: verifications run on the blocking pool, at most
-//! one per core at a time, with a bounded queue; past it the gateway answers 503 at once. The
-//! password is dropped as soon as it is verified and is never logged.
+//! one per core at a time, with a bounded queue shared fairly between networks ([`fair`]); past
+//! it the gateway answers 503 at once. The password is dropped as soon as it is verified and is
+//! never logged.
 
 pub(crate) mod basic;
 pub(crate) mod cache;
+pub(crate) mod fair;
 pub(crate) mod session;
 pub(crate) mod throttle;
 
@@ -21,12 +23,11 @@ mod props;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::HeaderMap;
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::OnceCell;
 
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
@@ -57,9 +58,8 @@ pub(crate) struct Authenticator {
     argon2: warden_auth::Argon2Cost,
     cache: cache::CredentialCache,
     throttle: throttle::Throttle,
-    pool: Semaphore,
-    waiting: AtomicUsize,
-    max_waiting: usize,
+    /// One verification per core at a time, 64 per core waiting, fairly between networks.
+    pool: fair::FairPool,
     /// Verifications under way, by credential: when a cached credential expires under load,
     /// every request carrying it waits for one Argon2id run instead of starting its own.
     inflight: Mutex<HashMap<cache::CredKey, Arc<OnceCell<Verdict>>>>,
@@ -89,9 +89,7 @@ impl Authenticator {
                     per_user: config.failures_per_user,
                 },
             ),
-            pool: Semaphore::new(cores),
-            waiting: AtomicUsize::new(0),
-            max_waiting: 64 * cores,
+            pool: fair::FairPool::new(cores, 64 * cores),
             inflight: Mutex::new(HashMap::new()),
         }
     }
@@ -187,7 +185,7 @@ impl Authenticator {
             .clone();
         // If the request running the verification goes away, a waiting one takes it over.
         let verdict = *cell
-            .get_or_init(|| self.verify(&user, password, key, fingerprint, m))
+            .get_or_init(|| self.verify(&user, password, key, fingerprint, peer, m))
             .await;
         {
             let mut inflight = self.inflight_lock();
@@ -221,18 +219,14 @@ impl Authenticator {
         password: String,
         key: cache::CredKey,
         fingerprint: cache::Fingerprint,
+        peer: IpAddr,
         m: &Metrics,
     ) -> Verdict {
-        // Counted through a guard, so a request that goes away while queued frees its place.
-        let waiting = Waiting(&self.waiting);
-        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
-            return Verdict::Busy;
-        }
         let queued = Instant::now();
-        let permit = self.pool.acquire().await;
-        drop(waiting);
+        // A request that goes away while queued gives its place back (see `fair`).
+        let slot = self.pool.acquire(fair::Source::from(peer)).await;
         m.phase("queue", queued.elapsed());
-        let Ok(_permit) = permit else {
+        let Some(_slot) = slot else {
             return Verdict::Busy;
         };
         let phc = user.as_ref().map(|u| u.record.password_hash.clone());
@@ -248,14 +242,6 @@ impl Authenticator {
         } else {
             Verdict::Invalid
         }
-    }
-}
-
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
