@@ -2,8 +2,10 @@
 //! of the slug's home (its mark and its tree), its bytes fixed by its files alone, named in the
 //! app's spec by its SHA-256 so that a fetching node checks what it got.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
+
+use super::beneath::{Links, Root};
 
 /// File name of the archive in a slug's home; never inside the archive itself.
 pub(crate) const FILE: &str = "slug.tar.gz";
@@ -21,17 +23,46 @@ pub(crate) fn pack(home: &Path) -> std::io::Result<String> {
     let mut tar = tar::Builder::new(gz);
     tar.mode(tar::HeaderMode::Deterministic);
     tar.follow_symlinks(false);
+    let root = Root::open(home)?;
     for rel in &entries {
         if rel.as_os_str() == FILE {
             continue;
         }
-        tar.append_path_with_name(home.join(rel), rel)?;
+        append(&mut tar, &root, home, rel)?;
     }
     let mut w = tar.into_inner()?.finish()?;
     w.flush()?;
     drop(w);
     std::fs::rename(&tmp, home.join(FILE))?;
     sha256_file(&home.join(FILE))
+}
+
+/// Appends `rel` as it is: a symlink as a link, never followed; a file read through a
+/// descriptor opened beneath `home` with no symlink on its path, at most the size it had.
+fn append<W: Write>(
+    tar: &mut tar::Builder<W>,
+    root: &Root,
+    home: &Path,
+    rel: &Path,
+) -> std::io::Result<()> {
+    let meta = std::fs::symlink_metadata(home.join(rel))?;
+    let mut header = tar::Header::new_gnu();
+    if meta.file_type().is_symlink() {
+        header.set_metadata_in_mode(&meta, tar::HeaderMode::Deterministic);
+        let target = std::fs::read_link(home.join(rel))?;
+        return tar.append_link(&mut header, rel, target);
+    }
+    if meta.is_dir() {
+        header.set_metadata_in_mode(&meta, tar::HeaderMode::Deterministic);
+        return tar.append_data(&mut header, rel, std::io::empty());
+    }
+    let file = root
+        .file(rel, Links::Refuse)
+        .map_err(std::io::Error::other)?;
+    let meta = file.metadata()?;
+    header.set_metadata_in_mode(&meta, tar::HeaderMode::Deterministic);
+    let size = meta.len();
+    tar.append_data(&mut header, rel, file.take(size))
 }
 
 fn collect(root: &Path, dir: &Path, out: &mut Vec<std::path::PathBuf>) -> std::io::Result<()> {

@@ -8,6 +8,8 @@ use std::path::Path;
 use warden_core::builds::BuildError;
 use warden_core::BuildKind;
 
+use super::beneath::{BeneathError, Root};
+
 /// The Python that builds and runs virtual environments: the system's, which the sandbox shows
 /// (a Python under /root or /opt is invisible there).
 pub(crate) const PYTHON: &str = "/usr/bin/python3";
@@ -22,13 +24,28 @@ pub(crate) struct Recipe {
     pub command: Vec<String>,
 }
 
+/// Most bytes of a Procfile or package.json that detection reads.
+const MAX_RECIPE_FILE: u64 = 1 << 20;
+
 fn detect_error(msg: impl Into<String>) -> BuildError {
     BuildError::Detect(msg.into())
 }
 
+/// The text of `name` in the tree, if it is there; bounded, and opened beneath the root.
+fn read_text(root: &Root, name: &str) -> Result<Option<String>, BuildError> {
+    let bytes = root
+        .read(name, MAX_RECIPE_FILE)
+        .map_err(|e: BeneathError| detect_error(e.to_string()))?;
+    bytes
+        .map(|b| {
+            String::from_utf8(b).map_err(|_| detect_error(format!("{name} is not UTF-8 text")))
+        })
+        .transpose()
+}
+
 /// The `web` line of the tree's Procfile, if it has one. Refuses a Procfile without one.
-fn procfile_web(dir: &Path) -> Result<Option<String>, BuildError> {
-    let Ok(text) = std::fs::read_to_string(dir.join("Procfile")) else {
+fn procfile_web(root: &Root) -> Result<Option<String>, BuildError> {
+    let Some(text) = read_text(root, "Procfile")? else {
         return Ok(None);
     };
     for line in text.lines() {
@@ -49,9 +66,9 @@ fn procfile_web(dir: &Path) -> Result<Option<String>, BuildError> {
 
 /// The command that starts a Node app without a Procfile: `npm start` when package.json has a
 /// start script, else `node` on its `main` or on server.js or index.js.
-fn node_start(dir: &Path) -> Result<String, BuildError> {
-    let text = std::fs::read_to_string(dir.join("package.json"))
-        .map_err(|e| detect_error(format!("cannot read package.json: {e}")))?;
+fn node_start(root: &Root) -> Result<String, BuildError> {
+    let text = read_text(root, "package.json")?
+        .ok_or_else(|| detect_error("a Node app needs a package.json"))?;
     let pkg: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| detect_error(format!("package.json is not JSON: {e}")))?;
     if pkg["scripts"]["start"].is_string() {
@@ -63,7 +80,7 @@ fn node_start(dir: &Path) -> Result<String, BuildError> {
         .map(String::as_str)
         .chain(["server.js", "index.js"])
     {
-        if dir.join(candidate).is_file() {
+        if root.is_file(candidate) {
             return Ok(format!("node {}", shell_quote(candidate)));
         }
     }
@@ -78,8 +95,10 @@ fn shell_quote(s: &str) -> String {
 
 /// Decides how to build and run the tree at `dir`, as `kind` when the pusher named one.
 pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, BuildError> {
-    let has = |f: &str| dir.join(f).is_file();
-    let web = procfile_web(dir)?;
+    let root = Root::open(dir)
+        .map_err(|e| BuildError::Node(format!("cannot open the unpacked tree: {e}")))?;
+    let has = |f: &str| root.is_file(f);
+    let web = procfile_web(&root)?;
     let python = has("requirements.txt") || has("pyproject.toml");
     let kind = match kind {
         Some(k) => k,
@@ -129,7 +148,7 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
             }
             let web = match web {
                 Some(w) => w,
-                None => node_start(dir)?,
+                None => node_start(&root)?,
             };
             let install = if has("package-lock.json") {
                 "ci"
@@ -235,6 +254,16 @@ mod tests {
             let err = kind_of(&files).expect_err(want).to_string();
             assert!(err.contains(want), "{err:?} should say {want:?}");
         }
+        // A Procfile that links out of the tree, through links that each look inside, is
+        // never read.
+        let outer = tempfile::tempdir().expect("dir");
+        std::fs::write(outer.path().join("outside"), "web: cat /etc/shadow\n").expect("write");
+        let t = outer.path().join("t");
+        std::fs::create_dir_all(t.join("b")).expect("b");
+        std::os::unix::fs::symlink("..", t.join("b/c")).expect("link");
+        std::os::unix::fs::symlink("b/c/../outside", t.join("Procfile")).expect("link");
+        let err = detect(&t, None).expect_err("outside").to_string();
+        assert!(err.contains("leads outside the tree"), "{err}");
         let forced = detect(tree(&[("README", "")]).path(), Some(BuildKind::Static));
         assert!(forced
             .expect_err("no index")

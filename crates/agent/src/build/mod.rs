@@ -11,6 +11,7 @@
 //! read-only to everyone else: instances see them read-only (the sandbox binds them so).
 
 mod archive;
+mod beneath;
 mod detect;
 mod relocate;
 mod run;

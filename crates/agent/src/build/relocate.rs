@@ -4,45 +4,57 @@
 //! the venv's own `python3` first on their PATH (see [`super::slugs::run_spec`]), so the
 //! scripts still run in the venv.
 
-use std::io::Read;
+use std::io::{Read, Seek, Write};
 use std::path::Path;
 
-/// Rewrites the shebangs under `tree/.venv/bin` that name a Python inside `tree`.
+use nix::fcntl::OFlag;
+
+use super::beneath::{BeneathError, Links, Root};
+
+/// Largest script whose shebang is rewritten.
+const MAX_SCRIPT: u64 = 1 << 20;
+
+/// Rewrites the shebangs under `tree/.venv/bin` that name a Python inside `tree`. Every file is
+/// opened beneath the tree with no symlink on its path: a link in the venv is left alone.
 pub(crate) fn relocate(tree: &Path) -> std::io::Result<()> {
-    let bin = tree.join(".venv/bin");
-    for dir in [tree.join(".venv"), bin.clone()] {
-        match std::fs::symlink_metadata(&dir) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(std::io::Error::other(format!(
-                    "{} is a symlink; a virtual environment must be the tree's own",
-                    dir.display()
-                )))
-            }
-            Ok(_) => {}
-            Err(_) => return Ok(()),
+    let root = Root::open(tree)?;
+    let bin = Path::new(".venv/bin");
+    match root.open_at(bin, OFlag::O_PATH | OFlag::O_DIRECTORY, Links::Refuse) {
+        Ok(_) => {}
+        Err(BeneathError::Symlink(_) | BeneathError::Outside(_)) => {
+            return Err(std::io::Error::other(format!(
+                "{} is a symlink; a virtual environment must be the tree's own",
+                tree.join(bin).display()
+            )))
         }
+        Err(_) => return Ok(()),
     }
-    let Ok(entries) = std::fs::read_dir(&bin) else {
+    let Ok(entries) = std::fs::read_dir(tree.join(bin)) else {
         return Ok(());
     };
     let prefix = format!("#!{}", tree.display());
     for e in entries {
-        let path = e?.path();
-        let meta = std::fs::symlink_metadata(&path)?;
-        if !meta.is_file() || meta.len() > 1 << 20 {
+        let rel = bin.join(e?.file_name());
+        // Symlinks, directories and whatever else is not a plain file are not scripts.
+        let Ok(mut file) = root.file_with(&rel, OFlag::O_RDWR, Links::Refuse) else {
+            continue;
+        };
+        if file.metadata()?.len() > MAX_SCRIPT {
             continue;
         }
-        let mut head = [0u8; 2];
-        if std::fs::File::open(&path)?.read(&mut head)? < 2 || &head != b"#!" {
+        let mut text = Vec::new();
+        (&mut file).take(MAX_SCRIPT).read_to_end(&mut text)?;
+        if !text.starts_with(b"#!") {
             continue;
         }
-        let text = std::fs::read(&path)?;
         let end = text.iter().position(|&b| b == b'\n').unwrap_or(text.len());
         let first = String::from_utf8_lossy(&text[..end]);
         if first.starts_with(&prefix) && first.contains("/.venv/bin/python") {
             let mut new = b"#!/usr/bin/env python3".to_vec();
             new.extend_from_slice(&text[end..]);
-            std::fs::write(&path, new)?;
+            file.rewind()?;
+            file.write_all(&new)?;
+            file.set_len(new.len() as u64)?;
         }
     }
     Ok(())
@@ -58,7 +70,17 @@ mod tests {
         let own = format!("#!{}/.venv/bin/python3\nimport x\n", t.path().display());
         std::fs::write(bin.join("gunicorn"), own).expect("write");
         std::fs::write(bin.join("other"), "#!/bin/sh\necho\n").expect("write");
+        // A link in the venv to a file outside is not followed, even with the venv's shebang.
+        let outside = tempfile::tempdir().expect("dir");
+        let theirs = format!("#!{}/.venv/bin/python3\nkeep\n", t.path().display());
+        std::fs::write(outside.path().join("theirs"), &theirs).expect("write");
+        std::os::unix::fs::symlink(outside.path().join("theirs"), bin.join("linked"))
+            .expect("link");
         super::relocate(t.path()).expect("relocate");
+        assert_eq!(
+            std::fs::read_to_string(outside.path().join("theirs")).expect("read"),
+            theirs
+        );
         let read = |n: &str| std::fs::read_to_string(bin.join(n)).expect("read");
         assert_eq!(read("gunicorn"), "#!/usr/bin/env python3\nimport x\n");
         assert_eq!(read("other"), "#!/bin/sh\necho\n");

@@ -4,7 +4,10 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use nix::fcntl::OFlag;
 use warden_core::builds::BuildError;
+
+use super::beneath::{BeneathError, Links, Root};
 
 /// Decompressed bytes allowed beyond the content itself: headers and padding.
 const HEADER_SLACK: u64 = 64 << 20;
@@ -102,7 +105,10 @@ pub(crate) fn unpack(
     let entries = tar
         .entries()
         .map_err(|e| bad(format!("the upload is not a gzip'd tar archive: {e}")))?;
+    let root = Root::open(into)
+        .map_err(|e| BuildError::Node(format!("cannot open the directory to unpack into: {e}")))?;
     let (mut count, mut total) = (0u64, 0u64);
+    let mut links = Vec::new();
     for entry in entries {
         let mut entry = entry.map_err(|e| {
             bad(format!(
@@ -154,6 +160,7 @@ pub(crate) fn unpack(
                         target.display()
                     )));
                 }
+                links.push(rel.clone());
             }
             other => {
                 return Err(bad(format!(
@@ -163,16 +170,25 @@ pub(crate) fn unpack(
             }
         }
         // No entry may be written through a symlink an earlier entry made: `d -> .` and then
-        // `d/d/x -> ../../etc` would put a link out of the tree at its top.
-        let mut at = into.to_path_buf();
-        for c in rel.parent().into_iter().flat_map(|p| p.components()) {
-            at.push(c);
-            if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
-                return Err(bad(format!(
-                    "entry {} lies under symlink {}; an archive may not write through its own links",
-                    rel.display(),
-                    at.strip_prefix(into).unwrap_or(&at).display()
-                )));
+        // `d/d/x -> ../../etc` would put a link out of the tree at its top. The kernel walks
+        // the parent beneath the root, refusing any symlink on the way.
+        if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
+            match root.open_at(parent, OFlag::O_PATH | OFlag::O_DIRECTORY, Links::Refuse) {
+                Err(BeneathError::Symlink(_) | BeneathError::Outside(_)) => {
+                    return Err(bad(format!(
+                        "entry {} lies under a symlink; an archive may not write through its own links",
+                        rel.display(),
+                    )))
+                }
+                Err(BeneathError::Io { source, .. })
+                    if source.raw_os_error() == Some(libc::ENOTDIR) =>
+                {
+                    return Err(bad(format!(
+                        "entry {} lies under a file; an archive's paths must go through directories",
+                        rel.display(),
+                    )))
+                }
+                Ok(_) | Err(_) => {}
             }
         }
         let ok = entry
@@ -196,6 +212,27 @@ pub(crate) fn unpack(
     }
     if count == 0 {
         return Err(bad("the archive is empty"));
+    }
+    if !built {
+        // Each link looked inside as text; chained (`b/c -> ..`, then `a -> b/c/..`) they
+        // may not. The kernel follows every one of them beneath the root.
+        for rel in &links {
+            match root.resolves_beneath(rel) {
+                Ok(()) => {}
+                Err(BeneathError::Outside(_)) => {
+                    return Err(bad(format!(
+                        "symlink {} leads outside the archive through other links; a slug holds only its own files",
+                        rel.display()
+                    )))
+                }
+                Err(e) => {
+                    return Err(bad(format!(
+                        "symlink {} cannot be followed ({e}); leave out links that loop",
+                        rel.display()
+                    )))
+                }
+            }
+        }
     }
     Ok(total)
 }
@@ -264,7 +301,15 @@ mod tests {
                     link(b, "d", ".");
                     link(b, "d/d/out", "../../x");
                 }),
-                "lies under symlink",
+                "lies under a symlink",
+            ),
+            (
+                archive(|b| {
+                    file(b, "b/keep", b"x");
+                    link(b, "b/c", "..");
+                    link(b, "a", "b/c/..");
+                }),
+                "leads outside the archive through other links",
             ),
             (
                 archive(|b| {

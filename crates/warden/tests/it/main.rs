@@ -85,4 +85,5 @@ mod stdio;
 mod store_durability;
 mod tls;
 mod upgrade;
+mod uploads;
 mod walking_skeleton;
