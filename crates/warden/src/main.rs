@@ -281,8 +281,15 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(cli))
+    let code = runtime.block_on(run(cli));
+    // Dropping the runtime would wait for every blocking task, however long it runs; a stop
+    // waits this long for them (they watch for their pushes being called off), then exits.
+    runtime.shutdown_timeout(BLOCKING_GRACE);
+    code
 }
+
+/// How long a stopping warden waits for its blocking tasks to finish.
+const BLOCKING_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn run(cli: Cli) -> std::process::ExitCode {
     let result = match cli.command {

@@ -20,6 +20,7 @@ mod trial;
 mod unpack;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,6 +74,16 @@ impl Builder {
             archive,
             cached,
         })
+    }
+}
+
+/// Sets its flag when dropped: a blocking task watching the flag stops.
+#[derive(Default)]
+struct CallOff(Arc<AtomicBool>);
+
+impl Drop for CallOff {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -138,14 +149,22 @@ impl Builds for Builder {
         let slugs = self.paths.slugs.clone();
         let max = self.max_unpacked;
         let (archive, digest) = (archive.to_owned(), digest.to_owned());
+        // Dropped with this future (the client went away, warden is stopping): the unpack
+        // stops at its next read and leaves nothing behind.
+        let called_off = CallOff::default();
+        let cancel = called_off.0.clone();
         tokio::task::spawn_blocking(move || {
             std::fs::create_dir_all(&slugs)
                 .map_err(|e| Self::node_error("create the slug directory", e))?;
             let scratch = slugs.join(format!(".unpack-{}", warden_core::id::short_id()));
             std::fs::create_dir(&scratch)
                 .map_err(|e| Self::node_error("create a directory to unpack into", e))?;
-            let recipe = unpack::unpack(&archive, &scratch, max, false)
-                .and_then(|_| detect::detect(&scratch, kind));
+            let recipe = unpack::unpack(&archive, &scratch, max, false, &cancel)
+                .and_then(|_| detect::detect(&scratch, kind))
+                .and_then(|r| match cancel.load(Ordering::Relaxed) {
+                    true => Err(BuildError::Node("the push was called off".into())),
+                    false => Ok(r),
+                });
             let recipe = match recipe {
                 Ok(r) => r,
                 Err(e) => {

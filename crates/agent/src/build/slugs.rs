@@ -166,8 +166,14 @@ impl Fetcher {
                 if got != digest {
                     return Err(format!("the fetched slug's digest is {got}, not {digest}"));
                 }
-                super::unpack::unpack(&file2, &scratch2, MAX_FETCH * 8, true)
-                    .map_err(|e| e.to_string())?;
+                super::unpack::unpack(
+                    &file2,
+                    &scratch2,
+                    MAX_FETCH * 8,
+                    true,
+                    &std::sync::atomic::AtomicBool::new(false),
+                )
+                .map_err(|e| e.to_string())?;
                 std::fs::write(scratch2.join(DIGEST), &digest).map_err(|e| e.to_string())?;
                 let _ = std::fs::remove_dir_all(&home);
                 std::fs::rename(&scratch2, &home).map_err(|e| e.to_string())

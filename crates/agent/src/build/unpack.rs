@@ -3,6 +3,7 @@
 //! was, before a build runs.
 
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::fcntl::OFlag;
 use warden_core::builds::BuildError;
@@ -12,14 +13,27 @@ use super::beneath::{BeneathError, Links, Root};
 /// Decompressed bytes allowed beyond the content itself: headers and padding.
 const HEADER_SLACK: u64 = 64 << 20;
 
-/// A reader that fails once it has given `left` bytes.
-struct Capped<R> {
+/// Longest path an entry or a link target may have, in bytes (Linux's `PATH_MAX`).
+pub(crate) const MAX_PATH: usize = 4096;
+/// Longest component of a path, in bytes (Linux's `NAME_MAX`).
+pub(crate) const MAX_NAME: usize = 255;
+/// Most components of a path.
+pub(crate) const MAX_DEPTH: usize = 256;
+/// Largest pax extension header: a path, a link target and some attributes.
+const MAX_PAX: u64 = 64 << 10;
+
+/// A reader that fails once it has given `left` bytes, or once its work is called off.
+struct Capped<'a, R> {
     inner: R,
     left: u64,
+    cancel: &'a AtomicBool,
 }
 
-impl<R: std::io::Read> std::io::Read for Capped<R> {
+impl<R: std::io::Read> std::io::Read for Capped<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.cancel.load(Ordering::Relaxed) {
+            return Err(std::io::Error::other("the push was called off"));
+        }
         if self.left == 0 {
             return Err(std::io::Error::other(
                 "the archive unpacks to more than this node takes",
@@ -39,6 +53,94 @@ pub(crate) const MAX_ENTRIES: u64 = 200_000;
 
 fn bad(msg: impl Into<String>) -> BuildError {
     BuildError::BadArchive(msg.into())
+}
+
+/// Refuses a path past [`MAX_PATH`] bytes, a component past [`MAX_NAME`] or more than
+/// [`MAX_DEPTH`] components: every later step is then bounded work.
+fn bounded(what: &str, path: &Path) -> Result<(), BuildError> {
+    use std::os::unix::ffi::OsStrExt;
+    let len = path.as_os_str().as_bytes().len();
+    if len > MAX_PATH {
+        return Err(bad(format!(
+            "{what} is {len} bytes long, longer than the {MAX_PATH} bytes a path may have"
+        )));
+    }
+    let mut depth = 0;
+    for c in path.components() {
+        depth += 1;
+        if c.as_os_str().as_bytes().len() > MAX_NAME {
+            return Err(bad(format!(
+                "{what} has a name longer than {MAX_NAME} bytes: {}…",
+                String::from_utf8_lossy(&c.as_os_str().as_bytes()[..32])
+            )));
+        }
+    }
+    if depth > MAX_DEPTH {
+        return Err(bad(format!(
+            "{what} is {depth} directories deep, deeper than the {MAX_DEPTH} an archive may go"
+        )));
+    }
+    Ok(())
+}
+
+/// Reads the archive's headers alone, before anything is unpacked, refusing long-name and pax
+/// headers too large for a path: the tar reader holds each whole in memory.
+fn check_headers(archive: &Path, cap: u64, cancel: &AtomicBool) -> Result<(), BuildError> {
+    let mut tar = open(archive, cap, cancel)?;
+    let entries = tar
+        .entries()
+        .map_err(|e| bad(format!("the upload is not a gzip'd tar archive: {e}")))?
+        .raw(true);
+    for (n, entry) in entries.enumerate() {
+        let entry = entry.map_err(unreadable)?;
+        if n as u64 > 3 * MAX_ENTRIES {
+            return Err(too_many());
+        }
+        let kind = entry.header().entry_type();
+        let limit = if kind.is_gnu_longname() || kind.is_gnu_longlink() {
+            MAX_PATH as u64 + 1
+        } else if kind.is_pax_local_extensions() || kind.is_pax_global_extensions() {
+            MAX_PAX
+        } else {
+            continue;
+        };
+        if entry.size() > limit {
+            return Err(bad(format!(
+                "an entry's name or extended header is {} bytes long, longer than the {MAX_PATH} bytes a path may have",
+                entry.size()
+            )));
+        }
+    }
+    Ok(())
+}
+
+type Reader<'a> = Capped<'a, flate2::read::GzDecoder<std::io::BufReader<std::fs::File>>>;
+
+fn open<'a>(
+    archive: &Path,
+    cap: u64,
+    cancel: &'a AtomicBool,
+) -> Result<tar::Archive<Reader<'a>>, BuildError> {
+    let file = std::fs::File::open(archive)
+        .map_err(|e| BuildError::Node(format!("cannot open the upload: {e}")))?;
+    let inflated = flate2::read::GzDecoder::new(std::io::BufReader::new(file));
+    Ok(tar::Archive::new(Capped {
+        inner: inflated,
+        left: cap,
+        cancel,
+    }))
+}
+
+fn unreadable(e: std::io::Error) -> BuildError {
+    bad(format!(
+        "the upload is not a readable gzip'd tar archive ({e}); make it with `warden push` or `tar -czf`"
+    ))
+}
+
+fn too_many() -> BuildError {
+    bad(format!(
+        "the archive holds more than {MAX_ENTRIES} entries; leave out what the app does not need (.wardenignore)"
+    ))
 }
 
 /// `path` made of normal components only (no root, no `..`), or `None`.
@@ -82,23 +184,20 @@ fn link_stays_inside(at: &Path, target: &Path) -> bool {
 /// more than `max_bytes` of content. Files get mode 0755 when any execute bit was set, else
 /// 0644; directories 0755. A `built` slug (checked against its digest before) may hold
 /// symlinks anywhere, such as a virtual environment's `python` to the system's.
+/// Stops early, refused, once `cancel` is set (the push was called off).
 pub(crate) fn unpack(
     archive: &Path,
     into: &Path,
     max_bytes: u64,
     built: bool,
+    cancel: &AtomicBool,
 ) -> Result<u64, BuildError> {
     use std::os::unix::fs::PermissionsExt;
-    let file = std::fs::File::open(archive)
-        .map_err(|e| BuildError::Node(format!("cannot open the upload: {e}")))?;
     // Everything decompressed counts, headers included: a small upload must not become
     // gigabytes in memory (long-name headers are read whole) or on disk.
     let cap = max_bytes.saturating_add(HEADER_SLACK);
-    let inflated = flate2::read::GzDecoder::new(std::io::BufReader::new(file));
-    let mut tar = tar::Archive::new(Capped {
-        inner: inflated,
-        left: cap,
-    });
+    check_headers(archive, cap, cancel)?;
+    let mut tar = open(archive, cap, cancel)?;
     tar.set_overwrite(true);
     tar.set_preserve_permissions(false);
     tar.set_unpack_xattrs(false);
@@ -110,21 +209,16 @@ pub(crate) fn unpack(
     let (mut count, mut total) = (0u64, 0u64);
     let mut links = Vec::new();
     for entry in entries {
-        let mut entry = entry.map_err(|e| {
-            bad(format!(
-                "the upload is not a readable gzip'd tar archive ({e}); make it with `warden push` or `tar -czf`"
-            ))
-        })?;
+        let mut entry = entry.map_err(unreadable)?;
         count += 1;
         if count > MAX_ENTRIES {
-            return Err(bad(format!(
-                "the archive holds more than {MAX_ENTRIES} entries; leave out what the app does not need (.wardenignore)"
-            )));
+            return Err(too_many());
         }
         let raw = entry
             .path()
             .map_err(|e| bad(format!("an entry's path is unreadable: {e}")))?
             .into_owned();
+        bounded("an entry's path", &raw)?;
         let Some(rel) = relative(&raw) else {
             return Err(bad(format!(
                 "entry {} leaves the archive (an absolute path or ..)",
@@ -153,6 +247,7 @@ pub(crate) fn unpack(
                     .flatten()
                     .map(|t| t.into_owned())
                     .unwrap_or_default();
+                bounded(&format!("the target of symlink {}", rel.display()), &target)?;
                 if !built && !link_stays_inside(&rel, &target) {
                     return Err(bad(format!(
                         "symlink {} points outside the archive ({}); a slug holds only its own files",
@@ -265,6 +360,18 @@ mod tests {
         b.append(&h, body).expect("append");
     }
 
+    /// A GNU long-name entry naming the regular file after it.
+    fn gnu_long_name(b: &mut tar::Builder<Vec<u8>>, name: &str) {
+        let mut h = tar::Header::new_gnu();
+        h.as_gnu_mut().expect("gnu").name[..13].copy_from_slice(b"././@LongLink");
+        h.set_entry_type(tar::EntryType::GNULongName);
+        h.set_size(name.len() as u64 + 1);
+        h.set_cksum();
+        b.append(&h, format!("{name}\0").as_bytes())
+            .expect("long name");
+        file(b, "short", b"x");
+    }
+
     fn link(b: &mut tar::Builder<Vec<u8>>, path: &str, target: &str) {
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(tar::EntryType::Symlink);
@@ -280,7 +387,14 @@ mod tests {
         });
         let dir = tempfile::tempdir().expect("dir");
         assert_eq!(
-            unpack(a.path(), dir.path(), 1 << 20, false).expect("unpack"),
+            unpack(
+                a.path(),
+                dir.path(),
+                1 << 20,
+                false,
+                &AtomicBool::new(false)
+            )
+            .expect("unpack"),
             8
         );
         assert_eq!(
@@ -326,16 +440,31 @@ mod tests {
                 "more than 1000 bytes",
             ),
             (archive(|_| {}), "empty"),
+            (
+                archive(|b| gnu_long_name(b, &"a/".repeat(3000))),
+                "longer than the 4096 bytes",
+            ),
+            (
+                archive(|b| gnu_long_name(b, &("d/".repeat(300) + "f"))),
+                "deeper than the 256",
+            ),
         ];
         for (a, want) in cases {
-            let err = unpack(a.path(), dir.path(), 1000, false)
+            let err = unpack(a.path(), dir.path(), 1000, false, &AtomicBool::new(false))
                 .expect_err(want)
                 .to_string();
             assert!(err.contains(want), "{err:?} should say {want:?}");
         }
         let not_gzip = tempfile::NamedTempFile::new().expect("temp");
         std::fs::write(not_gzip.path(), b"hello").expect("write");
-        let err = unpack(not_gzip.path(), dir.path(), 1000, false).expect_err("not gzip");
+        let err = unpack(
+            not_gzip.path(),
+            dir.path(),
+            1000,
+            false,
+            &AtomicBool::new(false),
+        )
+        .expect_err("not gzip");
         assert!(matches!(err, BuildError::BadArchive(_)), "{err}");
         assert!(!dir.path().parent().expect("parent").join("evil").exists());
     }

@@ -86,8 +86,8 @@ pub async fn push(
         return Err(too_large(api.max_upload));
     }
     let (upload, digest) = receive(&api, body).await?;
-    let prepared = builds.prepare(&name, &upload, &digest, kind).await;
-    let _ = std::fs::remove_file(&upload);
+    let prepared = builds.prepare(&name, &upload.0, &digest, kind).await;
+    drop(upload);
     let prepared = prepared.map_err(|e| match e {
         BuildError::BadArchive(m) | BuildError::Detect(m) => ApiError::bad_request(m),
         BuildError::Failed(m) | BuildError::Node(m) => ApiError::internal(m),
@@ -141,8 +141,18 @@ fn too_large(max: u64) -> ApiError {
 }
 
 /// Writes the request body to a private file under the data directory, at most
+/// An upload on disk, removed when dropped: on every path out of a push, a client that went
+/// away and a stopping server included.
+struct Upload(std::path::PathBuf);
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// `api.max_upload` bytes, and returns it with its SHA-256.
-async fn receive(api: &Api, body: Body) -> Result<(std::path::PathBuf, String), ApiError> {
+async fn receive(api: &Api, body: Body) -> Result<(Upload, String), ApiError> {
     use futures_util::StreamExt;
     use sha2::Digest;
     use tokio::io::AsyncWriteExt;
@@ -162,6 +172,7 @@ async fn receive(api: &Api, body: Body) -> Result<(std::path::PathBuf, String), 
         .open(&path)
         .await
         .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", path.display())))?;
+    let upload = Upload(path);
     let mut hash = sha2::Sha256::new();
     let mut size = 0u64;
     let mut stream = body.into_data_stream();
@@ -190,12 +201,9 @@ async fn receive(api: &Api, body: Body) -> Result<(std::path::PathBuf, String), 
         Ok(())
     }
     .await;
-    if let Err(e) = result {
-        let _ = tokio::fs::remove_file(&path).await;
-        return Err(e);
-    }
+    result?;
     let digest = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    Ok((path, digest))
+    Ok((upload, digest))
 }
 
 /// `GET /v1/apps/{name}/releases`: every release, newest last.

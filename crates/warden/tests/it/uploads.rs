@@ -93,3 +93,35 @@ fn chained_symlinks_never_lead_out_of_a_pushed_tree() {
         nothing_left(&w, "chain");
     }
 }
+
+#[test]
+fn overlong_names_are_refused_at_once_and_leave_nothing() {
+    let mut w = Launch::new(BIN).start();
+    // An 8 MiB name in a GNU long-name entry: a small upload, and a path check quadratic in
+    // its length would spin for good.
+    let huge = "a/".repeat(4 << 20);
+    let deep = "d/".repeat(300) + "f";
+    let wide = "n".repeat(300);
+    let cases = [
+        (
+            gzip_tar(|b| file(b, &huge, b"x")),
+            "longer than the 4096 bytes",
+        ),
+        (gzip_tar(|b| file(b, &deep, b"x")), "deeper than the 256"),
+        (
+            gzip_tar(|b| file(b, &wide, b"x")),
+            "name longer than 255 bytes",
+        ),
+        (
+            gzip_tar(|b| link(b, "l", &"x/".repeat(2100))),
+            "longer than the 4096 bytes",
+        ),
+    ];
+    for (archive, want) in cases {
+        let r = post(&w, "long", &archive);
+        assert_eq!(r.status, 400, "{want}: {}", r.text());
+        assert!(r.text().contains(want), "{want}: {}", r.text());
+        nothing_left(&w, "long");
+    }
+    assert!(w.stop().success());
+}
