@@ -93,6 +93,26 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// What `/bin/sh -c` runs for the `web:` command `cmd`: the line itself, as Heroku runs it.
+/// A lone simple command is `exec`'d, so that the app is the instance's process; a line that
+/// is more (`cd x && exec y`, `sleep 4; y`, `exec y`, `A=1 y`) runs as written, its last
+/// command a child of the shell unless it says `exec` (signals reach it either way: they go to
+/// the instance's process group).
+fn start_script(cmd: &str) -> String {
+    let first = cmd.split_whitespace().next().unwrap_or_default();
+    let compound = cmd.contains([';', '&', '|', '\n', '(', ')', '`', '{', '}'])
+        || first.contains('=')
+        || matches!(
+            first,
+            "exec" | "if" | "while" | "until" | "for" | "case" | "!" | "cd" | "export" | "set"
+        );
+    if compound {
+        cmd.to_owned()
+    } else {
+        format!("exec {cmd}")
+    }
+}
+
 /// Decides how to build and run the tree at `dir`, as `kind` when the pusher named one.
 pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, BuildError> {
     let root = Root::open(dir)
@@ -112,7 +132,7 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
             ))
         }
     };
-    let run = |cmd: String| vec!["/bin/sh".to_owned(), "-c".to_owned(), format!("exec {cmd}")];
+    let run = |cmd: String| vec!["/bin/sh".to_owned(), "-c".to_owned(), start_script(&cmd)];
     let recipe = match kind {
         BuildKind::Python => {
             let Some(web) = web else {
@@ -238,6 +258,19 @@ mod tests {
         assert_eq!((site.kind, site.command.len()), (BuildKind::Static, 0));
         let bin = kind_of(&[procfile, ("index.html", "")]).expect("procfile");
         assert_eq!((bin.kind, bin.script), (BuildKind::Procfile, None));
+    }
+
+    #[test]
+    fn a_web_line_runs_as_the_shell_would_and_a_lone_command_is_execd() {
+        for (line, script) in [
+            ("python3 app.py", "exec python3 app.py"),
+            ("cd x && exec y", "cd x && exec y"),
+            ("sleep 4; python3 app.py", "sleep 4; python3 app.py"),
+            ("exec y --port $PORT", "exec y --port $PORT"),
+            ("A=1 y", "A=1 y"),
+        ] {
+            assert_eq!(start_script(line), script, "{line}");
+        }
     }
 
     #[test]

@@ -74,6 +74,7 @@ mod lattice;
 mod lifetimes;
 mod orphans;
 mod pools;
+mod procfile;
 mod rollout;
 mod routing;
 mod sandbox;
