@@ -221,7 +221,7 @@ pub(crate) fn unpack(
         bounded("an entry's path", &raw)?;
         let Some(rel) = relative(&raw) else {
             return Err(bad(format!(
-                "entry {} leaves the archive (an absolute path or ..)",
+                "entry {} climbs out of the archive (a path starting at / or going up with ..); an archive's paths stay inside it",
                 raw.display()
             )));
         };
@@ -269,7 +269,13 @@ pub(crate) fn unpack(
         // the parent beneath the root, refusing any symlink on the way.
         if let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) {
             match root.open_at(parent, OFlag::O_PATH | OFlag::O_DIRECTORY, Links::Refuse) {
-                Err(BeneathError::Symlink(_) | BeneathError::Outside(_)) => {
+                Err(BeneathError::Outside(_)) => {
+                    return Err(bad(format!(
+                        "entry {} has a parent outside the archive",
+                        rel.display(),
+                    )))
+                }
+                Err(BeneathError::Symlink(_)) => {
                     return Err(bad(format!(
                         "entry {} lies under a symlink; an archive may not write through its own links",
                         rel.display(),
@@ -290,7 +296,10 @@ pub(crate) fn unpack(
             .unpack_in(into)
             .map_err(|e| bad(format!("cannot unpack {}: {e}", rel.display())))?;
         if !ok {
-            return Err(bad(format!("entry {} leaves the archive", rel.display())));
+            return Err(bad(format!(
+                "the tar reader refused to unpack entry {}",
+                rel.display()
+            )));
         }
         let at = into.join(&rel);
         let perm = match kind {
@@ -380,6 +389,14 @@ mod tests {
     }
 
     #[test]
+    fn warden_s_own_path_check_refuses_every_way_out() {
+        for out in ["..", "../x", "a/../../x", "a/..", "/etc/passwd", "/"] {
+            assert_eq!(relative(Path::new(out)), None, "{out}");
+        }
+        assert_eq!(relative(Path::new("./a/./b")), Some(PathBuf::from("a/b")));
+    }
+
+    #[test]
     fn unpacks_files_and_inner_links() {
         let a = archive(|b| {
             file(b, "app/main.py", b"print(1)");
@@ -407,7 +424,18 @@ mod tests {
     fn refuses_escapes_devices_and_bombs() {
         let dir = tempfile::tempdir().expect("dir");
         let cases: Vec<(tempfile::NamedTempFile, &str)> = vec![
-            (archive(|b| file(b, "../evil", b"x")), "leaves the archive"),
+            (
+                archive(|b| file(b, "../evil", b"x")),
+                "climbs out of the archive",
+            ),
+            (
+                archive(|b| file(b, "a/../../evil", b"x")),
+                "climbs out of the archive",
+            ),
+            (
+                archive(|b| file(b, "/etc/evil", b"x")),
+                "climbs out of the archive",
+            ),
             (archive(|b| link(b, "etc", "/etc")), "points outside"),
             (archive(|b| link(b, "a/up", "../../x")), "points outside"),
             (
