@@ -38,6 +38,9 @@ pub(crate) struct TlsCounters {
     pub full: IntCounter,
     pub resumed: IntCounter,
     pub failed: IntCounter,
+    /// Handshakes given up before their cryptography: the client had gone, or the gateway was
+    /// stopping.
+    pub abandoned: IntCounter,
     /// Full handshakes refused by admission control.
     pub refused: IntCounter,
     /// Offers to resume that ended in a full handshake (unknown or expired ticket).
@@ -97,7 +100,7 @@ impl Metrics {
         let handshakes = IntCounterVec::new(
             Opts::new(
                 "tls_handshakes_total",
-                "TLS handshakes by result: full, resumed, failed",
+                "TLS handshakes by result: full, resumed, failed, abandoned (the client left or the gateway stopped before the handshake's cryptography)",
             ),
             &["result"],
         )?;
@@ -113,6 +116,7 @@ impl Metrics {
             full: handshakes.with_label_values(&["full"]),
             resumed: handshakes.with_label_values(&["resumed"]),
             failed: handshakes.with_label_values(&["failed"]),
+            abandoned: handshakes.with_label_values(&["abandoned"]),
             refused: refused.clone(),
             resumption_missed: resumption_missed.clone(),
         };

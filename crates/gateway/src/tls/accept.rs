@@ -61,19 +61,28 @@ pub(crate) async fn run(
             in_a_row = 0;
             tokio::task::yield_now().await;
         }
+        // Biased: under a flood the accept is always ready, and a stop must still be seen.
         let accepted = tokio::select! {
-            r = tokio::task::unconstrained(listener.accept()) => r,
+            biased;
             _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
+            r = tokio::task::unconstrained(listener.accept()) => r,
         };
         match accepted {
-            Ok((stream, peer)) => one(&state, &slots, stream, peer),
+            Ok((stream, peer)) => one(&state, &slots, stream, peer, &shutdown),
             Err(e) => reserve.accept_failed(&listener, &state, e, &[]).await,
         }
     }
 }
 
-/// One accepted connection: refused here, or given a task.
-fn one(state: &Arc<State>, slots: &Arc<Semaphore>, stream: TcpStream, peer: SocketAddr) {
+/// One accepted connection: refused here, or given a task, which gives up its handshake when
+/// `shutdown` turns true.
+fn one(
+    state: &Arc<State>,
+    slots: &Arc<Semaphore>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    shutdown: &watch::Receiver<bool>,
+) {
     let Some(early) = early_tls(state, &stream) else {
         return;
     };
@@ -82,16 +91,34 @@ fn one(state: &Arc<State>, slots: &Arc<Semaphore>, stream: TcpStream, peer: Sock
         return;
     };
     let state = state.clone();
+    let shutdown = shutdown.clone();
     let span = tracing::debug_span!("conn", %peer, tls = true);
     tokio::spawn(
         async move {
             state.metrics.connections.inc();
-            with_tls(state.clone(), stream, peer, early).await;
+            with_tls(state.clone(), stream, peer, early, shutdown).await;
             state.metrics.connections.dec();
             drop(slot);
         }
         .instrument(span),
     );
+}
+
+/// Whether the client of `stream` has closed or reset its side: a TLS client never half-closes
+/// before its handshake is done, so the end of its stream means it left. One non-blocking
+/// peek; nothing is consumed.
+fn client_gone(stream: &TcpStream) -> bool {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut byte = [0u8; 1];
+    match recv(
+        stream.as_raw_fd(),
+        &mut byte,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    ) {
+        Ok(0) => true,
+        Ok(_) | Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => false,
+        Err(_) => true,
+    }
 }
 
 /// The first bytes of a TLS connection read in the accept loop, and when they arrived.
@@ -133,7 +160,13 @@ fn early_tls(state: &State, stream: &TcpStream) -> Option<Early> {
     Some(early)
 }
 
-async fn with_tls(state: Arc<State>, stream: TcpStream, peer: SocketAddr, early: Early) {
+async fn with_tls(
+    state: Arc<State>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    early: Early,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let Some(tls) = state.tls.as_ref() else {
         return;
     };
@@ -166,34 +199,56 @@ async fn with_tls(state: Arc<State>, stream: TcpStream, peer: SocketAddr, early:
         }
         tls::hello::First::Tls { resumption } => resumption,
     };
-    // Resumption attempts are always admitted: they are cheap and finish sessions.
-    let admitted = if resumption {
-        None
-    } else {
-        match tls.admission.admit_full(arrived.map(|a| a.elapsed())).await {
-            Some(a) => Some(a),
-            None => {
-                m.tls.refused.inc();
-                let mut stream = stream;
-                let _ = stream.write_all(&TLS_REFUSAL).await;
-                return;
+    // Admission, then the handshake, given up as soon as the gateway stops: biased, so a stop is
+    // seen before the next step of the handshake, which may be a signature.
+    let handshake = async {
+        // Resumption attempts are always admitted: they are cheap and finish sessions.
+        let admitted = if resumption {
+            None
+        } else {
+            match tls.admission.admit_full(arrived.map(|a| a.elapsed())).await {
+                Some(a) => Some(a),
+                None => {
+                    m.tls.refused.inc();
+                    let mut stream = stream;
+                    let _ = stream.write_all(&TLS_REFUSAL).await;
+                    return None;
+                }
             }
+        };
+        // A client that left while its hello waited (for a slot, or in the backlog of a
+        // gateway too busy to accept) would cost a signature for nobody.
+        if client_gone(&stream) {
+            m.tls.abandoned.inc();
+            return None;
         }
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
+        let io = Prefixed::new(first, stream);
+        let conn = match tokio::time::timeout(tls.handshake_timeout, acceptor.accept(io)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                m.tls.failed.inc();
+                tracing::debug!(error = %e, "TLS handshake failed");
+                return None;
+            }
+            Err(_) => {
+                m.tls.failed.inc();
+                tracing::debug!("TLS handshake timed out");
+                return None;
+            }
+        };
+        Some((conn, admitted))
     };
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
-    let io = Prefixed::new(first, stream);
-    let conn = match tokio::time::timeout(tls.handshake_timeout, acceptor.accept(io)).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            m.tls.failed.inc();
-            tracing::debug!(error = %e, "TLS handshake failed");
+    let (conn, admitted) = tokio::select! {
+        biased;
+        _ = shutdown.wait_for(|s| *s) => {
+            m.tls.abandoned.inc();
             return;
         }
-        Err(_) => {
-            m.tls.failed.inc();
-            tracing::debug!("TLS handshake timed out");
-            return;
-        }
+        done = handshake => match done {
+            Some(done) => done,
+            None => return,
+        },
     };
     drop(admitted);
     let took = started.elapsed().as_secs_f64();

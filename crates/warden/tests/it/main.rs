@@ -85,6 +85,7 @@ mod statics;
 mod stdio;
 mod store_durability;
 mod tls;
+mod tls_gone;
 mod upgrade;
 mod uploads;
 mod walking_skeleton;

@@ -16,11 +16,11 @@ use tokio_rustls::TlsConnector;
 use warden_test_support::http::basic;
 use warden_test_support::{request, wait_until, Launch, Warden};
 
-fn bin() -> &'static str {
+pub(crate) fn bin() -> &'static str {
     crate::BIN
 }
 
-fn tls_addr(w: &Warden) -> String {
+pub(crate) fn tls_addr(w: &Warden) -> String {
     w.tls
         .as_deref()
         .expect("a TLS listener")
@@ -28,11 +28,11 @@ fn tls_addr(w: &Warden) -> String {
         .to_owned()
 }
 
-fn demo_cert(w: &Warden) -> PathBuf {
+pub(crate) fn demo_cert(w: &Warden) -> PathBuf {
     w.dir.join("tls").join("demo-cert.pem")
 }
 
-fn client(
+pub(crate) fn client(
     roots: &[&Path],
     versions: &[&'static rustls::SupportedProtocolVersion],
     alpn: &[&[u8]],
@@ -53,7 +53,7 @@ fn client(
     Arc::new(cfg)
 }
 
-fn any_version() -> Vec<&'static rustls::SupportedProtocolVersion> {
+pub(crate) fn any_version() -> Vec<&'static rustls::SupportedProtocolVersion> {
     vec![&rustls::version::TLS13, &rustls::version::TLS12]
 }
 
@@ -93,7 +93,7 @@ async fn get(mut s: TlsStream<TcpStream>, method: &str, path: &str, auth: &str) 
     (status, text)
 }
 
-fn metric(w: &Warden, line_prefix: &str) -> f64 {
+pub(crate) fn metric(w: &Warden, line_prefix: &str) -> f64 {
     request("GET", &format!("{}/metrics", w.api), &[], b"")
         .text()
         .lines()
@@ -577,9 +577,31 @@ async fn admission_control_switched_off_admits_every_handshake() {
     );
 }
 
+/// Stops the process `pid` with SIGSTOP and waits until every one of its threads has stopped
+/// (the signal reaches each a little later), so that none can still accept.
+pub(crate) fn freeze(pid: nix::unistd::Pid) {
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    wait_until(
+        "every thread of the gateway to stop",
+        Duration::from_secs(10),
+        || {
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+            tasks
+                .flatten()
+                .all(|t| {
+                    let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                    // The state follows the command name in parentheses.
+                    stat.rsplit_once(") ")
+                        .is_some_and(|(_, rest)| rest.starts_with('T'))
+                })
+                .then_some(())
+        },
+    );
+}
+
 /// A connection whose ClientHello (from `cfg`, so a resumption attempt when `cfg` holds a
 /// session) has been written; nothing is read.
-async fn hello_written(addr: &str, cfg: &Arc<ClientConfig>) -> TcpStream {
+pub(crate) async fn hello_written(addr: &str, cfg: &Arc<ClientConfig>) -> TcpStream {
     let mut conn =
         rustls::ClientConnection::new(cfg.clone(), ServerName::try_from("localhost").unwrap())
             .unwrap();
@@ -603,24 +625,7 @@ async fn a_full_handshake_stale_in_the_backlog_is_refused_and_a_resumption_as_st
     // While the gateway is stopped, the kernel completes TCP handshakes and keeps the hellos,
     // as it does in a backlog the gateway is too busy to drain.
     let pid = Pid::from_raw(w.pid() as i32);
-    kill(pid, Signal::SIGSTOP).unwrap();
-    // The signal stops each thread a little later: wait until none can still accept.
-    wait_until(
-        "every thread of the gateway to stop",
-        Duration::from_secs(10),
-        || {
-            let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-            tasks
-                .flatten()
-                .all(|t| {
-                    let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-                    // The state follows the command name in parentheses.
-                    stat.rsplit_once(") ")
-                        .is_some_and(|(_, rest)| rest.starts_with('T'))
-                })
-                .then_some(())
-        },
-    );
+    freeze(pid);
     let mut fresh = hello_written(&addr, &client(&[&cert], &any_version(), &[])).await;
     let mut back = hello_written(&addr, &returning).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
