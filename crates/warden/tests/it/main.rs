@@ -66,6 +66,7 @@ mod cluster;
 mod cluster_routing;
 mod connections;
 mod deploy;
+mod ends;
 mod gateway;
 mod gateway_starts;
 mod healing;
