@@ -5,6 +5,7 @@
 //! watchers, and leases. All writes go through one thread (the `writer` module) that group-commits.
 
 mod codec;
+mod format;
 pub mod verify;
 mod watch;
 mod writer;
@@ -78,15 +79,7 @@ fn open_db(path: &Path) -> Result<Database, StoreError> {
     // deep in a parser must still become a clear message, not a crash.
     let db = verify::quietly(|| Database::create(path))
         .map_err(|_| open_err("the file is damaged (the storage engine could not parse it); restore it from a backup or move it away to start with an empty store".into()))?
-        .map_err(|e| {
-            let hint = match e {
-                redb::DatabaseError::DatabaseAlreadyOpen => {
-                    "another warden process has it open; stop that one or use another --data-dir"
-                }
-                _ => "the file is damaged or not a warden store; restore it from a backup or move it away to start with an empty store",
-            };
-            open_err(format!("{e}; {hint}"))
-        })?;
+        .map_err(|e| verify::open_failure(path, "write", e))?;
     let init = || -> Result<(), redb::Error> {
         let txn = db.begin_write()?;
         txn.open_table(KV)?;
@@ -102,6 +95,14 @@ fn open_db(path: &Path) -> Result<Database, StoreError> {
             open_err("the file is damaged; restore it from a backup or move it away".into())
         })?
         .map_err(|e| open_err(format!("{e}; the file is damaged or not a warden store")))?;
+    Ok(db)
+}
+
+/// Opens (or creates) the file at `path` for writing and brings it to the current record format:
+/// all that opening does to a file, run by [`verify::prove`] on a copy before it runs on the file.
+fn open_prepared(path: &Path) -> Result<Database, StoreError> {
+    let db = open_db(path)?;
+    format::migrate(&db)?;
     Ok(db)
 }
 
@@ -133,11 +134,23 @@ impl EmbeddedStore {
             std::fs::create_dir_all(dir)
                 .map_err(|e| open_err(format!("cannot create its directory: {e}")))?;
         }
-        // Nothing writes to a file that was not read through first.
+        // Nothing writes to a file that was not proved sound first, by the same code that
+        // `warden store check` runs.
         if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
-            verify::verify(path)?;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .map_err(|e| match verify::is_access(&e) {
+                    true => verify::no_access(path, "write", &e),
+                    false => open_err(format!("cannot open it: {e}")),
+                })?;
+            let report = verify::prove(path)?;
+            for (key, why) in &report.damaged {
+                tracing::warn!(key = %key, reason = %why, "a damaged store record is skipped and reported; restore it from a backup, or delete and create it again");
+            }
         }
-        let db = open_db(path)?;
+        let db = open_prepared(path)?;
         let (events, _) = broadcast::channel(1024);
         let shared = Arc::new(Shared {
             db: RwLock::new(Some(Arc::new(db))),

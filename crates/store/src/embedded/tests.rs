@@ -140,3 +140,77 @@ async fn a_record_damaged_below_the_codec_is_listed_as_damaged_and_hides_nothing
     assert_eq!(listing.damaged.len(), 1);
     assert_eq!(listing.damaged[0].0, "k/b");
 }
+
+/// A file as a warden before record checksums wrote it: format-1 records, no `format` row.
+fn write_format_1(path: &std::path::Path, records: &[(&str, &[u8])]) {
+    let db = redb::Database::create(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut kv = txn.open_table(KV).unwrap();
+        let mut log = txn.open_table(LOG).unwrap();
+        for (rev, (key, value)) in (1u64..).zip(records) {
+            let mut rec = Vec::new();
+            for n in [rev, rev, 0] {
+                rec.extend_from_slice(&n.to_le_bytes());
+            }
+            rec.extend_from_slice(&crate::content_hash(value));
+            rec.extend_from_slice(value);
+            kv.insert(*key, rec.as_slice()).unwrap();
+            let mut ev = vec![1u8];
+            ev.extend_from_slice(&(key.len() as u32).to_le_bytes());
+            ev.extend_from_slice(key.as_bytes());
+            ev.extend_from_slice(value);
+            log.insert(rev, ev.as_slice()).unwrap();
+        }
+        let mut meta = txn.open_table(META).unwrap();
+        meta.insert("revision", records.len() as u64).unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+#[tokio::test]
+async fn a_store_written_before_checksums_opens_and_is_sealed_except_its_damaged_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    write_format_1(
+        &path,
+        &[("apps/a/spec", b"{\"a\":1}"), ("users/u", b"{\"u\":2}")],
+    );
+    // One record whose value no longer matches its hash: it must not be sealed as sound.
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut kv = txn.open_table(KV).unwrap();
+            let mut rec = kv.get("users/u").unwrap().unwrap().value().to_vec();
+            let last = rec.len() - 2;
+            rec[last] ^= 0x01;
+            kv.insert("users/u", rec.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let report = verify::prove(&path).unwrap();
+    assert_eq!(report.records, 2);
+    assert_eq!(report.damaged.len(), 1, "{report:?}");
+    assert_eq!(report.damaged[0].0, "users/u");
+
+    let store = EmbeddedStore::open(&path).unwrap();
+    let a = store.get("apps/a/spec").await.unwrap().unwrap();
+    assert_eq!((a.value.as_slice(), a.mod_revision), (&b"{\"a\":1}"[..], 1));
+    assert!(
+        store.get("users/u").await.is_err(),
+        "the damaged record is not served"
+    );
+    assert!(
+        store
+            .put("apps/b/spec", b"{}".to_vec(), None)
+            .await
+            .unwrap()
+            > 2
+    );
+    drop(store);
+    // Only the one damaged record: the log entries were sealed too.
+    let report = verify::prove(&path).unwrap();
+    assert_eq!(report.records, 3);
+    assert_eq!(report.damaged.len(), 1, "{report:?}");
+}

@@ -417,12 +417,12 @@ impl Writer {
                 .insert((l, key), ())
                 .map_err(|e| err(e.into()))?;
         }
-        let record = encode_record(create, rev, lease, &value);
+        let record = encode_record(key, create, rev, lease, &value);
         t.kv.insert(key, record.as_slice())
             .map_err(|e| err(e.into()))?;
         let kind = EventKind::Put(value);
         t.log
-            .insert(rev, encode_event(key, &kind).as_slice())
+            .insert(rev, encode_event(rev, key, &kind).as_slice())
             .map_err(|e| err(e.into()))?;
         events.push(Event {
             revision: rev,
@@ -449,7 +449,7 @@ impl Writer {
         }
         t.kv.remove(key).map_err(|e| err(e.into()))?;
         t.log
-            .insert(rev, encode_event(key, &EventKind::Delete).as_slice())
+            .insert(rev, encode_event(rev, key, &EventKind::Delete).as_slice())
             .map_err(|e| err(e.into()))?;
         events.push(Event {
             revision: rev,

@@ -85,6 +85,7 @@ mod settings;
 mod statics;
 mod stdio;
 mod store_durability;
+mod store_integrity;
 mod tls;
 mod tls_gone;
 mod upgrade;

@@ -1,0 +1,74 @@
+//! Every store record proves itself on every read: bytes changed on disk behind warden's back
+//! (a flip that still leaves valid JSON) are never served, `warden store check` names them, and
+//! `warden up` proves a file by the same code before it writes to it.
+
+use serde_json::json;
+use warden_test_support::{cli, Launch};
+
+use crate::BIN;
+
+/// Replaces every occurrence of `from` in `file` with `to` (same length); how many there were.
+fn rewrite_bytes(file: &std::path::Path, from: &[u8], to: &[u8]) -> usize {
+    assert_eq!(from.len(), to.len());
+    let mut bytes = std::fs::read(file).unwrap();
+    let mut n = 0;
+    let mut at = 0;
+    while let Some(i) = bytes[at..].windows(from.len()).position(|w| w == from) {
+        bytes[at + i..at + i + to.len()].copy_from_slice(to);
+        at += i + to.len();
+        n += 1;
+    }
+    std::fs::write(file, bytes).unwrap();
+    n
+}
+
+fn store_check(dir: &std::path::Path) -> (bool, String, String) {
+    cli(
+        BIN,
+        &["store", "check", "--data-dir", dir.to_str().unwrap()],
+        &[],
+    )
+}
+
+#[test]
+fn a_record_changed_on_disk_is_never_served_and_store_check_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut w = Launch::new(BIN).data_dir(dir.path()).no_demo().start();
+        let spec = json!({"name": "rot", "command": ["/bin/true"],
+            "static_prefix": "/static-rot/", "env": {"MODE": "keep-me"}});
+        assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+        let spec = json!({"name": "fine", "command": ["/bin/true"]});
+        assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+        assert!(w.stop().success());
+    }
+    let (ok, out, err) = store_check(dir.path());
+    assert!(ok && out.contains("every checksum matches"), "{out}{err}");
+    // One changed byte that leaves valid JSON, as a bit flip on disk would.
+    let file = dir.path().join("store.redb");
+    assert!(rewrite_bytes(&file, b"/static-rot/", b"/stptic-rot/") > 0);
+
+    let (ok, _, err) = store_check(dir.path());
+    assert!(!ok, "store check passed a changed record");
+    assert!(err.contains("damaged record apps/rot/spec"), "{err}");
+    assert!(err.contains("restore"), "says what to do: {err}");
+
+    let w = Launch::new(BIN).data_dir(dir.path()).no_demo().start();
+    let app = w.api("GET", "/v1/apps/rot", None);
+    assert!(
+        !app.text().contains("stptic"),
+        "the changed record was served: {}",
+        app.text()
+    );
+    assert_ne!(app.status, 200, "{}", app.text());
+    let apps = w.api("GET", "/v1/apps", None).text();
+    assert!(apps.contains("fine") && !apps.contains("stptic"), "{apps}");
+    let status = w.api("GET", "/v1/status", None).json();
+    let damaged: Vec<&str> = status["damaged"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(damaged, ["apps/rot/spec"], "{status}");
+}
