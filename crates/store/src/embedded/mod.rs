@@ -103,6 +103,7 @@ fn open_db(path: &Path) -> Result<Database, StoreError> {
 fn open_prepared(path: &Path) -> Result<Database, StoreError> {
     let db = open_db(path)?;
     format::migrate(&db)?;
+    writer::read_state(&db)?;
     Ok(db)
 }
 

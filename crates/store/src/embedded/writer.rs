@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use redb::{Durability, ReadableDatabase, ReadableTable, Table, WriteTransaction};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, Table, WriteTransaction};
 use tokio::sync::oneshot;
 
 use super::codec::{decode_meta, encode_event, encode_record};
@@ -24,6 +24,9 @@ pub(super) use recovery::echo;
 
 /// History kept for watchers that resume from an older revision.
 pub(super) const LOG_RETAIN: u64 = 10_000;
+/// The longest lease the store grants (a longer one is cut to it) and reads back: ten years, far
+/// past any session, and short enough that adding it to the clock never overflows.
+pub(super) const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Upper bound of operations in one transaction, so a flood cannot starve repliers forever.
 const MAX_BATCH: usize = 1024;
 
@@ -106,11 +109,67 @@ fn engine(op: &'static str) -> impl Fn(redb::Error) -> StoreError {
     }
 }
 
+/// What the writer keeps in memory, as read from the file.
+pub(super) struct State {
+    revision: Revision,
+    compacted: Revision,
+    next_lease: LeaseId,
+    leases: HashMap<LeaseId, LeaseState>,
+}
+
+/// Reads the writer's state from `db`. Run on a copy by [`super::verify::prove`] before the
+/// file itself is opened for writing, so that nothing here can refuse a file already written
+/// to. Leases get a full TTL from now: their holders had no way to keep them alive while the
+/// store was down.
+pub(super) fn read_state(db: &Database) -> Result<State, StoreError> {
+    let err = engine("load");
+    let txn = db.begin_read().map_err(|e| err(e.into()))?;
+    let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+    let read = |name: &str| -> Result<u64, StoreError> {
+        Ok(meta
+            .get(name)
+            .map_err(|e| err(e.into()))?
+            .map(|v| v.value())
+            .unwrap_or(0))
+    };
+    let (revision, compacted) = (read("revision")?, read("compacted")?);
+    if compacted > revision {
+        return Err(StoreError::Corrupt {
+            key: "meta/compacted".into(),
+            reason: format!("the log says it was compacted up to revision {compacted}, past the store's revision {revision}"),
+        });
+    }
+    let next_lease = read("next_lease")?.max(1);
+    let table = txn.open_table(LEASES).map_err(|e| err(e.into()))?;
+    let now = Instant::now();
+    let mut leases = HashMap::new();
+    for row in table.iter().map_err(|e| err(e.into()))? {
+        let (id, ttl_ms) = row.map_err(|e| err(e.into()))?;
+        let ttl = Duration::from_millis(ttl_ms.value());
+        let deadline = now
+            .checked_add(ttl)
+            .filter(|_| ttl <= MAX_TTL)
+            .ok_or_else(|| StoreError::Corrupt {
+                key: format!("lease/{:x}", id.value()),
+                reason: format!(
+                    "its time to live of {} ms is beyond any warden grants",
+                    ttl_ms.value()
+                ),
+            })?;
+        leases.insert(id.value(), LeaseState { ttl, deadline });
+    }
+    Ok(State {
+        revision,
+        compacted,
+        next_lease,
+        leases,
+    })
+}
+
 // === impl Writer ===
 
 impl Writer {
-    /// Loads counters and leases from disk. Leases get a full TTL from now: their holders had no
-    /// way to keep them alive while the store was down.
+    /// Loads counters and leases from disk ([`read_state`]).
     pub(super) fn load(shared: Arc<Shared>) -> Result<Self, StoreError> {
         let mut w = Self {
             shared,
@@ -125,34 +184,11 @@ impl Writer {
     }
 
     fn reload(&mut self) -> Result<(), StoreError> {
-        let err = engine("load");
-        let db = self.shared.db()?;
-        let txn = db.begin_read().map_err(|e| err(e.into()))?;
-        let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
-        let read = |name: &str| -> Result<u64, StoreError> {
-            Ok(meta
-                .get(name)
-                .map_err(|e| err(e.into()))?
-                .map(|v| v.value())
-                .unwrap_or(0))
-        };
-        self.revision = read("revision")?;
-        self.compacted = read("compacted")?;
-        self.next_lease = read("next_lease")?.max(1);
-        let leases = txn.open_table(LEASES).map_err(|e| err(e.into()))?;
-        let now = Instant::now();
-        self.leases.clear();
-        for row in leases.iter().map_err(|e| err(e.into()))? {
-            let (id, ttl_ms) = row.map_err(|e| err(e.into()))?;
-            let ttl = Duration::from_millis(ttl_ms.value());
-            self.leases.insert(
-                id.value(),
-                LeaseState {
-                    ttl,
-                    deadline: now + ttl,
-                },
-            );
-        }
+        let state = read_state(&*self.shared.db()?)?;
+        self.revision = state.revision;
+        self.compacted = state.compacted;
+        self.next_lease = state.next_lease;
+        self.leases = state.leases;
         self.shared.revision.store(self.revision, Ordering::SeqCst);
         self.shared
             .compacted
@@ -352,7 +388,8 @@ impl Writer {
             Op::Grant { ttl, reply } => {
                 let id = self.next_lease;
                 self.next_lease += 1;
-                let ttl_ms = ttl.as_millis().clamp(1, u64::MAX as u128) as u64;
+                let ttl = ttl.clamp(Duration::from_millis(1), MAX_TTL);
+                let ttl_ms = ttl.as_millis() as u64;
                 t.leases
                     .insert(id, ttl_ms)
                     .map_err(|e| engine("grant")(e.into()))?;

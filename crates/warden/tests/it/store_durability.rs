@@ -48,7 +48,7 @@ fn a_restarted_node_drops_the_records_of_instances_that_died_with_it() {
     assert_eq!(again.status, 200, "{}", again.text());
 }
 
-fn up_fails_with(dir: &std::path::Path) -> String {
+pub(crate) fn up_fails_with(dir: &std::path::Path) -> String {
     match try_up(dir) {
         Outcome::Refused(err) => err,
         Outcome::Started => panic!("warden up must refuse to start on {}", dir.display()),
@@ -400,14 +400,14 @@ fn one_undecodable_record_is_skipped_and_reported_and_breaks_nothing_else() {
 }
 
 /// What `warden up` did with a data dir: started (and answered), or stopped with an error.
-enum Outcome {
+pub(crate) enum Outcome {
     Started,
     Refused(String),
 }
 
 /// Runs `warden up` on `dir`, bounded: a start that neither serves nor exits within a minute
 /// is a hang, and fails the test.
-fn try_up(dir: &std::path::Path) -> Outcome {
+pub(crate) fn try_up(dir: &std::path::Path) -> Outcome {
     let _ = std::fs::remove_file(dir.join("endpoints.json"));
     let mut child = std::process::Command::new(BIN)
         .args([

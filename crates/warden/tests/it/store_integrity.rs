@@ -72,3 +72,44 @@ fn a_record_changed_on_disk_is_never_served_and_store_check_names_it() {
         .collect();
     assert_eq!(damaged, ["apps/rot/spec"], "{status}");
 }
+
+/// Writes `value` at `key` of the u64 table `table` of a stopped warden's store, past warden.
+fn poke_u64_table(file: &std::path::Path, table: &str, key: u64, value: u64) {
+    let db = redb::Database::create(file).unwrap();
+    let txn = db.begin_write().unwrap();
+    txn.open_table(redb::TableDefinition::<u64, u64>::new(table))
+        .unwrap()
+        .insert(key, value)
+        .unwrap();
+    txn.commit().unwrap();
+}
+
+#[test]
+fn up_refuses_before_writing_a_file_that_store_check_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut w = Launch::new(BIN).data_dir(dir.path()).no_demo().start();
+        let spec = json!({"name": "kept", "command": ["/bin/true"]});
+        assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+        assert!(w.stop().success());
+    }
+    let file = dir.path().join("store.redb");
+    // Damage only opening the file for writing meets: a lease no clock can hold.
+    poke_u64_table(&file, "leases", 77, u64::MAX);
+    let (ok, _, check) = store_check(dir.path());
+    assert!(!ok, "store check passed a file warden cannot run on");
+    assert!(
+        check.contains("damaged") && check.contains("lease"),
+        "{check}"
+    );
+    let before = std::fs::read(&file).unwrap();
+    let err = crate::store_durability::up_fails_with(dir.path());
+    assert!(
+        err.contains("store.redb") && err.contains("damaged") && err.contains("restore"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read(&file).unwrap() == before,
+        "warden up wrote to a store file it then refused"
+    );
+}
