@@ -113,3 +113,83 @@ fn up_refuses_before_writing_a_file_that_store_check_refuses() {
         "warden up wrote to a store file it then refused"
     );
 }
+
+/// Runs warden with `args` as a user the store file does not let in: `nobody` when the tests
+/// run as root (root passes every permission), else this user after `chmod 000` of the file.
+fn run_locked_out(args: &[&str]) -> (bool, String) {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(args)
+        .env("XDG_CONFIG_HOME", "/nonexistent-warden-test")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    if nix::unistd::geteuid().is_root() {
+        cmd.uid(65534).gid(65534);
+    }
+    let mut child = cmd.spawn().unwrap();
+    // A start that gets past the store would serve: bounded, so that is a failure, not a hang.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("warden {args:?} neither failed nor ended");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_store_file_warden_may_not_open_is_reported_as_such_never_as_damage() {
+    use std::os::unix::fs::PermissionsExt;
+    let top = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = top.path().join("data");
+    {
+        let mut w = Launch::new(BIN).data_dir(&data).no_demo().start();
+        assert!(w.stop().success());
+    }
+    let file = data.join("store.redb");
+    if nix::unistd::geteuid().is_root() {
+        // The data dir is the service user's; the store file was left root's by a start as
+        // root, as `sudo warden up` would.
+        let nobody = Some(nix::unistd::Uid::from_raw(65534));
+        nix::unistd::chown(&data, nobody, Some(nix::unistd::Gid::from_raw(65534))).unwrap();
+    } else {
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0)).unwrap();
+    }
+    let before = std::fs::read(&file).unwrap();
+    let data_arg = data.to_str().unwrap();
+    for args in [
+        vec!["store", "check", "--data-dir", data_arg],
+        vec![
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_arg,
+        ],
+    ] {
+        let (ok, err) = run_locked_out(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(
+            err.contains("store.redb") && err.contains("may not"),
+            "{args:?} does not say access was refused: {err}"
+        );
+        assert!(
+            !err.contains("damaged") && !err.contains("Restore a backup"),
+            "{args:?} calls a sound file damaged: {err}"
+        );
+    }
+    assert!(
+        std::fs::read(&file).unwrap() == before,
+        "the file was changed"
+    );
+}
