@@ -161,7 +161,7 @@ fn a_store_file_warden_may_not_open_is_reported_as_such_never_as_damage() {
         let nobody = Some(nix::unistd::Uid::from_raw(65534));
         nix::unistd::chown(&data, nobody, Some(nix::unistd::Gid::from_raw(65534))).unwrap();
     } else {
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0)).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o000)).unwrap();
     }
     let before = std::fs::read(&file).unwrap();
     let data_arg = data.to_str().unwrap();
