@@ -112,6 +112,8 @@ pub struct Api {
     /// Largest upload a push may send, in bytes.
     pub max_upload: u64,
     token: Arc<str>,
+    /// The key backups are sealed under (the data dir's `backup-key`); `None`: no backups.
+    backup_key: Option<Arc<str>>,
     sync: Option<SyncHook>,
     metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
 }
@@ -134,6 +136,7 @@ impl Api {
             builds: None,
             max_upload: DEFAULT_MAX_UPLOAD,
             token: admin_token.into(),
+            backup_key: None,
             sync: None,
             metrics: None,
         }
@@ -144,6 +147,17 @@ impl Api {
     pub fn protecting(mut self, dir: std::path::PathBuf) -> Self {
         self.data_dir = Some(dir);
         self
+    }
+
+    /// Seals backups under `key`, which the operator keeps with them to restore them.
+    pub fn with_backup_key(mut self, key: &str) -> Self {
+        self.backup_key = Some(key.into());
+        self
+    }
+
+    /// The key backups are sealed under, if any.
+    pub(crate) fn backup_key(&self) -> Option<&str> {
+        self.backup_key.as_deref()
     }
 
     /// Takes pushes, building them with `builds`, of at most `max_upload` bytes.

@@ -23,14 +23,23 @@ pub enum StoreCommand {
         #[arg(long)]
         data_dir: PathBuf,
     },
-    /// Put a backup back into the data dir of a stopped warden. The store file it replaces, if
-    /// any, is kept beside it as `store.redb.replaced-<time>`
+    /// Put a backup back into the data dir of a stopped warden, after checking its digest, its
+    /// MAC under the backup key, and every record. The store file it replaces, if any, is kept
+    /// beside it as `store.redb.replaced-<time>`
     Restore {
         /// The backup, as `warden store backup` wrote it
         file: PathBuf,
         /// The data dir of the warden to restore (it must not be running)
         #[arg(long)]
         data_dir: PathBuf,
+        /// The backup key of the warden that took the backup (its data dir's `backup-key`);
+        /// by default DATA_DIR/backup-key
+        #[arg(long)]
+        key: Option<PathBuf>,
+        /// Restore even a backup whose digest or MAC does not match, or that has none (it may
+        /// have been damaged or edited); its records are still checked
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -38,7 +47,12 @@ pub enum StoreCommand {
 pub async fn run(cmd: StoreCommand) -> anyhow::Result<()> {
     match cmd {
         StoreCommand::Backup { file, client } => warden_cli::backup(&client, &file).await,
-        StoreCommand::Restore { file, data_dir } => restore(&file, &data_dir).await,
+        StoreCommand::Restore {
+            file,
+            data_dir,
+            key,
+            force,
+        } => restore(&file, &data_dir, key.as_deref(), force).await,
         StoreCommand::Check { data_dir } => check(&data_dir),
     }
 }
@@ -71,11 +85,43 @@ fn check(data_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The backup key: the file given, or the data dir's own; `None` when neither exists.
+fn backup_key(data_dir: &Path, given: Option<&Path>) -> anyhow::Result<Option<String>> {
+    let path = given.map_or_else(|| data_dir.join(crate::up::BACKUP_KEY_FILE), Path::to_owned);
+    match std::fs::read_to_string(&path) {
+        Ok(k) if !k.trim().is_empty() => Ok(Some(k.trim().to_owned())),
+        Ok(_) => anyhow::bail!("the backup key {} is empty", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && given.is_none() => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read the backup key {}", path.display())),
+    }
+}
+
 /// Builds a new store file from the backup beside the old one, then swaps it in: a failure
 /// at any step leaves the data dir as it was.
-async fn restore(file: &Path, data_dir: &Path) -> anyhow::Result<()> {
+async fn restore(
+    file: &Path,
+    data_dir: &Path,
+    key: Option<&Path>,
+    force: bool,
+) -> anyhow::Result<()> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     let backup = warden_store::backup::parse(&bytes)
+        .with_context(|| format!("{} cannot be restored", file.display()))?;
+    let key = backup_key(data_dir, key)?;
+    if let Err(e) = warden_store::backup::verify(&backup, key.as_deref().map(str::as_bytes)) {
+        if !force {
+            anyhow::bail!(
+                "{} cannot be restored: {e}. Restore a backup that proves itself, give the backup key of the warden that took it with --key FILE, or, knowing the backup may be damaged or edited, restore it anyway with --force",
+                file.display()
+            );
+        }
+        eprintln!(
+            "WARNING: restoring {} although {e} (--force); its records are still checked",
+            file.display()
+        );
+    }
+    // Every record is checked before anything is built: a damaged one stops the restore here.
+    warden_store::backup::records(&backup)
         .with_context(|| format!("{} cannot be restored", file.display()))?;
     let target = data_dir.join("store.redb");
     let building = data_dir.join("store.redb.restoring");
@@ -111,6 +157,12 @@ async fn restore(file: &Path, data_dir: &Path) -> anyhow::Result<()> {
     std::fs::rename(&building, &target)
         .with_context(|| format!("cannot move the restored store into {}", target.display()))?;
     crate::files::protect_store_file(data_dir)?;
+    // Restored into a new data dir, the warden keeps sealing backups under the key given.
+    let own_key = data_dir.join(crate::up::BACKUP_KEY_FILE);
+    if let (Some(k), false) = (&key, own_key.exists()) {
+        crate::files::write_private(&own_key, k.as_bytes())?;
+        println!("the backup key is kept in {}", own_key.display());
+    }
     println!(
         "restored {records} records (store revision {} of the backup) into {}",
         backup.revision,

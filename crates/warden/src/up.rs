@@ -178,6 +178,15 @@ fn identity_key(dir: &Path) -> anyhow::Result<IdentityKey> {
     })
 }
 
+/// The key this warden seals backups under (`backup-key`, mode 0600), made on first start. The
+/// operator keeps a copy with the backups: `warden store restore` needs it to trust one.
+fn backup_key(dir: &Path) -> anyhow::Result<String> {
+    load_or_create(&dir.join(BACKUP_KEY_FILE), warden_core::id::secret_token)
+}
+
+/// The file in the data dir that holds the backup key.
+pub const BACKUP_KEY_FILE: &str = "backup-key";
+
 fn load_or_create(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
     if let Some(v) = files::read_private(path)? {
         let v = v.trim().to_owned();
@@ -327,7 +336,8 @@ async fn serve_api(
     let addr = listener.local_addr()?;
     let mut api =
         warden_api::Api::new(store.clone(), m.instances.clone(), token, cfg.argon2_cost())
-            .protecting(cfg.data_dir.clone());
+            .protecting(cfg.data_dir.clone())
+            .with_backup_key(&backup_key(&cfg.data_dir)?);
     if let Some(agent) = &m.agent {
         // Uploads of pushes an earlier run did not finish.
         let _ = std::fs::remove_dir_all(cfg.data_dir.join("uploads"));

@@ -7,10 +7,16 @@ use warden_store::backup::Backup;
 use crate::error::ApiError;
 use crate::Api;
 
-/// The snapshot. It holds password hashes: it is for the admin alone, and the CLI writes it
-/// with mode 0600.
+/// The snapshot, sealed under this warden's backup key. It holds password hashes: it is for the
+/// admin alone, and the CLI writes it with mode 0600.
 pub async fn backup(State(api): State<Api>) -> Result<Json<Backup>, ApiError> {
-    let b = warden_store::backup::snapshot(&*api.store).await?;
+    let key = api.backup_key().ok_or_else(|| {
+        ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "this warden has no backup key to seal a backup with; back up through a warden started by `warden up`",
+        )
+    })?;
+    let b = warden_store::backup::snapshot(&*api.store, key.as_bytes()).await?;
     tracing::info!(
         records = b.records.len(),
         revision = b.revision,

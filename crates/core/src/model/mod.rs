@@ -2,11 +2,13 @@
 //! `app`, everything else in `records`.
 
 mod app;
+mod check;
 mod placement;
 mod records;
 mod release;
 
 pub use app::*;
+pub use check::*;
 pub use placement::*;
 pub use records::*;
 pub use release::*;

@@ -83,10 +83,10 @@ async fn truncated_file_is_a_clear_error() {
 async fn a_backup_restores_every_durable_record_byte_for_byte_and_no_leased_one() {
     let dir = tempfile::tempdir().unwrap();
     let a = EmbeddedStore::open(&dir.path().join("a.redb")).unwrap();
-    a.put("apps/x/spec", b"{\"name\":\"x\"}".to_vec(), None)
+    a.put("things/x", b"{\"name\":\"x\"}".to_vec(), None)
         .await
         .unwrap();
-    a.put("users/u", vec![0, 159, 146, 150, 255], None)
+    a.put("things/u", b" [1, \"\\u00e9\"] ".to_vec(), None)
         .await
         .unwrap();
     let lease = a
@@ -96,20 +96,24 @@ async fn a_backup_restores_every_durable_record_byte_for_byte_and_no_leased_one(
     a.put("sessions/s", b"now".to_vec(), Some(lease))
         .await
         .unwrap();
-    let backup = crate::backup::snapshot(&a).await.unwrap();
+    let backup = crate::backup::snapshot(&a, b"key").await.unwrap();
     let text = serde_json::to_vec(&backup).unwrap();
     let b = EmbeddedStore::open(&dir.path().join("b.redb")).unwrap();
     let parsed = crate::backup::parse(&text).unwrap();
+    crate::backup::verify(&parsed, Some(b"key")).unwrap();
+    assert!(crate::backup::verify(&parsed, Some(b"other key")).is_err());
+    assert!(crate::backup::verify(&parsed, None).is_err());
     assert_eq!(crate::backup::restore(&b, &parsed).await.unwrap(), 2);
     assert_eq!(
-        b.get("users/u").await.unwrap().unwrap().value,
-        vec![0, 159, 146, 150, 255]
+        b.get("things/u").await.unwrap().unwrap().value,
+        b" [1, \"\\u00e9\"] ".to_vec()
     );
-    assert!(b.get("apps/x/spec").await.unwrap().is_some());
+    assert!(b.get("things/x").await.unwrap().is_some());
     assert!(b.get("sessions/s").await.unwrap().is_none());
     assert!(crate::backup::parse(b"{\"format\":\"other\",\"revision\":1,\"records\":[]}").is_err());
     let mut damaged = parsed.clone();
     damaged.records[0].value = "!!".into();
+    assert!(crate::backup::verify(&damaged, Some(b"key")).is_err());
     let c = EmbeddedStore::open(&dir.path().join("c.redb")).unwrap();
     assert!(crate::backup::restore(&c, &damaged).await.is_err());
     assert!(

@@ -84,6 +84,7 @@ mod security;
 mod settings;
 mod statics;
 mod stdio;
+mod store_backup;
 mod store_durability;
 mod store_integrity;
 mod tls;
