@@ -104,6 +104,14 @@ async fn restore(
     key: Option<&Path>,
     force: bool,
 ) -> anyhow::Result<()> {
+    // A mistyped path must not become a new, empty-looking data dir that nothing ever starts on.
+    if !data_dir.is_dir() {
+        anyhow::bail!(
+            "the data dir {} does not exist (or is not a directory): check the path. To restore into a new data dir, create it first (mkdir -m 700 {})",
+            data_dir.display(),
+            data_dir.display()
+        );
+    }
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     let backup = warden_store::backup::parse(&bytes)
         .with_context(|| format!("{} cannot be restored", file.display()))?;

@@ -172,3 +172,22 @@ fn a_backup_restores_into_another_data_dir_given_its_key() {
     let r = w.get_as("alice", &alice, "/apps/demo/");
     assert_eq!(r.status, 200, "alice is back: {}", r.text());
 }
+
+#[test]
+fn a_restore_into_a_data_dir_that_does_not_exist_is_refused_and_creates_nothing() {
+    let (dir, data, backup) = backed_up();
+    let typo = dir.path().join("dta");
+    let key = data.join("backup-key");
+    let (ok, out, err) = restore(
+        dir.path(),
+        &typo,
+        &backup,
+        &["--key", key.to_str().unwrap()],
+    );
+    assert!(!ok, "restored into a data dir that did not exist: {out}");
+    assert!(
+        err.contains("does not exist") && err.contains("mkdir"),
+        "{err}"
+    );
+    assert!(!typo.exists(), "the mistyped data dir was created");
+}
