@@ -38,7 +38,9 @@ async fn run_trial(
     dir: &std::path::Path,
     log: &std::path::Path,
 ) -> Result<(), String> {
-    let mut env = drivers.base_env(spec, id);
+    let mut env = drivers
+        .base_env(spec, id)
+        .map_err(|e| format!("cannot start the release's instance: {e}"))?;
     env.insert("WARDEN_LABEL".into(), label.to_owned());
     let launch = Launch {
         spec,

@@ -127,6 +127,10 @@ pub enum LaunchError {
     /// The sandbox's cgroups could not be set up.
     #[error("cannot set up the instance's cgroup: {0}")]
     Cgroup(#[from] CgroupError),
+    /// The app's environment breaks the rule every API route applies; change it with `warden
+    /// apps update` or `warden config`.
+    #[error("the app's environment cannot be passed: {0}; fix it with `warden config` or `warden apps update`")]
+    Env(#[from] warden_core::model::EnvError),
 }
 
 impl LaunchError {
@@ -134,7 +138,7 @@ impl LaunchError {
     /// uid), rather than the node.
     pub(crate) fn is_the_apps(&self) -> bool {
         match self {
-            Self::NotFound { .. } | Self::Unreachable { .. } => true,
+            Self::NotFound { .. } | Self::Unreachable { .. } | Self::Env(_) => true,
             Self::Spawn { source, .. } => matches!(
                 source.raw_os_error(),
                 Some(libc::ENOENT | libc::EACCES | libc::ENOEXEC | libc::ENOTDIR)
@@ -144,10 +148,35 @@ impl LaunchError {
     }
 }
 
-/// The environment every instance of `spec` gets, but for its label and port.
-pub(crate) fn base_env(spec: &AppSpec, id: &str) -> BTreeMap<String, String> {
+/// The environment every instance of `spec` gets, but for its label and port; refused when the
+/// spec's own does not pass the rule every API route applies (a spec stored before the rule).
+pub(crate) fn base_env(spec: &AppSpec, id: &str) -> Result<BTreeMap<String, String>, LaunchError> {
+    warden_core::model::validate_env(&spec.env)?;
     let mut env = spec.env.clone();
     env.insert("WARDEN_APP".into(), spec.name.clone());
     env.insert("WARDEN_INSTANCE".into(), id.to_owned());
-    env
+    Ok(env)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_environment_that_breaks_the_rule_starts_nothing() {
+        let mut spec = AppSpec::new("demo", vec!["./demo".into()]);
+        spec.env.insert("GREETING".into(), "hi".into());
+        assert!(base_env(&spec, "i1").is_ok());
+        for (k, v) in [
+            ("A=B", "1"),
+            ("TOKEN", "a\0b"),
+            ("WARDEN_INSTANCE_SECRET", "x"),
+        ] {
+            let mut bad = spec.clone();
+            bad.env.insert(k.into(), v.into());
+            let err = base_env(&bad, "i1").expect_err(k);
+            assert!(matches!(err, LaunchError::Env(_)), "{k}: {err}");
+            assert!(err.is_the_apps());
+        }
+    }
 }

@@ -64,13 +64,13 @@ impl Drivers {
         &self,
         spec: &warden_core::AppSpec,
         id: &str,
-    ) -> std::collections::BTreeMap<String, String> {
-        let mut env = launch::base_env(spec, id);
+    ) -> Result<std::collections::BTreeMap<String, String>, LaunchError> {
+        let mut env = launch::base_env(spec, id)?;
         env.insert(
             warden_core::identity::SECRET_ENV.into(),
             self.identity.instance_secret(id),
         );
-        env
+        Ok(env)
     }
 
     /// The driver of `kind`.

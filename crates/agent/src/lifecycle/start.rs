@@ -125,7 +125,10 @@ impl Lifecycle {
             Ok(run) => run,
             Err(e) => return Err((id, e)),
         };
-        let mut env = self.deps.drivers.base_env(&run, &id);
+        let mut env = match self.deps.drivers.base_env(&run, &id) {
+            Ok(env) => env,
+            Err(e) => return Err((id, e)),
+        };
         env.insert("WARDEN_LABEL".into(), label.to_owned());
         let started = std::fs::DirBuilder::new()
             .recursive(true)

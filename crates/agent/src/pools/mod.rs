@@ -265,9 +265,16 @@ impl Pools {
                 return Err(e);
             }
         };
+        let env = match self.drivers.base_env(&run, &id) {
+            Ok(env) => env,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
         let launch = Launch {
             spec: &run,
-            env: self.drivers.base_env(&run, &id),
+            env,
             log: &log,
             dir: &dir,
             build: false,

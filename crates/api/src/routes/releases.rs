@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use warden_core::builds::{BuildError, Builds, Built};
+use warden_core::model::validate_env_var;
 use warden_core::{keys, validate_name, BuildKind, Release, ReleaseSource, ReleaseStatus};
 use warden_store::{decode, get_json};
 
@@ -274,14 +275,6 @@ pub struct ConfigChange {
     pub unset: Vec<String>,
 }
 
-/// Whether `key` can be an environment variable name.
-fn env_name_ok(key: &str) -> bool {
-    !key.is_empty()
-        && key.len() <= 256
-        && !key.starts_with(|c: char| c.is_ascii_digit())
-        && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
 /// The release the app runs now, as a slug to reuse.
 async fn current_release(
     api: &Api,
@@ -331,16 +324,11 @@ pub async fn config_change(
     ApiJson(change): ApiJson<ConfigChange>,
 ) -> Result<Response, ApiError> {
     let builds = builds(&api)?;
-    if let Some(k) = change
-        .set
-        .keys()
-        .chain(&change.unset)
-        .find(|k| !env_name_ok(k))
-    {
-        return Err(ApiError::bad_request(format!(
-            "{k:?} is not a usable variable name: letters, digits and '_', not starting with a digit"
-        )));
+    // The same rule as every other way an app's environment is set (`AppSpec::validate`).
+    for (k, v) in &change.set {
+        validate_env_var(k, v).map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
+    // Any key may be unset, so that one stored before this rule can be removed.
     if change.set.is_empty() && change.unset.is_empty() {
         return Err(ApiError::bad_request(
             "nothing to change: give vars to set or unset",

@@ -259,6 +259,12 @@ pub enum SpecError {
     /// The release settings do not fit.
     #[error("{0}")]
     Release(String),
+    /// An environment variable cannot be set.
+    #[error(transparent)]
+    Env(#[from] super::EnvError),
+    /// An argument of the command holds a NUL byte, which `execve` cannot pass.
+    #[error("argument {0} of the command holds a NUL byte, which a program's arguments cannot carry; remove it")]
+    NulInCommand(usize),
 }
 
 // === impl AppSpec ===
@@ -339,6 +345,10 @@ impl AppSpec {
         if !static_only && self.command.first().is_none_or(|c| c.is_empty()) {
             return Err(SpecError::EmptyCommand);
         }
+        if let Some(i) = self.command.iter().position(|a| a.contains('\0')) {
+            return Err(SpecError::NulInCommand(i));
+        }
+        super::validate_env(&self.env)?;
         if let Some(r) = &self.release {
             if !super::is_slug_id(&r.slug) {
                 return Err(SpecError::Release(format!(

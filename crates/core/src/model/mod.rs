@@ -3,12 +3,14 @@
 
 mod app;
 mod check;
+mod env;
 mod placement;
 mod records;
 mod release;
 
 pub use app::*;
 pub use check::*;
+pub use env::*;
 pub use placement::*;
 pub use records::*;
 pub use release::*;

@@ -455,7 +455,7 @@ fn nodes_and_status() {
 }
 
 /// A gzip'd tar of a one-page static site.
-fn site_archive() -> Vec<u8> {
+pub(crate) fn site_archive() -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     let page = b"<h1>docs</h1>";
     let mut h = tar::Header::new_gnu();

@@ -67,6 +67,7 @@ mod cluster_routing;
 mod connections;
 mod deploy;
 mod ends;
+mod env_rules;
 mod gateway;
 mod gateway_starts;
 mod healing;

@@ -54,8 +54,10 @@ pub(super) fn become_ns_root(privileged: bool) -> Result<(), SetupError> {
     nix::unistd::setresuid(root, root, root).map_err(|e| SetupError::sys("setresuid", e))
 }
 
-fn cstr(s: &str) -> CString {
-    CString::new(s.replace('\0', "")).unwrap_or_default()
+/// `s` as a C string, refused (never altered) when it holds a NUL; the agent checks the spec
+/// before it gets here (`AppSpec::validate`), so this is the last line only.
+fn cstr(what: &str, s: &str) -> Result<CString, SetupError> {
+    CString::new(s).map_err(|_| SetupError::Exec(format!("{what} holds a NUL byte")))
 }
 
 /// In the app's process: limits, no privileges, seccomp, exec. Returns only on failure.
@@ -68,10 +70,17 @@ pub(super) fn exec_app(
         Ok(()) => {}
         Err(e) => return e,
     }
-    let argv: Vec<CString> = plan.argv.iter().map(|a| cstr(a)).collect();
+    let argv: Result<Vec<CString>, _> = plan.argv.iter().map(|a| cstr("an argument", a)).collect();
     let mut env = plan.env.clone();
     env.extend(extra_env);
-    let env: Vec<CString> = env.iter().map(|(k, v)| cstr(&format!("{k}={v}"))).collect();
+    let env: Result<Vec<CString>, _> = env
+        .iter()
+        .map(|(k, v)| cstr(&format!("variable {k:?}"), &format!("{k}={v}")))
+        .collect();
+    let (argv, env) = match (argv, env) {
+        (Ok(a), Ok(e)) => (a, e),
+        (Err(e), _) | (_, Err(e)) => return e,
+    };
     let Some(program) = argv.first() else {
         return SetupError::sys("execve", nix::errno::Errno::ENOENT);
     };
