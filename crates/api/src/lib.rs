@@ -13,6 +13,7 @@
 mod deliver;
 pub mod error;
 pub mod routes;
+mod serve;
 
 use std::sync::Arc;
 
@@ -27,6 +28,7 @@ use warden_core::Instances;
 use warden_store::Store;
 
 pub use error::ApiError;
+pub use serve::{serve, Limits};
 
 /// The OpenAPI document of this API, kept in the repository beside the code it describes.
 pub const OPENAPI: &str = include_str!("../openapi.json");
@@ -301,19 +303,6 @@ async fn require_admin(State(api): State<Api>, req: Request, next: Next) -> Resp
         header::HeaderValue::from_static("Bearer"),
     );
     resp
-}
-
-/// Serves the API on `listener` until `shutdown` turns true.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    api: Api,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) -> std::io::Result<()> {
-    axum::serve(listener, api.router())
-        .with_graceful_shutdown(async move {
-            let _ = shutdown.wait_for(|s| *s).await;
-        })
-        .await
 }
 
 #[cfg(test)]

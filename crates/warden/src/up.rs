@@ -367,8 +367,13 @@ async fn serve_api(
         }
         text
     }));
+    let limits = warden_api::Limits {
+        max_connections: cfg.api_max_connections,
+        header_timeout: cfg.api_header_timeout.0,
+        idle_timeout: cfg.api_idle_timeout.0,
+    };
     let task = tokio::spawn(async move {
-        let _ = warden_api::serve(listener, api, stop_rx).await;
+        let _ = warden_api::serve(listener, api, limits, stop_rx).await;
     });
     Ok((addr, task))
 }

@@ -127,6 +127,15 @@ pub struct UpArgs {
     /// API address; port 0 picks a free one
     #[arg(long)]
     api_listen: Option<SocketAddr>,
+    /// Open API connections beyond which new ones get 503
+    #[arg(long)]
+    api_max_connections: Option<usize>,
+    /// Time an API client gets to send a request head (idle keep-alive connections too)
+    #[arg(long)]
+    api_header_timeout: Option<Human>,
+    /// Time an API client may leave its request body unsent or the answer unread
+    #[arg(long)]
+    api_idle_timeout: Option<Human>,
     /// Most app instances this node runs at once; beyond it requests get 503
     #[arg(long)]
     max_instances: Option<u32>,
@@ -192,6 +201,7 @@ impl UpArgs {
             auth_negative_ttl, auth_failures_per_user, auth_failures_per_addr,
             auth_failures_per_addr_user, auth_window,
             argon2_memory_kib, argon2_iterations, argon2_parallelism, api_listen,
+            api_max_connections, api_header_timeout, api_idle_timeout,
             max_instances, max_log_mb, max_upload_mb, build_timeout, cgroups, bridge, bridge_cidr, node_lease_ttl,
             start_margin, shed_margin,
         );

@@ -108,6 +108,15 @@ pub struct Config {
 
     /// API address; port 0 picks a free one.
     pub api_listen: SocketAddr,
+    /// Open API connections beyond which new ones get 503 (builds and instances can reach the
+    /// API's port, so it is bounded like the gateway's).
+    pub api_max_connections: usize,
+    /// Time an API client gets to send a request head; an idle keep-alive connection is closed
+    /// after it too.
+    pub api_header_timeout: Human,
+    /// Time an API client may leave its request body unsent or the answer unread before the
+    /// connection is cut.
+    pub api_idle_timeout: Human,
 
     /// Most app instances this node runs at once; beyond it requests get 503.
     pub max_instances: u32,
@@ -187,6 +196,9 @@ impl Default for Config {
             argon2_iterations: cost.iterations,
             argon2_parallelism: cost.parallelism,
             api_listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 7701)),
+            api_max_connections: 256,
+            api_header_timeout: secs(15),
+            api_idle_timeout: secs(60),
             max_instances: 256,
             max_log_mb: 8,
             max_upload_mb: 256,
@@ -362,6 +374,7 @@ impl Config {
         }
         for (key, n) in [
             ("max_connections", self.max_connections),
+            ("api_max_connections", self.api_max_connections),
             ("max_header_bytes", self.max_header_bytes),
             ("max_body_bytes", self.max_body_bytes),
         ] {

@@ -60,6 +60,7 @@ pub fn probe() -> PathBuf {
 }
 
 mod api;
+mod api_limits;
 mod app_contract;
 mod cli;
 mod cluster;
