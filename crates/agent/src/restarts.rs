@@ -9,11 +9,17 @@
 //! `health/<app>/<node>` for `warden status`. An instance that stays up ends the run. This
 //! module holds that state and the starts of kept instances under way; it starts nothing
 //! itself (see `crate::supervise`).
+//!
+//! During a run of crashes, each backoff window admits one start of a key, whoever asks
+//! ([`Restarts::admit`]): the caller that gets it holds a [`Ticket`] until its start is over;
+//! concurrent requests wait for that start and then get its answer (the next window if it
+//! crashed too), kept and spare starts skip the turn. N clients never make N starts at once.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
 use warden_core::{model::now_ms, AppHealth, LabelHealth};
 
 use crate::sync::lock;
@@ -45,6 +51,9 @@ struct LabelState {
     last_lines: String,
     last_instance: String,
     up_since: Option<Instant>,
+    /// The one start of this window under way, while the run lasts; dropped when it is over,
+    /// which wakes those waiting for it.
+    probe: Option<watch::Sender<()>>,
 }
 
 #[derive(Default)]
@@ -60,6 +69,34 @@ struct State {
 #[derive(Default)]
 pub(crate) struct Restarts {
     state: Mutex<State>,
+}
+
+/// What a start of (app, label, owner) may do now: [`Restarts::admit`].
+pub(crate) enum Admission {
+    /// Start, holding the ticket until the start is over (ready or failed).
+    Go(Ticket),
+    /// This window's start is under way: wait until it is over (`changed()` returns), then ask
+    /// again.
+    Wait(watch::Receiver<()>),
+    /// The last start crashed: none until the backoff is over; how long still, and how the
+    /// last instance ended.
+    Backoff(Duration, String),
+}
+
+/// Leave to start an instance of a key, held until the start is over. During a run of
+/// crashes it is the window's only one: dropping it lets the next caller ask.
+pub(crate) struct Ticket {
+    probe: Option<(Arc<Restarts>, CrashKey)>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Some((restarts, key)) = self.probe.take() {
+            if let Some(l) = lock(&restarts.state).labels.get_mut(&key) {
+                l.probe = None;
+            }
+        }
+    }
 }
 
 pub(crate) fn backoff(crashes: u32) -> Duration {
@@ -114,6 +151,40 @@ impl Restarts {
         }
     }
 
+    /// Whether a start of (app, label, owner) may begin now. Outside a run of crashes, always;
+    /// in one, once per backoff window, whoever asks: the first caller after the window opens
+    /// gets the ticket, and until its start is over the others wait (or, not waiting, skip).
+    pub(crate) fn admit(self: &Arc<Self>, app: &str, label: &str, owner: &str) -> Admission {
+        let key = crash_key(app, label, owner);
+        let mut s = lock(&self.state);
+        let Some(l) = s.labels.get_mut(&key).filter(|l| l.crashes > 0) else {
+            return Admission::Go(Ticket { probe: None });
+        };
+        if let Some(p) = &l.probe {
+            return Admission::Wait(p.subscribe());
+        }
+        if let Some(left) = l
+            .next_start
+            .and_then(|t| t.checked_duration_since(Instant::now()))
+            .filter(|left| !left.is_zero())
+        {
+            return Admission::Backoff(left, l.last_exit.clone());
+        }
+        l.probe = Some(watch::channel(()).0);
+        Admission::Go(Ticket {
+            probe: Some((self.clone(), key)),
+        })
+    }
+
+    /// [`Restarts::admit`] for a start that does not wait: a ticket, or `None` when the window
+    /// is closed or its start is under way.
+    pub(crate) fn try_admit(self: &Arc<Self>, key: &LabelKey) -> Option<Ticket> {
+        match self.admit(&key.0, &key.1, "") {
+            Admission::Go(t) => Some(t),
+            Admission::Wait(_) | Admission::Backoff(..) => None,
+        }
+    }
+
     /// How long a start for (app, label, owner) must still wait, and how the last instance
     /// ended; `None` when it may start now.
     pub(crate) fn waiting(
@@ -140,11 +211,6 @@ impl Restarts {
         let mut s = lock(&self.state);
         let apps: Vec<String> = s.labels.keys().map(|(a, _, _)| a.clone()).collect();
         s.dirty.extend(apps);
-    }
-
-    /// Whether a shared instance (kept or spare) of (app, label) may start now.
-    pub(crate) fn may_start(&self, key: &LabelKey) -> bool {
-        self.waiting(&key.0, &key.1, "").is_none()
     }
 
     pub(crate) fn pending(&self, key: &LabelKey) -> u32 {
@@ -225,7 +291,7 @@ mod tests {
 
     #[test]
     fn crashes_in_a_row_make_a_crash_loop_and_are_reported() {
-        let k = Restarts::default();
+        let k = Arc::new(Restarts::default());
         for _ in 0..CRASH_LOOP {
             k.crashed(
                 "web",
@@ -236,7 +302,7 @@ mod tests {
                 "boom",
             );
         }
-        assert!(!k.may_start(&("web".into(), "PUBLIC".into())));
+        assert!(k.try_admit(&("web".into(), "PUBLIC".into())).is_none());
         let dirty = k.take_dirty();
         let h = dirty[0].1.as_ref().expect("health record");
         let l = &h.labels["PUBLIC"];
@@ -244,5 +310,34 @@ mod tests {
         assert_eq!(l.crashes, CRASH_LOOP);
         assert_eq!(l.last_lines, "boom");
         assert!(k.take_dirty().is_empty());
+    }
+
+    #[test]
+    fn a_window_admits_one_start_whoever_asks() {
+        let k = Arc::new(Restarts::default());
+        // Outside a run of crashes, every start goes.
+        let free: Vec<_> = (0..4).map(|_| k.admit("web", "PUBLIC", "")).collect();
+        assert!(free.iter().all(|a| matches!(a, Admission::Go(_))));
+        drop(free);
+        // The first crash opens a window at once, for one start.
+        k.crashed("web", "PUBLIC", "", "i1", "exit status: 3", "");
+        let Admission::Go(ticket) = k.admit("web", "PUBLIC", "") else {
+            panic!("the window's start is refused");
+        };
+        let waiting = match k.admit("web", "PUBLIC", "") {
+            Admission::Wait(rx) => rx,
+            _ => panic!("a second start in the window"),
+        };
+        assert!(k.try_admit(&("web".into(), "PUBLIC".into())).is_none());
+        // Another owner's key is its own.
+        assert!(matches!(k.admit("web", "PUBLIC", "bob"), Admission::Go(_)));
+        // The window's start crashes too: those waiting hear of it and get the backoff.
+        k.crashed("web", "PUBLIC", "", "i2", "exit status: 3", "");
+        drop(ticket);
+        assert!(waiting.has_changed().is_err(), "the waiters are woken");
+        assert!(matches!(
+            k.admit("web", "PUBLIC", ""),
+            Admission::Backoff(..)
+        ));
     }
 }

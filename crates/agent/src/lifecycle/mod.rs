@@ -28,7 +28,7 @@ use crate::metrics::Metrics;
 use crate::node::Node;
 use crate::paths::Paths;
 use crate::pools::Pools;
-use crate::restarts::Restarts;
+use crate::restarts::{Admission, Restarts, Ticket};
 use crate::sync::lock;
 use crate::{logs, AgentError};
 
@@ -92,6 +92,15 @@ pub(crate) struct Lifecycle {
     exited: Mutex<VecDeque<(String, String, PathBuf)>>,
 }
 
+fn backoff_error(spec: &AppSpec, left: std::time::Duration, last_exit: String) -> InstanceError {
+    AgentError::Backoff {
+        app: spec.name.clone(),
+        retry_after: left,
+        last_exit,
+    }
+    .into()
+}
+
 fn serve_key(app: &str, label: &str, owner: &Owner) -> Option<ServeKey> {
     match owner {
         Owner::Request => None,
@@ -144,18 +153,10 @@ impl Lifecycle {
             Owner::User(u) => u.as_str(),
             _ => "",
         };
-        let backing_off = || {
-            let (left, last_exit) = self.deps.restarts.waiting(&spec.name, label, crash_owner)?;
-            Some(InstanceError::from(AgentError::Backoff {
-                app: spec.name.clone(),
-                retry_after: left,
-                last_exit,
-            }))
-        };
         let Some(key) = serve_key(&spec.name, label, owner) else {
-            if let Some(e) = backing_off() {
-                return Err(e);
-            }
+            // Every request starts its own instance; in a run of crashes, only one per backoff
+            // window does, and the rest get its answer.
+            let _ticket = self.admitted(&spec.name, label, crash_owner).await?;
             let r = self.start(spec, label, owner, Purpose::Serve).await;
             if let Err(e) = &r {
                 self.count_start_failure(&spec.name, label, crash_owner, e);
@@ -164,34 +165,43 @@ impl Lifecycle {
             self.deps.restarts.started(&spec.name, label, crash_owner);
             return Ok(r);
         };
-        let mut rx = {
-            let mut serving = lock(&self.serving);
-            match serving.get(&key) {
-                Some(Serving::Ready(r)) => return Ok(r.clone()),
-                Some(Serving::Starting(rx)) => rx.clone(),
-                // The last instance crashed: nothing starts until its backoff is over.
-                None if let Some(e) = backing_off() => return Err(e),
-                None => {
-                    let (tx, rx) = watch::channel(None);
-                    serving.insert(key.clone(), Serving::Starting(rx.clone()));
-                    // The start runs on its own task so that a caller giving up does not leave
-                    // a half-started instance behind.
-                    let (me, owner, spec) = (self.clone(), owner.clone(), spec.clone());
-                    tokio::spawn(async move {
-                        let result = me.start(&spec, &key.1, &owner, Purpose::Serve).await;
-                        if let Err(e) = &result {
-                            me.count_start_failure(&key.0, &key.1, &key.2, e);
-                        }
-                        let result = result.map_err(InstanceError::from);
-                        if result.is_ok() {
-                            me.deps.restarts.started(&key.0, &key.1, &key.2);
-                        }
-                        me.settle(key, &result);
-                        let _ = tx.send(Some(result));
-                    });
-                    rx
+        let mut rx = loop {
+            // Admitted before the serving map is looked at: no lock is held while waiting.
+            let admission = self.deps.restarts.admit(&spec.name, label, crash_owner);
+            let mut done = {
+                let mut serving = lock(&self.serving);
+                match (serving.get(&key), admission) {
+                    (Some(Serving::Ready(r)), _) => return Ok(r.clone()),
+                    (Some(Serving::Starting(rx)), _) => break rx.clone(),
+                    // The last instance crashed: nothing starts until its backoff is over.
+                    (None, Admission::Backoff(left, last_exit)) => {
+                        return Err(backoff_error(spec, left, last_exit));
+                    }
+                    (None, Admission::Wait(done)) => done,
+                    (None, Admission::Go(ticket)) => {
+                        let (tx, rx) = watch::channel(None);
+                        serving.insert(key.clone(), Serving::Starting(rx.clone()));
+                        // The start runs on its own task so that a caller giving up does not
+                        // leave a half-started instance behind.
+                        let (me, owner, spec) = (self.clone(), owner.clone(), spec.clone());
+                        tokio::spawn(async move {
+                            let result = me.start(&spec, &key.1, &owner, Purpose::Serve).await;
+                            if let Err(e) = &result {
+                                me.count_start_failure(&key.0, &key.1, &key.2, e);
+                            }
+                            let result = result.map_err(InstanceError::from);
+                            if result.is_ok() {
+                                me.deps.restarts.started(&key.0, &key.1, &key.2);
+                            }
+                            me.settle(key, &result);
+                            drop(ticket);
+                            let _ = tx.send(Some(result));
+                        });
+                        break rx;
+                    }
                 }
-            }
+            };
+            let _ = done.changed().await;
         };
         let shutting_down = || InstanceError::from(AgentError::ShuttingDown);
         let done = rx
@@ -199,6 +209,27 @@ impl Lifecycle {
             .await
             .map_err(|_| shutting_down())?;
         done.clone().unwrap_or_else(|| Err(shutting_down()))
+    }
+
+    /// Leave to start an instance of (app, label, owner) now ([`Restarts::admit`]): waits for
+    /// the start of this window under way, if any, and then asks again.
+    async fn admitted(&self, app: &str, label: &str, owner: &str) -> Result<Ticket, InstanceError> {
+        loop {
+            match self.deps.restarts.admit(app, label, owner) {
+                Admission::Go(ticket) => return Ok(ticket),
+                Admission::Backoff(left, last_exit) => {
+                    return Err(AgentError::Backoff {
+                        app: app.to_owned(),
+                        retry_after: left,
+                        last_exit,
+                    }
+                    .into());
+                }
+                Admission::Wait(mut done) => {
+                    let _ = done.changed().await;
+                }
+            }
+        }
     }
 
     /// Counts a failed start as a crash of (app, label, owner) when the app is at fault, so the

@@ -10,7 +10,7 @@ use warden_store::get_json;
 
 use super::Supervisor;
 use crate::lifecycle::{Kept, Purpose};
-use crate::restarts::LabelKey;
+use crate::restarts::{LabelKey, Ticket};
 use crate::sync::lock;
 use crate::AgentError;
 
@@ -82,12 +82,14 @@ impl Supervisor {
                     .filter(|k| k.current)
                     .count();
                 let have = current as u32 + self.restarts.pending(&key);
-                if have < want && self.restarts.may_start(&key) {
-                    // A few at a time: a thousand starts at once would starve the lease
-                    // renewal and the requests being served; the next tick goes on.
-                    for _ in (have..want).take(MAX_KEPT_STARTS) {
-                        self.start_kept(spec, key.clone());
-                    }
+                // A few at a time: a thousand starts at once would starve the lease renewal
+                // and the requests being served; the next tick goes on. In a run of crashes,
+                // one per backoff window (`Restarts::admit`).
+                for _ in (have..want).take(MAX_KEPT_STARTS) {
+                    let Some(ticket) = self.restarts.try_admit(&key) else {
+                        break;
+                    };
+                    self.start_kept(spec, key.clone(), ticket);
                 }
             }
         }
@@ -121,7 +123,7 @@ impl Supervisor {
         }
     }
 
-    fn start_kept(&self, spec: &AppSpec, key: LabelKey) {
+    fn start_kept(&self, spec: &AppSpec, key: LabelKey, ticket: Ticket) {
         self.restarts.add_pending(&key, 1);
         let (life, restarts, spec) = (self.life.clone(), self.restarts.clone(), spec.clone());
         tokio::spawn(async move {
@@ -153,6 +155,8 @@ impl Supervisor {
                     life.count_start_failure(app, label, "", e);
                 }
             }
+            // Over, and counted: the next start of the key may ask.
+            drop(ticket);
         });
     }
 }

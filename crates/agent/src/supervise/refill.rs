@@ -10,6 +10,7 @@ use warden_core::{AppSpec, Owner, StartPath};
 use super::Supervisor;
 use crate::lifecycle::Purpose;
 use crate::pools::PoolKey;
+use crate::restarts::Ticket;
 use crate::AgentError;
 
 /// How long a refill waits after a take: a start forks and builds a sandbox, which on a small
@@ -79,15 +80,18 @@ impl Supervisor {
             let room =
                 (MAX_SPARE_STARTS - starting).min(MAX_SPARE_STARTS_PER_APP - of_app) as usize;
             for _ in (have..want as usize).take(room) {
-                if !self.pools.may_try(&key) || !self.restarts.may_start(&key) {
+                if !self.pools.may_try(&key) {
                     break;
                 }
-                self.start_spare(spec, key.clone());
+                let Some(ticket) = self.restarts.try_admit(&key) else {
+                    break;
+                };
+                self.start_spare(spec, key.clone(), ticket);
             }
         }
     }
 
-    fn start_spare(self: &Arc<Self>, spec: &AppSpec, key: PoolKey) {
+    fn start_spare(self: &Arc<Self>, spec: &AppSpec, key: PoolKey, ticket: Ticket) {
         self.pools.count_spare_start(&key, 1);
         let (me, spec) = (self.clone(), spec.clone());
         tokio::spawn(async move {
@@ -118,6 +122,8 @@ impl Supervisor {
                         .crashed(&key.0, &key.1, "", "", &e.to_string(), "");
                 }
             }
+            // Over, and counted: the next start of the key may ask.
+            drop(ticket);
         });
     }
 

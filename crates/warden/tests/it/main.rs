@@ -66,6 +66,7 @@ mod cli;
 mod cluster;
 mod cluster_routing;
 mod connections;
+mod crash_bursts;
 mod deploy;
 mod ends;
 mod env_rules;
