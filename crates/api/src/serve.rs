@@ -102,7 +102,12 @@ fn over_limit() -> Vec<u8> {
 /// sent already is read first, so that closing sends a FIN after the answer, not a reset.
 fn refuse(stream: &TcpStream, answer: &[u8]) {
     let mut sink = [0u8; 4096];
-    while matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {}
+    // Bounded: a client that keeps sending must not hold the accept loop.
+    for _ in 0..16 {
+        if !matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {
+            break;
+        }
+    }
     let _ = stream.try_write(answer);
 }
 
