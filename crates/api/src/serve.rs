@@ -290,3 +290,33 @@ impl AsyncWrite for WriteStall {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_client_that_reads_nothing_is_cut_off_after_the_idle_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let client = TcpStream::connect(addr).await.expect("connect");
+        let (server, _) = listener.accept().await.expect("accept");
+        let mut server = WriteStall::new(server, Duration::from_millis(200));
+        let chunk = vec![0u8; 64 * 1024];
+        // The client never reads: once the kernel's buffers are full, writes stall, and the
+        // stall ends in an error rather than a connection held for ever.
+        let cut = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Err(e) = server.write_all(&chunk).await {
+                    return e;
+                }
+            }
+        })
+        .await
+        .expect("a stalled write is cut off");
+        assert_eq!(cut.kind(), io::ErrorKind::TimedOut, "{cut}");
+        drop(client);
+    }
+}
