@@ -35,6 +35,16 @@ fn counts(p: &Placement, label: &str, nodes: &[&str]) -> Vec<u32> {
     nodes.iter().map(|n| p.count(n, "demo", label)).collect()
 }
 
+/// `rounds` rounds of the scheduler, a pause apart, every instance it assigns becoming ready.
+fn settle(mut p: Placement, w: &mut World, rounds: usize) -> Placement {
+    for _ in 0..rounds {
+        all_ready(&p, w);
+        w.now_ms += RULES.move_pause_ms;
+        p = plan(&p, w);
+    }
+    p
+}
+
 /// Marks every assigned instance ready, as the agents would.
 fn all_ready(p: &Placement, w: &mut World) {
     w.ready.clear();
@@ -148,20 +158,11 @@ fn a_node_loaded_from_outside_never_gets_back_what_it_shed() {
     assert_eq!(counts(&p, "PUBLIC", &["a", "b"]), vec![1, 1]);
     all_ready(&p, &mut w);
     w.nodes[1].score = 0.7;
-    let mut p = plan(&p, &w);
-    for _ in 0..20 {
-        all_ready(&p, &mut w);
-        w.now_ms += RULES.move_pause_ms;
-        p = plan(&p, &w);
-    }
+    let p = settle(plan(&p, &w), &mut w, 20);
     assert_eq!(counts(&p, "PUBLIC", &["a", "b"]), vec![1, 1]);
     // Out of room (90%), it sheds; spreading must not move the instance back while it is.
     w.nodes[1].score = 0.9;
-    for _ in 0..20 {
-        all_ready(&p, &mut w);
-        w.now_ms += RULES.move_pause_ms;
-        p = plan(&p, &w);
-    }
+    let p = settle(p, &mut w, 20);
     assert_eq!(counts(&p, "PUBLIC", &["a", "b"]), vec![2, 0]);
     assert!(p.moves.is_empty(), "{:?}", p.moves);
 }
@@ -323,12 +324,7 @@ fn spread_wins_over_load_on_nodes_with_room() {
         vec![node("a", 0.8), node("b", 0.3), node("c", 0.5)],
         &[("PUBLIC", 4), ("SECRET", 3), ("TOP", 5)],
     );
-    let mut p = plan(&Placement::default(), &w);
-    for _ in 0..5 {
-        all_ready(&p, &mut w);
-        w.now_ms += RULES.move_pause_ms;
-        p = plan(&p, &w);
-    }
+    let p = settle(plan(&Placement::default(), &w), &mut w, 5);
     for (label, want) in [("PUBLIC", 4), ("SECRET", 3), ("TOP", 5)] {
         let c = counts(&p, label, &["a", "b", "c"]);
         assert_eq!(c.iter().sum::<u32>(), want, "{label}: {c:?}");
