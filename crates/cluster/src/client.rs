@@ -14,8 +14,8 @@ use crate::wire::{self, Reply, Request};
 use crate::NodeTls;
 
 /// Time to reach a node and finish the handshake (nodes are near: a dead one should cost a
-/// request little).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// request little). The node port gives a client no longer for its handshake.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time a node gets to answer a request: a start waits for the instance to be ready.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 /// Time a slug transfer may take.

@@ -17,6 +17,7 @@ pub mod checker;
 mod client;
 mod directory;
 mod instances;
+mod pending;
 mod server;
 mod slugs;
 pub mod tickets;

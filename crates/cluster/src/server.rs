@@ -14,13 +14,16 @@ use tokio_rustls::TlsAcceptor;
 use warden_core::{keys, AppSpec, InstanceError, Instances};
 use warden_store::{get_json, Store};
 
+use crate::pending::Pending;
 use crate::wire::{self, Reply, Request};
 use crate::NodeTls;
 
-/// Time a client gets to finish its handshake (nodes are near; strangers must not linger).
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
-/// Handshakes in progress at once; beyond, new connections wait in the listen queue.
-const MAX_HANDSHAKES: usize = 128;
+/// Time a client gets to finish its handshake: no longer than a node waits for it itself, so
+/// a stranger that never finishes goes as soon as it can.
+const HANDSHAKE_TIMEOUT: Duration = crate::client::CONNECT_TIMEOUT;
+/// Unfinished handshakes at once; beyond, the oldest is shed to make room (see `pending`):
+/// new connections never wait for a stranger's to end.
+const MAX_HANDSHAKES: usize = 1024;
 /// Time an admitted node gets to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Admitted node port connections open at once; beyond, new ones are closed.
@@ -37,13 +40,15 @@ pub struct NodePortStats {
     pub joined: AtomicU64,
     /// Connections closed before their first byte: liveness probes.
     pub probes: AtomicU64,
+    /// Unfinished handshakes closed to make room for newer ones (a flood of connections).
+    pub shed: AtomicU64,
 }
 
 impl NodePortStats {
     /// The counters in Prometheus' text format.
     pub fn render(&self) -> String {
         let mut out = String::from(
-            "# HELP warden_node_port_connections_total Node port connections by outcome: admitted (mutual TLS passed), refused (not a node of this cluster), joined (to an instance), probe (closed before a byte: a liveness probe).\n\
+            "# HELP warden_node_port_connections_total Node port connections by outcome: admitted (mutual TLS passed), refused (not a node of this cluster), joined (to an instance), probe (closed before a byte: a liveness probe), shed (handshake unfinished, closed to make room for newer ones).\n\
              # TYPE warden_node_port_connections_total counter\n",
         );
         for (outcome, n) in [
@@ -51,6 +56,7 @@ impl NodePortStats {
             ("refused", &self.refused),
             ("joined", &self.joined),
             ("probe", &self.probes),
+            ("shed", &self.shed),
         ] {
             out += &format!(
                 "warden_node_port_connections_total{{outcome=\"{outcome}\"}} {}\n",
@@ -186,13 +192,11 @@ pub async fn serve(
 ) {
     let slugs = Arc::new(slugs);
     let acceptor = TlsAcceptor::from(tls.server);
-    // Handshakes have their own few slots and a short time: strangers can take only those.
-    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    // Unfinished handshakes are bounded by shedding the oldest, never by waiting: the accept
+    // loop takes every connection at once, so a stranger's cannot hold a peer's back.
+    let pending = Pending::new(MAX_HANDSHAKES);
     let admitted = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let Ok(slot) = handshakes.clone().acquire_owned().await else {
-            return;
-        };
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -204,6 +208,8 @@ pub async fn serve(
             },
             _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
         };
+        let (entry, shed) = pending.enter();
+        stats.shed.fetch_add(shed as u64, Ordering::Relaxed);
         let (acceptor, local, store, stats, admitted, slugs) = (
             acceptor.clone(),
             local.clone(),
@@ -213,10 +219,10 @@ pub async fn serve(
             slugs.clone(),
         );
         tokio::spawn(async move {
-            let Some(tls) = handshake(tcp, acceptor, &stats).await else {
+            // Shed (`None`) or refused: the connection closes here.
+            let Some(Some(tls)) = entry.run(handshake(tcp, acceptor, &stats)).await else {
                 return;
             };
-            drop(slot);
             let Ok(_permit) = admitted.try_acquire_owned() else {
                 tracing::warn!(%peer, "node port full: {MAX_CONNECTIONS} connections open");
                 return;
@@ -234,8 +240,8 @@ async fn handshake(
     stats: &NodePortStats,
 ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
     let _ = tcp.set_nodelay(true);
-    // One deadline for the first byte and the handshake together: a silent stranger holds a
-    // handshake slot no longer than before.
+    // One deadline for the first byte and the handshake together: a silent stranger stays no
+    // longer than one that sends.
     let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
     // A connection closed before its first byte is a liveness probe (the scheduler's): no
     // stranger to count or log.
