@@ -76,6 +76,7 @@ mod healing;
 mod isolation;
 mod lattice;
 mod lifetimes;
+mod node_port_flood;
 mod orphans;
 mod pools;
 mod procfile;
