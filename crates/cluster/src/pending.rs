@@ -92,6 +92,8 @@ impl Entry {
     /// Runs `handshake` until it ends (`Some`) or is shed to make room for newer ones (`None`).
     pub(crate) async fn run<F: Future>(mut self, handshake: F) -> Option<F::Output> {
         tokio::select! {
+            // A handshake that finished as it was shed is a node's: it wins.
+            biased;
             out = handshake => Some(out),
             _ = &mut self.shed => None,
         }
@@ -122,8 +124,14 @@ mod tests {
         let (third, shed) = pending.enter();
         assert_eq!(shed, 1, "the third sheds one");
         assert_eq!(pending.len(), 2);
-        // The first was shed: its handshake ends at once, however long it would take.
-        assert_eq!(first.run(std::future::pending::<()>()).await, None);
+        // The first was shed: its handshake ends at once, however long it would take (bounded:
+        // a broken shed fails here instead of hanging the test run).
+        let ended = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            first.run(std::future::pending::<()>()),
+        )
+        .await;
+        assert_eq!(ended, Ok(None), "the oldest was shed");
         // The others run theirs to the end.
         assert_eq!(second.run(async { 2 }).await, Some(2));
         assert_eq!(third.run(async { 3 }).await, Some(3));
