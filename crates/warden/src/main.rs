@@ -5,8 +5,9 @@
 //! runs the demo app.
 #![deny(unsafe_code)]
 
+/// mimalloc for `up`, the C library's allocator for every other role (see `alloc.rs`).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: alloc::ByRole = alloc::ByRole;
 
 mod alloc;
 mod cluster;
@@ -205,10 +206,25 @@ fn client_options_after_command(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::
     out
 }
 
+/// The commands the agent runs for every instance, exactly as it runs them, recognised without
+/// clap: building clap's whole command tree (every client command, `up`'s help with its
+/// defaults) leaves a quarter of a MiB of heap in each instance's processes for their life.
+fn instance_command(args: &[std::ffi::OsString]) -> Option<Command> {
+    match args {
+        [_, c] if c == "demo-app" => Some(Command::DemoApp),
+        [_, c] if c == "sandbox-init" => Some(Command::SandboxInit),
+        _ => None,
+    }
+}
+
 /// Parses the command line, with `up`'s help showing the defaults of the one place they live.
 fn parse() -> Cli {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(command) = instance_command(&args) {
+        return Cli { command };
+    }
     let cmd = Cli::command().mut_subcommand("up", config::help_with_defaults);
-    let matches = cmd.get_matches_from(client_options_after_command(std::env::args_os().collect()));
+    let matches = cmd.get_matches_from(client_options_after_command(args));
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
@@ -252,9 +268,16 @@ pub(crate) const CRYPTO: &str = if cfg!(feature = "aws-lc") {
 fn main() -> std::process::ExitCode {
     // Before anything is opened: what the caller left open must never reach an instance.
     warden_agent::close_inherited_descriptors();
-    alloc::give_memory_back_at_once();
+    if alloc::uses_mimalloc() {
+        alloc::give_memory_back_at_once();
+    }
     install_crypto_provider();
     let cli = parse();
+    debug_assert_eq!(
+        matches!(cli.command, Command::Up(_)),
+        alloc::uses_mimalloc(),
+        "the allocator is chosen by the first argument: up alone gets mimalloc"
+    );
     if !matches!(cli.command, Command::Up(_)) {
         quiet_on_broken_pipe();
     }
@@ -337,6 +360,27 @@ mod tests {
 
     fn v(args: &[&str]) -> Vec<std::ffi::OsString> {
         args.iter().map(Into::into).collect()
+    }
+
+    #[test]
+    fn the_agents_commands_skip_clap_and_anything_else_goes_to_it() {
+        use super::{instance_command, Command};
+        assert!(matches!(
+            instance_command(&v(&["warden", "demo-app"])),
+            Some(Command::DemoApp)
+        ));
+        assert!(matches!(
+            instance_command(&v(&["/x/warden", "sandbox-init"])),
+            Some(Command::SandboxInit)
+        ));
+        for args in [
+            &["warden", "demo-app", "--help"][..],
+            &["warden", "up"],
+            &["warden"],
+            &["warden", "demo"],
+        ] {
+            assert!(instance_command(&v(args)).is_none(), "{args:?}");
+        }
     }
 
     #[test]

@@ -73,6 +73,7 @@ mod env_rules;
 mod gateway;
 mod gateway_starts;
 mod healing;
+mod idle_memory;
 mod isolation;
 mod lattice;
 mod lifetimes;
