@@ -3,7 +3,8 @@
 # slot-pool and warm-pool start paths (warden restarted for every sample), the agent's start and
 # slot preparation times, the bare fork-exec floor, and memory per idle instance. Tables on
 # stdout, samples in bench/out/starts.csv. Extra flags go to `warden-bench starts` (for example
-# --runs 5 --idle 20 for a quick look).
+# --runs 5 --idle 20 for a quick look, or --idle-only --idle 100 --check to fail if idle
+# instances grew past the bounds docs/BENCHMARKS.md records).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -8,6 +8,7 @@ mod apps;
 mod cpu;
 mod first_request;
 mod gateway;
+mod idle;
 mod relay;
 mod starts;
 mod tls;

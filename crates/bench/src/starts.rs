@@ -1,7 +1,7 @@
 //! Seed 002's experiment: the first request of a user whose label has no instance yet, for each
 //! start path (JIT, slot pool, warm pool), with warden restarted for every sample; the agent's
 //! own start figures; the bare fork-exec floor of the same app binary; and what idle instances
-//! cost in memory.
+//! cost in memory (see `idle.rs`).
 
 use std::net::TcpStream;
 use std::path::Path;
@@ -30,9 +30,16 @@ pub(crate) struct Args {
     /// Directory for the CSV files
     #[arg(long, default_value = "bench/out")]
     out: std::path::PathBuf,
+    /// Measure only the idle instances: no start paths, no floor
+    #[arg(long)]
+    idle_only: bool,
+    /// Fail if an idle instance of either driver holds more memory (PSS) than
+    /// docs/BENCHMARKS.md records
+    #[arg(long)]
+    check: bool,
 }
 
-const APP: &str = "bench";
+pub(crate) const APP: &str = "bench";
 const USER: &str = "alice";
 const LABEL: &str = "SECRET";
 const WAIT: Duration = Duration::from_secs(60);
@@ -85,6 +92,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     // Run and named in app commands at a path that process instances (never root) can run.
     let warden = &warden_test_support::runnable_by_instances(&args.warden);
+    if args.idle_only {
+        return crate::idle::report(warden, args.idle, args.check);
+    }
     std::fs::create_dir_all(&args.out)?;
     let runs = args.runs.clamp(1, 1000);
     let mut rows = vec!["path,run,first_ms,second_ms,start_ms,prepare_ms".to_owned()];
@@ -162,26 +172,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         stats(&floor)
     );
 
-    println!(
-        "\nIdle instances (up to {} per driver, spares of a warm pool, all running at once):\n",
-        args.idle
-    );
-    println!("| driver | instances held (measured) | fill ended because | PSS per instance MiB | MemAvailable drop per instance MiB | tasks per instance | fit in memory | fit under pid_max/threads-max | limit of this machine (extrapolated) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for driver in ["process", "sandbox"] {
-        let i = idle_memory(warden, driver, args.idle)?;
-        println!(
-            "| {driver} | {} | {} | {:.2} | {:.2} | {:.1} | {:.0} | {:.0} | {:.0} |",
-            i.held,
-            i.ended,
-            i.pss_mib,
-            i.available_drop_mib,
-            i.tasks,
-            i.by_memory,
-            i.by_tasks,
-            i.by_memory.min(i.by_tasks)
-        );
-    }
+    crate::idle::report(warden, args.idle, args.check)?;
     println!("\nsamples in {}", csv.display());
     Ok(())
 }
@@ -322,178 +313,4 @@ fn fork_exec_floor(warden: &Path, runs: usize) -> anyhow::Result<Vec<f64>> {
         out.push(ms);
     }
     Ok(out)
-}
-
-fn mem_available_mib() -> anyhow::Result<f64> {
-    read_meminfo_mib("MemAvailable:")
-}
-
-fn read_meminfo_mib(field: &str) -> anyhow::Result<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo")?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map(|kib| kib / 1024.0)
-        .with_context(|| format!("no {field} in /proc/meminfo"))
-}
-
-/// Tasks (threads) on the machine, as `/proc/loadavg`'s fourth field counts them.
-fn count_tasks() -> u64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| {
-            let field = s.split_whitespace().nth(3)?;
-            field.split_once('/')?.1.parse().ok()
-        })
-        .unwrap_or(0)
-}
-
-/// Proportional set size (MiB) and tasks (threads) of every process in the process groups led
-/// by `pids`.
-fn usage_of_groups(pids: &[i32]) -> (f64, u64) {
-    let (mut kib, mut tasks) = (0.0, 0);
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(pgid) = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(pid))) else {
-            continue;
-        };
-        if !pids.contains(&pgid.as_raw()) {
-            continue;
-        }
-        tasks += std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map(|d| d.count() as u64)
-            .unwrap_or(1);
-        let Ok(rollup) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) else {
-            continue;
-        };
-        kib += rollup
-            .lines()
-            .find_map(|l| l.strip_prefix("Pss:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            .unwrap_or(0.0);
-    }
-    (kib / 1024.0, tasks)
-}
-
-fn read_number(path: &str) -> Option<f64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-/// What idle instances of one driver cost.
-struct Idle {
-    /// Idle instances running at once at the end of the fill.
-    held: usize,
-    /// Why the fill stopped.
-    ended: String,
-    pss_mib: f64,
-    available_drop_mib: f64,
-    tasks: f64,
-    /// Instances that fit in the memory available before they started.
-    by_memory: f64,
-    /// Instances that fit under the kernel's pid and thread limits.
-    by_tasks: f64,
-}
-
-/// Starts up to `n` idle spares with `driver`, stopping early at the safety floors, and
-/// measures what is running at the end.
-fn idle_memory(warden: &Path, driver: &str, n: u32) -> anyhow::Result<Idle> {
-    let max = (n + 16).to_string();
-    let w = Launch::new(warden)
-        .log("info")
-        .no_demo()
-        .arg("--max-instances")
-        .arg(&max)
-        .start();
-    // Let warden's own start settle before the baseline.
-    std::thread::sleep(Duration::from_secs(1));
-    let before = mem_available_mib()?;
-    let total = read_meminfo_mib("MemTotal:")?;
-    let task_limit = read_number("/proc/sys/kernel/pid_max")
-        .unwrap_or(32768.0)
-        .min(read_number("/proc/sys/kernel/threads-max").unwrap_or(f64::MAX));
-    // A pool holds at most 256 spares per label per node (warden_core::MAX_POOL): spread the
-    // fill over labels.
-    let per_label = 256;
-    let warm: serde_json::Map<String, serde_json::Value> = (0..n.div_ceil(per_label))
-        .map(|k| {
-            let count = (n - k * per_label).min(per_label);
-            (format!("fill-{k}"), json!(count))
-        })
-        .collect();
-    // The fill's labels are the levels of a lattice of its own (this warden has no users).
-    let levels: Vec<&String> = warm.keys().collect();
-    let r = w.api(
-        "PUT",
-        "/v1/lattice",
-        Some(json!({ "levels": levels, "categories": [] })),
-    );
-    if r.status >= 300 {
-        bail!("setting the fill's lattice: {}", r.text());
-    }
-    let r = w.api(
-        "POST",
-        "/v1/apps",
-        Some(json!({
-            "name": APP,
-            "command": [warden, "demo-app"],
-            "driver": driver,
-            "start": "warm",
-            "warm": warm,
-            "max_instances": n,
-            // Thousands of starts at once on two cores: readiness may take a while.
-            "start_timeout_ms": 120_000,
-        })),
-    );
-    if r.status != 201 {
-        bail!("creating the app: {}", r.text());
-    }
-    let spares = |w: &Warden| -> Vec<i32> {
-        w.instances()
-            .iter()
-            .filter(|i| i["state"] == "spare")
-            .filter_map(|i| i["pid"].as_i64().map(|p| p as i32))
-            .collect()
-    };
-    let (mut best, mut best_at) = (0, Instant::now());
-    let ended = loop {
-        std::thread::sleep(Duration::from_secs(1));
-        let now = spares(&w).len();
-        if now >= n as usize {
-            break "target reached".to_owned();
-        }
-        if now > best {
-            (best, best_at) = (now, Instant::now());
-        }
-        let available = mem_available_mib()?;
-        if available < total / 4.0 {
-            break format!("memory floor: MemAvailable {available:.0} of {total:.0} MiB");
-        }
-        let tasks = count_tasks() as f64;
-        if tasks > task_limit / 2.0 {
-            break format!("task floor: {tasks:.0} tasks of {task_limit:.0}");
-        }
-        if best_at.elapsed() > Duration::from_secs(60) {
-            break format!("no new spare for 60 s at {best}");
-        }
-    };
-    // Measured as it stands; a pool stopped at a floor may still grow a little meanwhile.
-    let pids = spares(&w);
-    std::thread::sleep(Duration::from_secs(1));
-    let after = mem_available_mib()?;
-    let (pss, tasks) = usage_of_groups(&pids);
-    let held = pids.len();
-    let n = held.max(1) as f64;
-    let tasks = tasks as f64 / n;
-    let pss_mib = pss / n;
-    Ok(Idle {
-        held,
-        ended,
-        pss_mib,
-        available_drop_mib: (before - after) / n,
-        tasks,
-        by_memory: before / pss_mib.max(0.001),
-        by_tasks: task_limit / tasks.max(1.0),
-    })
 }
