@@ -39,7 +39,11 @@ pub(crate) fn report(warden: &Path, n: u32, check: bool) -> anyhow::Result<()> {
             i.by_memory.min(i.by_tasks)
         );
         if i.held == 0 {
-            bail!("no idle {driver} instance started; see warden's log above");
+            // Nothing to measure, and a check of nothing would pass.
+            bail!(
+                "no idle {driver} instance started during the fill ({})",
+                i.ended
+            );
         }
         if i.pss_mib > bound {
             over.push(format!(
