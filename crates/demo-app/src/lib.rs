@@ -62,7 +62,8 @@ enum Action {
     Healthy,
     /// `?taint=LABEL`: report taint, as an instance that read data of that class would.
     Taint(String),
-    /// `/_close`: stop accepting connections but keep running, as a wedged instance would.
+    /// `/_close`: stop accepting connections but keep running, as a wedged instance would; the
+    /// answer comes once every other connection has hung up.
     Close,
     /// `/_drop?instance=ID`: if this is that instance, abort the connection without answering.
     Drop,
@@ -148,6 +149,7 @@ fn action(id: &Identity, health: &AtomicU64, req: &Request<Incoming>) -> Action 
 type Body = BoxBody<Bytes, std::convert::Infallible>;
 
 /// A guard counting one hanging request while it lives.
+/// One more of something counted (requests hanging, connections open) while it lives.
 struct Hanging(Arc<AtomicU64>);
 
 impl Hanging {
@@ -247,21 +249,28 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
     let closed_tx = Arc::new(closed_tx);
     let health = Arc::new(AtomicU64::new(id.unhealthy_checks));
     let hanging = Arc::new(AtomicU64::new(0));
+    let open = Arc::new(AtomicU64::new(0));
     loop {
         let mut closing = closed.clone();
         let (stream, peer) = tokio::select! {
             r = listener.accept() => r?,
             _ = closing.wait_for(|c| *c) => break,
         };
+        let connection = Hanging::new(&open);
+        let open = open.clone();
         let id = id.clone();
         let health = health.clone();
         let hanging = hanging.clone();
         let closed_tx = closed_tx.clone();
         let mut closing = closed.clone();
         tokio::spawn(async move {
+            let _connection = connection;
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let action = action(&id, &health, &req);
                 let hang = matches!(action, Action::Hang);
+                // `/_close` answers once every other connection has hung up, so whoever asked
+                // knows no pooled connection to this instance is left (bounded: 5 s).
+                let others_gone = matches!(action, Action::Close).then(|| open.clone());
                 let echo = matches!(action, Action::Echo);
                 let slow = match action {
                     Action::Slow(ms) => Some(std::time::Duration::from_millis(ms)),
@@ -312,6 +321,14 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                 async move {
                     if let Some(_counted) = hanging {
                         std::future::pending::<()>().await;
+                    }
+                    if let Some(open) = others_gone {
+                        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+                        while open.load(Ordering::Relaxed) > 1
+                            && tokio::time::Instant::now() < until
+                        {
+                            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                        }
                     }
                     if let Some(pause) = slow {
                         tokio::time::sleep(pause).await;
