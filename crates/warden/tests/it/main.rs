@@ -87,6 +87,7 @@ mod sandbox;
 mod seccomp;
 mod security;
 mod settings;
+mod sign_in_floods;
 mod statics;
 mod stdio;
 mod store_backup;
