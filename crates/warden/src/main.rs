@@ -66,6 +66,13 @@ enum Command {
     /// instance's directory, which holds plan.json)
     #[command(hide = true)]
     SandboxInit,
+    /// End what the agent that started this left running, once it is gone (started by the
+    /// agent, with the agent's end of a pipe on standard input)
+    #[command(hide = true)]
+    Reaper {
+        /// The agent's instance directory, where each instance's process group is recorded.
+        instances: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -294,6 +301,12 @@ fn main() -> std::process::ExitCode {
         };
         return std::process::ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX));
     }
+    // The reaper needs no runtime: it blocks on its pipe, then ends what its agent left.
+    if let Command::Reaper { instances } = &cli.command {
+        return std::process::ExitCode::from(warden_agent::drivers::leftovers::reaper_main(
+            instances,
+        ));
+    }
     // Not in sandbox-init above: its forks never exec, and the sandbox's init would hold it.
     warden_agent::hold_own_image();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -345,7 +358,7 @@ async fn run(cli: Cli) -> std::process::ExitCode {
         }
         Command::Store(c) => store_cmd::run(c).await,
         Command::DemoApp => demo::run_app().await,
-        Command::SandboxInit => Ok(()),
+        Command::SandboxInit | Command::Reaper { .. } => Ok(()),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

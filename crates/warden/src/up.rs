@@ -91,6 +91,10 @@ fn gateway_config(
     })
 }
 
+/// The agent's end of its reaper's pipe, held for the life of the process: the kernel closes it
+/// when the process ends, however it ends, and the reaper then ends what the instances left.
+static REAPER: std::sync::OnceLock<std::os::fd::OwnedFd> = std::sync::OnceLock::new();
+
 fn role_names(cfg: &Config) -> Vec<String> {
     cfg.roles.iter().map(ToString::to_string).collect()
 }
@@ -249,11 +253,20 @@ async fn sources(
         true => {
             let mut config = agent_config(cfg, node, identity);
             config.advertise = node_port.as_ref().map(|p| p.advertise.to_string());
-            Some(
-                warden_agent::Agent::start(store.clone(), config)
-                    .await
-                    .context("cannot start the agent")?,
-            )
+            let instance_dir = config.instance_dir.clone();
+            let agent = warden_agent::Agent::start(store.clone(), config)
+                .await
+                .context("cannot start the agent")?;
+            // Whatever kills this process, its instances' own processes die soon after.
+            match warden_agent::drivers::leftovers::start_reaper(&instance_dir) {
+                Ok(pipe) => {
+                    let _ = REAPER.set(pipe);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start the reaper: if warden is killed, its instances' own child processes live on until it starts again")
+                }
+            }
+            Some(agent)
         }
         false => None,
     };

@@ -11,6 +11,13 @@
 //! A recorded group is ended only if it is still the one recorded: same boot, and its leader
 //! has the recorded start time (or, with the leader gone, no member started before it), so a
 //! process id the kernel handed out again is never signalled.
+//!
+//! Waiting for the next start leaves those processes running meanwhile, for good on a node that
+//! never comes back. So each agent also starts a reaper ([`start_reaper`]): `warden reaper DIR`,
+//! in a process group of its own, blocked on a pipe whose only writer is the agent's process.
+//! However the agent dies (SIGKILL, the OOM killer, a crash) the kernel closes the pipe, and the
+//! reaper ends what the records name, then exits; an agent that stops cleanly has removed them
+//! first, so its reaper finds nothing.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -61,6 +68,19 @@ pub(crate) fn remove_instance_dir(dir: &Path) {
 /// Ends every process group recorded in `instances` by an earlier run and removes the records;
 /// returns how many groups were still running.
 pub(crate) fn end_leftovers(instances: &Path) -> usize {
+    end_recorded(instances, u64::MAX)
+}
+
+/// What the agent's reaper does once its agent is gone: ends every group recorded in
+/// `instances` whose leader started before now (so never one of a warden started since on the
+/// same data dir), and removes those records. Returns how many groups were still running.
+pub fn end_what_a_dead_agent_left(instances: &Path) -> usize {
+    end_recorded(instances, now_ticks())
+}
+
+/// Ends the recorded groups that started before `before` (clock ticks since boot) and removes
+/// their records; records of later groups stay.
+fn end_recorded(instances: &Path, before: u64) -> usize {
     let Ok(entries) = std::fs::read_dir(instances) else {
         return 0;
     };
@@ -70,10 +90,13 @@ pub(crate) fn end_leftovers(instances: &Path) -> usize {
         if path.extension().is_none_or(|x| x != EXTENSION) {
             continue;
         }
-        if let Some(pgid) = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|text| still_ours(&text))
-        {
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        if recorded_start(&text).is_some_and(|start| start >= before) {
+            continue;
+        }
+        if let Some(pgid) = still_ours(&text) {
             if killpg(Pid::from_raw(pgid), Signal::SIGKILL).is_ok() {
                 tracing::warn!(
                     instance = %path.file_stem().unwrap_or_default().to_string_lossy(),
@@ -85,6 +108,7 @@ pub(crate) fn end_leftovers(instances: &Path) -> usize {
         }
         let _ = std::fs::remove_file(&path);
     }
+    let count = ended.len();
     let deadline = Instant::now() + GONE_WITHIN;
     while !ended.is_empty() && Instant::now() < deadline {
         let left = members_by_group();
@@ -96,7 +120,25 @@ pub(crate) fn end_leftovers(instances: &Path) -> usize {
     if !ended.is_empty() {
         tracing::warn!(groups = ?ended, "processes of earlier instances did not end within {GONE_WITHIN:?}");
     }
-    ended.len()
+    count
+}
+
+/// The start time a record (`pgid start boot`) gives its group's leader.
+fn recorded_start(record: &str) -> Option<u64> {
+    record.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Now, in clock ticks since boot, as process start times count.
+fn now_ticks() -> u64 {
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::MAX);
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100);
+    (uptime * hz as f64) as u64
 }
 
 /// The recorded group of `record` (`pgid start boot`) if it is still running and still the
@@ -162,9 +204,71 @@ fn boot_id() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// Starts the reaper of the agent whose instances are recorded in `instances` (see the
+/// module's documentation). The returned descriptor is the pipe's only writer, close-on-exec so
+/// that no instance holds it: keep it until the process ends.
+pub fn start_reaper(instances: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::unix::process::CommandExt;
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    std::process::Command::new(super::image::own_image()?)
+        .arg("reaper")
+        .arg(instances)
+        .stdin(std::process::Stdio::from(read))
+        .stdout(std::process::Stdio::null())
+        // Its own group: a Ctrl-C meant for warden must not end it before warden is done.
+        .process_group(0)
+        .spawn()?;
+    Ok(write)
+}
+
+/// The reaper's life: waits until its agent's end of the pipe on standard input closes, then
+/// ends what that agent's instances left. Returns the exit status.
+pub fn reaper_main(instances: &Path) -> u8 {
+    use std::io::Read;
+    let mut stdin = std::io::stdin().lock();
+    let mut buf = [0u8; 64];
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    let ended = end_what_a_dead_agent_left(instances);
+    if ended > 0 {
+        eprintln!(
+            "warden reaper: ended the processes of {ended} instance(s) that a stopped agent left running"
+        );
+    }
+    0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reaper_never_ends_a_group_that_started_after_its_agent_died() {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let inst = dir.path().join("0123456789abcdef");
+        record(&inst, child.id()).unwrap();
+        let start = start_time(child.id()).unwrap();
+        // A warden started since, on the same data dir: its group is spared, its record kept.
+        assert_eq!(end_recorded(dir.path(), start), 0);
+        assert!(pid_file(&inst).exists());
+        assert!(child.try_wait().unwrap().is_none());
+        // One the dead agent started: ended, record gone.
+        assert_eq!(end_recorded(dir.path(), start + 1), 1);
+        assert!(!pid_file(&inst).exists());
+        assert!(child.wait().unwrap().code().is_none(), "killed by a signal");
+    }
 
     #[test]
     fn the_record_sits_beside_the_directory() {

@@ -5,7 +5,7 @@
 
 pub(crate) mod image;
 pub(crate) mod launch;
-pub(crate) mod leftovers;
+pub mod leftovers;
 pub(crate) mod process;
 pub mod sandbox;
 pub(crate) mod spawn;

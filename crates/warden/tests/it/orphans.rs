@@ -60,43 +60,89 @@ fn instances_of_both_drivers_die_with_a_warden_killed_by_sigkill() {
     );
 }
 
-#[test]
-fn a_warden_that_starts_ends_what_a_killed_one_left_running() {
-    let tmp = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o711),
-    )
-    .unwrap();
-    let data = tmp.path().join("data");
-    let out = crate::open_dir();
-    let mut w = Launch::new(BIN).data_dir(&data).start();
-    // The app's own child gets no parent-death signal: it outlives warden's SIGKILL, as any
-    // worker or helper process an app starts would.
+/// The reaper of the warden whose data dir is `data`: the one process running `reaper` on its
+/// instance directory.
+fn reaper_of(data: &std::path::Path) -> Option<u32> {
+    let wanted = data.join("instances");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        (args.get(1) == Some(&&b"reaper"[..])
+            && args.get(2) == Some(&wanted.as_os_str().as_encoded_bytes())
+            && process_alive(pid))
+        .then_some(pid)
+    })
+}
+
+/// A warden with a `process` app whose own child gets no parent-death signal, as any worker or
+/// helper process an app starts: (warden, data dir, the app's pid, its child's pid).
+fn app_with_a_child(
+    tmp: &std::path::Path,
+    out: &std::path::Path,
+) -> (Warden, std::path::PathBuf, u32, u32) {
+    std::fs::set_permissions(tmp, std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
+    let data = tmp.join("data");
+    let w = Launch::new(BIN).data_dir(&data).start();
     let spec = json!({
         "name": "forks",
         "driver": "process",
         "command": ["/bin/sh", "-c", r#"sleep 600 & echo $! > "$OUT/child"; exec "$APP" demo-app"#],
-        "env": { "OUT": out.path().display().to_string(), "APP": app_bin() },
+        "env": { "OUT": out.display().to_string(), "APP": app_bin() },
     });
     assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
     serve(&w, "forks");
     let app = w.instances()[0]["pid"].as_u64().unwrap() as u32;
     let child: u32 = wait_until("the app's child", Duration::from_secs(10), || {
-        std::fs::read_to_string(out.path().join("child"))
+        std::fs::read_to_string(out.join("child"))
             .ok()?
             .trim()
             .parse()
             .ok()
     });
+    (w, data, app, child)
+}
 
+#[test]
+fn a_killed_wardens_reaper_ends_what_its_instances_left_without_waiting_for_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = crate::open_dir();
+    let (mut w, data, app, child) = app_with_a_child(tmp.path(), out.path());
+    let reaper = reaper_of(&data).expect("warden's reaper runs");
+
+    w.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
+    wait_until(
+        "the app and its own child to end with warden",
+        Duration::from_secs(20),
+        || (!process_alive(app) && !process_alive(child)).then_some(()),
+    );
+    wait_until("the reaper to be done", Duration::from_secs(20), || {
+        (!process_alive(reaper)).then_some(())
+    });
+}
+
+#[test]
+fn a_warden_that_starts_ends_what_a_killed_one_left_running() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = crate::open_dir();
+    let (mut w, data, app, child) = app_with_a_child(tmp.path(), out.path());
+    // Its reaper killed first, as a SIGKILL of every process of warden's would.
+    let reaper = reaper_of(&data).expect("warden's reaper runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(reaper as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     w.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
     wait_until(
         "the app to end with warden",
         Duration::from_secs(20),
         || (!process_alive(app)).then_some(()),
     );
-    assert!(process_alive(child), "the app's child outlived warden");
+    assert!(
+        process_alive(child),
+        "the app's child outlived warden and its reaper"
+    );
 
     let _again = Launch::new(BIN).data_dir(&data).start();
     wait_until(
