@@ -9,7 +9,7 @@ use std::time::Duration;
 use warden_core::{keys, model::now_ms, InstanceState};
 use warden_store::put_json;
 
-use super::{record_key, Lifecycle, Serving};
+use super::{record_key, Lifecycle};
 use crate::sync::lock;
 use crate::AgentError;
 
@@ -34,9 +34,10 @@ impl Lifecycle {
     /// Drains `id` and stops it; returns once it is gone.
     pub(crate) async fn drain(&self, id: &str) -> Result<(), AgentError> {
         let marked = {
-            let mut running = lock(&self.running);
-            let r = running
-                .get_mut(id)
+            let mut table = lock(&self.table);
+            let r = table
+                .running
+                .get(id)
                 .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
             if r.record.state == InstanceState::Draining || r.stopping.load(Ordering::Relaxed) {
                 return Ok(());
@@ -45,7 +46,8 @@ impl Lifecycle {
                 // Not ready, so nothing routes to it: there is nothing to wait for.
                 None
             } else {
-                Some(Self::mark_draining(&self.serving, id, r))
+                // Found just above, under the same lock.
+                table.mark_draining(id)
             }
         };
         let Some((record, activity)) = marked else {
@@ -74,23 +76,6 @@ impl Lifecycle {
         self.kill(id).await
     }
 
-    /// Marks a running instance as draining and takes it out of the serving map: (its record,
-    /// its activity).
-    fn mark_draining(
-        serving: &std::sync::Mutex<std::collections::HashMap<super::ServeKey, Serving>>,
-        id: &str,
-        r: &mut super::Running,
-    ) -> (warden_core::InstanceRecord, Arc<warden_core::Activity>) {
-        r.record.state = InstanceState::Draining;
-        if let Some(key) = record_key(&r.record) {
-            let mut serving = lock(serving);
-            if matches!(serving.get(&key), Some(Serving::Ready(x)) if x.id == id) {
-                serving.remove(&key);
-            }
-        }
-        (r.record.clone(), r.activity.clone())
-    }
-
     /// Drains `id` in the background.
     pub(crate) fn drain_soon(self: &Arc<Self>, id: String) {
         let me = self.clone();
@@ -102,7 +87,8 @@ impl Lifecycle {
     /// Kept instances of (app, label) that are not draining or stopping, oldest first, each
     /// saying whether it runs `generation` of the spec and whether it is ready.
     pub(crate) fn kept(&self, app: &str, label: &str, generation: &str) -> Vec<Kept> {
-        let mut v: Vec<(u64, Kept)> = lock(&self.running)
+        let mut v: Vec<(u64, Kept)> = lock(&self.table)
+            .running
             .values()
             .filter(|r| {
                 r.record.kept
@@ -131,18 +117,17 @@ impl Lifecycle {
     /// Takes `old`'s place for its label and owner with `new` (a replacement of a newer spec):
     /// requests that find no instance in the gateway's view get `new` from now on.
     pub(crate) fn take_over(&self, old: &str, new: &warden_core::InstanceRecord) {
+        let mut table = lock(&self.table);
         if let Some(key) = record_key(new) {
-            let mut serving = lock(&self.serving);
-            if matches!(serving.get(&key), Some(Serving::Ready(x)) if x.id == old) {
-                serving.remove(&key);
-            }
+            table.unserve(&key, old);
         }
-        self.serve_if_free(new);
+        table.serve_if_free(new);
     }
 
     /// Records of the instances that are neither draining nor being stopped.
     pub(crate) fn rollable(&self) -> Vec<warden_core::InstanceRecord> {
-        lock(&self.running)
+        lock(&self.table)
+            .running
             .values()
             .filter(|r| {
                 r.record.state != InstanceState::Draining && !r.stopping.load(Ordering::Relaxed)
@@ -153,7 +138,8 @@ impl Lifecycle {
 
     /// Every (app, label) with a kept instance that is not draining or stopping.
     pub(crate) fn kept_labels(&self) -> Vec<(String, String)> {
-        let mut v: Vec<(String, String)> = lock(&self.running)
+        let mut v: Vec<(String, String)> = lock(&self.table)
+            .running
             .values()
             .filter(|r| {
                 r.record.kept
@@ -170,7 +156,8 @@ impl Lifecycle {
 
     /// Ids of instances not draining or stopping: what a drained node still has to move.
     pub(crate) fn undrained(&self) -> Vec<String> {
-        lock(&self.running)
+        lock(&self.table)
+            .running
             .values()
             .filter(|r| {
                 r.record.state != InstanceState::Draining && !r.stopping.load(Ordering::Relaxed)

@@ -9,6 +9,7 @@ mod drain;
 mod health;
 pub(crate) mod ready;
 mod start;
+mod table;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -34,6 +35,7 @@ use crate::{logs, AgentError};
 
 pub(crate) use drain::Kept;
 pub(crate) use start::Purpose;
+use table::Table;
 
 /// Time an instance gets to exit after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(3);
@@ -83,10 +85,13 @@ pub(crate) struct Deps {
 }
 
 /// The instances of this node.
+///
+/// Its locks are each held alone and never across an `.await`: no path takes one of them while
+/// holding another, so they have no order to get wrong. Whatever must agree across the running
+/// instances and the serving map is one lock, `table` (see [`table`]).
 pub(crate) struct Lifecycle {
     deps: Deps,
-    serving: Mutex<HashMap<ServeKey, Serving>>,
-    running: Mutex<HashMap<String, Running>>,
+    table: Mutex<Table>,
     counts: Mutex<Counts>,
     /// Logs of exited instances, oldest first: (id, app, path).
     exited: Mutex<VecDeque<(String, String, PathBuf)>>,
@@ -125,8 +130,7 @@ impl Lifecycle {
     pub(crate) fn new(deps: Deps) -> Arc<Self> {
         Arc::new(Self {
             deps,
-            serving: Mutex::default(),
-            running: Mutex::default(),
+            table: Mutex::default(),
             counts: Mutex::default(),
             exited: Mutex::default(),
         })
@@ -169,7 +173,8 @@ impl Lifecycle {
             // Admitted before the serving map is looked at: no lock is held while waiting.
             let admission = self.deps.restarts.admit(&spec.name, label, crash_owner);
             let mut done = {
-                let mut serving = lock(&self.serving);
+                let mut table = lock(&self.table);
+                let serving = &mut table.serving;
                 match (serving.get(&key), admission) {
                     (Some(Serving::Ready(r)), _) => return Ok(r.clone()),
                     (Some(Serving::Starting(rx)), _) => break rx.clone(),
@@ -255,9 +260,10 @@ impl Lifecycle {
 
     /// After a start, the serving map holds the instance if it still runs, and is free otherwise.
     fn settle(&self, key: ServeKey, result: &Result<InstanceRecord, InstanceError>) {
-        let mut serving = lock(&self.serving);
+        let mut table = lock(&self.table);
+        let Table { serving, running } = &mut *table;
         match result {
-            Ok(r) if lock(&self.running).contains_key(&r.id) => {
+            Ok(r) if running.contains_key(&r.id) => {
                 serving.insert(key, Serving::Ready(r.clone()));
             }
             _ => {
@@ -270,14 +276,7 @@ impl Lifecycle {
 
     /// Makes a kept instance the one its label is served by, unless one already is.
     pub(crate) fn serve_if_free(&self, r: &InstanceRecord) {
-        if !lock(&self.running).contains_key(&r.id) {
-            return;
-        }
-        if let Some(key) = record_key(r) {
-            lock(&self.serving)
-                .entry(key)
-                .or_insert_with(|| Serving::Ready(r.clone()));
-        }
+        lock(&self.table).serve_if_free(r);
     }
 
     /// Stops an instance: SIGTERM to its process group, SIGKILL after a grace period. Returns
@@ -316,15 +315,18 @@ impl Lifecycle {
     /// Marks an instance as stopped by the agent (so its exit is no crash); its pid and exit
     /// signal, or None if it is not running here.
     fn mark_stopping(&self, id: &str) -> Option<(u32, watch::Receiver<bool>)> {
-        let running = lock(&self.running);
-        let r = running.get(id)?;
+        let table = lock(&self.table);
+        let r = table.running.get(id)?;
         r.stopping.store(true, Ordering::Relaxed);
         Some((r.record.pid, r.exited.clone()))
     }
 
     /// The activity handle of a local instance, for the gateway to mark requests in flight.
     pub(crate) fn activity(&self, id: &str) -> Option<Arc<Activity>> {
-        lock(&self.running).get(id).map(|r| r.activity.clone())
+        lock(&self.table)
+            .running
+            .get(id)
+            .map(|r| r.activity.clone())
     }
 
     /// Raises an instance's label (after taint): it stops serving its old label, serves the new
@@ -334,8 +336,9 @@ impl Lifecycle {
     /// next request of that label gets another; the record is written in the background.
     pub(crate) fn relabel(&self, id: &str, label: &str) -> Result<(), AgentError> {
         let record = {
-            let mut running = lock(&self.running);
-            let r = running
+            let mut table = lock(&self.table);
+            let r = table
+                .running
                 .get_mut(id)
                 .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
             let old = record_key(&r.record);
@@ -343,17 +346,10 @@ impl Lifecycle {
             // A tainted instance no longer counts toward its old label's desired count.
             r.record.kept = false;
             let record = r.record.clone();
-            let mut serving = lock(&self.serving);
             if let Some(old) = old {
-                if matches!(serving.get(&old), Some(Serving::Ready(x)) if x.id == id) {
-                    serving.remove(&old);
-                }
+                table.unserve(&old, id);
             }
-            if let Some(new) = record_key(&record) {
-                serving
-                    .entry(new)
-                    .or_insert_with(|| Serving::Ready(record.clone()));
-            }
+            table.serve_if_free(&record);
             record
         };
         let (store, lease) = (self.deps.store.clone(), self.deps.node.lease());
@@ -381,12 +377,13 @@ impl Lifecycle {
 
     /// The record of a running instance.
     pub(crate) fn record(&self, id: &str) -> Option<InstanceRecord> {
-        lock(&self.running).get(id).map(|r| r.record.clone())
+        lock(&self.table).running.get(id).map(|r| r.record.clone())
     }
 
     /// Instances running on this node, ordered by app, label and id.
     pub(crate) fn instances(&self) -> Vec<InstanceRecord> {
-        let mut v: Vec<_> = lock(&self.running)
+        let mut v: Vec<_> = lock(&self.table)
+            .running
             .values()
             .map(|r| r.record.clone())
             .collect();
@@ -401,9 +398,8 @@ impl Lifecycle {
 
     /// The last `lines` lines an instance of this node printed, running or recently exited.
     pub(crate) fn logs(&self, id: &str, lines: usize) -> Result<String, AgentError> {
-        let path = lock(&self.running)
-            .get(id)
-            .map(|r| r.log.clone())
+        let running = lock(&self.table).running.get(id).map(|r| r.log.clone());
+        let path = running
             .or_else(|| {
                 lock(&self.exited)
                     .iter()
@@ -416,7 +412,8 @@ impl Lifecycle {
 
     /// Spares of (app, label) that are not being stopped.
     pub(crate) fn spares(&self, app: &str, label: &str) -> usize {
-        lock(&self.running)
+        lock(&self.table)
+            .running
             .values()
             .filter(|r| {
                 r.record.app == app
@@ -430,7 +427,7 @@ impl Lifecycle {
     /// Spares that are not being stopped, per (app, label): (started at, id), any order.
     pub(crate) fn spares_by_label(&self) -> HashMap<(String, String), Vec<(u64, String)>> {
         let mut spares: HashMap<(String, String), Vec<(u64, String)>> = HashMap::new();
-        for r in lock(&self.running).values() {
+        for r in lock(&self.table).running.values() {
             if r.record.state == InstanceState::Spare && !r.stopping.load(Ordering::Relaxed) {
                 spares
                     .entry((r.record.app.clone(), r.record.label.clone()))
@@ -444,7 +441,7 @@ impl Lifecycle {
     /// Spares per (app, label), stopping ones included, for the metrics.
     pub(crate) fn spare_levels(&self) -> HashMap<(String, String), i64> {
         let mut spares: HashMap<(String, String), i64> = HashMap::new();
-        for r in lock(&self.running).values() {
+        for r in lock(&self.table).running.values() {
             if r.record.state == InstanceState::Spare {
                 *spares
                     .entry((r.record.app.clone(), r.record.label.clone()))
@@ -457,7 +454,8 @@ impl Lifecycle {
     /// Ready instances that have served nothing for their app's idle timeout, as of `now`:
     /// (id, app, idle timeout in ms). Kept instances are exempt: the desired count wants them.
     pub(crate) fn idle(&self, now: u64) -> Vec<(String, String, u64)> {
-        lock(&self.running)
+        lock(&self.table)
+            .running
             .values()
             .filter(|r| {
                 !r.record.kept
@@ -480,7 +478,8 @@ impl Lifecycle {
 
     /// Instances of apps not in `known` that started before `listed_at`: (id, app).
     pub(crate) fn orphans(&self, known: &HashSet<&str>, listed_at: u64) -> Vec<(String, String)> {
-        lock(&self.running)
+        lock(&self.table)
+            .running
             .values()
             .filter(|r| {
                 !known.contains(r.record.app.as_str())
@@ -493,7 +492,8 @@ impl Lifecycle {
 
     /// Ids of the instances of `app`.
     pub(crate) fn ids_of(&self, app: &str) -> Vec<String> {
-        lock(&self.running)
+        lock(&self.table)
+            .running
             .values()
             .filter(|r| r.record.app == app)
             .map(|r| r.record.id.clone())
@@ -502,7 +502,8 @@ impl Lifecycle {
 
     /// Every running instance's log: (id, path).
     pub(crate) fn log_files(&self) -> Vec<(String, PathBuf)> {
-        lock(&self.running)
+        lock(&self.table)
+            .running
             .values()
             .map(|r| (r.record.id.clone(), r.log.clone()))
             .collect()
@@ -525,9 +526,12 @@ impl Lifecycle {
 
     /// Stops every instance; returns how many there were.
     pub(crate) async fn stop_all(&self) -> usize {
-        let ids: Vec<String> = lock(&self.running).keys().cloned().collect();
+        let ids: Vec<String> = lock(&self.table).running.keys().cloned().collect();
         let kills = ids.iter().map(|id| self.kill(id));
         futures_util::future::join_all(kills).await;
         ids.len()
     }
 }
+
+#[cfg(test)]
+mod tests;

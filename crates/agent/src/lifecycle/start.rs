@@ -16,7 +16,7 @@ use warden_core::{
 use warden_store::put_json;
 
 use super::ready::{wait_ready, Ready};
-use super::{record_key, Lifecycle, Running, Serving, KEEP_EXITED_LOGS};
+use super::{record_key, Lifecycle, Running, KEEP_EXITED_LOGS};
 use crate::drivers::launch::{Held, Started};
 use crate::drivers::{Launch, LaunchError};
 use crate::metrics;
@@ -196,7 +196,7 @@ impl Lifecycle {
         let (exit_tx, exit_rx) = watch::channel(false);
         let (status_tx, status_rx) = oneshot::channel::<String>();
         let stopping = Arc::new(AtomicBool::new(false));
-        lock(&self.running).insert(
+        lock(&self.table).running.insert(
             id.clone(),
             Running {
                 record: record.clone(),
@@ -267,7 +267,7 @@ impl Lifecycle {
             // Published before it can be handed out, so a hand-out's own write comes last.
             self.publish_or_stop(key, record).await?;
         }
-        let still_running = match lock(&self.running).get_mut(&record.id) {
+        let still_running = match lock(&self.table).running.get_mut(&record.id) {
             // Being drained or stopped meanwhile: it must not come back into routing.
             Some(r)
                 if r.stopping.load(Ordering::Relaxed)
@@ -350,14 +350,15 @@ impl Lifecycle {
     /// returns the state it was in.
     async fn forget(&self, record: &InstanceRecord, status: &str) -> Option<InstanceState> {
         let id = &record.id;
-        let gone = lock(&self.running).remove(id);
-        if let Some(r) = &gone {
-            if let Some(key) = record_key(&r.record) {
-                let mut serving = lock(&self.serving);
-                if matches!(serving.get(&key), Some(Serving::Ready(x)) if &x.id == id) {
-                    serving.remove(&key);
-                }
+        let gone = {
+            let mut table = lock(&self.table);
+            let gone = table.running.remove(id);
+            if let Some(key) = gone.as_ref().and_then(|r| record_key(&r.record)) {
+                table.unserve(&key, id);
             }
+            gone
+        };
+        if let Some(r) = &gone {
             self.release(&r.record.app);
             tracing::info!(%status, "instance exited");
             let mut exited = lock(&self.exited);
@@ -390,8 +391,9 @@ impl Lifecycle {
         let t = Instant::now();
         let generation = spec.generation();
         let record = {
-            let mut running = lock(&self.running);
-            let r = running
+            let mut table = lock(&self.table);
+            let r = table
+                .running
                 .values_mut()
                 .filter(|r| {
                     r.record.app == spec.name
@@ -428,7 +430,7 @@ impl Lifecycle {
         if let Err(e) = put_json(store, &key, &record, Some(self.deps.node.lease())).await {
             tracing::warn!(instance = %record.id, error = %e, "publishing a handed-out spare failed");
         }
-        if !lock(&self.running).contains_key(&record.id) {
+        if !lock(&self.table).running.contains_key(&record.id) {
             let _ = store.delete(&key).await;
         }
     }

@@ -1,0 +1,181 @@
+//! The instance table under concurrent use: paths that take its locks from several threads at
+//! once neither deadlock nor leave a map naming an instance the other map has forgotten.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+use tokio::runtime::Runtime;
+use tokio::sync::watch;
+use warden_core::identity::IdentityKey;
+use warden_core::{Activity, InstanceRecord, InstanceState, Lifetime};
+use warden_store::{EmbeddedStore, Store};
+
+use super::{record_key, Deps, Lifecycle, Running, Serving};
+use crate::drivers::sandbox::{bridge::BridgeConfig, cgroup::Cgroups, SandboxDriver};
+use crate::drivers::Drivers;
+use crate::metrics::Metrics;
+use crate::node::{Node, NodeInfo};
+use crate::paths::Paths;
+use crate::pools::Pools;
+use crate::restarts::Restarts;
+use crate::sync::lock;
+
+/// Rounds each thread runs; a lock-order inversion shows within a few thousand.
+const ROUNDS: usize = 200_000;
+/// Longest wait for the rounds: past it, the threads are stuck for good.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A runtime that is never driven: what is spawned on it stays queued until it is dropped.
+fn idle_runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A lifecycle with an empty table, on a store in `dir`. Nothing is started: the tests drive
+/// the table's own methods.
+fn lifecycle(rt: &Runtime, dir: &Path) -> Arc<Lifecycle> {
+    let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&dir.join("store.redb")).unwrap());
+    let info = NodeInfo {
+        id: "locks".into(),
+        ..NodeInfo::default()
+    };
+    let node = rt
+        .block_on(Node::register(store.clone(), info, Duration::from_secs(30)))
+        .unwrap();
+    let paths = Paths {
+        logs: dir.join("logs"),
+        instances: dir.join("instances"),
+        slugs: dir.join("slugs"),
+    };
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let drivers = Arc::new(Drivers::new(
+        SandboxDriver::new(BridgeConfig::default(), Cgroups::off("unit test")),
+        IdentityKey::from_hex(&"0".repeat(64)).unwrap(),
+    ));
+    let (refills, _) = tokio::sync::mpsc::unbounded_channel();
+    let pools = Arc::new(Pools::new(
+        drivers.clone(),
+        paths.clone(),
+        metrics.clone(),
+        refills,
+    ));
+    let (_, stopping) = watch::channel(false);
+    Lifecycle::new(Deps {
+        store,
+        node: Arc::new(node),
+        paths,
+        max_instances: 100,
+        drivers,
+        pools,
+        restarts: Arc::new(Restarts::default()),
+        metrics,
+        stopping,
+        slugs: Arc::default(),
+    })
+}
+
+/// A ready shared instance `id` of app `a`, label `l`.
+fn record(id: &str) -> InstanceRecord {
+    InstanceRecord {
+        id: id.into(),
+        app: "a".into(),
+        label: "l".into(),
+        node: "locks".into(),
+        addr: "127.0.0.1:1".into(),
+        pid: 0,
+        state: InstanceState::Ready,
+        started_at_ms: 0,
+        lifetime: Lifetime::Shared,
+        owner: None,
+        kept: false,
+        generation: String::new(),
+        release: None,
+    }
+}
+
+/// Puts `record` in the table of running instances, as a start does.
+fn add_running(life: &Lifecycle, record: &InstanceRecord) {
+    let (_, exited) = watch::channel(false);
+    lock(&life.table).running.insert(
+        record.id.clone(),
+        Running {
+            record: record.clone(),
+            exited,
+            activity: Arc::new(Activity::new()),
+            idle_timeout: Duration::ZERO,
+            stopping: Arc::new(AtomicBool::new(false)),
+            log: PathBuf::new(),
+        },
+    );
+}
+
+/// Runs `a` and `b` on two OS threads, `ROUNDS` times each; fails (instead of hanging) when
+/// they have not finished by `DEADLINE`.
+fn race(a: impl FnMut() + Send + 'static, b: impl FnMut() + Send + 'static, what: &str) {
+    let barrier = Arc::new(Barrier::new(2));
+    let rounds: Arc<[AtomicUsize; 2]> = Arc::default();
+    let (done, finished) = mpsc::channel();
+    for (i, f) in [Box::new(a) as Box<dyn FnMut() + Send>, Box::new(b)]
+        .into_iter()
+        .enumerate()
+    {
+        let (barrier, done, rounds) = (barrier.clone(), done.clone(), rounds.clone());
+        let mut f = f;
+        // Detached on purpose: deadlocked threads cannot be joined; the test process ends.
+        thread::spawn(move || {
+            barrier.wait();
+            for _ in 0..ROUNDS {
+                f();
+                rounds[i].fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = done.send(());
+        });
+    }
+    for _ in 0..2 {
+        if finished.recv_timeout(DEADLINE).is_err() {
+            let [a, b] = [0, 1].map(|i| rounds[i].load(Ordering::Relaxed));
+            panic!("{what}: the threads stopped after {a} and {b} of {ROUNDS} rounds and did not finish in {DEADLINE:?}: the instance table is deadlocked");
+        }
+    }
+}
+
+#[test]
+fn settling_a_start_and_relabelling_at_once_do_not_deadlock() {
+    let rt = idle_runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let life = lifecycle(&rt, dir.path());
+    let started = record("i1");
+    add_running(&life, &started);
+    let key = record_key(&started).unwrap();
+
+    let settler = {
+        let life = life.clone();
+        move || life.settle(key.clone(), &Ok(started.clone()))
+    };
+    let relabeller = {
+        let (life, mut queue, mut queued) = (life.clone(), idle_runtime(), 0);
+        move || {
+            // Relabel's background record writes are only queued, and dropped now and then.
+            queued += 1;
+            if queued % 1000 == 0 {
+                queue = idle_runtime();
+            }
+            let _rt = queue.enter();
+            life.relabel("i1", "l").unwrap();
+        }
+    };
+    race(settler, relabeller, "settle and relabel");
+
+    let table = lock(&life.table);
+    assert!(matches!(
+        table.serving.get(&("a".into(), "l".into(), String::new())),
+        Some(Serving::Ready(r)) if r.id == "i1"
+    ));
+}
