@@ -121,7 +121,7 @@ impl Lifecycle {
         if let Some(key) = record_key(new) {
             table.unserve(&key, old);
         }
-        table.serve_if_free(new);
+        table.serve_if_free(&new.id);
     }
 
     /// Records of the instances that are neither draining nor being stopped.

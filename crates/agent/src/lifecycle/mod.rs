@@ -258,25 +258,22 @@ impl Lifecycle {
         }
     }
 
-    /// After a start, the serving map holds the instance if it still runs, and is free otherwise.
+    /// After a start, `key` is free of the start, and the instance serves what its record says
+    /// now (a taint may have raised its label meanwhile) if it still runs and that is free.
     fn settle(&self, key: ServeKey, result: &Result<InstanceRecord, InstanceError>) {
         let mut table = lock(&self.table);
-        let Table { serving, running } = &mut *table;
-        match result {
-            Ok(r) if running.contains_key(&r.id) => {
-                serving.insert(key, Serving::Ready(r.clone()));
-            }
-            _ => {
-                if matches!(serving.get(&key), Some(Serving::Starting(_))) {
-                    serving.remove(&key);
-                }
-            }
+        if matches!(table.serving.get(&key), Some(Serving::Starting(_))) {
+            table.serving.remove(&key);
+        }
+        if let Ok(r) = result {
+            table.serve_if_free(&r.id);
         }
     }
 
-    /// Makes a kept instance the one its label is served by, unless one already is.
+    /// Makes a kept instance the one its label is served by, unless one already is: the label
+    /// its record has now, not the one `r` says.
     pub(crate) fn serve_if_free(&self, r: &InstanceRecord) {
-        lock(&self.table).serve_if_free(r);
+        lock(&self.table).serve_if_free(&r.id);
     }
 
     /// Stops an instance: SIGTERM to its process group, SIGKILL after a grace period. Returns
@@ -349,7 +346,7 @@ impl Lifecycle {
             if let Some(old) = old {
                 table.unserve(&old, id);
             }
-            table.serve_if_free(&record);
+            table.serve_if_free(id);
             record
         };
         let (store, lease) = (self.deps.store.clone(), self.deps.node.lease());

@@ -8,6 +8,7 @@
 //! get wrong, and each of these changes is seen whole.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use warden_core::{Activity, InstanceRecord, InstanceState};
@@ -45,16 +46,23 @@ impl Table {
         Some(marked)
     }
 
-    /// Makes `r` the instance its (app, label, owner) is served by, unless one already is or
-    /// `r` no longer runs.
-    pub fn serve_if_free(&mut self, r: &InstanceRecord) {
-        if !self.running.contains_key(&r.id) {
+    /// Makes instance `id` the one its (app, label, owner) is served by, unless one already is
+    /// or it cannot serve: gone, not ready (draining, a spare), or being stopped.
+    ///
+    /// The key is its current record's, never a caller's copy: a copy taken before a taint
+    /// raised its label would serve the old, lower label again.
+    pub fn serve_if_free(&mut self, id: &str) {
+        let Some(r) = self.running.get(id) else {
+            return;
+        };
+        if r.record.state != InstanceState::Ready || r.stopping.load(Ordering::Relaxed) {
             return;
         }
-        if let Some(key) = record_key(r) {
+        if let Some(key) = record_key(&r.record) {
+            let record = r.record.clone();
             self.serving
                 .entry(key)
-                .or_insert_with(|| Serving::Ready(r.clone()));
+                .or_insert_with(|| Serving::Ready(record));
         }
     }
 }

@@ -179,3 +179,39 @@ fn settling_a_start_and_relabelling_at_once_do_not_deadlock() {
         Some(Serving::Ready(r)) if r.id == "i1"
     ));
 }
+
+#[test]
+fn an_instance_tainted_right_after_its_start_serves_only_its_new_label() {
+    let rt = idle_runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let life = lifecycle(&rt, dir.path());
+    let started = record("i1");
+    let low: super::ServeKey = ("a".into(), "l".into(), String::new());
+    let high: super::ServeKey = ("a".into(), "m".into(), String::new());
+    let (_starting, rx) = watch::channel(None);
+    lock(&life.table)
+        .serving
+        .insert(low.clone(), Serving::Starting(rx));
+    add_running(&life, &started);
+    // Its first request taints it before the start is settled; the paths that settle a start
+    // still hold the record it was started with, of the lower label.
+    let _rt = rt.enter();
+    life.relabel("i1", "m").unwrap();
+    let low_is_free = |when: &str| {
+        let table = lock(&life.table);
+        assert!(
+            !table.serving.contains_key(&low),
+            "{when}: the tainted instance serves its old label again"
+        );
+        assert!(
+            matches!(table.serving.get(&high), Some(Serving::Ready(r)) if r.id == "i1" && r.label == "m"),
+            "{when}: it no longer serves its new label"
+        );
+    };
+    life.settle(low.clone(), &Ok(started.clone()));
+    low_is_free("a request's start settled");
+    life.serve_if_free(&started);
+    low_is_free("a kept start settled");
+    life.take_over("old", &started);
+    low_is_free("a replacement took over");
+}
