@@ -12,6 +12,13 @@ use std::time::Duration;
 
 use warden_store::{content_hash, CasOutcome, EventKind, Store, StoreError, Watch};
 
+mod follow;
+pub use follow::{
+    follower_lists_again_after_a_compaction_and_delivers_the_difference,
+    follower_resumes_a_cut_watch_without_losing_the_gap,
+    follower_survives_a_failing_first_list_and_watch,
+};
+
 /// A random key prefix for one check.
 fn scope(name: &str) -> String {
     format!("conf-{}/{name}", warden_core::id::short_id())
@@ -342,7 +349,10 @@ macro_rules! each_check {
             watch_from_listing_sees_every_later_change, leases_expire_and_watchers_see_it,
             revoke_deletes_attached_keys, concurrent_writers_all_land,
             compare_and_swap_expecting_a_revision_of_an_absent_key_conflicts,
-            keep_alive_extends_a_lease_past_its_ttl, a_lease_ending_shows_every_key_it_held_to_a_watcher
+            keep_alive_extends_a_lease_past_its_ttl, a_lease_ending_shows_every_key_it_held_to_a_watcher,
+            follower_resumes_a_cut_watch_without_losing_the_gap,
+            follower_lists_again_after_a_compaction_and_delivers_the_difference,
+            follower_survives_a_failing_first_list_and_watch
         }
     };
 }

@@ -3,7 +3,7 @@
 //! This crate owns the key-value contract of DESIGN.md (get with content hash and revision, get
 //! the hash alone, whole-token prefix lists, put, delete, compare-and-swap on revision, watch a
 //! prefix from a revision, leases whose keys vanish on expiry) and the embedded backend built on
-//! redb, and the etcd backend for clusters (`etcd/`). It knows nothing of apps, users or instances beyond typed JSON helpers; the meaning of
+//! redb, and the etcd backend for clusters (`etcd/`), and the one way to follow a prefix (`follow.rs`). It knows nothing of apps, users or instances beyond typed JSON helpers; the meaning of
 //! keys belongs to `warden-core`.
 //!
 //! Values may hold password hashes; this crate never logs values, only keys and revisions.
@@ -19,9 +19,11 @@ use tokio::sync::mpsc;
 pub mod backup;
 pub mod embedded;
 pub mod etcd;
+pub mod follow;
 
 pub use embedded::EmbeddedStore;
 pub use etcd::{EtcdOptions, EtcdStore, EtcdTls};
+pub use follow::{Follower, Update};
 
 /// A global, monotonically increasing write counter. Every put or delete gets the next one.
 pub type Revision = u64;

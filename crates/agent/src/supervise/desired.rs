@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use warden_core::{keys, AppSpec, Lifetime, Owner, Placement};
-use warden_store::get_json;
+use warden_store::{get_json, Follower, Update};
 
 use super::Supervisor;
 use crate::lifecycle::{Kept, Purpose};
@@ -28,29 +28,29 @@ impl Supervisor {
         }
     }
 
-    /// Follows the placement and acts on each change at once.
+    /// Follows the placement and acts on each change at once, with the store's [`Follower`]:
+    /// a change made while its watch was down still arrives.
     pub(super) async fn follow_placement(self: Arc<Self>) {
+        let mut placement = Follower::new(self.store.clone(), keys::PLACEMENT);
         loop {
-            let Ok(mut w) = self.store.watch(keys::PLACEMENT, 0).await else {
-                return;
+            let update = tokio::select! {
+                u = placement.next() => u,
+                _ = self.stopped() => return,
             };
-            self.refresh_placement().await;
-            loop {
-                let ev = tokio::select! {
-                    ev = w.next() => ev,
-                    _ = self.stopped() => return,
-                };
-                match ev {
-                    Some(Ok(_)) => {
-                        self.refresh_placement().await;
-                        match crate::schedule::readable::<AppSpec>(&*self.store, keys::APPS).await {
-                            Ok(apps) => self.keep_assigned(&apps),
-                            Err(e) => tracing::debug!(error = %e, "listing apps failed"),
-                        }
+            match update {
+                Some(Update::Listed(_)) => self.refresh_placement().await,
+                Some(Update::Changes { events, .. }) => {
+                    // A listing again after a compaction, with nothing changed.
+                    if events.is_empty() {
+                        continue;
                     }
-                    Some(Err(_)) => break,
-                    None => return,
+                    self.refresh_placement().await;
+                    match crate::schedule::readable::<AppSpec>(&*self.store, keys::APPS).await {
+                        Ok(apps) => self.keep_assigned(&apps),
+                        Err(e) => tracing::debug!(error = %e, "listing apps failed"),
+                    }
                 }
+                None => return,
             }
         }
     }

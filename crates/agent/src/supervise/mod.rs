@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 use warden_core::{keys, AppSpec};
-use warden_store::{get_json, Store, StoreError};
+use warden_store::{get_json, EventKind, Follower, Store, StoreError, Update};
 
 use crate::lifecycle::Lifecycle;
 use crate::node::Node;
@@ -113,31 +113,29 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Stops the instances of apps that are deleted.
+    /// Stops the instances of apps that are deleted. Follows `apps/` with the store's
+    /// [`Follower`]: a delete made while its watch was down, or hidden by a compaction, still
+    /// arrives.
     async fn follow_app_deletes(self: Arc<Self>) {
-        let Ok(mut w) = self.store.watch(keys::APPS, 0).await else {
-            return;
-        };
+        let mut apps = Follower::new(self.store.clone(), keys::APPS);
         loop {
-            let ev = tokio::select! {
-                ev = w.next() => ev,
+            let update = tokio::select! {
+                u = apps.next() => u,
                 _ = self.stopped() => return,
             };
-            match ev {
-                Some(Ok(ev)) if ev.kind == warden_store::EventKind::Delete => {
-                    if let Some(app) = keys::app_of_spec(&ev.key) {
-                        self.app_deleted(app).await;
-                    }
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "app watch ended; restarting it");
-                    match self.store.watch(keys::APPS, 0).await {
-                        Ok(nw) => w = nw,
-                        Err(_) => return,
-                    }
-                }
+            let events = match update {
+                Some(Update::Changes { events, .. }) => events,
+                // What is listed exists; apps deleted before are the orphan path's.
+                Some(Update::Listed(_)) => continue,
                 None => return,
+            };
+            for ev in events {
+                if ev.kind != EventKind::Delete {
+                    continue;
+                }
+                if let Some(app) = keys::app_of_spec(&ev.key) {
+                    self.app_deleted(app).await;
+                }
             }
         }
     }
