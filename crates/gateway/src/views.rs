@@ -2,12 +2,12 @@
 //! lattice and ready instances.
 //!
 //! Each view is filled by a list and kept current by a watch from the listing's revision, so the
-//! request path never waits on the store. If a watch breaks, the view is listed again.
+//! request path never waits on the store; the store's [`Follower`] does both, resuming a broken
+//! watch and listing again after a compaction.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
-use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
@@ -17,7 +17,7 @@ use warden_core::{
     keys, Activity, ActivityGuard, AppSpec, InstanceRecord, InstanceState, Instances, Lifetime,
     SessionRecord, UserRecord,
 };
-use warden_store::{decode, Store};
+use warden_store::{decode, EventKind, Follower, Store, Update};
 
 /// A user as the request path needs it.
 pub(crate) struct User {
@@ -458,6 +458,8 @@ pub(crate) async fn follow_all(store: Arc<dyn Store>, shared: Arc<Shared>) {
     }
 }
 
+/// Keeps one view current with the store's [`Follower`]: the first listing fills it, every
+/// later change (one watch event, or the difference after a compaction) is applied to it.
 async fn follow(
     store: Arc<dyn Store>,
     shared: Arc<Shared>,
@@ -465,40 +467,23 @@ async fn follow(
     prefix: &'static str,
     loaded: watch::Sender<bool>,
 ) {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let listing = match store.list(prefix).await {
-            Ok(l) => l,
-            Err(warden_store::StoreError::Closed) => return,
-            Err(e) => {
-                tracing::warn!(prefix, error = %e, "listing for the gateway's view failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
+    let mut follower = Follower::new(store, prefix);
+    while let Some(update) = follower.next().await {
+        match update {
+            Update::Listed(listing) => {
+                shared.replace(kind, &listing.entries);
+                shared.mark(kind, listing.revision);
+                let _ = loaded.send(true);
             }
-        };
-        shared.replace(kind, &listing.entries);
-        shared.mark(kind, listing.revision);
-        let _ = loaded.send(true);
-        let Ok(mut w) = store.watch(prefix, listing.revision + 1).await else {
-            continue;
-        };
-        backoff = Duration::from_millis(50);
-        loop {
-            match w.next().await {
-                Some(Ok(ev)) => {
+            Update::Changes { events, revision } => {
+                for ev in &events {
                     let value = match &ev.kind {
-                        warden_store::EventKind::Put(v) => Some(v.as_slice()),
-                        warden_store::EventKind::Delete => None,
+                        EventKind::Put(v) => Some(v.as_slice()),
+                        EventKind::Delete => None,
                     };
                     shared.apply(kind, &ev.key, value);
-                    shared.mark(kind, ev.revision);
                 }
-                Some(Err(e)) => {
-                    tracing::warn!(prefix, error = %e, "gateway view watch broke; listing again");
-                    break;
-                }
-                None => return,
+                shared.mark(kind, revision);
             }
         }
     }
