@@ -236,6 +236,23 @@ pub async fn follower_resumes_a_cut_watch_without_losing_the_gap(s: Arc<dyn Stor
 pub async fn follower_lists_again_after_a_compaction_and_delivers_the_difference(
     s: Arc<dyn Store>,
 ) {
+    compaction_check(s, None::<std::future::Ready<()>>).await;
+}
+
+/// As [`follower_lists_again_after_a_compaction_and_delivers_the_difference`], with the
+/// backend's own compaction (`compact` compacts away every revision the follower has not seen)
+/// instead of an injected one.
+pub async fn follower_lists_again_after_a_real_compaction(
+    s: Arc<dyn Store>,
+    compact: impl std::future::Future<Output = ()>,
+) {
+    compaction_check(s, Some(compact)).await;
+}
+
+async fn compaction_check(
+    s: Arc<dyn Store>,
+    compact: Option<impl std::future::Future<Output = ()>>,
+) {
     let p = scope("follow-compact");
     let store = Faulty::new(s);
     for k in ["a", "same"] {
@@ -267,7 +284,10 @@ pub async fn follower_lists_again_after_a_compaction_and_delivers_the_difference
         .await
         .unwrap();
     store.delete(&format!("{p}/a")).await.unwrap();
-    store.compact_watches.store(1, Ordering::SeqCst);
+    match compact {
+        Some(compact) => compact.await,
+        None => store.compact_watches.store(1, Ordering::SeqCst),
+    }
     store.open.send_replace(true);
     let mut changes = next_changes(&mut rx).await;
     changes.sort();

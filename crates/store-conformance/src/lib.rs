@@ -15,6 +15,7 @@ use warden_store::{content_hash, CasOutcome, EventKind, Store, StoreError, Watch
 mod follow;
 pub use follow::{
     follower_lists_again_after_a_compaction_and_delivers_the_difference,
+    follower_lists_again_after_a_real_compaction,
     follower_resumes_a_cut_watch_without_losing_the_gap,
     follower_survives_a_failing_first_list_and_watch,
 };

@@ -88,6 +88,20 @@ async fn a_watch_from_a_compacted_revision_says_so() {
     );
 }
 
+/// etcd compacts away the revisions a follower missed while its watch was down: it lists
+/// again and delivers the difference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_lists_again_after_etcd_compacts_its_history() {
+    let cluster = EtcdCluster::start(1);
+    let options = EtcdOptions::parse(&cluster.url()).unwrap();
+    let etcd = EtcdStore::connect(&options).await.unwrap();
+    let store = connect(&cluster).await;
+    warden_store_conformance::follower_lists_again_after_a_real_compaction(store, async move {
+        etcd.compact_history(0).await.unwrap();
+    })
+    .await;
+}
+
 /// A listing larger than gRPC's default 4 MiB answer arrives whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listing_past_four_mebibytes_arrives_whole() {
