@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use warden_core::builds::{Builds, Built};
 use warden_core::model::now_ms;
 use warden_core::{keys, AppSpec, BuildKind, Release, ReleaseSource, ReleaseStatus, SpecRelease};
-use warden_store::{get_json, put_json, CasOutcome};
+use warden_store::{get_json, put_json, CasOutcome, EventKind, Follower, Update};
 
 use crate::error::ApiError;
 use crate::Api;
@@ -240,39 +240,59 @@ async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) -> bool {
     let deadline = tokio::time::Instant::now() + ROLLOUT_WAIT;
     let mut told = None;
     let prefix = keys::app_instances(&spec.name);
+    // The app's instance records, followed: each change is counted as it happens. A store
+    // that does not answer says nothing; the follower asks again until the wait ends.
+    let mut instances = Follower::new(api.store.clone(), prefix.clone());
+    let mut records: BTreeMap<String, warden_core::InstanceRecord> = BTreeMap::new();
     loop {
-        // A store that does not answer says nothing: ask again until the wait ends.
-        if let Ok(listing) = api.store.list(&prefix).await {
-            let old = listing
-                .entries
-                .iter()
-                .filter_map(|e| {
-                    serde_json::from_slice::<warden_core::InstanceRecord>(&e.value).ok()
-                })
-                .filter(|r| {
-                    r.state == warden_core::InstanceState::Ready && r.generation != generation
-                })
-                .count();
-            if old == 0 {
-                api.applied(&prefix, listing.revision).await;
-                sink.line("-----> rolled out: every ready instance runs this release");
-                return true;
+        let update = tokio::select! {
+            u = instances.next() => u,
+            () = tokio::time::sleep_until(deadline) => None,
+        };
+        let revision = match update {
+            Some(Update::Listed(listing)) => {
+                records = listing
+                    .entries
+                    .iter()
+                    .filter_map(|e| Some((e.key.clone(), serde_json::from_slice(&e.value).ok()?)))
+                    .collect();
+                listing.revision
             }
-            if told != Some(old) {
+            Some(Update::Changes { events, revision }) => {
+                for ev in events {
+                    match ev.kind {
+                        EventKind::Put(v) => match serde_json::from_slice(&v) {
+                            Ok(r) => records.insert(ev.key, r),
+                            Err(_) => records.remove(&ev.key),
+                        },
+                        EventKind::Delete => records.remove(&ev.key),
+                    };
+                }
+                revision
+            }
+            None => {
                 sink.line(&format!(
-                    "-----> rolling out: {old} instance(s) of the earlier release still serving; they hand over without dropping a request"
+                    "-----> not rolled out within {} s: new requests go to this release, earlier instances still hand over; `warden status` follows it",
+                    ROLLOUT_WAIT.as_secs()
                 ));
-                told = Some(old);
+                return false;
             }
+        };
+        let old = records
+            .values()
+            .filter(|r| r.state == warden_core::InstanceState::Ready && r.generation != generation)
+            .count();
+        if old == 0 {
+            api.applied(&prefix, revision).await;
+            sink.line("-----> rolled out: every ready instance runs this release");
+            return true;
         }
-        if tokio::time::Instant::now() >= deadline {
+        if told != Some(old) {
             sink.line(&format!(
-                "-----> not rolled out within {} s: new requests go to this release, earlier instances still hand over; `warden status` follows it",
-                ROLLOUT_WAIT.as_secs()
+                "-----> rolling out: {old} instance(s) of the earlier release still serving; they hand over without dropping a request"
             ));
-            return false;
+            told = Some(old);
         }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
 

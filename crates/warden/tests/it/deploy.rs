@@ -143,7 +143,12 @@ fn a_flask_app_is_built_served_rolled_out_and_rolled_back() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let loader = load(&w, "shop", stop.clone());
     std::thread::sleep(Duration::from_millis(300));
-    push_ok(&w, "shop", src.path());
+    let rolled = push_ok(&w, "shop", src.path());
+    // The push followed the app's instances until the old one handed over.
+    assert!(
+        rolled.contains("rolled out: every ready instance runs this release"),
+        "{rolled}"
+    );
     assert_eq!(answer(&w, "alice", "shop")["answer"], "hello again");
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
