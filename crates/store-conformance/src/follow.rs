@@ -334,3 +334,29 @@ pub async fn follower_survives_a_failing_first_list_and_watch(s: Arc<dyn Store>)
         "the failed watches were retried"
     );
 }
+
+/// A lease ending deletes every key it held, in one revision on some backends: the follower
+/// delivers each delete, not only the first of the revision.
+pub async fn follower_delivers_every_key_a_lease_held(s: Arc<dyn Store>) {
+    let p = scope("follow-lease");
+    let store = Faulty::new(s);
+    let mut rx = run(store.clone(), &p);
+    assert!(listed(&mut rx).await.is_empty());
+    let lease = store.grant_lease(Duration::from_secs(60)).await.unwrap();
+    let keys: Vec<String> = (0..3).map(|i| format!("{p}/k{i}")).collect();
+    for k in &keys {
+        store.put(k, b"1".to_vec(), Some(lease)).await.unwrap();
+        assert_eq!(
+            next_changes(&mut rx).await,
+            [(k.clone(), Some(b"1".to_vec()))]
+        );
+    }
+    store.revoke_lease(lease).await.unwrap();
+    let mut deleted = Vec::new();
+    while deleted.len() < keys.len() {
+        deleted.extend(next_changes(&mut rx).await);
+    }
+    deleted.sort();
+    let want: Vec<(String, Option<Vec<u8>>)> = keys.iter().map(|k| (k.clone(), None)).collect();
+    assert_eq!(deleted, want);
+}

@@ -10,7 +10,7 @@
 //! The model is client-go's reflector (list, watch from the list's resourceVersion, list again
 //! on "410 Gone"). Like the rest of this crate it logs keys and revisions, never values.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,8 +44,12 @@ pub struct Follower {
     prefix: String,
     /// Each key delivered as present, with the mod revision of its last delivered put.
     known: HashMap<String, Revision>,
-    /// The revision up to which every change is delivered (`None`: not listed yet).
+    /// The highest revision delivered (`None`: not listed yet).
     seen: Option<Revision>,
+    /// The keys delivered by the watch at `seen`, which may not be all of them: one write can
+    /// change several keys at one revision (a lease ending). Empty when `seen` is complete (a
+    /// listing's revision).
+    at_seen: HashSet<String>,
     watch: Option<Watch>,
     backoff: Duration,
 }
@@ -60,6 +64,7 @@ impl Follower {
             prefix: prefix.into(),
             known: HashMap::new(),
             seen: None,
+            at_seen: HashSet::new(),
             watch: None,
             backoff: FIRST_BACKOFF,
         }
@@ -78,14 +83,22 @@ impl Follower {
                     Some(listing) => {
                         self.known = present(&listing);
                         self.seen = Some(listing.revision);
+                        self.at_seen.clear();
                         return Some(Update::Listed(listing));
                     }
                     None => continue,
                 }
             };
+            // From the revision after the last one delivered whole; a revision delivered in
+            // part is watched again and its delivered keys skipped.
+            let from = if self.at_seen.is_empty() {
+                seen + 1
+            } else {
+                seen
+            };
             let watch = match &mut self.watch {
                 Some(w) => w,
-                None => match self.store.watch(&self.prefix, seen + 1).await {
+                None => match self.store.watch(&self.prefix, from).await {
                     Ok(w) => self.watch.insert(w),
                     Err(StoreError::Closed) => return None,
                     Err(StoreError::Compacted { .. }) => match self.relist().await? {
@@ -93,7 +106,7 @@ impl Follower {
                         None => continue,
                     },
                     Err(e) => {
-                        tracing::warn!(prefix = %self.prefix, from = seen + 1, error = %e, "watching the store failed; retrying");
+                        tracing::warn!(prefix = %self.prefix, from, error = %e, "watching the store failed; retrying");
                         self.pause().await;
                         continue;
                     }
@@ -102,10 +115,17 @@ impl Follower {
             match watch.next().await {
                 Some(Ok(ev)) => {
                     self.backoff = FIRST_BACKOFF;
-                    if ev.revision <= seen {
+                    if ev.revision < seen
+                        || (ev.revision == seen
+                            && (self.at_seen.is_empty() || !self.at_seen.insert(ev.key.clone())))
+                    {
                         continue; // already delivered
                     }
-                    self.seen = Some(ev.revision);
+                    if ev.revision > seen {
+                        self.seen = Some(ev.revision);
+                        self.at_seen.clear();
+                        self.at_seen.insert(ev.key.clone());
+                    }
                     match ev.kind {
                         EventKind::Put(_) => self.known.insert(ev.key.clone(), ev.revision),
                         EventKind::Delete => self.known.remove(&ev.key),
@@ -165,6 +185,7 @@ impl Follower {
         }
         self.known = known;
         self.seen = Some(listing.revision);
+        self.at_seen.clear();
         Some(Some(Update::Changes {
             events,
             revision: listing.revision,
