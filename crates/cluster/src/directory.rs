@@ -1,12 +1,11 @@
-//! The live nodes of the cluster, as their records in the store say (fed by a watch; a broken
-//! watch lists again).
+//! The live nodes of the cluster, as their records in the store say (kept current by the
+//! store's `Follower`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, Weak};
-use std::time::Duration;
 
 use warden_core::{keys, NodeRecord};
-use warden_store::{decode, EventKind, Store, StoreError};
+use warden_store::{decode, EventKind, Follower, Listing, Store, StoreError, Update};
 
 type Nodes = RwLock<HashMap<String, NodeRecord>>;
 
@@ -24,8 +23,10 @@ impl Directory {
     /// Lists the nodes and follows their changes until the directory is dropped.
     pub async fn start(store: Arc<dyn Store>) -> Result<Self, StoreError> {
         let nodes = Arc::new(Nodes::default());
-        let from = fill(&*store, &nodes).await?;
-        tokio::spawn(follow(store, Arc::downgrade(&nodes), from));
+        let listing = store.list(keys::NODES).await?;
+        fill(&nodes, &listing);
+        let follower = Follower::from_listing(store, keys::NODES, &listing);
+        tokio::spawn(follow(follower, Arc::downgrade(&nodes)));
         Ok(Self { nodes })
     }
 
@@ -43,9 +44,8 @@ impl Directory {
     }
 }
 
-/// Replaces the view with a listing; the revision to watch from.
-async fn fill(store: &dyn Store, nodes: &Nodes) -> Result<u64, StoreError> {
-    let listing = store.list(keys::NODES).await?;
+/// Replaces the view with a listing.
+fn fill(nodes: &Nodes, listing: &Listing) {
     let fresh: HashMap<String, NodeRecord> = listing
         .entries
         .iter()
@@ -55,35 +55,32 @@ async fn fill(store: &dyn Store, nodes: &Nodes) -> Result<u64, StoreError> {
     if let Ok(mut n) = nodes.write() {
         *n = fresh;
     }
-    Ok(listing.revision + 1)
 }
 
-async fn follow(store: Arc<dyn Store>, nodes: Weak<Nodes>, mut from: u64) {
-    loop {
-        if let Ok(mut w) = store.watch(keys::NODES, from).await {
-            while let Some(Ok(ev)) = w.next().await {
-                let Some(nodes) = nodes.upgrade() else { return };
-                from = ev.revision + 1;
-                let Some(id) = id_of(&ev.key) else { continue };
-                let Ok(mut n) = nodes.write() else { return };
-                match ev.kind {
-                    EventKind::Put(v) => {
-                        if let Ok(r) = decode::<NodeRecord>(&ev.key, &v) {
-                            n.insert(id.to_owned(), r);
-                        }
-                    }
-                    EventKind::Delete => {
-                        n.remove(id);
+/// Applies every later change, with the store's [`Follower`], until the directory is dropped.
+async fn follow(mut follower: Follower, nodes: Weak<Nodes>) {
+    while let Some(update) = follower.next().await {
+        let Some(nodes) = nodes.upgrade() else { return };
+        let events = match update {
+            Update::Listed(listing) => {
+                fill(&nodes, &listing);
+                continue;
+            }
+            Update::Changes { events, .. } => events,
+        };
+        let Ok(mut n) = nodes.write() else { return };
+        for ev in events {
+            let Some(id) = id_of(&ev.key) else { continue };
+            match ev.kind {
+                EventKind::Put(v) => {
+                    if let Ok(r) = decode::<NodeRecord>(&ev.key, &v) {
+                        n.insert(id.to_owned(), r);
                     }
                 }
+                EventKind::Delete => {
+                    n.remove(id);
+                }
             }
-        }
-        // The watch broke (or never opened): list again after a pause.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let Some(n) = nodes.upgrade() else { return };
-        match fill(&*store, &n).await {
-            Ok(f) => from = f,
-            Err(e) => tracing::warn!(error = %e, "listing the cluster's nodes failed"),
         }
     }
 }

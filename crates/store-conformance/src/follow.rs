@@ -360,3 +360,23 @@ pub async fn follower_delivers_every_key_a_lease_held(s: Arc<dyn Store>) {
     let want: Vec<(String, Option<Vec<u8>>)> = keys.iter().map(|k| (k.clone(), None)).collect();
     assert_eq!(deleted, want);
 }
+
+/// A follower started from the caller's own listing delivers the changes after it, first.
+pub async fn follower_from_a_listing_goes_on_after_it(s: Arc<dyn Store>) {
+    let p = scope("follow-from");
+    s.put(&format!("{p}/a"), b"1".to_vec(), None).await.unwrap();
+    let listing = s.list(&p).await.unwrap();
+    let mut follower = Follower::from_listing(s.clone(), p.clone(), &listing);
+    s.delete(&format!("{p}/a")).await.unwrap();
+    let update = tokio::time::timeout(Duration::from_secs(30), follower.next())
+        .await
+        .expect("an update within 30 s")
+        .expect("the follower keeps going");
+    let Update::Changes { events, .. } = update else {
+        panic!("a listing again instead of the change after it: {update:?}");
+    };
+    assert_eq!(
+        events.into_iter().map(change).collect::<Vec<_>>(),
+        [(format!("{p}/a"), None)]
+    );
+}

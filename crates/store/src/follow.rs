@@ -70,6 +70,19 @@ impl Follower {
         }
     }
 
+    /// A follower of `prefix` that has already delivered `listing` (the caller's own
+    /// first listing, whose failure it reports): the next update is the first change after it.
+    pub fn from_listing(
+        store: Arc<dyn Store>,
+        prefix: impl Into<String>,
+        listing: &Listing,
+    ) -> Self {
+        let mut follower = Self::new(store, prefix);
+        follower.known = present(listing);
+        follower.seen = Some(listing.revision);
+        follower
+    }
+
     /// The prefix followed.
     pub fn prefix(&self) -> &str {
         &self.prefix
