@@ -2,7 +2,7 @@
 //! the store by [`Faulty`]: cut watches, watches held back (the gap), watches and lists that
 //! fail, and watches told their revision is compacted.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +25,8 @@ struct Faulty {
     fail_watches: AtomicUsize,
     fail_lists: AtomicUsize,
     compact_watches: AtomicUsize,
+    /// Ends a watch right after the next delete it passes on.
+    cut_after_delete: Arc<AtomicBool>,
     cuts: Mutex<Vec<Arc<Notify>>>,
 }
 
@@ -37,6 +39,7 @@ impl Faulty {
             fail_watches: AtomicUsize::new(0),
             fail_lists: AtomicUsize::new(0),
             compact_watches: AtomicUsize::new(0),
+            cut_after_delete: Arc::new(AtomicBool::new(false)),
             cuts: Mutex::new(Vec::new()),
         })
     }
@@ -122,6 +125,7 @@ impl Store for Faulty {
         let cut = Arc::new(Notify::new());
         self.cuts.lock().unwrap().push(cut.clone());
         let (tx, rx) = mpsc::channel(16);
+        let cut_after_delete = self.cut_after_delete.clone();
         tokio::spawn(async move {
             loop {
                 let ev = tokio::select! {
@@ -129,10 +133,15 @@ impl Store for Faulty {
                     () = cut.notified() => Some(Err(injected("watch"))),
                 };
                 let end = !matches!(ev, Some(Ok(_)));
+                let deleted = matches!(&ev, Some(Ok(e)) if e.kind == EventKind::Delete);
                 if let Some(ev) = ev {
                     if tx.send(ev).await.is_err() {
                         return;
                     }
+                }
+                if deleted && cut_after_delete.swap(false, Ordering::SeqCst) {
+                    let _ = tx.send(Err(injected("watch"))).await;
+                    return;
                 }
                 if end {
                     return;
@@ -338,8 +347,19 @@ pub async fn follower_survives_a_failing_first_list_and_watch(s: Arc<dyn Store>)
 /// A lease ending deletes every key it held, in one revision on some backends: the follower
 /// delivers each delete, not only the first of the revision.
 pub async fn follower_delivers_every_key_a_lease_held(s: Arc<dyn Store>) {
-    let p = scope("follow-lease");
+    lease_check(Faulty::new(s)).await;
+}
+
+/// As [`follower_delivers_every_key_a_lease_held`], with the watch cut right after the first
+/// delete: the follower resumes inside that revision and still delivers the others, once.
+pub async fn follower_resumes_inside_a_revision(s: Arc<dyn Store>) {
     let store = Faulty::new(s);
+    store.cut_after_delete.store(true, Ordering::SeqCst);
+    lease_check(store).await;
+}
+
+async fn lease_check(store: Arc<Faulty>) {
+    let p = scope("follow-lease");
     let mut rx = run(store.clone(), &p);
     assert!(listed(&mut rx).await.is_empty());
     let lease = store.grant_lease(Duration::from_secs(60)).await.unwrap();

@@ -17,7 +17,7 @@ pub use follow::{
     follower_delivers_every_key_a_lease_held, follower_from_a_listing_goes_on_after_it,
     follower_lists_again_after_a_compaction_and_delivers_the_difference,
     follower_lists_again_after_a_real_compaction,
-    follower_resumes_a_cut_watch_without_losing_the_gap,
+    follower_resumes_a_cut_watch_without_losing_the_gap, follower_resumes_inside_a_revision,
     follower_survives_a_failing_first_list_and_watch,
 };
 
@@ -355,7 +355,8 @@ macro_rules! each_check {
             follower_resumes_a_cut_watch_without_losing_the_gap,
             follower_lists_again_after_a_compaction_and_delivers_the_difference,
             follower_survives_a_failing_first_list_and_watch,
-            follower_delivers_every_key_a_lease_held, follower_from_a_listing_goes_on_after_it
+            follower_delivers_every_key_a_lease_held, follower_from_a_listing_goes_on_after_it,
+            follower_resumes_inside_a_revision
         }
     };
 }
