@@ -260,7 +260,8 @@ impl Shared {
                 apply_to(&mut v, kind, &e.key, Some(&e.value));
             }
         }
-        // A listing after a broken watch may have missed an instance leaving routing.
+        // Instances that left routing with the view replaced, and those in it now (the
+        // follower lists once; later listings arrive as differences through `apply`).
         if let (Kind::Instances, Some(hook)) = (kind, &self.on_routing) {
             let v = self.read();
             let routed = |id: &str| v.instances.values().flatten().any(|r| r.record.id == id);
