@@ -287,11 +287,14 @@ fn a_dead_nodes_instances_are_replaced_elsewhere_and_it_comes_back_clean() {
     load.serves_on();
 
     let gamma_dir = agents[1].dir.clone();
+    // The instances' private directories (beside each, the record of its process group, which
+    // the dead agent's reaper uses and removes).
     let private_dirs = || -> Vec<String> {
         std::fs::read_dir(gamma_dir.join("instances"))
             .map(|d| {
                 d.flatten()
                     .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| !n.ends_with(".pid"))
                     .collect()
             })
             .unwrap_or_default()
