@@ -212,7 +212,8 @@ pub fn start_reaper(instances: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     std::process::Command::new(super::image::own_image()?)
         .arg("reaper")
-        .arg(instances)
+        // Absolute: what the reaper ends must not depend on a working directory.
+        .arg(std::path::absolute(instances)?)
         .stdin(std::process::Stdio::from(read))
         .stdout(std::process::Stdio::null())
         // Its own group: a Ctrl-C meant for warden must not end it before warden is done.
