@@ -1,9 +1,10 @@
 //! What can go wrong when the agent starts, finds or stops an instance.
 
-use warden_core::InstanceError;
+use warden_core::{InstanceError, Unavailable};
 use warden_store::StoreError;
 
 use crate::drivers::LaunchError;
+use crate::node::RegisterError;
 
 /// Why the agent could not start, or an instance could not be started or found.
 #[derive(Debug, thiserror::Error)]
@@ -91,12 +92,6 @@ impl From<AgentError> for InstanceError {
         match e {
             AgentError::UnknownApp(app) => Self::UnknownApp(app),
             AgentError::UnknownInstance(id) => Self::UnknownInstance(id),
-            AgentError::Launch { ref app, .. } | AgentError::Exited { ref app, .. } => {
-                Self::StartFailed {
-                    app: app.clone(),
-                    reason: e.to_string(),
-                }
-            }
             AgentError::Timeout {
                 ref app, waited_ms, ..
             } => Self::StartTimeout {
@@ -113,12 +108,25 @@ impl From<AgentError> for InstanceError {
                 retry_after,
                 reason: e.to_string(),
             },
-            AgentError::Full { .. }
-            | AgentError::Store(_)
-            | AgentError::ShuttingDown
-            | AgentError::Directory { .. }
+            AgentError::Full { .. } => Self::unavailable(Unavailable::Limit, e.to_string()),
+            AgentError::Launch { ref source, .. } if source.is_a_node_limit() => {
+                Self::unavailable(Unavailable::Limit, e.to_string())
+            }
+            AgentError::Launch { ref app, .. } | AgentError::Exited { ref app, .. } => {
+                Self::StartFailed {
+                    app: app.clone(),
+                    reason: e.to_string(),
+                }
+            }
+            AgentError::Store(_) | AgentError::Register(RegisterError::Store(_)) => {
+                Self::unavailable(Unavailable::Store, e.to_string())
+            }
+            AgentError::ShuttingDown => Self::unavailable(Unavailable::Stopping, e.to_string()),
+            AgentError::Directory { .. }
             | AgentError::Metrics(_)
-            | AgentError::Register(_) => Self::Unavailable(e.to_string()),
+            | AgentError::Register(RegisterError::NameTaken { .. }) => {
+                Self::unavailable(Unavailable::Node, e.to_string())
+            }
         }
     }
 }

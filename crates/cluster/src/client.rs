@@ -7,7 +7,7 @@ use nix::sys::socket::{recv, MsgFlags};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
-use warden_core::{InstanceError, RemoteStream};
+use warden_core::{InstanceError, RemoteStream, Unavailable};
 
 use crate::certs::server_name;
 use crate::wire::{self, Reply, Request};
@@ -102,7 +102,10 @@ impl NodeClient {
     /// Sends `request` to the node at `addr` and returns its reply.
     pub(crate) async fn call(&self, addr: &str, request: &Request) -> Result<Reply, InstanceError> {
         let unreachable = |e: std::io::Error| {
-            InstanceError::Unavailable(format!("node port {addr} did not answer: {e}"))
+            InstanceError::unavailable(
+                Unavailable::Unreachable,
+                format!("node port {addr} did not answer: {e}"),
+            )
         };
         let exchange = async {
             let mut s = self.open(addr).await?;
@@ -174,9 +177,10 @@ impl NodeClient {
         match self.call(addr, &request).await? {
             Reply::Record(r) => Ok(*r),
             Reply::Err(e) => Err(e),
-            other => Err(InstanceError::Unavailable(format!(
-                "node port {addr} answered a start with {other:?}"
-            ))),
+            other => Err(InstanceError::unavailable(
+                Unavailable::Unreachable,
+                format!("node port {addr} answered a start with {other:?}"),
+            )),
         }
     }
 

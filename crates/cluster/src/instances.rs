@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use warden_core::{
     keys, Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, NodeRecord,
-    Owner,
+    Owner, Unavailable,
 };
 use warden_store::{decode, Store};
 
@@ -30,7 +30,10 @@ pub struct ClusterInstances {
 const MAX_PLACED: usize = 10_000;
 
 fn unexpected(reply: Reply) -> InstanceError {
-    InstanceError::Unavailable(format!("a node answered {reply:?}"))
+    InstanceError::unavailable(
+        Unavailable::Unreachable,
+        format!("a node answered {reply:?}"),
+    )
 }
 
 impl ClusterInstances {
@@ -103,7 +106,10 @@ impl ClusterInstances {
 
     async fn remote(&self, node: &str, request: Request) -> Result<Reply, InstanceError> {
         let addr = self.advertise(node).ok_or_else(|| {
-            InstanceError::Unavailable(format!("node {node} is not live or serves no node port"))
+            InstanceError::unavailable(
+                Unavailable::Unreachable,
+                format!("node {node} is not live or serves no node port"),
+            )
         })?;
         self.client.call(&addr, &request).await
     }
@@ -214,10 +220,10 @@ impl Instances for Shared {
             } else {
                 match this.advertise(&node.id) {
                     Some(addr) => this.client.ensure(&addr, spec, label, owner).await,
-                    None => Err(InstanceError::Unavailable(format!(
-                        "node {} serves no node port",
-                        node.id
-                    ))),
+                    None => Err(InstanceError::unavailable(
+                        Unavailable::Unreachable,
+                        format!("node {} serves no node port", node.id),
+                    )),
                 }
             };
             match outcome {
@@ -233,24 +239,32 @@ impl Instances for Shared {
                     }
                     return Ok(r);
                 }
-                // A node that is full, stopping or gone is passed over for the next one.
-                Err(InstanceError::Unavailable(why)) => {
-                    tracing::info!(node = %node.id, app = %spec.name, why, "node passed over for a start");
-                    last = Some(why);
+                // A node that is full, stopping or gone is passed over for the next one; what
+                // no node does better (the store is down, the app fails) stops here.
+                Err(e) if e.elsewhere() => {
+                    tracing::info!(node = %node.id, app = %spec.name, error = %e, "node passed over for a start");
+                    last = Some(e);
                 }
                 Err(e) => return Err(e),
             }
         }
-        Err(InstanceError::Unavailable(match last {
-            Some(why) => format!("no node could start an instance of {}: {why}", spec.name),
-            None => format!(
-                "no live node runs an agent{} for app {}",
-                spec.driver
-                    .map(|d| format!(" with driver {d:?}"))
-                    .unwrap_or_default(),
-                spec.name
+        Err(match last {
+            Some(InstanceError::Unavailable { reason, detail }) => InstanceError::unavailable(
+                reason,
+                format!("no node could start an instance of {}: {detail}", spec.name),
             ),
-        }))
+            Some(e) => e,
+            None => InstanceError::unavailable(
+                Unavailable::NoAgent,
+                format!(
+                    "no live node runs an agent{} for app {}",
+                    spec.driver
+                        .map(|d| format!(" with driver {d:?}"))
+                        .unwrap_or_default(),
+                    spec.name
+                ),
+            ),
+        })
     }
 
     async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<InstanceStream> {
@@ -326,11 +340,14 @@ impl Instances for Shared {
     fn logs(&self, id: &str, lines: usize) -> Result<String, InstanceError> {
         match &self.0.local {
             Some(l) if l.record(id).is_some() => l.logs(id, lines),
-            _ => Err(InstanceError::Unavailable(format!(
-                "instance {id} does not run on node {}; ask the API of the node that runs it \
-                 (`warden instances list` shows the node)",
-                self.0.me
-            ))),
+            _ => Err(InstanceError::unavailable(
+                Unavailable::NotHere,
+                format!(
+                    "instance {id} does not run on node {}; ask the API of the node that runs it \
+                     (`warden instances list` shows the node)",
+                    self.0.me
+                ),
+            )),
         }
     }
 

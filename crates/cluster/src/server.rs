@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
-use warden_core::{keys, AppSpec, InstanceError, Instances};
+use warden_core::{keys, AppSpec, InstanceError, Instances, Unavailable};
 use warden_store::{get_json, Store};
 
 use crate::pending::Pending;
@@ -297,9 +297,10 @@ async fn handle(
             let instance = match local.connect(&record).await {
                 Ok(s) => s,
                 Err(e) => {
-                    let refused = InstanceError::Unavailable(format!(
-                        "instance {id} refused the connection: {e}"
-                    ));
+                    let refused = InstanceError::unavailable(
+                        Unavailable::Unreachable,
+                        format!("instance {id} refused the connection: {e}"),
+                    );
                     return wire::write(&mut tls, &Reply::Err(refused)).await;
                 }
             };
@@ -324,7 +325,13 @@ async fn handle(
                     Err(e) => Reply::Err(e),
                 },
                 Ok(None) => Reply::Err(InstanceError::UnknownApp(spec.name)),
-                Err(e) => Reply::Err(InstanceError::Unavailable(e.to_string())),
+                Err(e) => Reply::Err(InstanceError::unavailable(
+                    Unavailable::Store,
+                    format!(
+                        "node cannot read app {}'s spec from the store: {e}",
+                        spec.name
+                    ),
+                )),
             }
         }
         Request::Retire { id } => {
@@ -365,7 +372,10 @@ async fn send_slug(
         _ => None,
     };
     let Some(mut file) = file else {
-        let none = InstanceError::Unavailable(format!("slug {id} is not on this node"));
+        let none = InstanceError::unavailable(
+            Unavailable::NotHere,
+            format!("slug {id} is not on this node"),
+        );
         return wire::write(&mut tls, &Reply::Err(none)).await;
     };
     let size = file.metadata().await?.len();

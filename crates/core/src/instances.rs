@@ -92,10 +92,97 @@ pub enum InstanceError {
         /// The whole story, for an operator.
         reason: String,
     },
-    /// No instance can be had now (a limit is reached, the store failed, the node is stopping,
-    /// no agent runs): the caller may try again later.
-    #[error("{0}")]
-    Unavailable(String),
+    /// No instance can be had here now; `reason` says whether another node may do better
+    /// ([`InstanceError::elsewhere`]) and whether asking again later may
+    /// ([`InstanceError::retry_later`]).
+    #[error("{detail}")]
+    Unavailable {
+        /// What happened, as far as where to ask next is concerned.
+        reason: Unavailable,
+        /// The whole story, for an operator.
+        detail: String,
+    },
+}
+
+/// Why no instance could be had, for a caller that decides where to ask next: another node
+/// ([`Unavailable::elsewhere`]), the same one later ([`Unavailable::retry_later`]), or nobody.
+///
+/// It crosses the node port: a reason this node does not know (sent by a newer node) decodes as
+/// [`Unavailable::Other`], never as a broken message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unavailable {
+    /// A limit of this node is reached (its instances, the app's instances on it, free uids,
+    /// ports or sandbox addresses): another node may have room, and this one once an instance
+    /// stops.
+    Limit,
+    /// This node is draining or stopping: another node may start it; this one will not.
+    Stopping,
+    /// The store cannot be read or written: no node does better, so the caller stops; asking
+    /// again later may work.
+    Store,
+    /// No agent runs where it was asked (a gateway- or API-only process, or no live agent node):
+    /// another node's agent may start it.
+    NoAgent,
+    /// The node (or the instance through it) could not be reached, or did not answer sensibly:
+    /// another node may do better.
+    Unreachable,
+    /// This node cannot do its part (a directory it cannot make, metrics it cannot register):
+    /// another node may do better.
+    Node,
+    /// What was asked for is not on this node (an instance's logs, a slug): another node may
+    /// have it.
+    NotHere,
+    /// A reason this node does not know, from a newer node: treated as before reasons existed
+    /// (another node may be tried, and this one later).
+    #[serde(other)]
+    Other,
+}
+
+// === impl Unavailable ===
+
+impl Unavailable {
+    /// Whether another node may do better.
+    pub fn elsewhere(self) -> bool {
+        !matches!(self, Self::Store)
+    }
+
+    /// Whether asking the same again later may succeed.
+    pub fn retry_later(self) -> bool {
+        !matches!(self, Self::Stopping | Self::NoAgent | Self::NotHere)
+    }
+}
+
+// === impl InstanceError ===
+
+impl InstanceError {
+    /// An [`InstanceError::Unavailable`] for `reason`, told by `detail`.
+    pub fn unavailable(reason: Unavailable, detail: impl Into<String>) -> Self {
+        Self::Unavailable {
+            reason,
+            detail: detail.into(),
+        }
+    }
+
+    /// Whether another node may do better: only a shortage of this node (full, stopping,
+    /// unreachable, no agent) says so. An unknown app, a failing app, a crash loop or a store
+    /// that cannot be read are the same on every node.
+    pub fn elsewhere(&self) -> bool {
+        match self {
+            Self::Unavailable { reason, .. } => reason.elsewhere(),
+            _ => false,
+        }
+    }
+
+    /// Whether asking the same again later may succeed (a crash loop's backoff ends; a full
+    /// node frees room); an unknown app or instance, or an app that fails to start, stays so.
+    pub fn retry_later(&self) -> bool {
+        match self {
+            Self::Unavailable { reason, .. } => reason.retry_later(),
+            Self::CrashLoop { .. } | Self::StartTimeout { .. } => true,
+            Self::UnknownApp(_) | Self::UnknownInstance(_) | Self::StartFailed { .. } => false,
+        }
+    }
 }
 
 /// A stream to an instance on another node (through that node's node port).
@@ -285,6 +372,34 @@ mod tests {
         assert_eq!(a.idle_for(later), None);
         drop(guard);
         assert!(a.idle_for(later).is_some());
+    }
+
+    #[test]
+    fn only_a_shortage_of_this_node_sends_a_start_elsewhere() {
+        let full = InstanceError::unavailable(Unavailable::Limit, "this node is full");
+        let store = InstanceError::unavailable(Unavailable::Store, "the store is down");
+        assert!(full.elsewhere() && full.retry_later());
+        assert!(!store.elsewhere() && store.retry_later());
+        assert!(InstanceError::unavailable(Unavailable::Stopping, "x").elsewhere());
+        assert!(!InstanceError::unavailable(Unavailable::Stopping, "x").retry_later());
+        assert!(!InstanceError::UnknownApp("a".into()).elsewhere());
+        assert_eq!(full.to_string(), "this node is full");
+    }
+
+    #[test]
+    fn a_reason_from_a_newer_node_decodes_as_a_generic_one() {
+        let sent = InstanceError::unavailable(Unavailable::Limit, "full");
+        let json = serde_json::to_string(&sent).expect("encode");
+        assert_eq!(
+            serde_json::from_str::<InstanceError>(&json).expect("decode"),
+            sent
+        );
+        let newer = json.replace("\"limit\"", "\"out_of_gpus\"");
+        assert_ne!(newer, json, "{json}");
+        let got: InstanceError = serde_json::from_str(&newer).expect("an unknown reason decodes");
+        assert_eq!(got, InstanceError::unavailable(Unavailable::Other, "full"));
+        // As before reasons existed: another node may be tried.
+        assert!(got.elsewhere());
     }
 
     #[test]

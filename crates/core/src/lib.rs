@@ -18,6 +18,7 @@ pub mod ratelimit;
 
 pub use instances::{
     Activity, ActivityGuard, InstanceError, InstanceStream, Instances, Owner, RemoteStream,
+    Unavailable,
 };
 pub use model::{
     AppHealth, AppSpec, BuildKind, DrainOrder, DriverKind, HostLoad, InstanceRecord, InstanceState,

@@ -6,15 +6,16 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use warden_core::{
-    Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, Owner,
+    Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, Owner, Unavailable,
 };
 
 /// No agent in this process.
 pub struct NoAgent;
 
 fn no_agent() -> InstanceError {
-    InstanceError::Unavailable(
-        "no agent runs in this process; start warden with the agent role (warden up --roles …,agent)".into(),
+    InstanceError::unavailable(
+        Unavailable::NoAgent,
+        "no agent runs in this process; start warden with the agent role (warden up --roles …,agent)",
     )
 }
 

@@ -134,6 +134,15 @@ pub enum LaunchError {
 }
 
 impl LaunchError {
+    /// Whether a limit of this node stopped the start (no free uid, port or sandbox address):
+    /// another node may have room, and this one once an instance stops.
+    pub(crate) fn is_a_node_limit(&self) -> bool {
+        matches!(
+            self,
+            Self::NoUid | Self::NoPort(_) | Self::Bridge(BridgeError::Full { .. })
+        )
+    }
+
     /// Whether the app's own command is at fault (missing, not executable, unreachable by its
     /// uid), rather than the node.
     pub(crate) fn is_the_apps(&self) -> bool {

@@ -462,3 +462,62 @@ fn a_per_request_instance_on_another_node_is_retired_after_its_request() {
         || (!alpha.instances().iter().any(|i| i["id"] == id)).then_some(()),
     );
 }
+
+/// A node at its instance limit sends a start on to a node with room, rather than failing
+/// it: its "full" says that another node may do better. To have the full node asked first
+/// whatever the hosts' load figures say, a record "ghost" that looks idle names the full node's
+/// port.
+#[test]
+fn a_start_goes_on_from_a_node_at_its_limit_to_one_with_room() {
+    let cluster = EtcdCluster::start(1);
+    let alpha = demo_node(&cluster, "alpha", "gateway,agent,api");
+    let _beta = node(
+        &cluster,
+        "beta",
+        &[
+            "--roles",
+            "agent",
+            "--max-instances",
+            "0",
+            "--advertise",
+            "127.0.0.2:0",
+            "--join-token-file",
+            &join_token(&alpha),
+        ],
+    )
+    .start();
+    let full_port = wait_until("beta's node port listed", Duration::from_secs(20), || {
+        nodes(&alpha)
+            .get("beta")?
+            .get("advertise")?
+            .as_str()
+            .map(str::to_owned)
+    });
+    let ghost = serde_json::json!({
+        "id": "ghost", "hostname": "elsewhere", "pid": 1, "started_at_ms": 0,
+        "load": {"memory_used": 0.0, "cpu_busy": 0.0, "load_per_core": 0.0, "instances": 0},
+        "roles": ["agent"], "advertise": full_port,
+        "drivers": ["sandbox", "process"],
+    });
+    cluster.etcdctl(&["put", "nodes/ghost", &ghost.to_string()]);
+    wait_until("the ghost listed", Duration::from_secs(20), || {
+        nodes(&alpha).contains_key("ghost").then_some(())
+    });
+
+    let pw = alpha.password("alice");
+    let r = alpha.get_as("alice", &pw, "/apps/demo/");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let id = r.json()["instance"].clone();
+    let record = alpha
+        .instances()
+        .into_iter()
+        .find(|i| i["id"] == id)
+        .unwrap();
+    assert_eq!(record["node"], "alpha", "started on the node with room");
+    let log = alpha.stderr();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("node passed over") && l.contains("ghost")),
+        "the full node was asked first and passed over: {log}"
+    );
+}
