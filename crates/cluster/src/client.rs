@@ -7,6 +7,7 @@ use nix::sys::socket::{recv, MsgFlags};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
+use warden_core::builds::SlugTransferError;
 use warden_core::{InstanceError, RemoteStream, Unavailable};
 
 use crate::certs::server_name;
@@ -126,38 +127,34 @@ impl NodeClient {
         id: &str,
         into: &std::path::Path,
         max: u64,
-    ) -> Result<(), String> {
-        use tokio::io::AsyncReadExt;
+    ) -> Result<(), SlugTransferError> {
+        use SlugTransferError::Unreachable;
         let exchange = async {
-            let mut s = self.open(addr).await.map_err(|e| e.to_string())?;
+            let mut s = self.open(addr).await.map_err(Unreachable)?;
             let request = Request::Slug { id: id.to_owned() };
-            wire::write(&mut s, &request)
-                .await
-                .map_err(|e| e.to_string())?;
-            let size = match wire::read(&mut s).await.map_err(|e| e.to_string())? {
+            wire::write(&mut s, &request).await.map_err(Unreachable)?;
+            let size = match wire::read(&mut s).await.map_err(Unreachable)? {
                 Reply::Blob { size } if size <= max => size,
-                Reply::Blob { size } => {
-                    return Err(format!("its archive is {size} bytes, more than {max}"))
-                }
-                Reply::Err(e) => return Err(e.to_string()),
-                other => return Err(format!("answered {other:?}")),
+                Reply::Blob { size } => return Err(SlugTransferError::TooLarge { size, max }),
+                Reply::Err(e) => return Err(SlugTransferError::Refused(e)),
+                other => return Err(SlugTransferError::Unexpected(format!("{other:?}"))),
             };
-            let mut file = tokio::fs::File::create(into)
-                .await
-                .map_err(|e| e.to_string())?;
-            let copied = tokio::io::copy(&mut (&mut s).take(size), &mut file)
-                .await
-                .map_err(|e| e.to_string())?;
+            let write = |source| SlugTransferError::Write {
+                path: into.to_owned(),
+                source,
+            };
+            let mut file = tokio::fs::File::create(into).await.map_err(write)?;
+            let copied = copy_exactly(&mut s, &mut file, into, size).await?;
             if copied != size {
-                return Err(format!("the transfer ended after {copied} of {size} bytes"));
+                return Err(SlugTransferError::Short { copied, size });
             }
             tokio::io::AsyncWriteExt::flush(&mut file)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(write)
         };
         tokio::time::timeout(SLUG_TIMEOUT, exchange)
             .await
-            .map_err(|_| format!("no slug within {} s", SLUG_TIMEOUT.as_secs()))?
+            .map_err(|_| SlugTransferError::TimedOut(SLUG_TIMEOUT.as_secs()))?
     }
 
     /// Asks the node at `addr` for a ready instance of `spec`'s app (the node reads the spec
@@ -232,4 +229,37 @@ impl NodeClient {
             ))),
         }
     }
+}
+
+/// Copies up to `size` bytes from `from` to `to` (the file at `path`); how many came before
+/// `from` ended. A failed
+/// read is the node's (`Unreachable`), a failed write this node's (`Write`): the caller
+/// reports them differently.
+async fn copy_exactly(
+    from: &mut (impl tokio::io::AsyncRead + Unpin),
+    to: &mut tokio::fs::File,
+    path: &std::path::Path,
+    size: u64,
+) -> Result<u64, SlugTransferError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 << 10];
+    let mut copied = 0u64;
+    while copied < size {
+        let want = usize::try_from(size - copied).map_or(buf.len(), |left| left.min(buf.len()));
+        let n = from
+            .read(&mut buf[..want])
+            .await
+            .map_err(SlugTransferError::Unreachable)?;
+        if n == 0 {
+            break;
+        }
+        to.write_all(&buf[..n])
+            .await
+            .map_err(|source| SlugTransferError::Write {
+                path: path.to_owned(),
+                source,
+            })?;
+        copied += n as u64;
+    }
+    Ok(copied)
 }

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use async_trait::async_trait;
-use warden_core::builds::SlugSource;
+use warden_core::builds::{SlugSource, SlugSourceError};
 
 use crate::{Directory, NodeClient};
 
@@ -29,7 +29,7 @@ impl SlugFetcher {
 
 #[async_trait]
 impl SlugSource for SlugFetcher {
-    async fn fetch(&self, slug: &str, into: &Path, max: u64) -> Result<(), String> {
+    async fn fetch(&self, slug: &str, into: &Path, max: u64) -> Result<(), SlugSourceError> {
         let mut tried = Vec::new();
         let mut nodes = self.directory.all();
         nodes.sort_by_key(|n| !n.roles.iter().any(|r| r == "api"));
@@ -39,12 +39,12 @@ impl SlugSource for SlugFetcher {
             };
             match self.client.fetch_slug(addr, slug, into, max).await {
                 Ok(()) => return Ok(()),
-                Err(e) => tried.push(format!("{}: {e}", node.id)),
+                Err(e) => tried.push((node.id.clone(), e)),
             }
         }
         if tried.is_empty() {
-            return Err("no other node serves slugs".into());
+            return Err(SlugSourceError::NoNode);
         }
-        Err(format!("no node gave it ({})", tried.join("; ")))
+        Err(SlugSourceError::NoneGave(tried))
     }
 }

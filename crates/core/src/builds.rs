@@ -76,7 +76,64 @@ pub trait Builds: Send + Sync + 'static {
 pub trait SlugSource: Send + Sync + 'static {
     /// Copies the archive of slug `slug` into the file `into`, at most `max` bytes. The caller
     /// checks its digest.
-    async fn fetch(&self, slug: &str, into: &Path, max: u64) -> Result<(), String>;
+    async fn fetch(&self, slug: &str, into: &Path, max: u64) -> Result<(), SlugSourceError>;
+}
+
+/// Why no node gave a slug.
+#[derive(Debug, thiserror::Error)]
+pub enum SlugSourceError {
+    /// No other live node serves slugs.
+    #[error("no other live node serves slugs; start the node that built it (an API node), or push the app again")]
+    NoNode,
+    /// Every node that serves slugs was asked; none gave it.
+    #[error("no node gave it ({})", list(.0))]
+    NoneGave(Vec<(String, SlugTransferError)>),
+}
+
+/// Why one node did not give a slug.
+#[derive(Debug, thiserror::Error)]
+pub enum SlugTransferError {
+    /// Its node port could not be reached, or broke off.
+    #[error("its node port could not be reached: {0}")]
+    Unreachable(#[source] std::io::Error),
+    /// It answered that it cannot (most often: it does not have the slug).
+    #[error("it answered: {0}")]
+    Refused(#[source] crate::InstanceError),
+    /// It answered something that is no slug.
+    #[error("it answered a slug request with {0}")]
+    Unexpected(String),
+    /// The archive is larger than a node fetches.
+    #[error("its archive is {size} bytes, more than the {max} a node fetches")]
+    TooLarge {
+        /// The archive's size.
+        size: u64,
+        /// The most a node fetches.
+        max: u64,
+    },
+    /// The transfer ended early.
+    #[error("the transfer ended after {copied} of {size} bytes")]
+    Short {
+        /// Bytes received.
+        copied: u64,
+        /// Bytes announced.
+        size: u64,
+    },
+    /// The archive could not be written on this node.
+    #[error("cannot write the archive to {}: {source}; give warden room and write access in its data dir", path.display())]
+    Write {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The whole transfer took too long.
+    #[error("no slug within {0} s")]
+    TimedOut(u64),
+}
+
+fn list(failures: &[(String, SlugTransferError)]) -> String {
+    let each: Vec<String> = failures.iter().map(|(n, e)| format!("{n}: {e}")).collect();
+    each.join("; ")
 }
 
 /// An unpacked source waiting for its build, or a slug already built.

@@ -135,9 +135,9 @@ impl Fetcher {
             return Ok(());
         }
         let result = self.fetch(&**source, slugs, &release.slug, digest).await;
-        result.map_err(|why| LaunchError::Fetch {
+        result.map_err(|source| LaunchError::Fetch {
             slug: release.slug.clone(),
-            why,
+            source: Box::new(source),
         })
     }
 
@@ -147,39 +147,19 @@ impl Fetcher {
         slugs: &Path,
         id: &str,
         digest: &str,
-    ) -> Result<(), String> {
-        std::fs::create_dir_all(slugs).map_err(|e| e.to_string())?;
+    ) -> Result<(), FetchError> {
+        let dir = |path: &Path| {
+            let path = path.to_owned();
+            move |source| FetchError::Directory { path, source }
+        };
+        std::fs::create_dir_all(slugs).map_err(dir(slugs))?;
         let scratch = slugs.join(format!(".fetch-{}", warden_core::id::short_id()));
-        std::fs::create_dir(&scratch).map_err(|e| e.to_string())?;
+        std::fs::create_dir(&scratch).map_err(dir(&scratch))?;
         let file = scratch.join(super::archive::FILE);
         let result = async {
             source.fetch(id, &file, MAX_FETCH).await?;
-            let (file2, scratch2, digest, id) = (
-                file.clone(),
-                scratch.clone(),
-                digest.to_owned(),
-                id.to_owned(),
-            );
-            let home = slugs.join(&id);
-            tokio::task::spawn_blocking(move || -> Result<(), String> {
-                let got = super::archive::sha256_file(&file2).map_err(|e| e.to_string())?;
-                if got != digest {
-                    return Err(format!("the fetched slug's digest is {got}, not {digest}"));
-                }
-                super::unpack::unpack(
-                    &file2,
-                    &scratch2,
-                    MAX_FETCH * 8,
-                    true,
-                    &std::sync::atomic::AtomicBool::new(false),
-                )
-                .map_err(|e| e.to_string())?;
-                std::fs::write(scratch2.join(DIGEST), &digest).map_err(|e| e.to_string())?;
-                let _ = std::fs::remove_dir_all(&home);
-                std::fs::rename(&scratch2, &home).map_err(|e| e.to_string())
-            })
-            .await
-            .map_err(|e| e.to_string())?
+            let (scratch2, digest, home) = (scratch.clone(), digest.to_owned(), slugs.join(id));
+            tokio::task::spawn_blocking(move || install(&scratch2, &digest, &home)).await?
         }
         .await;
         if result.is_err() {
@@ -191,6 +171,67 @@ impl Fetcher {
     }
 }
 
+/// Checks the archive fetched into `scratch` against `digest`, unpacks it there and moves the
+/// slug to `home`, complete (its digest file written last).
+fn install(scratch: &Path, digest: &str, home: &Path) -> Result<(), FetchError> {
+    let file = scratch.join(super::archive::FILE);
+    let got = super::archive::sha256_file(&file).map_err(FetchError::Hash)?;
+    if got != digest {
+        return Err(FetchError::Digest {
+            got,
+            want: digest.to_owned(),
+        });
+    }
+    super::unpack::unpack(
+        &file,
+        scratch,
+        MAX_FETCH * 8,
+        true,
+        &std::sync::atomic::AtomicBool::new(false),
+    )
+    .map_err(FetchError::Unpack)?;
+    let mark = scratch.join(DIGEST);
+    std::fs::write(&mark, digest).map_err(|source| FetchError::Directory { path: mark, source })?;
+    let _ = std::fs::remove_dir_all(home);
+    std::fs::rename(scratch, home).map_err(|source| FetchError::Directory {
+        path: home.to_owned(),
+        source,
+    })
+}
+
+/// Why a slug could not be brought from another node.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// No node gave the archive.
+    #[error(transparent)]
+    Source(#[from] warden_core::builds::SlugSourceError),
+    /// A file or directory of the slug could not be made on this node.
+    #[error("cannot write {}: {source}; give warden room and write access in its data dir", path.display())]
+    Directory {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The fetched archive could not be read back.
+    #[error("cannot read the fetched archive: {0}")]
+    Hash(#[source] std::io::Error),
+    /// The fetched archive is not the one the app's spec names.
+    #[error("the fetched slug's digest is {got}, not {want}; the node that sent it holds a damaged or different slug")]
+    Digest {
+        /// What the archive hashes to.
+        got: String,
+        /// What the spec names.
+        want: String,
+    },
+    /// The fetched archive could not be unpacked.
+    #[error("cannot unpack the fetched slug: {0}")]
+    Unpack(#[source] warden_core::builds::BuildError),
+    /// The task checking and unpacking it failed (a bug, or the runtime stopping).
+    #[error("checking the fetched slug stopped: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,8 +241,14 @@ mod tests {
 
     #[async_trait::async_trait]
     impl warden_core::builds::SlugSource for Source {
-        async fn fetch(&self, _slug: &str, into: &Path, _max: u64) -> Result<(), String> {
-            std::fs::write(into, &self.0).map_err(|e| e.to_string())
+        async fn fetch(
+            &self,
+            _slug: &str,
+            into: &Path,
+            _max: u64,
+        ) -> Result<(), warden_core::builds::SlugSourceError> {
+            std::fs::write(into, &self.0).expect("write the archive");
+            Ok(())
         }
     }
 
@@ -255,6 +302,10 @@ mod tests {
             .ensure(slugs.path(), &release(&digest))
             .await
             .expect_err("tampered");
+        assert!(
+            matches!(&err, LaunchError::Fetch { source, .. } if matches!(**source, FetchError::Digest { .. })),
+            "{err}"
+        );
         assert!(err.to_string().contains("digest"), "{err}");
         assert!(mark(slugs.path(), &"ab".repeat(32)).is_none());
 

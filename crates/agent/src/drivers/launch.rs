@@ -117,12 +117,12 @@ pub enum LaunchError {
         slug: String,
     },
     /// The release's slug could not be fetched from another node.
-    #[error("cannot fetch the release's slug {slug}: {why}")]
+    #[error("cannot fetch the release's slug {slug}: {source}")]
     Fetch {
         /// The slug's id.
         slug: String,
         /// Why.
-        why: String,
+        source: Box<crate::build::slugs::FetchError>,
     },
     /// The sandbox's cgroups could not be set up.
     #[error("cannot set up the instance's cgroup: {0}")]
