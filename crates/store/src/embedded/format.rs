@@ -10,18 +10,26 @@
 use redb::{Database, ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::codec::{self, FORMAT};
+use super::verify::ReadError;
 use super::{KV, LOG, META};
 use crate::StoreError;
 
 /// The record layout of the file `txn` reads.
-pub(super) fn of_read(txn: &ReadTransaction) -> Result<u64, String> {
+pub(super) fn of_read(txn: &ReadTransaction) -> Result<u64, ReadError> {
+    use redb::TableHandle;
     match txn.open_table(META) {
         Ok(meta) => Ok(meta
             .get("format")
-            .map_err(|e| e.to_string())?
+            .map_err(|source| ReadError::Rows {
+                table: META.name().to_owned(),
+                source,
+            })?
             .map_or(1, |v| v.value())),
         Err(redb::TableError::TableDoesNotExist(_)) => Ok(1),
-        Err(e) => Err(e.to_string()),
+        Err(source) => Err(ReadError::Table {
+            table: META.name().to_owned(),
+            source,
+        }),
     }
 }
 

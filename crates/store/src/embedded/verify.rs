@@ -35,6 +35,61 @@ pub struct Report {
     pub damaged: Vec<(String, String)>,
 }
 
+/// Why reading a store file through stopped (rather than finding a damaged record, which the
+/// report lists).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadError {
+    /// A read transaction could not begin.
+    #[error("cannot begin reading it: {0}")]
+    Begin(#[from] redb::TransactionError),
+    /// A table could not be opened.
+    #[error("cannot open its table {table}: {source}")]
+    Table {
+        /// The table.
+        table: String,
+        /// Why.
+        source: redb::TableError,
+    },
+    /// A table's rows could not be read.
+    #[error("cannot read its table {table}: {source}")]
+    Rows {
+        /// The table.
+        table: String,
+        /// Why.
+        source: redb::StorageError,
+    },
+}
+
+// === impl ReadError ===
+
+impl ReadError {
+    /// The operating system's error underneath, when that is what stopped the read.
+    fn io(&self) -> Option<&std::io::Error> {
+        let storage = match self {
+            Self::Begin(redb::TransactionError::Storage(s))
+            | Self::Table {
+                source: redb::TableError::Storage(s),
+                ..
+            }
+            | Self::Rows { source: s, .. } => s,
+            _ => return None,
+        };
+        match storage {
+            redb::StorageError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// The error for a read through `path` that stopped: a refused access as such (the file may
+/// be sound), anything else as damage.
+fn read_failure(path: &Path, e: &ReadError) -> StoreError {
+    match e.io() {
+        Some(io) if is_access(io) => no_access(path, "read", io),
+        _ => damaged(path, e),
+    }
+}
+
 /// Runs `f`, turning a panic of the engine into `Err` without printing it: a damaged file is
 /// input, and its error is reported as such. (The panic hook is process-wide; this runs while
 /// a store is opened, before the store serves anyone.)
@@ -89,8 +144,8 @@ pub(crate) fn open_failure(path: &Path, doing: &str, e: redb::DatabaseError) -> 
 }
 
 /// Reads every table of `db` through, decoding every record and log entry.
-fn read_through(db: &impl ReadableDatabase) -> Result<Report, String> {
-    let txn = db.begin_read().map_err(|e| e.to_string())?;
+fn read_through(db: &impl ReadableDatabase) -> Result<Report, ReadError> {
+    let txn = db.begin_read()?;
     let format = format::of_read(&txn)?;
     let mut report = Report {
         records: 0,
@@ -118,16 +173,26 @@ fn each<K: redb::Key + 'static, V: redb::Value + 'static>(
     txn: &redb::ReadTransaction,
     t: TableDefinition<K, V>,
     mut f: impl FnMut(K::SelfType<'_>, V::SelfType<'_>),
-) -> Result<usize, String> {
+) -> Result<usize, ReadError> {
+    use redb::TableHandle;
     let table = match txn.open_table(t) {
         Ok(t) => t,
         // A store made by an older warden may lack a table; it is created on open.
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
-        Err(e) => return Err(e.to_string()),
+        Err(source) => {
+            return Err(ReadError::Table {
+                table: t.name().to_owned(),
+                source,
+            })
+        }
+    };
+    let rows = |source| ReadError::Rows {
+        table: t.name().to_owned(),
+        source,
     };
     let mut n = 0;
-    for row in table.iter().map_err(|e| e.to_string())? {
-        let (k, v) = row.map_err(|e| e.to_string())?;
+    for row in table.iter().map_err(rows)? {
+        let (k, v) = row.map_err(rows)?;
         f(k.value(), v.value());
         n += 1;
     }
@@ -145,7 +210,7 @@ pub fn prove(path: &Path) -> Result<Report, StoreError> {
         Ok(Ok(db)) => {
             quietly(|| read_through(&db))
                 .map_err(|_| damaged(path, "the storage engine failed reading it"))?
-                .map_err(|e| damaged(path, e))?;
+                .map_err(|e| read_failure(path, &e))?;
             false
         }
         Ok(Err(redb::DatabaseError::RepairAborted)) => true,
@@ -182,7 +247,7 @@ fn prove_copy(path: &Path) -> Result<Report, StoreError> {
     })?;
     let checked = quietly(|| -> Result<Report, StoreError> {
         let db = super::open_prepared(&copy)?;
-        read_through(&db).map_err(|e| damaged(path, e))
+        read_through(&db).map_err(|e| read_failure(path, &e))
     });
     let _ = std::fs::remove_file(&copy);
     match checked {
@@ -197,5 +262,38 @@ fn prove_copy(path: &Path) -> Result<Report, StoreError> {
         }),
         Ok(Err(e)) => Err(damaged(path, e)),
         Ok(Ok(report)) => Ok(report),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read refused by the operating system halfway through says so and that the file may be
+    /// sound; any other failure of the read is damage, with a backup to restore.
+    #[test]
+    fn a_refused_read_is_no_sign_of_damage() {
+        let path = Path::new("/var/lib/warden/store.redb");
+        let refused = ReadError::Rows {
+            table: "kv".into(),
+            source: redb::StorageError::Io(std::io::ErrorKind::PermissionDenied.into()),
+        };
+        let StoreError::Open { reason, .. } = read_failure(path, &refused) else {
+            panic!("an open error");
+        };
+        assert!(reason.contains("may well be sound"), "{reason}");
+        assert!(!reason.contains("damaged"), "{reason}");
+
+        let broken = ReadError::Rows {
+            table: "kv".into(),
+            source: redb::StorageError::Corrupted("a bad page".into()),
+        };
+        let StoreError::Open { reason, .. } = read_failure(path, &broken) else {
+            panic!("an open error");
+        };
+        assert!(
+            reason.contains("damaged") && reason.contains("a bad page"),
+            "{reason}"
+        );
     }
 }
