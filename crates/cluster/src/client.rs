@@ -89,7 +89,8 @@ impl NodeClient {
     }
 
     async fn open(&self, addr: &str) -> std::io::Result<TlsStream<TcpStream>> {
-        let name = server_name(addr).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let name = server_name(addr)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let open = async {
             let tcp = TcpStream::connect(addr).await?;
             let _ = tcp.set_nodelay(true);
@@ -192,9 +193,10 @@ impl NodeClient {
     ) -> std::io::Result<Box<dyn RemoteStream>> {
         match self.ask_join(addr, id, label).await? {
             Ok(s) => Ok(s),
+            // The node's answer stays the source: a caller may ask what it was.
             Err(e) => Err(std::io::Error::new(
                 std::io::ErrorKind::ConnectionRefused,
-                e.to_string(),
+                e,
             )),
         }
     }
