@@ -16,6 +16,8 @@ pub mod certs;
 pub mod checker;
 mod client;
 mod directory;
+#[cfg(test)]
+mod ensure_tests;
 mod instances;
 mod pending;
 mod server;
