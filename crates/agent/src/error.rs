@@ -130,3 +130,51 @@ impl From<AgentError> for InstanceError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(e: AgentError) -> Option<Unavailable> {
+        match InstanceError::from(e) {
+            InstanceError::Unavailable { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// Each failure says truly whether another node may do better: a limit or a stop of this
+    /// node does; a store that fails does not; an app that cannot run is no shortage at all.
+    #[test]
+    fn each_failure_gives_its_true_reason() {
+        let full = AgentError::Full {
+            what: "this node".into(),
+            limit: 1,
+        };
+        assert_eq!(reason(full), Some(Unavailable::Limit));
+        let no_uid = AgentError::Launch {
+            app: "demo".into(),
+            source: LaunchError::NoUid,
+        };
+        assert_eq!(reason(no_uid), Some(Unavailable::Limit));
+        assert_eq!(
+            reason(AgentError::ShuttingDown),
+            Some(Unavailable::Stopping)
+        );
+        let store = AgentError::Store(StoreError::Engine {
+            op: "put",
+            reason: "unreachable".into(),
+        });
+        assert_eq!(reason(store), Some(Unavailable::Store));
+        let missing = AgentError::Launch {
+            app: "demo".into(),
+            source: LaunchError::NotFound {
+                program: "./demo".into(),
+                search: "PATH",
+            },
+        };
+        assert!(matches!(
+            InstanceError::from(missing),
+            InstanceError::StartFailed { .. }
+        ));
+    }
+}
