@@ -80,7 +80,28 @@ impl RemoteStream for Joined {
     }
 }
 
+/// One connection carrying this node's pings to another node's port.
+pub(crate) struct PingLine(TlsStream<TcpStream>);
+
+impl PingLine {
+    /// One ping and its answer.
+    pub(crate) async fn ping(&mut self) -> std::io::Result<()> {
+        wire::write(&mut self.0, &Request::Ping).await?;
+        match wire::read::<Reply>(&mut self.0).await? {
+            Reply::Ok => Ok(()),
+            other => Err(std::io::Error::other(format!(
+                "a node answered a ping with {other:?}"
+            ))),
+        }
+    }
+}
+
 impl NodeClient {
+    /// A connection for pings to the node at `addr`.
+    pub(crate) async fn ping_line(&self, addr: &str) -> std::io::Result<PingLine> {
+        self.open(addr).await.map(PingLine)
+    }
+
     /// A client presenting this node's certificate.
     pub fn new(tls: &NodeTls) -> Self {
         Self {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use warden_core::{
     keys, Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, NodeRecord,
-    Owner, Unavailable,
+    Owner, Peers, Unavailable,
 };
 use warden_store::{decode, Store};
 
@@ -21,6 +21,8 @@ pub struct ClusterInstances {
     local: Option<Arc<dyn Instances>>,
     client: NodeClient,
     nodes: Directory,
+    /// Which nodes answer this one's pings: a silent one gets no start.
+    peers: Arc<Peers>,
     store: Arc<dyn Store>,
     /// Node of each instance handed out by another node, for retire and relabel.
     placed: Mutex<HashMap<String, String>>,
@@ -43,6 +45,7 @@ impl ClusterInstances {
         local: Option<Arc<dyn Instances>>,
         client: NodeClient,
         nodes: Directory,
+        peers: Arc<Peers>,
         store: Arc<dyn Store>,
     ) -> Self {
         Self {
@@ -50,13 +53,14 @@ impl ClusterInstances {
             local,
             client,
             nodes,
+            peers,
             store,
             placed: Mutex::default(),
         }
     }
 
     /// Nodes that may start an instance of `spec`, least loaded first (this node first among
-    /// equals: no hop), drained ones left out.
+    /// equals: no hop), drained ones and silent ones (they answer no ping) left out.
     fn candidates(&self, spec: &AppSpec) -> Vec<NodeRecord> {
         let mut nodes: Vec<NodeRecord> = self
             .nodes
@@ -71,6 +75,7 @@ impl ClusterInstances {
                 }
             })
             .filter(|n| spec.driver.is_none_or(|d| n.drivers.contains(&d)))
+            .filter(|n| !self.peers.silent(&n.id))
             .collect();
         // A drained node takes nothing new, unless every node is drained.
         if nodes.iter().any(|n| !n.draining) {
@@ -219,7 +224,16 @@ impl Instances for Shared {
                 }
             } else {
                 match this.advertise(&node.id) {
-                    Some(addr) => this.client.ensure(&addr, spec, label, owner).await,
+                    // A node that goes silent during the start is passed over at once.
+                    Some(addr) => tokio::select! {
+                        r = this.client.ensure(&addr, spec, label, owner) => r,
+                        () = this.peers.silenced(&node.id, Duration::ZERO) => Err(
+                            InstanceError::unavailable(
+                                Unavailable::Unreachable,
+                                format!("node {} stopped answering", node.id),
+                            ),
+                        ),
+                    },
                     None => Err(InstanceError::unavailable(
                         Unavailable::Unreachable,
                         format!("node {} serves no node port", node.id),

@@ -19,6 +19,7 @@ mod directory;
 #[cfg(test)]
 mod ensure_tests;
 mod instances;
+pub mod liveness;
 mod pending;
 mod server;
 mod slugs;
@@ -30,6 +31,7 @@ pub use checker::{Checker, CheckerStats};
 pub use client::NodeClient;
 pub use directory::Directory;
 pub use instances::ClusterInstances;
+pub use liveness::watch_peers;
 pub use server::{serve, NodePortStats};
 pub use slugs::SlugFetcher;
 pub use tickets::SharedTickets;

@@ -281,10 +281,18 @@ async fn handle(
     stats: &NodePortStats,
     slugs: Option<&std::path::Path>,
 ) -> std::io::Result<()> {
-    let request: Request = tokio::time::timeout(REQUEST_TIMEOUT, wire::read(&mut tls))
-        .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    // A peer's pings share one connection: each is answered, then the next request is read.
+    let request = loop {
+        let next: Request = tokio::time::timeout(REQUEST_TIMEOUT, wire::read(&mut tls))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        match next {
+            Request::Ping => wire::write(&mut tls, &Reply::Ok).await?,
+            other => break other,
+        }
+    };
     let reply = match request {
+        Request::Ping => Reply::Ok,
         Request::Connect { id, label } => {
             let Some(record) = local
                 .record(&id)

@@ -32,6 +32,8 @@ pub(crate) enum Request {
     Logs { id: String, lines: usize },
     /// A release's slug archive, if this node has it.
     Slug { id: String },
+    /// Whether the node answers: `ok`, and the connection waits for the next ping.
+    Ping,
 }
 
 /// What a node answers.

@@ -14,6 +14,7 @@ pub mod instances;
 pub mod keys;
 pub mod model;
 pub mod name;
+pub mod peers;
 pub mod ratelimit;
 
 pub use instances::{
@@ -27,3 +28,4 @@ pub use model::{
     UserRecord, MAX_POOL,
 };
 pub use name::{validate_name, NameError};
+pub use peers::Peers;

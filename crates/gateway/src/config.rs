@@ -32,4 +32,7 @@ pub struct GatewayConfig {
     pub identity: warden_core::identity::IdentityKey,
     /// What static files are never served from: warden's data directory.
     pub private: crate::PrivateData,
+    /// On a cluster, which other nodes answer this one: instances of a silent node get no
+    /// request, and requests in flight there stop waiting (`dispatch.rs`).
+    pub peers: Option<std::sync::Arc<warden_core::Peers>>,
 }

@@ -6,6 +6,7 @@
 //! It never reads the store: instances come from the views, and starts from the
 //! [`warden_core::Instances`] the gateway was given.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,10 +72,14 @@ async fn dispatch(
     let (mut refusals, mut unsent, mut failures) = (0, 0, 0);
     let mut last = String::new();
     loop {
-        let inflight = match state
-            .views
-            .pick(&spec.name, label, owner.user(), lor, &tried)
-        {
+        let inflight = match state.views.pick(
+            &spec.name,
+            label,
+            owner.user(),
+            lor,
+            &tried,
+            state.config.peers.as_deref(),
+        ) {
             Some(i) => i,
             // An instance that just died is replaced as a first request's is: the request
             // waits for the new one. Twice at most, so a request that met a dead instance and
@@ -152,9 +157,16 @@ async fn dispatch(
     }
 }
 
+/// How long a request that may not be repeated, already on its way, still waits for an answer
+/// from a node gone silent before it fails: a pause this short ends with the answer, a frozen
+/// node does not hold the client for the whole upstream timeout.
+const SILENT_GRACE: Duration = Duration::from_secs(2);
+
 /// One exchange with `instance`, bounded by the upstream timeout. Dropping the exchange on
 /// timeout drops its connection too, so it never goes back to the pool with an answer still
-/// owed.
+/// owed. On a cluster, it also ends when the instance's node goes silent (it answers no ping,
+/// `warden_core::Peers`): a request not yet sent goes elsewhere, an idempotent one is sent
+/// again elsewhere at once, any other fails after [`SILENT_GRACE`] unless the answer comes.
 async fn send(
     state: &State,
     spec: &AppSpec,
@@ -163,12 +175,39 @@ async fn send(
     x: &Exchange<'_>,
 ) -> Result<Answer, GatewayError> {
     let timeout = state.config.upstream_timeout;
-    tokio::time::timeout(timeout, state.upstream.send(instance, signer, x))
-        .await
-        .map_err(|_| GatewayError::UpstreamTimeout {
-            app: spec.name.clone(),
-            ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-        })?
+    let sent = AtomicBool::new(false);
+    let timed_out = |_| GatewayError::UpstreamTimeout {
+        app: spec.name.clone(),
+        ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+    };
+    let exchange = tokio::time::timeout(timeout, state.upstream.send(instance, signer, x, &sent));
+    let Some(peers) = &state.config.peers else {
+        return exchange.await.map_err(timed_out)?;
+    };
+    tokio::pin!(exchange);
+    let node = &instance.node;
+    tokio::select! {
+        r = &mut exchange => return r.map_err(timed_out)?,
+        () = peers.silenced(node, Duration::ZERO) => {}
+    }
+    if !sent.load(Ordering::Relaxed) {
+        return Err(GatewayError::Unsent(format!(
+            "node {node} of the instance stopped answering before the request was sent"
+        )));
+    }
+    if !x.idempotent {
+        tokio::select! {
+            r = &mut exchange => return r.map_err(timed_out)?,
+            () = peers.silenced(node, SILENT_GRACE) => {}
+        }
+        return Err(GatewayError::Broken(format!(
+            "node {node} of the instance stopped answering while it had the request; it was \
+             not sent again, since it may have been applied"
+        )));
+    }
+    Err(GatewayError::Broken(format!(
+        "node {node} of the instance stopped answering while it had the request"
+    )))
 }
 
 /// Why a request found no instance to answer it: instances that failed it (502, with the last

@@ -15,7 +15,7 @@ use warden_auth::Lattice;
 use warden_core::identity::{IdentityKey, Signer};
 use warden_core::{
     keys, Activity, ActivityGuard, AppSpec, InstanceRecord, InstanceState, Instances, Lifetime,
-    SessionRecord, UserRecord,
+    Peers, SessionRecord, UserRecord,
 };
 use warden_store::{decode, EventKind, Follower, Store, Update};
 
@@ -168,8 +168,9 @@ impl Shared {
         self.views.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A ready instance for (app, label, owner) not in `skip`: round robin, or the one with
-    /// the fewest outstanding requests. `owner` is empty for shared instances.
+    /// A ready instance for (app, label, owner) not in `skip` nor on a node gone silent
+    /// (`peers`): round robin, or the one with the fewest outstanding requests. `owner` is
+    /// empty for shared instances.
     pub fn pick(
         &self,
         app: &str,
@@ -177,6 +178,7 @@ impl Shared {
         owner: &str,
         least_outstanding: bool,
         skip: &[String],
+        peers: Option<&Peers>,
     ) -> Option<InFlight> {
         let v = self.read();
         let list = v
@@ -185,6 +187,7 @@ impl Shared {
         let candidates: Vec<&Arc<Routed>> = list
             .iter()
             .filter(|r| !skip.contains(&r.record.id))
+            .filter(|r| peers.is_none_or(|p| !p.silent(&r.record.node)))
             .collect();
         if candidates.is_empty() {
             return None;
@@ -516,7 +519,7 @@ mod tests {
     }
 
     fn routed(s: &Shared, label: &str) -> bool {
-        s.pick("demo", label, "", false, &[]).is_some()
+        s.pick("demo", label, "", false, &[], None).is_some()
     }
 
     #[test]

@@ -283,6 +283,8 @@ pub struct Wired {
     pub client: warden_cluster::NodeClient,
     /// The live nodes.
     pub directory: warden_cluster::Directory,
+    /// Which other nodes answer this one's pings.
+    pub peers: std::sync::Arc<warden_core::Peers>,
 }
 
 /// The cluster's `Instances` for this node: its own agent's directly, other nodes' through
@@ -309,7 +311,7 @@ pub async fn instances(
             store.clone(),
             stats.clone(),
             slugs,
-            stop,
+            stop.clone(),
         ))),
         _ => None,
     };
@@ -317,11 +319,18 @@ pub async fn instances(
         .await
         .context("cannot list the cluster's nodes")?;
     let client = warden_cluster::NodeClient::new(&tls);
+    let peers = warden_cluster::watch_peers(
+        node.to_owned(),
+        client.clone(),
+        directory.clone(),
+        stop.clone(),
+    );
     let all = warden_cluster::ClusterInstances::new(
         node.to_owned(),
         agent,
         client.clone(),
         directory.clone(),
+        peers.clone(),
         store,
     );
     Ok(Wired {
@@ -330,6 +339,7 @@ pub async fn instances(
         stats,
         client,
         directory,
+        peers,
     })
 }
 

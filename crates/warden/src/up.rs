@@ -88,6 +88,7 @@ fn gateway_config(
         tls: tls_settings(cfg)?,
         identity: identity.clone(),
         private: warden_gateway::PrivateData::data_dir(&cfg.data_dir),
+        peers: None,
     })
 }
 
@@ -231,6 +232,8 @@ struct Sources {
     instances: Option<Arc<dyn Instances>>,
     node_port_stats: Option<Arc<warden_cluster::NodePortStats>>,
     checker_stats: Option<Arc<warden_cluster::CheckerStats>>,
+    /// On a cluster, which other nodes answer this one.
+    peers: Option<Arc<warden_core::Peers>>,
 }
 
 /// Starts the agent if this node runs one and, on a cluster, the node port, the instances of
@@ -272,7 +275,7 @@ async fn sources(
     };
     let local: Option<Arc<dyn Instances>> =
         agent.clone().map(|a| Arc::new(a) as Arc<dyn Instances>);
-    let (mut node_port_stats, mut checker_stats) = (None, None);
+    let (mut node_port_stats, mut checker_stats, mut peers) = (None, None, None);
     let instances = match joined {
         Some(j) => {
             let wired = cluster::instances(
@@ -295,6 +298,7 @@ async fn sources(
                 )));
             }
             node_port_stats = Some(wired.stats);
+            peers = Some(wired.peers);
             if cfg.runs(Role::Checker) {
                 let stats = Arc::new(warden_cluster::CheckerStats::default());
                 checker_stats = Some(stats.clone());
@@ -331,6 +335,7 @@ async fn sources(
         instances,
         node_port_stats,
         checker_stats,
+        peers,
     })
 }
 
@@ -367,6 +372,7 @@ async fn serve_api(
     }
     let (gw_metrics, agent_metrics) = (gateway.as_ref().map(|g| g.metrics()), m.agent.clone());
     let (node_port_stats, checker_stats) = (m.node_port_stats.clone(), m.checker_stats.clone());
+    let peers = m.peers.clone();
     api = api.with_metrics(Arc::new(move || {
         let mut text = gw_metrics.as_ref().map(|m| m.render()).unwrap_or_default();
         if let Some(a) = &agent_metrics {
@@ -377,6 +383,9 @@ async fn serve_api(
         }
         if let Some(s) = &checker_stats {
             text += &s.render();
+        }
+        if let Some(p) = &peers {
+            text += &warden_cluster::liveness::render(p);
         }
         text
     }));
@@ -445,6 +454,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 .clone()
                 .unwrap_or_else(|| Arc::new(no_agent::NoAgent));
             let mut config = gateway_config(&cfg, &identity)?;
+            config.peers = sources.peers.clone();
             if let (Some(tls), Some(j)) = (config.tls.as_mut(), &joined) {
                 tls.tickets = Some(cluster::shared_tickets(store.clone(), &j.secrets).await?);
             }

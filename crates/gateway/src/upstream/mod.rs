@@ -14,6 +14,7 @@ mod head;
 mod pool;
 mod relay;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -199,12 +200,14 @@ impl Upstream {
 
     /// Sends the request to `instance` and reads the response head, and the body if it is
     /// small. A pooled connection that turns out to be closed gets an idempotent request again
-    /// on a new one.
+    /// on a new one. `sent` turns true when the request's first byte may have left: until
+    /// then, the request may go to any other instance whatever it is.
     pub(crate) async fn send(
         &self,
         instance: &InstanceRecord,
         signer: &Signer,
         x: &Exchange<'_>,
+        sent: &AtomicBool,
     ) -> Result<Answer, GatewayError> {
         let signature = x.signed.for_instance(signer);
         let mut fresh_only = !x.pooled;
@@ -218,6 +221,7 @@ impl Upstream {
                 Some(c) => (c, true),
                 None => (self.connect(instance).await?, false),
             };
+            sent.store(true, Ordering::Relaxed);
             if let Err(e) = write_signed(&mut conn.stream, x.bytes, x.signed.at, &signature).await {
                 // The app closed the idle connection. Part of the request may have gone out, so
                 // only an idempotent one is sent again.

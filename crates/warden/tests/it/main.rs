@@ -70,6 +70,7 @@ mod crash_bursts;
 mod deploy;
 mod ends;
 mod env_rules;
+mod frozen_node;
 mod gateway;
 mod gateway_starts;
 mod healing;

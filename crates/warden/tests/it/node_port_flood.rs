@@ -139,7 +139,8 @@ fn checker_probes(alpha: &Warden, outcome: &str) -> f64 {
 /// instance between them. A stranger floods the port of the node that runs it with thousands of
 /// connections that never finish a handshake. Meanwhile every request through alpha's gateway
 /// is served by that instance, over new connections to the flooded port as well as pooled ones;
-/// the checker's own handshakes get through; and no scheduler takes the node for dead.
+/// the checker's own handshakes get through; no scheduler takes the node for dead; and alpha's
+/// pings never go unanswered, so the stranger cannot take the node out of alpha's routing.
 #[test]
 fn a_flood_of_unfinished_handshakes_on_a_node_port_starves_no_peer() {
     let cluster = EtcdCluster::start(1);
@@ -214,5 +215,10 @@ fn a_flood_of_unfinished_handshakes_on_a_node_port_starves_no_peer() {
     assert_eq!(
         after, before,
         "the flooded node is alive to the scheduler: its instance stays"
+    );
+    assert_eq!(
+        crate::metric(&alpha, "warden_peer_silences_total"),
+        0.0,
+        "the flooded node answered every ping of alpha's: it never left alpha's routing"
     );
 }
