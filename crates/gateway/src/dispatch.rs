@@ -14,7 +14,7 @@ use warden_core::identity::Signer;
 use warden_core::model::Balance;
 use warden_core::{AppSpec, InstanceError, InstanceRecord, Instances, Owner};
 
-use crate::error::GatewayError;
+use crate::error::{Fault, GatewayError, Retry, Stage};
 use crate::state::State;
 use crate::upstream::{Answer, Exchange};
 
@@ -109,50 +109,45 @@ async fn dispatch(
                 }
                 return Ok(answer);
             }
-            Err(GatewayError::Refused(e)) => {
-                // Never reached the app: route around it until its record's delete arrives.
-                warden_core::log_limited!(info, app = %spec.name, instance = %instance.id, error = %e, "instance refused the connection; trying another");
-                state.views.drop_instance(&instance.id);
-                state.upstream.forget(&instance.id);
-                state.instances.refused(instance);
+            Err(e) => {
+                // Whether the request may go on is the error's to say; what it tells about the
+                // instance decides the rest.
+                let go_on = match e.retry() {
+                    Retry::Safe => true,
+                    Retry::IfIdempotent => x.idempotent,
+                    Retry::Never => false,
+                };
+                if !go_on {
+                    return Err(give_up(spec, instance, e));
+                }
                 tried.push(instance.id.clone());
-                refusals += 1;
-                if refusals >= MAX_REFUSALS {
+                match e {
+                    // Never reached the app: route around it until its record's delete arrives.
+                    GatewayError::Refused(f) => {
+                        warden_core::log_limited!(info, app = %spec.name, instance = %instance.id, error = %f, "instance refused the connection; trying another");
+                        state.views.drop_instance(&instance.id);
+                        state.upstream.forget(&instance.id);
+                        state.instances.refused(instance);
+                        refusals += 1;
+                    }
+                    // Never sent, and the instance may be fine: another one may take it, a few
+                    // times.
+                    GatewayError::Unsent(f) => {
+                        warden_core::log_limited!(warn, app = %spec.name, instance = %instance.id, error = %f, "no connection to the instance; trying another");
+                        unsent += 1;
+                    }
+                    GatewayError::Broken(f) => {
+                        warden_core::log_limited!(info, app = %spec.name, instance = %instance.id, error = %f, "instance failed an idempotent request; trying another");
+                        failures += 1;
+                        last = f.to_string();
+                    }
+                    // No other error lets a request go on (`GatewayError::retry`).
+                    other => return Err(give_up(spec, instance, other)),
+                }
+                if refusals >= MAX_REFUSALS || unsent >= MAX_FAILURES || failures >= MAX_FAILURES {
                     return Err(none_left(spec, failures, last));
                 }
             }
-            // Never sent, and the instance may be fine: another one may take it, a few times.
-            Err(GatewayError::Unsent(e)) => {
-                warden_core::log_limited!(warn, app = %spec.name, instance = %instance.id, error = %e, "no connection to the instance; trying another");
-                tried.push(instance.id.clone());
-                unsent += 1;
-                if unsent >= MAX_FAILURES {
-                    return Err(none_left(spec, failures, last));
-                }
-            }
-            Err(GatewayError::Broken(e)) if x.idempotent => {
-                warden_core::log_limited!(info, app = %spec.name, instance = %instance.id, error = %e, "instance failed an idempotent request; trying another");
-                tried.push(instance.id.clone());
-                failures += 1;
-                last = e;
-                if failures >= MAX_FAILURES {
-                    return Err(none_left(spec, failures, last));
-                }
-            }
-            // Not retried, even when idempotent: a wedged app would make the client wait once per
-            // instance, and the request may still be running where it went.
-            Err(e @ GatewayError::UpstreamTimeout { .. }) => {
-                warden_core::log_limited!(warn, app = %spec.name, instance = %instance.id, "instance did not answer in time");
-                return Err(e);
-            }
-            Err(GatewayError::Broken(e)) => {
-                warden_core::log_limited!(warn, app = %spec.name, instance = %instance.id, error = %e, "forwarding failed");
-                return Err(GatewayError::Upstream {
-                    app: spec.name.clone(),
-                    reason: e,
-                });
-            }
-            Err(e) => return Err(e),
         }
     }
 }
@@ -191,8 +186,9 @@ async fn send(
         () = peers.silenced(node, Duration::ZERO) => {}
     }
     if !sent.load(Ordering::Relaxed) {
-        return Err(GatewayError::Unsent(format!(
-            "node {node} of the instance stopped answering before the request was sent"
+        return Err(GatewayError::Unsent(Fault::new(
+            Stage::NodeSilent,
+            format!("node {node} stopped answering before the request was sent"),
         )));
     }
     if !x.idempotent {
@@ -200,13 +196,17 @@ async fn send(
             r = &mut exchange => return r.map_err(timed_out)?,
             () = peers.silenced(node, SILENT_GRACE) => {}
         }
-        return Err(GatewayError::Broken(format!(
-            "node {node} of the instance stopped answering while it had the request; it was \
-             not sent again, since it may have been applied"
+        return Err(GatewayError::Broken(Fault::new(
+            Stage::NodeSilent,
+            format!(
+                "node {node} stopped answering while it had the request; it was not sent \
+                 again, since it may have been applied"
+            ),
         )));
     }
-    Err(GatewayError::Broken(format!(
-        "node {node} of the instance stopped answering while it had the request"
+    Err(GatewayError::Broken(Fault::new(
+        Stage::NodeSilent,
+        format!("node {node} stopped answering while it had the request"),
     )))
 }
 
@@ -220,6 +220,26 @@ fn none_left(spec: &AppSpec, failures: usize, last: String) -> GatewayError {
     GatewayError::Unavailable {
         app,
         reason: "no instance accepted the connection".into(),
+    }
+}
+
+/// The error a request ends with when it may not go on after `e` at `instance`. Not retried
+/// even when idempotent: a timeout (a wedged app would make the client wait once per instance,
+/// and the request may still be running where it went).
+fn give_up(spec: &AppSpec, instance: &InstanceRecord, e: GatewayError) -> GatewayError {
+    match e {
+        GatewayError::UpstreamTimeout { .. } => {
+            warden_core::log_limited!(warn, app = %spec.name, instance = %instance.id, "instance did not answer in time");
+            e
+        }
+        GatewayError::Refused(f) | GatewayError::Unsent(f) | GatewayError::Broken(f) => {
+            warden_core::log_limited!(warn, app = %spec.name, instance = %instance.id, error = %f, "forwarding failed");
+            GatewayError::Upstream {
+                app: spec.name.clone(),
+                reason: f.to_string(),
+            }
+        }
+        e => e,
     }
 }
 
@@ -255,10 +275,10 @@ async fn one_off(
                 retire: Some(retire),
             })
         }
-        Err(GatewayError::Refused(e) | GatewayError::Unsent(e) | GatewayError::Broken(e)) => {
+        Err(GatewayError::Refused(f) | GatewayError::Unsent(f) | GatewayError::Broken(f)) => {
             Err(GatewayError::Upstream {
                 app: spec.name.clone(),
-                reason: e,
+                reason: f.to_string(),
             })
         }
         Err(e) => Err(e),

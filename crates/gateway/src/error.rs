@@ -25,6 +25,76 @@ pub enum Retry {
     Never,
 }
 
+/// What the gateway was doing with an instance when it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Opening a connection (or joining one through another node's port).
+    Connect,
+    /// Writing the request.
+    Send,
+    /// Reading the response head.
+    Head,
+    /// Reading the response body.
+    Body,
+    /// Waiting while the instance's node answered none of this node's pings.
+    NodeSilent,
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Connect => "connecting",
+            Self::Send => "sending the request",
+            Self::Head => "reading the response head",
+            Self::Body => "reading the response body",
+            Self::NodeSilent => "waiting for the instance's node",
+        })
+    }
+}
+
+/// One failure with one instance, kept whole for the decision (retry, route around) and the
+/// log: the step, the I/O error's kind if it was one, and whether the connection had carried
+/// a request before (a pooled connection the app may have closed as it went idle).
+#[derive(Debug)]
+pub struct Fault {
+    /// What the gateway was doing.
+    pub step: Stage,
+    /// The kind of the I/O error, when it was one.
+    pub kind: Option<std::io::ErrorKind>,
+    /// Whether the connection came from the pool.
+    pub reused: bool,
+    /// What happened, for a person.
+    pub detail: String,
+}
+
+impl Fault {
+    /// A failure that was no I/O error (a malformed answer, a silent node).
+    pub fn new(step: Stage, detail: impl Into<String>) -> Self {
+        Self {
+            step,
+            kind: None,
+            reused: false,
+            detail: detail.into(),
+        }
+    }
+
+    /// An I/O error at `step`.
+    pub fn io(step: Stage, e: &std::io::Error, reused: bool) -> Self {
+        Self {
+            step,
+            kind: Some(e.kind()),
+            reused,
+            detail: e.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.step, self.detail)
+    }
+}
+
 /// Why the gateway answered a request itself instead of forwarding it, or why one attempt to
 /// forward it failed. [`GatewayError::origin`] says where the failure came from,
 /// [`GatewayError::retry`] whether another instance may get the request, and
@@ -129,14 +199,14 @@ pub enum GatewayError {
     /// An instance refused the connection: it is not listening, and the request never reached
     /// it.
     #[error("the instance refused the connection: {0}")]
-    Refused(String),
+    Refused(Fault),
     /// No connection to an instance for another reason (the gateway out of descriptors or
     /// ports, a sandbox's backlog full): the request never left, but the instance may be fine.
     #[error("no connection to the instance: {0}")]
-    Unsent(String),
+    Unsent(Fault),
     /// An instance failed while it had the request: it may have seen it.
     #[error("the instance failed the request: {0}")]
-    Broken(String),
+    Broken(Fault),
 }
 
 // === impl GatewayError ===

@@ -2,7 +2,7 @@
 //! again for the client, with the way its body is framed.
 
 use super::chunked::Scanner;
-use crate::error::GatewayError;
+use crate::error::{Fault, GatewayError, Stage};
 use crate::hygiene::{self, ResponseFraming};
 
 /// Largest number of header fields accepted in a response head.
@@ -37,7 +37,7 @@ pub(crate) enum Parsed {
 }
 
 fn malformed(what: impl std::fmt::Display) -> GatewayError {
-    GatewayError::Broken(what.to_string())
+    GatewayError::Broken(Fault::new(Stage::Head, what.to_string()))
 }
 
 /// Parses the response head at the start of `buf`; `head_only` for the answer to a HEAD.

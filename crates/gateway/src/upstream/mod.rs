@@ -26,7 +26,7 @@ use warden_core::{InstanceRecord, InstanceStream, Instances};
 
 use warden_core::identity::Signer;
 
-use crate::error::GatewayError;
+use crate::error::{Fault, GatewayError, Stage};
 use crate::hygiene::Signed;
 use head::{Framing, Parsed, ResponseHead};
 use pool::IDLE_TIMEOUT;
@@ -44,6 +44,8 @@ pub(crate) struct Conn {
     stream: InstanceStream,
     buf: BytesMut,
     idle_since: Instant,
+    /// Taken from the pool: it carried a request before this one.
+    reused: bool,
 }
 
 impl pool::Idle for Conn {
@@ -76,14 +78,15 @@ impl pool::Idle for Conn {
 }
 
 impl Conn {
-    async fn read_more(&mut self) -> Result<usize, GatewayError> {
+    async fn read_more(&mut self, step: Stage) -> Result<usize, GatewayError> {
         if self.buf.capacity() - self.buf.len() < 4096 {
             self.buf.reserve(16 * 1024);
         }
+        let reused = self.reused;
         self.stream
             .read_buf(&mut self.buf)
             .await
-            .map_err(|e| GatewayError::Broken(format!("reading the response: {e}")))
+            .map_err(|e| GatewayError::Broken(Fault::io(step, &e, reused)))
     }
 }
 
@@ -195,6 +198,7 @@ impl Upstream {
             stream,
             buf: BytesMut::with_capacity(8 * 1024),
             idle_since: Instant::now(),
+            reused: false,
         })
     }
 
@@ -218,7 +222,10 @@ impl Upstream {
                 self.idle.checkout(&instance.id)
             };
             let (mut conn, reused) = match pooled {
-                Some(c) => (c, true),
+                Some(mut c) => {
+                    c.reused = true;
+                    (c, true)
+                }
                 None => (self.connect(instance).await?, false),
             };
             sent.store(true, Ordering::Relaxed);
@@ -231,7 +238,7 @@ impl Upstream {
                 }
                 // The app accepted the connection and then dropped it: it is alive, and may
                 // have read part of the request, so this is no refusal.
-                return Err(GatewayError::Broken(format!("sending the request: {e}")));
+                return Err(GatewayError::Broken(Fault::io(Stage::Send, &e, reused)));
             }
             let head = match read_head(&mut conn, x.head_only).await? {
                 Some(h) => h,
@@ -243,9 +250,13 @@ impl Upstream {
                     continue;
                 }
                 None => {
-                    return Err(GatewayError::Broken(
-                        "the instance closed the connection without answering".into(),
-                    ))
+                    return Err(GatewayError::Broken(Fault {
+                        reused,
+                        ..Fault::new(
+                            Stage::Head,
+                            "the instance closed the connection without answering",
+                        )
+                    }))
                 }
             };
             return self.answer(instance, conn, head, x.pooled).await;
@@ -270,10 +281,11 @@ impl Upstream {
         let body = match (small, head.framing) {
             (Some(len), _) => {
                 while conn.buf.len() < len {
-                    if conn.read_more().await? == 0 {
-                        return Err(GatewayError::Broken(
-                            "the instance closed the connection inside the body".into(),
-                        ));
+                    if conn.read_more(Stage::Body).await? == 0 {
+                        return Err(GatewayError::Broken(Fault::new(
+                            Stage::Body,
+                            "the instance closed the connection inside the body",
+                        )));
                     }
                 }
                 let body = conn.buf.split_to(len).freeze();
@@ -301,9 +313,9 @@ fn connecting(e: &std::io::Error) -> GatewayError {
     use std::io::ErrorKind as K;
     match e.kind() {
         K::ConnectionRefused | K::NotFound | K::ConnectionReset | K::ConnectionAborted => {
-            GatewayError::Refused(e.to_string())
+            GatewayError::Refused(Fault::io(Stage::Connect, e, false))
         }
-        _ => GatewayError::Unsent(e.to_string()),
+        _ => GatewayError::Unsent(Fault::io(Stage::Connect, e, false)),
     }
 }
 
@@ -323,17 +335,19 @@ async fn read_head(conn: &mut Conn, head_only: bool) -> Result<Option<ResponseHe
             Parsed::Partial => {}
         }
         if conn.buf.len() > MAX_RESPONSE_HEAD {
-            return Err(GatewayError::Broken(format!(
-                "the response head is larger than {MAX_RESPONSE_HEAD} bytes"
+            return Err(GatewayError::Broken(Fault::new(
+                Stage::Head,
+                format!("the response head is larger than {MAX_RESPONSE_HEAD} bytes"),
             )));
         }
         let before = conn.buf.len();
-        match conn.read_more().await {
+        match conn.read_more(Stage::Head).await {
             Ok(0) | Err(_) if before == 0 => return Ok(None),
             Ok(0) => {
-                return Err(GatewayError::Broken(
-                    "the instance closed the connection inside the response head".into(),
-                ))
+                return Err(GatewayError::Broken(Fault::new(
+                    Stage::Head,
+                    "the instance closed the connection inside the response head",
+                )))
             }
             Err(e) => return Err(e),
             Ok(_) => {}

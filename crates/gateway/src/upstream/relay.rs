@@ -13,7 +13,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::head::Framing;
 use super::{Answer, AnswerBody, Conn, Upstream};
-use crate::error::GatewayError;
+use crate::error::{Fault, GatewayError, Stage};
 use crate::response::{self, BoxError};
 
 /// Bodies up to this size are copied behind the head for one write; larger ones are written
@@ -69,7 +69,7 @@ async fn step(conn: &mut Conn, framing: &mut Framing) -> Result<Step, std::io::E
         if done {
             return Ok(Step::Done);
         }
-        match conn.read_more().await {
+        match conn.read_more(Stage::Body).await {
             Ok(0) if matches!(framing, Framing::Close) => return Ok(Step::Closed),
             Ok(0) | Err(_) => return Err(broken()),
             Ok(_) => {}
@@ -145,7 +145,10 @@ impl Answer {
         let Ok(httparse::Status::Complete(_)) = httparse::ParserConfig::default()
             .parse_response_with_uninit_headers(&mut parsed, &self.head, &mut fields)
         else {
-            return Err(GatewayError::Broken("an unreadable response head".into()));
+            return Err(GatewayError::Broken(Fault::new(
+                Stage::Head,
+                "an unreadable response head",
+            )));
         };
         let mut headers = HeaderMap::with_capacity(parsed.headers.len());
         for f in parsed.headers.iter() {
@@ -162,8 +165,12 @@ impl Answer {
                 headers.append(n, v);
             }
         }
-        let status = StatusCode::from_u16(self.status)
-            .map_err(|_| GatewayError::Broken(format!("status {} is not HTTP", self.status)))?;
+        let status = StatusCode::from_u16(self.status).map_err(|_| {
+            GatewayError::Broken(Fault::new(
+                Stage::Head,
+                format!("status {} is not HTTP", self.status),
+            ))
+        })?;
         let body = match self.body {
             AnswerBody::Whole(b) => response::full(b),
             AnswerBody::Rest { conn, framing } => {
