@@ -30,9 +30,6 @@ use warden_core::identity::{Signer, SIGNATURE_HEADER, SIGNATURE_LEN};
 /// Response header with which an instance reports it has read data of a higher class.
 pub(crate) const TAINT: &str = "x-warden-taint";
 
-/// Name of the gateway's session cookie.
-pub(crate) const SESSION_COOKIE: &str = "warden_session";
-
 /// Headers that describe one hop and are never forwarded (RFC 9110 §7.6.1), in either
 /// direction. `Transfer-Encoding` is not among them: a response's framing passes through with
 /// its body on the lane (see [`response_drops`]).

@@ -7,7 +7,6 @@
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-use crate::hygiene::SESSION_COOKIE;
 
 /// The first session token a request carries: the bearer token, else a session cookie.
 pub(crate) fn token(headers: &HeaderMap) -> Option<String> {
@@ -44,6 +43,9 @@ pub(crate) fn tokens<'a>(
     }
     found
 }
+
+/// Name of the gateway's session cookie.
+pub(crate) const SESSION_COOKIE: &str = "warden_session";
 
 /// Whether a cookie `name` is the gateway's session cookie, in any case: the gateway owns
 /// every spelling of it.
