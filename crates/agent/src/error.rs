@@ -11,7 +11,7 @@ use crate::node::RegisterError;
 pub enum AgentError {
     /// The node could not register (its name is taken, or the store failed).
     #[error(transparent)]
-    Register(#[from] crate::node::RegisterError),
+    Register(#[from] warden_cluster::node::RegisterError),
     /// No app of that name is registered.
     #[error("no app named {0:?} is registered; create it with `warden apps create`")]
     UnknownApp(String),

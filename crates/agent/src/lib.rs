@@ -10,8 +10,9 @@
 //! [`warden_core::Instances`], which [`Agent`] implements.
 //!
 //! The parts, each owning its state: `lifecycle` (the instances), `pools` (slots and spare
-//! starts), `restarts` (crash backoff), `node` (the lease and node record), `supervise` (the
-//! background duties that tie them together), [`drivers`] (the ways to run an instance) and
+//! starts), `restarts` (crash backoff), `supervise` (the background duties that tie them
+//! together, with the node's lease and record and the cluster's scheduler, both owned by
+//! [`warden_cluster`]), [`drivers`] (the ways to run an instance) and
 //! `build` (slugs of pushed apps: built in a sandbox, tried outside routing, fetched from other
 //! nodes; [`Builder`] is what the API gets, through [`warden_core::builds::Builds`]).
 //! Instance environments never carry the agent's own environment.
@@ -21,15 +22,12 @@ mod build;
 pub mod drivers;
 mod error;
 mod lifecycle;
-mod load;
 mod logs;
 mod metrics;
 mod net;
-pub mod node;
 mod paths;
 mod pools;
 mod restarts;
-mod schedule;
 mod supervise;
 mod sync;
 
@@ -89,7 +87,7 @@ pub struct AgentConfig {
 
 struct Inner {
     store: Arc<dyn Store>,
-    node: Arc<node::Node>,
+    node: Arc<warden_cluster::node::Node>,
     life: Arc<lifecycle::Lifecycle>,
     pools: Arc<pools::Pools>,
     drivers: Arc<drivers::Drivers>,
@@ -146,7 +144,7 @@ impl Agent {
         ));
         let (default, why) = drivers.default();
         tracing::info!(driver = ?default, why, "apps that name no driver run with this one");
-        let info = node::NodeInfo {
+        let info = warden_cluster::node::NodeInfo {
             id: config.node.clone(),
             roles: config.roles.clone(),
             advertise: config.advertise.clone(),
@@ -157,7 +155,9 @@ impl Agent {
             limits: drivers.sandbox().limits().to_owned(),
             load_file: config.load_file.clone(),
         };
-        let node = Arc::new(node::Node::register(store.clone(), info, config.lease_ttl).await?);
+        let node = Arc::new(
+            warden_cluster::node::Node::register(store.clone(), info, config.lease_ttl).await?,
+        );
         let paths = paths::Paths {
             logs: config.log_dir.clone(),
             instances: config.instance_dir.clone(),
@@ -214,10 +214,10 @@ impl Agent {
         node.publish(0).await?;
         node.remove_stale_records().await?;
 
-        let scheduler = Arc::new(schedule::Scheduler::new(
+        let scheduler = Arc::new(warden_cluster::schedule::Scheduler::new(
             store.clone(),
             node.clone(),
-            schedule::rules(config.start_margin, config.shed_margin),
+            warden_cluster::schedule::rules(config.start_margin, config.shed_margin),
             stopping_rx.clone(),
         ));
         Arc::new(supervise::Supervisor {

@@ -3,7 +3,9 @@
 //!
 //! This crate owns the node port (a mutual-TLS listener on every agent node through which other
 //! nodes of the cluster reach its instances and ask it to start one), node certificates issued
-//! by the cluster CA, the view of live nodes, and [`ClusterInstances`], the `Instances` a
+//! by the cluster CA, the view of live nodes and which of them answer ([`liveness`]), each
+//! node's lease and record ([`node`]), the scheduler that places kept instances over the agent
+//! nodes ([`schedule`]), and [`ClusterInstances`], the `Instances` a
 //! gateway and an API use on a cluster: the local agent for instances of its own node (the
 //! direct path, no hop), the node port of the node that runs any other.
 //!
@@ -20,7 +22,10 @@ mod directory;
 mod ensure_tests;
 mod instances;
 pub mod liveness;
+mod load;
+pub mod node;
 mod pending;
+pub mod schedule;
 mod server;
 mod slugs;
 pub mod tickets;

@@ -316,16 +316,16 @@ async fn sources(
     };
     if agent.is_none() {
         // A node without the agent still registers, so the cluster knows its roles.
-        let info = warden_agent::node::NodeInfo {
+        let info = warden_cluster::node::NodeInfo {
             id: node.to_owned(),
             roles: role_names(cfg),
             ..Default::default()
         };
-        let me = warden_agent::node::Node::register(store.clone(), info, cfg.node_lease_ttl.0)
+        let me = warden_cluster::node::Node::register(store.clone(), info, cfg.node_lease_ttl.0)
             .await
             .context("cannot register the node")?;
         me.publish(0).await.context("cannot register the node")?;
-        tasks.push(tokio::spawn(warden_agent::node::heartbeat(
+        tasks.push(tokio::spawn(warden_cluster::node::heartbeat(
             Arc::new(me),
             stop_rx.clone(),
         )));

@@ -26,12 +26,12 @@ use warden_store::{put_json, Store};
 
 use crate::drivers::{spawn, Drivers};
 use crate::metrics::Metrics;
-use crate::node::Node;
 use crate::paths::Paths;
 use crate::pools::Pools;
 use crate::restarts::{Admission, Restarts, Ticket};
 use crate::sync::lock;
 use crate::{logs, AgentError};
+use warden_cluster::node::Node;
 
 pub(crate) use drain::Kept;
 pub(crate) use start::Purpose;

@@ -19,11 +19,11 @@ use super::{record_key, Deps, Lifecycle, Running, Serving};
 use crate::drivers::sandbox::{bridge::BridgeConfig, cgroup::Cgroups, SandboxDriver};
 use crate::drivers::Drivers;
 use crate::metrics::Metrics;
-use crate::node::{Node, NodeInfo};
 use crate::paths::Paths;
 use crate::pools::Pools;
 use crate::restarts::Restarts;
 use crate::sync::lock;
+use warden_cluster::node::{Node, NodeInfo};
 
 /// Rounds each thread runs; a lock-order inversion shows within a few thousand.
 const ROUNDS: usize = 200_000;

@@ -45,7 +45,9 @@ impl Supervisor {
                         continue;
                     }
                     self.refresh_placement().await;
-                    match crate::schedule::readable::<AppSpec>(&*self.store, keys::APPS).await {
+                    match warden_cluster::schedule::readable::<AppSpec>(&*self.store, keys::APPS)
+                        .await
+                    {
                         Ok(apps) => self.keep_assigned(&apps),
                         Err(e) => tracing::debug!(error = %e, "listing apps failed"),
                     }

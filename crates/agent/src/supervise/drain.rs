@@ -49,7 +49,7 @@ impl Supervisor {
 /// [`STOP_DRAIN_MAX`], until its instances have moved away.
 pub(crate) async fn drain_before_stop(
     store: &dyn warden_store::Store,
-    node: &crate::node::Node,
+    node: &warden_cluster::node::Node,
     life: &crate::lifecycle::Lifecycle,
 ) {
     if life.count() == 0 {

@@ -21,10 +21,10 @@ use warden_core::{keys, AppSpec};
 use warden_store::{get_json, EventKind, Follower, Store, StoreError, Update};
 
 use crate::lifecycle::Lifecycle;
-use crate::node::Node;
 use crate::pools::Pools;
 use crate::restarts::Restarts;
 use crate::AgentError;
+use warden_cluster::node::Node;
 
 /// What the supervisor works with.
 pub(crate) struct Supervisor {
@@ -43,7 +43,7 @@ pub(crate) struct Supervisor {
     /// Instances being replaced by the rollout of a changed spec.
     pub replacing: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Stands for scheduler and schedules while elected.
-    pub scheduler: Arc<crate::schedule::Scheduler>,
+    pub scheduler: Arc<warden_cluster::schedule::Scheduler>,
 }
 
 // === impl Supervisor ===

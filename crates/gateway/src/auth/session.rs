@@ -7,7 +7,6 @@
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-
 /// The first session token a request carries: the bearer token, else a session cookie.
 pub(crate) fn token(headers: &HeaderMap) -> Option<String> {
     let authorization = headers

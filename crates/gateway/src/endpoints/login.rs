@@ -8,10 +8,10 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 use warden_core::{keys, model::now_ms, SessionRecord};
 
+use crate::auth::session::SESSION_COOKIE;
 use crate::auth::{basic, session};
 use crate::client::Client;
 use crate::error::GatewayError;
-use crate::auth::session::SESSION_COOKIE;
 use crate::response::{self as respond, Body};
 use crate::state::State;
 

@@ -36,7 +36,7 @@ pub(crate) struct NodeView {
 
 /// The scheduler's thresholds.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Rules {
+pub struct Rules {
     /// A node loaded above the mean by more than this gets no new instances.
     pub start_margin: f64,
     /// A node loaded above the mean by more than this sheds instances.

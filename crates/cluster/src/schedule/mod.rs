@@ -1,6 +1,6 @@
 //! The scheduler: one agent node at a time decides how many instances of each app's label every
 //! agent node keeps, and writes it as one record (`cluster/placement`); each agent then starts
-//! and drains its own instances to match (`supervise::desired`).
+//! and drains its own instances to match (the agent's `supervise::desired`).
 //!
 //! Why one elected scheduler rather than every agent claiming starts: placement is a decision
 //! over the whole cluster (spread, load, drains, moves made before they break), and one writer
@@ -36,7 +36,7 @@ use warden_core::{
 use warden_store::{decode, CasOutcome, Store, StoreError};
 
 use crate::node::Node;
-pub(crate) use plan::Rules;
+pub use plan::Rules;
 use plan::{NodeView, World};
 
 /// How often the scheduler decides, and how often other agents check that it lives.
@@ -45,7 +45,7 @@ const ROUND: Duration = Duration::from_millis(250);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// The scheduler's thresholds as configured.
-pub(crate) fn rules(start_margin: f64, shed_margin: f64) -> Rules {
+pub fn rules(start_margin: f64, shed_margin: f64) -> Rules {
     Rules {
         start_margin,
         shed_margin,
@@ -61,11 +61,11 @@ pub(crate) fn rules(start_margin: f64, shed_margin: f64) -> Rules {
 const FULL: f64 = 0.85;
 
 /// One agent's part in scheduling: standing for election, and scheduling while elected.
-pub(crate) struct Scheduler {
-    pub store: Arc<dyn Store>,
-    pub node: Arc<Node>,
-    pub rules: Rules,
-    pub stopping: watch::Receiver<bool>,
+pub struct Scheduler {
+    store: Arc<dyn Store>,
+    node: Arc<Node>,
+    rules: Rules,
+    stopping: watch::Receiver<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +78,8 @@ enum Probe {
 // === impl Scheduler ===
 
 impl Scheduler {
-    pub(crate) fn new(
+    /// The scheduler of the agent node `node`, with `rules`, until `stopping` turns true.
+    pub fn new(
         store: Arc<dyn Store>,
         node: Arc<Node>,
         rules: Rules,
@@ -93,7 +94,7 @@ impl Scheduler {
     }
 
     /// Stands for election and schedules while elected, until the agent stops.
-    pub(crate) async fn run(self: Arc<Self>) {
+    pub async fn run(self: Arc<Self>) {
         let mut stopping = self.stopping.clone();
         let mut elected: Option<u64> = None;
         loop {
@@ -310,7 +311,7 @@ async fn probe(addr: &str) -> Probe {
 
 /// The records under `prefix` that decode as `T`; others are skipped, so one unreadable record
 /// does not stop scheduling.
-pub(crate) async fn readable<T: serde::de::DeserializeOwned>(
+pub async fn readable<T: serde::de::DeserializeOwned>(
     store: &dyn Store,
     prefix: &str,
 ) -> Result<Vec<T>, StoreError> {

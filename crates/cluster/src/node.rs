@@ -11,7 +11,6 @@ use warden_core::{keys, model::now_ms, DriverKind, InstanceRecord, NodeRecord};
 use warden_store::{put_json, LeaseId, Store, StoreError};
 
 use crate::load;
-use crate::sync::lock;
 
 /// What a node says of itself in its record.
 #[derive(Debug, Clone, Default)]
@@ -158,7 +157,7 @@ impl Node {
     }
 
     /// How often the lease is kept alive and the record written again.
-    pub(crate) fn renew_every(&self) -> Duration {
+    pub fn renew_every(&self) -> Duration {
         PUBLISH_EVERY.min(self.ttl / 3)
     }
 
@@ -187,7 +186,7 @@ impl Node {
     }
 
     /// Sets whether the node is drained; true when that changed (publish again).
-    pub(crate) fn set_draining(&self, on: bool) -> bool {
+    pub fn set_draining(&self, on: bool) -> bool {
         self.draining.swap(on, std::sync::atomic::Ordering::Relaxed) != on
     }
 
@@ -227,7 +226,7 @@ impl Node {
     }
 
     /// Takes a new lease after the old one was lost; the caller writes the records again.
-    pub(crate) async fn renew(&self) -> Result<LeaseId, StoreError> {
+    pub async fn renew(&self) -> Result<LeaseId, StoreError> {
         let lease = self.store.grant_lease(self.ttl).await?;
         *lock(&self.lease) = lease;
         Ok(lease)
@@ -236,7 +235,7 @@ impl Node {
     /// Deletes instance records this node left behind when it last died: their processes died
     /// with it (parent-death signal), and routing to them until their old lease expires would
     /// only produce errors.
-    pub(crate) async fn remove_stale_records(&self) -> Result<(), StoreError> {
+    pub async fn remove_stale_records(&self) -> Result<(), StoreError> {
         let listing = self.store.list(keys::INSTANCES).await?;
         for e in listing.entries {
             let Ok(r) = warden_store::decode::<InstanceRecord>(&e.key, &e.value) else {
@@ -276,6 +275,12 @@ pub async fn heartbeat(node: Arc<Node>, mut stop: watch::Receiver<bool>) {
         }
     }
     node.deregister().await;
+}
+
+/// Locks `m`. A panic while holding the node's lock leaves plain values behind, still usable,
+/// so a poisoned lock is taken as it is.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
