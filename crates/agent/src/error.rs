@@ -4,7 +4,7 @@ use warden_core::{InstanceError, Unavailable};
 use warden_store::StoreError;
 
 use crate::drivers::LaunchError;
-use crate::node::RegisterError;
+use warden_cluster::node::RegisterError;
 
 /// Why the agent could not start, or an instance could not be started or found.
 #[derive(Debug, thiserror::Error)]

@@ -81,6 +81,7 @@ async fn start_with(answer: InstanceError) -> InstanceError {
         Some(local.clone()),
         NodeClient::new(&tls),
         nodes,
+        Arc::new(warden_core::Peers::default()),
         store,
     )
     .into_instances();
