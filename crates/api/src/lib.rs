@@ -27,6 +27,7 @@ use subtle::ConstantTimeEq;
 use warden_core::Instances;
 use warden_store::Store;
 
+pub use deliver::resume;
 pub use error::ApiError;
 pub use serve::{serve, Limits};
 
@@ -111,6 +112,9 @@ pub struct Api {
     pub data_dir: Option<std::path::PathBuf>,
     /// What builds pushed apps and tries releases, if this process runs the agent role.
     pub builds: Option<Arc<dyn warden_core::builds::Builds>>,
+    /// The node that builds, which delivers the releases this API makes and resumes them at
+    /// start (`None` where nothing builds).
+    pub node: Option<Arc<str>>,
     /// Largest upload a push may send, in bytes.
     pub max_upload: u64,
     token: Arc<str>,
@@ -136,6 +140,7 @@ impl Api {
             argon2,
             data_dir: None,
             builds: None,
+            node: None,
             max_upload: DEFAULT_MAX_UPLOAD,
             token: admin_token.into(),
             backup_key: None,
@@ -162,13 +167,16 @@ impl Api {
         self.backup_key.as_deref()
     }
 
-    /// Takes pushes, building them with `builds`, of at most `max_upload` bytes.
+    /// Takes pushes, building them with `builds`, of at most `max_upload` bytes, and delivers
+    /// releases as node `node`.
     pub fn with_builds(
         mut self,
         builds: Arc<dyn warden_core::builds::Builds>,
         max_upload: u64,
+        node: &str,
     ) -> Self {
         self.builds = Some(builds);
+        self.node = Some(node.into());
         self.max_upload = max_upload;
         self
     }

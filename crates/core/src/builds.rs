@@ -45,6 +45,18 @@ pub enum BuildError {
     Node(String),
 }
 
+/// Why a release's trial instance did not become ready.
+#[derive(Debug, thiserror::Error)]
+pub enum TrialError {
+    /// The instance exited, or was not ready within the app's start timeout; with the last
+    /// lines it printed. The release is the pusher's to fix.
+    #[error("{0}")]
+    NotReady(String),
+    /// The node could not start it (its slug, its directory, its driver).
+    #[error("{0}")]
+    Node(String),
+}
+
 /// Builds slugs from pushed archives and tries releases before they serve.
 #[async_trait]
 pub trait Builds: Send + Sync + 'static {
@@ -65,7 +77,7 @@ pub trait Builds: Send + Sync + 'static {
     /// Starts one instance of `spec` for `label` outside all routing, waits until it is ready
     /// (its health path, else accepting connections), and stops it. On failure: why, with the
     /// last lines it printed.
-    async fn trial(&self, spec: &AppSpec, label: &str) -> Result<(), String>;
+    async fn trial(&self, spec: &AppSpec, label: &str) -> Result<(), TrialError>;
 
     /// Slug `slug`, if it is built (or fetched) on this node.
     fn built(&self, slug: &str) -> Option<Built>;

@@ -357,11 +357,12 @@ async fn serve_api(
             .protecting(cfg.data_dir.clone())
             .with_backup_key(&backup_key(&cfg.data_dir)?);
     if let Some(agent) = &m.agent {
-        // Uploads of pushes an earlier run did not finish.
-        let _ = std::fs::remove_dir_all(cfg.data_dir.join("uploads"));
         let max = cfg.max_upload_mb * 1024 * 1024;
         let builder = agent.builder(std::time::Duration::from_secs(cfg.build_timeout), max * 4);
-        api = api.with_builds(Arc::new(builder), max);
+        api = api.with_builds(Arc::new(builder), max, agent.node());
+    } else {
+        // Uploads an earlier run with the agent left: nothing here will ever build them.
+        let _ = std::fs::remove_dir_all(cfg.data_dir.join("uploads"));
     }
     if let Some(g) = gateway {
         let sync = g.view_sync();
@@ -394,6 +395,9 @@ async fn serve_api(
         header_timeout: cfg.api_header_timeout.0,
         idle_timeout: cfg.api_idle_timeout.0,
     };
+    // Releases an earlier run left unfinished are resumed or failed, and uploads none of them
+    // waits for removed, before a new push can come in.
+    warden_api::resume(&api).await;
     let task = tokio::spawn(async move {
         let _ = warden_api::serve(listener, api, limits, stop_rx).await;
     });

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use warden_core::builds::{BuildError, Builds, Built, Output, Prepared};
+use warden_core::builds::{BuildError, Builds, Built, Output, Prepared, TrialError};
 use warden_core::{AppSpec, BuildKind};
 
 use crate::drivers::Drivers;
@@ -209,7 +209,7 @@ impl Builds for Builder {
         result
     }
 
-    async fn trial(&self, spec: &AppSpec, label: &str) -> Result<(), String> {
+    async fn trial(&self, spec: &AppSpec, label: &str) -> Result<(), TrialError> {
         trial::trial(&self.drivers, &self.paths, spec, label).await
     }
 

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use warden_core::builds::TrialError;
 use warden_core::AppSpec;
 
 use super::run::TAIL_LINES;
@@ -17,12 +18,13 @@ pub(crate) async fn trial(
     paths: &Paths,
     spec: &AppSpec,
     label: &str,
-) -> Result<(), String> {
-    let run = super::slugs::run_spec(&paths.slugs, spec).map_err(|e| e.to_string())?;
+) -> Result<(), TrialError> {
+    let run =
+        super::slugs::run_spec(&paths.slugs, spec).map_err(|e| TrialError::Node(e.to_string()))?;
     let id = warden_core::id::short_id();
-    let dir = paths
-        .create_instance(&id)
-        .map_err(|e| format!("cannot create the trial instance's directory: {e}"))?;
+    let dir = paths.create_instance(&id).map_err(|e| {
+        TrialError::Node(format!("cannot create the trial instance's directory: {e}"))
+    })?;
     let log = paths.logs.join(format!("trial-{id}.log"));
     let result = run_trial(drivers, &run, label, &id, &dir, &log).await;
     crate::drivers::leftovers::remove_instance_dir(&dir);
@@ -37,10 +39,10 @@ async fn run_trial(
     id: &str,
     dir: &std::path::Path,
     log: &std::path::Path,
-) -> Result<(), String> {
+) -> Result<(), TrialError> {
     let mut env = drivers
         .base_env(spec, id)
-        .map_err(|e| format!("cannot start the release's instance: {e}"))?;
+        .map_err(|e| TrialError::Node(format!("cannot start the release's instance: {e}")))?;
     env.insert("WARDEN_LABEL".into(), label.to_owned());
     let launch = Launch {
         spec,
@@ -53,7 +55,7 @@ async fn run_trial(
     let started = drivers
         .get(driver)
         .start(&launch)
-        .map_err(|e| format!("cannot start the release's instance: {e}"))?;
+        .map_err(|e| TrialError::Node(format!("cannot start the release's instance: {e}")))?;
     let mut child = started.child;
     let pid = child.id();
     let (exited_tx, exited) = tokio::sync::watch::channel(false);
@@ -86,15 +88,15 @@ async fn run_trial(
     let tail = || crate::logs::tail(log, TAIL_LINES);
     match ready.0 {
         Ready::Yes => Ok(()),
-        Ready::Exited => Err(format!(
+        Ready::Exited => Err(TrialError::NotReady(format!(
             "the release's instance exited before it was ready ({}); last lines:\n{}",
             status.map_or("status unknown".to_owned(), |s| s.to_string()),
             tail()
-        )),
-        Ready::TimedOut(missing) => Err(format!(
+        ))),
+        Ready::TimedOut(missing) => Err(TrialError::NotReady(format!(
             "the release's instance was not ready within {} ms: {missing}; last lines:\n{}",
             spec.start_timeout_ms,
             tail()
-        )),
+        ))),
     }
 }

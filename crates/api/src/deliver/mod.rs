@@ -1,15 +1,22 @@
-//! Making a release serve: every push, config change and rollback goes through here. A
-//! numbered release record is written first (status `building`); then, in a task that outlives
-//! the request, the slug is built (pushes only), one instance of the new spec is tried outside
-//! all routing, and only then is the app's spec switched to the release by compare-and-swap.
-//! The agents' rollout does the rest: new instances start and become ready before the old
-//! ones drain. A failure at any step marks the release failed and leaves the app's spec, and
-//! so what serves, as it was.
+//! Making a release serve: every push, config change and rollback goes through here, as a
+//! controller whose phases live in the release's record. The record is written first
+//! (`received` for a push, its upload kept on disk; `built` for a config change or a rollback,
+//! which reuse a slug); then, in a task of the node that builds (never one tied to the
+//! request), each phase is done and written to the record by compare-and-swap before the next
+//! begins: the slug is built (`built`), one instance of the new spec is tried outside all
+//! routing (`tried`), the app's spec is switched to the release by compare-and-swap
+//! (`switched`), and the agents' rollout replaces the older instances (`released`). A failure
+//! at any step marks the release `failed` with a typed reason and leaves the app's spec, and so
+//! what serves, as it was. A node killed at any point finds its unfinished releases at start
+//! ([`resume`]) and resumes each from its record and its disk, or fails it as interrupted.
 //!
 //! Progress goes to the client as NDJSON events (`{"log": …}`, then one `{"done": …}` or
 //! `{"failed": …}`) and to the release's log file, which `GET …/releases/{n}/log` serves
 //! (both bounded: see [`sink`]).
 
+mod phases;
+mod resume;
+mod rollout;
 mod sink;
 
 use std::collections::BTreeMap;
@@ -19,21 +26,134 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
-use warden_core::builds::{Builds, Built};
+use warden_core::builds::{BuildError, Builds, Built, Prepared, TrialError};
 use warden_core::model::now_ms;
-use warden_core::{keys, AppSpec, BuildKind, Release, ReleaseSource, ReleaseStatus, SpecRelease};
-use warden_store::{get_json, put_json, CasOutcome, EventKind, Follower, Update};
+use warden_core::{keys, AppSpec, FailReason, Release, ReleaseSource, ReleaseStatus};
+use warden_store::{get_json, CasOutcome, Revision, StoreError};
 
 use crate::error::ApiError;
 use crate::Api;
+pub use resume::resume;
 use sink::Sink;
 
-/// What a release runs, before it is built.
+/// Where a release's delivery starts (or resumes).
 pub(crate) enum Step {
-    /// Build this pushed source first.
-    Build(warden_core::builds::Prepared),
-    /// Reuse an earlier release's slug.
-    Reuse(Built),
+    /// Build this pushed source first (phase `received`).
+    Build(Prepared),
+    /// Its slug is built: try it, then switch to it (phases `built`, `tried`).
+    Try(Built),
+    /// The app's spec names it: wait for its rollout (phase `switched`).
+    Rollout,
+}
+
+/// Why a release does not serve.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    reason: FailReason,
+    text: String,
+}
+
+impl Failure {
+    pub(crate) fn new(reason: FailReason, text: impl Into<String>) -> Self {
+        Self {
+            reason,
+            text: text.into(),
+        }
+    }
+}
+
+impl From<BuildError> for Failure {
+    fn from(e: BuildError) -> Self {
+        let reason = match &e {
+            BuildError::BadArchive(_) | BuildError::Detect(_) => FailReason::DetectFailed,
+            BuildError::Failed(_) => FailReason::BuildFailed,
+            BuildError::Node(_) => FailReason::Node,
+        };
+        Self::new(reason, e.to_string())
+    }
+}
+
+impl From<TrialError> for Failure {
+    fn from(e: TrialError) -> Self {
+        let reason = match &e {
+            TrialError::NotReady(_) => FailReason::TrialFailed,
+            TrialError::Node(_) => FailReason::Node,
+        };
+        Self::new(reason, e.to_string())
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Self::new(
+            FailReason::Node,
+            format!("the store did not answer ({e}); push again once it does"),
+        )
+    }
+}
+
+/// A release being delivered, with its record's revision: each phase is written to the record
+/// by compare-and-swap on it, so two deliveries of one release cannot both go on.
+pub(crate) struct Delivery {
+    release: Release,
+    revision: Revision,
+    /// The app existed when the release was asked for, so one deleted meanwhile is not
+    /// brought back.
+    must_exist: bool,
+}
+
+// === impl Delivery ===
+
+impl Delivery {
+    pub(crate) fn new(release: Release, revision: Revision, must_exist: bool) -> Self {
+        Self {
+            release,
+            revision,
+            must_exist,
+        }
+    }
+
+    /// The release's number.
+    pub(crate) fn number(&self) -> u64 {
+        self.release.number
+    }
+
+    /// Writes the release in phase `status` to its record, before anything of the next phase
+    /// happens.
+    async fn advance(&mut self, api: &Api, status: ReleaseStatus) -> Result<(), Failure> {
+        self.release.status = status;
+        let key = keys::release(&self.release.app, self.release.number);
+        let bytes = serde_json::to_vec(&self.release).map_err(|e| {
+            Failure::new(FailReason::Node, format!("cannot encode the release: {e}"))
+        })?;
+        match api
+            .store
+            .compare_and_swap(&key, Some(self.revision), Some(bytes), None)
+            .await?
+        {
+            CasOutcome::Done(rev) => {
+                self.revision = rev;
+                Ok(())
+            }
+            CasOutcome::Conflict { .. } => Err(Failure::new(
+                FailReason::Node,
+                "the release's record was changed by someone else during its delivery; push again",
+            )),
+        }
+    }
+
+    /// Removes the upload the release kept, once its record no longer names it (a kill in
+    /// between leaves a file no release names, which the next start removes).
+    fn drop_upload(api: &Api, name: Option<String>) {
+        if let (Some(name), Some(dir)) = (name, uploads_dir(api)) {
+            let _ = std::fs::remove_file(dir.join(name));
+        }
+    }
+}
+
+/// Where pushes' archives wait for their build.
+pub(crate) fn uploads_dir(api: &Api) -> Option<PathBuf> {
+    Some(api.data_dir.as_ref()?.join("uploads"))
 }
 
 /// The log file of release `number` of `app`.
@@ -47,8 +167,12 @@ pub(crate) fn log_path(api: &Api, app: &str, number: u64) -> Option<PathBuf> {
     )
 }
 
-/// Writes `release` under the next free number of its app and returns it.
-pub(crate) async fn record(api: &Api, mut release: Release) -> Result<Release, ApiError> {
+/// Writes `release` under the next free number of its app and returns it with its record's
+/// revision.
+pub(crate) async fn record(
+    api: &Api,
+    mut release: Release,
+) -> Result<(Release, Revision), ApiError> {
     for _ in 0..16 {
         let listing = api.store.list(&keys::releases(&release.app)).await?;
         let last = listing
@@ -60,12 +184,12 @@ pub(crate) async fn record(api: &Api, mut release: Release) -> Result<Release, A
         release.number = last + 1;
         let bytes = serde_json::to_vec(&release).map_err(ApiError::internal)?;
         let key = keys::release(&release.app, release.number);
-        if let CasOutcome::Done(_) = api
+        if let CasOutcome::Done(rev) = api
             .store
             .compare_and_swap(&key, None, Some(bytes), None)
             .await?
         {
-            return Ok(release);
+            return Ok((release, rev));
         }
     }
     Err(ApiError::conflict(
@@ -73,61 +197,15 @@ pub(crate) async fn record(api: &Api, mut release: Release) -> Result<Release, A
     ))
 }
 
-/// Starts the release's delivery in the background and answers with its progress.
-/// `must_exist`: the app existed when the release was asked for, so one deleted meanwhile
-/// is not brought back.
-pub(crate) fn start(
-    api: Api,
-    builds: Arc<dyn Builds>,
-    release: Release,
-    step: Step,
-    must_exist: bool,
-) -> Response {
+/// Hands the recorded release to this node's delivery and answers with its progress. The
+/// delivery goes on when the client goes away.
+pub(crate) fn start(api: Api, builds: Arc<dyn Builds>, delivery: Delivery, step: Step) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(sink::QUEUE);
-    let sink = Sink::new(tx, log_path(&api, &release.app, release.number));
-    tokio::spawn(async move {
-        let number = release.number;
-        let app = release.app.clone();
-        let outcome = deliver(&api, &*builds, release.clone(), step, must_exist, &sink).await;
-        let mut release = release;
-        match outcome {
-            Ok(Delivered {
-                built: done,
-                config,
-                rolled_out,
-            }) => {
-                release.status = ReleaseStatus::Released;
-                release.slug = Some(done.slug.clone());
-                release.kind = Some(done.kind);
-                release.command = done.command.clone();
-                release.config = config;
-                if let Err(e) =
-                    put_json(&*api.store, &keys::release(&app, number), &release, None).await
-                {
-                    tracing::warn!(app, number, error = %e, "cannot mark a release released");
-                }
-                tracing::info!(app, release = number, "release serving");
-                sink.finish(serde_json::json!({
-                    "done": release,
-                    "path": format!("/apps/{app}/"),
-                    "rolled_out": rolled_out,
-                }))
-                .await;
-            }
-            Err(error) => {
-                release.status = ReleaseStatus::Failed;
-                release.error = Some(error.clone());
-                if let Err(e) =
-                    put_json(&*api.store, &keys::release(&app, number), &release, None).await
-                {
-                    tracing::warn!(app, number, error = %e, "cannot mark a release failed");
-                }
-                tracing::info!(app, release = number, "release failed");
-                sink.log_only(&format!("release {number} failed: {error}"));
-                sink.finish(serde_json::json!({ "failed": release })).await;
-            }
-        }
-    });
+    let sink = Sink::new(
+        tx,
+        log_path(&api, &delivery.release.app, delivery.release.number),
+    );
+    tokio::spawn(drive(api, builds, delivery, Ok(step), sink));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
     });
@@ -138,207 +216,43 @@ pub(crate) fn start(
         .into_response()
 }
 
-/// What a release that serves ended with.
-struct Delivered {
-    built: Built,
-    /// The config vars it runs with.
-    config: BTreeMap<String, String>,
-    /// Whether every ready instance ran it before the wait ended.
-    rolled_out: bool,
-}
-
-/// Builds, tries and switches to the release; the error says why it does not serve.
-async fn deliver(
-    api: &Api,
-    builds: &dyn Builds,
-    release: Release,
-    step: Step,
-    must_exist: bool,
-    sink: &Sink,
-) -> Result<Delivered, String> {
-    let app = &release.app;
-    let built = match step {
-        Step::Reuse(b) => b,
-        Step::Build(p) if p.built.is_some() => {
-            sink.line("-----> this tree was built before: reusing its slug");
-            builds
-                .build(p, sink.output())
-                .await
-                .map_err(|e| e.to_string())?
-        }
-        Step::Build(p) => builds
-            .build(p, sink.output())
-            .await
-            .map_err(|e| e.to_string())?,
+/// Delivers the release from `step` to its end, and says how it ended.
+async fn drive(
+    api: Api,
+    builds: Arc<dyn Builds>,
+    mut d: Delivery,
+    step: Result<Step, Failure>,
+    sink: Sink,
+) {
+    let outcome = match step {
+        Ok(step) => phases::run(&api, &*builds, &mut d, step, &sink).await,
+        Err(f) => Err(f),
     };
-    for _attempt in 0..8 {
-        let current = get_json::<AppSpec>(&*api.store, &keys::app_spec(app))
-            .await
-            .map_err(|e| e.to_string())?;
-        let revision = current.as_ref().map(|(_, r)| *r);
-        let current = current.map(|(s, _)| s);
-        match current.as_ref().and_then(|s| s.release.as_ref()) {
-            Some(newer) if newer.number > release.number => {
-                return Err(format!(
-                    "release {} serves already, made after this one; this one is not applied",
-                    newer.number
-                ))
-            }
-            _ if current.is_none() && must_exist => {
-                return Err(format!(
-                    "app {app:?} was removed meanwhile; nothing is applied"
-                ))
-            }
-            _ => {}
+    let (app, number) = (d.release.app.clone(), d.release.number);
+    match outcome {
+        Ok(rolled_out) => {
+            tracing::info!(app, release = number, "release serving");
+            sink.finish(serde_json::json!({
+                "done": d.release,
+                "path": format!("/apps/{app}/"),
+                "rolled_out": rolled_out,
+            }))
+            .await;
         }
-        let (spec, config) = compose(builds, current, app, &release, &built)?;
-        if built.kind != BuildKind::Static {
-            let label = crate::routes::lattice::current(api)
-                .await
-                .ok()
-                .and_then(|l| l.levels.first().cloned())
-                .ok_or("no clearance lattice is defined yet; define it first with `warden lattice set`")?;
-            sink.line(&format!(
-                "-----> trying release {} (one instance, label {label})",
-                release.number
-            ));
-            builds.trial(&spec, &label).await?;
-            sink.line("-----> the instance is ready");
-        }
-        let bytes = serde_json::to_vec(&spec).map_err(|e| e.to_string())?;
-        match api
-            .store
-            .compare_and_swap(&keys::app_spec(app), revision, Some(bytes), None)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            CasOutcome::Done(rev) => {
-                api.applied(&keys::app_spec(app), rev).await;
-                let rolled_out = rolled_out(api, &spec, sink).await;
-                return Ok(Delivered {
-                    built,
-                    config,
-                    rolled_out,
-                });
+        Err(f) => {
+            let upload = d.release.upload.take();
+            d.release.reason = Some(f.reason);
+            d.release.error = Some(f.text.clone());
+            if let Err(e) = d.advance(&api, ReleaseStatus::Failed).await {
+                tracing::warn!(app, number, error = %e.text, "cannot mark a release failed");
             }
-            CasOutcome::Conflict { .. } => {
-                sink.line("the app changed meanwhile; applying the release to its new spec");
-            }
+            Delivery::drop_upload(&api, upload);
+            tracing::info!(app, release = number, reason = ?f.reason, "release failed");
+            sink.log_only(&format!("release {number} failed: {}", f.text));
+            sink.finish(serde_json::json!({ "failed": d.release }))
+                .await;
         }
     }
-    Err("the app's spec kept changing; push again".into())
-}
-
-/// Longest a release waits for its rollout before it answers anyway.
-const ROLLOUT_WAIT: std::time::Duration = std::time::Duration::from_secs(150);
-
-/// Waits (bounded) until no ready instance of `spec`'s app runs an earlier spec and this
-/// node's gateway has seen as much: the agents start new instances, hand them the old ones'
-/// traffic and drain the old ones. False if the wait ended first.
-async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) -> bool {
-    let generation = spec.generation();
-    let deadline = tokio::time::Instant::now() + ROLLOUT_WAIT;
-    let mut told = None;
-    let prefix = keys::app_instances(&spec.name);
-    // The app's instance records, followed: each change is counted as it happens. A store
-    // that does not answer says nothing; the follower asks again until the wait ends.
-    let mut instances = Follower::new(api.store.clone(), prefix.clone());
-    let mut records: BTreeMap<String, warden_core::InstanceRecord> = BTreeMap::new();
-    loop {
-        let update = tokio::select! {
-            u = instances.next() => u,
-            () = tokio::time::sleep_until(deadline) => None,
-        };
-        let revision = match update {
-            Some(Update::Listed(listing)) => {
-                records = listing
-                    .entries
-                    .iter()
-                    .filter_map(|e| Some((e.key.clone(), serde_json::from_slice(&e.value).ok()?)))
-                    .collect();
-                listing.revision
-            }
-            Some(Update::Changes { events, revision }) => {
-                for ev in events {
-                    match ev.kind {
-                        EventKind::Put(v) => match serde_json::from_slice(&v) {
-                            Ok(r) => records.insert(ev.key, r),
-                            Err(_) => records.remove(&ev.key),
-                        },
-                        EventKind::Delete => records.remove(&ev.key),
-                    };
-                }
-                revision
-            }
-            None => {
-                sink.line(&format!(
-                    "-----> not rolled out within {} s: new requests go to this release, earlier instances still hand over; `warden status` follows it",
-                    ROLLOUT_WAIT.as_secs()
-                ));
-                return false;
-            }
-        };
-        let old = records
-            .values()
-            .filter(|r| r.state == warden_core::InstanceState::Ready && r.generation != generation)
-            .count();
-        if old == 0 {
-            api.applied(&prefix, revision).await;
-            sink.line("-----> rolled out: every ready instance runs this release");
-            return true;
-        }
-        if told != Some(old) {
-            sink.line(&format!(
-                "-----> rolling out: {old} instance(s) of the earlier release still serving; they hand over without dropping a request"
-            ));
-            told = Some(old);
-        }
-    }
-}
-
-/// The app's spec running `release` of slug `built`, and the config vars it runs with: the
-/// current spec (or a new app's defaults) with the release's command; a push keeps the app's
-/// config vars as they are now (a `config set` during its build stays), a config change or a
-/// rollback brings its own. A static site clears the command and is served from the slug; a
-/// static directory an earlier static release set is dropped.
-fn compose(
-    builds: &dyn Builds,
-    current: Option<AppSpec>,
-    app: &str,
-    release: &Release,
-    built: &Built,
-) -> Result<(AppSpec, BTreeMap<String, String>), String> {
-    let mut spec = current.unwrap_or_else(|| AppSpec::new(app, Vec::new()));
-    let earlier_static = spec
-        .release
-        .as_ref()
-        .and_then(|r| builds.built(&r.slug))
-        .map(|b| b.dir)
-        .map(|d| d.display().to_string());
-    if earlier_static.is_some() && spec.static_dir == earlier_static {
-        spec.static_dir = None;
-        spec.static_prefix = AppSpec::new(app, Vec::new()).static_prefix;
-    }
-    spec.release = Some(SpecRelease {
-        number: release.number,
-        slug: built.slug.clone(),
-        archive: Some(built.archive.clone()),
-    });
-    spec.workdir = None;
-    spec.command = built.command.clone();
-    if !matches!(release.source, ReleaseSource::Push { .. }) {
-        spec.env = release.config.clone();
-    }
-    if built.kind == BuildKind::Static {
-        spec.static_dir = Some(built.dir.display().to_string());
-        spec.static_prefix = "/".into();
-        spec.desired.clear();
-        spec.warm.clear();
-    }
-    spec.validate()
-        .map_err(|e| format!("the release does not make a usable app: {e}"))?;
-    let config = spec.env.clone();
-    Ok((spec, config))
 }
 
 /// The config vars an app has now (its spec's environment), empty for a new app.
@@ -349,12 +263,14 @@ pub(crate) async fn config_of(api: &Api, app: &str) -> Result<BTreeMap<String, S
         .unwrap_or_default())
 }
 
-/// A new release record of `app` in state `building`.
+/// A new release of `app`, delivered by this node, in phase `status`.
 pub(crate) fn fresh(
+    api: &Api,
     app: &str,
     source: ReleaseSource,
     config: BTreeMap<String, String>,
     by: String,
+    status: ReleaseStatus,
 ) -> Release {
     Release {
         app: app.to_owned(),
@@ -366,7 +282,10 @@ pub(crate) fn fresh(
         config,
         by,
         at_ms: now_ms(),
-        status: ReleaseStatus::Building,
+        status,
+        reason: None,
         error: None,
+        node: api.node.as_deref().map(str::to_owned),
+        upload: None,
     }
 }

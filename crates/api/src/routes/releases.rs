@@ -87,8 +87,7 @@ pub async fn push(
         return Err(too_large(api.max_upload));
     }
     let (upload, digest) = receive(&api, body).await?;
-    let prepared = builds.prepare(&name, &upload.0, &digest, kind).await;
-    drop(upload);
+    let prepared = builds.prepare(&name, &upload.path, &digest, kind).await;
     let prepared = prepared.map_err(|e| match e {
         BuildError::BadArchive(m) | BuildError::Detect(m) => ApiError::bad_request(m),
         BuildError::Failed(m) | BuildError::Node(m) => ApiError::internal(m),
@@ -99,15 +98,24 @@ pub async fn push(
         let current = get_json::<warden_core::AppSpec>(&*api.store, &keys::app_spec(&name)).await?;
         let existed = current.is_some();
         let config = current.map(|(s, _)| s.env).unwrap_or_default();
-        let mut release = deliver::fresh(&name, source, config, by(&headers));
+        let mut release = deliver::fresh(
+            &api,
+            &name,
+            source,
+            config,
+            by(&headers),
+            ReleaseStatus::Received,
+        );
         release.slug = Some(prepared.slug.clone());
         release.kind = Some(prepared.kind);
         release.command = prepared.command.clone();
-        Ok::<_, ApiError>((deliver::record(&api, release).await?, existed))
+        release.upload = Some(upload.name());
+        let (release, revision) = deliver::record(&api, release).await?;
+        Ok::<_, ApiError>(deliver::Delivery::new(release, revision, existed))
     }
     .await;
-    let (release, existed) = match recorded {
-        Ok(r) => r,
+    let delivery = match recorded {
+        Ok(d) => d,
         Err(e) => {
             // The unpacked tree waits for a build that will not come.
             if let Some(tree) = &prepared.tree {
@@ -116,14 +124,11 @@ pub async fn push(
             return Err(e);
         }
     };
-    tracing::info!(app = %name, release = release.number, "push received");
-    Ok(deliver::start(
-        api,
-        builds,
-        release,
-        Step::Build(prepared),
-        existed,
-    ))
+    // The release's record names the upload now: it is kept until the release is built or
+    // failed, across a restart of the node.
+    upload.keep();
+    tracing::info!(app = %name, release = delivery.number(), "push received");
+    Ok(deliver::start(api, builds, delivery, Step::Build(prepared)))
 }
 
 /// `GET /v1/limits`: what this API takes, so that a client can refuse an upload before
@@ -141,17 +146,37 @@ fn too_large(max: u64) -> ApiError {
     )
 }
 
-/// Writes the request body to a private file under the data directory, at most
-/// An upload on disk, removed when dropped: on every path out of a push, a client that went
-/// away and a stopping server included.
-struct Upload(std::path::PathBuf);
+/// An upload on disk, removed when dropped (on every path out of a push before its release
+/// is recorded: a client that went away and a stopping server included) unless kept.
+struct Upload {
+    path: std::path::PathBuf,
+    kept: bool,
+}
 
-impl Drop for Upload {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+impl Upload {
+    /// Its file name under `uploads/`.
+    fn name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Leaves the file for the release that names it.
+    fn keep(mut self) {
+        self.kept = true;
     }
 }
 
+impl Drop for Upload {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Writes the request body to a private file under the data directory, at most
 /// `api.max_upload` bytes, and returns it with its SHA-256.
 async fn receive(api: &Api, body: Body) -> Result<(Upload, String), ApiError> {
     use futures_util::StreamExt;
@@ -173,7 +198,7 @@ async fn receive(api: &Api, body: Body) -> Result<(Upload, String), ApiError> {
         .open(&path)
         .await
         .map_err(|e| ApiError::internal(format!("cannot create {}: {e}", path.display())))?;
-    let upload = Upload(path);
+    let upload = Upload { path, kept: false };
     let mut hash = sha2::Sha256::new();
     let mut size = 0u64;
     let mut stream = body.into_data_stream();
@@ -367,18 +392,14 @@ async fn rerelease(
     built: Built,
     by: String,
 ) -> Result<Response, ApiError> {
-    let mut release = deliver::fresh(&of.app, source, config, by);
+    // Its slug is built already: it starts in phase `built`.
+    let mut release = deliver::fresh(&api, &of.app, source, config, by, ReleaseStatus::Built);
     release.slug = of.slug.clone();
     release.kind = of.kind;
     release.command = of.command.clone();
-    let release = deliver::record(&api, release).await?;
-    Ok(deliver::start(
-        api,
-        builds,
-        release,
-        Step::Reuse(built),
-        true,
-    ))
+    let (release, revision) = deliver::record(&api, release).await?;
+    let delivery = deliver::Delivery::new(release, revision, true);
+    Ok(deliver::start(api, builds, delivery, Step::Try(built)))
 }
 
 /// Body of `POST /v1/apps/{name}/rollback`.

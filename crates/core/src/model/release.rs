@@ -4,7 +4,7 @@
 //! holds the app and its dependencies, named by the digest of the source and how it was built)
 //! and records a numbered release. Config changes and rollbacks make releases too, reusing a
 //! built slug. The app's spec then names the release ([`SpecRelease`]) and the agents run its
-//! command in the slug; a release is never changed after it is made, only its status.
+//! command in the slug; a release is never changed after it is made, only its status (its phase).
 
 use std::collections::BTreeMap;
 
@@ -88,16 +88,62 @@ pub enum ReleaseSource {
     },
 }
 
-/// Where a release stands.
+/// Where a release stands: the phase its delivery reached, each written to the record before
+/// the next begins, so that a node killed at any point leaves a record that says where it
+/// stood and the node resumes it (or fails it as interrupted) when it starts again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReleaseStatus {
-    /// Being built or tried.
-    Building,
-    /// Its build failed, or its instance did not start; the app kept its earlier release.
-    Failed,
-    /// Built, tried and made the app's release (it may since have been replaced).
+    /// A push's upload is kept on disk (its digest known) and waits for its build. Records
+    /// written before phases were kept say `building`; found unfinished at start, such a record
+    /// has no upload to resume from and fails as interrupted.
+    #[serde(alias = "building")]
+    Received,
+    /// Its slug is built (slug id, kind and command known); its instance is to be tried.
+    Built,
+    /// One instance of it started and became ready outside all routing.
+    Tried,
+    /// The app's spec names it: new instances run it; earlier ones are being replaced.
+    Switched,
+    /// Made the app's release and rolled out: no ready instance ran an older one when its
+    /// delivery ended, or the bounded wait for that ended first (it may since have been
+    /// replaced).
     Released,
+    /// It was not made the app's release, or not by a delivery that finished; [`FailReason`]
+    /// says why. The app kept what it served.
+    Failed,
+}
+
+impl ReleaseStatus {
+    /// Whether its delivery has ended: nothing more happens to the release.
+    pub fn finished(self) -> bool {
+        matches!(self, Self::Released | Self::Failed)
+    }
+}
+
+/// Why a release failed, for programs; the release's `error` says it for people.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailReason {
+    /// The tree does not say how to build or run it.
+    DetectFailed,
+    /// Its build ran and failed, or ran out of time.
+    BuildFailed,
+    /// Its instance did not start or did not become ready in time.
+    TrialFailed,
+    /// A newer release serves already; this one is not applied.
+    Superseded,
+    /// The app was removed while the release was being made.
+    AppRemoved,
+    /// The release does not make a usable app (its spec is invalid, no clearance lattice).
+    Refused,
+    /// The app's spec kept changing while the release was being applied.
+    Conflict,
+    /// The node stopped before the release's phase could resume (its upload or slug is gone,
+    /// or it was recorded before phases were kept).
+    Interrupted,
+    /// The node could not do its part (disk, store, no driver).
+    Node,
 }
 
 /// A numbered release of an app. Stored at `releases/<app>/<number>`.
@@ -129,9 +175,20 @@ pub struct Release {
     pub at_ms: u64,
     /// Where it stands.
     pub status: ReleaseStatus,
+    /// Why it failed, for programs (absent on records written before reasons were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<FailReason>,
     /// Why it failed, with the last lines of output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The node delivering it: the one that took the push (or the config change, the
+    /// rollback), which builds it and resumes it when it starts again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The file name, under that node's `uploads/`, of the pushed archive kept until the
+    /// release is built or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<String>,
 }
 
 /// Whether `s` is a slug id: 64 lowercase hex digits.

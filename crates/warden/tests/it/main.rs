@@ -75,6 +75,7 @@ mod gateway;
 mod gateway_starts;
 mod healing;
 mod idle_memory;
+mod interrupted;
 mod isolation;
 mod lattice;
 mod lifetimes;

@@ -1,0 +1,201 @@
+//! The phases of a release's delivery, each written to its record before the next begins:
+//! build (`received` → `built`), try (`tried`), switch the app's spec (`switched`), roll out
+//! (`released`).
+
+use std::collections::BTreeMap;
+
+use warden_core::builds::{Builds, Built};
+use warden_core::{
+    keys, AppSpec, BuildKind, FailReason, Release, ReleaseSource, ReleaseStatus, SpecRelease,
+};
+use warden_store::{get_json, CasOutcome};
+
+use super::sink::Sink;
+use super::{Delivery, Failure, Step};
+use crate::Api;
+
+/// Delivers the release from `step`; whether every ready instance ran it before the rollout
+/// wait ended.
+pub(super) async fn run(
+    api: &Api,
+    builds: &dyn Builds,
+    d: &mut Delivery,
+    step: Step,
+    sink: &Sink,
+) -> Result<bool, Failure> {
+    let built = match step {
+        Step::Build(p) => Some(build(api, builds, d, p, sink).await?),
+        Step::Try(b) => Some(b),
+        Step::Rollout => None,
+    };
+    if let Some(built) = built {
+        switch(api, builds, d, &built, sink).await?;
+    }
+    let app = d.release.app.clone();
+    let spec = get_json::<AppSpec>(&*api.store, &keys::app_spec(&app))
+        .await?
+        .map(|(s, _)| s)
+        .ok_or_else(|| {
+            Failure::new(
+                FailReason::AppRemoved,
+                format!("app {app:?} was removed meanwhile"),
+            )
+        })?;
+    let rolled_out = match spec.release.as_ref().map(|r| r.number) {
+        Some(n) if n == d.release.number => super::rollout::rolled_out(api, &spec, sink).await,
+        // Only a release resumed at start gets here: it was switched to, and a newer one has
+        // replaced it since. It served; its rollout is the newer one's to wait for.
+        _ => {
+            sink.line("-----> a newer release serves already: this one's rollout is over");
+            false
+        }
+    };
+    d.advance(api, ReleaseStatus::Released).await?;
+    Ok(rolled_out)
+}
+
+/// Builds the pushed source; the release is `built` after, its upload no longer needed.
+async fn build(
+    api: &Api,
+    builds: &dyn Builds,
+    d: &mut Delivery,
+    prepared: warden_core::builds::Prepared,
+    sink: &Sink,
+) -> Result<Built, Failure> {
+    if prepared.built.is_some() {
+        sink.line("-----> this tree was built before: reusing its slug");
+    }
+    let built = builds.build(prepared, sink.output()).await?;
+    let upload = d.release.upload.take();
+    d.release.slug = Some(built.slug.clone());
+    d.release.kind = Some(built.kind);
+    d.release.command = built.command.clone();
+    d.advance(api, ReleaseStatus::Built).await?;
+    Delivery::drop_upload(api, upload);
+    Ok(built)
+}
+
+/// Tries the release against the app's spec as it is now, then switches the spec to it by
+/// compare-and-swap; a spec that changed meanwhile is read again and the release tried
+/// against it. Never changes the spec of an app that a newer release serves already.
+async fn switch(
+    api: &Api,
+    builds: &dyn Builds,
+    d: &mut Delivery,
+    built: &Built,
+    sink: &Sink,
+) -> Result<(), Failure> {
+    let app = d.release.app.clone();
+    let number = d.release.number;
+    for _attempt in 0..8 {
+        let current = get_json::<AppSpec>(&*api.store, &keys::app_spec(&app)).await?;
+        let revision = current.as_ref().map(|(_, r)| *r);
+        let current = current.map(|(s, _)| s);
+        match current.as_ref().and_then(|s| s.release.as_ref()) {
+            Some(newer) if newer.number > number => {
+                return Err(Failure::new(
+                    FailReason::Superseded,
+                    format!(
+                        "release {} serves already, made after this one; this one is not applied",
+                        newer.number
+                    ),
+                ))
+            }
+            // Switched before the node stopped, and killed before it could say so.
+            Some(same) if same.number == number && same.slug == built.slug => {
+                d.release.config = current.as_ref().map(|s| s.env.clone()).unwrap_or_default();
+                return d.advance(api, ReleaseStatus::Switched).await;
+            }
+            _ if current.is_none() && d.must_exist => {
+                return Err(Failure::new(
+                    FailReason::AppRemoved,
+                    format!("app {app:?} was removed meanwhile; nothing is applied"),
+                ))
+            }
+            _ => {}
+        }
+        let (spec, config) = compose(builds, current, &app, &d.release, built)?;
+        if built.kind != BuildKind::Static {
+            let label = crate::routes::lattice::current(api)
+                .await
+                .ok()
+                .and_then(|l| l.levels.first().cloned())
+                .ok_or_else(|| Failure::new(FailReason::Refused, "no clearance lattice is defined yet; define it first with `warden lattice set`"))?;
+            sink.line(&format!(
+                "-----> trying release {number} (one instance, label {label})"
+            ));
+            builds.trial(&spec, &label).await?;
+            sink.line("-----> the instance is ready");
+            d.advance(api, ReleaseStatus::Tried).await?;
+        }
+        let bytes = serde_json::to_vec(&spec)
+            .map_err(|e| Failure::new(FailReason::Node, format!("cannot encode the spec: {e}")))?;
+        match api
+            .store
+            .compare_and_swap(&keys::app_spec(&app), revision, Some(bytes), None)
+            .await?
+        {
+            CasOutcome::Done(rev) => {
+                api.applied(&keys::app_spec(&app), rev).await;
+                d.release.config = config;
+                return d.advance(api, ReleaseStatus::Switched).await;
+            }
+            CasOutcome::Conflict { .. } => {
+                sink.line("the app changed meanwhile; applying the release to its new spec");
+            }
+        }
+    }
+    Err(Failure::new(
+        FailReason::Conflict,
+        "the app's spec kept changing; push again",
+    ))
+}
+
+/// The app's spec running `release` of slug `built`, and the config vars it runs with: the
+/// current spec (or a new app's defaults) with the release's command; a push keeps the app's
+/// config vars as they are now (a `config set` during its build stays), a config change or a
+/// rollback brings its own. A static site clears the command and is served from the slug; a
+/// static directory an earlier static release set is dropped.
+fn compose(
+    builds: &dyn Builds,
+    current: Option<AppSpec>,
+    app: &str,
+    release: &Release,
+    built: &Built,
+) -> Result<(AppSpec, BTreeMap<String, String>), Failure> {
+    let mut spec = current.unwrap_or_else(|| AppSpec::new(app, Vec::new()));
+    let earlier_static = spec
+        .release
+        .as_ref()
+        .and_then(|r| builds.built(&r.slug))
+        .map(|b| b.dir)
+        .map(|d| d.display().to_string());
+    if earlier_static.is_some() && spec.static_dir == earlier_static {
+        spec.static_dir = None;
+        spec.static_prefix = AppSpec::new(app, Vec::new()).static_prefix;
+    }
+    spec.release = Some(SpecRelease {
+        number: release.number,
+        slug: built.slug.clone(),
+        archive: Some(built.archive.clone()),
+    });
+    spec.workdir = None;
+    spec.command = built.command.clone();
+    if !matches!(release.source, ReleaseSource::Push { .. }) {
+        spec.env = release.config.clone();
+    }
+    if built.kind == BuildKind::Static {
+        spec.static_dir = Some(built.dir.display().to_string());
+        spec.static_prefix = "/".into();
+        spec.desired.clear();
+        spec.warm.clear();
+    }
+    spec.validate().map_err(|e| {
+        Failure::new(
+            FailReason::Refused,
+            format!("the release does not make a usable app: {e}"),
+        )
+    })?;
+    let config = spec.env.clone();
+    Ok((spec, config))
+}

@@ -1,0 +1,180 @@
+//! Releases whose node is killed (`kill -9`) in the middle of their delivery: each phase is in
+//! the release's record, so the node started again on the same data dir resumes the release
+//! from there and it ends `released`, serving what was pushed, never stuck in a phase, with no
+//! upload left behind.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use warden_test_support::{cli, wait_until, Launch, Warden};
+
+use crate::BIN;
+
+/// A data dir that `process` instances under uids of their own can pass through, in `tmp`.
+fn data_dir(tmp: &tempfile::TempDir) -> PathBuf {
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .unwrap();
+    tmp.path().join("data")
+}
+
+/// A dependency-free app that answers `answer`, started by the Procfile's `web: {web}`.
+fn tree(answer: &str, web: &str) -> tempfile::TempDir {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/apps/plain/server.py");
+    let server = std::fs::read_to_string(src).unwrap().replace(
+        r#"os.environ.get("ANSWER", "hello from plain")"#,
+        &format!("{answer:?}"),
+    );
+    assert!(server.contains(answer), "the fixture changed");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("server.py"), server).unwrap();
+    std::fs::write(dir.path().join("Procfile"), format!("web: {web}\n")).unwrap();
+    dir
+}
+
+/// Pushes `src` as `app` in a thread of its own: the push's connection dies with warden.
+fn push_in_background(w: &Warden, app: &str, src: &Path) -> std::thread::JoinHandle<()> {
+    let (app, src, data) = (
+        app.to_owned(),
+        src.display().to_string(),
+        w.dir.display().to_string(),
+    );
+    std::thread::spawn(move || {
+        let _ = cli(BIN, &["push", &app, &src, "--data-dir", &data], &[]);
+    })
+}
+
+/// Release `number` of `app`, if it is recorded.
+fn release(w: &Warden, app: &str, number: u64) -> Option<Value> {
+    let r = w.api("GET", &format!("/v1/apps/{app}/releases"), None);
+    let all = r.json();
+    all.as_array()?
+        .iter()
+        .find(|r| r["number"] == number)
+        .cloned()
+}
+
+/// Waits until release `number` of `app` is in phase `status` and its log says `line`, then
+/// kills warden with SIGKILL and starts it again on the same data dir.
+fn kill_in(mut w: Warden, app: &str, number: u64, status: &str, line: &str) -> Warden {
+    wait_until(
+        &format!("release {number} of {app} to be {status} with {line:?} in its log"),
+        Duration::from_secs(180),
+        || {
+            let r = release(&w, app, number)?;
+            assert!(
+                !["released", "failed"].contains(&r["status"].as_str()?),
+                "the release ended before warden could be killed in phase {status}: {r}"
+            );
+            let log = w
+                .api(
+                    "GET",
+                    &format!("/v1/apps/{app}/releases/{number}/log"),
+                    None,
+                )
+                .text();
+            (r["status"] == status && log.contains(line)).then_some(())
+        },
+    );
+    w.signal_and_wait(Signal::SIGKILL);
+    let dir = w.dir.clone();
+    // The test's temporary directory outlives this warden: `w` only borrowed `dir`.
+    drop(w);
+    Launch::new(BIN).data_dir(&dir).start()
+}
+
+/// Waits until release `number` of `app` has finished and asserts it `released`, `app` serving
+/// `answer` and no upload left behind.
+fn assert_resumed(w: &Warden, app: &str, number: u64, answer: &str) {
+    let r = wait_until(
+        &format!("release {number} of {app} to finish after the restart"),
+        Duration::from_secs(240),
+        || {
+            let r = release(w, app, number)?;
+            ["released", "failed"]
+                .contains(&r["status"].as_str()?)
+                .then_some(r)
+        },
+    );
+    assert_eq!(r["status"], "released", "{r}");
+    let log = w
+        .api(
+            "GET",
+            &format!("/v1/apps/{app}/releases/{number}/log"),
+            None,
+        )
+        .text();
+    assert!(log.contains("warden started again"), "{log}");
+    let got = w.get_as("alice", &w.password("alice"), &format!("/apps/{app}/"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(got.json()["answer"], answer);
+    let spec = w.api("GET", &format!("/v1/apps/{app}"), None).json();
+    assert_eq!(spec["release"]["number"], number, "{spec}");
+    let uploads: Vec<_> = std::fs::read_dir(w.dir.join("uploads"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(uploads.is_empty(), "uploads left behind: {uploads:?}");
+}
+
+#[test]
+fn a_release_killed_during_its_build_is_built_again_from_its_kept_upload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = Launch::new(BIN).data_dir(data_dir(&tmp)).start();
+    // A Python app without dependencies: its build makes a virtual environment, which takes
+    // seconds, long enough to be killed in.
+    let src = tree("built after a kill", "exec python3 server.py");
+    std::fs::write(
+        src.path().join("requirements.txt"),
+        "# nothing to install\n",
+    )
+    .unwrap();
+    let pushing = push_in_background(&w, "held", src.path());
+    let w = kill_in(w, "held", 1, "received", "building a python app");
+    let _ = pushing.join();
+    assert_resumed(&w, "held", 1, "built after a kill");
+}
+
+#[test]
+fn a_release_killed_during_its_trial_is_tried_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = Launch::new(BIN).data_dir(data_dir(&tmp)).start();
+    // The trial instance takes seconds to be ready.
+    let src = tree("tried after a kill", "sleep 5; exec python3 server.py");
+    let pushing = push_in_background(&w, "held", src.path());
+    let w = kill_in(w, "held", 1, "built", "trying release 1");
+    let _ = pushing.join();
+    assert_resumed(&w, "held", 1, "tried after a kill");
+}
+
+#[test]
+fn a_release_killed_during_its_rollout_is_rolled_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = Launch::new(BIN).data_dir(data_dir(&tmp)).start();
+    let first = tree("the first", "exec python3 server.py");
+    let data = w.dir.display().to_string();
+    let (ok, out, err) = cli(
+        BIN,
+        &[
+            "push",
+            "held",
+            &first.path().display().to_string(),
+            "--data-dir",
+            &data,
+        ],
+        &[],
+    );
+    assert!(ok, "{out}{err}");
+    let r = w.get_as("alice", &w.password("alice"), "/apps/held/");
+    assert_eq!(r.json()["answer"], "the first");
+    // Its instances take seconds to be ready: the one instance of the first release hands
+    // over to the second's only once one of those is.
+    let second = tree("rolled out after a kill", "sleep 5; exec python3 server.py");
+    let pushing = push_in_background(&w, "held", second.path());
+    let w = kill_in(w, "held", 2, "switched", "rolling out");
+    let _ = pushing.join();
+    assert_resumed(&w, "held", 2, "rolled out after a kill");
+}
