@@ -197,3 +197,40 @@ pub fn is_slug_id(s: &str) -> bool {
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record written before phases, reasons and nodes were kept.
+    fn old(status: &str) -> String {
+        format!(
+            r#"{{"app":"a","number":3,"source":{{"type":"push","digest":"d","from":"x"}},"by":"u","at_ms":1,"status":"{status}"}}"#
+        )
+    }
+
+    #[test]
+    fn records_written_before_phases_still_load() {
+        let building: Release = serde_json::from_str(&old("building")).expect("building loads");
+        // Unfinished, named by no node, with no upload: resumed at start as interrupted.
+        assert_eq!(building.status, ReleaseStatus::Received);
+        assert!(!building.status.finished());
+        assert_eq!((building.node, building.upload), (None, None));
+        for (text, status) in [
+            ("released", ReleaseStatus::Released),
+            ("failed", ReleaseStatus::Failed),
+        ] {
+            let r: Release = serde_json::from_str(&old(text)).expect("loads");
+            assert_eq!((r.status, r.reason), (status, None));
+            assert!(r.status.finished());
+        }
+    }
+
+    #[test]
+    fn phases_and_reasons_are_spelled_for_programs() {
+        let s = serde_json::to_value(ReleaseStatus::Switched).expect("encodes");
+        assert_eq!(s, "switched");
+        let r = serde_json::to_value(FailReason::Interrupted).expect("encodes");
+        assert_eq!(r, "interrupted");
+    }
+}

@@ -60,7 +60,14 @@ fn release(w: &Warden, app: &str, number: u64) -> Option<Value> {
 
 /// Waits until release `number` of `app` is in phase `status` and its log says `line`, then
 /// kills warden with SIGKILL and starts it again on the same data dir.
-fn kill_in(mut w: Warden, app: &str, number: u64, status: &str, line: &str) -> Warden {
+fn kill_in(w: Warden, app: &str, number: u64, status: &str, line: &str) -> Warden {
+    let dir = kill_9_in(w, app, number, status, line);
+    Launch::new(BIN).data_dir(&dir).start()
+}
+
+/// Waits until release `number` of `app` is in phase `status` and its log says `line`, then
+/// kills warden with SIGKILL; its data dir.
+fn kill_9_in(mut w: Warden, app: &str, number: u64, status: &str, line: &str) -> PathBuf {
     wait_until(
         &format!("release {number} of {app} to be {status} with {line:?} in its log"),
         Duration::from_secs(180),
@@ -81,25 +88,42 @@ fn kill_in(mut w: Warden, app: &str, number: u64, status: &str, line: &str) -> W
         },
     );
     w.signal_and_wait(Signal::SIGKILL);
-    let dir = w.dir.clone();
-    // The test's temporary directory outlives this warden: `w` only borrowed `dir`.
-    drop(w);
-    Launch::new(BIN).data_dir(&dir).start()
+    // The test's temporary directory outlives this warden: `w` only borrowed its data dir.
+    w.dir.clone()
 }
 
-/// Waits until release `number` of `app` has finished and asserts it `released`, `app` serving
-/// `answer` and no upload left behind.
-fn assert_resumed(w: &Warden, app: &str, number: u64, answer: &str) {
-    let r = wait_until(
+/// Waits until release `number` of `app` has finished; the release.
+fn finished(w: &Warden, app: &str, number: u64) -> Value {
+    wait_until(
         &format!("release {number} of {app} to finish after the restart"),
-        Duration::from_secs(240),
+        Duration::from_secs(120),
         || {
             let r = release(w, app, number)?;
             ["released", "failed"]
                 .contains(&r["status"].as_str()?)
                 .then_some(r)
         },
-    );
+    )
+}
+
+/// What `app` answers alice.
+fn answer(w: &Warden, app: &str) -> Value {
+    let got = w.get_as("alice", &w.password("alice"), &format!("/apps/{app}/"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    got.json()["answer"].clone()
+}
+
+/// The files under the data dir's `uploads/`.
+fn uploads(w: &Warden) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(w.dir.join("uploads"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default()
+}
+
+/// Waits until release `number` of `app` has finished and asserts it `released`, `app` serving
+/// `answer` and no upload left behind.
+fn assert_resumed(w: &Warden, app: &str, number: u64, want: &str) {
+    let r = finished(w, app, number);
     assert_eq!(r["status"], "released", "{r}");
     let log = w
         .api(
@@ -109,15 +133,14 @@ fn assert_resumed(w: &Warden, app: &str, number: u64, answer: &str) {
         )
         .text();
     assert!(log.contains("warden started again"), "{log}");
-    let got = w.get_as("alice", &w.password("alice"), &format!("/apps/{app}/"));
-    assert_eq!(got.status, 200, "{}", got.text());
-    assert_eq!(got.json()["answer"], answer);
+    assert_eq!(answer(w, app), want);
     let spec = w.api("GET", &format!("/v1/apps/{app}"), None).json();
     assert_eq!(spec["release"]["number"], number, "{spec}");
-    let uploads: Vec<_> = std::fs::read_dir(w.dir.join("uploads"))
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    assert!(uploads.is_empty(), "uploads left behind: {uploads:?}");
+    assert!(
+        uploads(w).is_empty(),
+        "uploads left behind: {:?}",
+        uploads(w)
+    );
 }
 
 #[test]
@@ -177,4 +200,47 @@ fn a_release_killed_during_its_rollout_is_rolled_out() {
     let w = kill_in(w, "held", 2, "switched", "rolling out");
     let _ = pushing.join();
     assert_resumed(&w, "held", 2, "rolled out after a kill");
+}
+
+#[test]
+fn a_release_that_cannot_resume_fails_as_interrupted_and_the_app_keeps_serving() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = Launch::new(BIN).data_dir(data_dir(&tmp)).start();
+    let first = tree("the first", "exec python3 server.py");
+    let data = w.dir.display().to_string();
+    let (ok, out, err) = cli(
+        BIN,
+        &[
+            "push",
+            "held",
+            &first.path().display().to_string(),
+            "--data-dir",
+            &data,
+        ],
+        &[],
+    );
+    assert!(ok, "{out}{err}");
+    let second = tree("never built", "exec python3 server.py");
+    std::fs::write(second.path().join("requirements.txt"), "# nothing\n").unwrap();
+    let pushing = push_in_background(&w, "held", second.path());
+    let dir = kill_9_in(w, "held", 2, "received", "building a python app");
+    let _ = pushing.join();
+    // While the node is down its kept upload is lost: the release has nothing to build from.
+    let kept: Vec<_> = std::fs::read_dir(dir.join("uploads"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(kept.len(), 1, "the upload of release 2 is kept: {kept:?}");
+    std::fs::remove_file(kept[0].path()).unwrap();
+    let w = Launch::new(BIN).data_dir(&dir).start();
+    let r = finished(&w, "held", 2);
+    assert_eq!(
+        (r["status"].as_str(), r["reason"].as_str()),
+        (Some("failed"), Some("interrupted")),
+        "{r}"
+    );
+    assert!(r["error"].as_str().unwrap().contains("push again"), "{r}");
+    assert_eq!(answer(&w, "held"), "the first");
+    let spec = w.api("GET", "/v1/apps/held", None).json();
+    assert_eq!(spec["release"]["number"], 1, "{spec}");
 }
