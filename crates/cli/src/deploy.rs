@@ -332,7 +332,12 @@ pub(crate) async fn releases(api: &Client, out: &Output, app: &str) -> anyhow::R
         let rows = v.as_array().into_iter().flatten().map(|r| {
             let source = describe(&r["source"]);
             let digest = s(&r["slug"]).chars().take(12).collect::<String>();
-            let mut status = s(&r["status"]);
+            // The phase its delivery reached; a failure says why (records made before
+            // reasons were kept have none).
+            let mut status = match r["reason"].as_str() {
+                Some(reason) => format!("{} ({})", s(&r["status"]), reason.replace('_', " ")),
+                None => s(&r["status"]),
+            };
             if r["number"].as_u64() == current && current.is_some() {
                 status = "serving".into();
             }

@@ -233,6 +233,7 @@ fn a_release_that_cannot_resume_fails_as_interrupted_and_the_app_keeps_serving()
     assert_eq!(kept.len(), 1, "the upload of release 2 is kept: {kept:?}");
     std::fs::remove_file(kept[0].path()).unwrap();
     let w = Launch::new(BIN).data_dir(&dir).start();
+    let data = w.dir.display().to_string();
     let r = finished(&w, "held", 2);
     assert_eq!(
         (r["status"].as_str(), r["reason"].as_str()),
@@ -240,7 +241,37 @@ fn a_release_that_cannot_resume_fails_as_interrupted_and_the_app_keeps_serving()
         "{r}"
     );
     assert!(r["error"].as_str().unwrap().contains("push again"), "{r}");
+    let (_, list, _) = cli(BIN, &["releases", "held", "--data-dir", &data], &[]);
+    assert!(list.contains("failed (interrupted)"), "{list}");
     assert_eq!(answer(&w, "held"), "the first");
     let spec = w.api("GET", "/v1/apps/held", None).json();
     assert_eq!(spec["release"]["number"], 1, "{spec}");
+}
+
+#[test]
+fn a_node_that_builds_nothing_refuses_a_push_and_keeps_no_upload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = data_dir(&tmp);
+    // An upload an earlier run with the agent left behind.
+    std::fs::create_dir_all(data.join("uploads")).unwrap();
+    std::fs::write(data.join("uploads/left.tar.gz"), b"old").unwrap();
+    let w = Launch::new(BIN)
+        .data_dir(&data)
+        .no_demo()
+        .arg("--roles")
+        .arg("api")
+        .start();
+    let r = warden_test_support::http::request(
+        "POST",
+        &format!("{}/v1/apps/app/releases", w.api),
+        &[("authorization", &format!("Bearer {}", w.token))],
+        b"not even an archive",
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        r.text().contains("runs both the api and agent roles"),
+        "{}",
+        r.text()
+    );
+    assert!(uploads(&w).is_empty(), "uploads left: {:?}", uploads(&w));
 }
