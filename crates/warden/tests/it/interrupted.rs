@@ -275,3 +275,35 @@ fn a_node_that_builds_nothing_refuses_a_push_and_keeps_no_upload() {
     );
     assert!(uploads(&w).is_empty(), "uploads left: {:?}", uploads(&w));
 }
+
+#[test]
+fn a_resumed_release_never_replaces_a_newer_one_that_serves() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = Launch::new(BIN).data_dir(data_dir(&tmp)).start();
+    let push = |w: &Warden, src: &Path| {
+        let data = w.dir.display().to_string();
+        let src = src.display().to_string();
+        let (ok, out, err) = cli(BIN, &["push", "held", &src, "--data-dir", &data], &[]);
+        assert!(ok, "{out}{err}");
+    };
+    push(&w, tree("the first", "exec python3 server.py").path());
+    // Room for a slow start: the second release's instance takes 15 s to be ready.
+    let patch = serde_json::json!({ "start_timeout_ms": 60_000 });
+    assert_eq!(w.api("PATCH", "/v1/apps/held", Some(patch)).status, 200);
+    let second = tree("the second", "sleep 15; exec python3 server.py");
+    let pushing = push_in_background(&w, "held", second.path());
+    let dir = kill_9_in(w, "held", 2, "built", "trying release 2");
+    let _ = pushing.join();
+    let w = Launch::new(BIN).data_dir(&dir).start();
+    // While release 2 is tried again, release 3 is pushed and serves.
+    push(&w, tree("the third", "exec python3 server.py").path());
+    let r = finished(&w, "held", 2);
+    assert_eq!(
+        (r["status"].as_str(), r["reason"].as_str()),
+        (Some("failed"), Some("superseded")),
+        "{r}"
+    );
+    assert_eq!(answer(&w, "held"), "the third");
+    let spec = w.api("GET", "/v1/apps/held", None).json();
+    assert_eq!(spec["release"]["number"], 3, "{spec}");
+}
