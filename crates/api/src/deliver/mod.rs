@@ -8,7 +8,7 @@
 //! (`switched`), and the agents' rollout replaces the older instances (`released`). A failure
 //! at any step marks the release `failed` with a typed reason and leaves the app's spec, and so
 //! what serves, as it was. A node killed at any point finds its unfinished releases at start
-//! ([`resume`]) and resumes each from its record and its disk, or fails it as interrupted.
+//! (`resume.rs`) and resumes each from its record and its disk, or fails it as interrupted.
 //!
 //! Progress goes to the client as NDJSON events (`{"log": …}`, then one `{"done": …}` or
 //! `{"failed": …}`) and to the release's log file, which `GET …/releases/{n}/log` serves
