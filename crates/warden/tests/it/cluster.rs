@@ -9,6 +9,16 @@ use crate::BIN;
 
 /// A node of `cluster` named `name` with `extra` flags, no demo.
 pub(crate) fn node(cluster: &EtcdCluster, name: &str, extra: &[&str]) -> Launch {
+    leased_node(cluster, name, "2s", extra)
+}
+
+/// [`node`] with a lease of `lease` (a duration as `--node-lease-ttl` takes it).
+pub(crate) fn leased_node(
+    cluster: &EtcdCluster,
+    name: &str,
+    lease: &str,
+    extra: &[&str],
+) -> Launch {
     let mut l = Launch::new(BIN)
         .no_demo()
         .arg("--store")
@@ -16,7 +26,7 @@ pub(crate) fn node(cluster: &EtcdCluster, name: &str, extra: &[&str]) -> Launch 
         .arg("--node-name")
         .arg(name)
         .arg("--node-lease-ttl")
-        .arg("2s");
+        .arg(lease);
     for a in extra {
         l = l.arg(a);
     }

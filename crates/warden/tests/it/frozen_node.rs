@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use warden_test_support::etcd::EtcdCluster;
-use warden_test_support::{wait_until, Launch, Warden};
+use warden_test_support::{wait_until, Warden};
 
-use crate::cluster::{demo_node, join_token, nodes};
-use crate::BIN;
+use crate::cluster::{demo_node, join_token, leased_node, nodes};
 
 /// Keep-alive clients of the gateway.
 const CLIENTS: usize = 16;
@@ -34,23 +33,23 @@ fn agent(cluster: &EtcdCluster, first: &Warden, name: &str, addr: &str) -> Warde
     )
     .unwrap();
     let token = join_token(first);
-    let w = Launch::new(BIN)
-        .no_demo()
-        .arg("--store")
-        .arg(&cluster.url())
-        .arg("--node-name")
-        .arg(name)
-        .arg("--node-lease-ttl")
-        .arg(LEASE)
-        .arg("--roles")
-        .arg("agent")
-        .arg("--advertise")
-        .arg(addr)
-        .arg("--join-token-file")
-        .arg(&token)
-        .arg("--load-file")
-        .arg(&even.display().to_string())
-        .start();
+    let even = even.display().to_string();
+    let w = leased_node(
+        cluster,
+        name,
+        LEASE,
+        &[
+            "--roles",
+            "agent",
+            "--advertise",
+            addr,
+            "--join-token-file",
+            &token,
+            "--load-file",
+            &even,
+        ],
+    )
+    .start();
     wait_until(
         &format!("{name}'s node port listed"),
         Duration::from_secs(30),

@@ -37,6 +37,14 @@ fn tree(answer: &str, web: &str) -> tempfile::TempDir {
 }
 
 /// Pushes `src` as `app` in a thread of its own: the push's connection dies with warden.
+/// Pushes `src` as `app` and waits for the push to end well.
+fn push(w: &Warden, app: &str, src: &Path) {
+    let data = w.dir.display().to_string();
+    let src = src.display().to_string();
+    let (ok, out, err) = cli(BIN, &["push", app, &src, "--data-dir", &data], &[]);
+    assert!(ok, "{out}{err}");
+}
+
 fn push_in_background(w: &Warden, app: &str, src: &Path) -> std::thread::JoinHandle<()> {
     let (app, src, data) = (
         app.to_owned(),
@@ -178,19 +186,7 @@ fn a_release_killed_during_its_rollout_is_rolled_out() {
     let tmp = tempfile::tempdir().unwrap();
     let w = Launch::new(BIN).data_dir(data_dir(&tmp)).start();
     let first = tree("the first", "exec python3 server.py");
-    let data = w.dir.display().to_string();
-    let (ok, out, err) = cli(
-        BIN,
-        &[
-            "push",
-            "held",
-            &first.path().display().to_string(),
-            "--data-dir",
-            &data,
-        ],
-        &[],
-    );
-    assert!(ok, "{out}{err}");
+    push(&w, "held", first.path());
     let r = w.get_as("alice", &w.password("alice"), "/apps/held/");
     assert_eq!(r.json()["answer"], "the first");
     // Its instances take seconds to be ready: the one instance of the first release hands
@@ -207,19 +203,7 @@ fn a_release_that_cannot_resume_fails_as_interrupted_and_the_app_keeps_serving()
     let tmp = tempfile::tempdir().unwrap();
     let w = Launch::new(BIN).data_dir(data_dir(&tmp)).start();
     let first = tree("the first", "exec python3 server.py");
-    let data = w.dir.display().to_string();
-    let (ok, out, err) = cli(
-        BIN,
-        &[
-            "push",
-            "held",
-            &first.path().display().to_string(),
-            "--data-dir",
-            &data,
-        ],
-        &[],
-    );
-    assert!(ok, "{out}{err}");
+    push(&w, "held", first.path());
     let second = tree("never built", "exec python3 server.py");
     std::fs::write(second.path().join("requirements.txt"), "# nothing\n").unwrap();
     let pushing = push_in_background(&w, "held", second.path());
@@ -280,13 +264,11 @@ fn a_node_that_builds_nothing_refuses_a_push_and_keeps_no_upload() {
 fn a_resumed_release_never_replaces_a_newer_one_that_serves() {
     let tmp = tempfile::tempdir().unwrap();
     let w = Launch::new(BIN).data_dir(data_dir(&tmp)).start();
-    let push = |w: &Warden, src: &Path| {
-        let data = w.dir.display().to_string();
-        let src = src.display().to_string();
-        let (ok, out, err) = cli(BIN, &["push", "held", &src, "--data-dir", &data], &[]);
-        assert!(ok, "{out}{err}");
-    };
-    push(&w, tree("the first", "exec python3 server.py").path());
+    push(
+        &w,
+        "held",
+        tree("the first", "exec python3 server.py").path(),
+    );
     // Room for a slow start: the second release's instance takes 15 s to be ready.
     let patch = serde_json::json!({ "start_timeout_ms": 60_000 });
     assert_eq!(w.api("PATCH", "/v1/apps/held", Some(patch)).status, 200);
@@ -296,7 +278,11 @@ fn a_resumed_release_never_replaces_a_newer_one_that_serves() {
     let _ = pushing.join();
     let w = Launch::new(BIN).data_dir(&dir).start();
     // While release 2 is tried again, release 3 is pushed and serves.
-    push(&w, tree("the third", "exec python3 server.py").path());
+    push(
+        &w,
+        "held",
+        tree("the third", "exec python3 server.py").path(),
+    );
     let r = finished(&w, "held", 2);
     assert_eq!(
         (r["status"].as_str(), r["reason"].as_str()),
