@@ -9,6 +9,9 @@ use warden_cluster::node::RegisterError;
 /// Why the agent could not start, or an instance could not be started or found.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// The instance image, which every sandbox's init runs, is not beside the warden binary.
+    #[error(transparent)]
+    InstanceImage(#[from] crate::drivers::image::InstanceImageError),
     /// The node could not register (its name is taken, or the store failed).
     #[error(transparent)]
     Register(#[from] warden_cluster::node::RegisterError),
@@ -124,6 +127,7 @@ impl From<AgentError> for InstanceError {
             AgentError::ShuttingDown => Self::unavailable(Unavailable::Stopping, e.to_string()),
             AgentError::Directory { .. }
             | AgentError::Metrics(_)
+            | AgentError::InstanceImage(_)
             | AgentError::Register(RegisterError::NameTaken { .. }) => {
                 Self::unavailable(Unavailable::Node, e.to_string())
             }

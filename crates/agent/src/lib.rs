@@ -43,7 +43,7 @@ use warden_core::{
 use warden_store::Store;
 
 pub use build::Builder;
-pub use drivers::image::hold_own_image;
+pub use drivers::image::{hold_own_image, instance_image_path, InstanceImageError, INSTANCE_IMAGE};
 pub use drivers::sandbox;
 pub use drivers::spawn::{close_inherited_descriptors, raise_open_file_limit};
 pub use error::AgentError;
@@ -110,6 +110,9 @@ impl Agent {
     /// with the node's load, stopping instances of deleted apps, desired counts, idle reaping,
     /// pools).
     pub async fn start(store: Arc<dyn Store>, config: AgentConfig) -> Result<Self, AgentError> {
+        // Every sandbox's init runs the instance image: without it, say so now, not at the
+        // first instance start.
+        drivers::image::instance_image()?;
         // Logs are warden's alone; the instances directory is passable but not listable, so a
         // `process` instance under its own uid reaches its own directory (mode 0700, its uid's)
         // and cannot find or enter any other.

@@ -180,7 +180,7 @@ fn idle_memory(warden: &Path, driver: &str, n: u32) -> anyhow::Result<Idle> {
         "/v1/apps",
         Some(json!({
             "name": APP,
-            "command": [warden, "demo-app"],
+            "command": [crate::starts::instance_image(warden), "demo-app"],
             "driver": driver,
             "start": "warm",
             "warm": warm,

@@ -90,6 +90,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             args.warden.display()
         );
     }
+    if !instance_image(&args.warden).exists() {
+        bail!(
+            "{} does not exist; `cargo build --release -p warden` builds it beside warden",
+            instance_image(&args.warden).display()
+        );
+    }
     // Run and named in app commands at a path that process instances (never root) can run.
     let warden = &warden_test_support::runnable_by_instances(&args.warden);
     if args.idle_only {
@@ -192,6 +198,12 @@ fn stats(v: &[f64]) -> String {
     )
 }
 
+/// The instance image beside `warden`, which the agent runs for each instance and which is the
+/// demo app: what app commands name.
+pub(crate) fn instance_image(warden: &Path) -> std::path::PathBuf {
+    warden.with_file_name("warden-instance")
+}
+
 /// One fresh warden, one app with `path`, one timed first request and one second request.
 fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
     let mut launch = Launch::new(warden).log("info");
@@ -201,7 +213,7 @@ fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
     let w = launch.start();
     let mut spec = json!({
         "name": APP,
-        "command": [warden, "demo-app"],
+        "command": [instance_image(warden), "demo-app"],
         "driver": "sandbox",
         "start": path.metric_path(),
     });
@@ -287,7 +299,7 @@ fn fork_exec_floor(warden: &Path, runs: usize) -> anyhow::Result<Vec<f64>> {
             .local_addr()?
             .port();
         let t = Instant::now();
-        let mut child = Command::new(warden)
+        let mut child = Command::new(instance_image(warden))
             .arg("demo-app")
             .env_clear()
             .env("PORT", port.to_string())

@@ -19,7 +19,8 @@ pub use http::{request, Response};
 
 /// `program` at a path that the unprivileged uids of `process` instances can run: itself, or,
 /// when warden runs as root and a directory above it is closed to other users (a checkout
-/// under /root), a hard link (else a copy) in a root-owned directory under the system temp dir.
+/// under /root), a hard link (else a copy) in a root-owned directory under the system temp dir,
+/// with the instance image (`warden-instance`) beside it if it has one, as `warden up` needs.
 /// Operators meet the same rule with a clear error; tests should not depend on where the
 /// checkout is.
 pub fn runnable_by_instances(program: &Path) -> PathBuf {
@@ -40,24 +41,47 @@ pub fn runnable_by_instances(program: &Path) -> PathBuf {
         dir.display()
     );
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let meta = std::fs::metadata(&program).unwrap();
-    let name = format!(
-        "{}-{}-{}-{}",
-        program.file_name().unwrap().to_string_lossy(),
-        meta.dev(),
-        meta.ino(),
-        meta.mtime()
-    );
-    let target = dir.join(name);
+    let name = program.file_name().unwrap();
+    let beside = program.with_file_name("warden-instance");
+    let files: Vec<&Path> = [program.as_path(), beside.as_path()]
+        .into_iter()
+        .filter(|f| f.exists())
+        .collect();
+    let files = if beside == program {
+        &files[..1]
+    } else {
+        &files[..]
+    };
+    // One directory per version of the files it holds, named by their identities.
+    let version: Vec<String> = files
+        .iter()
+        .map(|f| {
+            let m = std::fs::metadata(f).unwrap();
+            format!("{}-{}-{}", m.dev(), m.ino(), m.mtime())
+        })
+        .collect();
+    let target = dir.join(format!(
+        "{}-{}.d",
+        name.to_string_lossy(),
+        version.join("-")
+    ));
     if !target.exists() {
         // Tests run side by side: build under a unique name, then rename into place.
         let tmp = dir.join(format!(".{}-{}", std::process::id(), nanos()));
-        if std::fs::hard_link(&program, &tmp).is_err() {
-            std::fs::copy(&program, &tmp).unwrap();
+        std::fs::create_dir(&tmp).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for f in files {
+            let to = tmp.join(f.file_name().unwrap());
+            if std::fs::hard_link(f, &to).is_err() {
+                std::fs::copy(f, &to).unwrap();
+            }
         }
-        std::fs::rename(&tmp, &target).unwrap();
+        // Another test may have put the same files in place first.
+        if std::fs::rename(&tmp, &target).is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
     }
-    target
+    target.join(name)
 }
 
 fn nanos() -> u128 {

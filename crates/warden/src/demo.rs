@@ -6,8 +6,9 @@
 //! The demo is seeded once: the first start with `--demo` (no `demo-users.json` yet) writes the
 //! lattice, the users and the app. Later starts leave them as the operator left them (a deleted
 //! user or app stays deleted, a changed password stays changed); they only point the demo app
-//! at the running binary if it still runs `warden demo-app`. Deleting `demo-users.json` seeds
-//! anew, with new passwords.
+//! at the instance image beside the running binary if it still runs another binary's
+//! `demo-app` (such as `warden demo-app`, which earlier versions registered). Deleting
+//! `demo-users.json` seeds anew, with new passwords.
 
 use std::path::Path;
 
@@ -60,8 +61,9 @@ pub async fn setup(
     clustered: bool,
 ) -> anyhow::Result<Vec<DemoUser>> {
     let path = data_dir.join("demo-users.json");
-    let exe =
-        std::env::current_exe().context("cannot find the warden binary to run the demo app")?;
+    // The instance image, not `warden` itself: every instance execs the app's binary, and the
+    // small one costs each far less memory (warden-instance's module documentation).
+    let exe = warden_agent::instance_image_path().context("cannot register the demo app")?;
     if let Some(text) = files::read_private(&path)? {
         let users: Vec<DemoUser> = serde_json::from_str(&text).with_context(|| {
             format!(

@@ -213,9 +213,10 @@ fn client_options_after_command(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::
     out
 }
 
-/// The commands the agent runs for every instance, exactly as it runs them, recognised without
-/// clap: building clap's whole command tree (every client command, `up`'s help with its
-/// defaults) leaves a quarter of a MiB of heap in each instance's processes for their life.
+/// The per-instance commands, recognised without clap: building clap's whole command tree
+/// (every client command, `up`'s help with its defaults) leaves a quarter of a MiB of heap in
+/// each instance's processes for their life. The agent runs them from `warden-instance` (see
+/// `instance.rs`); `warden` keeps them for app commands that name it.
 fn instance_command(args: &[std::ffi::OsString]) -> Option<Command> {
     match args {
         [_, c] if c == "demo-app" => Some(Command::DemoApp),

@@ -1,9 +1,9 @@
 //! What an idle instance costs in memory, through the real binary. The demo app and the
-//! sandbox's three init processes are the `warden` binary too, so whatever it does at start,
-//! every instance keeps: only `up` allocates with mimalloc (its arenas and the transparent huge
-//! pages it asks for cost every small process megabytes), and the agent's own commands skip
-//! clap (whose command tree left a quarter of a MiB of heap in each process); see
-//! docs/BENCHMARKS.md, "Idle instances: the allocator per role".
+//! sandbox's three init processes are warden's instance image (`warden-instance`), so whatever
+//! it does at start, every instance keeps: it allocates with the C library's allocator (as
+//! `warden`'s roles but `up` do: mimalloc's arenas and the transparent huge pages it asks for
+//! cost every small process megabytes) and never builds clap's command tree (which left a
+//! quarter of a MiB of heap in each process); see docs/BENCHMARKS.md, "Idle instances".
 //!
 //! Measured here is the memory an instance's processes allocated (anonymous mappings: heap,
 //! allocator arenas, stacks), proportionally shared, which does not depend on the build's

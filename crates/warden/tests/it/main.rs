@@ -8,12 +8,15 @@ use std::path::PathBuf;
 /// The `warden` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_warden");
 
-/// The `warden` binary at a path that `process` instances, which never run as root, can run
-/// (see [`warden_test_support::runnable_by_instances`]): for app commands.
+/// The instance image beside it, which runs the demo app and the sandbox's init.
+pub const INSTANCE_BIN: &str = env!("CARGO_BIN_EXE_warden-instance");
+
+/// The instance image at a path that `process` instances, which never run as root, can run
+/// (see [`warden_test_support::runnable_by_instances`]): for app commands (`APP demo-app`).
 pub fn app_bin() -> String {
     static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        warden_test_support::runnable_by_instances(std::path::Path::new(BIN))
+        warden_test_support::runnable_by_instances(std::path::Path::new(INSTANCE_BIN))
             .display()
             .to_string()
     })
@@ -75,6 +78,7 @@ mod gateway;
 mod gateway_starts;
 mod healing;
 mod idle_memory;
+mod instance_image;
 mod interrupted;
 mod isolation;
 mod lattice;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use warden_test_support::{Launch, Warden};
 
-use crate::{probe, BIN};
+use crate::{probe, BIN, INSTANCE_BIN};
 
 fn create(w: &Warden, spec: serde_json::Value) {
     let r = w.api("POST", "/v1/apps", Some(spec));
@@ -246,6 +246,7 @@ fn an_unprivileged_warden_runs_sandboxes_or_says_why_not() {
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = tmp.path().join("warden");
     std::fs::copy(BIN, &bin).unwrap();
+    std::fs::copy(INSTANCE_BIN, tmp.path().join("warden-instance")).unwrap();
     let probe_copy = tmp.path().join("sandbox-probe");
     std::fs::copy(probe(), &probe_copy).unwrap();
     let data = tmp.path().join("data");

@@ -1,29 +1,36 @@
-//! A warden whose binary is replaced on disk while it runs, as a package upgrade does, goes on
-//! starting sandboxes: its helpers run from the running image, not from the path.
+//! A warden whose binaries are replaced on disk while it runs, as a package upgrade does, goes
+//! on starting sandboxes: its helpers and the sandbox's init run from the images it opened at
+//! its start, not from their paths.
 
 use serde_json::json;
 use warden_test_support::Launch;
 
-use crate::BIN;
+use crate::{BIN, INSTANCE_BIN};
 
 #[test]
 fn replacing_the_binary_on_disk_leaves_sandbox_starts_working() {
     let dir = tempfile::tempdir().unwrap();
-    let installed = dir.path().join("warden");
-    if std::fs::hard_link(BIN, &installed).is_err() {
-        std::fs::copy(BIN, &installed).unwrap();
-    }
-    let w = Launch::new(&installed).start();
+    let installed = [(BIN, "warden"), (INSTANCE_BIN, "warden-instance")].map(|(built, name)| {
+        let path = dir.path().join(name);
+        if std::fs::hard_link(built, &path).is_err() {
+            std::fs::copy(built, &path).unwrap();
+        }
+        path
+    });
+    let w = Launch::new(&installed[0]).start();
 
-    // The upgrade: another program renamed over the path; the running file is gone from it.
-    let next = dir.path().join("warden.new");
-    std::fs::write(
-        &next,
-        "#!/bin/sh\necho 'this is not the warden that runs' >&2\nexit 3\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&next, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    std::fs::rename(&next, &installed).unwrap();
+    // The upgrade: another program renamed over each path; the running files are gone from them.
+    for path in &installed {
+        let next = path.with_extension("new");
+        std::fs::write(
+            &next,
+            "#!/bin/sh\necho 'this is not the warden that runs' >&2\nexit 3\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&next, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        std::fs::rename(&next, path).unwrap();
+    }
 
     w.create_demo_app(BIN, "after", json!({ "driver": "sandbox" }));
     let r = w.get_as("alice", &w.password("alice"), "/apps/after/");

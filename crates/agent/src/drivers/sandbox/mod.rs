@@ -2,8 +2,9 @@
 //! namespaces, with a read-only view of the system, a private writable directory, no
 //! capabilities and no new privileges, a seccomp filter and resource limits.
 //!
-//! The agent writes a plan into the instance's directory and starts `warden sandbox-init`
-//! (see [`init`]), which builds the sandbox and execs the app inside it. Network mode is
+//! The agent writes a plan into the instance's directory and starts `warden-instance
+//! sandbox-init` (see [`init`]; the instance image, held open as [`crate::drivers::image`]
+//! says), which builds the sandbox and execs the app inside it. Network mode is
 //! `isolated`: the namespace has only loopback, and the gateway reaches the app through the
 //! connection-handing socket described at [`crate::connect`]. Network mode `bridged` adds a
 //! veth pair on the node's bridge (see [`bridge`]). Memory, process and CPU limits are cgroups
@@ -198,7 +199,7 @@ impl SandboxDriver {
         self.cgroups.remove();
     }
 
-    /// Starts `warden sandbox-init` for `l` and returns while it prepares. `l.env` is the part of
+    /// Starts `warden-instance sandbox-init` for `l` and returns while it prepares. `l.env` is the part of
     /// the environment known now; the rest comes with the start message.
     pub(crate) fn prepare(&self, l: &Launch<'_>) -> Result<Prepared, LaunchError> {
         let first = l.spec.command.first().map_or("", String::as_str);
@@ -280,9 +281,9 @@ impl SandboxDriver {
             what: "write the sandbox plan",
             source,
         })?;
-        let exe = crate::drivers::image::own_image().map_err(|source| LaunchError::Sandbox {
-            what: "find the warden binary to run sandbox-init",
-            source,
+        let exe = crate::drivers::image::instance_image().map_err(|e| LaunchError::Sandbox {
+            what: "find the instance image to run sandbox-init",
+            source: std::io::Error::other(e),
         })?;
         // Pid 1 of the sandbox keeps this command line, and the app can read it: nothing of
         // the host's (no path of the binary or of the instance) goes in. sandbox-init finds its
@@ -294,7 +295,7 @@ impl SandboxDriver {
                 source,
             })?;
         let spawn_error = |source| LaunchError::Spawn {
-            what: "warden sandbox-init".into(),
+            what: "warden-instance sandbox-init".into(),
             source,
         };
         let mut cmd = spawn::command(&argv, &BTreeMap::new(), l.log).map_err(spawn_error)?;

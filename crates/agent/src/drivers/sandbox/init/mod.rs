@@ -1,4 +1,5 @@
-//! `warden sandbox-init <instance-dir>`: builds one sandbox and runs the app inside it.
+//! `warden-instance sandbox-init`, run in the instance's directory: builds one sandbox and runs
+//! the app inside it.
 //!
 //! This module runs the three processes; `mounts` builds the file system, `privileges`
 //! sets who the sandbox runs as and what the app may do, `handover` is init's loop.
