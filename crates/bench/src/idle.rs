@@ -12,9 +12,9 @@ use warden_test_support::{Launch, Warden};
 use crate::starts::APP;
 
 /// The most PSS an idle demo app instance may hold per driver, in MiB: the figures recorded in
-/// docs/BENCHMARKS.md ("Idle instances: the allocator per role") with a tenth for noise.
-/// `--check` fails above them.
-const PSS_BOUND_MIB: [(&str, f64); 2] = [("process", 1.10), ("sandbox", 2.10)];
+/// docs/BENCHMARKS.md ("Idle instances: the allocator per role", with the instance image) with
+/// a tenth for noise. `--check` fails above them.
+const PSS_BOUND_MIB: [(&str, f64); 2] = [("process", 0.37), ("sandbox", 0.72)];
 
 /// Fills up to `n` idle instances per driver, prints the table and, with `check`, fails if an
 /// idle instance holds more than [`PSS_BOUND_MIB`].
