@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use warden_test_support::Warden;
+use warden_test_support::{Launch, Warden};
 
 use crate::{BIN, INSTANCE_BIN};
 
@@ -95,4 +95,25 @@ fn the_demo_app_and_every_sandboxs_init_run_the_instance_image() {
         "warden-instance",
         "the sandbox's outermost process (its init) runs the instance image"
     );
+}
+
+#[test]
+fn a_demo_seeded_by_an_earlier_version_runs_the_instance_image_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Launch::new(BIN).data_dir(dir.path()).start();
+    // What earlier versions registered: the demo app as a command of `warden` itself.
+    let earlier = json!({ "command": [BIN, "demo-app"] });
+    let r = first.api("PATCH", "/v1/apps/demo", Some(earlier));
+    assert!(r.status < 300, "{}", r.text());
+    assert!(first.stop().success());
+
+    let second = Launch::new(BIN).data_dir(dir.path()).start();
+    let beside = std::fs::canonicalize(INSTANCE_BIN).unwrap();
+    assert_eq!(
+        second.api("GET", "/v1/apps/demo", None).json()["command"],
+        json!([beside.display().to_string(), "demo-app"]),
+        "the restart points the demo app at the instance image"
+    );
+    let r = second.get_as("alice", &second.password("alice"), "/apps/demo/");
+    assert_eq!(r.status, 200, "{}", r.text());
 }
