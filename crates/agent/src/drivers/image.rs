@@ -41,7 +41,7 @@ pub enum InstanceImageError {
 /// Opens the running image and the instance image beside it. Call it first thing, before the
 /// files on disk can change; a warden that cannot hold its own image starts its helpers from
 /// the binary's path instead, and one that cannot open the instance image says so when its
-/// agent starts ([`instance_image`]).
+/// agent starts (`Agent::start`).
 pub fn hold_own_image() {
     match std::fs::File::open("/proc/self/exe") {
         Ok(f) => {

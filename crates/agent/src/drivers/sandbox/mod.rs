@@ -3,7 +3,7 @@
 //! capabilities and no new privileges, a seccomp filter and resource limits.
 //!
 //! The agent writes a plan into the instance's directory and starts `warden-instance
-//! sandbox-init` (see [`init`]; the instance image, held open as [`crate::drivers::image`]
+//! sandbox-init` (see [`init`]; the instance image, held open as `drivers/image.rs`
 //! says), which builds the sandbox and execs the app inside it. Network mode is
 //! `isolated`: the namespace has only loopback, and the gateway reaches the app through the
 //! connection-handing socket described at [`crate::connect`]. Network mode `bridged` adds a
