@@ -157,7 +157,7 @@ mod tests {
         assert_eq!(reason(full), Some(Unavailable::Limit));
         let no_uid = AgentError::Launch {
             app: "demo".into(),
-            source: LaunchError::NoUid,
+            source: LaunchError::NoUid { of: 1 },
         };
         assert_eq!(reason(no_uid), Some(Unavailable::Limit));
         assert_eq!(

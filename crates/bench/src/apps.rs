@@ -6,6 +6,15 @@ use anyhow::bail;
 use serde_json::json;
 use warden_test_support::Warden;
 
+/// The app the start and idle benchmarks register.
+pub(crate) const APP: &str = "bench";
+
+/// The instance image beside `warden`, which the agent runs for each instance and which is the
+/// demo app: what app commands name.
+pub(crate) fn instance_image(warden: &Path) -> std::path::PathBuf {
+    warden.with_file_name("warden-instance")
+}
+
 /// Registers the demo app again as a plain process, as the peers' upstream is: the gateway
 /// benchmarks compare proxies, and the CPU of a process instance is its own (a sandbox's app
 /// runs below a helper, in a pid namespace of its own). `warden up --demo` registers it for

@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use serde_json::json;
 use warden_test_support::{Launch, Warden};
 
-use crate::starts::APP;
+use crate::apps::{instance_image, APP};
 
 /// The most PSS an idle demo app instance may hold per driver, in MiB: the figures recorded in
 /// docs/BENCHMARKS.md ("Idle instances: the allocator per role", with the instance image) with
@@ -180,7 +180,7 @@ fn idle_memory(warden: &Path, driver: &str, n: u32) -> anyhow::Result<Idle> {
         "/v1/apps",
         Some(json!({
             "name": APP,
-            "command": [crate::starts::instance_image(warden), "demo-app"],
+            "command": [instance_image(warden), "demo-app"],
             "driver": driver,
             "start": "warm",
             "warm": warm,

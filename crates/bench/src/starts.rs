@@ -12,6 +12,7 @@ use anyhow::{bail, Context};
 use serde_json::json;
 use warden_test_support::{request, wait_until, Launch, Warden};
 
+use crate::apps::{instance_image, APP};
 use crate::percentile;
 
 /// Settings of `warden-bench starts`.
@@ -39,7 +40,6 @@ pub(crate) struct Args {
     check: bool,
 }
 
-pub(crate) const APP: &str = "bench";
 const USER: &str = "alice";
 const LABEL: &str = "SECRET";
 const WAIT: Duration = Duration::from_secs(60);
@@ -196,12 +196,6 @@ fn stats(v: &[f64]) -> String {
         s[0],
         s[s.len() - 1]
     )
-}
-
-/// The instance image beside `warden`, which the agent runs for each instance and which is the
-/// demo app: what app commands name.
-pub(crate) fn instance_image(warden: &Path) -> std::path::PathBuf {
-    warden.with_file_name("warden-instance")
 }
 
 /// One fresh warden, one app with `path`, one timed first request and one second request.

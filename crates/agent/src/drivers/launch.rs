@@ -87,8 +87,11 @@ pub enum LaunchError {
         source: std::io::Error,
     },
     /// Every uid for `process` instances is taken.
-    #[error("every uid for process instances is in use ({} of them); stop some instances or run apps with driver \"sandbox\"", super::uids::RANGE)]
-    NoUid,
+    #[error("every uid for process instances is in use ({of} of them); stop some instances or run apps with driver \"sandbox\"")]
+    NoUid {
+        /// How many uids there are.
+        of: u32,
+    },
     /// The program cannot be run by the unprivileged uid a `process` instance gets.
     #[error("cannot run {what} as uid {uid}: {source}; process instances never run as root, so the program, the app's files and every directory above them must be readable by other users (chmod o+rx), or run the app with driver \"sandbox\"")]
     Unreachable {
@@ -139,7 +142,7 @@ impl LaunchError {
     pub(crate) fn is_a_node_limit(&self) -> bool {
         matches!(
             self,
-            Self::NoUid | Self::NoPort(_) | Self::Bridge(BridgeError::Full { .. })
+            Self::NoUid { .. } | Self::NoPort(_) | Self::Bridge(BridgeError::Full { .. })
         )
     }
 

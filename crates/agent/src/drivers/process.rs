@@ -41,7 +41,9 @@ impl ProcessDriver {
         let Some(uids) = &self.uids else {
             return Ok(None);
         };
-        let lease = uids.take().ok_or(LaunchError::NoUid)?;
+        let lease = uids.take().ok_or(LaunchError::NoUid {
+            of: super::uids::RANGE,
+        })?;
         let uid = lease.uid();
         std::os::unix::fs::chown(l.dir, Some(uid), Some(uid))
             .and_then(|()| std::fs::set_permissions(l.dir, std::fs::Permissions::from_mode(0o700)))

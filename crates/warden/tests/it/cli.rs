@@ -306,15 +306,17 @@ fn a_reader_that_goes_away_early_is_no_crash() {
         );
         assert_eq!(r.status, 201, "{}", r.text());
     }
-    let mut child = Command::new(BIN)
+    // A pipe whose reader is gone before warden starts: its first write meets no reader,
+    // however the machine schedules the two processes.
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    drop(reader);
+    let child = Command::new(BIN)
         .args(["users", "list", "--json"])
         .envs(env_of(&w))
-        .stdout(Stdio::piped())
+        .stdout(Stdio::from(writer))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Closed before warden writes a byte.
-    drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
