@@ -10,7 +10,6 @@
 use redb::{Database, ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::codec::{self, FORMAT};
-use super::verify::ReadError;
 use super::{KV, LOG, META};
 use crate::StoreError;
 
@@ -99,4 +98,50 @@ fn rewrite(txn: &WriteTransaction) -> Result<(), redb::Error> {
         log.insert(rev, v.as_slice())?;
     }
     Ok(())
+}
+
+/// Why reading a store file through stopped (rather than finding a damaged record, which the
+/// report lists).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadError {
+    /// A read transaction could not begin.
+    #[error("cannot begin reading it: {0}")]
+    Begin(#[from] redb::TransactionError),
+    /// A table could not be opened.
+    #[error("cannot open its table {table}: {source}")]
+    Table {
+        /// The table.
+        table: String,
+        /// Why.
+        source: redb::TableError,
+    },
+    /// A table's rows could not be read.
+    #[error("cannot read its table {table}: {source}")]
+    Rows {
+        /// The table.
+        table: String,
+        /// Why.
+        source: redb::StorageError,
+    },
+}
+
+// === impl ReadError ===
+
+impl ReadError {
+    /// The operating system's error underneath, when that is what stopped the read.
+    pub(super) fn io(&self) -> Option<&std::io::Error> {
+        let storage = match self {
+            Self::Begin(redb::TransactionError::Storage(s))
+            | Self::Table {
+                source: redb::TableError::Storage(s),
+                ..
+            }
+            | Self::Rows { source: s, .. } => s,
+            _ => return None,
+        };
+        match storage {
+            redb::StorageError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
 }

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use redb::{ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition};
 
+use super::format::ReadError;
 use super::{codec, format, KV, LEASES, LEASE_KEYS, LOG, META};
 use crate::StoreError;
 
@@ -33,52 +34,6 @@ pub struct Report {
     /// Records and log entries whose checksum or layout is wrong, with why. A start skips and
     /// reports them; `warden store check` fails on them.
     pub damaged: Vec<(String, String)>,
-}
-
-/// Why reading a store file through stopped (rather than finding a damaged record, which the
-/// report lists).
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ReadError {
-    /// A read transaction could not begin.
-    #[error("cannot begin reading it: {0}")]
-    Begin(#[from] redb::TransactionError),
-    /// A table could not be opened.
-    #[error("cannot open its table {table}: {source}")]
-    Table {
-        /// The table.
-        table: String,
-        /// Why.
-        source: redb::TableError,
-    },
-    /// A table's rows could not be read.
-    #[error("cannot read its table {table}: {source}")]
-    Rows {
-        /// The table.
-        table: String,
-        /// Why.
-        source: redb::StorageError,
-    },
-}
-
-// === impl ReadError ===
-
-impl ReadError {
-    /// The operating system's error underneath, when that is what stopped the read.
-    fn io(&self) -> Option<&std::io::Error> {
-        let storage = match self {
-            Self::Begin(redb::TransactionError::Storage(s))
-            | Self::Table {
-                source: redb::TableError::Storage(s),
-                ..
-            }
-            | Self::Rows { source: s, .. } => s,
-            _ => return None,
-        };
-        match storage {
-            redb::StorageError::Io(e) => Some(e),
-            _ => None,
-        }
-    }
 }
 
 /// The error for a read through `path` that stopped: a refused access as such (the file may
