@@ -50,7 +50,9 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (
             self.status,
-            Json(serde_json::json!({ "error": self.message })),
+            Json(warden_api_types::ErrorBody {
+                error: self.message,
+            }),
         )
             .into_response()
     }

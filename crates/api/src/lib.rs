@@ -24,6 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use subtle::ConstantTimeEq;
+use warden_api_types::Health;
 use warden_core::Instances;
 use warden_store::Store;
 
@@ -77,10 +78,17 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// `/healthz` only says the process answers.
 async fn readyz(State(api): State<Api>) -> Response {
     match api.store.ready() {
-        Ok(()) => Json(serde_json::json!({ "status": "ready" })).into_response(),
+        Ok(()) => Json(Health {
+            error: None,
+            status: "ready".into(),
+        })
+        .into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "status": "not ready", "error": e.to_string() })),
+            Json(Health {
+                error: Some(e.to_string()),
+                status: "not ready".into(),
+            }),
         )
             .into_response(),
     }
@@ -258,7 +266,12 @@ impl Api {
         Router::new()
             .route(
                 "/healthz",
-                get(|| async { Json(serde_json::json!({ "status": "ok" })) }),
+                get(|| async {
+                    Json(Health {
+                        error: None,
+                        status: "ok".into(),
+                    })
+                }),
             )
             .route("/readyz", get(readyz))
             .route(

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
+use warden_api_types::ReleaseEvent;
 use warden_core::builds::{BuildError, Builds, Built, Prepared, TrialError};
 use warden_core::model::now_ms;
 use warden_core::{keys, AppSpec, FailReason, Release, ReleaseSource, ReleaseStatus};
@@ -232,11 +233,11 @@ async fn drive(
     match outcome {
         Ok(rolled_out) => {
             tracing::info!(app, release = number, "release serving");
-            sink.finish(serde_json::json!({
-                "done": d.release,
-                "path": format!("/apps/{app}/"),
-                "rolled_out": rolled_out,
-            }))
+            sink.finish(ReleaseEvent::Done {
+                done: d.release,
+                path: format!("/apps/{app}/"),
+                rolled_out,
+            })
             .await;
         }
         Err(f) => {
@@ -249,7 +250,7 @@ async fn drive(
             Delivery::drop_upload(&api, upload);
             tracing::info!(app, release = number, reason = ?f.reason, "release failed");
             sink.log_only(&format!("release {number} failed: {}", f.text));
-            sink.finish(serde_json::json!({ "failed": d.release }))
+            sink.finish(ReleaseEvent::Failed { failed: d.release })
                 .await;
         }
     }

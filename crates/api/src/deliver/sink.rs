@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use tokio::sync::mpsc;
+use warden_api_types::ReleaseEvent;
 use warden_core::builds::Output;
 
 /// Most bytes of output one release keeps and sends; the rest is dropped, once said so.
@@ -54,15 +55,15 @@ impl Sink {
         }))
     }
 
-    fn send(&self, v: &serde_json::Value) {
-        let mut line = v.to_string();
+    fn send(&self, event: &ReleaseEvent) {
+        let mut line = line(event);
         line.push('\n');
         let _ = self.0.tx.try_send(Bytes::from(line));
     }
 
     /// The final event: waits for room, as the client must hear how the release ended.
-    pub(super) async fn finish(&self, v: serde_json::Value) {
-        let mut line = v.to_string();
+    pub(super) async fn finish(&self, event: ReleaseEvent) {
+        let mut line = line(&event);
         line.push('\n');
         let _ = self.0.tx.send(Bytes::from(line)).await;
     }
@@ -70,7 +71,7 @@ impl Sink {
     /// A line of progress, to the client and the log.
     pub(super) fn line(&self, text: &str) {
         if self.log_only(text) {
-            self.send(&serde_json::json!({ "log": text }));
+            self.send(&ReleaseEvent::Log { log: text.into() });
         }
     }
 
@@ -85,7 +86,7 @@ impl Sink {
             if !self.0.truncated.swap(true, Ordering::Relaxed) {
                 let note = format!("(output truncated: more than {MAX_OUTPUT} bytes)");
                 self.append(&note);
-                self.send(&serde_json::json!({ "log": note }));
+                self.send(&ReleaseEvent::Log { log: note });
             }
             return false;
         }
@@ -110,4 +111,12 @@ impl Sink {
         let me = self.clone();
         Arc::new(move |text: &str| me.line(text))
     }
+}
+
+/// An event as one line of JSON, its objects' keys in sorted order as they always were (a
+/// release's fields included), so that clients reading the raw lines see no change.
+fn line(event: &ReleaseEvent) -> String {
+    serde_json::to_value(event)
+        .map(|v| v.to_string())
+        .unwrap_or_default()
 }

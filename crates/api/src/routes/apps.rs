@@ -6,6 +6,8 @@ use axum::Json;
 use warden_core::{keys, AppSpec};
 use warden_store::{decode, CasOutcome};
 
+pub use warden_api_types::Scale;
+
 use crate::error::{ApiError, ApiJson};
 use crate::Api;
 
@@ -250,15 +252,6 @@ async fn canonical_patch_counts(
         patch[what] = serde_json::Value::Object(canonical);
     }
     Ok(patch)
-}
-
-/// Body of `POST /v1/apps/{name}/scale`.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Scale {
-    /// Instances the cluster keeps for each label named; 0 stops keeping that label. Labels
-    /// not named keep their counts.
-    pub desired: std::collections::BTreeMap<String, u32>,
 }
 
 /// `POST /v1/apps/{name}/scale`: sets how many instances of each named label the cluster

@@ -3,24 +3,14 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use serde::Deserialize;
 use std::sync::Arc;
 
+pub use warden_api_types::{AppLogEntry, AppLogsQuery, LogsQuery, StartRequest};
 use warden_core::{keys, AppSpec, InstanceError, InstanceRecord, Instances, Owner};
 use warden_store::decode;
 
 use crate::error::{ApiError, ApiJson};
 use crate::Api;
-
-/// Body of `POST /v1/instances`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StartRequest {
-    /// App to run.
-    pub app: String,
-    /// Clearance label the instance serves.
-    pub label: String,
-}
 
 pub(crate) async fn all(api: &Api) -> Result<Vec<InstanceRecord>, ApiError> {
     let listing = api.store.list(keys::INSTANCES).await?;
@@ -87,13 +77,6 @@ pub async fn logs(
     })
 }
 
-/// Query of `GET /v1/instances/{id}/logs`.
-#[derive(Deserialize)]
-pub struct LogsQuery {
-    /// How many of the last lines to return (default 100, at most 10000).
-    pub lines: Option<usize>,
-}
-
 /// `DELETE /v1/instances/{id}`
 pub async fn kill(State(api): State<Api>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
     match source(&api)?.kill(&id).await {
@@ -105,20 +88,6 @@ pub async fn kill(State(api): State<Api>, Path(id): Path<String>) -> Result<Stat
     }
 }
 
-/// Query of `GET /v1/apps/{name}/logs`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AppLogsQuery {
-    /// How many of each instance's last lines (default 100, at most 10000).
-    pub lines: Option<usize>,
-    /// Only instances of this release.
-    pub release: Option<u64>,
-    /// Only instances serving this label.
-    pub label: Option<String>,
-    /// Only this instance.
-    pub instance: Option<String>,
-}
-
 /// `GET /v1/apps/{name}/logs`: the last lines of each running instance of the app, with its
 /// label and release. Instances on other nodes are listed with an empty text and a note:
 /// their lines are on their node.
@@ -126,7 +95,7 @@ pub async fn app_logs(
     State(api): State<Api>,
     Path(name): Path<String>,
     axum::extract::Query(q): axum::extract::Query<AppLogsQuery>,
-) -> Result<Json<Vec<serde_json::Value>>, ApiError> {
+) -> Result<Json<Vec<AppLogEntry>>, ApiError> {
     if warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&name))
         .await?
         .is_none()
@@ -153,15 +122,15 @@ pub async fn app_logs(
                 )),
             ),
         };
-        out.push(serde_json::json!({
-            "instance": r.id,
-            "label": r.label,
-            "release": r.release,
-            "node": r.node,
-            "state": r.state,
-            "text": text,
-            "note": note,
-        }));
+        out.push(AppLogEntry {
+            instance: r.id,
+            label: r.label,
+            release: r.release,
+            node: r.node,
+            state: r.state,
+            text,
+            note,
+        });
     }
     Ok(Json(out))
 }

@@ -4,6 +4,7 @@
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
+pub use warden_api_types::DrainQuery;
 use warden_core::{keys, model::now_ms, DrainOrder, NodeRecord};
 use warden_store::{decode, put_json};
 
@@ -19,15 +20,6 @@ pub async fn list(State(api): State<Api>) -> Result<Json<Vec<NodeRecord>>, ApiEr
         .map(|e| decode::<NodeRecord>(&e.key, &e.value))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Json(nodes))
-}
-
-/// Query of `POST /v1/nodes/{name}/drain`.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DrainQuery {
-    /// Drain a node that is not running (yet).
-    #[serde(default)]
-    pub ahead: bool,
 }
 
 /// `POST /v1/nodes/{name}/drain`: nothing new is placed on the node and its instances move to

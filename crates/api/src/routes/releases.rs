@@ -9,7 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
+pub use warden_api_types::{ConfigChange, PushQuery, Rollback, UploadLimits};
 use warden_core::builds::{BuildError, Builds, Built};
 use warden_core::model::validate_env_var;
 use warden_core::{keys, validate_name, BuildKind, Release, ReleaseSource, ReleaseStatus};
@@ -47,16 +47,6 @@ fn by(headers: &HeaderMap) -> String {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("unknown"),
     )
-}
-
-/// Query of `POST /v1/apps/{name}/releases`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PushQuery {
-    /// How to build: python, node, static or procfile; detected when absent.
-    pub kind: Option<String>,
-    /// Where the source came from (a directory, a git URL and commit).
-    pub from: Option<String>,
 }
 
 /// `POST /v1/apps/{name}/releases`: a gzip'd tar of the app's source. Answers 4xx before
@@ -133,8 +123,10 @@ pub async fn push(
 
 /// `GET /v1/limits`: what this API takes, so that a client can refuse an upload before
 /// sending it (an HTTP client that is still sending rarely reads an early 413).
-pub async fn limits(State(api): State<Api>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "max_upload_bytes": api.max_upload }))
+pub async fn limits(State(api): State<Api>) -> Json<UploadLimits> {
+    Json(UploadLimits {
+        max_upload_bytes: api.max_upload,
+    })
 }
 
 fn too_large(max: u64) -> ApiError {
@@ -288,18 +280,6 @@ pub async fn config_show(
         .ok_or_else(|| crate::routes::apps::no_app(&name))
 }
 
-/// Body of `POST /v1/apps/{name}/config`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConfigChange {
-    /// Vars to set.
-    #[serde(default)]
-    pub set: BTreeMap<String, String>,
-    /// Vars to remove.
-    #[serde(default)]
-    pub unset: Vec<String>,
-}
-
 /// The release the app runs now, as a slug to reuse.
 async fn current_release(
     api: &Api,
@@ -400,15 +380,6 @@ async fn rerelease(
     let (release, revision) = deliver::record(&api, release).await?;
     let delivery = deliver::Delivery::new(release, revision, true);
     Ok(deliver::start(api, builds, delivery, Step::Try(built)))
-}
-
-/// Body of `POST /v1/apps/{name}/rollback`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rollback {
-    /// The release to run again; the last released one before the current when absent.
-    #[serde(default)]
-    pub to: Option<u64>,
 }
 
 /// `POST /v1/apps/{name}/rollback`: a release that runs an earlier one's slug and config.

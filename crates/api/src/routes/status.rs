@@ -4,96 +4,14 @@ use std::collections::BTreeMap;
 
 use axum::extract::State;
 use axum::Json;
-use serde::Serialize;
+pub use warden_api_types::{AppStatus, CrashReport, Damaged, NodeStatus, Status};
 use warden_core::{
-    keys, AppHealth, AppSpec, InstanceState, LabelHealth, Move, NodeRecord, Placement,
-    SchedulerRecord, UserRecord,
+    keys, AppHealth, AppSpec, InstanceState, NodeRecord, Placement, SchedulerRecord, UserRecord,
 };
 use warden_store::get_json;
 
 use crate::error::ApiError;
 use crate::Api;
-
-/// Per-app counts.
-#[derive(Serialize)]
-pub struct AppStatus {
-    /// App name.
-    pub name: String,
-    /// Running instances that serve requests, by label.
-    pub instances: BTreeMap<String, usize>,
-    /// Spare instances of the warm pool, by label.
-    pub spares: BTreeMap<String, usize>,
-    /// Desired instances, by label.
-    pub desired: BTreeMap<String, u32>,
-    /// Labels whose kept instances crashed, per node.
-    pub crash_loops: Vec<CrashReport>,
-    /// Kept instances the scheduler placed, by label, then node.
-    pub placed: BTreeMap<String, BTreeMap<String, u32>>,
-    /// Ready kept instances, by label: what `desired` is met by.
-    pub ready: BTreeMap<String, usize>,
-    /// Instances moving between nodes (drain, shedding load, spreading).
-    pub moving: Vec<Move>,
-    /// Instances started from an older spec, being replaced.
-    pub outdated: usize,
-}
-
-/// Restart state of one label on one node.
-#[derive(Serialize)]
-pub struct CrashReport {
-    /// Label.
-    pub label: String,
-    /// Node.
-    pub node: String,
-    /// The restart state.
-    #[serde(flatten)]
-    pub health: LabelHealth,
-}
-
-/// One live node and what runs on it.
-#[derive(Serialize)]
-pub struct NodeStatus {
-    /// Node name.
-    pub name: String,
-    /// Roles it runs.
-    pub roles: Vec<String>,
-    /// Its node port, if it serves one.
-    pub advertise: Option<String>,
-    /// Its load score (the largest of its load fractions).
-    pub load: f64,
-    /// Instances that serve requests on it, by app, then label.
-    pub instances: BTreeMap<String, BTreeMap<String, usize>>,
-    /// Drained: nothing new is placed on it.
-    pub draining: bool,
-}
-
-/// The summary.
-#[derive(Serialize)]
-pub struct Status {
-    /// Store revision when the summary was taken.
-    pub revision: u64,
-    /// Live nodes.
-    pub nodes: usize,
-    /// Each live node with its instances.
-    pub by_node: Vec<NodeStatus>,
-    /// The agent node that places kept instances now.
-    pub scheduler: Option<String>,
-    /// Registered users.
-    pub users: usize,
-    /// Apps with their instance counts.
-    pub apps: Vec<AppStatus>,
-    /// Records that do not decode (skipped everywhere else): restore them from a backup, or
-    /// delete the app or user and create it again.
-    pub damaged: Vec<Damaged>,
-}
-
-/// A record that does not decode.
-#[derive(Serialize)]
-pub struct Damaged {
-    /// Its key.
-    pub key: String,
-    /// What is wrong with it.
-    pub reason: String,
-}
 
 /// `GET /v1/status`
 pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {

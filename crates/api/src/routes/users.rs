@@ -4,60 +4,12 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use serde::{Deserialize, Serialize};
+pub use warden_api_types::{NewUser, UserChange, UserView};
 use warden_core::{keys, validate_name, SessionRecord, UserRecord};
 use warden_store::{decode, CasOutcome};
 
 use crate::error::{ApiError, ApiJson};
 use crate::Api;
-
-/// Body of `POST /v1/users`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewUser {
-    /// Login name.
-    pub name: String,
-    /// Password in clear; hashed with Argon2id before it is stored.
-    pub password: String,
-    /// Clearance label in the lattice's text form.
-    pub clearance: String,
-    /// Groups.
-    #[serde(default)]
-    pub groups: Vec<String>,
-}
-
-/// Body of `PATCH /v1/users/{name}`: what changes. Any change ends the user's sessions.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UserChange {
-    /// New password in clear; hashed with Argon2id before it is stored.
-    pub password: Option<String>,
-    /// New clearance label.
-    pub clearance: Option<String>,
-    /// New groups, replacing the old ones.
-    pub groups: Option<Vec<String>>,
-}
-
-/// A user as the API shows it: never the hash.
-#[derive(Serialize)]
-pub struct UserView {
-    /// Login name.
-    pub name: String,
-    /// Canonical clearance label.
-    pub clearance: String,
-    /// Groups.
-    pub groups: Vec<String>,
-}
-
-impl From<UserRecord> for UserView {
-    fn from(u: UserRecord) -> Self {
-        Self {
-            name: u.name,
-            clearance: u.clearance,
-            groups: u.groups,
-        }
-    }
-}
 
 /// `GET /v1/users`
 pub async fn list(State(api): State<Api>) -> Result<Json<Vec<UserView>>, ApiError> {

@@ -1,0 +1,27 @@
+//! Bodies that say how a call or the process went: errors, `/healthz`, `/readyz`.
+
+use serde::{Deserialize, Serialize};
+
+/// Every error the API answers: what happened and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The message, for a person.
+    pub error: String,
+}
+
+/// Body of `GET /healthz` and `GET /readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// Why the process is not ready (`/readyz` with 503 only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// `ok` (`/healthz`), `ready` or `not ready` (`/readyz`).
+    pub status: String,
+}
+
+/// What the CLI prints for `--json` after a call that answers nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ok {
+    /// Always true.
+    pub ok: bool,
+}

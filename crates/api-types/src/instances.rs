@@ -1,0 +1,54 @@
+//! Bodies of `/v1/instances` and `/v1/apps/{name}/logs`.
+
+use serde::{Deserialize, Serialize};
+use warden_core::InstanceState;
+
+/// Body of `POST /v1/instances`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartRequest {
+    /// App to run.
+    pub app: String,
+    /// Clearance label the instance serves.
+    pub label: String,
+}
+
+/// Query of `GET /v1/instances/{id}/logs`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogsQuery {
+    /// How many of the last lines to return (default 100, at most 10000).
+    pub lines: Option<usize>,
+}
+
+/// Query of `GET /v1/apps/{name}/logs`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppLogsQuery {
+    /// How many of each instance's last lines (default 100, at most 10000).
+    pub lines: Option<usize>,
+    /// Only instances of this release.
+    pub release: Option<u64>,
+    /// Only instances serving this label.
+    pub label: Option<String>,
+    /// Only this instance.
+    pub instance: Option<String>,
+}
+
+/// One instance's last lines in the answer of `GET /v1/apps/{name}/logs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppLogEntry {
+    /// Instance id.
+    pub instance: String,
+    /// The label it serves.
+    pub label: String,
+    /// The node it runs on.
+    pub node: String,
+    /// Why `text` is empty: its lines are on another node.
+    pub note: Option<String>,
+    /// The release it runs, if it runs one.
+    pub release: Option<u64>,
+    /// Its state.
+    pub state: InstanceState,
+    /// Its last lines, newline-separated.
+    pub text: String,
+}

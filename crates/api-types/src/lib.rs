@@ -1,0 +1,48 @@
+//! The bodies the control-plane API takes and answers, shared by the API (`warden-api`), the
+//! CLI (`warden-cli`) and any other client, so that both ends read one definition.
+//!
+//! This crate owns every request and response body that is not a record of `warden-core`
+//! (those it re-exports: the API answers with them as they are stored). It is data only: no
+//! I/O, no axum, no HTTP client, no store; validation that needs state (the lattice, the store)
+//! stays in the API. The JSON each type makes is the API's wire format: changing a field here
+//! changes the API.
+//!
+//! Fields of previously ad-hoc bodies are declared in alphabetical order, the order
+//! `serde_json::json!` wrote them in, so the bytes on the wire did not change when they became
+//! types.
+#![forbid(unsafe_code)]
+
+pub mod health;
+pub mod instances;
+pub mod nodes;
+pub mod releases;
+pub mod status;
+pub mod users;
+
+pub use health::{ErrorBody, Health, Ok};
+pub use instances::{AppLogEntry, AppLogsQuery, LogsQuery, StartRequest};
+pub use nodes::DrainQuery;
+pub use releases::{ConfigChange, PushQuery, ReleaseEvent, Rollback, UploadLimits};
+pub use status::{AppStatus, BackupHead, BackupRecord, CrashReport, Damaged, NodeStatus, Status};
+pub use users::{NewUser, UserChange, UserView};
+
+/// The stored records the API answers with as they are.
+pub use warden_auth::Lattice;
+pub use warden_core::{
+    AppSpec, DrainOrder, InstanceRecord, InstanceState, LabelHealth, Move, NodeRecord, Release,
+    ReleaseSource, ReleaseStatus,
+};
+
+/// Body of `POST /v1/apps/{name}/scale`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scale {
+    /// Instances the cluster keeps for each label named; 0 stops keeping that label. Labels
+    /// not named keep their counts.
+    pub desired: std::collections::BTreeMap<String, u32>,
+}
+
+/// Body of `PATCH /v1/apps/{name}`: an RFC 7396 JSON merge patch of the app's spec (members
+/// replace, objects merge, `null` removes). It stays a JSON object because a merge patch is
+/// defined on JSON, not on the spec's type; the patched spec is then read as an [`AppSpec`].
+pub type AppPatch = serde_json::Map<String, serde_json::Value>;

@@ -1,0 +1,71 @@
+//! Bodies of pushes, config changes and rollbacks, and the events their answers stream.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use warden_core::Release;
+
+/// Body of `GET /v1/limits`: what the API takes, so that a client can refuse an upload before
+/// sending it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadLimits {
+    /// Largest upload a push may send, in bytes.
+    pub max_upload_bytes: u64,
+}
+
+/// Query of `POST /v1/apps/{name}/releases`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushQuery {
+    /// How to build: python, node, static or procfile; detected when absent.
+    pub kind: Option<String>,
+    /// Where the source came from (a directory, a git URL and commit).
+    pub from: Option<String>,
+}
+
+/// Body of `POST /v1/apps/{name}/config`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigChange {
+    /// Vars to set.
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+    /// Vars to remove.
+    #[serde(default)]
+    pub unset: Vec<String>,
+}
+
+/// Body of `POST /v1/apps/{name}/rollback`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rollback {
+    /// The release to run again; the last released one before the current when absent.
+    #[serde(default)]
+    pub to: Option<u64>,
+}
+
+/// One line of the answer of a push, a config change or a rollback (newline-delimited JSON):
+/// progress lines, then exactly one `Done` or `Failed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ReleaseEvent {
+    /// The release serves.
+    Done {
+        /// The release, as recorded.
+        done: Release,
+        /// Where the app is served at the gateway (`/apps/NAME/`).
+        path: String,
+        /// False while instances of earlier releases are still handing over.
+        rolled_out: bool,
+    },
+    /// The release failed; the app keeps serving what it served before.
+    Failed {
+        /// The release, as recorded, with its error.
+        failed: Release,
+    },
+    /// A line of build or delivery output.
+    Log {
+        /// The line.
+        log: String,
+    },
+}

@@ -1,0 +1,55 @@
+//! Bodies of `/v1/users`. Passwords go in, and neither they nor their hashes ever come out.
+
+use serde::{Deserialize, Serialize};
+use warden_core::UserRecord;
+
+/// Body of `POST /v1/users`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewUser {
+    /// Login name.
+    pub name: String,
+    /// Password in clear; hashed with Argon2id before it is stored.
+    pub password: String,
+    /// Clearance label in the lattice's text form.
+    pub clearance: String,
+    /// Groups.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+/// Body of `PATCH /v1/users/{name}`: what changes. Any change ends the user's sessions.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserChange {
+    /// New password in clear; hashed with Argon2id before it is stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// New clearance label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clearance: Option<String>,
+    /// New groups, replacing the old ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<Vec<String>>,
+}
+
+/// A user as the API shows it: never the hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserView {
+    /// Login name.
+    pub name: String,
+    /// Canonical clearance label.
+    pub clearance: String,
+    /// Groups.
+    pub groups: Vec<String>,
+}
+
+impl From<UserRecord> for UserView {
+    fn from(u: UserRecord) -> Self {
+        Self {
+            name: u.name,
+            clearance: u.clearance,
+            groups: u.groups,
+        }
+    }
+}
