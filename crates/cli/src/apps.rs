@@ -7,7 +7,9 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use crate::{client, label_counts, s, table, Output};
+use warden_api_types::{AppSpec, Scale};
+
+use crate::{client, label_counts, table, Output};
 
 /// `warden apps ...`
 #[derive(Debug, Subcommand)]
@@ -296,24 +298,20 @@ pub(crate) async fn run(
 ) -> anyhow::Result<()> {
     match cmd {
         AppsCommand::Create(create) => {
-            let v = api.send("POST", "/v1/apps", Some(create.body()?)).await?;
-            out.value(&v, |v| {
-                println!(
-                    "app {} created; it is served at /apps/{}/",
-                    s(&v["name"]),
-                    s(&v["name"])
-                )
+            let spec: AppSpec = api.call_with("POST", "/v1/apps", &create.body()?).await?;
+            out.value(&spec, |v| {
+                println!("app {} created; it is served at /apps/{}/", v.name, v.name)
             });
         }
         AppsCommand::List => {
-            let v = api.send("GET", "/v1/apps", None).await?;
-            out.value(&v, |v| {
-                let rows = v.as_array().into_iter().flatten().map(|a| {
+            let apps: Vec<AppSpec> = api.call("GET", "/v1/apps").await?;
+            out.value(&apps, |apps| {
+                let rows = apps.iter().map(|a| {
                     vec![
-                        s(&a["name"]),
-                        s(&a["command"]).replace(',', " "),
-                        s(&a["groups"]),
-                        s(&a["hosts"]),
+                        a.name.clone(),
+                        a.command.join(",").replace(',', " "),
+                        a.groups.join(","),
+                        a.hosts.join(","),
                     ]
                 });
                 table::print(&["NAME", "COMMAND", "GROUPS", "HOSTS"], rows);
@@ -321,16 +319,15 @@ pub(crate) async fn run(
         }
         AppsCommand::Show { name } => crate::show::run(api, out, &name).await?,
         AppsCommand::Rm { name } => {
-            api.send("DELETE", &format!("/v1/apps/{name}"), None)
-                .await?;
+            api.act("DELETE", &format!("/v1/apps/{name}")).await?;
             out.done(format!("app {name} removed; its instances are stopping"));
         }
         AppsCommand::Update(update) => {
             let name = update.name.clone();
-            let v = api
-                .send("PATCH", &format!("/v1/apps/{name}"), Some(update.patch()?))
+            let spec: AppSpec = api
+                .call_with("PATCH", &format!("/v1/apps/{name}"), &update.patch()?)
                 .await?;
-            out.value(&v, |_| {
+            out.value(&spec, |_| {
                 println!(
                     "app {name} updated; instances of a changed command or environment are replaced as their successors become ready (`warden status` shows them go)"
                 )
@@ -338,20 +335,16 @@ pub(crate) async fn run(
         }
         AppsCommand::Scale { name, counts } => {
             let desired = crate::label_counts("scale", counts)?;
-            let v = api
-                .send(
+            let spec: AppSpec = api
+                .call_with(
                     "POST",
                     &format!("/v1/apps/{name}/scale"),
-                    Some(json!({ "desired": desired })),
+                    &Scale { desired },
                 )
                 .await?;
-            out.value(&v, |v| {
-                let counts: Vec<String> = v["desired"]
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(l, n)| format!("{l}={n}"))
-                    .collect();
+            out.value(&spec, |v| {
+                let counts: Vec<String> =
+                    v.desired.iter().map(|(l, n)| format!("{l}={n}")).collect();
                 if counts.is_empty() {
                     println!("app {name} keeps no instance running when idle");
                 } else {

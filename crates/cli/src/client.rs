@@ -5,7 +5,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client as HyperClient};
 use hyper_util::rt::TokioExecutor;
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use warden_api_types::ErrorBody;
 
 use crate::Endpoint;
 
@@ -22,24 +24,54 @@ impl Client {
         }
     }
 
-    /// Sends a request and returns the JSON answer (Null for an empty one). A non-2xx answer
+    /// Sends a request without a body and reads the JSON answer as a `T`. A non-2xx answer
     /// becomes an error carrying the API's message.
-    pub async fn send(
+    pub async fn call<T: DeserializeOwned>(&self, method: &str, path: &str) -> anyhow::Result<T> {
+        let bytes = self.checked(method, path, None).await?;
+        self.read(&bytes)
+    }
+
+    /// Sends `body` as JSON and reads the JSON answer as a `T`.
+    pub async fn call_with<T: DeserializeOwned, B: Serialize>(
         &self,
         method: &str,
         path: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<Value> {
+        body: &B,
+    ) -> anyhow::Result<T> {
+        let body = serde_json::to_vec(body).context("encoding the request")?;
+        let bytes = self.checked(method, path, Some(body)).await?;
+        self.read(&bytes)
+    }
+
+    /// Sends a request whose answer has no body worth reading (a delete, a drain).
+    pub async fn act(&self, method: &str, path: &str) -> anyhow::Result<()> {
+        self.checked(method, path, None).await.map(drop)
+    }
+
+    /// An answer read as a `T`, or an error naming the field that does not read: an answer
+    /// this CLI cannot read most likely comes from an API of another version.
+    pub fn read<T: DeserializeOwned>(&self, bytes: &[u8]) -> anyhow::Result<T> {
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            anyhow!(
+                "the API at {} answered something this CLI cannot read: {e}; is it the same version as this CLI?",
+                self.endpoint.api
+            )
+        })
+    }
+
+    /// The body of a 2xx answer; any other answer becomes an error carrying the API's message.
+    async fn checked(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> anyhow::Result<Bytes> {
         let (status, bytes) = self.raw(method, path, body).await?;
-        let value: Value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null)
-        };
         if !status.is_success() {
             return Err(failure(status, &bytes));
         }
-        Ok(value)
+        Ok(bytes)
     }
 
     /// GETs a plain-text answer with the token; a non-2xx answer becomes an error.
@@ -55,10 +87,10 @@ impl Client {
         &self,
         method: &str,
         path: &str,
-        body: Option<Value>,
+        body: Option<Vec<u8>>,
     ) -> anyhow::Result<(http::StatusCode, Bytes)> {
         let url = format!("{}{path}", self.endpoint.api);
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let body = body.unwrap_or_default();
         let req = http::Request::builder()
             .method(method)
             .uri(&url)
@@ -153,12 +185,7 @@ impl Client {
 
 /// A non-2xx answer as an error carrying the API's message.
 fn failure(status: http::StatusCode, bytes: &[u8]) -> anyhow::Error {
-    let value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
-    anyhow!(
-        "{} (HTTP {})",
-        error_message(&value, bytes),
-        status.as_u16()
-    )
+    anyhow!("{} (HTTP {})", error_message(bytes), status.as_u16())
 }
 
 /// The whole body of an answer.
@@ -171,9 +198,8 @@ async fn read_all(body: hyper::body::Incoming) -> anyhow::Result<Bytes> {
 }
 
 /// The API's error message, or the raw answer when it is not the usual JSON error.
-fn error_message(value: &Value, bytes: &[u8]) -> String {
-    value["error"]
-        .as_str()
-        .map(str::to_owned)
-        .unwrap_or_else(|| String::from_utf8_lossy(bytes).into_owned())
+fn error_message(bytes: &[u8]) -> String {
+    serde_json::from_slice::<ErrorBody>(bytes)
+        .map(|e| e.error)
+        .unwrap_or_else(|_| String::from_utf8_lossy(bytes).into_owned())
 }

@@ -1,14 +1,18 @@
 //! `warden push`, `releases`, `config` and `rollback`: deploying an app from its source.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use http_body_util::BodyExt;
-use serde_json::{json, Value};
+use serde_json::Value;
+use warden_api_types::{
+    AppSpec, ConfigChange, Release, ReleaseEvent, ReleaseSource, Rollback, UploadLimits,
+};
 
 use crate::client::Client;
-use crate::{s, table, Output};
+use crate::{table, w, Output};
 
 /// `warden config ...`
 #[derive(Debug, Subcommand)]
@@ -200,10 +204,10 @@ pub(crate) async fn push(
         );
     }
     if let Some(max) = api
-        .send("GET", "/v1/limits", None)
+        .call::<UploadLimits>("GET", "/v1/limits")
         .await
         .ok()
-        .and_then(|v| v["max_upload_bytes"].as_u64())
+        .map(|l| l.max_upload_bytes)
     {
         if archive.len() as u64 > max {
             bail!(
@@ -234,7 +238,7 @@ pub(crate) async fn push(
             },
         )
         .await?;
-    follow(body, out, &p.app, data_dir).await
+    follow(api, body, out, &p.app, data_dir).await
 }
 
 /// Percent-encodes a query value.
@@ -258,13 +262,14 @@ fn encode(s: &str) -> String {
 
 /// Prints a release's progress as it comes; fails when the release failed.
 async fn follow(
+    api: &Client,
     mut body: hyper::body::Incoming,
     out: &Output,
     app: &str,
     data_dir: &Path,
 ) -> anyhow::Result<()> {
     let mut pending = Vec::new();
-    let mut last: Option<Value> = None;
+    let mut last: Option<ReleaseEvent> = None;
     while let Some(frame) = body.frame().await {
         let frame = frame.context(
             "the API's answer broke off; `warden releases APP` shows how the release ended",
@@ -275,44 +280,49 @@ async fn follow(
         pending.extend_from_slice(&data);
         while let Some(i) = pending.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = pending.drain(..=i).collect();
-            let Ok(v) = serde_json::from_slice::<Value>(&line) else {
+            if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
-            };
-            if out.json {
-                println!("{v}");
-            } else if let Some(text) = v["log"].as_str() {
-                println!("{}", printable(text));
             }
-            if v.get("done").is_some() || v.get("failed").is_some() {
-                last = Some(v);
+            let event: ReleaseEvent = api.read(&line)?;
+            if out.json {
+                // Through a `Value`: keys sorted, as the API sends them.
+                println!("{}", serde_json::to_value(&event)?);
+            } else if let ReleaseEvent::Log { log } = &event {
+                println!("{}", printable(log));
+            }
+            if !matches!(event, ReleaseEvent::Log { .. }) {
+                last = Some(event);
             }
         }
     }
-    let Some(v) = last else {
-        bail!("the API stopped answering before the release ended; `warden releases {app}` shows how it ended");
-    };
-    if let Some(r) = v.get("failed") {
-        bail!(
+    let (r, path, rolled_out) = match last {
+        Some(ReleaseEvent::Done {
+            done,
+            path,
+            rolled_out,
+        }) => (done, path, rolled_out),
+        Some(ReleaseEvent::Failed { failed: r }) => bail!(
             "release {} of {app} failed; the app keeps serving what it served before:\n{}",
-            s(&r["number"]),
-            s(&r["error"])
+            r.number,
+            r.error
+                .as_deref()
+                .unwrap_or_default()
                 .lines()
                 .map(printable)
                 .collect::<Vec<_>>()
                 .join("\n")
-        );
-    }
+        ),
+        _ => bail!("the API stopped answering before the release ended; `warden releases {app}` shows how it ended"),
+    };
     if !out.json {
-        let r = &v["done"];
-        if v["rolled_out"] == false {
+        if !rolled_out {
             println!(
                 "release {} of {app} takes new requests; instances of earlier releases are still handing over (`warden status`)",
-                s(&r["number"])
+                r.number
             );
         } else {
-            println!("release {} of {app} serves", s(&r["number"]));
+            println!("release {} of {app} serves", r.number);
         }
-        let path = s(&v["path"]);
         match gateway(data_dir) {
             Some(g) => println!("try: curl -u USER:PASSWORD {g}{path}"),
             None => println!("try: curl -u USER:PASSWORD http://GATEWAY{path}"),
@@ -323,31 +333,38 @@ async fn follow(
 
 /// `warden releases APP`.
 pub(crate) async fn releases(api: &Client, out: &Output, app: &str) -> anyhow::Result<()> {
-    let v = api
-        .send("GET", &format!("/v1/apps/{app}/releases"), None)
-        .await?;
-    let spec = api.send("GET", &format!("/v1/apps/{app}"), None).await.ok();
-    let current = spec.as_ref().and_then(|s| s["release"]["number"].as_u64());
-    out.value(&v, |v| {
-        let rows = v.as_array().into_iter().flatten().map(|r| {
-            let source = describe(&r["source"]);
-            let digest = s(&r["slug"]).chars().take(12).collect::<String>();
+    let list: Vec<Release> = api.call("GET", &format!("/v1/apps/{app}/releases")).await?;
+    let spec = api
+        .call::<AppSpec>("GET", &format!("/v1/apps/{app}"))
+        .await
+        .ok();
+    let current = spec.and_then(|s| s.release).map(|r| r.number);
+    out.value(&list, |list| {
+        let rows = list.iter().map(|r| {
+            let source = describe(&r.source);
+            let digest = r
+                .slug
+                .as_deref()
+                .unwrap_or_default()
+                .chars()
+                .take(12)
+                .collect::<String>();
             // The phase its delivery reached; a failure says why (records made before
             // reasons were kept have none).
-            let mut status = match r["reason"].as_str() {
-                Some(reason) => format!("{} ({})", s(&r["status"]), reason.replace('_', " ")),
-                None => s(&r["status"]),
+            let mut status = match &r.reason {
+                Some(reason) => format!("{} ({})", w(&r.status), w(reason).replace('_', " ")),
+                None => w(&r.status),
             };
-            if r["number"].as_u64() == current && current.is_some() {
+            if Some(r.number) == current {
                 status = "serving".into();
             }
             vec![
-                s(&r["number"]),
+                r.number.to_string(),
                 status,
-                s(&r["kind"]),
+                w(&r.kind),
                 digest,
-                s(&r["by"]),
-                when(r["at_ms"].as_u64().unwrap_or(0)),
+                r.by.clone(),
+                when(r.at_ms),
                 source,
             ]
         });
@@ -390,27 +407,38 @@ pub(crate) async fn config(
 ) -> anyhow::Result<()> {
     let (app, body) = match cmd {
         ConfigCommand::Show { app } => {
-            let v = api
-                .send("GET", &format!("/v1/apps/{app}/config"), None)
-                .await?;
-            out.value(&v, |v| {
-                for (k, val) in v.as_object().into_iter().flatten() {
-                    println!("{k}={}", s(val));
+            let config: BTreeMap<String, String> =
+                api.call("GET", &format!("/v1/apps/{app}/config")).await?;
+            out.value(&config, |config| {
+                for (k, val) in config {
+                    println!("{k}={val}");
                 }
             });
             return Ok(());
         }
         ConfigCommand::Set { app, pairs } => {
-            let mut set = serde_json::Map::new();
+            let mut set = BTreeMap::new();
             for kv in pairs {
                 let Some((k, v)) = kv.split_once('=') else {
                     bail!("{kv:?} must be KEY=VALUE");
                 };
-                set.insert(k.to_owned(), json!(v));
+                set.insert(k.to_owned(), v.to_owned());
             }
-            (app, json!({ "set": set }))
+            (
+                app,
+                ConfigChange {
+                    set,
+                    ..ConfigChange::default()
+                },
+            )
         }
-        ConfigCommand::Unset { app, keys } => (app, json!({ "unset": keys })),
+        ConfigCommand::Unset { app, keys } => (
+            app,
+            ConfigChange {
+                unset: keys,
+                ..ConfigChange::default()
+            },
+        ),
     };
     let body = api
         .stream(
@@ -418,11 +446,11 @@ pub(crate) async fn config(
             &format!("/v1/apps/{app}/config"),
             "application/json",
             &[("x-warden-by", who())],
-            body.to_string().into(),
+            serde_json::to_vec(&body)?.into(),
             |_, _| {},
         )
         .await?;
-    follow(body, out, &app, data_dir).await
+    follow(api, body, out, &app, data_dir).await
 }
 
 /// `warden rollback APP [N]`.
@@ -439,20 +467,19 @@ pub(crate) async fn rollback(
             &format!("/v1/apps/{app}/rollback"),
             "application/json",
             &[("x-warden-by", who())],
-            json!({ "to": to }).to_string().into(),
+            serde_json::to_vec(&Rollback { to })?.into(),
             |_, _| {},
         )
         .await?;
-    follow(body, out, app, data_dir).await
+    follow(api, body, out, app, data_dir).await
 }
 
 /// A release's source in words.
-pub(crate) fn describe(src: &Value) -> String {
-    match src["type"].as_str() {
-        Some("push") => format!("push {}", s(&src["from"])),
-        Some("config") => format!("config {}", s(&src["changed"])),
-        Some("rollback") => format!("rollback to {}", s(&src["to"])),
-        _ => s(src),
+pub(crate) fn describe(src: &ReleaseSource) -> String {
+    match src {
+        ReleaseSource::Push { from, .. } => format!("push {from}"),
+        ReleaseSource::Config { changed } => format!("config {}", changed.join(",")),
+        ReleaseSource::Rollback { to } => format!("rollback to {to}"),
     }
 }
 

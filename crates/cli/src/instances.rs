@@ -1,9 +1,10 @@
 //! `warden instances list [--all]` and `kill`.
 
 use clap::Subcommand;
-use serde_json::{json, Value};
+use serde_json::json;
+use warden_api_types::{InstanceRecord, Status};
 
-use crate::{client, s, table, Output};
+use crate::{client, table, w, Output};
 
 /// `warden instances ...`
 #[derive(Debug, Subcommand)]
@@ -28,28 +29,30 @@ pub(crate) async fn run(
 ) -> anyhow::Result<()> {
     match cmd {
         InstancesCommand::List { all } => {
-            let mut v = api.send("GET", "/v1/instances", None).await?;
+            let running: Vec<InstanceRecord> = api.call("GET", "/v1/instances").await?;
             let failed = if all {
                 failed_instances(api).await?
             } else {
                 Vec::new()
             };
             if out.json {
-                if all {
-                    v = json!({ "running": v, "failed": failed });
-                }
+                let v = if all {
+                    json!({ "running": running, "failed": failed })
+                } else {
+                    serde_json::to_value(&running)?
+                };
                 out.value(&v, |_| {});
                 return Ok(());
             }
-            let rows = v.as_array().into_iter().flatten().map(|i| {
+            let rows = running.iter().map(|i| {
                 vec![
-                    s(&i["id"]),
-                    s(&i["app"]),
-                    s(&i["label"]),
-                    s(&i["state"]),
-                    s(&i["node"]),
-                    s(&i["addr"]),
-                    s(&i["pid"]),
+                    i.id.clone(),
+                    i.app.clone(),
+                    i.label.clone(),
+                    w(&i.state),
+                    i.node.clone(),
+                    i.addr.clone(),
+                    i.pid.to_string(),
                 ]
             });
             table::print(
@@ -60,16 +63,12 @@ pub(crate) async fn run(
                 println!();
                 let rows = failed.iter().map(|f| {
                     vec![
-                        f["instance"]
-                            .as_str()
-                            .filter(|i| !i.is_empty())
-                            .unwrap_or("(no start)")
-                            .to_owned(),
-                        s(&f["app"]),
-                        s(&f["label"]),
-                        s(&f["state"]),
-                        s(&f["node"]),
-                        s(&f["last_exit"]),
+                        f.instance.as_deref().unwrap_or("(no start)").to_owned(),
+                        f.app.clone(),
+                        f.label.clone(),
+                        f.state.clone(),
+                        f.node.clone(),
+                        f.last_exit.clone(),
                     ]
                 });
                 table::print(
@@ -77,18 +76,14 @@ pub(crate) async fn run(
                     rows,
                 );
                 for f in &failed {
-                    let tail = s(&f["last_lines"]);
-                    if !tail.trim().is_empty() {
+                    if !f.last_lines.trim().is_empty() {
                         println!(
                             "\n{} of {} ({}), last lines:",
-                            f["instance"]
-                                .as_str()
-                                .filter(|i| !i.is_empty())
-                                .unwrap_or("a start"),
-                            s(&f["app"]),
-                            s(&f["label"])
+                            f.instance.as_deref().unwrap_or("a start"),
+                            f.app,
+                            f.label
                         );
-                        for line in tail.lines() {
+                        for line in f.last_lines.lines() {
                             println!("  {line}");
                         }
                     }
@@ -96,35 +91,47 @@ pub(crate) async fn run(
             }
         }
         InstancesCommand::Kill { id } => {
-            api.send("DELETE", &format!("/v1/instances/{id}"), None)
-                .await?;
+            api.act("DELETE", &format!("/v1/instances/{id}")).await?;
             out.done(format!("instance {id} killed"));
         }
     }
     Ok(())
 }
 
+/// An instance that crashed or failed to start, as `instances list --all` shows it. Its
+/// fields are in alphabetical order, as `--json` has always printed them.
+#[derive(serde::Serialize)]
+struct Failed {
+    app: String,
+    /// None when no instance started.
+    instance: Option<String>,
+    label: String,
+    last_exit: String,
+    last_lines: String,
+    node: String,
+    state: String,
+}
+
 /// Every app's instances that crashed or failed to start, as the nodes' health records say.
-async fn failed_instances(api: &client::Client) -> anyhow::Result<Vec<Value>> {
-    let status = api.send("GET", "/v1/status", None).await?;
+async fn failed_instances(api: &client::Client) -> anyhow::Result<Vec<Failed>> {
+    let status: Status = api.call("GET", "/v1/status").await?;
     let mut out = Vec::new();
-    for app in status["apps"].as_array().into_iter().flatten() {
-        for c in app["crash_loops"].as_array().into_iter().flatten() {
-            // The health record's fields, flattened into the report.
-            let state = if c["crash_loop"] == true {
+    for app in &status.apps {
+        for c in &app.crash_loops {
+            let state = if c.health.crash_loop {
                 "crash loop"
             } else {
                 "crashed"
             };
-            out.push(json!({
-                "instance": c["last_instance"],
-                "app": app["name"],
-                "label": c["label"],
-                "node": c["node"],
-                "state": format!("{state} ({} in a row)", s(&c["crashes"])),
-                "last_exit": c["last_exit"],
-                "last_lines": c["last_lines"],
-            }));
+            out.push(Failed {
+                instance: Some(c.health.last_instance.clone()).filter(|i| !i.is_empty()),
+                app: app.name.clone(),
+                label: c.label.clone(),
+                node: c.node.clone(),
+                state: format!("{state} ({} in a row)", c.health.crashes),
+                last_exit: c.health.last_exit.clone(),
+                last_lines: c.health.last_lines.clone(),
+            });
         }
     }
     Ok(out)

@@ -24,6 +24,7 @@ use std::io::Read;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
+use warden_api_types::{BackupHead, Lattice, NewUser, Status, UserChange, UserView};
 
 pub use apps::{AppsCommand, CreateApp, UpdateApp};
 pub use config::Endpoint;
@@ -184,9 +185,12 @@ struct Output {
 }
 
 impl Output {
-    fn value(&self, v: &Value, human: impl FnOnce(&Value)) {
+    /// Prints `v` as JSON for `--json` (through a `Value`, so that keys come sorted as they
+    /// always did), else as `human` says.
+    fn value<T: serde::Serialize>(&self, v: &T, human: impl FnOnce(&T)) {
         if self.json {
-            println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+            let v = serde_json::to_value(v).unwrap_or_default();
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         } else {
             human(v);
         }
@@ -199,6 +203,12 @@ impl Output {
             println!("{what}");
         }
     }
+}
+
+/// A field as the CLI has always printed it: strings bare, lists joined with commas, nothing
+/// for null, anything else as JSON.
+fn w<T: serde::Serialize>(field: &T) -> String {
+    s(&serde_json::to_value(field).unwrap_or_default())
 }
 
 fn s(v: &Value) -> String {
@@ -241,30 +251,31 @@ async fn users(api: &client::Client, out: &Output, cmd: UsersCommand) -> anyhow:
             } else {
                 (warden_auth::generate_password(), true)
             };
-            let body = json!({ "name": name, "password": password, "clearance": clearance, "groups": groups });
-            let mut v = api.send("POST", "/v1/users", Some(body)).await?;
+            let body = NewUser {
+                name,
+                password: password.clone(),
+                clearance,
+                groups,
+            };
+            let user: UserView = api.call_with("POST", "/v1/users", &body).await?;
+            // The generated password is shown once, in the output only.
+            let mut v = serde_json::to_value(&user)?;
             if generated {
                 v["password"] = json!(password);
             }
-            out.value(&v, |v| {
-                println!(
-                    "user {} added with clearance {}",
-                    s(&v["name"]),
-                    s(&v["clearance"])
-                );
+            out.value(&v, |_| {
+                println!("user {} added with clearance {}", user.name, user.clearance);
                 if generated {
                     println!("password (shown once): {password}");
                 }
             });
         }
         UsersCommand::List => {
-            let v = api.send("GET", "/v1/users", None).await?;
-            out.value(&v, |v| {
-                let rows = v
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|u| vec![s(&u["name"]), s(&u["clearance"]), s(&u["groups"])]);
+            let users: Vec<UserView> = api.call("GET", "/v1/users").await?;
+            out.value(&users, |users| {
+                let rows = users
+                    .iter()
+                    .map(|u| vec![u.name.clone(), u.clearance.clone(), u.groups.join(",")]);
                 table::print(&["NAME", "CLEARANCE", "GROUPS"], rows);
             });
         }
@@ -275,34 +286,31 @@ async fn users(api: &client::Client, out: &Output, cmd: UsersCommand) -> anyhow:
             groups,
             no_groups,
         } => {
-            let mut body = json!({});
+            let mut body = UserChange::default();
             if password_stdin {
-                body["password"] = json!(password_from_stdin()?);
+                body.password = Some(password_from_stdin()?);
             }
-            if let Some(c) = clearance {
-                body["clearance"] = json!(c);
-            }
+            body.clearance = clearance;
             if !groups.is_empty() || no_groups {
-                body["groups"] = json!(groups);
+                body.groups = Some(groups);
             }
-            if body.as_object().is_some_and(|o| o.is_empty()) {
+            if body == UserChange::default() {
                 bail!("say what changes: --password-stdin, --clearance or --group/--no-groups");
             }
-            let v = api
-                .send("PATCH", &format!("/v1/users/{name}"), Some(body))
+            let user: UserView = api
+                .call_with("PATCH", &format!("/v1/users/{name}"), &body)
                 .await?;
-            out.value(&v, |v| {
+            out.value(&user, |u| {
                 println!(
                     "user {} changed (clearance {}, groups {}); their sessions ended",
-                    s(&v["name"]),
-                    s(&v["clearance"]),
-                    s(&v["groups"])
+                    u.name,
+                    u.clearance,
+                    u.groups.join(",")
                 )
             });
         }
         UsersCommand::Rm { name } => {
-            api.send("DELETE", &format!("/v1/users/{name}"), None)
-                .await?;
+            api.act("DELETE", &format!("/v1/users/{name}")).await?;
             out.done(format!("user {name} removed; their sessions ended"));
         }
     }
@@ -319,8 +327,8 @@ fn password_from_stdin() -> anyhow::Result<String> {
 }
 
 async fn lattice(api: &client::Client, out: &Output, cmd: LatticeCommand) -> anyhow::Result<()> {
-    let v = match cmd {
-        LatticeCommand::Show => api.send("GET", "/v1/lattice", None).await?,
+    let v: Lattice = match cmd {
+        LatticeCommand::Show => api.call("GET", "/v1/lattice").await?,
         LatticeCommand::Set { levels, categories } => {
             let trim = |v: Vec<String>| {
                 v.into_iter()
@@ -328,23 +336,15 @@ async fn lattice(api: &client::Client, out: &Output, cmd: LatticeCommand) -> any
                     .filter(|s| !s.is_empty())
                     .collect::<Vec<_>>()
             };
-            let body = json!({ "levels": trim(levels), "categories": trim(categories) });
-            api.send("PUT", "/v1/lattice", Some(body)).await?
+            let body = Lattice {
+                levels: trim(levels),
+                categories: trim(categories),
+            };
+            api.call_with("PUT", "/v1/lattice", &body).await?
         }
     };
     out.value(&v, |v| {
-        let levels: Vec<String> = v["levels"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(s)
-            .collect();
-        let cats: Vec<String> = v["categories"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(s)
-            .collect();
+        let (levels, cats) = (&v.levels, &v.categories);
         println!(
             "levels:     {}",
             if levels.is_empty() {
@@ -366,137 +366,146 @@ async fn lattice(api: &client::Client, out: &Output, cmd: LatticeCommand) -> any
 }
 
 async fn status(api: &client::Client, out: &Output) -> anyhow::Result<()> {
-    let mut v = api.send("GET", "/v1/status", None).await?;
-    if let Some(text) = api.text("/metrics").await {
-        v["gateway"] = phases::summary(&text);
+    let status: Status = api.call("GET", "/v1/status").await?;
+    let gateway = api.text("/metrics").await.map(|t| phases::summary(&t));
+    // `--json` shows the status with the gateway's phases beside it.
+    let mut v = serde_json::to_value(&status)?;
+    if let Some(g) = &gateway {
+        v["gateway"] = g.clone();
     }
-    out.value(&v, |v| {
-        println!(
-            "nodes: {}   users: {}   store revision: {}",
-            s(&v["nodes"]),
-            s(&v["users"]),
-            s(&v["revision"])
-        );
-        let by_label = |m: &Value| {
-            m.as_object()
-                .map(|m| {
-                    m.iter()
-                        .map(|(l, n)| format!("{l}={n}"))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                })
-                .filter(|x| !x.is_empty())
-                .unwrap_or_else(|| "-".into())
-        };
-        let apps = v["apps"].as_array().cloned().unwrap_or_default();
-        let rows = apps.iter().map(|a| {
+    out.value(&v, |_| print_status(&status, gateway.as_ref()));
+    Ok(())
+}
+
+/// `label=count` pairs joined with spaces, or `-` for none.
+fn by_label<N: std::fmt::Display>(m: &BTreeMap<String, N>) -> String {
+    let text = m
+        .iter()
+        .map(|(l, n)| format!("{l}={n}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    if text.is_empty() {
+        "-".into()
+    } else {
+        text
+    }
+}
+
+fn print_status(v: &Status, gateway: Option<&Value>) {
+    println!(
+        "nodes: {}   users: {}   store revision: {}",
+        v.nodes, v.users, v.revision
+    );
+    let rows = v.apps.iter().map(|a| {
+        vec![
+            a.name.clone(),
+            by_label(&a.instances),
+            by_label(&a.desired),
+            by_label(&a.ready),
+            by_label(&a.spares),
+        ]
+    });
+    table::print(
+        &["APP", "RUNNING BY LABEL", "DESIRED", "KEPT READY", "SPARE"],
+        rows,
+    );
+    if let Some(node) = &v.scheduler {
+        println!("scheduler: {node}");
+    }
+    for a in &v.apps {
+        for (label, nodes) in &a.placed {
+            let want = u64::from(a.desired.get(label).copied().unwrap_or(0));
+            let ready = a.ready.get(label).copied().unwrap_or(0) as u64;
+            let state = if ready == want {
+                "converged"
+            } else {
+                "converging"
+            };
+            println!(
+                "  {} {label}: {ready}/{want} ready, placed {} ({state})",
+                a.name,
+                by_label(nodes)
+            );
+        }
+        if a.outdated > 0 {
+            println!(
+                "  {}: rolling out, {} instance(s) of the old spec still serving",
+                a.name, a.outdated
+            );
+        }
+        for m in &a.moving {
+            println!(
+                "  {} {}: moving {} -> {} ({})",
+                a.name,
+                m.label,
+                m.from,
+                m.to,
+                w(&m.why)
+            );
+        }
+    }
+    if !v.by_node.is_empty() {
+        println!();
+        let rows = v.by_node.iter().map(|n| {
+            let apps: Vec<String> = n
+                .instances
+                .iter()
+                .map(|(app, labels)| format!("{app}: {}", by_label(labels)))
+                .collect();
+            let name = if n.draining {
+                format!("{} (draining)", n.name)
+            } else {
+                n.name.clone()
+            };
             vec![
-                s(&a["name"]),
-                by_label(&a["instances"]),
-                by_label(&a["desired"]),
-                by_label(&a["ready"]),
-                by_label(&a["spares"]),
+                name,
+                n.roles.join(","),
+                format!("{:.0}%", n.load * 100.0),
+                if apps.is_empty() {
+                    "-".into()
+                } else {
+                    apps.join("; ")
+                },
             ]
         });
         table::print(
-            &["APP", "RUNNING BY LABEL", "DESIRED", "KEPT READY", "SPARE"],
+            &["NODE", "ROLES", "LOAD", "INSTANCES BY APP AND LABEL"],
             rows,
         );
-        if let Some(node) = v["scheduler"].as_str() {
-            println!("scheduler: {node}");
-        }
-        for a in &apps {
-            for (label, nodes) in a["placed"].as_object().into_iter().flatten() {
-                let want = a["desired"][label].as_u64().unwrap_or(0);
-                let ready = a["ready"][label].as_u64().unwrap_or(0);
-                let state = if ready == want { "converged" } else { "converging" };
-                println!(
-                    "  {} {label}: {ready}/{want} ready, placed {} ({state})",
-                    s(&a["name"]),
-                    by_label(nodes)
-                );
-            }
-            if let Some(n) = a["outdated"].as_u64().filter(|n| *n > 0) {
-                println!(
-                    "  {}: rolling out, {n} instance(s) of the old spec still serving",
-                    s(&a["name"])
-                );
-            }
-            for m in a["moving"].as_array().into_iter().flatten() {
-                println!(
-                    "  {} {}: moving {} -> {} ({})",
-                    s(&a["name"]),
-                    s(&m["label"]),
-                    s(&m["from"]),
-                    s(&m["to"]),
-                    s(&m["why"])
-                );
-            }
-        }
-        let nodes = v["by_node"].as_array().cloned().unwrap_or_default();
-        if !nodes.is_empty() {
+    }
+    for a in &v.apps {
+        for c in &a.crash_loops {
+            let what = if c.health.crash_loop {
+                "CRASH LOOP"
+            } else {
+                "restarting"
+            };
             println!();
-            let rows = nodes.iter().map(|n| {
-                let roles: Vec<String> = n["roles"].as_array().into_iter().flatten().map(s).collect();
-                let apps: Vec<String> = n["instances"]
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(app, labels)| format!("{app}: {}", by_label(labels)))
-                    .collect();
-                let name = if n["draining"].as_bool() == Some(true) {
-                    format!("{} (draining)", s(&n["name"]))
-                } else {
-                    s(&n["name"])
-                };
-                vec![
-                    name,
-                    roles.join(","),
-                    format!("{:.0}%", n["load"].as_f64().unwrap_or(0.0) * 100.0),
-                    if apps.is_empty() { "-".into() } else { apps.join("; ") },
-                ]
-            });
-            table::print(&["NODE", "ROLES", "LOAD", "INSTANCES BY APP AND LABEL"], rows);
-        }
-        for a in &apps {
-            for c in a["crash_loops"].as_array().into_iter().flatten() {
-                let what = if c["crash_loop"].as_bool() == Some(true) {
-                    "CRASH LOOP"
-                } else {
-                    "restarting"
-                };
-                println!();
-                let instance = c["last_instance"]
-                    .as_str()
-                    .map(|i| format!(" (last instance {i})"))
-                    .unwrap_or_default();
-                println!(
-                    "{what}: app {} label {} on node {}: {} crashes in a row, last {}{instance}",
-                    s(&a["name"]),
-                    s(&c["label"]),
-                    s(&c["node"]),
-                    s(&c["crashes"]),
-                    s(&c["last_exit"])
-                );
-                for line in s(&c["last_lines"]).lines() {
-                    println!("    | {line}");
-                }
-            }
-        }
-        for d in v["damaged"].as_array().into_iter().flatten() {
-            println!();
+            // An empty instance is left out of the record's JSON: no instance started.
+            let instance = Some(&c.health.last_instance)
+                .filter(|i| !i.is_empty())
+                .map(|i| format!(" (last instance {i})"))
+                .unwrap_or_default();
             println!(
-                "DAMAGED record {}: {} (skipped everywhere; restore it from a backup, or delete and create it again)",
-                s(&d["key"]),
-                s(&d["reason"])
+                "{what}: app {} label {} on node {}: {} crashes in a row, last {}{instance}",
+                a.name, c.label, c.node, c.health.crashes, c.health.last_exit
             );
+            for line in c.health.last_lines.lines() {
+                println!("    | {line}");
+            }
         }
-        if v["gateway"].is_object() {
-            println!();
-            phases::print(&v["gateway"]);
-        }
-    });
-    Ok(())
+    }
+    for d in &v.damaged {
+        println!();
+        println!(
+            "DAMAGED record {}: {} (skipped everywhere; restore it from a backup, or delete and create it again)",
+            d.key, d.reason
+        );
+    }
+    if let Some(g) = gateway.filter(|g| g.is_object()) {
+        println!();
+        phases::print(g);
+    }
 }
 
 /// `warden store backup FILE`: a consistent snapshot of every durable record, written to
@@ -507,9 +516,10 @@ pub async fn backup(args: &ClientArgs, file: &std::path::Path) -> anyhow::Result
     use std::os::unix::fs::OpenOptionsExt;
     let endpoint = config::resolve(args)?;
     let api = client::Client::new(endpoint);
-    let backup = api.send("GET", "/v1/store/backup", None).await?;
-    let records = backup["records"].as_array().map_or(0, Vec::len);
-    let revision = backup["revision"].as_u64().unwrap_or(0);
+    let backup: Value = api.call("GET", "/v1/store/backup").await?;
+    // Written as it came (sealed: its digest and MAC cover it); read only to say what it holds.
+    let head: BackupHead = api.read(&serde_json::to_vec(&backup)?)?;
+    let (records, revision) = (head.records.len(), head.revision);
     let tmp = file.with_extension("partial");
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()

@@ -8,7 +8,9 @@ use anyhow::bail;
 use serde_json::json;
 
 use crate::client::Client;
-use crate::{s, Output};
+use warden_api_types::{AppLogEntry, AppSpec};
+
+use crate::Output;
 
 /// What `warden logs` prints.
 #[derive(Debug, clap::Args)]
@@ -55,7 +57,7 @@ fn query_value(s: &str) -> String {
 /// `warden logs`.
 pub(crate) async fn run(api: &Client, out: &Output, l: Logs) -> anyhow::Result<()> {
     let app = api
-        .send("GET", &format!("/v1/apps/{}", l.target), None)
+        .call::<AppSpec>("GET", &format!("/v1/apps/{}", l.target))
         .await
         .is_ok();
     if !app {
@@ -99,24 +101,19 @@ pub(crate) async fn run(api: &Client, out: &Output, l: Logs) -> anyhow::Result<(
     let path = format!("/v1/apps/{}/logs{query}", l.target);
     let mut seen: HashMap<String, Vec<String>> = HashMap::new();
     loop {
-        let v = api.send("GET", &path, None).await?;
-        for e in v.as_array().into_iter().flatten() {
-            let id = s(&e["instance"]);
-            let new: Vec<String> = e["text"]
-                .as_str()
-                .unwrap_or("")
-                .lines()
-                .map(str::to_owned)
-                .collect();
+        let entries: Vec<AppLogEntry> = api.call("GET", &path).await?;
+        for e in entries {
+            let id = e.instance.clone();
+            let new: Vec<String> = e.text.lines().map(str::to_owned).collect();
             let first = !seen.contains_key(&id);
             let old = seen.entry(id.clone()).or_default();
             if first {
-                if let Some(note) = e["note"].as_str() {
-                    eprintln!("instance {id} ({}): {note}", s(&e["label"]));
+                if let Some(note) = &e.note {
+                    eprintln!("instance {id} ({}): {note}", e.label);
                 }
             }
             for line in unseen(old, &new) {
-                print_line(out, &id, &s(&e["label"]), e["release"].as_u64(), line);
+                print_line(out, &id, &e.label, e.release, line);
             }
             *old = new;
         }

@@ -2,7 +2,9 @@
 
 use clap::Subcommand;
 
-use crate::{client, s, table, Output};
+use warden_api_types::NodeRecord;
+
+use crate::{client, table, Output};
 
 /// `warden nodes ...`
 #[derive(Debug, Subcommand)]
@@ -35,23 +37,19 @@ pub(crate) async fn run(
 ) -> anyhow::Result<()> {
     match cmd {
         NodesCommand::List => {
-            let v = api.send("GET", "/v1/nodes", None).await?;
-            out.value(&v, |v| {
-                let rows = v.as_array().into_iter().flatten().map(|n| {
-                    let roles: Vec<String> =
-                        n["roles"].as_array().into_iter().flatten().map(s).collect();
-                    let pct = |x: &serde_json::Value| {
-                        format!("{:.0}%", x.as_f64().unwrap_or(0.0) * 100.0)
-                    };
+            let nodes: Vec<NodeRecord> = api.call("GET", "/v1/nodes").await?;
+            out.value(&nodes, |nodes| {
+                let rows = nodes.iter().map(|n| {
+                    let pct = |x: f64| format!("{:.0}%", x * 100.0);
                     vec![
-                        s(&n["id"]),
-                        roles.join(","),
-                        n["advertise"].as_str().unwrap_or("-").to_owned(),
-                        s(&n["hostname"]),
-                        pct(&n["load"]["cpu_busy"]),
-                        pct(&n["load"]["memory_used"]),
-                        s(&n["load"]["instances"]),
-                        if n["draining"].as_bool() == Some(true) {
+                        n.id.clone(),
+                        n.roles.join(","),
+                        n.advertise.as_deref().unwrap_or("-").to_owned(),
+                        n.hostname.clone(),
+                        pct(n.load.cpu_busy),
+                        pct(n.load.memory_used),
+                        n.load.instances.to_string(),
+                        if n.draining {
                             "draining".to_owned()
                         } else {
                             "ready".to_owned()
@@ -75,7 +73,7 @@ pub(crate) async fn run(
         }
         NodesCommand::Drain { name, wait, ahead } => {
             let query = if ahead { "?ahead=true" } else { "" };
-            api.send("POST", &format!("/v1/nodes/{name}/drain{query}"), None)
+            api.act("POST", &format!("/v1/nodes/{name}/drain{query}"))
                 .await?;
             if let Some(secs) = wait {
                 wait_empty(api, &name, std::time::Duration::from_secs(secs)).await?;
@@ -87,7 +85,7 @@ pub(crate) async fn run(
             }
         }
         NodesCommand::Undrain { name } => {
-            api.send("DELETE", &format!("/v1/nodes/{name}/drain"), None)
+            api.act("DELETE", &format!("/v1/nodes/{name}/drain"))
                 .await?;
             out.done(format!("node {name} takes instances again"));
         }
@@ -103,17 +101,12 @@ async fn wait_empty(
 ) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + limit;
     loop {
-        let v = api.send("GET", "/v1/nodes", None).await?;
-        let Some(node) = v
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|n| n["id"].as_str() == Some(name))
-        else {
+        let nodes: Vec<NodeRecord> = api.call("GET", "/v1/nodes").await?;
+        let Some(node) = nodes.iter().find(|n| n.id == name) else {
             // Stopped meanwhile (its instances stop with it), or never running.
             return Ok(());
         };
-        let left = node["load"]["instances"].as_u64().unwrap_or(0);
+        let left = node.load.instances;
         if left == 0 {
             return Ok(());
         }

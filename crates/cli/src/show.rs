@@ -1,113 +1,97 @@
 //! `warden apps show APP`: what an app runs and how it stands, gathered from the spec, its
 //! releases, the status and the instance records.
 
-use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+use warden_api_types::{AppSpec, AppStatus, InstanceRecord, InstanceState, Release, Status};
 
 use crate::client::Client;
 use crate::deploy::{describe, when};
-use crate::{s, table, Output};
+use crate::{table, w, Output};
 
 /// `warden apps show APP`: the spec, the release it runs and the last deploy, and per label
 /// desired against running, per node.
 pub(crate) async fn run(api: &Client, out: &Output, app: &str) -> anyhow::Result<()> {
-    let spec = api.send("GET", &format!("/v1/apps/{app}"), None).await?;
+    let spec: AppSpec = api.call("GET", &format!("/v1/apps/{app}")).await?;
     if out.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&spec).unwrap_or_default()
-        );
+        let v = serde_json::to_value(&spec)?;
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return Ok(());
     }
-    let releases = api
-        .send("GET", &format!("/v1/apps/{app}/releases"), None)
+    // What cannot be had is shown as nothing rather than failing the whole view.
+    let releases: Vec<Release> = api
+        .call("GET", &format!("/v1/apps/{app}/releases"))
         .await
-        .unwrap_or(Value::Null);
-    let releases = releases.as_array().cloned().unwrap_or_default();
-    let status = api
-        .send("GET", "/v1/status", None)
+        .unwrap_or_default();
+    let st: Option<AppStatus> = api
+        .call::<Status>("GET", "/v1/status")
         .await
-        .unwrap_or(Value::Null);
-    let st = status["apps"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|a| a["name"] == app)
-        .cloned()
-        .unwrap_or(Value::Null);
+        .ok()
+        .and_then(|s| s.apps.into_iter().find(|a| a.name == app));
     println!("app {app}");
-    let current = spec["release"]["number"].as_u64();
-    match current.and_then(|n| releases.iter().find(|r| r["number"].as_u64() == Some(n))) {
+    let current = spec.release.as_ref().map(|r| r.number);
+    match current.and_then(|n| releases.iter().find(|r| r.number == n)) {
         Some(r) => println!(
             "  release   {} ({}, {}), made {} by {}",
-            s(&r["number"]),
-            s(&r["kind"]),
-            describe(&r["source"]),
-            when(r["at_ms"].as_u64().unwrap_or(0)),
-            s(&r["by"])
+            r.number,
+            w(&r.kind),
+            describe(&r.source),
+            when(r.at_ms),
+            r.by
         ),
         None => println!("  release   none (the app runs its command as given)"),
     }
     if let Some(last) = releases.last() {
-        if last["number"].as_u64() != current {
+        if Some(last.number) != current {
             println!(
                 "  last deploy  release {} {}: {}",
-                s(&last["number"]),
-                s(&last["status"]),
-                s(&last["error"]).lines().next().unwrap_or("")
+                last.number,
+                w(&last.status),
+                last.error
+                    .as_deref()
+                    .unwrap_or_default()
+                    .lines()
+                    .next()
+                    .unwrap_or("")
             );
         }
     }
-    let command = spec["command"]
-        .as_array()
-        .map(|c| c.iter().map(s).collect::<Vec<_>>().join(" "));
+    let command = spec.command.join(" ");
     println!(
         "  command   {}",
-        command
+        Some(command)
             .filter(|c| !c.is_empty())
             .unwrap_or_else(|| "none: a static site".into())
     );
-    if let Some(dir) = spec["static_dir"].as_str() {
-        println!("  static    {} under {}", dir, s(&spec["static_prefix"]));
+    if let Some(dir) = &spec.static_dir {
+        println!("  static    {} under {}", dir, spec.static_prefix);
     }
-    println!("  hosts     {}", or_dash(&s(&spec["hosts"])));
-    println!("  groups    {}", or_dash(&s(&spec["groups"])));
+    println!("  hosts     {}", or_dash(&spec.hosts.join(",")));
+    println!("  groups    {}", or_dash(&spec.groups.join(",")));
     println!(
         "  lifetime  {}, start {}",
-        s(&spec["lifetime"]),
-        s(&spec["start"])
+        w(&spec.lifetime),
+        w(&spec.start)
     );
-    let config: Vec<String> = spec["env"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(k, _)| k.clone())
-        .collect();
+    let config: Vec<String> = spec.env.keys().cloned().collect();
     println!("  config    {}", or_dash(&config.join(", ")));
     // Ready instances per label and node, from the records every node writes.
-    let records = api
-        .send("GET", "/v1/instances", None)
-        .await
-        .unwrap_or(Value::Null);
-    let mut by_node: std::collections::BTreeMap<String, std::collections::BTreeMap<String, usize>> =
-        std::collections::BTreeMap::new();
-    for i in records.as_array().into_iter().flatten() {
-        if i["app"] == app && i["state"] == "ready" {
+    let records: Vec<InstanceRecord> = api.call("GET", "/v1/instances").await.unwrap_or_default();
+    let mut by_node: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    for i in &records {
+        if i.app == app && i.state == InstanceState::Ready {
             *by_node
-                .entry(s(&i["label"]))
+                .entry(i.label.clone())
                 .or_default()
-                .entry(s(&i["node"]))
+                .entry(i.node.clone())
                 .or_default() += 1;
         }
     }
-    let mut labels: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-    for key in ["desired", "instances", "ready"] {
-        labels.extend(
-            st[key]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .map(|(k, _)| k.clone()),
-        );
+    let mut labels: BTreeSet<String> = BTreeSet::new();
+    if let Some(st) = &st {
+        labels.extend(st.desired.keys().cloned());
+        labels.extend(st.instances.keys().cloned());
+        labels.extend(st.ready.keys().cloned());
     }
     if labels.is_empty() {
         println!("  no instances run");
@@ -119,16 +103,17 @@ pub(crate) async fn run(api: &Client, out: &Output, app: &str) -> anyhow::Result
                 .flatten()
                 .map(|(node, n)| format!("{node}={n}"))
                 .collect();
+            let st = st.as_ref();
             vec![
                 l.clone(),
-                st["desired"][l]
-                    .as_u64()
+                st.and_then(|st| st.desired.get(l))
                     .map_or("-".into(), |n| n.to_string()),
                 by_node
                     .get(l)
                     .map_or(0, |n| n.values().sum::<usize>())
                     .to_string(),
-                s(&st["instances"][l]),
+                st.and_then(|st| st.instances.get(l))
+                    .map_or(String::new(), |n| n.to_string()),
                 or_dash(&nodes.join(" ")),
             ]
         });
@@ -137,13 +122,10 @@ pub(crate) async fn run(api: &Client, out: &Output, app: &str) -> anyhow::Result
             rows,
         );
     }
-    for c in st["crash_loops"].as_array().into_iter().flatten() {
+    for c in st.iter().flat_map(|st| &st.crash_loops) {
         println!(
             "  {} on {}: {} crash(es), last {}",
-            s(&c["label"]),
-            s(&c["node"]),
-            s(&c["crashes"]),
-            s(&c["last_exit"])
+            c.label, c.node, c.health.crashes, c.health.last_exit
         );
     }
     Ok(())

@@ -372,3 +372,43 @@ fn a_platform_without_demo_is_set_up_from_the_cli() {
     let (ok, out, _) = run(&w, &["lattice", "show", "--json"]);
     assert!(ok && out.contains("HIGH"));
 }
+
+/// An API that answers 200 with `body` to every request, on an ephemeral loopback port: what
+/// an API of another version looks like to this CLI.
+fn answering(body: &'static str) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        // Bounded: the CLI makes one request per command run below.
+        for stream in listener.incoming().take(4) {
+            let Ok(mut s) = stream else { continue };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[test]
+fn an_answer_of_another_shape_is_a_clear_error_naming_the_field() {
+    // An app whose name is a number: no version of this API writes that.
+    let api = answering(r#"[{"name": 5}]"#);
+    let (ok, out, err) = cli(BIN, &["apps", "list", "--api", &api, "--token", "t"], &[]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains(&format!(
+            "the API at {api} answered something this CLI cannot read"
+        )) && err.contains("[0].name")
+            && err.contains("same version"),
+        "{err}"
+    );
+}
