@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// Every error the API answers: what happened and what to do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ErrorBody {
     /// The message, for a person.
     pub error: String,
@@ -11,6 +12,7 @@ pub struct ErrorBody {
 
 /// Body of `GET /healthz` and `GET /readyz`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Health {
     /// Why the process is not ready (`/readyz` with 503 only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -21,6 +23,7 @@ pub struct Health {
 
 /// What the CLI prints for `--json` after a call that answers nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Ok {
     /// Always true.
     pub ok: bool,

@@ -5,6 +5,7 @@ use warden_core::InstanceState;
 
 /// Body of `POST /v1/instances`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct StartRequest {
     /// App to run.
@@ -15,6 +16,7 @@ pub struct StartRequest {
 
 /// Query of `GET /v1/instances/{id}/logs`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LogsQuery {
     /// How many of the last lines to return (default 100, at most 10000).
     pub lines: Option<usize>,
@@ -22,6 +24,7 @@ pub struct LogsQuery {
 
 /// Query of `GET /v1/apps/{name}/logs`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AppLogsQuery {
     /// How many of each instance's last lines (default 100, at most 10000).
@@ -36,6 +39,7 @@ pub struct AppLogsQuery {
 
 /// One instance's last lines in the answer of `GET /v1/apps/{name}/logs`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct AppLogEntry {
     /// Instance id.
     pub instance: String,

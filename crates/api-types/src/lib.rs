@@ -15,6 +15,8 @@
 pub mod health;
 pub mod instances;
 pub mod nodes;
+#[cfg(feature = "schema")]
+pub mod openapi;
 pub mod releases;
 pub mod status;
 pub mod users;
@@ -35,6 +37,7 @@ pub use warden_core::{
 
 /// Body of `POST /v1/apps/{name}/scale`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Scale {
     /// Instances the cluster keeps for each label named; 0 stops keeping that label. Labels

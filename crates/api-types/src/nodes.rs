@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// Query of `POST /v1/nodes/{name}/drain`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DrainQuery {
     /// Drain a node that is not running (yet).

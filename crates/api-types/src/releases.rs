@@ -8,6 +8,7 @@ use warden_core::Release;
 /// Body of `GET /v1/limits`: what the API takes, so that a client can refuse an upload before
 /// sending it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct UploadLimits {
     /// Largest upload a push may send, in bytes.
     pub max_upload_bytes: u64,
@@ -15,6 +16,7 @@ pub struct UploadLimits {
 
 /// Query of `POST /v1/apps/{name}/releases`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PushQuery {
     /// How to build: python, node, static or procfile; detected when absent.
@@ -25,6 +27,7 @@ pub struct PushQuery {
 
 /// Body of `POST /v1/apps/{name}/config`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ConfigChange {
     /// Vars to set.
@@ -37,6 +40,7 @@ pub struct ConfigChange {
 
 /// Body of `POST /v1/apps/{name}/rollback`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Rollback {
     /// The release to run again; the last released one before the current when absent.
@@ -47,6 +51,7 @@ pub struct Rollback {
 /// One line of the answer of a push, a config change or a rollback (newline-delimited JSON):
 /// progress lines, then exactly one `Done` or `Failed`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum ReleaseEvent {
     /// The release serves.

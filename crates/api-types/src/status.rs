@@ -8,6 +8,7 @@ use warden_core::{LabelHealth, Move};
 
 /// The summary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Status {
     /// Store revision when the summary was taken.
     pub revision: u64,
@@ -28,6 +29,7 @@ pub struct Status {
 
 /// Per-app counts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct AppStatus {
     /// App name.
     pub name: String,
@@ -51,6 +53,7 @@ pub struct AppStatus {
 
 /// Restart state of one label on one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct CrashReport {
     /// Label.
     pub label: String,
@@ -63,6 +66,7 @@ pub struct CrashReport {
 
 /// One live node and what runs on it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct NodeStatus {
     /// Node name.
     pub name: String,
@@ -80,6 +84,7 @@ pub struct NodeStatus {
 
 /// A record that does not decode.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Damaged {
     /// Its key.
     pub key: String,
@@ -91,6 +96,7 @@ pub struct Damaged {
 /// store's sealed backup (`warden_store::backup::Backup`), kept as it came; this crate does not
 /// depend on the store, so it names only the fields a client reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct BackupHead {
     /// The store revision the snapshot was taken at.
     pub revision: u64,
@@ -100,6 +106,7 @@ pub struct BackupHead {
 
 /// One record of a backup.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct BackupRecord {
     /// The key.
     pub key: String,

@@ -5,6 +5,7 @@ use warden_core::UserRecord;
 
 /// Body of `POST /v1/users`.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NewUser {
     /// Login name.
@@ -20,6 +21,7 @@ pub struct NewUser {
 
 /// Body of `PATCH /v1/users/{name}`: what changes. Any change ends the user's sessions.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct UserChange {
     /// New password in clear; hashed with Argon2id before it is stored.
@@ -35,6 +37,7 @@ pub struct UserChange {
 
 /// A user as the API shows it: never the hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct UserView {
     /// Login name.
     pub name: String,

@@ -32,7 +32,10 @@ pub use deliver::resume;
 pub use error::ApiError;
 pub use serve::{serve, Limits};
 
-/// The OpenAPI document of this API, kept in the repository beside the code it describes.
+/// The OpenAPI document of this API, kept in the repository beside the code it describes:
+/// generated from `openapi.template.json` (the paths) and the types of `warden-api-types` (the
+/// schemas) by `cargo run -p warden-api-types --features schema --example openapi`; a test
+/// fails when it is not what they make.
 pub const OPENAPI: &str = include_str!("../openapi.json");
 
 /// Every (method, path) the router serves, in OpenAPI path syntax. A test checks it against
@@ -346,5 +349,17 @@ mod tests {
             .collect();
         served.sort();
         assert_eq!(documented, served);
+    }
+
+    #[test]
+    fn openapi_json_is_what_the_generator_makes_of_the_template_and_the_types() {
+        use warden_api_types::openapi::{document, REGENERATE};
+        let made =
+            document(include_str!("../openapi.template.json")).expect("the template is JSON");
+        assert!(
+            made == OPENAPI,
+            "crates/api/openapi.json is not what the API's types and crates/api/openapi.template.json make; \
+             regenerate it with `{REGENERATE}` (change paths in the template, never in openapi.json)"
+        );
     }
 }

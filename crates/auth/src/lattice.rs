@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 /// The lattice definition, stored at `lattice`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Lattice {
     /// Levels from lowest to highest. Empty: no levels, only categories.

@@ -13,6 +13,7 @@ pub const MAX_START_TIMEOUT_MS: u64 = 120_000;
 
 /// How to run an app and who may reach it. Stored at `apps/<name>/spec`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AppSpec {
     /// The app's name: the gateway serves it under `/apps/<name>/`.
@@ -92,6 +93,7 @@ pub struct AppSpec {
 
 /// The network of a sandboxed instance.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkMode {
     /// Only loopback: the app reaches nothing, and the gateway reaches it through sockets opened
@@ -105,6 +107,7 @@ pub enum NetworkMode {
 
 /// How a new instance is started when a request needs one (seed 002's JIT, tap pool and AOT).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum StartPath {
     /// Everything is created on the request.
@@ -136,6 +139,7 @@ fn default_slots() -> u32 {
 
 /// Which driver runs an app's instances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum DriverKind {
     /// A child process on a loopback port; needs no privileges, isolates little.
@@ -147,6 +151,7 @@ pub enum DriverKind {
 
 /// Whom one instance serves.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Lifetime {
     /// Every user with the instance's label.
@@ -160,6 +165,7 @@ pub enum Lifetime {
 
 /// Resource limits of one instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Memory in MiB: the cgroup's memory limit (resident memory, files the instance writes
@@ -210,6 +216,7 @@ fn default_static_prefix() -> String {
 
 /// Load-balancing policy across the instances of one app and label.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Balance {
     /// Each instance in turn.

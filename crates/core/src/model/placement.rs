@@ -13,6 +13,7 @@ pub type Assignments = BTreeMap<String, BTreeMap<String, BTreeMap<String, u32>>>
 /// The cluster's placement of kept instances. One record, written whole by compare-and-swap,
 /// so that no two writers can ever assign more than an app's desired count between them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Placement {
     /// The election revision of the scheduler that wrote it; a scheduler seeing a higher term
@@ -38,6 +39,7 @@ pub struct Placement {
 
 /// One instance moving between nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Move {
     /// App.
@@ -56,6 +58,7 @@ pub struct Move {
 
 /// Why an instance moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum MoveReason {
     /// Its node is drained.
@@ -105,6 +108,7 @@ impl Placement {
 /// Which agent node runs the scheduler. Stored under that node's lease, so that it goes with
 /// the node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerRecord {
     /// Node.
@@ -115,6 +119,7 @@ pub struct SchedulerRecord {
 
 /// A node's drain order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DrainOrder {
     /// When it was given, ms since the Unix epoch.

@@ -10,6 +10,7 @@ use super::Lifetime;
 
 /// A user who may sign in at the gateway. Stored at `users/<name>`.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct UserRecord {
     /// Login name.
@@ -43,6 +44,7 @@ impl fmt::Debug for UserRecord {
 
 /// Life stage of an instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum InstanceState {
     /// Started, not yet accepting connections.
@@ -60,6 +62,7 @@ pub enum InstanceState {
 /// A running instance of an app. Stored at `instances/<app>/<id>` under its agent's lease, so it
 /// vanishes when the agent does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct InstanceRecord {
     /// Instance id, unique across the platform.
@@ -99,6 +102,7 @@ pub struct InstanceRecord {
 /// A node's load, published for placement (seed 003 §3.3.2): fractions of the host's own
 /// capacity, so that hosts of different sizes compare.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct HostLoad {
     /// Fraction of memory in use (1 - MemAvailable / MemTotal).
@@ -126,6 +130,7 @@ impl HostLoad {
 /// How an app's desired count fares on one node. Stored at `health/<app>/<node>` under the
 /// node's lease.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AppHealth {
     /// Per label: the restart state of its kept instances.
@@ -134,6 +139,7 @@ pub struct AppHealth {
 
 /// Restart state of one label's kept instances on one node.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct LabelHealth {
     /// Crashes in a row without an instance staying up.
@@ -154,6 +160,7 @@ pub struct LabelHealth {
 /// A node of the cluster, whatever roles it runs. Stored at `nodes/<id>` under the node's lease,
 /// refreshed every second.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NodeRecord {
     /// Node id.
@@ -195,6 +202,7 @@ impl NodeRecord {
 
 /// A login session. Stored at `sessions/<sha256 of token>` under a lease that ends it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SessionRecord {
     /// User the session belongs to.

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 /// The release an app's spec runs: which slug, under which number. Each node resolves the slug
 /// to its own copy.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SpecRelease {
     /// The release's number.
@@ -26,6 +27,7 @@ pub struct SpecRelease {
 
 /// How a slug was built from its source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BuildKind {
     /// A Python app: a virtual environment with the app's requirements.
@@ -66,6 +68,7 @@ impl BuildKind {
 
 /// What made a release.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ReleaseSource {
     /// A push of a source archive.
@@ -92,6 +95,7 @@ pub enum ReleaseSource {
 /// the next begins, so that a node killed at any point leaves a record that says where it
 /// stood and the node resumes it (or fails it as interrupted) when it starts again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ReleaseStatus {
     /// A push's upload is kept on disk (its digest known) and waits for its build. Records
@@ -123,6 +127,7 @@ impl ReleaseStatus {
 
 /// Why a release failed, for programs; the release's `error` says it for people.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FailReason {
     /// The tree does not say how to build or run it.
@@ -148,6 +153,7 @@ pub enum FailReason {
 
 /// A numbered release of an app. Stored at `releases/<app>/<number>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Release {
     /// The app.
