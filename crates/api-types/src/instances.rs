@@ -56,3 +56,36 @@ pub struct AppLogEntry {
     /// Its last lines, newline-separated.
     pub text: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The entry was a `json!` object, whose keys serde_json sorts: the type writes the same
+    /// bytes, so clients that read the raw answer see no change.
+    #[test]
+    fn a_log_entry_writes_the_bytes_the_json_macro_wrote() {
+        let e = AppLogEntry {
+            instance: "i1".into(),
+            label: "public".into(),
+            node: "n1".into(),
+            note: None,
+            release: Some(3),
+            state: InstanceState::Ready,
+            text: "hello\n".into(),
+        };
+        let before = serde_json::json!({
+            "instance": "i1",
+            "label": "public",
+            "release": 3,
+            "node": "n1",
+            "state": "ready",
+            "text": "hello\n",
+            "note": null,
+        });
+        assert_eq!(
+            serde_json::to_string(&e).expect("serializes"),
+            before.to_string()
+        );
+    }
+}
