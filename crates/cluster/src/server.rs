@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
+use warden_core::builds::slug_files;
 use warden_core::{keys, AppSpec, InstanceError, Instances, Unavailable};
 use warden_store::{get_json, Store};
 
@@ -374,8 +375,10 @@ async fn send_slug(
         .filter(|_| warden_core::model::is_slug_id(id))
         .map(|s| s.join(id));
     let file = match &home {
-        Some(h) if h.join("slug.sha256").is_file() => {
-            tokio::fs::File::open(h.join("slug.tar.gz")).await.ok()
+        Some(h) if h.join(slug_files::DIGEST).is_file() => {
+            tokio::fs::File::open(h.join(slug_files::ARCHIVE))
+                .await
+                .ok()
         }
         _ => None,
     };

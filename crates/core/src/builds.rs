@@ -8,6 +8,15 @@ use async_trait::async_trait;
 
 use crate::{AppSpec, BuildKind};
 
+/// Names of the files in a slug's home (`<slugs>/<id>/`) that more than one role reads: the
+/// agent writes them, and the cluster server sends the archive to nodes that fetch it.
+pub mod slug_files {
+    /// The slug as one gzip'd tar (its mark and its tree); never inside the archive itself.
+    pub const ARCHIVE: &str = "slug.tar.gz";
+    /// The archive's SHA-256, hex, written last: the slug is complete when it is there.
+    pub const DIGEST: &str = "slug.sha256";
+}
+
 /// Where a build's or a trial's output lines go, as they come.
 pub type Output = Arc<dyn Fn(&str) + Send + Sync>;
 

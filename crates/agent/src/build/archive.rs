@@ -8,7 +8,7 @@ use std::path::Path;
 use super::beneath::{Links, Root};
 
 /// File name of the archive in a slug's home; never inside the archive itself.
-pub(crate) const FILE: &str = "slug.tar.gz";
+pub(crate) const FILE: &str = warden_core::builds::slug_files::ARCHIVE;
 
 /// Packs `home` (all but the archive) into `home/slug.tar.gz`; returns its SHA-256, hex.
 pub(crate) fn pack(home: &Path) -> std::io::Result<String> {

@@ -14,7 +14,7 @@ use crate::drivers::LaunchError;
 pub(crate) const MARK: &str = "slug.json";
 /// File beside a slug's tree holding its archive's SHA-256, written last: the slug is
 /// complete when it is there.
-pub(crate) const DIGEST: &str = "slug.sha256";
+pub(crate) const DIGEST: &str = warden_core::builds::slug_files::DIGEST;
 
 /// What [`MARK`] holds.
 #[derive(Debug, Serialize, Deserialize)]
