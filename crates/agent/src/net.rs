@@ -14,17 +14,16 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
-
-/// Address prefix of instances reached through a connection-handing socket.
-pub const FD_UNIX: &str = "fd+unix:";
+use warden_core::InstanceAddr;
 
 /// Reply byte of a successful hand-over; a failed one sends `b'e'` and the errno.
 pub(crate) const HANDED: u8 = b'k';
 
-/// Opens a TCP connection to the instance at `addr` (`host:port` or `fd+unix:<path>`).
-pub async fn connect(addr: &str) -> io::Result<TcpStream> {
-    let Some(path) = addr.strip_prefix(FD_UNIX) else {
-        return TcpStream::connect(addr).await;
+/// Opens a TCP connection to the instance at `addr`.
+pub async fn connect(addr: &InstanceAddr) -> io::Result<TcpStream> {
+    let path = match addr {
+        InstanceAddr::Tcp(a) => return TcpStream::connect(a).await,
+        InstanceAddr::FdUnix { socket } => socket,
     };
     let unix = UnixStream::connect(path).await?;
     let fd = loop {

@@ -30,7 +30,7 @@ impl Instances for OneInstance {
     }
     async fn connect(&self, i: &InstanceRecord) -> std::io::Result<InstanceStream> {
         Ok(InstanceStream::Tcp(
-            tokio::net::TcpStream::connect(&i.addr).await?,
+            tokio::net::TcpStream::connect(i.addr.tcp().expect("a TCP instance")).await?,
         ))
     }
     fn refused(&self, _: &InstanceRecord) {}

@@ -22,10 +22,10 @@ pub use instances::{
     Unavailable,
 };
 pub use model::{
-    AppHealth, AppSpec, BuildKind, DrainOrder, DriverKind, FailReason, HostLoad, InstanceRecord,
-    InstanceState, LabelHealth, Lifetime, Limits, Move, MoveReason, NetworkMode, NodeRecord,
-    Placement, Release, ReleaseSource, ReleaseStatus, SchedulerRecord, SessionRecord, SpecRelease,
-    StartPath, UserRecord, MAX_POOL,
+    AddrError, AppHealth, AppSpec, BuildKind, DrainOrder, DriverKind, FailReason, HostLoad,
+    InstanceAddr, InstanceRecord, InstanceState, LabelHealth, Lifetime, Limits, Move, MoveReason,
+    NetworkMode, NodeRecord, Placement, Release, ReleaseSource, ReleaseStatus, SchedulerRecord,
+    SessionRecord, SpecRelease, StartPath, UserRecord, MAX_POOL,
 };
 pub use name::{validate_name, NameError};
 pub use peers::Peers;

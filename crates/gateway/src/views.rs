@@ -506,7 +506,7 @@ mod tests {
             app: "demo".into(),
             label: label.into(),
             node: "n".into(),
-            addr: "127.0.0.1:1".into(),
+            addr: "127.0.0.1:1".parse().unwrap(),
             pid: 1,
             state: InstanceState::Ready,
             started_at_ms: 0,

@@ -45,7 +45,7 @@ pub(crate) struct Started {
     pub child: Child,
     /// Where the gateway connects: `host:port`, or `fd+unix:<path>` for a socket that hands
     /// out connections opened inside the instance's own network namespace.
-    pub addr: String,
+    pub addr: warden_core::InstanceAddr,
     /// What the instance holds until it is gone; `None` when nothing.
     pub held: Option<Box<dyn Held>>,
 }

@@ -103,7 +103,7 @@ impl Driver for ProcessDriver {
         })?;
         Ok(Started {
             child,
-            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)).to_string(),
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)).into(),
             held: lease.map(|l| Box::new(l) as Box<dyn super::launch::Held>),
         })
     }

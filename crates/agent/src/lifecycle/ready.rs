@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use tokio::sync::watch;
+use warden_core::InstanceAddr;
 
 use super::health;
 use crate::net;
@@ -22,7 +23,7 @@ pub(crate) enum Ready {
 /// Waits until the app at `addr` is ready, the process exits, or `timeout` passes. Ready means
 /// accepting a TCP connection and, when the app names a health path, answering it 2xx or 3xx.
 pub(crate) async fn wait_ready(
-    addr: &str,
+    addr: &InstanceAddr,
     health: Option<&str>,
     mut exited: watch::Receiver<bool>,
     timeout: Duration,

@@ -88,7 +88,7 @@ fn record(id: &str) -> InstanceRecord {
         app: "a".into(),
         label: "l".into(),
         node: "locks".into(),
-        addr: "127.0.0.1:1".into(),
+        addr: "127.0.0.1:1".parse().unwrap(),
         pid: 0,
         state: InstanceState::Ready,
         started_at_ms: 0,

@@ -20,7 +20,7 @@ pub(crate) struct Slot {
     pub(super) log: PathBuf,
     pub(super) fingerprint: String,
     pub(super) child: Child,
-    pub(super) addr: String,
+    pub(super) addr: warden_core::InstanceAddr,
     pub(super) control: std::os::unix::net::UnixStream,
     /// Set once `sandbox-init` said the sandbox is prepared.
     pub(super) prepared: Arc<AtomicBool>,

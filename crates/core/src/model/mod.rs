@@ -1,6 +1,7 @@
 //! Records stored under the keys of [`crate::keys`], serialised as JSON: app specs in
 //! `app`, everything else in `records`.
 
+mod addr;
 mod app;
 mod check;
 mod env;
@@ -8,6 +9,7 @@ mod placement;
 mod records;
 mod release;
 
+pub use addr::*;
 pub use app::*;
 pub use check::*;
 pub use env::*;

@@ -73,8 +73,8 @@ pub struct InstanceRecord {
     pub label: String,
     /// Node whose agent runs it.
     pub node: String,
-    /// Address the gateway forwards to.
-    pub addr: String,
+    /// Address the gateway forwards to; stored as its string form, checked when read.
+    pub addr: super::InstanceAddr,
     /// Process id on its node.
     pub pid: u32,
     /// Life stage.

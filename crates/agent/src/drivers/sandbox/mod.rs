@@ -131,7 +131,7 @@ pub(crate) struct Prepared {
     /// The sandbox's outermost process.
     pub child: tokio::process::Child,
     /// Where the gateway connects, as in [`Started`].
-    pub addr: String,
+    pub addr: warden_core::InstanceAddr,
     /// The agent's end of the control socket (init's stdin).
     pub control: std::os::unix::net::UnixStream,
     /// The sandbox's bridge address and cgroups, held until it is gone.
@@ -307,11 +307,7 @@ impl SandboxDriver {
         let child = spawn::spawn(cmd, l.dir).map_err(spawn_error)?;
         Ok(Prepared {
             child,
-            addr: format!(
-                "{}{}",
-                crate::net::FD_UNIX,
-                l.dir.join(CONN_SOCKET).display()
-            ),
+            addr: warden_core::InstanceAddr::fd_unix(l.dir.join(CONN_SOCKET)),
             control,
             held,
         })
