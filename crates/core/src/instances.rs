@@ -50,6 +50,15 @@ impl Owner {
             Self::Shared | Self::Request => "",
         }
     }
+
+    /// What an instance record holds for this owner ([`InstanceRecord::user`]): the user for a
+    /// per-user instance, `None` for the others.
+    pub fn reserved_for(&self) -> Option<String> {
+        match self {
+            Self::User(u) => Some(u.clone()),
+            Self::Shared | Self::Request => None,
+        }
+    }
 }
 
 /// Why no instance could be had, found or changed.

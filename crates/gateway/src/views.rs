@@ -413,11 +413,7 @@ fn upsert_instance(v: &mut Views, r: InstanceRecord) {
         None => {}
     }
     // Keep the outstanding count of an instance whose record did not change.
-    let key = (
-        r.app.clone(),
-        r.label.clone(),
-        r.owner.clone().unwrap_or_default(),
-    );
+    let key = (r.app.clone(), r.label.clone(), r.user_key().to_owned());
     if v.instances
         .get(&key)
         .is_some_and(|l| l.iter().any(|x| x.record == r))
@@ -511,7 +507,7 @@ mod tests {
             state: InstanceState::Ready,
             started_at_ms: 0,
             lifetime: Lifetime::Shared,
-            owner: None,
+            user: None,
             kept: false,
             generation: String::new(),
             release: None,

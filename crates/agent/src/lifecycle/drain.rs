@@ -94,7 +94,7 @@ impl Lifecycle {
                 r.record.kept
                     && r.record.app == app
                     && r.record.label == label
-                    && r.record.owner.is_none()
+                    && r.record.user.is_none()
                     && r.record.state != InstanceState::Draining
                     && r.record.state != InstanceState::Spare
                     && !r.stopping.load(Ordering::Relaxed)
@@ -143,7 +143,7 @@ impl Lifecycle {
             .values()
             .filter(|r| {
                 r.record.kept
-                    && r.record.owner.is_none()
+                    && r.record.user.is_none()
                     && r.record.state != InstanceState::Draining
                     && !r.stopping.load(Ordering::Relaxed)
             })

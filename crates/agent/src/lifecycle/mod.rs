@@ -116,11 +116,7 @@ fn serve_key(app: &str, label: &str, owner: &Owner) -> Option<ServeKey> {
 fn record_key(r: &InstanceRecord) -> Option<ServeKey> {
     match r.lifetime {
         Lifetime::PerRequest => None,
-        _ => Some((
-            r.app.clone(),
-            r.label.clone(),
-            r.owner.clone().unwrap_or_default(),
-        )),
+        _ => Some((r.app.clone(), r.label.clone(), r.user_key().to_owned())),
     }
 }
 
@@ -153,10 +149,7 @@ impl Lifecycle {
         if self.stopping() {
             return Err(AgentError::ShuttingDown.into());
         }
-        let crash_owner = match owner {
-            Owner::User(u) => u.as_str(),
-            _ => "",
-        };
+        let crash_owner = owner.user();
         let Some(key) = serve_key(&spec.name, label, owner) else {
             // Every request starts its own instance; in a run of crashes, only one per backoff
             // window does, and the rest get its answer.

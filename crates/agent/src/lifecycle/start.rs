@@ -185,10 +185,7 @@ impl Lifecycle {
             state: InstanceState::Starting,
             started_at_ms: now_ms(),
             lifetime: spec.lifetime,
-            owner: match owner {
-                Owner::User(u) => Some(u.clone()),
-                _ => None,
-            },
+            user: owner.reserved_for(),
             kept: purpose == Purpose::Kept,
             generation: spec.generation(),
             release: spec.release.as_ref().map(|r| r.number),
@@ -405,10 +402,7 @@ impl Lifecycle {
                 })
                 .min_by_key(|r| r.record.started_at_ms)?;
             r.record.state = InstanceState::Ready;
-            r.record.owner = match owner {
-                Owner::User(u) => Some(u.clone()),
-                _ => None,
-            };
+            r.record.user = owner.reserved_for();
             r.activity.touch();
             r.record.clone()
         };
@@ -476,10 +470,9 @@ impl Monitor {
             && state == Some(InstanceState::Ready);
         if !self.stopping.load(Ordering::Relaxed) && !served_its_request {
             let tail = logs::tail(&log, logs::TAIL_LINES);
-            let owner = r.owner.as_deref().unwrap_or("");
             life.deps
                 .restarts
-                .crashed(&r.app, &r.label, owner, &r.id, &status, &tail);
+                .crashed(&r.app, &r.label, r.user_key(), &r.id, &status, &tail);
         }
         let _ = self.exited.send(true);
     }

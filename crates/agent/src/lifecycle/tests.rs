@@ -93,7 +93,7 @@ fn record(id: &str) -> InstanceRecord {
         state: InstanceState::Ready,
         started_at_ms: 0,
         lifetime: Lifetime::Shared,
-        owner: None,
+        user: None,
         kept: false,
         generation: String::new(),
         release: None,

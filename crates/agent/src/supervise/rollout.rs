@@ -41,7 +41,7 @@ impl Supervisor {
                 // for nobody: it finishes what it serves, and the next request starts one of
                 // the new spec. An app that became a static site runs nothing at all.
                 InstanceState::Ready
-                    if r.owner.is_some()
+                    if r.user.is_some()
                         || r.lifetime != spec.lifetime
                         || spec.command.is_empty() =>
                 {

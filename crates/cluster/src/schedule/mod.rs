@@ -266,7 +266,7 @@ impl Scheduler {
             .collect();
         let mut ready = BTreeMap::new();
         for r in readable::<InstanceRecord>(store, keys::INSTANCES).await? {
-            if r.kept && r.state == InstanceState::Ready && r.owner.is_none() {
+            if r.kept && r.state == InstanceState::Ready && r.user.is_none() {
                 *ready.entry((r.node, r.app, r.label)).or_insert(0) += 1;
             }
         }

@@ -84,9 +84,11 @@ pub struct InstanceRecord {
     /// Whom it serves.
     #[serde(default)]
     pub lifetime: Lifetime,
-    /// The user it serves, for per-user instances.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
+    /// The one user it is reserved for (an [`Owner::User`](crate::Owner::User)); `None` for an
+    /// instance anyone with its label may get, and for a per-request one. Stored and shown as
+    /// `owner`, as before it had this name.
+    #[serde(rename = "owner", default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// Kept running by the app's desired count (not reaped when idle).
     #[serde(default)]
     pub kept: bool,
@@ -97,6 +99,16 @@ pub struct InstanceRecord {
     /// The release of the app it runs, for an app deployed with `warden push`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release: Option<u64>,
+}
+
+// === impl InstanceRecord ===
+
+impl InstanceRecord {
+    /// The user it is reserved for, empty when none: the form [`Owner::user`](crate::Owner::user)
+    /// gives, which routing and restart keys use.
+    pub fn user_key(&self) -> &str {
+        self.user.as_deref().unwrap_or("")
+    }
 }
 
 /// A node's load, published for placement (seed 003 §3.3.2): fractions of the host's own
@@ -238,5 +250,24 @@ mod tests {
             generation: String::new(),
         };
         assert!(!format!("{u:?}").contains("argon2id"));
+    }
+
+    #[test]
+    fn an_instance_record_keeps_owner_as_its_stored_name() {
+        let stored = serde_json::json!({
+            "id": "i1", "app": "web", "label": "L", "node": "n", "addr": "127.0.0.1:1",
+            "pid": 1, "state": "ready", "started_at_ms": 0, "lifetime": "per_user",
+            "owner": "ann", "kept": false,
+        });
+        let r: InstanceRecord = serde_json::from_value(stored.clone()).unwrap();
+        assert_eq!(r.user.as_deref(), Some("ann"));
+        assert_eq!(r.user_key(), crate::Owner::User("ann".into()).user());
+        assert_eq!(serde_json::to_value(&r).unwrap(), stored);
+        let shared = InstanceRecord { user: None, ..r };
+        assert_eq!(shared.user_key(), "");
+        assert!(serde_json::to_value(&shared)
+            .unwrap()
+            .get("owner")
+            .is_none());
     }
 }
