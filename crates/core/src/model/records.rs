@@ -84,7 +84,7 @@ pub struct InstanceRecord {
     /// Whom it serves.
     #[serde(default)]
     pub lifetime: Lifetime,
-    /// The one user it is reserved for (an [`Owner::User`](crate::Owner::User)); `None` for an
+    /// The one user it is reserved for (what `Owner::User` names); `None` for an
     /// instance anyone with its label may get, and for a per-request one. Stored and shown as
     /// `owner`, as before it had this name.
     #[serde(rename = "owner", default, skip_serializing_if = "Option::is_none")]
@@ -104,7 +104,7 @@ pub struct InstanceRecord {
 // === impl InstanceRecord ===
 
 impl InstanceRecord {
-    /// The user it is reserved for, empty when none: the form [`Owner::user`](crate::Owner::user)
+    /// The user it is reserved for, empty when none: the form `Owner::user`
     /// gives, which routing and restart keys use.
     pub fn user_key(&self) -> &str {
         self.user.as_deref().unwrap_or("")
