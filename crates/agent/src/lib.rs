@@ -38,7 +38,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::{mpsc, watch};
 use warden_core::{
-    Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, Owner,
+    Activity, AppSpec, InstanceAdmin, InstanceError, InstanceRecord, InstanceStream, Instances,
+    Owner,
 };
 use warden_store::Store;
 
@@ -348,10 +349,6 @@ impl Instances for Agent {
         net::connect(&instance.addr).await.map(InstanceStream::Tcp)
     }
 
-    fn record(&self, id: &str) -> Option<InstanceRecord> {
-        self.inner.life.record(id)
-    }
-
     /// Nothing to do here: the monitor of a local instance sees its exit itself. A cluster
     /// implementation tells the checker.
     fn refused(&self, _instance: &InstanceRecord) {}
@@ -373,6 +370,12 @@ impl Instances for Agent {
 
     fn activity(&self, id: &str) -> Option<Arc<Activity>> {
         self.inner.life.activity(id)
+    }
+}
+
+impl InstanceAdmin for Agent {
+    fn record(&self, id: &str) -> Option<InstanceRecord> {
+        self.inner.life.record(id)
     }
 
     fn logs(&self, id: &str, lines: usize) -> Result<String, InstanceError> {

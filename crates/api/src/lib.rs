@@ -2,7 +2,7 @@
 //!
 //! This crate owns the admin interface and its validation: every body is parsed into a type that
 //! refuses unknown fields, every error is JSON saying what to do. It writes desired state to the
-//! store and asks the instances source (the local agent, through [`warden_core::Instances`]) to
+//! store and asks the instances source (the local agent, through [`warden_core::InstanceAdmin`]) to
 //! start or kill instances; it never serves app traffic. Pushes are built and tried by the
 //! local agent too (through [`warden_core::builds::Builds`]); `deliver` makes a release serve.
 //!
@@ -25,7 +25,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use subtle::ConstantTimeEq;
 use warden_api_types::Health;
-use warden_core::Instances;
+use warden_core::InstanceAdmin;
 use warden_store::Store;
 
 pub use deliver::resume;
@@ -115,7 +115,7 @@ pub struct Api {
     /// The state store.
     pub store: Arc<dyn Store>,
     /// Where instances come from, if this process runs the agent role.
-    pub instances: Option<Arc<dyn Instances>>,
+    pub instances: Option<Arc<dyn InstanceAdmin>>,
     /// The cost of the Argon2id hashes of new passwords.
     pub argon2: warden_auth::Argon2Cost,
     /// warden's data directory, which no app may serve as static files; uploads and release
@@ -141,7 +141,7 @@ impl Api {
     /// API state guarded by `admin_token`; new passwords are hashed at `argon2`.
     pub fn new(
         store: Arc<dyn Store>,
-        instances: Option<Arc<dyn Instances>>,
+        instances: Option<Arc<dyn InstanceAdmin>>,
         admin_token: &str,
         argon2: warden_auth::Argon2Cost,
     ) -> Self {

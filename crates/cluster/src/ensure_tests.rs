@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use warden_core::{
-    keys, Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, Owner,
-    Unavailable,
+    keys, Activity, AppSpec, InstanceAdmin, InstanceError, InstanceRecord, InstanceStream,
+    Instances, Owner, Unavailable,
 };
 use warden_store::Store;
 
@@ -39,6 +39,12 @@ impl Instances for Refusing {
         Ok(())
     }
     fn activity(&self, _: &str) -> Option<Arc<Activity>> {
+        None
+    }
+}
+
+impl InstanceAdmin for Refusing {
+    fn record(&self, _: &str) -> Option<InstanceRecord> {
         None
     }
     fn logs(&self, _: &str, _: usize) -> Result<String, InstanceError> {

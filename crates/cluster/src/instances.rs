@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use warden_core::{
-    keys, Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, NodeRecord,
-    Owner, Peers, Unavailable,
+    keys, Activity, AppSpec, InstanceAdmin, InstanceError, InstanceRecord, InstanceStream,
+    Instances, NodeRecord, Owner, Peers, Unavailable,
 };
 use warden_store::{decode, Store};
 
@@ -18,7 +18,7 @@ use crate::{Directory, NodeClient};
 /// node's through its node port.
 pub struct ClusterInstances {
     me: String,
-    local: Option<Arc<dyn Instances>>,
+    local: Option<Arc<dyn InstanceAdmin>>,
     client: NodeClient,
     nodes: Directory,
     /// Which nodes answer this one's pings: a silent one gets no start.
@@ -42,7 +42,7 @@ impl ClusterInstances {
     /// Instances for node `me`, whose own agent is `local` (if it runs one).
     pub fn new(
         me: String,
-        local: Option<Arc<dyn Instances>>,
+        local: Option<Arc<dyn InstanceAdmin>>,
         client: NodeClient,
         nodes: Directory,
         peers: Arc<Peers>,
@@ -196,8 +196,8 @@ impl ClusterInstances {
 }
 
 impl ClusterInstances {
-    /// As the `Instances` a gateway and an API use.
-    pub fn into_instances(self) -> Arc<dyn Instances> {
+    /// As the `Instances` a gateway uses, and the administration an API uses.
+    pub fn into_instances(self) -> Arc<dyn InstanceAdmin> {
         Arc::new(Shared(Arc::new(self)))
     }
 }
@@ -350,7 +350,9 @@ impl Instances for Shared {
     fn activity(&self, id: &str) -> Option<Arc<Activity>> {
         self.0.local.as_ref()?.activity(id)
     }
+}
 
+impl InstanceAdmin for Shared {
     fn logs(&self, id: &str, lines: usize) -> Result<String, InstanceError> {
         match &self.0.local {
             Some(l) if l.record(id).is_some() => l.logs(id, lines),

@@ -9,7 +9,7 @@
 //! gateway and an API use on a cluster: the local agent for instances of its own node (the
 //! direct path, no hop), the node port of the node that runs any other.
 //!
-//! It must not import a role crate: the local agent is an `Arc<dyn Instances>` here, and the
+//! It must not import a role crate: the local agent is an `Arc<dyn InstanceAdmin>` here, and the
 //! gateway only sees `Instances`. Consensus and replication are etcd's; this crate never
 //! implements them.
 #![forbid(unsafe_code)]

@@ -12,7 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use warden_core::builds::slug_files;
-use warden_core::{keys, AppSpec, InstanceError, Instances, Unavailable};
+use warden_core::{keys, AppSpec, InstanceAdmin, InstanceError, Unavailable};
 use warden_store::{get_json, Store};
 
 use crate::pending::Pending;
@@ -87,7 +87,7 @@ enum Serves {
     No,
 }
 
-fn serves(local: &dyn Instances, id: &str, label: &str) -> Serves {
+fn serves(local: &dyn InstanceAdmin, id: &str, label: &str) -> Serves {
     match local.record(id) {
         Some(r) if r.label != label => Serves::No,
         Some(r) if r.state == warden_core::InstanceState::Draining => Serves::Draining,
@@ -106,7 +106,7 @@ fn serves(local: &dyn Instances, id: &str, label: &str) -> Serves {
 async fn relay(
     tls: tokio_rustls::server::TlsStream<TcpStream>,
     instance: warden_core::InstanceStream,
-    local: &dyn Instances,
+    local: &dyn InstanceAdmin,
     id: &str,
     label: &str,
 ) {
@@ -185,7 +185,7 @@ async fn relay(
 pub async fn serve(
     listener: TcpListener,
     tls: NodeTls,
-    local: Arc<dyn Instances>,
+    local: Arc<dyn InstanceAdmin>,
     store: Arc<dyn Store>,
     stats: Arc<NodePortStats>,
     slugs: Option<std::path::PathBuf>,
@@ -277,7 +277,7 @@ async fn handshake(
 
 async fn handle(
     mut tls: tokio_rustls::server::TlsStream<TcpStream>,
-    local: &dyn Instances,
+    local: &dyn InstanceAdmin,
     store: &dyn Store,
     stats: &NodePortStats,
     slugs: Option<&std::path::Path>,

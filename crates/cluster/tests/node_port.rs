@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use tokio::io::AsyncReadExt;
 use warden_cluster::{new_ca, serve, NodeClient, NodePortStats, NodeTls};
 use warden_core::{
-    Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, Owner,
+    Activity, AppSpec, InstanceAdmin, InstanceError, InstanceRecord, InstanceStream, Instances,
+    Owner,
 };
 
 /// One instance, whose label a test may change; remembers the command of the last start.
@@ -42,6 +43,9 @@ impl Instances for OneInstance {
     fn activity(&self, _: &str) -> Option<Arc<Activity>> {
         None
     }
+}
+
+impl InstanceAdmin for OneInstance {
     fn logs(&self, _: &str, _: usize) -> Result<String, InstanceError> {
         Ok(String::new())
     }

@@ -1,4 +1,5 @@
-//! The seam between the gateway (and the API) and wherever instances come from.
+//! The seams between the gateway (and the API) and wherever instances come from: the data
+//! path, [`Instances`], and administration beyond it, [`InstanceAdmin`].
 //!
 //! A gateway asks an [`Instances`] for "a ready instance of this app for this label and owner",
 //! connects to it, and reports what it saw (a refused connection, taint, a per-request instance
@@ -318,8 +319,8 @@ impl Drop for ActivityGuard {
     }
 }
 
-/// Where instances come from: what a gateway needs to reach one, and what the API needs to
-/// manage them.
+/// The data path: what a gateway needs of wherever instances come from (the local agent, the
+/// cluster, or nothing at all) to reach one and report what it saw.
 ///
 /// The gateway's request path calls [`Instances::ensure`] only when its views (fed by store
 /// watches) hold no ready instance, and [`Instances::connect`] only for a connection its pool
@@ -339,13 +340,9 @@ pub trait Instances: Send + Sync + 'static {
     /// Opens a connection to `instance`, wherever it runs.
     async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<InstanceStream>;
 
-    /// The record of an instance running on this node, by id.
-    fn record(&self, _id: &str) -> Option<InstanceRecord> {
-        None
-    }
-
-    /// `instance` refused a connection; the caller has already stopped routing to it.
-    fn refused(&self, instance: &InstanceRecord);
+    /// `instance` refused a connection; the caller has already stopped routing to it. Nothing
+    /// to do for a source that watches no instance's health.
+    fn refused(&self, _instance: &InstanceRecord) {}
 
     /// Stops a per-request instance whose request is done, in the background.
     fn retire(&self, id: &str);
@@ -355,12 +352,24 @@ pub trait Instances: Send + Sync + 'static {
     /// background.
     fn relabel(&self, id: &str, label: &str);
 
-    /// Stops an instance and returns once it is gone.
+    /// Stops an instance and returns once it is gone (the gateway's answer to a taint its
+    /// lattice does not know).
     async fn kill(&self, id: &str) -> Result<(), InstanceError>;
 
     /// The activity handle of an instance whose idle time this source watches, if any; the
-    /// gateway marks its requests in flight on it.
-    fn activity(&self, id: &str) -> Option<Arc<Activity>>;
+    /// gateway marks its requests in flight on it. `None` from a source that reaps no idle
+    /// instance.
+    fn activity(&self, _id: &str) -> Option<Arc<Activity>> {
+        None
+    }
+}
+
+/// Administration beyond the data path: what the API (an instance's logs) and a node port
+/// serving its agent's instances (whether an id runs here, with what label) need. A process
+/// without an agent, and so without instances of its own, has none.
+pub trait InstanceAdmin: Instances {
+    /// The record of an instance running on this node, by id.
+    fn record(&self, id: &str) -> Option<InstanceRecord>;
 
     /// The last `lines` lines an instance printed, running or recently exited.
     fn logs(&self, id: &str, lines: usize) -> Result<String, InstanceError>;

@@ -18,8 +18,8 @@ pub mod peers;
 pub mod ratelimit;
 
 pub use instances::{
-    Activity, ActivityGuard, InstanceError, InstanceStream, Instances, Owner, RemoteStream,
-    Unavailable,
+    Activity, ActivityGuard, InstanceAdmin, InstanceError, InstanceStream, Instances, Owner,
+    RemoteStream, Unavailable,
 };
 pub use model::{
     AddrError, AppHealth, AppSpec, BuildKind, DrainOrder, DriverKind, FailReason, HostLoad,

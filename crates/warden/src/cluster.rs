@@ -274,7 +274,7 @@ pub async fn bind_node_port(advertise: std::net::SocketAddr) -> anyhow::Result<N
 /// What [`instances`] sets up.
 pub struct Wired {
     /// Instances anywhere in the cluster.
-    pub instances: std::sync::Arc<dyn warden_core::Instances>,
+    pub instances: std::sync::Arc<dyn warden_core::InstanceAdmin>,
     /// The node port's task, if this node serves one.
     pub served: Option<tokio::task::JoinHandle<()>>,
     /// The node port's counters.
@@ -293,7 +293,7 @@ pub async fn instances(
     store: std::sync::Arc<dyn Store>,
     secrets: &Secrets,
     node: &str,
-    agent: Option<std::sync::Arc<dyn warden_core::Instances>>,
+    agent: Option<std::sync::Arc<dyn warden_core::InstanceAdmin>>,
     port: Option<NodePort>,
     slugs: Option<std::path::PathBuf>,
     stop: tokio::sync::watch::Receiver<bool>,

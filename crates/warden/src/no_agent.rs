@@ -1,12 +1,11 @@
 //! The instances source of a process that runs no agent (`warden up --roles gateway,api`):
 //! it reaches instances whose records name a TCP address, and says plainly that it can start
-//! none.
-
-use std::sync::Arc;
+//! none. It is the gateway's data path only: with no agent, the API has no instances source
+//! at all ([`warden_core::InstanceAdmin`] is not implemented here).
 
 use async_trait::async_trait;
 use warden_core::{
-    Activity, AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, Owner, Unavailable,
+    AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, Owner, Unavailable,
 };
 
 /// No agent in this process.
@@ -36,21 +35,12 @@ impl Instances for NoAgent {
             .map(InstanceStream::Tcp)
     }
 
-    fn refused(&self, _instance: &InstanceRecord) {}
-
+    /// No instance of this process's own to stop: every one it reached runs elsewhere.
     fn retire(&self, _id: &str) {}
 
     fn relabel(&self, _id: &str, _label: &str) {}
 
     async fn kill(&self, _id: &str) -> Result<(), InstanceError> {
-        Err(no_agent())
-    }
-
-    fn activity(&self, _id: &str) -> Option<Arc<Activity>> {
-        None
-    }
-
-    fn logs(&self, _id: &str, _lines: usize) -> Result<String, InstanceError> {
         Err(no_agent())
     }
 }

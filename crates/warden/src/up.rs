@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::watch;
 use warden_core::identity::IdentityKey;
-use warden_core::Instances;
+use warden_core::{InstanceAdmin, Instances};
 
 use crate::config::types::{Cgroups, Role};
 use crate::config::{Config, UpArgs};
@@ -229,7 +229,7 @@ struct Endpoints {
 /// Where this node's gateway and API get instances, with what runs beside them.
 struct Sources {
     agent: Option<warden_agent::Agent>,
-    instances: Option<Arc<dyn Instances>>,
+    instances: Option<Arc<dyn InstanceAdmin>>,
     node_port_stats: Option<Arc<warden_cluster::NodePortStats>>,
     checker_stats: Option<Arc<warden_cluster::CheckerStats>>,
     /// On a cluster, which other nodes answer this one.
@@ -273,8 +273,8 @@ async fn sources(
         }
         false => None,
     };
-    let local: Option<Arc<dyn Instances>> =
-        agent.clone().map(|a| Arc::new(a) as Arc<dyn Instances>);
+    let local: Option<Arc<dyn InstanceAdmin>> =
+        agent.clone().map(|a| Arc::new(a) as Arc<dyn InstanceAdmin>);
     let (mut node_port_stats, mut checker_stats, mut peers) = (None, None, None);
     let instances = match joined {
         Some(j) => {
@@ -454,9 +454,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let (agent, instances) = (sources.agent.clone(), sources.instances.clone());
     let gateway = match cfg.runs(Role::Gateway) {
         true => {
-            let source = instances
-                .clone()
-                .unwrap_or_else(|| Arc::new(no_agent::NoAgent));
+            let source: Arc<dyn Instances> = match instances.clone() {
+                Some(i) => i,
+                None => Arc::new(no_agent::NoAgent),
+            };
             let mut config = gateway_config(&cfg, &identity)?;
             config.peers = sources.peers.clone();
             if let (Some(tls), Some(j)) = (config.tls.as_mut(), &joined) {

@@ -6,7 +6,7 @@ use axum::Json;
 use std::sync::Arc;
 
 pub use warden_api_types::{AppLogEntry, AppLogsQuery, LogsQuery, StartRequest};
-use warden_core::{keys, AppSpec, InstanceError, InstanceRecord, Instances, Owner};
+use warden_core::{keys, AppSpec, InstanceAdmin, InstanceError, InstanceRecord, Owner};
 use warden_store::decode;
 
 use crate::error::{ApiError, ApiJson};
@@ -27,7 +27,7 @@ pub async fn list(State(api): State<Api>) -> Result<Json<Vec<InstanceRecord>>, A
 }
 
 /// The instances source of this process, or why there is none.
-fn source(api: &Api) -> Result<&Arc<dyn Instances>, ApiError> {
+fn source(api: &Api) -> Result<&Arc<dyn InstanceAdmin>, ApiError> {
     api.instances.as_ref().ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
