@@ -51,7 +51,7 @@ pub(crate) async fn run(
                     i.label.clone(),
                     w(&i.state),
                     i.node.clone(),
-                    i.addr.clone(),
+                    i.addr.to_string(),
                     i.pid.to_string(),
                 ]
             });

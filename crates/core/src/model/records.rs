@@ -74,6 +74,7 @@ pub struct InstanceRecord {
     /// Node whose agent runs it.
     pub node: String,
     /// Address the gateway forwards to; stored as its string form, checked when read.
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub addr: super::InstanceAddr,
     /// Process id on its node.
     pub pid: u32,
