@@ -115,6 +115,11 @@ impl From<AgentError> for InstanceError {
             AgentError::Launch { ref source, .. } if source.is_a_node_limit() => {
                 Self::unavailable(Unavailable::Limit, e.to_string())
             }
+            // This node could not start it (its disk, its cgroups, its sandbox, a slug it could
+            // not fetch) while the app's own command is not at fault: another node may.
+            AgentError::Launch { ref source, .. } if !source.is_the_apps() => {
+                Self::unavailable(Unavailable::Node, e.to_string())
+            }
             AgentError::Launch { ref app, .. } | AgentError::Exited { ref app, .. } => {
                 Self::StartFailed {
                     app: app.clone(),
@@ -180,5 +185,14 @@ mod tests {
             InstanceError::from(missing),
             InstanceError::StartFailed { .. }
         ));
+        // The node could not fork: its trouble, not the app's; another node may start it.
+        let node_side = AgentError::Launch {
+            app: "demo".into(),
+            source: LaunchError::Spawn {
+                what: "the sandbox's init".into(),
+                source: std::io::Error::from_raw_os_error(libc::EAGAIN),
+            },
+        };
+        assert_eq!(reason(node_side), Some(Unavailable::Node));
     }
 }

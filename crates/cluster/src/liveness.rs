@@ -56,14 +56,20 @@ async fn run(
             .filter(|n| n.id != me && n.runs_instances())
             .filter_map(|n| Some((n.id, n.advertise?)))
             .collect();
-        pingers.retain(|node, (addr, task)| {
-            let keep = live.get(node) == Some(addr);
-            if !keep {
+        let gone: Vec<String> = pingers
+            .iter()
+            .filter(|(node, (addr, _))| live.get(*node) != Some(addr))
+            .map(|(node, _)| node.clone())
+            .collect();
+        for node in gone {
+            if let Some((_, task)) = pingers.remove(&node) {
+                // Ended before it is forgotten: a pinger caught mid-verdict must not mark the
+                // node silent again after.
                 task.abort();
-                peers.forget(node);
+                let _ = task.await;
             }
-            keep
-        });
+            peers.forget(&node);
+        }
         for (node, addr) in live {
             pingers.entry(node.clone()).or_insert_with(|| {
                 let task = tokio::spawn(ping(node, addr.clone(), client.clone(), peers.clone()));

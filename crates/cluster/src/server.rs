@@ -288,7 +288,12 @@ async fn handle(
             .await
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
         match next {
-            Request::Ping => wire::write(&mut tls, &Reply::Ok).await?,
+            // A peer that stops reading holds no permit for long.
+            Request::Ping => {
+                tokio::time::timeout(REQUEST_TIMEOUT, wire::write(&mut tls, &Reply::Ok))
+                    .await
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??
+            }
             other => break other,
         }
     };

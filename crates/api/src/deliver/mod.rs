@@ -101,16 +101,22 @@ pub(crate) struct Delivery {
     /// The app existed when the release was asked for, so one deleted meanwhile is not
     /// brought back.
     must_exist: bool,
+    /// The app's spec names the release: from here it serves, and a later failure (of the
+    /// store, of its record) must not mark it failed. Its record stays `switched`, which the
+    /// node finishes at its next start.
+    switched: bool,
 }
 
 // === impl Delivery ===
 
 impl Delivery {
     pub(crate) fn new(release: Release, revision: Revision, must_exist: bool) -> Self {
+        let switched = release.status == ReleaseStatus::Switched;
         Self {
             release,
             revision,
             must_exist,
+            switched,
         }
     }
 
@@ -237,6 +243,20 @@ async fn drive(
                 done: d.release,
                 path: format!("/apps/{app}/"),
                 rolled_out,
+            })
+            .await;
+        }
+        Err(f) if d.switched => {
+            // It serves: saying `failed` would make rollbacks skip the code that runs.
+            tracing::warn!(app, release = number, error = %f.text, "a release that serves could not be brought to its end; its record stays `switched` until the node's next start");
+            sink.log_only(&format!(
+                "release {number} serves, but its record could not be brought to its end: {}",
+                f.text
+            ));
+            sink.finish(ReleaseEvent::Done {
+                done: d.release,
+                path: format!("/apps/{app}/"),
+                rolled_out: false,
             })
             .await;
         }

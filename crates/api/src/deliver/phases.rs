@@ -136,6 +136,7 @@ async fn switch(
             .await?
         {
             CasOutcome::Done(rev) => {
+                d.switched = true;
                 api.applied(&keys::app_spec(&app), rev).await;
                 d.release.config = config;
                 return d.advance(api, ReleaseStatus::Switched).await;
@@ -181,8 +182,20 @@ fn compose(
     });
     spec.workdir = None;
     spec.command = built.command.clone();
-    if !matches!(release.source, ReleaseSource::Push { .. }) {
-        spec.env = release.config.clone();
+    match &release.source {
+        ReleaseSource::Push { .. } => {}
+        // Only the keys it changed: a change made to the others since it was asked for (an
+        // env PATCH, another node's `config set`, while this one was built, tried or waited
+        // for its node's restart) stays.
+        ReleaseSource::Config { changed } => {
+            for key in changed {
+                match release.config.get(key) {
+                    Some(v) => spec.env.insert(key.clone(), v.clone()),
+                    None => spec.env.remove(key),
+                };
+            }
+        }
+        ReleaseSource::Rollback { .. } => spec.env = release.config.clone(),
     }
     if built.kind == BuildKind::Static {
         spec.static_dir = Some(built.dir.display().to_string());
@@ -198,4 +211,106 @@ fn compose(
     })?;
     let config = spec.env.clone();
     Ok((spec, config))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use warden_core::builds::{BuildError, Output, Prepared, TrialError};
+
+    use super::*;
+
+    /// Knows no slug: `compose` asks it only about an earlier static release.
+    struct NoSlugs;
+
+    #[async_trait::async_trait]
+    impl Builds for NoSlugs {
+        async fn prepare(
+            &self,
+            _: &str,
+            _: &Path,
+            _: &str,
+            _: Option<BuildKind>,
+        ) -> Result<Prepared, BuildError> {
+            unreachable!("compose prepares nothing")
+        }
+        async fn build(&self, _: Prepared, _: Output) -> Result<Built, BuildError> {
+            unreachable!("compose builds nothing")
+        }
+        async fn trial(&self, _: &AppSpec, _: &str) -> Result<(), TrialError> {
+            unreachable!("compose tries nothing")
+        }
+        fn built(&self, _: &str) -> Option<Built> {
+            None
+        }
+    }
+
+    fn release(source: ReleaseSource, config: &[(&str, &str)]) -> Release {
+        Release {
+            app: "demo".into(),
+            number: 3,
+            source,
+            slug: Some("a".repeat(64)),
+            kind: Some(BuildKind::Procfile),
+            command: vec!["./run".into()],
+            config: config
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            by: "test".into(),
+            at_ms: 0,
+            status: ReleaseStatus::Built,
+            reason: None,
+            error: None,
+            node: None,
+            upload: None,
+        }
+    }
+
+    fn built() -> Built {
+        Built {
+            slug: "a".repeat(64),
+            kind: BuildKind::Procfile,
+            command: vec!["./run".into()],
+            dir: PathBuf::from("/nowhere"),
+            archive: "b".repeat(64),
+            cached: true,
+        }
+    }
+
+    /// The app as it is now: KEEP was changed (an env PATCH) after the config release that
+    /// sets NEW and unsets OLD was asked for, with the env of that moment.
+    fn current() -> AppSpec {
+        let mut spec = AppSpec::new("demo", vec!["./run".into()]);
+        for (k, v) in [("KEEP", "changed since"), ("OLD", "x")] {
+            spec.env.insert(k.into(), v.into());
+        }
+        spec
+    }
+
+    #[test]
+    fn a_config_release_applies_only_the_keys_it_changed() {
+        let asked = release(
+            ReleaseSource::Config {
+                changed: vec!["NEW".into(), "OLD".into()],
+            },
+            &[("KEEP", "as it was"), ("NEW", "1")],
+        );
+        let (spec, config) = compose(&NoSlugs, Some(current()), "demo", &asked, &built()).unwrap();
+        let want: BTreeMap<String, String> = [("KEEP", "changed since"), ("NEW", "1")]
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        assert_eq!(spec.env, want);
+        assert_eq!(config, want);
+    }
+
+    #[test]
+    fn a_rollback_brings_back_its_whole_config() {
+        let back = release(ReleaseSource::Rollback { to: 1 }, &[("KEEP", "as it was")]);
+        let (spec, _) = compose(&NoSlugs, Some(current()), "demo", &back, &built()).unwrap();
+        assert_eq!(spec.env.len(), 1);
+        assert_eq!(spec.env["KEEP"], "as it was");
+    }
 }
