@@ -308,5 +308,6 @@ pub(crate) fn fresh(
         error: None,
         node: api.node.as_deref().map(str::to_owned),
         upload: None,
+        new_app: false,
     }
 }

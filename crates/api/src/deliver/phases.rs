@@ -265,6 +265,7 @@ mod tests {
             error: None,
             node: None,
             upload: None,
+            new_app: false,
         }
     }
 

@@ -46,9 +46,7 @@ pub async fn resume(api: &Api) {
     }
     remove_stray_uploads(api, &waiting);
     for mut d in unfinished {
-        // The push of an app's first release made the app; any later one found it there.
-        d.must_exist =
-            d.release.number > 1 || !matches!(d.release.source, ReleaseSource::Push { .. });
+        d.must_exist = !d.release.new_app;
         let (api, builds) = (api.clone(), builds.clone());
         tokio::spawn(async move {
             let (tx, rx) = mpsc::channel::<Bytes>(1);

@@ -100,6 +100,7 @@ pub async fn push(
         release.kind = Some(prepared.kind);
         release.command = prepared.command.clone();
         release.upload = Some(upload.name());
+        release.new_app = !existed;
         let (release, revision) = deliver::record(&api, release).await?;
         Ok::<_, ApiError>(deliver::Delivery::new(release, revision, existed))
     }

@@ -181,6 +181,11 @@ pub struct Release {
     pub at_ms: u64,
     /// Where it stands.
     pub status: ReleaseStatus,
+    /// The app did not exist when the release was asked for: this release makes it. (Any
+    /// other release needs the app still there, so one deleted meanwhile is not brought
+    /// back; a release resumed after a restart knows which it is from this.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub new_app: bool,
     /// Why it failed, for programs (absent on records written before reasons were kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<FailReason>,

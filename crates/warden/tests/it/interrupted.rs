@@ -36,7 +36,6 @@ fn tree(answer: &str, web: &str) -> tempfile::TempDir {
     dir
 }
 
-/// Pushes `src` as `app` in a thread of its own: the push's connection dies with warden.
 /// Pushes `src` as `app` and waits for the push to end well.
 fn push(w: &Warden, app: &str, src: &Path) {
     let data = w.dir.display().to_string();
@@ -45,6 +44,7 @@ fn push(w: &Warden, app: &str, src: &Path) {
     assert!(ok, "{out}{err}");
 }
 
+/// Pushes `src` as `app` in a thread of its own: the push's connection dies with warden.
 fn push_in_background(w: &Warden, app: &str, src: &Path) -> std::thread::JoinHandle<()> {
     let (app, src, data) = (
         app.to_owned(),
@@ -167,6 +167,28 @@ fn a_release_killed_during_its_build_is_built_again_from_its_kept_upload() {
     let w = kill_in(w, "held", 1, "received", "building a python app");
     let _ = pushing.join();
     assert_resumed(&w, "held", 1, "built after a kill");
+}
+
+#[test]
+fn the_first_release_of_an_app_resumed_after_a_failed_one_makes_the_app() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = Launch::new(BIN).data_dir(data_dir(&tmp)).start();
+    // Release 1 fails its trial, so the app is never made.
+    let failing = tree("never serves", "exit 1");
+    let data = w.dir.display().to_string();
+    let src = failing.path().display().to_string();
+    let (ok, _, _) = cli(BIN, &["push", "fresh", &src, "--data-dir", &data], &[]);
+    assert!(!ok, "release 1 fails its trial");
+    assert_eq!(w.api("GET", "/v1/apps/fresh", None).status, 404);
+    // Release 2 is the one that makes it: killed in its build, it must still make it after
+    // the restart, not fail as if the app had been removed meanwhile.
+    let src = tree("made after a kill", "exec python3 server.py");
+    // A build long enough to be killed in (see the first test).
+    std::fs::write(src.path().join("requirements.txt"), "# nothing to install\n").unwrap();
+    let pushing = push_in_background(&w, "fresh", src.path());
+    let w = kill_in(w, "fresh", 2, "received", "building a python app");
+    let _ = pushing.join();
+    assert_resumed(&w, "fresh", 2, "made after a kill");
 }
 
 #[test]
