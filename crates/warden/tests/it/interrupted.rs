@@ -184,7 +184,11 @@ fn the_first_release_of_an_app_resumed_after_a_failed_one_makes_the_app() {
     // the restart, not fail as if the app had been removed meanwhile.
     let src = tree("made after a kill", "exec python3 server.py");
     // A build long enough to be killed in (see the first test).
-    std::fs::write(src.path().join("requirements.txt"), "# nothing to install\n").unwrap();
+    std::fs::write(
+        src.path().join("requirements.txt"),
+        "# nothing to install\n",
+    )
+    .unwrap();
     let pushing = push_in_background(&w, "fresh", src.path());
     let w = kill_in(w, "fresh", 2, "received", "building a python app");
     let _ = pushing.join();
