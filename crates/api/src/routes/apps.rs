@@ -135,6 +135,11 @@ pub async fn remove(
                     let _ = api.store.delete(&e.key).await;
                 }
             }
+            // And their logs on this node: release 1 of a later app of the name would append
+            // to this one's. (`name` is an app's name: it was stored, so it passed the rule.)
+            if let Some(dir) = &api.data_dir {
+                let _ = std::fs::remove_dir_all(dir.join("releases").join(&name));
+            }
             tracing::info!(app = %name, "app removed");
             Ok(StatusCode::NO_CONTENT)
         }

@@ -506,6 +506,24 @@ fn traversal_archive() -> Vec<u8> {
 }
 
 #[test]
+fn an_app_made_again_under_a_removed_ones_name_has_only_its_own_release_logs() {
+    let w = Warden::demo(BIN);
+    let site = fixture("site");
+    let log = |w: &Warden| w.api("GET", "/v1/apps/again/releases/1/log", None).text();
+    push_ok(&w, "again", site.path());
+    let first = log(&w);
+    assert!(first.contains("a static app: nothing to build"), "{first}");
+    assert_eq!(w.api("DELETE", "/v1/apps/again", None).status, 204);
+    push_ok(&w, "again", site.path());
+    // The second delivery reuses the slug: its log says so, and nothing of the first's.
+    let second = log(&w);
+    assert!(
+        second.contains("reusing its slug") && !second.contains("nothing to build"),
+        "release 1 of the new app logs its own delivery only:\n{second}"
+    );
+}
+
+#[test]
 fn a_git_commit_is_pushed() {
     let w = Warden::demo(BIN);
     let repo = fixture("plain");
