@@ -151,22 +151,28 @@ fn assert_resumed(w: &Warden, app: &str, number: u64, want: &str) {
     );
 }
 
-#[test]
-fn a_release_killed_during_its_build_is_built_again_from_its_kept_upload() {
-    let tmp = tempfile::tempdir().unwrap();
-    let w = Launch::new(BIN).data_dir(data_dir(&tmp)).start();
-    // A Python app without dependencies: its build makes a virtual environment, which takes
-    // seconds, long enough to be killed in.
-    let src = tree("built after a kill", "exec python3 server.py");
+/// Pushes release `number` of `app`, a Python app that answers `answer`, kills warden while
+/// it is built, starts warden again and asserts the release resumed: built, serving, no upload
+/// left. Without dependencies, its build still makes a virtual environment, which takes
+/// seconds, long enough to be killed in.
+fn killed_in_its_build_then_resumed(w: Warden, app: &str, number: u64, answer: &str) {
+    let src = tree(answer, "exec python3 server.py");
     std::fs::write(
         src.path().join("requirements.txt"),
         "# nothing to install\n",
     )
     .unwrap();
-    let pushing = push_in_background(&w, "held", src.path());
-    let w = kill_in(w, "held", 1, "received", "building a python app");
+    let pushing = push_in_background(&w, app, src.path());
+    let w = kill_in(w, app, number, "received", "building a python app");
     let _ = pushing.join();
-    assert_resumed(&w, "held", 1, "built after a kill");
+    assert_resumed(&w, app, number, answer);
+}
+
+#[test]
+fn a_release_killed_during_its_build_is_built_again_from_its_kept_upload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let w = Launch::new(BIN).data_dir(data_dir(&tmp)).start();
+    killed_in_its_build_then_resumed(w, "held", 1, "built after a kill");
 }
 
 #[test]
@@ -182,17 +188,7 @@ fn the_first_release_of_an_app_resumed_after_a_failed_one_makes_the_app() {
     assert_eq!(w.api("GET", "/v1/apps/fresh", None).status, 404);
     // Release 2 is the one that makes it: killed in its build, it must still make it after
     // the restart, not fail as if the app had been removed meanwhile.
-    let src = tree("made after a kill", "exec python3 server.py");
-    // A build long enough to be killed in (see the first test).
-    std::fs::write(
-        src.path().join("requirements.txt"),
-        "# nothing to install\n",
-    )
-    .unwrap();
-    let pushing = push_in_background(&w, "fresh", src.path());
-    let w = kill_in(w, "fresh", 2, "received", "building a python app");
-    let _ = pushing.join();
-    assert_resumed(&w, "fresh", 2, "made after a kill");
+    killed_in_its_build_then_resumed(w, "fresh", 2, "made after a kill");
 }
 
 #[test]
