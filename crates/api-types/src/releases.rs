@@ -49,7 +49,7 @@ pub struct Rollback {
 }
 
 /// One line of the answer of a push, a config change or a rollback (newline-delimited JSON):
-/// progress lines, then exactly one `Done` or `Failed`.
+/// progress lines, then exactly one `Done`, `Failed` or `Lost`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
@@ -72,5 +72,11 @@ pub enum ReleaseEvent {
     Log {
         /// The line.
         log: String,
+    },
+    /// The node that delivers the release (another than the API's) was lost before its
+    /// outcome; the release resumes or fails when that node starts again.
+    Lost {
+        /// What happened and what to do.
+        lost: String,
     },
 }

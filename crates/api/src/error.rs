@@ -40,6 +40,16 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, m)
     }
 
+    /// Its HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// What it says to do.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// 500, for failures of the platform itself.
     pub fn internal(m: impl std::fmt::Display) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, m.to_string())

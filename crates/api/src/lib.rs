@@ -30,6 +30,7 @@ use warden_store::Store;
 
 pub use deliver::resume;
 pub use error::ApiError;
+pub use routes::forward::NodeReleases;
 pub use serve::{serve, Limits};
 
 /// The OpenAPI document of this API, kept in the repository beside the code it describes:
@@ -128,6 +129,8 @@ pub struct Api {
     pub node: Option<Arc<str>>,
     /// Largest upload a push may send, in bytes.
     pub max_upload: u64,
+    /// Where releases are made when this node builds nothing (another node of the cluster).
+    pub releases: Option<Arc<dyn warden_core::Releases>>,
     token: Arc<str>,
     /// The key backups are sealed under (the data dir's `backup-key`); `None`: no backups.
     backup_key: Option<Arc<str>>,
@@ -153,6 +156,7 @@ impl Api {
             builds: None,
             node: None,
             max_upload: DEFAULT_MAX_UPLOAD,
+            releases: None,
             token: admin_token.into(),
             backup_key: None,
             sync: None,
@@ -188,6 +192,18 @@ impl Api {
     ) -> Self {
         self.builds = Some(builds);
         self.node = Some(node.into());
+        self.max_upload = max_upload;
+        self
+    }
+
+    /// Has releases made by `releases` (another node of the cluster, which builds), taking
+    /// uploads of at most `max_upload` bytes: for a node that builds nothing.
+    pub fn with_remote_releases(
+        mut self,
+        releases: Arc<dyn warden_core::Releases>,
+        max_upload: u64,
+    ) -> Self {
+        self.releases = Some(releases);
         self.max_upload = max_upload;
         self
     }

@@ -312,6 +312,7 @@ async fn follow(
                 .collect::<Vec<_>>()
                 .join("\n")
         ),
+        Some(ReleaseEvent::Lost { lost }) => bail!("{}", printable(&lost)),
         _ => bail!("the API stopped answering before the release ended; `warden releases {app}` shows how it ended"),
     };
     if !out.json {

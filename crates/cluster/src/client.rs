@@ -24,6 +24,9 @@ const SLUG_TIMEOUT: Duration = Duration::from_secs(600);
 /// Time a node gets to answer a connect.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A connection to another node's port.
+pub(crate) type NodeStream = TlsStream<TcpStream>;
+
 /// Opens connections to other nodes' ports as this node.
 #[derive(Clone)]
 pub struct NodeClient {
@@ -109,7 +112,7 @@ impl NodeClient {
         }
     }
 
-    async fn open(&self, addr: &str) -> std::io::Result<TlsStream<TcpStream>> {
+    pub(crate) async fn open(&self, addr: &str) -> std::io::Result<NodeStream> {
         let name = server_name(addr)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let open = async {

@@ -12,10 +12,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use warden_core::builds::slug_files;
-use warden_core::{keys, AppSpec, InstanceAdmin, InstanceError, Unavailable};
+use warden_core::{keys, AppSpec, InstanceAdmin, InstanceError, Releases, Unavailable};
 use warden_store::{get_json, Store};
 
 use crate::pending::Pending;
+use crate::releases::serve_release;
 use crate::wire::{self, Reply, Request};
 use crate::NodeTls;
 
@@ -189,6 +190,7 @@ pub async fn serve(
     store: Arc<dyn Store>,
     stats: Arc<NodePortStats>,
     slugs: Option<std::path::PathBuf>,
+    releases: Option<Arc<dyn Releases>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let slugs = Arc::new(slugs);
@@ -211,13 +213,14 @@ pub async fn serve(
         };
         let (entry, shed) = pending.enter();
         stats.shed.fetch_add(shed as u64, Ordering::Relaxed);
-        let (acceptor, local, store, stats, admitted, slugs) = (
+        let (acceptor, local, store, stats, admitted, slugs, releases) = (
             acceptor.clone(),
             local.clone(),
             store.clone(),
             stats.clone(),
             admitted.clone(),
             slugs.clone(),
+            releases.clone(),
         );
         tokio::spawn(async move {
             // Shed (`None`) or refused: the connection closes here.
@@ -228,7 +231,14 @@ pub async fn serve(
                 tracing::warn!(%peer, "node port full: {MAX_CONNECTIONS} connections open");
                 return;
             };
-            if let Err(e) = handle(tls, &*local, &*store, &stats, slugs.as_deref()).await {
+            let ends = Ends {
+                local: &*local,
+                store: &*store,
+                stats: &stats,
+                slugs: slugs.as_deref(),
+                releases: releases.as_ref(),
+            };
+            if let Err(e) = handle(tls, ends).await {
                 tracing::debug!(%peer, error = %e, "node port connection ended");
             }
         });
@@ -275,13 +285,26 @@ async fn handshake(
     }
 }
 
+/// What a node port connection's requests reach on this node.
+struct Ends<'a> {
+    local: &'a dyn InstanceAdmin,
+    store: &'a dyn Store,
+    stats: &'a NodePortStats,
+    slugs: Option<&'a std::path::Path>,
+    releases: Option<&'a Arc<dyn Releases>>,
+}
+
 async fn handle(
     mut tls: tokio_rustls::server::TlsStream<TcpStream>,
-    local: &dyn InstanceAdmin,
-    store: &dyn Store,
-    stats: &NodePortStats,
-    slugs: Option<&std::path::Path>,
+    ends: Ends<'_>,
 ) -> std::io::Result<()> {
+    let Ends {
+        local,
+        store,
+        stats,
+        slugs,
+        releases,
+    } = ends;
     // A peer's pings share one connection: each is answered, then the next request is read.
     let request = loop {
         let next: Request = tokio::time::timeout(REQUEST_TIMEOUT, wire::read(&mut tls))
@@ -365,6 +388,7 @@ async fn handle(
             Err(e) => Reply::Err(e),
         },
         Request::Slug { id } => return send_slug(tls, slugs, &id).await,
+        Request::Release { ask } => return serve_release(tls, releases, ask).await,
     };
     wire::write(&mut tls, &reply).await
 }

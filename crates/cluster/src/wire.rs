@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use warden_core::{AppSpec, InstanceError, InstanceRecord, Owner};
+use warden_core::{AppSpec, InstanceError, InstanceRecord, Owner, ReleaseAsk};
 
 /// Largest message accepted (an app spec is the largest thing sent).
 const MAX_MESSAGE: u32 = 1 << 20;
@@ -34,6 +34,9 @@ pub(crate) enum Request {
     Slug { id: String },
     /// Whether the node answers: `ok`, and the connection waits for the next ping.
     Ping,
+    /// Make a release on this node (for a push, its bytes follow): `refused`, or `stream`
+    /// and the release's progress as `text` until `ok`.
+    Release { ask: ReleaseAsk },
 }
 
 /// What a node answers.
@@ -50,6 +53,10 @@ pub(crate) enum Reply {
     Blob { size: u64 },
     /// It could not be done.
     Err(InstanceError),
+    /// A release was refused before anything ran: the HTTP status and message to answer.
+    Refused { status: u16, message: String },
+    /// A release was taken: its progress follows.
+    Stream,
 }
 
 fn invalid(what: String) -> std::io::Error {

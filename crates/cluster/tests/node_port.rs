@@ -67,7 +67,7 @@ async fn node_port(
     let beta = NodeTls::issue(&ca_cert, &ca_key, "beta", &addr).unwrap();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let stats = Arc::new(NodePortStats::default());
-    tokio::spawn(serve(port, beta, instance, store, stats, None, stop));
+    tokio::spawn(serve(port, beta, instance, store, stats, None, None, stop));
     let alpha =
         NodeClient::new(&NodeTls::issue(&ca_cert, &ca_key, "alpha", "127.0.0.1:1").unwrap());
     (addr, alpha, stop_tx)

@@ -16,6 +16,7 @@ pub mod model;
 pub mod name;
 pub mod peers;
 pub mod ratelimit;
+pub mod releases;
 
 pub use instances::{
     Activity, ActivityGuard, InstanceAdmin, InstanceError, InstanceStream, Instances, Owner,
@@ -29,3 +30,6 @@ pub use model::{
 };
 pub use name::{validate_name, NameError};
 pub use peers::Peers;
+pub use releases::{
+    LocalReleases, ReleaseAsk, ReleaseError, ReleaseEvents, Releases, UploadReader,
+};

@@ -287,17 +287,27 @@ pub struct Wired {
     pub peers: std::sync::Arc<warden_core::Peers>,
 }
 
+/// What an agent node's port serves besides its instances.
+pub struct PortServes {
+    /// Where its slugs are, for nodes that fetch them.
+    pub slugs: Option<std::path::PathBuf>,
+    /// Its releases, for nodes that build nothing.
+    pub releases: Option<std::sync::Arc<dyn warden_core::Releases>>,
+}
+
 /// The cluster's `Instances` for this node: its own agent's directly, other nodes' through
-/// their node ports; and this node's port serving its agent's instances, until `stop`.
+/// their node ports; and this node's port serving its agent's instances (and `serves`), until
+/// `stop`.
 pub async fn instances(
     store: std::sync::Arc<dyn Store>,
     secrets: &Secrets,
     node: &str,
     agent: Option<std::sync::Arc<dyn warden_core::InstanceAdmin>>,
     port: Option<NodePort>,
-    slugs: Option<std::path::PathBuf>,
+    serves: PortServes,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<Wired> {
+    let PortServes { slugs, releases } = serves;
     let advertise = port
         .as_ref()
         .map_or_else(|| "127.0.0.1:0".to_owned(), |p| p.advertise.to_string());
@@ -311,6 +321,7 @@ pub async fn instances(
             store.clone(),
             stats.clone(),
             slugs,
+            releases,
             stop.clone(),
         ))),
         _ => None,

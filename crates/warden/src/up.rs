@@ -14,6 +14,8 @@ use crate::config::types::{Cgroups, Role};
 use crate::config::{Config, UpArgs};
 use crate::{cluster, demo, files, no_agent};
 
+mod api;
+
 /// The TLS settings the config asks for, generating the demo certificate when needed.
 fn tls_settings(cfg: &Config) -> anyhow::Result<Option<warden_gateway::TlsSettings>> {
     let Some(listen) = cfg.tls_listen() else {
@@ -234,6 +236,11 @@ struct Sources {
     checker_stats: Option<Arc<warden_cluster::CheckerStats>>,
     /// On a cluster, which other nodes answer this one.
     peers: Option<Arc<warden_core::Peers>>,
+    /// On an agent node of a cluster, the releases its node port makes for other nodes (set
+    /// once the API's state is made).
+    node_releases: Option<Arc<warden_core::LocalReleases>>,
+    /// On a cluster node without the agent, where its API has releases made.
+    forwarder: Option<Arc<dyn warden_core::Releases>>,
 }
 
 /// Starts the agent if this node runs one and, on a cluster, the node port, the instances of
@@ -276,18 +283,37 @@ async fn sources(
     let local: Option<Arc<dyn InstanceAdmin>> =
         agent.clone().map(|a| Arc::new(a) as Arc<dyn InstanceAdmin>);
     let (mut node_port_stats, mut checker_stats, mut peers) = (None, None, None);
+    let (mut node_releases, mut forwarder) = (None, None);
     let instances = match joined {
         Some(j) => {
+            let made_here = agent
+                .as_ref()
+                .map(|_| Arc::new(warden_core::LocalReleases::default()));
             let wired = cluster::instances(
                 store.clone(),
                 &j.secrets,
                 node,
                 local,
                 node_port,
-                agent.as_ref().map(|a| a.slug_dir()),
+                cluster::PortServes {
+                    slugs: agent.as_ref().map(|a| a.slug_dir()),
+                    releases: made_here
+                        .clone()
+                        .map(|r| r as Arc<dyn warden_core::Releases>),
+                },
                 stop_rx.clone(),
             )
             .await?;
+            node_releases = made_here;
+            if agent.is_none() {
+                // Releases are made where the build runs: on an agent node.
+                forwarder = Some(Arc::new(warden_cluster::ReleaseForwarder::new(
+                    node.to_owned(),
+                    wired.client.clone(),
+                    wired.directory.clone(),
+                    wired.peers.clone(),
+                )) as Arc<dyn warden_core::Releases>);
+            }
             tasks.extend(wired.served);
             if let Some(a) = &agent {
                 // Releases built on another node come from there.
@@ -336,72 +362,9 @@ async fn sources(
         node_port_stats,
         checker_stats,
         peers,
+        node_releases,
+        forwarder,
     })
-}
-
-/// Serves the API on `cfg.api_listen` until `stop_rx` turns true; its address and task.
-async fn serve_api(
-    cfg: &Config,
-    store: &Arc<dyn warden_store::Store>,
-    token: &str,
-    gateway: &Option<warden_gateway::Gateway>,
-    m: &Sources,
-    stop_rx: watch::Receiver<bool>,
-) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(cfg.api_listen)
-        .await
-        .with_context(|| format!("cannot listen for the API on {}", cfg.api_listen))?;
-    let addr = listener.local_addr()?;
-    let mut api =
-        warden_api::Api::new(store.clone(), m.instances.clone(), token, cfg.argon2_cost())
-            .protecting(cfg.data_dir.clone())
-            .with_backup_key(&backup_key(&cfg.data_dir)?);
-    if let Some(agent) = &m.agent {
-        let max = cfg.max_upload_mb * 1024 * 1024;
-        let builder = agent.builder(std::time::Duration::from_secs(cfg.build_timeout), max * 4);
-        api = api.with_builds(Arc::new(builder), max, agent.node());
-    } else {
-        // Uploads an earlier run with the agent left: nothing here will ever build them.
-        let _ = std::fs::remove_dir_all(cfg.data_dir.join("uploads"));
-    }
-    if let Some(g) = gateway {
-        let sync = g.view_sync();
-        api = api.with_sync(Arc::new(move |key, rev| {
-            let sync = sync.clone();
-            Box::pin(async move { sync.caught_up(&key, rev).await })
-        }));
-    }
-    let (gw_metrics, agent_metrics) = (gateway.as_ref().map(|g| g.metrics()), m.agent.clone());
-    let (node_port_stats, checker_stats) = (m.node_port_stats.clone(), m.checker_stats.clone());
-    let peers = m.peers.clone();
-    api = api.with_metrics(Arc::new(move || {
-        let mut text = gw_metrics.as_ref().map(|m| m.render()).unwrap_or_default();
-        if let Some(a) = &agent_metrics {
-            text += &a.render_metrics();
-        }
-        if let Some(s) = &node_port_stats {
-            text += &s.render();
-        }
-        if let Some(s) = &checker_stats {
-            text += &s.render();
-        }
-        if let Some(p) = &peers {
-            text += &warden_cluster::liveness::render(p);
-        }
-        text
-    }));
-    let limits = warden_api::Limits {
-        max_connections: cfg.api_max_connections,
-        header_timeout: cfg.api_header_timeout.0,
-        idle_timeout: cfg.api_idle_timeout.0,
-    };
-    // Releases an earlier run left unfinished are resumed or failed, and uploads none of them
-    // waits for removed, before a new push can come in.
-    warden_api::resume(&api).await;
-    let task = tokio::spawn(async move {
-        let _ = warden_api::serve(listener, api, limits, stop_rx).await;
-    });
-    Ok((addr, task))
 }
 
 /// Runs until SIGINT or SIGTERM, then stops every instance before returning.
@@ -472,8 +435,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         false => None,
     };
     let mut at = Endpoints::default();
+    let releases = api::release_api(&cfg, &store, &token, &sources)?;
+    if let Some(made_here) = &sources.node_releases {
+        made_here.set(Arc::new(warden_api::NodeReleases::new(releases.clone())));
+    }
+    // Releases an earlier run left unfinished are resumed or failed, and uploads none of them
+    // waits for removed, before a new push can come in (through this API or another node's).
+    warden_api::resume(&releases).await;
     if cfg.runs(Role::Api) {
-        let (addr, task) = serve_api(&cfg, &store, &token, &gateway, &sources, stop_rx).await?;
+        let (addr, task) = api::serve_api(&cfg, releases, &gateway, &sources, stop_rx).await?;
         at.api = Some(addr);
         tasks.push(task);
     }

@@ -24,7 +24,7 @@ const MAX_NOTE: usize = 200;
 
 /// `text` without control characters, at most [`MAX_NOTE`] characters: it is shown in
 /// terminals and logs.
-fn note(text: &str) -> String {
+pub(crate) fn note(text: &str) -> String {
     text.chars()
         .filter(|c| !c.is_control())
         .take(MAX_NOTE)
@@ -35,12 +35,22 @@ fn builds(api: &Api) -> Result<Arc<dyn Builds>, ApiError> {
     api.builds.clone().ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "this API node builds nothing: releases are made on a node that runs both the api and agent roles",
+            "this node runs the api role without the agent and is not part of a cluster, so nothing here can build a release; run `warden up` with the agent role too (the default roles), or on a cluster (--store etcd://...) that has an agent node",
         )
     })
 }
 
-fn by(headers: &HeaderMap) -> String {
+/// Where this node's releases are made: here (`Ok(Some)`, it builds), on another node of the
+/// cluster (`Ok(None)`), or nowhere (503).
+fn maker(api: &Api) -> Result<Option<Arc<dyn Builds>>, ApiError> {
+    match (&api.builds, &api.releases) {
+        (Some(b), _) => Ok(Some(b.clone())),
+        (None, Some(_)) => Ok(None),
+        (None, None) => builds(api).map(Some),
+    }
+}
+
+pub(crate) fn by(headers: &HeaderMap) -> String {
     note(
         headers
             .get("x-warden-by")
@@ -49,9 +59,22 @@ fn by(headers: &HeaderMap) -> String {
     )
 }
 
+/// The kind a push asks for, if it names one warden builds.
+pub(crate) fn kind(asked: Option<&str>) -> Result<Option<BuildKind>, ApiError> {
+    match asked {
+        None => Ok(None),
+        Some(k) => Ok(Some(BuildKind::parse(k).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "kind {k:?} is not one warden builds; use one of {}",
+                BuildKind::NAMES.join(", ")
+            ))
+        })?)),
+    }
+}
+
 /// `POST /v1/apps/{name}/releases`: a gzip'd tar of the app's source. Answers 4xx before
 /// anything runs for a bad name, kind or archive or an oversized upload; else streams the
-/// build and the release's outcome.
+/// build and the release's outcome. A node that builds nothing passes it to one that does.
 pub async fn push(
     State(api): State<Api>,
     Path(name): Path<String>,
@@ -60,16 +83,8 @@ pub async fn push(
     body: Body,
 ) -> Result<Response, ApiError> {
     validate_name("app", &name).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let builds = builds(&api)?;
-    let kind = match q.kind.as_deref() {
-        None => None,
-        Some(k) => Some(BuildKind::parse(k).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "kind {k:?} is not one warden builds; use one of {}",
-                BuildKind::NAMES.join(", ")
-            ))
-        })?),
-    };
+    let maker = maker(&api)?;
+    let kind = kind(q.kind.as_deref())?;
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
@@ -77,25 +92,61 @@ pub async fn push(
         return Err(too_large(api.max_upload));
     }
     let (upload, digest) = receive(&api, body).await?;
+    let Some(builds) = maker else {
+        return super::forward::push(&api, name, q, by(&headers), upload.path.clone(), digest)
+            .await;
+    };
+    let from = note(q.from.as_deref().unwrap_or("an upload"));
+    push_received(
+        api,
+        builds,
+        Pushed {
+            name,
+            kind,
+            upload,
+            digest,
+            from,
+            by: by(&headers),
+        },
+    )
+    .await
+}
+
+/// A push whose upload is on this node's disk.
+pub(crate) struct Pushed {
+    pub(crate) name: String,
+    pub(crate) kind: Option<BuildKind>,
+    pub(crate) upload: Upload,
+    pub(crate) digest: String,
+    pub(crate) from: String,
+    pub(crate) by: String,
+}
+
+/// Prepares the pushed source, records its release and delivers it on this node.
+pub(crate) async fn push_received(
+    api: Api,
+    builds: Arc<dyn Builds>,
+    p: Pushed,
+) -> Result<Response, ApiError> {
+    let Pushed {
+        name,
+        kind,
+        upload,
+        digest,
+        from,
+        by,
+    } = p;
     let prepared = builds.prepare(&name, &upload.path, &digest, kind).await;
     let prepared = prepared.map_err(|e| match e {
         BuildError::BadArchive(m) | BuildError::Detect(m) => ApiError::bad_request(m),
         BuildError::Failed(m) | BuildError::Node(m) => ApiError::internal(m),
     })?;
-    let from = note(q.from.as_deref().unwrap_or("an upload"));
     let source = ReleaseSource::Push { digest, from };
     let recorded = async {
         let current = get_json::<warden_core::AppSpec>(&*api.store, &keys::app_spec(&name)).await?;
         let existed = current.is_some();
         let config = current.map(|(s, _)| s.env).unwrap_or_default();
-        let mut release = deliver::fresh(
-            &api,
-            &name,
-            source,
-            config,
-            by(&headers),
-            ReleaseStatus::Received,
-        );
+        let mut release = deliver::fresh(&api, &name, source, config, by, ReleaseStatus::Received);
         release.slug = Some(prepared.slug.clone());
         release.kind = Some(prepared.kind);
         release.command = prepared.command.clone();
@@ -130,7 +181,7 @@ pub async fn limits(State(api): State<Api>) -> Json<UploadLimits> {
     })
 }
 
-fn too_large(max: u64) -> ApiError {
+pub(crate) fn too_large(max: u64) -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         format!(
@@ -141,8 +192,8 @@ fn too_large(max: u64) -> ApiError {
 
 /// An upload on disk, removed when dropped (on every path out of a push before its release
 /// is recorded: a client that went away and a stopping server included) unless kept.
-struct Upload {
-    path: std::path::PathBuf,
+pub(crate) struct Upload {
+    pub(crate) path: std::path::PathBuf,
     kept: bool,
 }
 
@@ -171,7 +222,7 @@ impl Drop for Upload {
 
 /// Writes the request body to a private file under the data directory, at most
 /// `api.max_upload` bytes, and returns it with its SHA-256.
-async fn receive(api: &Api, body: Body) -> Result<(Upload, String), ApiError> {
+pub(crate) async fn receive(api: &Api, body: Body) -> Result<(Upload, String), ApiError> {
     use futures_util::StreamExt;
     use sha2::Digest;
     use tokio::io::AsyncWriteExt;
@@ -259,7 +310,7 @@ pub async fn log(
         .into_response())
 }
 
-async fn get_release(api: &Api, app: &str, number: u64) -> Result<Release, ApiError> {
+pub(crate) async fn get_release(api: &Api, app: &str, number: u64) -> Result<Release, ApiError> {
     get_json::<Release>(&*api.store, &keys::release(app, number))
         .await?
         .map(|(r, _)| r)
@@ -329,7 +380,20 @@ pub async fn config_change(
     headers: HeaderMap,
     ApiJson(change): ApiJson<ConfigChange>,
 ) -> Result<Response, ApiError> {
-    let builds = builds(&api)?;
+    match maker(&api)? {
+        Some(builds) => config_with(api, builds, name, change, by(&headers)).await,
+        None => super::forward::config(&api, name, change, by(&headers)).await,
+    }
+}
+
+/// A config change made on this node.
+pub(crate) async fn config_with(
+    api: Api,
+    builds: Arc<dyn Builds>,
+    name: String,
+    change: ConfigChange,
+    by: String,
+) -> Result<Response, ApiError> {
     // The same rule as every other way an app's environment is set (`AppSpec::validate`).
     for (k, v) in &change.set {
         validate_env_var(k, v).map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -360,7 +424,7 @@ pub async fn config_change(
         ));
     }
     let source = ReleaseSource::Config { changed };
-    rerelease(api, builds, &current, source, config, built, by(&headers)).await
+    rerelease(api, builds, &current, source, config, built, note(&by)).await
 }
 
 /// A new release of `of`'s slug and command with `config`, delivered.
@@ -390,7 +454,20 @@ pub async fn rollback(
     headers: HeaderMap,
     ApiJson(body): ApiJson<Rollback>,
 ) -> Result<Response, ApiError> {
-    let builds = builds(&api)?;
+    match maker(&api)? {
+        Some(builds) => rollback_with(api, builds, name, body, by(&headers)).await,
+        None => super::forward::rollback(&api, name, body, by(&headers)).await,
+    }
+}
+
+/// A rollback made on this node.
+pub(crate) async fn rollback_with(
+    api: Api,
+    builds: Arc<dyn Builds>,
+    name: String,
+    body: Rollback,
+    by: String,
+) -> Result<Response, ApiError> {
     let spec = get_json::<warden_core::AppSpec>(&*api.store, &keys::app_spec(&name))
         .await?
         .map(|(s, _)| s)
@@ -422,5 +499,5 @@ pub async fn rollback(
     let built = reuse(&*builds, &target)?;
     let source = ReleaseSource::Rollback { to: target.number };
     let config = target.config.clone();
-    rerelease(api, builds, &target, source, config, built, by(&headers)).await
+    rerelease(api, builds, &target, source, config, built, note(&by)).await
 }

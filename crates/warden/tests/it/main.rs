@@ -64,6 +64,7 @@ pub fn probe() -> PathBuf {
 
 mod api;
 mod api_limits;
+mod api_only;
 mod app_contract;
 mod cli;
 mod cluster;

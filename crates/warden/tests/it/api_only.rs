@@ -1,0 +1,178 @@
+//! A cluster whose API runs on a node without the agent (issue 33): pushes, config changes and
+//! rollbacks through it are made on an agent node, which delivers them (its name in their
+//! records) and resumes them after a crash; the API node relays what that node answers.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use warden_test_support::etcd::EtcdCluster;
+use warden_test_support::{cli, wait_until, Warden};
+
+use crate::cluster::{demo_node, join_token, leased_node, nodes};
+use crate::BIN;
+
+/// A data dir that `process` instances under uids of their own can pass through, in `tmp`.
+fn data_dir(tmp: &tempfile::TempDir) -> PathBuf {
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .unwrap();
+    tmp.path().join("data")
+}
+
+/// The dependency-free Python app that answers its `ANSWER` config var; with
+/// `requirements.txt` when `slow` (its build then makes a virtual environment, which takes
+/// seconds: long enough to be killed in).
+fn plain(slow: bool) -> tempfile::TempDir {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/apps/plain");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["server.py", "Procfile"] {
+        std::fs::copy(from.join(f), dir.path().join(f)).unwrap();
+    }
+    if slow {
+        std::fs::write(dir.path().join("requirements.txt"), "# nothing\n").unwrap();
+    }
+    dir
+}
+
+/// The CLI against `w`'s API.
+fn run(w: &Warden, args: &[&str]) -> (bool, String, String) {
+    let dir = w.dir.display().to_string();
+    let mut all = args.to_vec();
+    all.extend(["--data-dir", &dir]);
+    cli(BIN, &all, &[])
+}
+
+/// What `app` answers alice at `w`'s gateway.
+fn answer(w: &Warden, pw: &str, app: &str) -> Value {
+    let got = w.get_as("alice", pw, &format!("/apps/{app}/"));
+    assert_eq!(got.status, 200, "{}", got.text());
+    got.json()["answer"].clone()
+}
+
+fn releases(w: &Warden, app: &str) -> Vec<Value> {
+    let r = w.api("GET", &format!("/v1/apps/{app}/releases"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json().as_array().unwrap().clone()
+}
+
+/// A push of bytes that are no archive, to `w`'s API: status and body.
+fn bad_push(w: &Warden) -> (u16, String) {
+    let r = warden_test_support::http::request(
+        "POST",
+        &format!("{}/v1/apps/plain/releases", w.api),
+        &[("authorization", &format!("Bearer {}", w.token))],
+        b"not even an archive",
+    );
+    (r.status, r.text())
+}
+
+#[test]
+fn an_api_node_without_the_agent_has_releases_made_and_resumed_on_an_agent_node() {
+    let cluster = EtcdCluster::start(1);
+    let front = demo_node(&cluster, "front", "gateway,api");
+    let pw = front.password("alice");
+    let token = join_token(&front);
+    let tmp = tempfile::tempdir().unwrap();
+    let data = data_dir(&tmp);
+    let builder =
+        || leased_node(&cluster, "builder", "2s", &["--join-token-file", &token]).data_dir(&data);
+    let mut b = builder().start();
+    wait_until(
+        "the builder's node port listed",
+        Duration::from_secs(30),
+        || {
+            nodes(&front)
+                .get("builder")?
+                .get("advertise")?
+                .as_str()
+                .map(drop)
+        },
+    );
+
+    // A push, a config change and a rollback through the node without the agent.
+    let src = plain(false);
+    let (ok, out, err) = run(&front, &["push", "plain", src.path().to_str().unwrap()]);
+    assert!(
+        ok && out.contains("release 1 of plain serves"),
+        "{out}{err}"
+    );
+    assert_eq!(answer(&front, &pw, "plain"), "hello from plain");
+    let (ok, out, err) = run(&front, &["config", "set", "plain", "ANSWER=forty two"]);
+    assert!(
+        ok && out.contains("release 2 of plain serves"),
+        "{out}{err}"
+    );
+    assert_eq!(answer(&front, &pw, "plain"), "forty two");
+    let (ok, out, err) = run(&front, &["rollback", "plain", "1"]);
+    assert!(
+        ok && out.contains("release 3 of plain serves"),
+        "{out}{err}"
+    );
+    assert_eq!(answer(&front, &pw, "plain"), "hello from plain");
+    let made = releases(&front, "plain");
+    assert_eq!(made.len(), 3, "{made:?}");
+    for r in &made {
+        assert_eq!(r["status"], "released", "{r}");
+        assert_eq!(r["node"], "builder", "delivered where it was built: {r}");
+    }
+
+    // What the agent node refuses before anything runs comes back as it said it.
+    let (status, text) = bad_push(&front);
+    assert_eq!((status, &text), (400, &bad_push(&b).1), "{text}");
+    assert_eq!(releases(&front, "plain").len(), 3);
+
+    // The agent node killed in a build asked through the API node: the pusher hears that it
+    // was lost and what becomes of the release; started again, it builds and releases it.
+    let slow = plain(true);
+    let (front_dir, slow_dir) = (
+        front.dir.display().to_string(),
+        slow.path().display().to_string(),
+    );
+    let pushing = std::thread::spawn(move || {
+        cli(
+            BIN,
+            &["push", "plain", &slow_dir, "--data-dir", &front_dir],
+            &[],
+        )
+    });
+    wait_until(
+        "release 4 to be built on the builder",
+        Duration::from_secs(180),
+        || {
+            let r = releases(&front, "plain")
+                .into_iter()
+                .find(|r| r["number"] == 4)?;
+            let log = b.api("GET", "/v1/apps/plain/releases/4/log", None).text();
+            (r["status"] == "received" && log.contains("building a python app")).then_some(())
+        },
+    );
+    b.signal_and_wait(Signal::SIGKILL);
+    let (ok, out, err) = pushing.join().unwrap();
+    assert!(
+        !ok && err.contains("node builder was lost") && err.contains("resumes or fails it"),
+        "{out}{err}"
+    );
+    wait_until(
+        "the killed builder's lease to end",
+        Duration::from_secs(30),
+        || (!nodes(&front).contains_key("builder")).then_some(()),
+    );
+    let b = builder().start();
+    let r = wait_until("release 4 to end", Duration::from_secs(180), || {
+        let r = releases(&front, "plain")
+            .into_iter()
+            .find(|r| r["number"] == 4)?;
+        ["released", "failed"]
+            .contains(&r["status"].as_str()?)
+            .then_some(r)
+    });
+    assert_eq!(r["status"], "released", "{r}");
+    assert_eq!(r["node"], "builder", "{r}");
+    let log = b.api("GET", "/v1/apps/plain/releases/4/log", None).text();
+    assert!(log.contains("warden started again"), "{log}");
+    assert_eq!(answer(&front, &pw, "plain"), "hello from plain");
+}
