@@ -27,6 +27,8 @@ const UPLOAD_TIMEOUT: Duration = Duration::from_secs(600);
 const TAKE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Largest piece of progress in one frame (a frame is at most 1 MiB of JSON).
 const MAX_PIECE: usize = 256 << 10;
+/// How often a release's stream checks that its node is still live.
+const LIVE_CHECK: Duration = Duration::from_secs(1);
 
 /// Passes releases to the agent nodes of the cluster: the live one least loaded (not silent to
 /// this node's pings, not drained), or the one preferred if it is live.
@@ -99,19 +101,31 @@ impl Releases for ReleaseForwarder {
                     continue;
                 }
             };
-            return ask_node(stream, node.id, &ask, upload.take()).await;
+            let asked = Asked {
+                node: node.id,
+                nodes: self.nodes.clone(),
+            };
+            return ask_node(stream, asked, &ask, upload.take()).await;
         }
         Err(ReleaseError::Unreachable(tried.join("; ")))
     }
 }
 
-/// Sends the release (and its upload) on `stream` to `node`, and relays the node's answer.
+/// The node a release was asked of, and the live nodes: one whose record is gone (its lease
+/// ended: dead, frozen or cut off) is lost even while its connection stays open.
+struct Asked {
+    node: String,
+    nodes: Directory,
+}
+
+/// Sends the release (and its upload) on `stream` to the node `asked`, and relays its answer.
 async fn ask_node(
     mut s: crate::client::NodeStream,
-    node: String,
+    asked: Asked,
     ask: &ReleaseAsk,
     upload: Option<UploadReader>,
 ) -> Result<ReleaseEvents, ReleaseError> {
+    let Asked { node, nodes } = asked;
     let lost = |reason: String| ReleaseError::Unreachable(format!("{node}: {reason}"));
     let send = async {
         wire::write(&mut s, &Request::Release { ask: ask.clone() }).await?;
@@ -146,11 +160,11 @@ async fn ask_node(
     // The progress goes on while the client listens; the delivery on the node goes on anyway.
     tokio::spawn(async move {
         loop {
-            let item = match wire::read::<Reply>(&mut s).await {
+            let item = match next(&mut s, &node, &nodes).await {
                 Ok(Reply::Text(piece)) => Ok(piece),
                 Ok(Reply::Ok) => return,
                 Ok(other) => Err(format!("it sent {other:?}")),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(e),
             };
             let stop = item.is_err();
             let item = item.map_err(|reason| ReleaseError::Lost {
@@ -163,6 +177,28 @@ async fn ask_node(
         }
     });
     Ok(rx)
+}
+
+/// The node's next frame, or why there is none: the connection broke, or the node's record is
+/// gone (a build may print nothing for minutes, so silence alone proves nothing).
+async fn next(
+    s: &mut crate::client::NodeStream,
+    node: &str,
+    nodes: &Directory,
+) -> Result<Reply, String> {
+    let read = wire::read::<Reply>(s);
+    tokio::pin!(read);
+    let mut check = tokio::time::interval(LIVE_CHECK);
+    loop {
+        tokio::select! {
+            r = &mut read => return r.map_err(|e| e.to_string()),
+            _ = check.tick() => {
+                if nodes.get(node).is_none() {
+                    return Err("its lease ended: it is dead, frozen or cut off".into());
+                }
+            }
+        }
+    }
 }
 
 /// Makes the release asked on `tls` with this node's `releases`, and answers with its progress

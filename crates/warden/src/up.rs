@@ -435,17 +435,19 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         false => None,
     };
     let mut at = Endpoints::default();
-    let releases = api::release_api(&cfg, &store, &token, &sources)?;
-    if let Some(made_here) = &sources.node_releases {
-        made_here.set(Arc::new(warden_api::NodeReleases::new(releases.clone())));
-    }
-    // Releases an earlier run left unfinished are resumed or failed, and uploads none of them
-    // waits for removed, before a new push can come in (through this API or another node's).
-    warden_api::resume(&releases).await;
-    if cfg.runs(Role::Api) {
-        let (addr, task) = api::serve_api(&cfg, releases, &gateway, &sources, stop_rx).await?;
-        at.api = Some(addr);
-        tasks.push(task);
+    if cfg.runs(Role::Api) || agent.is_some() {
+        let releases = api::release_api(&cfg, &store, &token, &sources)?;
+        if let Some(made_here) = &sources.node_releases {
+            made_here.set(Arc::new(warden_api::NodeReleases::new(releases.clone())));
+        }
+        // Releases an earlier run left unfinished are resumed or failed, and uploads none of
+        // them waits for removed, before a new push comes in (through this API or another's).
+        warden_api::resume(&releases).await;
+        if cfg.runs(Role::Api) {
+            let (addr, task) = api::serve_api(&cfg, releases, &gateway, &sources, stop_rx).await?;
+            at.api = Some(addr);
+            tasks.push(task);
+        }
     }
     if let Some(g) = gateway {
         at.gateway = Some(g.local_addr()?);
