@@ -109,6 +109,43 @@ impl Releases for ReleaseForwarder {
         }
         Err(ReleaseError::Unreachable(tried.join("; ")))
     }
+
+    async fn log(
+        &self,
+        app: &str,
+        number: u64,
+        node: Option<String>,
+    ) -> Result<String, ReleaseError> {
+        let Some(node) = node else {
+            return Ok(String::new());
+        };
+        let lost = |reason: String| ReleaseError::Unreachable(format!("{node}: {reason}"));
+        let addr = self
+            .nodes
+            .get(&node)
+            .and_then(|n| n.advertise)
+            .ok_or_else(|| lost("not live, or it serves no node port".into()))?;
+        let exchange = async {
+            let mut s = self.client.open(&addr).await?;
+            let request = Request::ReleaseLog {
+                app: app.to_owned(),
+                number,
+            };
+            wire::write(&mut s, &request).await?;
+            let mut text = String::new();
+            loop {
+                match wire::read::<Reply>(&mut s).await? {
+                    Reply::Text(piece) => text.push_str(&piece),
+                    Reply::Ok => return Ok(text),
+                    other => return Err(std::io::Error::other(format!("it sent {other:?}"))),
+                }
+            }
+        };
+        tokio::time::timeout(TAKE_TIMEOUT, exchange)
+            .await
+            .map_err(|_| lost("no answer".into()))?
+            .map_err(|e| lost(e.to_string()))
+    }
 }
 
 /// The node a release was asked of, and the live nodes: one whose record is gone (its lease
@@ -270,6 +307,24 @@ pub(crate) async fn serve_release(
     }
     wire::write(&mut to_node, &Reply::Ok).await?;
     to_node.shutdown().await
+}
+
+/// Sends the log of release `number` of `app` that this node keeps (nothing if it has none).
+pub(crate) async fn serve_release_log(
+    mut tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    releases: Option<&Arc<dyn Releases>>,
+    app: &str,
+    number: u64,
+) -> std::io::Result<()> {
+    let text = match releases {
+        Some(r) => r.log(app, number, None).await.unwrap_or_default(),
+        None => String::new(),
+    };
+    for piece in pieces(&text) {
+        wire::write(&mut tls, &Reply::Text(piece.to_owned())).await?;
+    }
+    wire::write(&mut tls, &Reply::Ok).await?;
+    tls.shutdown().await
 }
 
 /// `text` in pieces of at most [`MAX_PIECE`] bytes, cut at character boundaries.

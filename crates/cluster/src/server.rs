@@ -16,7 +16,7 @@ use warden_core::{keys, AppSpec, InstanceAdmin, InstanceError, Releases, Unavail
 use warden_store::{get_json, Store};
 
 use crate::pending::Pending;
-use crate::releases::serve_release;
+use crate::releases::{serve_release, serve_release_log};
 use crate::wire::{self, Reply, Request};
 use crate::NodeTls;
 
@@ -389,6 +389,9 @@ async fn handle(
         },
         Request::Slug { id } => return send_slug(tls, slugs, &id).await,
         Request::Release { ask } => return serve_release(tls, releases, ask).await,
+        Request::ReleaseLog { app, number } => {
+            return serve_release_log(tls, releases, &app, number).await
+        }
     };
     wire::write(&mut tls, &reply).await
 }

@@ -37,6 +37,8 @@ pub(crate) enum Request {
     /// Make a release on this node (for a push, its bytes follow): `refused`, or `stream`
     /// and the release's progress as `text` until `ok`.
     Release { ask: ReleaseAsk },
+    /// A release's log, kept by this node: `text` pieces until `ok`.
+    ReleaseLog { app: String, number: u64 },
 }
 
 /// What a node answers.

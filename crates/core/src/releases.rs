@@ -112,6 +112,15 @@ pub trait Releases: Send + Sync + 'static {
         upload: Option<UploadReader>,
         prefer: Option<String>,
     ) -> Result<ReleaseEvents, ReleaseError>;
+
+    /// The build and delivery log of release `number` of `app`, kept by `node`, the node that
+    /// delivered it (this one when `None`); empty when it has none.
+    async fn log(
+        &self,
+        app: &str,
+        number: u64,
+        node: Option<String>,
+    ) -> Result<String, ReleaseError>;
 }
 
 /// This node's [`Releases`], set once the API's state is made: the node port serves before
@@ -136,6 +145,18 @@ impl Releases for LocalReleases {
     ) -> Result<ReleaseEvents, ReleaseError> {
         match self.0.get() {
             Some(inner) => inner.release(ask, upload, prefer).await,
+            None => Err(ReleaseError::Starting),
+        }
+    }
+
+    async fn log(
+        &self,
+        app: &str,
+        number: u64,
+        node: Option<String>,
+    ) -> Result<String, ReleaseError> {
+        match self.0.get() {
+            Some(inner) => inner.log(app, number, node).await,
             None => Err(ReleaseError::Starting),
         }
     }

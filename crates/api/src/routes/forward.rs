@@ -103,6 +103,22 @@ async fn node_of(api: &Api, app: &str, number: Option<u64>) -> Result<Option<Str
     Ok(release.and_then(|(r, _)| r.node))
 }
 
+/// The log of `release`, from the node that delivered it (this node builds nothing).
+pub(crate) async fn log(api: &Api, release: &warden_core::Release) -> Result<String, ApiError> {
+    let Some(releases) = &api.releases else {
+        return Ok(String::new());
+    };
+    releases
+        .log(&release.app, release.number, release.node.clone())
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the release's log is kept by the node that delivered it, which did not give it ({e}); retry when it answers"),
+            )
+        })
+}
+
 async fn forward(
     api: &Api,
     ask: ReleaseAsk,
@@ -187,6 +203,23 @@ impl Releases for NodeReleases {
                 message: e.message().to_owned(),
             }),
         }
+    }
+
+    /// This node's log of the release (`node` is this node).
+    async fn log(
+        &self,
+        app: &str,
+        number: u64,
+        _node: Option<String>,
+    ) -> Result<String, ReleaseError> {
+        if validate_name("app", app).is_err() {
+            return Ok(String::new());
+        }
+        let path = crate::deliver::log_path(&self.0, app, number);
+        Ok(match path {
+            Some(p) => tokio::fs::read_to_string(p).await.unwrap_or_default(),
+            None => String::new(),
+        })
     }
 }
 

@@ -297,9 +297,13 @@ pub async fn log(
 ) -> Result<Response, ApiError> {
     validate_name("app", &name).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let release = get_release(&api, &name, number).await?;
-    let text = deliver::log_path(&api, &name, release.number)
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .unwrap_or_default();
+    let text = match api.builds {
+        // A node that builds nothing keeps no log: the node that delivered the release does.
+        None => super::forward::log(&api, &release).await?,
+        Some(_) => deliver::log_path(&api, &name, release.number)
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default(),
+    };
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,
