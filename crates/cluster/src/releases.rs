@@ -119,12 +119,12 @@ impl Releases for ReleaseForwarder {
         let Some(node) = node else {
             return Ok(String::new());
         };
-        let lost = |reason: String| ReleaseError::Unreachable(format!("{node}: {reason}"));
+        let unreachable = |reason: String| ReleaseError::Unreachable(format!("{node}: {reason}"));
         let addr = self
             .nodes
             .get(&node)
             .and_then(|n| n.advertise)
-            .ok_or_else(|| lost("not live, or it serves no node port".into()))?;
+            .ok_or_else(|| unreachable("not live, or it serves no node port".into()))?;
         let exchange = async {
             let mut s = self.client.open(&addr).await?;
             let request = Request::ReleaseLog {
@@ -143,8 +143,8 @@ impl Releases for ReleaseForwarder {
         };
         tokio::time::timeout(TAKE_TIMEOUT, exchange)
             .await
-            .map_err(|_| lost("no answer".into()))?
-            .map_err(|e| lost(e.to_string()))
+            .map_err(|_| unreachable("no answer".into()))?
+            .map_err(|e| unreachable(e.to_string()))
     }
 }
 
@@ -163,7 +163,7 @@ async fn ask_node(
     upload: Option<UploadReader>,
 ) -> Result<ReleaseEvents, ReleaseError> {
     let Asked { node, nodes } = asked;
-    let lost = |reason: String| ReleaseError::Unreachable(format!("{node}: {reason}"));
+    let unreachable = |reason: String| ReleaseError::Unreachable(format!("{node}: {reason}"));
     let send = async {
         wire::write(&mut s, &Request::Release { ask: ask.clone() }).await?;
         if let (ReleaseAsk::Push { size, .. }, Some(upload)) = (ask, upload) {
@@ -179,18 +179,18 @@ async fn ask_node(
     };
     tokio::time::timeout(UPLOAD_TIMEOUT, send)
         .await
-        .map_err(|_| lost("the upload timed out".into()))?
-        .map_err(|e| lost(e.to_string()))?;
+        .map_err(|_| unreachable("the upload timed out".into()))?
+        .map_err(|e| unreachable(e.to_string()))?;
     let reply = tokio::time::timeout(TAKE_TIMEOUT, wire::read::<Reply>(&mut s))
         .await
-        .map_err(|_| lost("no answer".into()))?
-        .map_err(|e| lost(e.to_string()))?;
+        .map_err(|_| unreachable("no answer".into()))?
+        .map_err(|e| unreachable(e.to_string()))?;
     match reply {
         Reply::Stream => {}
         Reply::Refused { status, message } => {
             return Err(ReleaseError::Refused { status, message })
         }
-        other => return Err(lost(format!("it answered {other:?}"))),
+        other => return Err(unreachable(format!("it answered {other:?}"))),
     }
     tracing::info!(node, app = ask.app(), "a node took a release");
     let (tx, rx) = mpsc::channel(64);

@@ -437,12 +437,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let mut at = Endpoints::default();
     if cfg.runs(Role::Api) || agent.is_some() {
         let releases = api::release_api(&cfg, &store, &token, &sources)?;
+        // Releases an earlier run left unfinished are resumed or failed, and uploads none of
+        // them waits for removed, before a new push comes in (through this API or another
+        // node's: until then the node port answers that this node is starting).
+        warden_api::resume(&releases).await;
         if let Some(made_here) = &sources.node_releases {
             made_here.set(Arc::new(warden_api::NodeReleases::new(releases.clone())));
         }
-        // Releases an earlier run left unfinished are resumed or failed, and uploads none of
-        // them waits for removed, before a new push comes in (through this API or another's).
-        warden_api::resume(&releases).await;
         if cfg.runs(Role::Api) {
             let (addr, task) = api::serve_api(&cfg, releases, &gateway, &sources, stop_rx).await?;
             at.api = Some(addr);

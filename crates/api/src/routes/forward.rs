@@ -126,7 +126,10 @@ async fn forward(
     prefer: Option<String>,
 ) -> Result<Response, ApiError> {
     let Some(releases) = &api.releases else {
-        return Err(ApiError::internal("this node has no way to make releases"));
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this node neither builds nor knows a node that does; run `warden up` with the agent role",
+        ));
     };
     let events = releases
         .release(ask, upload, prefer)
@@ -151,14 +154,12 @@ fn refusal(e: ReleaseError) -> ApiError {
 fn relay(events: ReleaseEvents) -> Response {
     let stream = futures_util::stream::unfold(Some(events), |events| async move {
         let mut events = events?;
-        let line = match events.recv().await? {
+        let lost = match events.recv().await? {
             Ok(text) => return Some((Ok::<_, std::io::Error>(Bytes::from(text)), Some(events))),
-            Err(e) => ReleaseEvent::Lost {
-                lost: e.to_string(),
-            },
+            Err(e) => e.to_string(),
         };
-        tracing::warn!(error = %line_text(&line), "a node delivering a release was lost");
-        let mut text = serde_json::to_string(&line).unwrap_or_default();
+        tracing::warn!(error = %lost, "a node delivering a release was lost");
+        let mut text = serde_json::to_string(&ReleaseEvent::Lost { lost }).unwrap_or_default();
         text.push('\n');
         Some((Ok(Bytes::from(text)), None))
     });
@@ -167,13 +168,6 @@ fn relay(events: ReleaseEvents) -> Response {
         Body::from_stream(stream),
     )
         .into_response()
-}
-
-fn line_text(e: &ReleaseEvent) -> &str {
-    match e {
-        ReleaseEvent::Lost { lost } => lost,
-        _ => "",
-    }
 }
 
 /// This node's releases, made for another node of the cluster: the same checks, record and
@@ -264,7 +258,7 @@ async fn make(
                 upload,
                 digest,
                 from,
-                by,
+                by: local::note(&by),
             };
             local::push_received(api, builds, pushed).await
         }
