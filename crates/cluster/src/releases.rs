@@ -163,6 +163,7 @@ async fn ask_node(
     upload: Option<UploadReader>,
 ) -> Result<ReleaseEvents, ReleaseError> {
     let Asked { node, nodes } = asked;
+    let app = ask.app().to_owned();
     let unreachable = |reason: String| ReleaseError::Unreachable(format!("{node}: {reason}"));
     let send = async {
         wire::write(&mut s, &Request::Release { ask: ask.clone() }).await?;
@@ -206,6 +207,7 @@ async fn ask_node(
             let stop = item.is_err();
             let item = item.map_err(|reason| ReleaseError::Lost {
                 node: node.clone(),
+                app: app.clone(),
                 reason,
             });
             if tx.send(item).await.is_err() || stop {

@@ -84,13 +84,15 @@ pub enum ReleaseError {
     #[error("no agent node of the cluster is live to build the release; start `warden up` with the agent role on a node of this cluster (or wait for one to answer again), then retry")]
     NoNode,
     /// The building node could not be asked (every candidate was tried).
-    #[error("no agent node took the release ({0}); check `warden nodes`, then retry")]
+    #[error("no agent node took the release ({0}); check `warden nodes list`, then retry")]
     Unreachable(String),
     /// The building node took the release and then broke off before its outcome.
-    #[error("node {node} was lost during the release ({reason}); the release's record names node {node}, which resumes or fails it when it starts again; `warden releases APP` shows how it ended")]
+    #[error("node {node} was lost during the release ({reason}); the release's record names node {node}, which resumes or fails it when it starts again; `warden releases {app}` shows how it ended")]
     Lost {
         /// The node that delivers the release.
         node: String,
+        /// The app the release is of.
+        app: String,
         /// How the connection ended.
         reason: String,
     },

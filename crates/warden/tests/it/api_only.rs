@@ -153,7 +153,9 @@ fn an_api_node_without_the_agent_has_releases_made_and_resumed_on_an_agent_node(
     b.signal_and_wait(Signal::SIGKILL);
     let (ok, out, err) = pushing.join().unwrap();
     assert!(
-        !ok && err.contains("node builder was lost") && err.contains("resumes or fails it"),
+        !ok && err.contains("node builder was lost")
+            && err.contains("resumes or fails it")
+            && err.contains("`warden releases plain`"),
         "{out}{err}"
     );
     wait_until(
