@@ -78,8 +78,16 @@ fn an_api_node_without_the_agent_has_releases_made_and_resumed_on_an_agent_node(
     let token = join_token(&front);
     let tmp = tempfile::tempdir().unwrap();
     let data = data_dir(&tmp);
-    let builder =
-        || leased_node(&cluster, "builder", "2s", &["--join-token-file", &token]).data_dir(&data);
+    let builder = || {
+        leased_node(
+            &cluster,
+            "builder",
+            "2s",
+            // Less than the API node takes: the builder's own bound holds.
+            &["--join-token-file", &token, "--max-upload-mb", "1"],
+        )
+        .data_dir(&data)
+    };
     let mut b = builder().start();
     wait_until(
         "the builder's node port listed",
@@ -123,6 +131,19 @@ fn an_api_node_without_the_agent_has_releases_made_and_resumed_on_an_agent_node(
     // What the agent node refuses before anything runs comes back as it said it.
     let (status, text) = bad_push(&front);
     assert_eq!((status, &text), (400, &bad_push(&b).1), "{text}");
+    // An upload the API node takes but the builder does not: the builder refuses it before
+    // reading it, and its answer still reaches the pusher whole.
+    let big: Vec<u8> = (0..3u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let r = warden_test_support::http::request(
+        "POST",
+        &format!("{}/v1/apps/plain/releases", front.api),
+        &[("authorization", &format!("Bearer {}", front.token))],
+        &big,
+    );
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(r.text().contains("--max-upload-mb"), "{}", r.text());
     assert_eq!(releases(&front, "plain").len(), 3);
 
     // The agent node killed in a build asked through the API node: the pusher hears that it
