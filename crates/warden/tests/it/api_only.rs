@@ -3,9 +3,11 @@
 //! records) and resumes them after a crash; the API node relays what that node answers.
 
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use serde_json::Value;
 use warden_test_support::etcd::EtcdCluster;
 use warden_test_support::{cli, wait_until, Warden};
@@ -70,6 +72,101 @@ fn bad_push(w: &Warden) -> (u16, String) {
     (r.status, r.text())
 }
 
+/// Pushes `src` as `plain` through `front` in a thread of its own; the CLI's outcome comes on
+/// the channel.
+fn push_in_background(front: &Warden, src: &Path) -> mpsc::Receiver<(bool, String, String)> {
+    let (dir, src) = (front.dir.display().to_string(), src.display().to_string());
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(cli(BIN, &["push", "plain", &src, "--data-dir", &dir], &[]));
+    });
+    rx
+}
+
+/// Waits until release `number` of `plain` is being built, as its log says (read through
+/// `front`).
+fn wait_for_build(front: &Warden, number: u64) {
+    wait_until(
+        &format!("release {number} to be built on the builder"),
+        Duration::from_secs(180),
+        || {
+            let r = releases(front, "plain")
+                .into_iter()
+                .find(|r| r["number"] == number)?;
+            let path = format!("/v1/apps/plain/releases/{number}/log");
+            let log = front.api("GET", &path, None).text();
+            (r["status"] == "received" && log.contains("building a python app")).then_some(())
+        },
+    )
+}
+
+/// Waits until release `number` of `plain` has ended, and asserts it released by the builder.
+fn assert_released(front: &Warden, number: u64) {
+    let r = wait_until(
+        &format!("release {number} to end"),
+        Duration::from_secs(180),
+        || {
+            let r = releases(front, "plain")
+                .into_iter()
+                .find(|r| r["number"] == number)?;
+            ["released", "failed"]
+                .contains(&r["status"].as_str()?)
+                .then_some(r)
+        },
+    );
+    assert_eq!(r["status"], "released", "{r}");
+    assert_eq!(r["node"], "builder", "delivered where it was built: {r}");
+}
+
+/// A push, a config change and a rollback through `front`, each delivered by the builder.
+fn push_config_and_rollback(front: &Warden, pw: &str) {
+    let src = plain(false);
+    let (ok, out, err) = run(front, &["push", "plain", src.path().to_str().unwrap()]);
+    assert!(
+        ok && out.contains("release 1 of plain serves"),
+        "{out}{err}"
+    );
+    assert_eq!(answer(front, pw, "plain"), "hello from plain");
+    let (ok, out, err) = run(front, &["config", "set", "plain", "ANSWER=forty two"]);
+    assert!(
+        ok && out.contains("release 2 of plain serves"),
+        "{out}{err}"
+    );
+    assert_eq!(answer(front, pw, "plain"), "forty two");
+    let (ok, out, err) = run(front, &["rollback", "plain", "1"]);
+    assert!(
+        ok && out.contains("release 3 of plain serves"),
+        "{out}{err}"
+    );
+    assert_eq!(answer(front, pw, "plain"), "hello from plain");
+    let made = releases(front, "plain");
+    assert_eq!(made.len(), 3, "{made:?}");
+    for r in &made {
+        assert_eq!(r["status"], "released", "{r}");
+        assert_eq!(r["node"], "builder", "delivered where it was built: {r}");
+    }
+}
+
+/// What the builder refuses before anything runs comes back through `front` as it said it.
+fn refusals_come_back_as_given(front: &Warden, builder: &Warden) {
+    let (status, text) = bad_push(front);
+    assert_eq!((status, &text), (400, &bad_push(builder).1), "{text}");
+    // An upload the API node takes but the builder does not: the builder refuses it before
+    // reading it, and its answer still reaches the pusher whole.
+    let big: Vec<u8> = (0..3u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let r = warden_test_support::http::request(
+        "POST",
+        &format!("{}/v1/apps/plain/releases", front.api),
+        &[("authorization", &format!("Bearer {}", front.token))],
+        &big,
+    );
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(r.text().contains("--max-upload-mb"), "{}", r.text());
+    assert_eq!(releases(front, "plain").len(), 3);
+}
+
 #[test]
 fn an_api_node_without_the_agent_has_releases_made_and_resumed_on_an_agent_node() {
     let cluster = EtcdCluster::start(1);
@@ -100,79 +197,16 @@ fn an_api_node_without_the_agent_has_releases_made_and_resumed_on_an_agent_node(
                 .map(drop)
         },
     );
+    push_config_and_rollback(&front, &pw);
+    refusals_come_back_as_given(&front, &b);
 
-    // A push, a config change and a rollback through the node without the agent.
-    let src = plain(false);
-    let (ok, out, err) = run(&front, &["push", "plain", src.path().to_str().unwrap()]);
-    assert!(
-        ok && out.contains("release 1 of plain serves"),
-        "{out}{err}"
-    );
-    assert_eq!(answer(&front, &pw, "plain"), "hello from plain");
-    let (ok, out, err) = run(&front, &["config", "set", "plain", "ANSWER=forty two"]);
-    assert!(
-        ok && out.contains("release 2 of plain serves"),
-        "{out}{err}"
-    );
-    assert_eq!(answer(&front, &pw, "plain"), "forty two");
-    let (ok, out, err) = run(&front, &["rollback", "plain", "1"]);
-    assert!(
-        ok && out.contains("release 3 of plain serves"),
-        "{out}{err}"
-    );
-    assert_eq!(answer(&front, &pw, "plain"), "hello from plain");
-    let made = releases(&front, "plain");
-    assert_eq!(made.len(), 3, "{made:?}");
-    for r in &made {
-        assert_eq!(r["status"], "released", "{r}");
-        assert_eq!(r["node"], "builder", "delivered where it was built: {r}");
-    }
-
-    // What the agent node refuses before anything runs comes back as it said it.
-    let (status, text) = bad_push(&front);
-    assert_eq!((status, &text), (400, &bad_push(&b).1), "{text}");
-    // An upload the API node takes but the builder does not: the builder refuses it before
-    // reading it, and its answer still reaches the pusher whole.
-    let big: Vec<u8> = (0..3u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
-    let r = warden_test_support::http::request(
-        "POST",
-        &format!("{}/v1/apps/plain/releases", front.api),
-        &[("authorization", &format!("Bearer {}", front.token))],
-        &big,
-    );
-    assert_eq!(r.status, 413, "{}", r.text());
-    assert!(r.text().contains("--max-upload-mb"), "{}", r.text());
-    assert_eq!(releases(&front, "plain").len(), 3);
-
-    // The agent node killed in a build asked through the API node: the pusher hears that it
-    // was lost and what becomes of the release; started again, it builds and releases it.
+    // The builder killed in a build asked through the API node: the pusher hears that it was
+    // lost and what becomes of the release; started again, it builds and releases it.
     let slow = plain(true);
-    let (front_dir, slow_dir) = (
-        front.dir.display().to_string(),
-        slow.path().display().to_string(),
-    );
-    let pushing = std::thread::spawn(move || {
-        cli(
-            BIN,
-            &["push", "plain", &slow_dir, "--data-dir", &front_dir],
-            &[],
-        )
-    });
-    wait_until(
-        "release 4 to be built on the builder",
-        Duration::from_secs(180),
-        || {
-            let r = releases(&front, "plain")
-                .into_iter()
-                .find(|r| r["number"] == 4)?;
-            let log = b.api("GET", "/v1/apps/plain/releases/4/log", None).text();
-            (r["status"] == "received" && log.contains("building a python app")).then_some(())
-        },
-    );
+    let pushing = push_in_background(&front, slow.path());
+    wait_for_build(&front, 4);
     b.signal_and_wait(Signal::SIGKILL);
-    let (ok, out, err) = pushing.join().unwrap();
+    let (ok, out, err) = pushing.recv().unwrap();
     assert!(
         !ok && err.contains("node builder was lost")
             && err.contains("resumes or fails it")
@@ -193,17 +227,8 @@ fn an_api_node_without_the_agent_has_releases_made_and_resumed_on_an_agent_node(
     );
     let left = std::fs::read_dir(front.dir.join("uploads")).map_or(0, |d| d.count());
     assert_eq!(left, 0, "the API node keeps no upload");
-    let _b = builder().start();
-    let r = wait_until("release 4 to end", Duration::from_secs(180), || {
-        let r = releases(&front, "plain")
-            .into_iter()
-            .find(|r| r["number"] == 4)?;
-        ["released", "failed"]
-            .contains(&r["status"].as_str()?)
-            .then_some(r)
-    });
-    assert_eq!(r["status"], "released", "{r}");
-    assert_eq!(r["node"], "builder", "{r}");
+    let b = builder().start();
+    assert_released(&front, 4);
     // Its log, kept where it was built, read through the API node.
     let log = front
         .api("GET", "/v1/apps/plain/releases/4/log", None)
@@ -215,4 +240,21 @@ fn an_api_node_without_the_agent_has_releases_made_and_resumed_on_an_agent_node(
     let spec = front.api("GET", "/v1/apps/plain", None).json();
     assert_eq!(spec["release"]["number"], 4, "{spec}");
     assert_eq!(answer(&front, &pw, "plain"), "hello from plain");
+
+    // The builder frozen in a build (SIGSTOP) keeps its connection open; once its lease ends,
+    // the pusher hears it lost, instead of waiting for ever. Thawed, it delivers the release.
+    std::fs::write(slow.path().join("again.txt"), "a new archive: built again").unwrap();
+    let pushing = push_in_background(&front, slow.path());
+    wait_for_build(&front, 5);
+    let pid = Pid::from_raw(b.pid() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    // Far beyond the 2 s lease; without the check the push would wait as long as the freeze.
+    let heard = pushing.recv_timeout(Duration::from_secs(120));
+    kill(pid, Signal::SIGCONT).unwrap();
+    let (ok, out, err) = heard.expect("the push ended while its builder was frozen");
+    assert!(
+        !ok && err.contains("node builder was lost") && err.contains("lease ended"),
+        "{out}{err}"
+    );
+    assert_released(&front, 5);
 }
