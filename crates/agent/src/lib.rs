@@ -93,7 +93,7 @@ struct Inner {
     pools: Arc<pools::Pools>,
     drivers: Arc<drivers::Drivers>,
     paths: paths::Paths,
-    slugs: Arc<build::slugs::Fetcher>,
+    slugs: Arc<warden_slugs::Fetcher>,
     metrics: Arc<metrics::Metrics>,
     stopping: watch::Sender<bool>,
 }
@@ -170,7 +170,7 @@ impl Agent {
             slugs: std::path::absolute(&config.slug_dir)
                 .unwrap_or_else(|_| config.slug_dir.clone()),
         };
-        let swept = build::slugs::sweep(&paths.slugs);
+        let swept = warden_slugs::sweep(&paths.slugs);
         if swept > 0 {
             tracing::info!(swept, "removed what interrupted builds and fetches left");
         }
@@ -202,7 +202,7 @@ impl Agent {
             refill_tx,
         ));
         let restarts = Arc::new(restarts::Restarts::default());
-        let slugs = Arc::new(build::slugs::Fetcher::default());
+        let slugs = Arc::new(warden_slugs::Fetcher::default());
         let life = lifecycle::Lifecycle::new(lifecycle::Deps {
             store: store.clone(),
             node: node.clone(),

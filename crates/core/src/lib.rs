@@ -33,3 +33,8 @@ pub use peers::Peers;
 pub use releases::{
     LocalReleases, ReleaseAsk, ReleaseError, ReleaseEvents, Releases, UploadReader,
 };
+
+/// PATH given to instances (and builds) that set none: the agent's own environment (which may
+/// hold credentials such as WARDEN_TOKEN) is never passed on. A release's instances get their
+/// slug's bin directories before it.
+pub const INSTANCE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";

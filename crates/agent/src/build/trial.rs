@@ -20,7 +20,7 @@ pub(crate) async fn trial(
     label: &str,
 ) -> Result<(), TrialError> {
     let run =
-        super::slugs::run_spec(&paths.slugs, spec).map_err(|e| TrialError::Node(e.to_string()))?;
+        warden_slugs::run_spec(&paths.slugs, spec).map_err(|e| TrialError::Node(e.to_string()))?;
     let id = warden_core::id::short_id();
     let dir = paths.create_instance(&id).map_err(|e| {
         TrialError::Node(format!("cannot create the trial instance's directory: {e}"))

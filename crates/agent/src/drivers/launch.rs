@@ -113,20 +113,9 @@ pub enum LaunchError {
     /// The sandbox's network could not be had.
     #[error(transparent)]
     Bridge(#[from] BridgeError),
-    /// The release's slug is not on this node.
-    #[error("the release's slug {slug} is not on this node; push the app again through an API node that can reach it")]
-    NoSlug {
-        /// The slug's id.
-        slug: String,
-    },
-    /// The release's slug could not be fetched from another node.
-    #[error("cannot fetch the release's slug {slug}: {source}")]
-    Fetch {
-        /// The slug's id.
-        slug: String,
-        /// Why.
-        source: Box<crate::build::slugs::FetchError>,
-    },
+    /// The release's slug is not on this node and could not be fetched.
+    #[error(transparent)]
+    Slug(#[from] warden_slugs::SlugError),
     /// The sandbox's cgroups could not be set up.
     #[error("cannot set up the instance's cgroup: {0}")]
     Cgroup(#[from] CgroupError),

@@ -59,7 +59,7 @@ impl Driver for ProcessDriver {
     fn start(&self, l: &Launch<'_>) -> Result<Started, LaunchError> {
         let lease = self.own_uid(l)?;
         if let (true, Some(lease), Some(w)) = (l.build, &lease, &l.spec.workdir) {
-            crate::build::chown_tree(std::path::Path::new(w), lease.uid(), lease.uid()).map_err(
+            warden_slugs::chown_tree(std::path::Path::new(w), lease.uid(), lease.uid()).map_err(
                 |source| LaunchError::Create {
                     path: w.into(),
                     source,

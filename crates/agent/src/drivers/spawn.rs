@@ -8,9 +8,7 @@ use std::process::Stdio;
 
 use tokio::process::{Child, Command};
 
-/// PATH given to instances; the agent's own environment (which may hold credentials such as
-/// WARDEN_TOKEN) is never passed on.
-pub(crate) const INSTANCE_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+pub(crate) use warden_core::INSTANCE_PATH;
 
 /// A command with a clean environment and output appended to `log`.
 pub(crate) fn command(

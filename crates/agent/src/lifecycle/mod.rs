@@ -81,7 +81,7 @@ pub(crate) struct Deps {
     pub metrics: Arc<Metrics>,
     pub stopping: watch::Receiver<bool>,
     /// Brings release slugs this node did not build.
-    pub slugs: Arc<crate::build::slugs::Fetcher>,
+    pub slugs: Arc<warden_slugs::Fetcher>,
 }
 
 /// The instances of this node.

@@ -63,9 +63,9 @@ impl Lifecycle {
                 .slugs
                 .ensure(&self.deps.paths.slugs, release)
                 .await
-                .map_err(|source| AgentError::Launch {
+                .map_err(|e| AgentError::Launch {
                     app: spec.name.clone(),
-                    source,
+                    source: e.into(),
                 })?;
         }
         self.reserve(spec)?;
@@ -121,9 +121,9 @@ impl Lifecycle {
         let id = warden_core::id::short_id();
         let dir = self.deps.paths.instance(&id);
         let log = self.deps.paths.log(&spec.name, &id);
-        let run = match crate::build::slugs::run_spec(&self.deps.paths.slugs, spec) {
+        let run = match warden_slugs::run_spec(&self.deps.paths.slugs, spec) {
             Ok(run) => run,
-            Err(e) => return Err((id, e)),
+            Err(e) => return Err((id, e.into())),
         };
         let mut env = match self.deps.drivers.base_env(&run, &id) {
             Ok(env) => env,

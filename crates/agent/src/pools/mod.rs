@@ -258,11 +258,11 @@ impl Pools {
                 path: self.paths.instance(&id),
                 source,
             })?;
-        let run = match crate::build::slugs::run_spec(&self.paths.slugs, spec) {
+        let run = match warden_slugs::run_spec(&self.paths.slugs, spec) {
             Ok(r) => r,
             Err(e) => {
                 crate::drivers::leftovers::remove_instance_dir(&dir);
-                return Err(e);
+                return Err(e.into());
             }
         };
         let env = match self.drivers.base_env(&run, &id) {

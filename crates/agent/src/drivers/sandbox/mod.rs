@@ -232,7 +232,7 @@ impl SandboxDriver {
                 // the kernel names it.
                 let dir = std::fs::canonicalize(l.dir).unwrap_or_else(|_| l.dir.to_owned());
                 let (uid, gid) = init::host_ids(&dir, nix::unistd::geteuid().is_root());
-                crate::build::chown_tree(Path::new(w), uid, gid).map_err(|source| {
+                warden_slugs::chown_tree(Path::new(w), uid, gid).map_err(|source| {
                     LaunchError::Sandbox {
                         what: "give the build its directory",
                         source,

@@ -1,7 +1,7 @@
 //! Making a built virtual environment run from wherever the slug is copied: pip writes each
 //! script's shebang as the absolute path of the venv's Python, which is another path on
 //! another node. Those shebangs become `#!/usr/bin/env python3`; instances of a release find
-//! the venv's own `python3` first on their PATH (see [`super::slugs::run_spec`]), so the
+//! the venv's own `python3` first on their PATH (see [`crate::run_spec`]), so the
 //! scripts still run in the venv.
 
 use std::io::{Read, Seek, Write};

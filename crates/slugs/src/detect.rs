@@ -16,7 +16,8 @@ pub(crate) const PYTHON: &str = "/usr/bin/python3";
 
 /// What to run to build a tree and then to start it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Recipe {
+pub struct Recipe {
+    /// The kind of app.
     pub kind: BuildKind,
     /// Shell script run in the tree to build it; `None` when there is nothing to build.
     pub script: Option<String>,

@@ -1,4 +1,4 @@
-//! Where a node keeps built slugs, and what an instance of a release runs: the spec with the
+//! Where a node keeps built slugs, how slugs missing here are fetched,, and what an instance of a release runs: the spec with the
 //! slug as its working directory and the slug's own bin directories first on its PATH.
 
 use std::borrow::Cow;
@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use warden_core::{AppSpec, BuildKind};
 
-use crate::drivers::spawn::INSTANCE_PATH;
-use crate::drivers::LaunchError;
+use warden_core::INSTANCE_PATH;
 
 /// File beside a slug's tree: how it was built and what it runs.
 pub(crate) const MARK: &str = "slug.json";
@@ -24,7 +23,7 @@ pub(crate) struct Mark {
 }
 
 /// The tree of slug `id` under `slugs`.
-pub(crate) fn tree(slugs: &Path, id: &str) -> PathBuf {
+pub fn tree(slugs: &Path, id: &str) -> PathBuf {
     slugs.join(id).join("app")
 }
 
@@ -44,15 +43,12 @@ pub(crate) fn mark(slugs: &Path, id: &str) -> Option<(Mark, String)> {
 /// What an instance of `spec` runs on this node: `spec` itself, or for a release the spec in
 /// its slug, with the slug's virtual environment and node_modules/.bin first on PATH (unless
 /// the app sets PATH itself).
-pub(crate) fn run_spec<'a>(
-    slugs: &Path,
-    spec: &'a AppSpec,
-) -> Result<Cow<'a, AppSpec>, LaunchError> {
+pub fn run_spec<'a>(slugs: &Path, spec: &'a AppSpec) -> Result<Cow<'a, AppSpec>, SlugError> {
     let Some(release) = &spec.release else {
         return Ok(Cow::Borrowed(spec));
     };
     if mark(slugs, &release.slug).is_none() {
-        return Err(LaunchError::NoSlug {
+        return Err(SlugError::NoSlug {
             slug: release.slug.clone(),
         });
     }
@@ -68,7 +64,7 @@ pub(crate) fn run_spec<'a>(
 
 /// Removes what interrupted builds and fetches left under `slugs` (scratch trees, slugs
 /// without their digest); run at start, when none is under way. Returns how many went.
-pub(crate) fn sweep(slugs: &Path) -> usize {
+pub fn sweep(slugs: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(slugs) else {
         return 0;
     };
@@ -88,7 +84,7 @@ pub(crate) fn sweep(slugs: &Path) -> usize {
 /// `warden_core::builds::SlugSource`), once per slug, checked against the digest the app's
 /// spec names.
 #[derive(Default)]
-pub(crate) struct Fetcher {
+pub struct Fetcher {
     source: std::sync::OnceLock<std::sync::Arc<dyn warden_core::builds::SlugSource>>,
     /// One lock per slug id, for fetches and builds alike; never removed (one small entry per
     /// slug the node has ever had), so that no two holders of one id's lock exist.
@@ -102,28 +98,30 @@ const MAX_FETCH: u64 = 16 << 30;
 
 impl Fetcher {
     /// The lock of slug `id`: whoever builds or fetches it holds it.
-    pub(crate) fn gate(&self, id: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
-        crate::sync::lock(&self.gates)
+    pub fn gate(&self, id: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+        self.gates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .entry(id.to_owned())
             .or_default()
             .clone()
     }
 
     /// Where slugs come from; set once, when the node joins its cluster.
-    pub(crate) fn set_source(&self, source: std::sync::Arc<dyn warden_core::builds::SlugSource>) {
+    pub fn set_source(&self, source: std::sync::Arc<dyn warden_core::builds::SlugSource>) {
         let _ = self.source.set(source);
     }
 
     /// Makes sure the slug of `release` is on this node, fetching it if it is not.
-    pub(crate) async fn ensure(
+    pub async fn ensure(
         &self,
         slugs: &Path,
         release: &warden_core::SpecRelease,
-    ) -> Result<(), LaunchError> {
+    ) -> Result<(), SlugError> {
         if mark(slugs, &release.slug).is_some() {
             return Ok(());
         }
-        let missing = || LaunchError::NoSlug {
+        let missing = || SlugError::NoSlug {
             slug: release.slug.clone(),
         };
         let (Some(source), Some(digest)) = (self.source.get(), &release.archive) else {
@@ -135,7 +133,7 @@ impl Fetcher {
             return Ok(());
         }
         let result = self.fetch(&**source, slugs, &release.slug, digest).await;
-        result.map_err(|source| LaunchError::Fetch {
+        result.map_err(|source| SlugError::Fetch {
             slug: release.slug.clone(),
             source: Box::new(source),
         })
@@ -155,7 +153,7 @@ impl Fetcher {
         std::fs::create_dir_all(slugs).map_err(dir(slugs))?;
         let scratch = slugs.join(format!(".fetch-{}", warden_core::id::short_id()));
         std::fs::create_dir(&scratch).map_err(dir(&scratch))?;
-        let file = scratch.join(super::archive::FILE);
+        let file = scratch.join(crate::archive::FILE);
         let result = async {
             source.fetch(id, &file, MAX_FETCH).await?;
             let (scratch2, digest, home) = (scratch.clone(), digest.to_owned(), slugs.join(id));
@@ -174,15 +172,15 @@ impl Fetcher {
 /// Checks the archive fetched into `scratch` against `digest`, unpacks it there and moves the
 /// slug to `home`, complete (its digest file written last).
 fn install(scratch: &Path, digest: &str, home: &Path) -> Result<(), FetchError> {
-    let file = scratch.join(super::archive::FILE);
-    let got = super::archive::sha256_file(&file).map_err(FetchError::Hash)?;
+    let file = scratch.join(crate::archive::FILE);
+    let got = crate::archive::sha256_file(&file).map_err(FetchError::Hash)?;
     if got != digest {
         return Err(FetchError::Digest {
             got,
             want: digest.to_owned(),
         });
     }
-    super::unpack::unpack(
+    crate::unpack::unpack(
         &file,
         scratch,
         MAX_FETCH * 8,
@@ -197,6 +195,25 @@ fn install(scratch: &Path, digest: &str, home: &Path) -> Result<(), FetchError> 
         path: home.to_owned(),
         source,
     })
+}
+
+/// Why the slug of a release is not there to run.
+#[derive(Debug, thiserror::Error)]
+pub enum SlugError {
+    /// The release's slug is not on this node.
+    #[error("the release's slug {slug} is not on this node; push the app again through an API node that can reach it")]
+    NoSlug {
+        /// The slug's id.
+        slug: String,
+    },
+    /// The release's slug could not be fetched from another node.
+    #[error("cannot fetch the release's slug {slug}: {source}")]
+    Fetch {
+        /// The slug's id.
+        slug: String,
+        /// Why.
+        source: Box<FetchError>,
+    },
 }
 
 /// Why a slug could not be brought from another node.
@@ -268,9 +285,9 @@ mod tests {
             serde_json::to_vec(&mark).expect("json"),
         )
         .expect("write");
-        let digest = super::super::archive::pack(home.path()).expect("pack");
+        let digest = crate::archive::pack(home.path()).expect("pack");
         (
-            std::fs::read(home.path().join(super::super::archive::FILE)).expect("read"),
+            std::fs::read(home.path().join(crate::archive::FILE)).expect("read"),
             digest,
         )
     }
@@ -290,7 +307,7 @@ mod tests {
         let f = Fetcher::default();
         let none = f.ensure(slugs.path(), &release(&digest)).await;
         assert!(
-            matches!(none, Err(LaunchError::NoSlug { .. })),
+            matches!(none, Err(SlugError::NoSlug { .. })),
             "no source, no slug"
         );
 
@@ -303,7 +320,7 @@ mod tests {
             .await
             .expect_err("tampered");
         assert!(
-            matches!(&err, LaunchError::Fetch { source, .. } if matches!(**source, FetchError::Digest { .. })),
+            matches!(&err, SlugError::Fetch { source, .. } if matches!(**source, FetchError::Digest { .. })),
             "{err}"
         );
         assert!(err.to_string().contains("digest"), "{err}");
