@@ -11,7 +11,7 @@ use warden_cluster::node::RegisterError;
 pub enum AgentError {
     /// The instance image, which every sandbox's init runs, is not beside the warden binary.
     #[error(transparent)]
-    InstanceImage(#[from] crate::drivers::image::InstanceImageError),
+    InstanceImage(#[from] warden_sandbox::image::InstanceImageError),
     /// The node could not register (its name is taken, or the store failed).
     #[error(transparent)]
     Register(#[from] warden_cluster::node::RegisterError),

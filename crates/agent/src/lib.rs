@@ -16,7 +16,7 @@
 //! `build` (slugs of pushed apps: built in a sandbox, tried outside routing, fetched from other
 //! nodes; [`Builder`] is what the API gets, through [`warden_core::builds::Builds`]).
 //! Instance environments never carry the agent's own environment.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod build;
 pub mod drivers;
@@ -24,7 +24,6 @@ mod error;
 mod lifecycle;
 mod logs;
 mod metrics;
-mod net;
 mod paths;
 mod pools;
 mod restarts;
@@ -44,11 +43,8 @@ use warden_core::{
 use warden_store::Store;
 
 pub use build::Builder;
-pub use drivers::image::{hold_own_image, instance_image_path, InstanceImageError, INSTANCE_IMAGE};
-pub use drivers::sandbox;
-pub use drivers::spawn::{close_inherited_descriptors, raise_open_file_limit};
+pub use drivers::sandbox::bridge::BridgeConfig;
 pub use error::AgentError;
-pub use net::connect;
 
 /// Agent settings.
 #[derive(Debug, Clone)]
@@ -74,7 +70,7 @@ pub struct AgentConfig {
     /// Whether sandbox limits may use cgroups (else rlimits only).
     pub cgroups: bool,
     /// The bridge of network mode `bridged`, set up when an instance first needs it.
-    pub bridge: sandbox::bridge::BridgeConfig,
+    pub bridge: BridgeConfig,
     /// The node's identity key, from which each instance's `WARDEN_INSTANCE_SECRET` is derived.
     pub identity: warden_core::identity::IdentityKey,
     /// Placement by load (seed 003 §3.3.2): a node loaded above the cluster mean by more than
@@ -113,7 +109,7 @@ impl Agent {
     pub async fn start(store: Arc<dyn Store>, config: AgentConfig) -> Result<Self, AgentError> {
         // Every sandbox's init runs the instance image: without it, say so now, not at the
         // first instance start.
-        drivers::image::instance_image()?;
+        warden_sandbox::image::instance_image()?;
         // Logs are warden's alone; the instances directory is passable but not listable, so a
         // `process` instance under its own uid reaches its own directory (mode 0700, its uid's)
         // and cannot find or enter any other.
@@ -137,13 +133,13 @@ impl Agent {
         }
         let metrics = Arc::new(metrics::Metrics::new()?);
         let cgroups = if config.cgroups {
-            sandbox::cgroup::Cgroups::detect()
+            drivers::sandbox::cgroup::Cgroups::detect()
         } else {
-            sandbox::cgroup::Cgroups::off("turned off with warden up --cgroups off")
+            drivers::sandbox::cgroup::Cgroups::off("turned off with warden up --cgroups off")
         };
         tracing::info!(limits = cgroups.summary(), "sandbox limits");
         let drivers = Arc::new(drivers::Drivers::new(
-            sandbox::SandboxDriver::new(config.bridge.clone(), cgroups),
+            drivers::sandbox::SandboxDriver::new(config.bridge.clone(), cgroups),
             config.identity.clone(),
         ));
         let (default, why) = drivers.default();
@@ -346,7 +342,9 @@ impl Instances for Agent {
     }
 
     async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<InstanceStream> {
-        net::connect(&instance.addr).await.map(InstanceStream::Tcp)
+        warden_sandbox::connect(&instance.addr)
+            .await
+            .map(InstanceStream::Tcp)
     }
 
     /// Nothing to do here: the monitor of a local instance sees its exit itself. A cluster

@@ -63,7 +63,8 @@ pub async fn setup(
     let path = data_dir.join("demo-users.json");
     // The instance image, not `warden` itself: every instance execs the app's binary, and the
     // small one costs each far less memory (warden-instance's module documentation).
-    let exe = warden_agent::instance_image_path().context("cannot register the demo app")?;
+    let exe =
+        warden_sandbox::image::instance_image_path().context("cannot register the demo app")?;
     if let Some(text) = files::read_private(&path)? {
         let users: Vec<DemoUser> = serde_json::from_str(&text).with_context(|| {
             format!(

@@ -31,7 +31,7 @@ fn role(args: &[std::ffi::OsString]) -> Option<Role> {
 
 fn main() -> ExitCode {
     // Before anything is opened: what the caller left open must never reach the app.
-    warden_agent::close_inherited_descriptors();
+    warden_sandbox::spawn::close_inherited_descriptors();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let code = match role(&args) {
         Some(Role::SandboxInit) => sandbox_init(),
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
 /// app in it. It forks, so no thread may exist before it: no runtime is started here.
 fn sandbox_init() -> i32 {
     match std::env::current_dir() {
-        Ok(dir) => warden_agent::sandbox::init::main(&dir),
+        Ok(dir) => warden_sandbox::init::main(&dir),
         Err(e) => {
             eprintln!("warden-sandbox: cannot find the instance directory: {e}");
             125

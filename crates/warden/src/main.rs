@@ -275,7 +275,7 @@ pub(crate) const CRYPTO: &str = if cfg!(feature = "aws-lc") {
 
 fn main() -> std::process::ExitCode {
     // Before anything is opened: what the caller left open must never reach an instance.
-    warden_agent::close_inherited_descriptors();
+    warden_sandbox::spawn::close_inherited_descriptors();
     if alloc::uses_mimalloc() {
         alloc::give_memory_back_at_once();
     }
@@ -294,7 +294,7 @@ fn main() -> std::process::ExitCode {
     // The sandbox helper forks, so it must run before any runtime thread exists.
     if let Command::SandboxInit = &cli.command {
         let code = match std::env::current_dir() {
-            Ok(dir) => warden_agent::sandbox::init::main(&dir),
+            Ok(dir) => warden_sandbox::init::main(&dir),
             Err(e) => {
                 eprintln!("warden-sandbox: cannot find the instance directory: {e}");
                 125
@@ -304,12 +304,10 @@ fn main() -> std::process::ExitCode {
     }
     // The reaper needs no runtime: it blocks on its pipe, then ends what its agent left.
     if let Command::Reaper { instances } = &cli.command {
-        return std::process::ExitCode::from(warden_agent::drivers::leftovers::reaper_main(
-            instances,
-        ));
+        return std::process::ExitCode::from(warden_sandbox::leftovers::reaper_main(instances));
     }
     // Not in sandbox-init above: its forks never exec, and the sandbox's init would hold it.
-    warden_agent::hold_own_image();
+    warden_sandbox::image::hold_own_image();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -30,7 +30,7 @@ impl Instances for NoAgent {
     }
 
     async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<InstanceStream> {
-        warden_agent::connect(&instance.addr)
+        warden_sandbox::connect(&instance.addr)
             .await
             .map(InstanceStream::Tcp)
     }

@@ -114,7 +114,7 @@ fn agent_config(cfg: &Config, node: &str, identity: &IdentityKey) -> warden_agen
         max_instances: cfg.max_instances,
         max_log_bytes: cfg.max_log_mb * 1024 * 1024,
         cgroups: cfg.cgroups == Cgroups::Auto,
-        bridge: warden_agent::sandbox::bridge::BridgeConfig {
+        bridge: warden_sandbox::bridge::BridgeConfig {
             name: cfg.bridge.0.clone(),
             network: cfg.bridge_cidr.0,
             prefix: cfg.bridge_cidr.1,
@@ -268,7 +268,7 @@ async fn sources(
                 .await
                 .context("cannot start the agent")?;
             // Whatever kills this process, its instances' own processes die soon after.
-            match warden_agent::drivers::leftovers::start_reaper(&instance_dir) {
+            match warden_sandbox::leftovers::start_reaper(&instance_dir) {
                 Ok(pipe) => {
                     let _ = REAPER.set(pipe);
                 }
@@ -370,7 +370,7 @@ async fn sources(
 /// Runs until SIGINT or SIGTERM, then stops every instance before returning.
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let cfg = args.into_config()?;
-    warden_agent::raise_open_file_limit();
+    warden_sandbox::spawn::raise_open_file_limit();
     let dir = &cfg.data_dir;
     files::ensure_data_dir(dir)?;
     let endpoints_file = dir.join("endpoints.json");

@@ -1,15 +1,15 @@
 //! The ways the agent can run an instance, behind one trait (`launch::Driver`): a plain
 //! process (`process`) or a sandbox ([`sandbox`]), both spawned through `spawn`.
 //!
-//! Only this module and `crate::net` use `unsafe`, each block with a `SAFETY:` comment.
+//! Everything that needs `unsafe` (spawning, the sandbox's own processes, the connection
+//! hand-over) is [`warden_sandbox`]'s: the agent has none.
 
-pub(crate) mod image;
 pub(crate) mod launch;
-pub mod leftovers;
 pub(crate) mod process;
 pub mod sandbox;
-pub(crate) mod spawn;
 pub(crate) mod uids;
+
+pub(crate) use warden_sandbox::{leftovers, spawn};
 
 use warden_core::DriverKind;
 
@@ -34,7 +34,7 @@ impl Drivers {
         sandbox: sandbox::SandboxDriver,
         identity: warden_core::identity::IdentityKey,
     ) -> Self {
-        let (default, why) = match sandbox::user_namespaces() {
+        let (default, why) = match warden_sandbox::user_namespaces() {
             Ok(()) => (
                 DriverKind::Sandbox,
                 "this node can create user namespaces".to_owned(),

@@ -7,7 +7,6 @@ use tokio::sync::watch;
 use warden_core::InstanceAddr;
 
 use super::health;
-use crate::net;
 
 /// How long readiness is polled every millisecond before the polls back off.
 const FAST_POLL: Duration = Duration::from_millis(100);
@@ -38,7 +37,7 @@ pub(crate) async fn wait_ready(
         if *exited.borrow() {
             return Ready::Exited;
         }
-        if let Ok(conn) = net::connect(addr).await {
+        if let Ok(conn) = warden_sandbox::connect(addr).await {
             let Some(path) = health else {
                 return Ready::Yes;
             };

@@ -331,7 +331,8 @@ impl Pools {
         let t = Instant::now();
         let key = (app.clone(), String::new());
         let mut byte = [0u8; 1];
-        let ok = matches!(control.read(&mut byte).await, Ok(1) if byte[0] == crate::drivers::sandbox::PREPARED);
+        let ok =
+            matches!(control.read(&mut byte).await, Ok(1) if byte[0] == warden_sandbox::PREPARED);
         drop(control);
         if ok {
             prepared.store(true, Ordering::Relaxed);

@@ -10,7 +10,7 @@ use nix::sys::signal::Signal;
 use tokio::process::Child;
 
 use crate::drivers::launch::{Held, LaunchError, Started};
-use crate::drivers::sandbox::{self, SandboxHeld};
+use crate::drivers::sandbox::SandboxHeld;
 use crate::drivers::spawn;
 
 /// A prepared sandbox waiting for its app.
@@ -37,7 +37,7 @@ impl Slot {
     ) -> Result<Started, LaunchError> {
         let sent = self
             .control
-            .write_all(&sandbox::go_message(env))
+            .write_all(&warden_sandbox::go_message(env))
             .and_then(|()| self.control.shutdown(std::net::Shutdown::Write));
         if let Err(source) = sent {
             self.kill();

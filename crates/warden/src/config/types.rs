@@ -152,7 +152,7 @@ impl FromStr for Cidr {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        warden_agent::sandbox::bridge::BridgeConfig::parse_cidr(s)
+        warden_sandbox::bridge::BridgeConfig::parse_cidr(s)
             .map(|(a, p)| Self(a, p))
             .map_err(|e| e.to_string())
     }
@@ -174,7 +174,7 @@ impl FromStr for BridgeName {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        warden_agent::sandbox::bridge::BridgeConfig::validate_name(s)
+        warden_sandbox::bridge::BridgeConfig::validate_name(s)
             .map(|()| Self(s.to_owned()))
             .map_err(|e| e.to_string())
     }

@@ -168,7 +168,7 @@ fn mask(prefix: u8) -> u32 {
 
 /// What `sandbox-init` needs to wire one sandbox to the bridge (part of its plan).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct BridgedPlan {
+pub struct BridgedPlan {
     /// The bridge to attach the outer end to.
     pub bridge: String,
     /// Name of the outer end, on the host.
@@ -182,7 +182,7 @@ pub(crate) struct BridgedPlan {
 }
 
 /// The node's bridge and the addresses handed out on it.
-pub(crate) struct Bridge {
+pub struct Bridge {
     config: BridgeConfig,
     state: Mutex<State>,
 }
@@ -196,7 +196,7 @@ struct State {
 }
 
 /// One address of the bridge's subnet, held while a sandbox may use it.
-pub(crate) struct AddrLease {
+pub struct AddrLease {
     bridge: Arc<Bridge>,
     host: u32,
     /// The sandbox's wiring.
@@ -205,14 +205,13 @@ pub(crate) struct AddrLease {
 
 impl Drop for AddrLease {
     fn drop(&mut self) {
-        crate::sync::lock(&self.bridge.state)
-            .used
-            .remove(&self.host);
+        crate::lock(&self.bridge.state).used.remove(&self.host);
     }
 }
 
 impl Bridge {
-    pub(crate) fn new(config: BridgeConfig) -> Arc<Self> {
+    /// The bridge of `config`, set up when an instance first needs it.
+    pub fn new(config: BridgeConfig) -> Arc<Self> {
         Arc::new(Self {
             config,
             state: Mutex::new(State::default()),
@@ -220,11 +219,11 @@ impl Bridge {
     }
 
     /// A free address for one sandbox, setting the bridge up first if needed.
-    pub(crate) fn lease(self: &Arc<Self>) -> Result<AddrLease, BridgeError> {
+    pub fn lease(self: &Arc<Self>) -> Result<AddrLease, BridgeError> {
         if !nix::unistd::geteuid().is_root() {
             return Err(BridgeError::NotRoot);
         }
-        let mut state = crate::sync::lock(&self.state);
+        let mut state = crate::lock(&self.state);
         if state.set_up.is_none() {
             let created = ensure_bridge(&self.config).map_err(|source| BridgeError::Setup {
                 name: self.config.name.clone(),
@@ -260,8 +259,8 @@ impl Bridge {
     }
 
     /// Removes the bridge if this agent created it. The veth pairs went with their sandboxes.
-    pub(crate) fn remove_if_created(&self) {
-        if crate::sync::lock(&self.state).set_up != Some(true) {
+    pub fn remove_if_created(&self) {
+        if crate::lock(&self.state).set_up != Some(true) {
             return;
         }
         match delete_link(&self.config.name) {
@@ -276,7 +275,7 @@ impl Bridge {
 /// `wv` + four hex digits of the bridge name + the host number: unique per bridge and host,
 /// within the kernel's 15 characters.
 fn host_if_name(bridge: &str, host: u32) -> String {
-    let tag = super::spread::fnv(bridge.as_bytes());
+    let tag = crate::spread::fnv(bridge.as_bytes());
     format!("wv{:04x}{host:x}", tag & 0xffff)
 }
 
@@ -410,7 +409,7 @@ fn delete_link(name: &str) -> io::Result<()> {
 /// In `sandbox-init`'s helper, on the host: creates the veth pair with its inner end named
 /// [`INSIDE_IF`] in the network namespace of process `pid`, and makes the outer end an isolated,
 /// up port of the bridge.
-pub(crate) fn attach(plan: &BridgedPlan, pid: u32) -> io::Result<()> {
+pub fn attach(plan: &BridgedPlan, pid: u32) -> io::Result<()> {
     let mut nl = Rtnl::open()?;
     let bridge = index_of(&plan.bridge)?.ok_or_else(|| {
         io::Error::other(format!(
@@ -460,7 +459,7 @@ pub(crate) fn attach(plan: &BridgedPlan, pid: u32) -> io::Result<()> {
 }
 
 /// In init, inside the sandbox's network namespace: address, up, default route.
-pub(crate) fn configure_inside(plan: &BridgedPlan) -> io::Result<()> {
+pub fn configure_inside(plan: &BridgedPlan) -> io::Result<()> {
     let mut nl = Rtnl::open()?;
     let index = index_of(INSIDE_IF)?
         .ok_or_else(|| io::Error::other(format!("{INSIDE_IF} is missing inside the sandbox")))?;

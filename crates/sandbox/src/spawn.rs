@@ -8,10 +8,10 @@ use std::process::Stdio;
 
 use tokio::process::{Child, Command};
 
-pub(crate) use warden_core::INSTANCE_PATH;
+pub use warden_core::INSTANCE_PATH;
 
 /// A command with a clean environment and output appended to `log`.
-pub(crate) fn command(
+pub fn command(
     argv: &[String],
     env: &BTreeMap<String, String>,
     log: &Path,
@@ -40,7 +40,7 @@ pub(crate) fn command(
 /// `arg` with `$PORT` and `${PORT}` replaced by `port`: commands are run without a shell, and
 /// an app's command line naming its port (`gunicorn -b 127.0.0.1:$PORT app:app`) is the common
 /// case. `$PORTS` or `$PORT_X` are other names and stay as they are.
-pub(crate) fn expand_port(arg: &str, port: &str) -> String {
+pub fn expand_port(arg: &str, port: &str) -> String {
     let mut out = String::with_capacity(arg.len());
     let mut rest = arg;
     while let Some(i) = rest.find('$') {
@@ -128,11 +128,11 @@ fn close_on_exec_from_3() {
 /// Spawns `cmd` for the instance in `dir` in its own process group, tied to the agent's life by
 /// a parent-death signal, with no descriptor but stdin, stdout and stderr. The group is
 /// recorded beside `dir`, so that an agent started after this one died ends what is left of it
-/// (see [`super::leftovers`]).
-pub(crate) fn spawn(cmd: Command, dir: &Path) -> std::io::Result<Child> {
+/// (see [`crate::leftovers`]).
+pub fn spawn(cmd: Command, dir: &Path) -> std::io::Result<Child> {
     let mut child = on_forking_thread(with_death_signal(cmd))?;
     if let Some(pid) = child.id() {
-        if let Err(e) = super::leftovers::record(dir, pid) {
+        if let Err(e) = crate::leftovers::record(dir, pid) {
             // Unrecorded, it could outlive a crash of the agent unseen: not started at all.
             signal_group(pid, nix::sys::signal::Signal::SIGKILL);
             let _ = child.start_kill();
@@ -216,7 +216,7 @@ fn with_death_signal(mut cmd: Command) -> Command {
 }
 
 /// Sends `signal` to the instance's whole process group.
-pub(crate) fn signal_group(pid: u32, signal: nix::sys::signal::Signal) {
+pub fn signal_group(pid: u32, signal: nix::sys::signal::Signal) {
     if let Ok(pid) = i32::try_from(pid) {
         let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), signal);
     }
@@ -256,7 +256,7 @@ mod tests {
         .join()
         .unwrap();
         let pid = child.id().unwrap();
-        assert!(super::super::leftovers::pid_file(&dir.path().join("0123456789abcdef")).exists());
+        assert!(crate::leftovers::pid_file(&dir.path().join("0123456789abcdef")).exists());
         // Once the thread is reaped (its /proc entry gone), the kernel has sent the death
         // signals tied to it: the child would be dead or have SIGKILL pending.
         let task = format!("/proc/self/task/{tid}");

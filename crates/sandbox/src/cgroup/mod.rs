@@ -74,13 +74,16 @@ impl CgroupError {
 /// The scheduler period of the CPU limit: the kernel's default (100 ms).
 const CPU_PERIOD_US: u64 = 100_000;
 /// Processes of the sandbox that are not the app's: the namespaced outer process and init.
-pub(crate) const SANDBOX_OVERHEAD_PROCESSES: u64 = 2;
+pub const SANDBOX_OVERHEAD_PROCESSES: u64 = 2;
 
 /// Which limits the cgroups enforce, so that the sandbox knows which rlimits it still needs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Enforced {
+pub struct Enforced {
+    /// `memory.max` (or v1's limit) caps the app's memory.
     pub memory: bool,
+    /// `pids.max` caps its processes.
     pub pids: bool,
+    /// `cpu.max` (or v1's quota) caps its CPU.
     pub cpu: bool,
 }
 
@@ -109,12 +112,13 @@ pub struct Cgroups {
 
 /// One instance's cgroups: limits set, waiting for the sandbox to join.
 #[derive(Debug)]
-pub(crate) struct InstanceCgroup {
+pub struct InstanceCgroup {
     /// Every directory made for the instance (one in v2, one per controller in v1).
     dirs: Vec<PathBuf>,
     /// The file whose `oom_kill` line counts out-of-memory kills.
     oom_file: Option<PathBuf>,
     memory_mb: u64,
+    /// Which of the instance's limits these cgroups enforce.
     pub enforced: Enforced,
 }
 
@@ -138,11 +142,7 @@ impl Cgroups {
     }
 
     /// Creates and limits the cgroups of instance `id`; `None` when no hierarchy is used.
-    pub(crate) fn create(
-        &self,
-        id: &str,
-        limits: &Limits,
-    ) -> Result<Option<InstanceCgroup>, CgroupError> {
+    pub fn create(&self, id: &str, limits: &Limits) -> Result<Option<InstanceCgroup>, CgroupError> {
         let memory = limits.memory_mb.saturating_mul(1024 * 1024).to_string();
         let pids = limits
             .processes
@@ -258,12 +258,12 @@ impl InstanceCgroup {
     }
 
     /// The `cgroup.procs` files the sandbox's outer process is written to.
-    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
+    pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
     }
 
     /// How many processes the out-of-memory killer has killed in the instance.
-    pub(crate) fn oom_kills(&self) -> u64 {
+    pub fn oom_kills(&self) -> u64 {
         self.oom_file
             .as_ref()
             .and_then(|f| std::fs::read_to_string(f).ok())
@@ -273,7 +273,7 @@ impl InstanceCgroup {
 
     /// What the out-of-memory killer did in the instance, in words for its log; none if
     /// nothing.
-    pub(crate) fn oom_note(&self) -> Option<String> {
+    pub fn oom_note(&self) -> Option<String> {
         let kills = self.oom_kills();
         (kills > 0).then(|| {
             format!(
@@ -286,7 +286,7 @@ impl InstanceCgroup {
 
     /// Removes the cgroups once the sandbox is gone, waiting up to `wait` while the kernel
     /// finishes releasing them.
-    pub(crate) fn release(mut self, wait: Duration) {
+    pub fn release(mut self, wait: Duration) {
         self.remove(wait);
         self.dirs.clear();
     }

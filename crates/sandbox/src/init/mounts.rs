@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use super::SetupError;
-use crate::drivers::sandbox::{Plan, DATA_MOUNT};
+use crate::{Plan, DATA_MOUNT};
 
 /// Host directories shown read-only inside (those that exist; symlinks are recreated).
 const SYSTEM_DIRS: &[&str] = &[

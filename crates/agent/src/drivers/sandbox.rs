@@ -1,74 +1,25 @@
-//! The `sandbox` driver: each instance in its own user, pid, mount, ipc, uts and network
-//! namespaces, with a read-only view of the system, a private writable directory, no
-//! capabilities and no new privileges, a seccomp filter and resource limits.
-//!
-//! The agent writes a plan into the instance's directory and starts `warden-instance
-//! sandbox-init` (see [`init`]; the instance image, held open as `drivers/image.rs`
-//! says), which builds the sandbox and execs the app inside it. Network mode is
-//! `isolated`: the namespace has only loopback, and the gateway reaches the app through the
-//! connection-handing socket described at [`crate::connect`]. Network mode `bridged` adds a
-//! veth pair on the node's bridge (see [`bridge`]). Memory, process and CPU limits are cgroups
-//! where the node can use them (see [`cgroup`]) and rlimits otherwise.
-
-#![allow(unsafe_code)]
+//! The `sandbox` driver: turns a launch into a [`Plan`] and starts `warden-instance
+//! sandbox-init` on it through [`warden_sandbox`], which builds the sandbox (namespaces,
+//! mounts, seccomp, limits: see its documentation). Network mode `isolated` has only loopback
+//! and the gateway reaches the app through the connection-handing socket
+//! ([`warden_sandbox::connect`]); `bridged` adds a veth pair on the node's bridge
+//! ([`bridge`]). What an instance holds until it is reaped (its bridge address, cgroups) is
+//! released through [`launch::Held`].
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-use warden_core::{Limits, NetworkMode};
+use warden_core::{NetworkMode, INSTANCE_PATH};
+pub use warden_sandbox::{bridge, cgroup};
+use warden_sandbox::{
+    go_message, init, resolve_program, spawn, write_private, Plan, CONN_SOCKET, DATA_DIR,
+    DATA_MOUNT, PLAN_FILE, SANDBOX_PORT,
+};
 
 use super::launch::{self, Driver, Launch, LaunchError, Started};
-use super::spawn::{self, INSTANCE_PATH};
-
-pub mod bridge;
-pub mod cgroup;
-pub mod init;
-mod seccomp;
-mod spread;
-
-/// The port an app listens on inside its own network namespace: every sandbox has its own
-/// loopback, so there is no port to race for.
-pub const SANDBOX_PORT: u16 = 8080;
-
-/// Where the app finds its private writable directory inside the sandbox.
-pub const DATA_MOUNT: &str = "/data";
-
-/// What `sandbox-init` builds, written by the agent to `plan.json` in the instance directory.
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct Plan {
-    /// Absolute program path, then arguments.
-    pub argv: Vec<String>,
-    /// The app's whole environment.
-    pub env: BTreeMap<String, String>,
-    /// Working directory inside the sandbox.
-    pub workdir: Option<String>,
-    /// Port the app listens on inside.
-    pub port: u16,
-    /// Limits.
-    pub limits: Limits,
-    /// Host name inside.
-    pub hostname: String,
-    /// The veth wiring in network mode `bridged`; none in `isolated`.
-    #[serde(default)]
-    pub bridged: Option<bridge::BridgedPlan>,
-    /// `cgroup.procs` files the sandbox's outer process joins before anything runs inside.
-    #[serde(default)]
-    pub cgroup_procs: Vec<PathBuf>,
-    /// The limits those cgroups enforce; the others are left to rlimits.
-    #[serde(default)]
-    pub enforced: cgroup::Enforced,
-    /// The app may use io_uring.
-    #[serde(default)]
-    pub io_uring: bool,
-    /// A build rather than an instance: the workdir (the slug being built) is writable and the
-    /// host's network is shared, so that package managers reach their registries.
-    #[serde(default)]
-    pub build: bool,
-}
 
 /// What a sandbox holds on the node until its process is reaped: a bridge address and its
 /// cgroups.
@@ -107,24 +58,6 @@ impl launch::Held for SandboxHeld {
     }
 }
 
-/// The start message the agent sends a prepared sandbox on its control socket: the part of the
-/// app's environment that is only known when a request needs the instance.
-#[derive(Debug, Default, Serialize, Deserialize)]
-pub(crate) struct Go {
-    /// Added to (and overriding) the plan's environment.
-    pub env: BTreeMap<String, String>,
-}
-
-/// Byte init writes on the control socket once the sandbox is prepared.
-pub(crate) const PREPARED: u8 = b'r';
-
-/// Name of the plan file in the instance directory.
-pub(crate) const PLAN_FILE: &str = "plan.json";
-/// Name of the connection-handing socket in the instance directory.
-pub(crate) const CONN_SOCKET: &str = "conn.sock";
-/// Name of the app's writable directory in the instance directory.
-pub(crate) const DATA_DIR: &str = "data";
-
 /// A sandbox being prepared or prepared: namespaces, mounts and loopback, with the app not yet
 /// started. Sending [`Go`] on `control` starts the app; closing it unsent ends the sandbox.
 pub(crate) struct Prepared {
@@ -136,39 +69,6 @@ pub(crate) struct Prepared {
     pub control: std::os::unix::net::UnixStream,
     /// The sandbox's bridge address and cgroups, held until it is gone.
     pub held: SandboxHeld,
-}
-
-/// Whether this node can create a user namespace, the first step of every sandbox: asked of a
-/// short-lived child (the warden binary printing its version), so warden's own namespaces are
-/// never touched.
-pub(crate) fn user_namespaces() -> std::io::Result<()> {
-    use std::os::unix::process::CommandExt;
-    let exe = crate::drivers::image::own_image()?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("--version")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    // SAFETY: the closure runs in the forked child before exec and only calls unshare(2),
-    // which is async-signal-safe; it allocates nothing and touches no locks.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER).map_err(std::io::Error::from)
-        });
-    }
-    let status = cmd.status()?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(format!(
-            "the check exited with {status}"
-        )))
-    }
-}
-
-/// The bytes of a start message.
-pub(crate) fn go_message(env: BTreeMap<String, String>) -> Vec<u8> {
-    serde_json::to_vec(&Go { env }).unwrap_or_default()
 }
 
 /// The `sandbox` driver, with what sandboxes of this node share: the bridge of network
@@ -203,12 +103,17 @@ impl SandboxDriver {
     /// the environment known now; the rest comes with the start message.
     pub(crate) fn prepare(&self, l: &Launch<'_>) -> Result<Prepared, LaunchError> {
         let first = l.spec.command.first().map_or("", String::as_str);
-        let program = resolve_program(first, l.spec.workdir.as_deref())?;
+        let program = resolve_program(first, l.spec.workdir.as_deref()).map_err(|e| {
+            LaunchError::NotFound {
+                program: e.program,
+                search: e.search,
+            }
+        })?;
         let mut argv: Vec<String> = l
             .spec
             .command
             .iter()
-            .map(|a| crate::drivers::spawn::expand_port(a, &SANDBOX_PORT.to_string()))
+            .map(|a| spawn::expand_port(a, &SANDBOX_PORT.to_string()))
             .collect();
         argv[0] = program.display().to_string();
         let mut env = l.env.clone();
@@ -281,7 +186,7 @@ impl SandboxDriver {
             what: "write the sandbox plan",
             source,
         })?;
-        let exe = crate::drivers::image::instance_image().map_err(|e| LaunchError::Sandbox {
+        let exe = warden_sandbox::image::instance_image().map_err(|e| LaunchError::Sandbox {
             what: "find the instance image to run sandbox-init",
             source: std::io::Error::other(e),
         })?;
@@ -339,41 +244,4 @@ impl Driver for SandboxDriver {
             held: Some(Box::new(held)),
         })
     }
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(bytes)
-}
-
-/// The absolute path of the program: as given if absolute, under the workdir if relative with a
-/// slash, else searched in the instance PATH.
-fn resolve_program(program: &str, workdir: Option<&str>) -> Result<PathBuf, LaunchError> {
-    let candidates: Vec<PathBuf> = if program.starts_with('/') {
-        vec![PathBuf::from(program)]
-    } else if program.contains('/') {
-        let base = workdir
-            .map(PathBuf::from)
-            .unwrap_or_else(|| std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")));
-        vec![base.join(program)]
-    } else {
-        INSTANCE_PATH
-            .split(':')
-            .map(|d| Path::new(d).join(program))
-            .collect()
-    };
-    candidates
-        .into_iter()
-        .find(|p| p.is_file())
-        .ok_or_else(|| LaunchError::NotFound {
-            program: program.to_owned(),
-            search: INSTANCE_PATH,
-        })
 }

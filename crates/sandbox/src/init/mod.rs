@@ -14,11 +14,11 @@
 //! - init, pid 1 of the new pid namespace, which mounts a fresh root (tmpfs, read-only binds of
 //!   the opened directories, the writable data directory, a private /tmp, a few device nodes,
 //!   a new /proc), pivots into it and brings loopback up (and, in network mode `bridged`, the
-//!   veth end the helper moved in: see [`super::bridge`]). The sandbox is now prepared: init
+//!   veth end the helper moved in: see [`crate::bridge`]). The sandbox is now prepared: init
 //!   says so on stdin (the agent's control socket) and waits there for the start message, the
 //!   rest of the app's environment. A slot of the slot pool waits here until a request needs
 //!   it; a JIT start sends the message at once. Then init forks the app. The app gets rlimits
-//!   (those the instance's cgroups do not already enforce: see [`super::cgroup`]),
+//!   (those the instance's cgroups do not already enforce: see [`crate::cgroup`]),
 //!   no capabilities, no new privileges and the seccomp filter, then execs. Init stays to hand
 //!   out connections to the app (see [`crate::connect`]) and to reap; when the app exits, init
 //!   exits with its status and the kernel kills whatever is left in the namespace.
@@ -31,7 +31,7 @@ mod handover;
 mod mounts;
 mod privileges;
 
-pub(crate) use privileges::host_ids;
+pub use privileges::host_ids;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -44,7 +44,7 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult};
 
-use super::{Go, Plan, CONN_SOCKET, DATA_DIR, PLAN_FILE, PREPARED};
+use crate::{Go, Plan, CONN_SOCKET, DATA_DIR, PLAN_FILE, PREPARED};
 use mounts::Shown;
 
 /// Exit code when the sandbox could not be built.
@@ -197,7 +197,7 @@ fn wire_from_outside(
     }
     if let Some(b) = &plan.bridged {
         // The child's network namespace exists now; init configures the inner end.
-        super::bridge::attach(b, child.as_raw().unsigned_abs()).map_err(|e| {
+        crate::bridge::attach(b, child.as_raw().unsigned_abs()).map_err(|e| {
             fail(
                 &format!("cannot wire the sandbox to bridge {}", b.bridge),
                 e,
@@ -304,7 +304,7 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
     }
     drop(shown);
     // Compiled now, so that a prepared slot leaves only the app's own start for the request.
-    let filters = match super::seccomp::filters(plan.io_uring) {
+    let filters = match crate::seccomp::filters(plan.io_uring) {
         Ok(f) => f,
         Err(e) => return fail("cannot build the seccomp filter", e),
     };
@@ -377,8 +377,8 @@ fn network(plan: &Plan) -> Result<(), SetupError> {
         source,
     })?;
     if let Some(b) = &plan.bridged {
-        super::bridge::configure_inside(b).map_err(|source| SetupError::Io {
-            what: format!("configure {}", super::bridge::INSIDE_IF),
+        crate::bridge::configure_inside(b).map_err(|source| SetupError::Io {
+            what: format!("configure {}", crate::bridge::INSIDE_IF),
             source,
         })?;
     }

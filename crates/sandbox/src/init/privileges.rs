@@ -10,7 +10,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use super::SetupError;
-use crate::drivers::sandbox::{spread::fnv, Plan, DATA_MOUNT};
+use crate::{spread::fnv, Plan, DATA_MOUNT};
 
 /// First host uid of per-instance uids when the agent runs as root.
 const UID_BASE: u32 = 200_000;
@@ -19,7 +19,7 @@ const UID_RANGE: u32 = 100_000;
 
 /// The host uid and gid the sandbox of instance directory `dir` maps to its root: the agent's
 /// own when it is unprivileged, one of its own per instance when the agent is root.
-pub(crate) fn host_ids(dir: &Path, privileged: bool) -> (u32, u32) {
+pub fn host_ids(dir: &Path, privileged: bool) -> (u32, u32) {
     if privileged {
         let id = UID_BASE + fnv(dir.to_string_lossy().as_bytes()) % UID_RANGE;
         (id, id)
@@ -153,8 +153,7 @@ fn prepare_exec(plan: &Plan, filters: &[seccompiler::BpfProgram]) -> Result<(), 
     }
     drop_privileges()?;
     for f in filters {
-        crate::drivers::sandbox::seccomp::install(f)
-            .map_err(|e| SetupError::Seccomp(e.to_string()))?;
+        crate::seccomp::install(f).map_err(|e| SetupError::Seccomp(e.to_string()))?;
     }
     Ok(())
 }

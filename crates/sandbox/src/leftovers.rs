@@ -32,7 +32,7 @@ const EXTENSION: &str = "pid";
 const GONE_WITHIN: Duration = Duration::from_secs(5);
 
 /// The file that records the process group of the instance in `dir`.
-pub(crate) fn pid_file(dir: &Path) -> PathBuf {
+pub fn pid_file(dir: &Path) -> PathBuf {
     let mut name = dir.file_name().unwrap_or_default().to_owned();
     name.push(".");
     name.push(EXTENSION);
@@ -40,7 +40,7 @@ pub(crate) fn pid_file(dir: &Path) -> PathBuf {
 }
 
 /// Records that the instance in `dir` runs as process group `pgid` (its leader's pid).
-pub(crate) fn record(dir: &Path, pgid: u32) -> std::io::Result<()> {
+pub fn record(dir: &Path, pgid: u32) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let start = start_time(pgid).ok_or_else(|| {
@@ -60,14 +60,14 @@ pub(crate) fn record(dir: &Path, pgid: u32) -> std::io::Result<()> {
 
 /// Removes the instance directory `dir` and the record of its process group: the instance is
 /// gone.
-pub(crate) fn remove_instance_dir(dir: &Path) {
+pub fn remove_instance_dir(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_file(pid_file(dir));
 }
 
 /// Ends every process group recorded in `instances` by an earlier run and removes the records;
 /// returns how many groups were still running.
-pub(crate) fn end_leftovers(instances: &Path) -> usize {
+pub fn end_leftovers(instances: &Path) -> usize {
     end_recorded(instances, u64::MAX)
 }
 
@@ -210,7 +210,7 @@ fn boot_id() -> String {
 pub fn start_reaper(instances: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::unix::process::CommandExt;
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    std::process::Command::new(super::image::own_image()?)
+    std::process::Command::new(crate::image::own_image()?)
         .arg("reaper")
         // Absolute: what the reaper ends must not depend on a working directory.
         .arg(std::path::absolute(instances)?)
