@@ -138,9 +138,11 @@ impl Agent {
             drivers::sandbox::cgroup::Cgroups::off("turned off with warden up --cgroups off")
         };
         tracing::info!(limits = cgroups.summary(), "sandbox limits");
+        let children = warden_sandbox::process::Children::new();
         let drivers = Arc::new(drivers::Drivers::new(
-            drivers::sandbox::SandboxDriver::new(config.bridge.clone(), cgroups),
+            drivers::sandbox::SandboxDriver::new(config.bridge.clone(), cgroups, children.clone()),
             config.identity.clone(),
+            children,
         ));
         let (default, why) = drivers.default();
         tracing::info!(driver = ?default, why, "apps that name no driver run with this one");
@@ -324,6 +326,21 @@ impl Agent {
         let _ = self.inner.stopping.send(true);
         self.inner.pools.drain_slots(None);
         let stopped = self.inner.life.stop_all().await;
+        // What no instance record names (builds, trials, slots not yet ended) gets the same
+        // SIGTERM and grace: a build or trial ended here leaves its release to resume at the
+        // next start.
+        let ended = self
+            .inner
+            .drivers
+            .children()
+            .end_all(lifecycle::STOP_GRACE)
+            .await;
+        if ended > 0 {
+            tracing::info!(
+                ended,
+                "ended the builds, trials and sandboxes still running"
+            );
+        }
         self.inner.drivers.sandbox().shutdown();
         self.inner.node.deregister().await;
         tracing::info!(node = %self.node(), stopped, "agent stopped");

@@ -34,6 +34,7 @@ pub mod image;
 pub mod init;
 pub mod leftovers;
 mod net;
+pub mod process;
 
 mod seccomp;
 pub mod spawn;

@@ -6,7 +6,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
 
+use std::sync::Arc;
+
 use tokio::process::{Child, Command};
+
+use crate::process::{Children, Process};
 
 pub use warden_core::INSTANCE_PATH;
 
@@ -128,8 +132,8 @@ fn close_on_exec_from_3() {
 /// Spawns `cmd` for the instance in `dir` in its own process group, tied to the agent's life by
 /// a parent-death signal, with no descriptor but stdin, stdout and stderr. The group is
 /// recorded beside `dir`, so that an agent started after this one died ends what is left of it
-/// (see [`crate::leftovers`]).
-pub fn spawn(cmd: Command, dir: &Path) -> std::io::Result<Child> {
+/// (see [`crate::leftovers`]). The child is returned in its handle, known to `children`.
+pub fn spawn(cmd: Command, dir: &Path, children: &Arc<Children>) -> std::io::Result<Process> {
     let mut child = on_forking_thread(with_death_signal(cmd))?;
     if let Some(pid) = child.id() {
         if let Err(e) = crate::leftovers::record(dir, pid) {
@@ -145,7 +149,7 @@ pub fn spawn(cmd: Command, dir: &Path) -> std::io::Result<Child> {
             ));
         }
     }
-    Ok(child)
+    Ok(Process::new(child, children))
 }
 
 /// Runs `cmd.spawn()` on the one thread that forks every instance, which lives as long as
@@ -251,7 +255,10 @@ mod tests {
         let (child, tid) = std::thread::spawn(move || {
             let _entered = runtime.enter();
             let cmd = command(&["sleep".into(), "30".into()], &BTreeMap::new(), &log).unwrap();
-            (spawn(cmd, &instance).unwrap(), nix::unistd::gettid())
+            (
+                spawn(cmd, &instance, &Children::new()).unwrap(),
+                nix::unistd::gettid(),
+            )
         })
         .join()
         .unwrap();

@@ -47,7 +47,18 @@ pub(crate) async fn run_script(
     let result = run_in(drivers, app, tree, script, limit, out, &dir, &log).await;
     crate::drivers::leftovers::remove_instance_dir(&dir);
     let _ = std::fs::remove_file(&log);
+    if result.is_err() && drivers.children().ending() {
+        stopped_by_shutdown().await;
+    }
     result
+}
+
+/// What a build or trial that warden's shutdown ended waits for: nothing, ever. The end was
+/// warden's, not the release's, so no failure is reported and the release stays in its phase,
+/// resumed at the next start as after a crash.
+pub(crate) async fn stopped_by_shutdown() {
+    tracing::info!("warden is stopping: the release resumes when it starts again");
+    std::future::pending::<()>().await;
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -93,7 +104,6 @@ async fn run_in(
         .start(&launch)
         .map_err(|e| BuildError::Node(format!("cannot start the build: {e}")))?;
     let mut child = started.child;
-    let pid = child.id();
     let mut reader = Tail::new(log);
     let deadline = tokio::time::Instant::now() + limit;
     let status = loop {
@@ -104,9 +114,7 @@ async fn run_in(
         }
     };
     if status.is_none() {
-        if let Some(pid) = pid {
-            crate::drivers::spawn::signal_group(pid, nix::sys::signal::Signal::SIGKILL);
-        }
+        child.signal(nix::sys::signal::Signal::SIGKILL);
         let _ = child.wait().await;
     }
     reader.emit(out);

@@ -29,6 +29,9 @@ pub(crate) async fn trial(
     let result = run_trial(drivers, &run, label, &id, &dir, &log).await;
     crate::drivers::leftovers::remove_instance_dir(&dir);
     let _ = std::fs::remove_file(&log);
+    if result.is_err() && drivers.children().ending() {
+        super::run::stopped_by_shutdown().await;
+    }
     result
 }
 
@@ -57,7 +60,6 @@ async fn run_trial(
         .start(&launch)
         .map_err(|e| TrialError::Node(format!("cannot start the release's instance: {e}")))?;
     let mut child = started.child;
-    let pid = child.id();
     let (exited_tx, exited) = tokio::sync::watch::channel(false);
     let timeout = Duration::from_millis(spec.start_timeout_ms);
     let ready = {
@@ -75,9 +77,7 @@ async fn run_trial(
         };
         (ready, status)
     };
-    if let Some(pid) = pid {
-        crate::drivers::spawn::signal_group(pid, nix::sys::signal::Signal::SIGKILL);
-    }
+    child.signal(nix::sys::signal::Signal::SIGKILL);
     let status = match ready.1 {
         Some(s) => s.ok(),
         None => child.wait().await.ok(),

@@ -9,8 +9,8 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 
-use tokio::process::Child;
 use warden_core::AppSpec;
+use warden_sandbox::process::Process;
 
 use super::sandbox::{bridge::BridgeError, cgroup::CgroupError};
 
@@ -42,7 +42,7 @@ pub(crate) trait Held: Send {
 /// A started instance.
 pub(crate) struct Started {
     /// The process whose exit is the instance's exit; signalling its process group stops it.
-    pub child: Child,
+    pub child: Process,
     /// Where the gateway connects: `host:port`, or `fd+unix:<path>` for a socket that hands
     /// out connections opened inside the instance's own network namespace.
     pub addr: warden_core::InstanceAddr,

@@ -11,7 +11,10 @@ pub(crate) mod uids;
 
 pub(crate) use warden_sandbox::{leftovers, spawn};
 
+use std::sync::Arc;
+
 use warden_core::DriverKind;
+use warden_sandbox::process::Children;
 
 pub(crate) use launch::{Driver, Launch, LaunchError};
 
@@ -24,6 +27,8 @@ pub(crate) struct Drivers {
     why: String,
     /// Derives each instance's secret (see [`warden_core::identity`]).
     identity: warden_core::identity::IdentityKey,
+    /// Every child a driver started and nobody reaped yet: instances, slots, builds, trials.
+    children: Arc<Children>,
 }
 
 // === impl Drivers ===
@@ -33,6 +38,7 @@ impl Drivers {
     pub(crate) fn new(
         sandbox: sandbox::SandboxDriver,
         identity: warden_core::identity::IdentityKey,
+        children: Arc<Children>,
     ) -> Self {
         let (default, why) = match warden_sandbox::user_namespaces() {
             Ok(()) => (
@@ -45,12 +51,18 @@ impl Drivers {
             ),
         };
         Self {
-            process: process::ProcessDriver::new(),
+            process: process::ProcessDriver::new(children.clone()),
             sandbox,
             default,
             why,
             identity,
+            children,
         }
+    }
+
+    /// The children the drivers started that are still alive, which shutdown ends.
+    pub(crate) fn children(&self) -> &Children {
+        &self.children
     }
 
     /// The driver of apps that name none, and why.

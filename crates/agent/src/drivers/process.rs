@@ -10,6 +10,10 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 
 use std::os::unix::fs::PermissionsExt;
 
+use std::sync::Arc;
+
+use warden_sandbox::process::Children;
+
 use super::launch::{Driver, Launch, LaunchError, Started};
 use super::spawn;
 use super::uids::{Lease, Uids};
@@ -26,13 +30,16 @@ fn free_port() -> std::io::Result<u16> {
 pub(crate) struct ProcessDriver {
     /// Uids for instances; `None` when the agent is not root and instances run as its user.
     uids: Option<Uids>,
+    /// Where every instance's handle is known until it is reaped.
+    children: Arc<Children>,
 }
 
 impl ProcessDriver {
     /// The driver; instances never run as root.
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(children: Arc<Children>) -> Self {
         Self {
             uids: nix::unistd::geteuid().is_root().then(Uids::default),
+            children,
         }
     }
 
@@ -88,7 +95,7 @@ impl Driver for ProcessDriver {
             // std drops supplementary groups (setgroups(0)) before setuid when it runs as root.
             cmd.uid(lease.uid()).gid(lease.uid());
         }
-        let child = spawn::spawn(cmd, l.dir).map_err(|source| match &lease {
+        let child = spawn::spawn(cmd, l.dir, &self.children).map_err(|source| match &lease {
             Some(lease) if source.kind() == std::io::ErrorKind::PermissionDenied => {
                 LaunchError::Unreachable {
                     what: what(),

@@ -19,6 +19,8 @@ use warden_sandbox::{
     DATA_MOUNT, PLAN_FILE, SANDBOX_PORT,
 };
 
+use warden_sandbox::process::{Children, Process};
+
 use super::launch::{self, Driver, Launch, LaunchError, Started};
 
 /// What a sandbox holds on the node until its process is reaped: a bridge address and its
@@ -62,7 +64,7 @@ impl launch::Held for SandboxHeld {
 /// started. Sending [`Go`] on `control` starts the app; closing it unsent ends the sandbox.
 pub(crate) struct Prepared {
     /// The sandbox's outermost process.
-    pub child: tokio::process::Child,
+    pub child: Process,
     /// Where the gateway connects, as in [`Started`].
     pub addr: warden_core::InstanceAddr,
     /// The agent's end of the control socket (init's stdin).
@@ -76,15 +78,22 @@ pub(crate) struct Prepared {
 pub(crate) struct SandboxDriver {
     bridge: Arc<bridge::Bridge>,
     cgroups: cgroup::Cgroups,
+    /// Where every sandbox's handle is known until it is reaped.
+    children: Arc<Children>,
 }
 
 // === impl SandboxDriver ===
 
 impl SandboxDriver {
-    pub(crate) fn new(bridge: bridge::BridgeConfig, cgroups: cgroup::Cgroups) -> Self {
+    pub(crate) fn new(
+        bridge: bridge::BridgeConfig,
+        cgroups: cgroup::Cgroups,
+        children: Arc<Children>,
+    ) -> Self {
         Self {
             bridge: bridge::Bridge::new(bridge),
             cgroups,
+            children,
         }
     }
 
@@ -209,7 +218,7 @@ impl SandboxDriver {
             .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
                 theirs,
             )));
-        let child = spawn::spawn(cmd, l.dir).map_err(spawn_error)?;
+        let child = spawn::spawn(cmd, l.dir, &self.children).map_err(spawn_error)?;
         Ok(Prepared {
             child,
             addr: warden_core::InstanceAddr::fd_unix(l.dir.join(CONN_SOCKET)),

@@ -38,7 +38,7 @@ pub(crate) use start::Purpose;
 use table::Table;
 
 /// Time an instance gets to exit after SIGTERM before SIGKILL.
-const STOP_GRACE: Duration = Duration::from_secs(3);
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(3);
 /// Logs of this many exited instances stay readable; older ones are deleted.
 const KEEP_EXITED_LOGS: usize = 64;
 

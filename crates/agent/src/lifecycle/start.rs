@@ -433,7 +433,7 @@ impl Lifecycle {
 /// Owns an instance's process: reaps it and cleans up whenever it exits.
 struct Monitor {
     record: InstanceRecord,
-    child: tokio::process::Child,
+    child: warden_sandbox::process::Process,
     held: Option<Box<dyn Held>>,
     stopping: Arc<AtomicBool>,
     status: oneshot::Sender<String>,

@@ -55,9 +55,15 @@ fn lifecycle(rt: &Runtime, dir: &Path) -> Arc<Lifecycle> {
         slugs: dir.join("slugs"),
     };
     let metrics = Arc::new(Metrics::new().unwrap());
+    let children = warden_sandbox::process::Children::new();
     let drivers = Arc::new(Drivers::new(
-        SandboxDriver::new(BridgeConfig::default(), Cgroups::off("unit test")),
+        SandboxDriver::new(
+            BridgeConfig::default(),
+            Cgroups::off("unit test"),
+            children.clone(),
+        ),
         IdentityKey::from_hex(&"0".repeat(64)).unwrap(),
+        children,
     ));
     let (refills, _) = tokio::sync::mpsc::unbounded_channel();
     let pools = Arc::new(Pools::new(

@@ -7,11 +7,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use nix::sys::signal::Signal;
-use tokio::process::Child;
+use warden_sandbox::process::Process;
 
 use crate::drivers::launch::{Held, LaunchError, Started};
 use crate::drivers::sandbox::SandboxHeld;
-use crate::drivers::spawn;
 
 /// A prepared sandbox waiting for its app.
 pub(crate) struct Slot {
@@ -19,7 +18,7 @@ pub(crate) struct Slot {
     pub id: String,
     pub(super) log: PathBuf,
     pub(super) fingerprint: String,
-    pub(super) child: Child,
+    pub(super) child: Process,
     pub(super) addr: warden_core::InstanceAddr,
     pub(super) control: std::os::unix::net::UnixStream,
     /// Set once `sandbox-init` said the sandbox is prepared.
@@ -61,9 +60,7 @@ impl Slot {
     }
 
     pub(super) fn kill(&self) {
-        if let Some(pid) = self.child.id() {
-            spawn::signal_group(pid, Signal::SIGKILL);
-        }
+        self.child.signal(Signal::SIGKILL);
     }
 
     /// Kills the sandbox and removes its files once it is gone; `dir` is its instance directory.

@@ -1,0 +1,279 @@
+//! The one handle of a child process warden started (an instance, a slot's sandbox, a build, a
+//! trial), and the registry of those alive, which the agent's shutdown ends.
+//!
+//! A [`Process`] owns the child and its process group: whoever holds it reaps it with
+//! [`Process::wait`], and dropping it unreaped (a task cancelled, an early return) kills the
+//! whole group at once, so no path forgets one. Every handle is known to its node's
+//! [`Children`] until it is reaped or dropped: builds and trials are in no instance table, and
+//! a shutdown still finds them ([`Children::end_all`]). What a killed warden left is the other
+//! path, the records of [`crate::leftovers`] and the reaper.
+
+use std::collections::HashMap;
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::process::Child;
+use tokio::sync::Notify;
+
+/// The live children of one node, by the key their handle holds, with their process groups.
+#[derive(Debug, Default)]
+pub struct Children {
+    live: Mutex<HashMap<u64, u32>>,
+    next: AtomicU64,
+    /// Set once [`Children::end_all`] began: what ends now was ended by the shutdown.
+    ending: AtomicBool,
+    /// Woken whenever a child leaves the registry.
+    left: Notify,
+}
+
+impl Children {
+    /// An empty registry.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// How many children are alive (started and neither reaped nor dropped).
+    pub fn len(&self) -> usize {
+        crate::lock(&self.live).len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the shutdown pass began: a child that ends now was ended by it, not by itself.
+    pub fn ending(&self) -> bool {
+        self.ending.load(Ordering::Relaxed)
+    }
+
+    /// Ends every child: SIGTERM to each process group, then, for those whose handle has not
+    /// reaped them within `grace`, SIGKILL. Returns how many were alive.
+    pub async fn end_all(&self, grace: Duration) -> usize {
+        self.ending.store(true, Ordering::Relaxed);
+        let groups: Vec<u32> = crate::lock(&self.live).values().copied().collect();
+        for &pgid in &groups {
+            crate::spawn::signal_group(pgid, Signal::SIGTERM);
+        }
+        let all_gone = async {
+            loop {
+                // Registered before the check: a child leaving in between still wakes us.
+                let left = self.left.notified();
+                if self.is_empty() {
+                    return;
+                }
+                left.await;
+            }
+        };
+        if tokio::time::timeout(grace, all_gone).await.is_err() {
+            for pgid in crate::lock(&self.live).values() {
+                crate::spawn::signal_group(*pgid, Signal::SIGKILL);
+            }
+        }
+        groups.len()
+    }
+
+    fn add(&self, pgid: u32) -> u64 {
+        let key = self.next.fetch_add(1, Ordering::Relaxed);
+        crate::lock(&self.live).insert(key, pgid);
+        key
+    }
+
+    fn remove(&self, key: u64) {
+        crate::lock(&self.live).remove(&key);
+        self.left.notify_waiters();
+    }
+}
+
+/// A started child, leader of its own process group. Reap it with [`Process::wait`]; dropped
+/// unreaped, it kills the group.
+#[derive(Debug)]
+pub struct Process {
+    child: Child,
+    pid: Option<u32>,
+    reaped: bool,
+    /// The registry it is known to.
+    children: Arc<Children>,
+    /// Its key there; none once it left.
+    key: Option<u64>,
+}
+
+impl Process {
+    /// Takes `child` (spawned with `process_group(0)`) into a handle known to `children`.
+    pub(crate) fn new(child: Child, children: &Arc<Children>) -> Self {
+        let pid = child.id();
+        let key = pid.map(|pgid| children.add(pgid));
+        Self {
+            child,
+            pid,
+            reaped: pid.is_none(),
+            children: children.clone(),
+            key,
+        }
+    }
+
+    /// The process id, which is also its group's; `None` once it is reaped.
+    pub fn id(&self) -> Option<u32> {
+        self.pid.filter(|_| !self.reaped)
+    }
+
+    /// Waits for the child to exit and reaps it; the group is left alone from then on (its id
+    /// may be handed out again).
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        let status = self.child.wait().await;
+        if status.is_ok() {
+            self.reaped();
+        }
+        status
+    }
+
+    /// The child's exit status if it has exited (reaping it), `None` while it runs.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        let status = self.child.try_wait();
+        if let Ok(Some(_)) = status {
+            self.reaped();
+        }
+        status
+    }
+
+    /// Sends `signal` to the child's whole process group, unless it is reaped.
+    pub fn signal(&self, signal: Signal) {
+        if let Some(pid) = self.id() {
+            crate::spawn::signal_group(pid, signal);
+        }
+    }
+
+    /// Whether the shutdown pass of its registry began (so an end now is the shutdown's).
+    pub fn ended_by_shutdown(&self) -> bool {
+        self.children.ending()
+    }
+
+    fn reaped(&mut self) {
+        self.reaped = true;
+        if let Some(key) = self.key.take() {
+            self.children.remove(key);
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.signal(Signal::SIGKILL);
+            // Tokio reaps it in the background once it is dead.
+            let _ = self.child.start_kill();
+        }
+        if let Some(key) = self.key.take() {
+            self.children.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alive(pid: i32) -> bool {
+        // A zombie is dead: only its entry waits to be reaped.
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+    }
+
+    /// The group's other members, found by their process group in /proc.
+    fn members(pgid: u32) -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .expect("proc")
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| {
+                        let rest = s.rsplit(')').next()?.to_owned();
+                        rest.split_whitespace().nth(2)?.parse::<u32>().ok()
+                    })
+                    == Some(pgid)
+            })
+            .collect()
+    }
+
+    async fn wait_until(what: impl Fn() -> bool) -> bool {
+        for _ in 0..500 {
+            if what() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        what()
+    }
+
+    fn start(children: &Arc<Children>, script: &str) -> (Process, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("dir");
+        let instance = dir.path().join("0123456789abcdef");
+        std::fs::create_dir(&instance).expect("instance dir");
+        let argv = ["/bin/sh".into(), "-c".into(), script.into()];
+        let cmd = crate::spawn::command(
+            &argv,
+            &std::collections::BTreeMap::new(),
+            &dir.path().join("log"),
+        )
+        .expect("command");
+        let p = crate::spawn::spawn(cmd, &instance, children).expect("spawn");
+        (p, dir)
+    }
+
+    #[tokio::test]
+    async fn dropping_a_running_child_kills_its_whole_group() {
+        let children = Children::new();
+        // The shell and a grandchild in its group, which outlives the shell unless the group is
+        // killed.
+        let (p, _dir) = start(&children, "sleep 300 & sleep 300 & wait");
+        let pgid = p.id().expect("pid");
+        assert!(
+            wait_until(|| members(pgid).len() >= 3).await,
+            "shell and two sleeps"
+        );
+        let group = members(pgid);
+        assert_eq!(children.len(), 1);
+        drop(p);
+        assert_eq!(children.len(), 0, "a dropped handle leaves the registry");
+        assert!(
+            wait_until(|| group.iter().all(|&pid| !alive(pid))).await,
+            "still alive: {:?}",
+            group.iter().filter(|&&pid| alive(pid)).collect::<Vec<_>>()
+        );
+    }
+
+    #[tokio::test]
+    async fn end_all_terminates_every_group_and_kills_what_stays() {
+        let children = Children::new();
+        // One ends on SIGTERM; the other ignores it and needs the SIGKILL after the grace.
+        let (mut polite, _d1) = start(&children, "sleep 300 & wait");
+        let (mut stubborn, _d2) = start(&children, "trap '' TERM; sleep 300 & wait; sleep 300");
+        let waits = tokio::spawn(async move {
+            let a = polite.wait().await.expect("wait");
+            let b = stubborn.wait().await.expect("wait");
+            (a, b)
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(children.end_all(Duration::from_millis(500)).await, 2);
+        let (a, b) = tokio::time::timeout(Duration::from_secs(10), waits)
+            .await
+            .expect("both end")
+            .expect("task");
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(a.signal(), Some(libc::SIGTERM), "{a}");
+        assert_eq!(b.signal(), Some(libc::SIGKILL), "{b}");
+        assert!(children.is_empty() && children.ending());
+    }
+}
