@@ -4,8 +4,8 @@
 //! A [`Process`] owns the child and its process group: whoever holds it reaps it with
 //! [`Process::wait`], and dropping it unreaped (a task cancelled, an early return) kills the
 //! whole group at once, so no path forgets one. Every handle is known to its node's
-//! [`Children`] until it is reaped or dropped: builds and trials are in no instance table, and
-//! a shutdown still finds them ([`Children::end_all`]). What a killed warden left is the other
+//! [`Children`] until it is dropped, after its owner cleaned up: builds and trials are in no
+//! instance table, and a shutdown still finds them and waits for them ([`Children::end_all`]). What a killed warden left is the other
 //! path, the records of [`crate::leftovers`] and the reaper.
 
 use std::collections::HashMap;
@@ -18,15 +18,24 @@ use nix::sys::signal::Signal;
 use tokio::process::Child;
 use tokio::sync::Notify;
 
-/// The live children of one node, by the key their handle holds, with their process groups.
+/// The children of one node whose handles live, by the key each handle holds: its process group
+/// and whether it is reaped. A handle leaves when dropped, not when reaped: its owner still
+/// cleans up after the exit (a sandbox's cgroups go only once everything in it is gone), and
+/// the shutdown waits for that too.
 #[derive(Debug, Default)]
 pub struct Children {
-    live: Mutex<HashMap<u64, u32>>,
+    live: Mutex<HashMap<u64, Entry>>,
     next: AtomicU64,
     /// Set once [`Children::end_all`] began: what ends now was ended by the shutdown.
     ending: AtomicBool,
     /// Woken whenever a child leaves the registry.
     left: Notify,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    pgid: u32,
+    reaped: bool,
 }
 
 impl Children {
@@ -35,7 +44,7 @@ impl Children {
         Arc::default()
     }
 
-    /// How many children are alive (started and neither reaped nor dropped).
+    /// How many handles live (their child running, or reaped and its owner not yet done).
     pub fn len(&self) -> usize {
         crate::lock(&self.live).len()
     }
@@ -50,13 +59,14 @@ impl Children {
         self.ending.load(Ordering::Relaxed)
     }
 
-    /// Ends every child: SIGTERM to each process group, then, for those whose handle has not
-    /// reaped them within `grace`, SIGKILL. Returns how many were alive.
+    /// Ends every child: SIGTERM to each process group not yet reaped, then waits until every
+    /// handle is dropped (its owner done) or `grace` has passed, and sends SIGKILL to the
+    /// groups still unreaped. Returns how many handles there were.
     pub async fn end_all(&self, grace: Duration) -> usize {
         self.ending.store(true, Ordering::Relaxed);
-        let groups: Vec<u32> = crate::lock(&self.live).values().copied().collect();
-        for &pgid in &groups {
-            crate::spawn::signal_group(pgid, Signal::SIGTERM);
+        let entries: Vec<Entry> = crate::lock(&self.live).values().copied().collect();
+        for e in entries.iter().filter(|e| !e.reaped) {
+            crate::spawn::signal_group(e.pgid, Signal::SIGTERM);
         }
         let all_gone = async {
             loop {
@@ -69,17 +79,28 @@ impl Children {
             }
         };
         if tokio::time::timeout(grace, all_gone).await.is_err() {
-            for pgid in crate::lock(&self.live).values() {
-                crate::spawn::signal_group(*pgid, Signal::SIGKILL);
+            // A reaped group is left alone: its id may be another's by now.
+            for e in crate::lock(&self.live).values().filter(|e| !e.reaped) {
+                crate::spawn::signal_group(e.pgid, Signal::SIGKILL);
             }
         }
-        groups.len()
+        entries.len()
     }
 
     fn add(&self, pgid: u32) -> u64 {
         let key = self.next.fetch_add(1, Ordering::Relaxed);
-        crate::lock(&self.live).insert(key, pgid);
+        let entry = Entry {
+            pgid,
+            reaped: false,
+        };
+        crate::lock(&self.live).insert(key, entry);
         key
+    }
+
+    fn reaped(&self, key: u64) {
+        if let Some(e) = crate::lock(&self.live).get_mut(&key) {
+            e.reaped = true;
+        }
     }
 
     fn remove(&self, key: u64) {
@@ -97,7 +118,7 @@ pub struct Process {
     reaped: bool,
     /// The registry it is known to.
     children: Arc<Children>,
-    /// Its key there; none once it left.
+    /// Its key there; none when it had no pid to be known by.
     key: Option<u64>,
 }
 
@@ -153,8 +174,8 @@ impl Process {
 
     fn reaped(&mut self) {
         self.reaped = true;
-        if let Some(key) = self.key.take() {
-            self.children.remove(key);
+        if let Some(key) = self.key {
+            self.children.reaped(key);
         }
     }
 }
