@@ -97,6 +97,7 @@ mod settings;
 mod sign_in_floods;
 mod statics;
 mod stdio;
+mod stopping;
 mod store_backup;
 mod store_durability;
 mod store_integrity;
