@@ -42,8 +42,9 @@ fn push_in_background(w: &Warden, app: &str, src: &Path) -> std::thread::JoinHan
 
 /// Waits until processes marked `marker` run (the push's build or trial under way), stops
 /// warden with SIGTERM and asserts: every one of them is gone before the agent says it has
-/// stopped, warden exits within its usual shutdown time, and none is left after it.
-fn stop_while_running(mut w: Warden, marker: &str) {
+/// stopped, warden exits within its usual shutdown time, and none is left after it. Returns
+/// warden's data dir.
+fn stop_while_running(mut w: Warden, marker: &str) -> std::path::PathBuf {
     let running = wait_until(
         &format!("processes marked {marker} to run"),
         Duration::from_secs(120),
@@ -89,11 +90,22 @@ fn stop_while_running(mut w: Warden, marker: &str) {
         Vec::<u32>::new(),
         "left after warden's exit"
     );
+    w.dir.clone()
+}
+
+/// The status of release `number` of `app`.
+fn status(w: &Warden, app: &str, number: u64) -> Option<String> {
+    let all = w
+        .api("GET", &format!("/v1/apps/{app}/releases"), None)
+        .json();
+    let r = all.as_array()?.iter().find(|r| r["number"] == number)?;
+    Some(r["status"].as_str()?.to_owned())
 }
 
 #[test]
 fn a_stop_during_a_build_ends_the_build_before_warden_exits() {
-    let w = Launch::new(BIN).start();
+    let tmp = tempfile::tempdir().unwrap();
+    let w = Launch::new(BIN).data_dir(tmp.path().join("data")).start();
     let dir = tempfile::tempdir().unwrap();
     // The build's own install script runs long: a Node app's preinstall.
     let pkg = json!({
@@ -103,13 +115,21 @@ fn a_stop_during_a_build_ends_the_build_before_warden_exits() {
     });
     std::fs::write(dir.path().join("package.json"), pkg.to_string()).unwrap();
     let pushing = push_in_background(&w, "slow", dir.path());
-    stop_while_running(w, "sleep 7357");
+    let data = stop_while_running(w, "sleep 7357");
     let _ = pushing.join();
+    // The end was warden's, not the build's: the release did not fail, and warden started
+    // again resumes it (builds it again).
+    let w = Launch::new(BIN).data_dir(&data).start();
+    assert_eq!(status(&w, "slow", 1).as_deref(), Some("received"));
+    wait_until("the build to run again", Duration::from_secs(120), || {
+        (!marked("sleep 7357").is_empty()).then_some(())
+    });
 }
 
 #[test]
 fn a_stop_during_a_trial_ends_the_trial_before_warden_exits() {
-    let w = Launch::new(BIN).start();
+    let tmp = tempfile::tempdir().unwrap();
+    let w = Launch::new(BIN).data_dir(tmp.path().join("data")).start();
     let dir = tempfile::tempdir().unwrap();
     // Nothing to build; the trial instance takes long to be ready (the trial waits 10 s).
     std::fs::write(
@@ -118,6 +138,12 @@ fn a_stop_during_a_trial_ends_the_trial_before_warden_exits() {
     )
     .unwrap();
     let pushing = push_in_background(&w, "slow", dir.path());
-    stop_while_running(w, "sleep 7358");
+    let data = stop_while_running(w, "sleep 7358");
     let _ = pushing.join();
+    // Not failed: warden started again tries the release again.
+    let w = Launch::new(BIN).data_dir(&data).start();
+    assert_eq!(status(&w, "slow", 1).as_deref(), Some("built"));
+    wait_until("the trial to run again", Duration::from_secs(120), || {
+        (!marked("sleep 7358").is_empty()).then_some(())
+    });
 }
