@@ -12,9 +12,12 @@
 //! The parts, each owning its state: `lifecycle` (the instances), `pools` (slots and spare
 //! starts), `restarts` (crash backoff), `supervise` (the background duties that tie them
 //! together, with the node's lease and record and the cluster's scheduler, both owned by
-//! [`warden_cluster`]), [`drivers`] (the ways to run an instance) and
-//! `build` (slugs of pushed apps: built in a sandbox, tried outside routing, fetched from other
-//! nodes; [`Builder`] is what the API gets, through [`warden_core::builds::Builds`]).
+//! [`warden_cluster`]), [`drivers`] (the ways to run an instance, on top of
+//! [`warden_sandbox`], which owns every process they start and every `unsafe` block) and
+//! `build` (running a slug's build script in a sandbox and a release's trial outside routing;
+//! the slugs' files are [`warden_slugs`]'s; [`Builder`] is what the API gets, through
+//! [`warden_core::builds::Builds`]). Every child is a [`warden_sandbox::process::Process`]
+//! known to the node's registry, which [`Agent::shutdown`] ends.
 //! Instance environments never carry the agent's own environment.
 #![forbid(unsafe_code)]
 

@@ -77,7 +77,7 @@ pub(crate) fn own_image() -> std::io::Result<PathBuf> {
 }
 
 /// A path that runs the instance image as it was when this process started: its held
-/// descriptor under `/proc/self/fd`, as [`own_image`]. In a process that never called
+/// descriptor under `/proc/self/fd`, as `own_image`. In a process that never called
 /// [`hold_own_image`], the file beside the running binary, opened now.
 pub fn instance_image() -> Result<PathBuf, InstanceImageError> {
     match INSTANCE.get() {

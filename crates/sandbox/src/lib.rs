@@ -6,7 +6,7 @@
 //! - the sandbox itself: what `warden-instance sandbox-init` builds from a [`Plan`] (see
 //!   [`init`]: user, pid, mount, ipc, uts and network namespaces, a read-only view of the
 //!   system, a private writable directory, no capabilities and no new privileges, the
-//!   [`seccomp`] filter), the node's [`bridge`] of network mode `bridged`, and the [`cgroup`]s
+//!   `seccomp` filter), the node's [`bridge`] of network mode `bridged`, and the [`cgroup`]s
 //!   that enforce an instance's limits;
 //! - starting a process for an instance or a build ([`spawn`]: a clean environment, its own
 //!   process group, a parent-death signal, no inherited descriptor), the one handle that owns

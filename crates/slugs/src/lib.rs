@@ -16,6 +16,8 @@
 //! only what lib.rs exports). Every file of an untrusted tree is opened beneath its root
 //! (`beneath`), never by a path a symlink could redirect.
 
+#![forbid(unsafe_code)]
+
 mod archive;
 mod beneath;
 mod detect;

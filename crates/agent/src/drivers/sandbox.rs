@@ -4,7 +4,7 @@
 //! and the gateway reaches the app through the connection-handing socket
 //! ([`warden_sandbox::connect`]); `bridged` adds a veth pair on the node's bridge
 //! ([`bridge`]). What an instance holds until it is reaped (its bridge address, cgroups) is
-//! released through [`launch::Held`].
+//! released through `launch::Held`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
