@@ -1,0 +1,302 @@
+//! The listener an instance connects to, and each client's startup: negotiation, the
+//! parameters it may set, the proxy's own login answer, then the relay.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::{BufMut, BytesMut};
+use postgres_protocol::escape::escape_literal;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::Instrument;
+
+use super::relay::{self, End, Owed};
+use super::upstream::{self, StatementError, UpstreamError};
+use super::wire::{self, Startup};
+use super::{Pool, ProxyError, Target};
+
+/// Startup parameters a client may set, applied on its server connection with `SET`, by
+/// their canonical names (pgbouncer tracks the same ones). `user` and `database` are ignored:
+/// the socket decides both. Anything else (`options`, `replication`, any GUC) is refused.
+const ALLOWED: [&str; 7] = [
+    "application_name",
+    "client_encoding",
+    "DateStyle",
+    "TimeZone",
+    "IntervalStyle",
+    "extra_float_digits",
+    "search_path",
+];
+const IGNORED: [&str; 2] = ["user", "database"];
+
+static NEXT_LISTENER: AtomicU64 = AtomicU64::new(1);
+
+/// One instance's socket. Dropping it stops accepting, ends its clients and removes the
+/// socket file.
+pub struct Listener {
+    path: PathBuf,
+    task: JoinHandle<()>,
+}
+
+struct Shared {
+    id: u64,
+    target: Target,
+    pool: Pool,
+    /// One permit per client connected; past them, a client is refused.
+    slots: Arc<Semaphore>,
+    /// Refusals in flight (each waits for its client's startup); past them, a connection is
+    /// closed at once, so a flood holds a bounded number of tasks.
+    refusals: Arc<Semaphore>,
+}
+
+// === impl Listener ===
+
+impl Listener {
+    /// Listens on `path` for clients that will reach `target` through `pool`. A stale socket
+    /// at `path` is replaced; any other file there is an error. Must run inside a tokio
+    /// runtime.
+    pub fn bind(
+        path: impl Into<PathBuf>,
+        target: Target,
+        pool: Pool,
+    ) -> Result<Listener, ProxyError> {
+        let path = path.into();
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(ProxyError::PathTaken(path));
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+        let listener = UnixListener::bind(&path).map_err(|source| ProxyError::Bind {
+            path: path.clone(),
+            source,
+        })?;
+        let max = pool.limits().max_clients;
+        let shared = Arc::new(Shared {
+            id: NEXT_LISTENER.fetch_add(1, Ordering::Relaxed),
+            target,
+            pool,
+            slots: Arc::new(Semaphore::new(max)),
+            refusals: Arc::new(Semaphore::new(max)),
+        });
+        let span =
+            tracing::info_span!("data_proxy", listener = shared.id, socket = %path.display());
+        let task = tokio::spawn(accept_loop(listener, shared).instrument(span));
+        Ok(Listener { path, task })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // Aborting the loop drops its JoinSet, which aborts every client task.
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+    let mut clients = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    if let Ok(slot) = shared.slots.clone().try_acquire_owned() {
+                        let span = tracing::info_span!("client", role = %shared.target.role);
+                        clients.spawn(client(stream, shared.clone(), slot).instrument(span));
+                    } else if let Ok(permit) = shared.refusals.clone().try_acquire_owned() {
+                        clients.spawn(refuse(stream, shared.clone(), permit));
+                    }
+                    // Else the stream is dropped: closed at once.
+                }
+                Err(e) => {
+                    // Out of descriptors, most likely: wait rather than spin.
+                    tracing::warn!(error = %e, "accepting a data client failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = clients.join_next(), if !clients.is_empty() => {}
+        }
+    }
+}
+
+/// A client past the listener's bound: its startup is read (a cancel is still honoured),
+/// then it is told `too many connections`.
+async fn refuse(mut stream: UnixStream, shared: Arc<Shared>, _permit: OwnedSemaphorePermit) {
+    if negotiate(&mut stream, &shared).await.is_some() {
+        let max = shared.pool.limits().max_clients;
+        let msg = format!("too many connections to this data socket (at most {max})");
+        fatal(
+            &mut stream,
+            "53300",
+            &msg,
+            "close idle connections or pool them in the app",
+        )
+        .await;
+    }
+}
+
+async fn client(mut stream: UnixStream, shared: Arc<Shared>, _slot: OwnedSemaphorePermit) {
+    let Some(params) = negotiate(&mut stream, &shared).await else {
+        return;
+    };
+    let sets = match allowed(&params) {
+        Ok(sets) => sets,
+        Err(name) => {
+            let msg = format!("the data socket does not take the startup parameter \"{name}\"");
+            let hint = format!(
+                "it takes {}; the role and database are the socket's",
+                ALLOWED.join(", ")
+            );
+            return fatal(&mut stream, "0A000", &msg, &hint).await;
+        }
+    };
+    let target = &shared.target;
+    let mut conn = match shared.pool.acquire(target).await {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::warn!(error = %e, "no server connection for a data client");
+            return fatal(&mut stream, "08006", &unreachable(&e), "retry in a moment").await;
+        }
+    };
+    if !sets.is_empty() {
+        match conn
+            .statement(&sets, shared.pool.limits().server_timeout)
+            .await
+        {
+            Ok(()) => {}
+            Err(StatementError::Sql { code, message }) => {
+                fatal(
+                    &mut stream,
+                    &code,
+                    &message,
+                    "fix the client's startup parameters",
+                )
+                .await;
+                return shared.pool.release(target, conn, true).await;
+            }
+            Err(e @ StatementError::Broken(_)) => {
+                let msg = format!("the database is unreachable: {e}");
+                return fatal(&mut stream, "08006", &msg, "retry in a moment").await;
+            }
+        }
+    }
+    let mine = shared
+        .pool
+        .register_cancel(shared.id, &target.server, conn.key);
+    let mut hello = BytesMut::new();
+    wire::put_message(&mut hello, b'R', &0i32.to_be_bytes());
+    for (k, v) in &conn.params {
+        wire::put_parameter(&mut hello, k, v);
+    }
+    let mut key = BytesMut::with_capacity(8);
+    key.put_i32(mine.0);
+    key.put_i32(mine.1);
+    wire::put_message(&mut hello, b'K', &key);
+    wire::put_message(&mut hello, b'Z', b"I");
+    let (end, owed) = match stream.write_all(&hello).await {
+        Ok(()) => relay::run(&mut stream, &mut conn, shared.pool.limits().max_message).await,
+        Err(e) => (End::Io(e), Owed::Nothing),
+    };
+    drop(stream);
+    shared.pool.unregister_cancel(mine);
+    let clean = match owed {
+        Owed::Nothing => true,
+        Owed::Answers(n) => conn.drain(n, shared.pool.limits().server_timeout).await,
+        Owed::Unusable => false,
+    };
+    match &end {
+        End::Io(e) => tracing::debug!(error = %e, clean, "data client ended by an I/O error"),
+        end => tracing::debug!(?end, clean, "data client done"),
+    }
+    shared.pool.release(target, conn, clean).await;
+}
+
+/// The startup phase, within the startup timeout: encryption requests answered 'N', a
+/// cancel handled, anything but protocol 3.0 refused. The parameters of a 3.0 startup, or
+/// `None` when the client has been answered already.
+async fn negotiate(stream: &mut UnixStream, shared: &Shared) -> Option<Vec<(String, String)>> {
+    let limits = shared.pool.limits();
+    let work = async {
+        // An SSLRequest may be followed by a GSSENCRequest; a third is not a client.
+        for _ in 0..3 {
+            match wire::read_startup(stream).await {
+                Ok(Startup::Encryption) => stream.write_all(b"N").await.ok()?,
+                Ok(Startup::Params(params)) => return Some(params),
+                Ok(Startup::Cancel { pid, secret }) => {
+                    if let Some((addr, key)) = shared.pool.find_cancel(shared.id, (pid, secret)) {
+                        upstream::cancel(&addr, key, limits.server_timeout).await;
+                    }
+                    return None;
+                }
+                Ok(Startup::Unsupported(v)) => {
+                    let msg = format!(
+                        "unsupported frontend protocol {}.{}: the data socket speaks 3.0",
+                        v >> 16,
+                        v & 0xffff
+                    );
+                    fatal(
+                        stream,
+                        "0A000",
+                        &msg,
+                        "use a client of PostgreSQL 7.4 or later",
+                    )
+                    .await;
+                    return None;
+                }
+                Err(e) => {
+                    fatal(
+                        stream,
+                        "08P01",
+                        &format!("invalid startup packet: {e}"),
+                        "use a PostgreSQL client",
+                    )
+                    .await;
+                    return None;
+                }
+            }
+        }
+        None
+    };
+    tokio::time::timeout(limits.startup_timeout, work)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The `SET` statements for a client's parameters, or the first refused name.
+fn allowed(params: &[(String, String)]) -> Result<String, String> {
+    let mut sets = String::new();
+    for (name, value) in params {
+        if IGNORED.contains(&name.as_str()) {
+            continue;
+        }
+        // Canonical names only ever reach SQL; the value is quoted as a literal.
+        let canonical = ALLOWED
+            .iter()
+            .find(|a| a.eq_ignore_ascii_case(name))
+            .ok_or_else(|| name.clone())?;
+        sets.push_str(&format!("SET {canonical} = {};", escape_literal(value)));
+    }
+    Ok(sets)
+}
+
+fn unreachable(e: &UpstreamError) -> String {
+    format!("the database is unreachable: {e}")
+}
+
+/// Tells the client why it is refused; it is closed after.
+async fn fatal(stream: &mut UnixStream, code: &str, msg: &str, hint: &str) {
+    let mut out = BytesMut::new();
+    wire::put_error(&mut out, "FATAL", code, msg, Some(hint));
+    let _ = stream.write_all(&out).await;
+    let _ = stream.shutdown().await;
+}

@@ -1,0 +1,567 @@
+//! The data proxy against a real PostgreSQL: clients as apps run them (psql,
+//! tokio-postgres, raw protocol for what no library sends), through the socket an instance
+//! would get.
+
+#![allow(clippy::unwrap_used)]
+
+mod pg;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+use warden_data::proxy::{Limits, Listener, Pool, Target};
+
+use pg::{Pg, ROLE};
+
+/// A PostgreSQL and one proxy listener in front of it.
+struct Setup {
+    pg: Pg,
+    pool: Pool,
+    target: Target,
+    listener: Listener,
+    _dir: TempDir,
+}
+
+impl Setup {
+    async fn new(limits: Limits) -> Setup {
+        let pg = Pg::start().await;
+        let pool = Pool::new(limits);
+        let target = pg.target();
+        let dir = tempfile::tempdir().unwrap();
+        let listener = Listener::bind(
+            dir.path().join(".s.PGSQL.5432"),
+            target.clone(),
+            pool.clone(),
+        )
+        .unwrap();
+        Setup {
+            pg,
+            pool,
+            target,
+            listener,
+            _dir: dir,
+        }
+    }
+
+    /// Another instance's socket, same role, same pool.
+    fn second_listener(&self) -> (Listener, TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let l = Listener::bind(
+            dir.path().join(".s.PGSQL.5432"),
+            self.target.clone(),
+            self.pool.clone(),
+        )
+        .unwrap();
+        (l, dir)
+    }
+
+    fn dir(&self) -> &Path {
+        self.listener.path().parent().unwrap()
+    }
+
+    /// Waits (bounded) until the pool holds `n` idle connections for the role.
+    async fn until_idle(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.pool.idle(&self.target) != n {
+            assert!(
+                Instant::now() < deadline,
+                "the pool never held {n} idle connections"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// A tokio-postgres client through the socket in `dir`, as an app would connect: any user,
+/// any database name, no password.
+async fn connect(dir: &Path) -> Result<Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::Config::new()
+        .host_path(dir)
+        .user("whoever")
+        .dbname("ignored")
+        .application_name("test-app")
+        .connect(NoTls)
+        .await?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+/// What a refusal said: the server's message and hint, or the client's error.
+fn text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.hint().unwrap_or("")),
+        None => format!("{e}: {:?}", std::error::Error::source(e)),
+    }
+}
+
+/// The error a client that must be refused gets.
+async fn refused(dir: &Path, what: &str) -> tokio_postgres::Error {
+    match connect(dir).await {
+        Ok(_) => panic!("not {what}"),
+        Err(e) => e,
+    }
+}
+
+async fn backend_pid(c: &Client) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn proxy_psql_and_tokio_postgres_query_with_no_password() {
+    let s = Setup::new(Limits::default()).await;
+    // psql, never prompting (-w): a password request would fail it.
+    // tokio's Command: the proxy runs on this test's one thread, so psql must not block it.
+    let out = tokio::process::Command::new("/usr/bin/psql")
+        .arg(format!("host={} dbname=x user=nobody", s.dir().display()))
+        .args([
+            "-w",
+            "-X",
+            "-At",
+            "-c",
+            "SELECT current_user || ' ' || current_setting('application_name')",
+        ])
+        .env_remove("PGPASSWORD")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "psql: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{ROLE} psql")
+    );
+
+    let c = connect(s.dir()).await.unwrap();
+    let row = c
+        .query_one(
+            "SELECT current_user::text, current_database()::text, $1::int + 1",
+            &[&41i32],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, String>(0),
+            row.get::<_, String>(1),
+            row.get::<_, i32>(2)
+        ),
+        (ROLE.into(), pg::DATABASE.into(), 42)
+    );
+    let app: String = c
+        .query_one("SHOW application_name", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        app, "test-app",
+        "an allowed startup parameter reaches the server"
+    );
+}
+
+#[tokio::test]
+async fn proxy_refuses_startup_parameters_off_the_allow_list() {
+    let s = Setup::new(Limits::default()).await;
+    let r = tokio_postgres::Config::new()
+        .host_path(s.dir())
+        .user("x")
+        .options("-c statement_timeout=1")
+        .connect(NoTls)
+        .await;
+    let err = text(&r.err().expect("options refused"));
+    assert!(
+        err.contains("does not take the startup parameter \"options\""),
+        "{err}"
+    );
+    connect(s.dir())
+        .await
+        .unwrap()
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn proxy_pools_server_connections_and_resets_them() {
+    let s = Setup::new(Limits::default()).await;
+    let mut pids = HashSet::new();
+    for _ in 0..200 {
+        let c = connect(s.dir()).await.unwrap();
+        pids.insert(backend_pid(&c).await);
+    }
+    assert!(
+        pids.len() <= 4,
+        "200 clients opened {} server backends",
+        pids.len()
+    );
+    let admin = s.pg.admin().await;
+    let n: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = $1",
+            &[&ROLE],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(n <= 4, "{n} backends for the role");
+
+    // Session state of one client is not seen by the next on the same server connection.
+    s.until_idle(pids.len().min(8)).await;
+    let idle = s.pool.idle(&s.target);
+    let a = connect(s.dir()).await.unwrap();
+    let pid = backend_pid(&a).await;
+    a.batch_execute("CREATE SCHEMA IF NOT EXISTS other; SET search_path = other; SET statement_timeout = '123s'; PREPARE p AS SELECT 1; CREATE TEMP TABLE t (x int);").await.unwrap();
+    drop(a);
+    // Once A's connection is back, it is the newest idle one, the one B gets.
+    s.until_idle(idle).await;
+    let b = connect(s.dir()).await.unwrap();
+    assert_eq!(
+        backend_pid(&b).await,
+        pid,
+        "the next client got the same server connection"
+    );
+    let path: String = b.query_one("SHOW search_path", &[]).await.unwrap().get(0);
+    assert!(!path.contains("other"), "search_path leaked: {path}");
+    let timeout: String = b
+        .query_one("SHOW statement_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(timeout, "0");
+    assert!(
+        b.batch_execute("EXECUTE p").await.is_err(),
+        "a prepared statement leaked"
+    );
+    assert!(
+        b.batch_execute("SELECT * FROM t").await.is_err(),
+        "a temp table leaked"
+    );
+}
+
+#[tokio::test]
+async fn proxy_client_leaving_inside_a_transaction_leaves_it_behind() {
+    let s = Setup::new(Limits {
+        max_idle: 1,
+        ..Limits::default()
+    })
+    .await;
+    let setup = connect(s.dir()).await.unwrap();
+    setup.batch_execute("CREATE TABLE t (x int)").await.unwrap();
+    drop(setup);
+    s.until_idle(1).await;
+    let a = connect(s.dir()).await.unwrap();
+    let pid = backend_pid(&a).await;
+    a.batch_execute("BEGIN; INSERT INTO t VALUES (1);")
+        .await
+        .unwrap();
+    drop(a);
+    // Wait until the proxy has dealt with that connection: closed (correct) or pooled.
+    let admin = s.pg.admin().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let alive: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if alive == 0 || s.pool.idle(&s.target) == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned connection was neither closed nor pooled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b = connect(s.dir()).await.unwrap();
+    let xid: Option<i64> = b
+        .query_one("SELECT txid_current_if_assigned()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        xid, None,
+        "the next client is inside the abandoned transaction"
+    );
+    let n: i64 = b
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+}
+
+#[tokio::test]
+async fn proxy_drops_every_notification() {
+    let s = Setup::new(Limits::default()).await;
+    let (listener, mut conn) = tokio_postgres::Config::new()
+        .host_path(s.dir())
+        .user("x")
+        .connect(NoTls)
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    listener.batch_execute("LISTEN ch").await.unwrap();
+    let other = connect(s.dir()).await.unwrap();
+    other
+        .batch_execute("NOTIFY ch, 'by statement'; SELECT pg_notify('ch', 'by function');")
+        .await
+        .unwrap();
+    // The listener's next statements read whatever the server queued for it first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    listener.batch_execute("SELECT 1").await.unwrap();
+    listener.batch_execute("SELECT 1").await.unwrap();
+    assert!(rx.try_recv().is_err(), "a notification crossed the proxy");
+}
+
+/// A startup message with `params`, written raw.
+fn startup(params: &[(&str, &str)], version: i32) -> Vec<u8> {
+    let mut body = version.to_be_bytes().to_vec();
+    for (k, v) in params {
+        body.extend_from_slice(k.as_bytes());
+        body.push(0);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut out = ((body.len() + 4) as i32).to_be_bytes().to_vec();
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Everything the proxy says before closing (bounded by a timeout), as text.
+async fn read_all(s: &mut UnixStream) -> String {
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn proxy_refuses_malformed_startups_and_huge_messages() {
+    let s = Setup::new(Limits {
+        max_message: 1 << 20,
+        ..Limits::default()
+    })
+    .await;
+    let sock = s.listener.path().to_owned();
+    let mut raw = UnixStream::connect(&sock).await.unwrap();
+    raw.write_all(&[0, 0, 0, 3]).await.unwrap();
+    assert!(read_all(&mut raw).await.contains("invalid startup packet"));
+    let mut raw = UnixStream::connect(&sock).await.unwrap();
+    raw.write_all(&[0x7f, 0, 0, 0]).await.unwrap();
+    assert!(read_all(&mut raw).await.contains("invalid startup packet"));
+    let mut raw = UnixStream::connect(&sock).await.unwrap();
+    raw.write_all(&startup(&[("user", "x")], 2 << 16))
+        .await
+        .unwrap();
+    assert!(read_all(&mut raw)
+        .await
+        .contains("unsupported frontend protocol 2.0"));
+
+    let c = connect(s.dir()).await.unwrap();
+    let huge = "x".repeat(2 << 20);
+    let err = c
+        .query_one("SELECT length($1)", &[&huge])
+        .await
+        .unwrap_err();
+    let err = err
+        .as_db_error()
+        .map(|e| e.message().to_owned())
+        .unwrap_or_else(|| err.to_string());
+    assert!(err.contains("past the data socket's bound"), "{err}");
+    // A raw message claiming 2 GB is refused from its header alone.
+    let mut raw = raw_client(&sock).await;
+    raw.write_all(&[b'Q', 0x7f, 0xff, 0xff, 0xff])
+        .await
+        .unwrap();
+    assert!(read_all(&mut raw)
+        .await
+        .contains("past the data socket's bound"));
+
+    // Well-behaved clients of this listener and of another still work.
+    let ok: i32 = connect(s.dir())
+        .await
+        .unwrap()
+        .query_one("SELECT 7", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ok, 7);
+    let (other, _d) = s.second_listener();
+    connect(other.path().parent().unwrap())
+        .await
+        .unwrap()
+        .batch_execute("SELECT 1")
+        .await
+        .unwrap();
+}
+
+/// A raw protocol client past its startup: returns the stream and the key it was given.
+async fn raw_client(sock: &Path) -> UnixStream {
+    raw_client_with_key(sock).await.0
+}
+
+async fn raw_client_with_key(sock: &Path) -> (UnixStream, (i32, i32)) {
+    let mut s = UnixStream::connect(sock).await.unwrap();
+    s.write_all(&startup(&[("user", "x")], 196_608))
+        .await
+        .unwrap();
+    let mut key = (0, 0);
+    loop {
+        let tag = s.read_u8().await.unwrap();
+        let len = s.read_i32().await.unwrap() as usize - 4;
+        let mut body = vec![0; len];
+        s.read_exact(&mut body).await.unwrap();
+        match tag {
+            b'K' => {
+                key = (
+                    i32::from_be_bytes(body[..4].try_into().unwrap()),
+                    i32::from_be_bytes(body[4..].try_into().unwrap()),
+                )
+            }
+            b'Z' => return (s, key),
+            b'E' => panic!("refused: {}", String::from_utf8_lossy(&body)),
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn proxy_bounds_clients_per_listener() {
+    let s = Setup::new(Limits {
+        max_clients: 4,
+        ..Limits::default()
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(connect(s.dir()).await.unwrap());
+    }
+    for _ in 0..20 {
+        let err = text(&refused(s.dir(), "refused past the bound").await);
+        assert!(err.contains("too many connections"), "{err}");
+    }
+    let (other, _d) = s.second_listener();
+    connect(other.path().parent().unwrap())
+        .await
+        .unwrap()
+        .batch_execute("SELECT 1")
+        .await
+        .unwrap();
+    for c in &held {
+        c.batch_execute("SELECT 1").await.unwrap();
+    }
+    held.pop();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while connect(s.dir()).await.is_err() {
+        assert!(Instant::now() < deadline, "a freed slot was never reused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn proxy_says_unreachable_while_postgres_is_down_and_recovers() {
+    let s = Setup::new(Limits::default()).await;
+    connect(s.dir())
+        .await
+        .unwrap()
+        .batch_execute("SELECT 1")
+        .await
+        .unwrap();
+    s.until_idle(1).await;
+    s.pg.stop();
+    let err = refused(s.dir(), "refused while down").await;
+    let msg = err
+        .as_db_error()
+        .map(|e| format!("{} {:?}", e.message(), e.hint()))
+        .unwrap_or_default();
+    assert!(
+        msg.contains("the database is unreachable") && msg.contains("retry"),
+        "{err}: {msg}"
+    );
+    s.pg.start_again();
+    let ok: i32 = connect(s.dir())
+        .await
+        .unwrap()
+        .query_one("SELECT 8", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ok, 8);
+}
+
+#[tokio::test]
+async fn proxy_forwards_only_the_cancels_it_handed_out() {
+    let s = Setup::new(Limits::default()).await;
+    let c = connect(s.dir()).await.unwrap();
+    let token = c.cancel_token();
+    let started = Instant::now();
+    let sleeping = tokio::spawn(async move { c.batch_execute("SELECT pg_sleep(60)").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    token.cancel_query(NoTls).await.unwrap();
+    let err = sleeping.await.unwrap().unwrap_err();
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+
+    // A made-up key, and the right key sent to another listener, cancel nothing.
+    let sock: PathBuf = s.listener.path().to_owned();
+    let (mut raw, key) = raw_client_with_key(&sock).await;
+    let (other, _d) = s.second_listener();
+    let q = b"SELECT pg_sleep(1.5)\0";
+    let mut msg = vec![b'Q'];
+    msg.extend_from_slice(&((q.len() + 4) as i32).to_be_bytes());
+    msg.extend_from_slice(q);
+    raw.write_all(&msg).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (path, key) in [(sock.as_path(), (key.0 ^ 1, key.1)), (other.path(), key)] {
+        let mut cancel = UnixStream::connect(path).await.unwrap();
+        let mut p = 16i32.to_be_bytes().to_vec();
+        for v in [80_877_102, key.0, key.1] {
+            p.extend_from_slice(&i32::to_be_bytes(v));
+        }
+        cancel.write_all(&p).await.unwrap();
+        read_all(&mut cancel).await;
+    }
+    let answer = read_all_until_ready(&mut raw).await;
+    assert!(!answer.contains("canceling statement"), "{answer}");
+    assert!(answer.contains("SELECT 1"), "{answer}");
+}
+
+/// The raw client's answer up to its ReadyForQuery.
+async fn read_all_until_ready(s: &mut UnixStream) -> String {
+    let mut out = String::new();
+    loop {
+        let tag = s.read_u8().await.unwrap();
+        let len = s.read_i32().await.unwrap() as usize - 4;
+        let mut body = vec![0; len];
+        s.read_exact(&mut body).await.unwrap();
+        out.push_str(&String::from_utf8_lossy(&body));
+        if tag == b'Z' {
+            return out;
+        }
+    }
+}
