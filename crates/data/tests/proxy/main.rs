@@ -246,6 +246,26 @@ async fn proxy_pools_server_connections_and_resets_them() {
         b.batch_execute("SELECT * FROM t").await.is_err(),
         "a temp table leaked"
     );
+    drop(b);
+    s.until_idle(idle).await;
+
+    // A client that sends a query and Terminate at once, without waiting for the answer,
+    // leaves a connection that is drained, reset and kept.
+    let mut raw = raw_client(s.listener.path()).await;
+    let mut msg = query_message("SELECT pg_sleep(0.2)");
+    msg.extend_from_slice(&[b'X', 0, 0, 0, 4]);
+    raw.write_all(&msg).await.unwrap();
+    drop(raw);
+    s.until_idle(idle).await;
+}
+
+/// A simple-protocol Query message.
+fn query_message(sql: &str) -> Vec<u8> {
+    let mut msg = vec![b'Q'];
+    msg.extend_from_slice(&((sql.len() + 5) as i32).to_be_bytes());
+    msg.extend_from_slice(sql.as_bytes());
+    msg.push(0);
+    msg
 }
 
 #[tokio::test]
@@ -490,6 +510,14 @@ async fn proxy_says_unreachable_while_postgres_is_down_and_recovers() {
         .unwrap();
     s.until_idle(1).await;
     s.pg.stop();
+    // A client with no parameters to set, so only the pool's liveness check stands between
+    // it and the dead idle connection.
+    let mut raw = UnixStream::connect(s.listener.path()).await.unwrap();
+    raw.write_all(&startup(&[("user", "x")], 196_608))
+        .await
+        .unwrap();
+    let said = read_all(&mut raw).await;
+    assert!(said.contains("the database is unreachable"), "{said}");
     let err = refused(s.dir(), "refused while down").await;
     let msg = err
         .as_db_error()
@@ -531,11 +559,9 @@ async fn proxy_forwards_only_the_cancels_it_handed_out() {
     let sock: PathBuf = s.listener.path().to_owned();
     let (mut raw, key) = raw_client_with_key(&sock).await;
     let (other, _d) = s.second_listener();
-    let q = b"SELECT pg_sleep(1.5)\0";
-    let mut msg = vec![b'Q'];
-    msg.extend_from_slice(&((q.len() + 4) as i32).to_be_bytes());
-    msg.extend_from_slice(q);
-    raw.write_all(&msg).await.unwrap();
+    raw.write_all(&query_message("SELECT pg_sleep(1.5)"))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     for (path, key) in [(sock.as_path(), (key.0 ^ 1, key.1)), (other.path(), key)] {
         let mut cancel = UnixStream::connect(path).await.unwrap();
