@@ -208,11 +208,21 @@ async fn client(mut stream: UnixStream, shared: Arc<Shared>, _slot: OwnedSemapho
     };
     drop(stream);
     shared.pool.unregister_cancel(mine);
-    let clean = match owed {
-        Owed::Nothing => true,
-        Owed::Answers(n) => conn.drain(n, shared.pool.limits().server_timeout).await,
-        Owed::Unusable => false,
+    let timeout = shared.pool.limits().server_timeout;
+    let (clean, busy) = match owed {
+        Owed::Nothing => (true, false),
+        Owed::Answers(n) => {
+            let drained = conn.drain(n, timeout).await;
+            (drained, !drained)
+        }
+        Owed::Unusable { busy } => (false, busy),
     };
+    if busy && !matches!(end, End::ServerGone) {
+        // The server may still run what the departed client sent (PostgreSQL notices a
+        // closed socket only when it next writes): cancel it rather than leave a backend
+        // working for no one.
+        upstream::cancel(&target.server, conn.key, timeout).await;
+    }
     match &end {
         End::Io(e) => tracing::debug!(error = %e, clean, "data client ended by an I/O error"),
         end => tracing::debug!(?end, clean, "data client done"),

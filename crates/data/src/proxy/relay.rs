@@ -73,8 +73,9 @@ pub(crate) enum Owed {
     /// (clients send Close and Sync, then Terminate, without waiting): read them, then it is
     /// clean if the last says idle.
     Answers(i64),
-    /// Mid-message, mid-transaction or mid-pipeline: close it.
-    Unusable,
+    /// Mid-message, mid-transaction or mid-pipeline: close it. `busy` if the server may
+    /// still be working on something the client sent.
+    Unusable { busy: bool },
 }
 
 /// Relays until one side ends. Returns how it ended and what the server connection owes.
@@ -96,19 +97,20 @@ pub(crate) async fn run(
         end = server_to_client(&mut sr, &mut conn.rbuf, &mut cw, &session, &mut down, &mut conn.params) => end,
     };
     let pending = session.pending.load(SeqCst);
+    let busy = pending != 0 || session.loose.load(SeqCst);
     let owed = if !matches!(end, End::ClientLeft | End::TooLarge(_) | End::Malformed)
         || !down.at_boundary()
         || !up.at_boundary()
         || session.loose.load(SeqCst)
         || pending < 0
     {
-        Owed::Unusable
+        Owed::Unusable { busy }
     } else if pending > 0 {
         Owed::Answers(pending)
     } else if session.status.load(SeqCst) == b'I' {
         Owed::Nothing
     } else {
-        Owed::Unusable
+        Owed::Unusable { busy }
     };
     let refusal = match end {
         End::TooLarge(len) => Some((

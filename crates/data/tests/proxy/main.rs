@@ -325,6 +325,48 @@ async fn proxy_client_leaving_inside_a_transaction_leaves_it_behind() {
 }
 
 #[tokio::test]
+async fn proxy_cancels_what_a_departed_client_left_running() {
+    let s = Setup::new(Limits {
+        server_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    })
+    .await;
+    let mut raw = raw_client(s.listener.path()).await;
+    raw.write_all(&query_message("SELECT pg_sleep(60)"))
+        .await
+        .unwrap();
+    let admin = s.pg.admin().await;
+    let running = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while admin
+        .query_one(running, &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(Instant::now() < deadline, "the query never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(raw);
+    // Far less than the sleep's 60 s: the proxy waits a second for an answer, then cancels.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while admin
+        .query_one(running, &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        != 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the departed client's query still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
 async fn proxy_drops_every_notification() {
     let s = Setup::new(Limits::default()).await;
     let (listener, mut conn) = tokio_postgres::Config::new()
