@@ -167,26 +167,21 @@ async fn client(mut stream: UnixStream, shared: Arc<Shared>, _slot: OwnedSemapho
             return fatal(&mut stream, "08006", &unreachable(&e), "retry in a moment").await;
         }
     };
-    if !sets.is_empty() {
-        match conn
-            .statement(&sets, shared.pool.limits().server_timeout)
-            .await
-        {
-            Ok(()) => {}
-            Err(StatementError::Sql { code, message }) => {
-                fatal(
-                    &mut stream,
-                    &code,
-                    &message,
-                    "fix the client's startup parameters",
-                )
-                .await;
-                return shared.pool.release(target, conn, true).await;
-            }
-            Err(e @ StatementError::Broken(_)) => {
-                let msg = format!("the database is unreachable: {e}");
-                return fatal(&mut stream, "08006", &msg, "retry in a moment").await;
-            }
+    match conn.apply(&sets, shared.pool.limits().server_timeout).await {
+        Ok(()) => {}
+        Err(StatementError::Sql { code, message }) => {
+            fatal(
+                &mut stream,
+                &code,
+                &message,
+                "fix the client's startup parameters",
+            )
+            .await;
+            return shared.pool.release(target, conn, true).await;
+        }
+        Err(e @ StatementError::Broken(_)) => {
+            let msg = format!("the database is unreachable: {e}");
+            return fatal(&mut stream, "08006", &msg, "retry in a moment").await;
         }
     }
     let mine = shared

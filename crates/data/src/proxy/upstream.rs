@@ -97,6 +97,9 @@ pub(crate) struct ServerConn {
     /// The server's BackendKeyData, for forwarding a client's cancel.
     pub(crate) key: (i32, i32),
     pub(crate) idle_since: Instant,
+    /// The `SET` statements of the client parameters the session has now (after a reset
+    /// too); empty for the role's defaults.
+    applied: String,
 }
 
 /// A statement of the proxy's own that did not end idle.
@@ -176,6 +179,7 @@ impl ServerConn {
             params: server_params,
             key,
             idle_since: Instant::now(),
+            applied: String::new(),
         })
     }
 
@@ -215,8 +219,41 @@ impl ServerConn {
     }
 
     /// Resets the session for the next client; true if it answered ReadyForQuery idle.
+    /// `DISCARD ALL` (which must be a statement of its own) and, pipelined in the same
+    /// write, the departed client's startup parameters again: the next client of the same app
+    /// most likely sends the same ones, and then needs no round trip of its own
+    /// ([`ServerConn::apply`]).
     pub(crate) async fn reset(&mut self, timeout: Duration) -> bool {
-        self.statement("DISCARD ALL", timeout).await.is_ok()
+        let applied = std::mem::take(&mut self.applied);
+        let ok = if applied.is_empty() {
+            self.statements(&["DISCARD ALL"], timeout).await.is_ok()
+        } else {
+            self.statements(&["DISCARD ALL", &applied], timeout)
+                .await
+                .is_ok()
+        };
+        if ok {
+            self.applied = applied;
+        }
+        ok
+    }
+
+    /// Gives the session exactly the client's startup parameters (`sets`, the proxy's own
+    /// `SET` statements): nothing to do if they are what the connection has already, else
+    /// `RESET ALL` and them, in one statement.
+    pub(crate) async fn apply(
+        &mut self,
+        sets: &str,
+        timeout: Duration,
+    ) -> Result<(), StatementError> {
+        if self.applied == sets {
+            return Ok(());
+        }
+        let sql = format!("RESET ALL;{sets}");
+        self.applied.clear();
+        self.statements(&[&sql], timeout).await?;
+        self.applied = sets.to_owned();
+        Ok(())
     }
 
     /// Reads and discards the answers to `n` sync points a departed client sent, within
@@ -251,14 +288,11 @@ impl ServerConn {
         self.rbuf.is_empty() && self.stream.is_quiet()
     }
 
-    /// Runs one simple-protocol statement of the proxy's own and reads its answer up to
-    /// ReadyForQuery, which must say idle. Notifications are dropped; parameters tracked.
-    pub(crate) async fn statement(
-        &mut self,
-        sql: &str,
-        timeout: Duration,
-    ) -> Result<(), StatementError> {
-        match tokio::time::timeout(timeout, self.statement_inner(sql)).await {
+    /// Runs simple-protocol queries of the proxy's own, pipelined in one write, and reads
+    /// each answer up to its ReadyForQuery, which must say idle. Notifications are dropped;
+    /// parameters tracked. The first error is returned, once every answer is read.
+    async fn statements(&mut self, sqls: &[&str], timeout: Duration) -> Result<(), StatementError> {
+        match tokio::time::timeout(timeout, self.statements_inner(sqls)).await {
             Ok(r) => r,
             Err(_) => Err(StatementError::Broken(format!(
                 "no answer within {} s",
@@ -267,24 +301,27 @@ impl ServerConn {
         }
     }
 
-    async fn statement_inner(&mut self, sql: &str) -> Result<(), StatementError> {
+    async fn statements_inner(&mut self, sqls: &[&str]) -> Result<(), StatementError> {
         let broken = |e: io::Error| StatementError::Broken(e.to_string());
         let mut out = BytesMut::new();
-        frontend::query(sql, &mut out).map_err(broken)?;
+        for sql in sqls {
+            frontend::query(sql, &mut out).map_err(broken)?;
+        }
         let (mut r, mut w) = self.stream.split();
         w.write_all(&out).await.map_err(broken)?;
-        let mut failed = None;
+        let (mut failed, mut left) = (None, sqls.len());
         loop {
             let (tag, body) = wire::read_message(&mut r, &mut self.rbuf, MAX_OWN)
                 .await
                 .map_err(broken)?;
             match tag {
-                b'E' => failed = Some(error_fields(&body)),
+                b'E' => failed = failed.or(Some(error_fields(&body))),
                 b'S' => {
                     if let Some((k, v)) = wire::parse_parameter(&body) {
                         self.params.insert(k, v);
                     }
                 }
+                b'Z' if body.first() == Some(&b'I') && left > 1 => left -= 1,
                 b'Z' => {
                     return match (failed, body.first()) {
                         (Some((code, message)), Some(b'I')) => {

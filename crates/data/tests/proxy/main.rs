@@ -269,6 +269,37 @@ fn query_message(sql: &str) -> Vec<u8> {
 }
 
 #[tokio::test]
+async fn proxy_startup_parameters_do_not_carry_to_the_next_client() {
+    let s = Setup::new(Limits::default()).await;
+    let params = [
+        ("user", "x"),
+        ("TimeZone", "Asia/Tokyo"),
+        ("application_name", "first"),
+    ];
+    let (mut a, _) = raw_client_params(s.listener.path(), &params).await;
+    let said = {
+        a.write_all(&query_message("SHOW TimeZone")).await.unwrap();
+        read_all_until_ready(&mut a).await
+    };
+    assert!(said.contains("Asia/Tokyo"), "{said}");
+    a.write_all(&[b'X', 0, 0, 0, 4]).await.unwrap();
+    drop(a);
+    // The pool's one connection, reset and then given the first client's parameters again
+    // (the next client of an app most likely sends the same ones), goes to a client that
+    // sends others: it has its own and the role's defaults, nothing of the first's.
+    s.until_idle(1).await;
+    let b = connect(s.dir()).await.unwrap();
+    let tz: String = b.query_one("SHOW TimeZone", &[]).await.unwrap().get(0);
+    assert_ne!(tz, "Asia/Tokyo");
+    let app: String = b
+        .query_one("SHOW application_name", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(app, "test-app");
+}
+
+#[tokio::test]
 async fn proxy_client_leaving_inside_a_transaction_leaves_it_behind() {
     let s = Setup::new(Limits {
         max_idle: 1,
@@ -484,10 +515,12 @@ async fn raw_client(sock: &Path) -> UnixStream {
 }
 
 async fn raw_client_with_key(sock: &Path) -> (UnixStream, (i32, i32)) {
+    raw_client_params(sock, &[("user", "x")]).await
+}
+
+async fn raw_client_params(sock: &Path, params: &[(&str, &str)]) -> (UnixStream, (i32, i32)) {
     let mut s = UnixStream::connect(sock).await.unwrap();
-    s.write_all(&startup(&[("user", "x")], 196_608))
-        .await
-        .unwrap();
+    s.write_all(&startup(params, 196_608)).await.unwrap();
     let mut key = (0, 0);
     loop {
         let tag = s.read_u8().await.unwrap();
