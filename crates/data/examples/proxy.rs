@@ -2,7 +2,8 @@
 //! of a PostgreSQL on a Unix socket, until killed.
 //!
 //! `proxy SOCKET PG_SOCKET_DIR ROLE DATABASE [MAX_CLIENTS]`; the role's password comes from
-//! `WARDEN_PROXY_PASSWORD`, so it is not on a command line `ps` shows.
+//! `WARDEN_PROXY_PASSWORD`, so it is not on a command line `ps` shows; idle server
+//! connections kept, if not the default, from `WARDEN_PROXY_MAX_IDLE`.
 
 use std::path::PathBuf;
 
@@ -19,6 +20,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut limits = Limits::default();
     if let Some(max) = rest.first() {
         limits.max_clients = max.parse()?;
+    }
+    if let Ok(idle) = std::env::var("WARDEN_PROXY_MAX_IDLE") {
+        limits.max_idle = idle.parse()?;
     }
     let target = Target {
         role: role.clone(),

