@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod pg;
+mod raw;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,10 @@ use tokio_postgres::{AsyncMessage, Client, NoTls};
 use warden_data::proxy::{Limits, Listener, Pool, Target};
 
 use pg::{Pg, ROLE};
+use raw::{
+    query_message, raw_client, raw_client_params, raw_client_with_key, read_all,
+    read_all_until_ready, startup,
+};
 
 /// A PostgreSQL and one proxy listener in front of it.
 struct Setup {
@@ -259,15 +264,6 @@ async fn proxy_pools_server_connections_and_resets_them() {
     s.until_idle(idle).await;
 }
 
-/// A simple-protocol Query message.
-fn query_message(sql: &str) -> Vec<u8> {
-    let mut msg = vec![b'Q'];
-    msg.extend_from_slice(&((sql.len() + 5) as i32).to_be_bytes());
-    msg.extend_from_slice(sql.as_bytes());
-    msg.push(0);
-    msg
-}
-
 #[tokio::test]
 async fn proxy_startup_parameters_do_not_carry_to_the_next_client() {
     let s = Setup::new(Limits::default()).await;
@@ -427,28 +423,6 @@ async fn proxy_drops_every_notification() {
     assert!(rx.try_recv().is_err(), "a notification crossed the proxy");
 }
 
-/// A startup message with `params`, written raw.
-fn startup(params: &[(&str, &str)], version: i32) -> Vec<u8> {
-    let mut body = version.to_be_bytes().to_vec();
-    for (k, v) in params {
-        body.extend_from_slice(k.as_bytes());
-        body.push(0);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut out = ((body.len() + 4) as i32).to_be_bytes().to_vec();
-    out.extend_from_slice(&body);
-    out
-}
-
-/// Everything the proxy says before closing (bounded by a timeout), as text.
-async fn read_all(s: &mut UnixStream) -> String {
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[tokio::test]
 async fn proxy_refuses_malformed_startups_and_huge_messages() {
     let s = Setup::new(Limits {
@@ -509,38 +483,6 @@ async fn proxy_refuses_malformed_startups_and_huge_messages() {
         .unwrap();
 }
 
-/// A raw protocol client past its startup: returns the stream and the key it was given.
-async fn raw_client(sock: &Path) -> UnixStream {
-    raw_client_with_key(sock).await.0
-}
-
-async fn raw_client_with_key(sock: &Path) -> (UnixStream, (i32, i32)) {
-    raw_client_params(sock, &[("user", "x")]).await
-}
-
-async fn raw_client_params(sock: &Path, params: &[(&str, &str)]) -> (UnixStream, (i32, i32)) {
-    let mut s = UnixStream::connect(sock).await.unwrap();
-    s.write_all(&startup(params, 196_608)).await.unwrap();
-    let mut key = (0, 0);
-    loop {
-        let tag = s.read_u8().await.unwrap();
-        let len = s.read_i32().await.unwrap() as usize - 4;
-        let mut body = vec![0; len];
-        s.read_exact(&mut body).await.unwrap();
-        match tag {
-            b'K' => {
-                key = (
-                    i32::from_be_bytes(body[..4].try_into().unwrap()),
-                    i32::from_be_bytes(body[4..].try_into().unwrap()),
-                )
-            }
-            b'Z' => return (s, key),
-            b'E' => panic!("refused: {}", String::from_utf8_lossy(&body)),
-            _ => {}
-        }
-    }
-}
-
 #[tokio::test]
 async fn proxy_bounds_clients_per_listener() {
     let s = Setup::new(Limits {
@@ -572,6 +514,32 @@ async fn proxy_bounds_clients_per_listener() {
         assert!(Instant::now() < deadline, "a freed slot was never reused");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test]
+async fn proxy_closes_a_client_whose_startup_is_late() {
+    let limits = Limits {
+        max_clients: 1,
+        startup_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let s = Setup::new(limits).await;
+    // A client that connects and says nothing holds the listener's only slot, until the
+    // startup timeout closes it.
+    let mut silent = UnixStream::connect(s.listener.path()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), silent.read_to_end(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0))),
+        "a silent client was not closed: {closed:?}"
+    );
+    connect(s.dir())
+        .await
+        .unwrap()
+        .batch_execute("SELECT 1")
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -650,19 +618,4 @@ async fn proxy_forwards_only_the_cancels_it_handed_out() {
     let answer = read_all_until_ready(&mut raw).await;
     assert!(!answer.contains("canceling statement"), "{answer}");
     assert!(answer.contains("SELECT 1"), "{answer}");
-}
-
-/// The raw client's answer up to its ReadyForQuery.
-async fn read_all_until_ready(s: &mut UnixStream) -> String {
-    let mut out = String::new();
-    loop {
-        let tag = s.read_u8().await.unwrap();
-        let len = s.read_i32().await.unwrap() as usize - 4;
-        let mut body = vec![0; len];
-        s.read_exact(&mut body).await.unwrap();
-        out.push_str(&String::from_utf8_lossy(&body));
-        if tag == b'Z' {
-            return out;
-        }
-    }
 }
