@@ -119,7 +119,7 @@ async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
                 }
                 Err(e) => {
                     // Out of descriptors, most likely: wait rather than spin.
-                    tracing::warn!(error = %e, "accepting a data client failed");
+                    warden_core::log_limited!(warn, error = %e, "accepting a data client failed");
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
             },
@@ -163,7 +163,7 @@ async fn client(mut stream: UnixStream, shared: Arc<Shared>, _slot: OwnedSemapho
     let mut conn = match shared.pool.acquire(target).await {
         Ok(conn) => conn,
         Err(e) => {
-            tracing::warn!(error = %e, "no server connection for a data client");
+            warden_core::log_limited!(warn, error = %e, "no server connection for a data client");
             return fatal(&mut stream, "08006", &unreachable(&e), "retry in a moment").await;
         }
     };

@@ -363,7 +363,9 @@ pub(crate) async fn cancel(addr: &ServerAddr, key: (i32, i32), timeout: Duration
     };
     match tokio::time::timeout(timeout, send).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(%addr, error = %e, "forwarding a cancel request failed"),
-        Err(_) => tracing::warn!(%addr, "forwarding a cancel request timed out"),
+        Ok(Err(e)) => {
+            warden_core::log_limited!(warn, %addr, error = %e, "forwarding a cancel request failed")
+        }
+        Err(_) => warden_core::log_limited!(warn, %addr, "forwarding a cancel request timed out"),
     }
 }
