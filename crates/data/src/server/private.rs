@@ -1,0 +1,428 @@
+//! A private PostgreSQL under warden's data dir: found, initialised once, started on a Unix
+//! socket only, stopped with warden.
+//!
+//! Layout under `dir`: `pgdata/` (the cluster), `run/` (the socket directory, 0700, so only
+//! the server's user and root reach it) and `server.log`. When warden runs as root the server
+//! runs as the `postgres` system user (PostgreSQL refuses root) and those paths are its own.
+//!
+//! Dying with warden: the server runs in its own process group, stopped (fast shutdown, then
+//! SIGKILL to the group) on [`PrivateServer::shutdown`] or drop. A `kill -9` of warden runs
+//! neither, so [`PrivateServer::start`] first looks at `postmaster.pid`: a server still running
+//! in this data dir (an orphan of the last warden) is stopped before a new one starts; a stale
+//! file is PostgreSQL's own to clear.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::{Pid, Uid, User};
+use tokio_postgres::Config;
+
+use super::{ServerError, PRIVATE_ADMIN};
+
+/// The port: with `listen_addresses=''` it only names the socket file.
+pub const PORT: u16 = 5432;
+
+/// How long a start may take before warden gives up.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a fast shutdown may take before the group is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A running private server; stopped on drop.
+pub struct PrivateServer {
+    dir: PathBuf,
+    socket_dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// The OS user the server runs as.
+struct RunAs {
+    uid: u32,
+    gid: u32,
+    /// The OS user warden runs as, mapped to the admin role by peer authentication.
+    warden_user: String,
+}
+
+// === impl PrivateServer ===
+
+impl PrivateServer {
+    /// Finds the server programs, initialises `dir/pgdata` if it is new, stops an orphaned
+    /// server of the same dir, starts one and waits until it accepts connections.
+    pub async fn start(dir: &Path) -> Result<Self, ServerError> {
+        let dir = dir.to_owned();
+        let server = tokio::task::spawn_blocking(move || Self::start_blocking(&dir))
+            .await
+            .map_err(|e| ServerError::Io {
+                what: "starting the private PostgreSQL",
+                path: PathBuf::new(),
+                source: std::io::Error::other(e.to_string()),
+            })??;
+        server.wait_ready().await?;
+        Ok(server)
+    }
+
+    fn start_blocking(dir: &Path) -> Result<Self, ServerError> {
+        let bindir = find_bindir()?;
+        let run_as = run_as()?;
+        let pgdata = dir.join("pgdata");
+        let socket_dir = dir.join("run");
+        for d in [dir, &socket_dir] {
+            std::fs::create_dir_all(d).map_err(io("creating a directory", d))?;
+            own(d, &run_as)?;
+        }
+        if !pgdata.join("PG_VERSION").exists() {
+            initdb(&bindir, &pgdata, &run_as)?;
+        }
+        write_auth_files(&pgdata, &run_as)?;
+        stop_orphan(&pgdata);
+        let log_path = dir.join("server.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(io("opening the server log", &log_path))?;
+        let log2 = log
+            .try_clone()
+            .map_err(io("opening the server log", &log_path))?;
+        let mut cmd = Command::new(bindir.join("postgres"));
+        cmd.arg("-D")
+            .arg(&pgdata)
+            .arg("-k")
+            .arg(&socket_dir)
+            .args(["-c", "listen_addresses=", "-p", &PORT.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            // Its own group, so a stop reaches every backend even if the postmaster is gone.
+            .process_group(0);
+        if Uid::effective().is_root() {
+            cmd.uid(run_as.uid).gid(run_as.gid);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(io("starting postgres", &bindir.join("postgres")))?;
+        tracing::info!(dir = %dir.display(), pid = child.id(), "private PostgreSQL started");
+        Ok(PrivateServer {
+            dir: dir.to_owned(),
+            socket_dir,
+            child: Some(child),
+        })
+    }
+
+    async fn wait_ready(&self) -> Result<(), ServerError> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let mut config = self.admin_config();
+            config.dbname("postgres");
+            if config.connect(tokio_postgres::NoTls).await.is_ok() {
+                return Ok(());
+            }
+            let exited = match &self.child {
+                Some(c) => kill(Pid::from_raw(c.id() as i32), None).is_err(),
+                None => true,
+            };
+            if exited || Instant::now() > deadline {
+                let log = self.dir.join("server.log");
+                return Err(ServerError::NotStarted {
+                    tail: tail_of_file(&log, 20),
+                    log,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The directory the server lives under.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The directory of the server's Unix socket.
+    pub fn socket_dir(&self) -> &Path {
+        &self.socket_dir
+    }
+
+    /// The process id of the postmaster.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub(super) fn admin_config(&self) -> Config {
+        let mut c = Config::new();
+        c.host_path(&self.socket_dir)
+            .port(PORT)
+            .user(PRIVATE_ADMIN)
+            .dbname("postgres")
+            .application_name("warden")
+            .connect_timeout(Duration::from_secs(10));
+        c
+    }
+
+    /// Fast shutdown, waited for off the async threads.
+    pub async fn shutdown(mut self) {
+        if let Some(child) = self.child.take() {
+            let _ = tokio::task::spawn_blocking(move || stop_child(child)).await;
+        }
+    }
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            stop_child(child);
+        }
+    }
+}
+
+/// SIGINT is PostgreSQL's fast shutdown; past the timeout the whole group is killed.
+fn stop_child(mut child: Child) {
+    let pid = Pid::from_raw(child.id() as i32);
+    let _ = kill(pid, Signal::SIGINT);
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tracing::warn!(
+        pid = child.id(),
+        "private PostgreSQL did not stop in time; killing it"
+    );
+    let _ = killpg(pid, Signal::SIGKILL);
+    let _ = child.wait();
+}
+
+/// Stops a server still running in `pgdata` (the orphan of a warden killed with SIGKILL). The
+/// pid in `postmaster.pid` is trusted only if that process's working directory is `pgdata`
+/// (the postmaster chdirs there), so a recycled pid is never signalled.
+fn stop_orphan(pgdata: &Path) {
+    let Ok(text) = std::fs::read_to_string(pgdata.join("postmaster.pid")) else {
+        return;
+    };
+    let Some(pid) = text
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse::<i32>().ok())
+    else {
+        return;
+    };
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
+    let ours = match (cwd, std::fs::canonicalize(pgdata)) {
+        (Some(c), Ok(p)) => c == p,
+        _ => false,
+    };
+    if !ours || pid <= 1 {
+        return;
+    }
+    tracing::warn!(
+        pid,
+        "stopping the private PostgreSQL a previous warden left running"
+    );
+    let pid = Pid::from_raw(pid);
+    let _ = kill(pid, Signal::SIGINT);
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    while Instant::now() < deadline && kill(pid, None).is_ok() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if kill(pid, None).is_ok() {
+        let _ = killpg(pid, Signal::SIGKILL);
+        let _ = kill(pid, Signal::SIGKILL);
+        while kill(pid, None).is_ok() && Instant::now() < deadline + STOP_TIMEOUT {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `pg_config --bindir` on PATH, else the highest `/usr/lib/postgresql/*/bin`; 15 or later.
+fn find_bindir() -> Result<PathBuf, ServerError> {
+    let from_pg_config = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        .filter(|p| p.join("postgres").exists() && p.join("initdb").exists());
+    let bindir = match from_pg_config {
+        Some(p) => p,
+        None => {
+            let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| {
+                    let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+                    let bin = e.path().join("bin");
+                    (bin.join("postgres").exists() && bin.join("initdb").exists())
+                        .then_some((v, bin))
+                })
+                .collect();
+            found.sort();
+            found.pop().map(|(_, p)| p).ok_or_else(|| {
+                ServerError::ProgramsMissing(
+                    "no pg_config on PATH and nothing under /usr/lib/postgresql".into(),
+                )
+            })?
+        }
+    };
+    let out = Command::new(bindir.join("postgres"))
+        .arg("--version")
+        .output()
+        .map_err(|e| ServerError::ProgramsMissing(format!("{}: {e}", bindir.display())))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let major = parse_major(&text).ok_or_else(|| {
+        ServerError::ProgramsMissing(format!("unrecognised `postgres --version`: {text}"))
+    })?;
+    if major < 15 {
+        return Err(ServerError::TooOld {
+            found: major,
+            bindir,
+        });
+    }
+    Ok(bindir)
+}
+
+/// The major version of `postgres (PostgreSQL) 15.8 (Debian 15.8-0+deb12u1)`.
+fn parse_major(version: &str) -> Option<u32> {
+    let rest = version.split(')').nth(1)?.trim();
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn run_as() -> Result<RunAs, ServerError> {
+    let me = Uid::effective();
+    let warden_user = User::from_uid(me)
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| "root".into());
+    if !me.is_root() {
+        return Ok(RunAs {
+            uid: me.as_raw(),
+            gid: nix::unistd::Gid::effective().as_raw(),
+            warden_user,
+        });
+    }
+    let pg = User::from_name("postgres").ok().flatten().ok_or_else(|| {
+        ServerError::ProgramsMissing(
+            "warden runs as root and there is no `postgres` system user to run the server as \
+             (the postgresql package makes it)"
+                .into(),
+        )
+    })?;
+    Ok(RunAs {
+        uid: pg.uid.as_raw(),
+        gid: pg.gid.as_raw(),
+        warden_user,
+    })
+}
+
+fn own(path: &Path, run_as: &RunAs) -> Result<(), ServerError> {
+    if Uid::effective().is_root() {
+        chown(path, Some(run_as.uid), Some(run_as.gid)).map_err(io("chown", path))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+        .map_err(io("chmod 0700", path))
+}
+
+fn initdb(bindir: &Path, pgdata: &Path, run_as: &RunAs) -> Result<(), ServerError> {
+    // A pgdata without PG_VERSION is an initdb that was interrupted: start it again.
+    if pgdata.exists() {
+        std::fs::remove_dir_all(pgdata).map_err(io("removing a partial initdb", pgdata))?;
+    }
+    let mut cmd = Command::new(bindir.join("initdb"));
+    cmd.arg("-D")
+        .arg(pgdata)
+        .args([
+            "-U",
+            PRIVATE_ADMIN,
+            "-A",
+            "peer",
+            "-E",
+            "UTF8",
+            "--no-locale",
+        ])
+        .stdin(Stdio::null());
+    if Uid::effective().is_root() {
+        cmd.uid(run_as.uid).gid(run_as.gid);
+    }
+    let out = cmd
+        .output()
+        .map_err(io("running initdb", &bindir.join("initdb")))?;
+    if !out.status.success() {
+        let mut all = String::from_utf8_lossy(&out.stdout).into_owned();
+        all.push_str(&String::from_utf8_lossy(&out.stderr));
+        return Err(ServerError::InitdbFailed {
+            dir: pgdata.to_owned(),
+            tail: last_lines(&all, 15),
+        });
+    }
+    Ok(())
+}
+
+/// Only warden's OS user logs in as the admin (peer authentication, mapped); every other role
+/// logs in with its SCRAM-SHA-256 password; nothing over TCP (it does not listen anyway).
+fn write_auth_files(pgdata: &Path, run_as: &RunAs) -> Result<(), ServerError> {
+    let hba = format!(
+        "# Written by warden at every start.\n\
+         local all {PRIVATE_ADMIN} peer map=warden\n\
+         local all all scram-sha-256\n"
+    );
+    let ident = format!(
+        "# Written by warden at every start.\nwarden {} {PRIVATE_ADMIN}\n",
+        run_as.warden_user
+    );
+    for (name, text) in [("pg_hba.conf", hba), ("pg_ident.conf", ident)] {
+        let path = pgdata.join(name);
+        std::fs::write(&path, text).map_err(io("writing", &path))?;
+        if Uid::effective().is_root() {
+            chown(&path, Some(run_as.uid), Some(run_as.gid)).map_err(io("chown", &path))?;
+        }
+    }
+    Ok(())
+}
+
+fn tail_of_file(path: &Path, n: usize) -> String {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(8192)));
+    let mut bytes = Vec::new();
+    let _ = f.read_to_end(&mut bytes);
+    last_lines(&String::from_utf8_lossy(&bytes), n)
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ServerError + 'a {
+    move |source| ServerError::Io {
+        what,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_major_version() {
+        assert_eq!(
+            parse_major("postgres (PostgreSQL) 15.8 (Debian 15.8-0+deb12u1)\n"),
+            Some(15)
+        );
+        assert_eq!(parse_major("postgres (PostgreSQL) 9.6.24\n"), Some(9));
+        assert_eq!(parse_major("nonsense"), None);
+    }
+}
