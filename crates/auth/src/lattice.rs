@@ -64,6 +64,20 @@ pub enum LatticeError {
     Malformed(String),
 }
 
+// === impl Label ===
+
+impl Label {
+    /// The level's index into the lattice's levels (lowest first); `None` without levels.
+    pub fn level(&self) -> Option<usize> {
+        self.level
+    }
+
+    /// The categories' indices into the lattice's categories, in lattice order.
+    pub fn categories(&self) -> impl Iterator<Item = usize> + '_ {
+        self.categories.iter().copied()
+    }
+}
+
 // === impl Lattice ===
 
 impl Lattice {

@@ -1,1 +1,479 @@
-//! See the crate documentation.
+//! An app's database, its roles, and the row security that labels every row.
+//!
+//! One database per app (`warden_app_<name>`); roles are global in PostgreSQL, so their names
+//! carry a hash of what they stand for: the owner `wo_<h>` (runs the release migration, owns
+//! the app's tables) and one role per (app, label[, user]) `wl_<h>`. Every role logs in, is
+//! NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT and a member of
+//! nothing, and has a password derived as HMAC-SHA256(data key, role name), never stored:
+//! PostgreSQL is given only a SCRAM-SHA-256 verifier computed here.
+//!
+//! SQL is made only from validated names and ids: identifiers through [`quote_ident`], values
+//! as bound parameters. No password, verifier or key is logged or put in an error.
+
+use std::fmt;
+
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::Client;
+use warden_auth::lattice::{Lattice, LatticeError};
+
+use crate::server::{Endpoint, Server, ServerError};
+
+mod label;
+mod sql;
+
+pub use label::{AppData, TableData};
+
+/// The 32-byte key every role password is derived from.
+#[derive(Clone)]
+pub struct DataKey(pub [u8; 32]);
+
+/// How a role logs in: what the proxy needs to authenticate on an instance's behalf.
+#[derive(Clone)]
+pub struct RoleLogin {
+    /// The PostgreSQL role.
+    pub role: String,
+    /// The app's database.
+    pub dbname: String,
+    /// Where the server is.
+    pub endpoint: Endpoint,
+    password: String,
+}
+
+/// Why an app's database or roles could not be made or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    /// An app or user name warden would not put in a name.
+    #[error("{0:?} is not a usable app or user name: use lowercase letters, digits and '-'")]
+    BadName(String),
+    /// A label does not fit the lattice.
+    #[error("label refused: {0}")]
+    Label(#[from] LatticeError),
+    /// The app has no database.
+    #[error("app {0:?} has no database; create it first")]
+    NoApp(String),
+    /// A table warden cannot label; the release that made it fails.
+    #[error("table {table:?} cannot be labelled: {reason}")]
+    Unlabellable {
+        /// The table.
+        table: String,
+        /// Why, and what to change.
+        reason: String,
+    },
+    /// Reaching the server failed.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    /// PostgreSQL refused a statement.
+    #[error("{what}: {source}")]
+    Sql {
+        /// What warden was doing.
+        what: String,
+        /// PostgreSQL's answer.
+        source: tokio_postgres::Error,
+    },
+}
+
+/// Administers apps' databases on one server, with the data key and the current lattice.
+pub struct Admin<'a> {
+    server: &'a Server,
+    key: DataKey,
+    lattice: Lattice,
+}
+
+// === impl Admin ===
+
+impl<'a> Admin<'a> {
+    /// An administrator of `server`'s app databases.
+    pub fn new(server: &'a Server, key: DataKey, lattice: Lattice) -> Self {
+        Self {
+            server,
+            key,
+            lattice,
+        }
+    }
+
+    /// The lattice labels are ranked by.
+    pub fn lattice(&self) -> &Lattice {
+        &self.lattice
+    }
+
+    /// Makes the app's database (if new), its owner role, the `warden` schema, and the
+    /// revocations every app database carries. Idempotent.
+    pub async fn create_app(&self, app: &str) -> Result<RoleLogin, SchemaError> {
+        check_name(app)?;
+        let db = db_name(app);
+        let owner = owner_role_name(app);
+        let admin = self.server.admin(None).await?;
+        let exists = admin
+            .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&db])
+            .await
+            .map_err(sql("looking up the app's database"))?
+            .is_some();
+        if !exists {
+            match admin
+                .batch_execute(&format!("CREATE DATABASE {}", quote_ident(&db)))
+                .await
+            {
+                Ok(()) => {}
+                // Another node made it first.
+                Err(e) if e.code() == Some(&SqlState::DUPLICATE_DATABASE) => {}
+                Err(e) => return Err(sql("creating the app's database")(e)),
+            }
+        }
+        self.ensure_role(&admin, &owner).await?;
+        let qdb = quote_ident(&db);
+        let mut stmts = format!(
+            "REVOKE ALL ON DATABASE {qdb} FROM PUBLIC;\
+             GRANT CONNECT ON DATABASE {qdb} TO {};",
+            quote_ident(&owner)
+        );
+        if matches!(self.server, Server::Private(_)) {
+            // On a server that is warden's alone, no role reaches the other databases (where
+            // PUBLIC may connect and make temporary tables: a channel between labels).
+            stmts.push_str(
+                "REVOKE CONNECT, TEMPORARY ON DATABASE postgres FROM PUBLIC;\
+                 REVOKE CONNECT, TEMPORARY ON DATABASE template1 FROM PUBLIC;",
+            );
+        }
+        admin
+            .batch_execute(&stmts)
+            .await
+            .map_err(sql("limiting who connects to the app's database"))?;
+        let c = self.server.admin(Some(&db)).await?;
+        c.batch_execute(sql::WARDEN_SCHEMA)
+            .await
+            .map_err(sql("making the warden schema"))?;
+        c.batch_execute(sql::REVOKE_FUNCTIONS)
+            .await
+            .map_err(sql("revoking functions from PUBLIC"))?;
+        let q = quote_ident(&owner);
+        c.batch_execute(&format!(
+            "ALTER SCHEMA public OWNER TO {q};\
+             ALTER DEFAULT PRIVILEGES FOR ROLE {q} REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;"
+        ))
+        .await
+        .map_err(sql("giving the owner the app's schema"))?;
+        Ok(self.login(&owner, db))
+    }
+
+    /// Drops the app's database and every role made for it.
+    pub async fn drop_app(&self, app: &str) -> Result<(), SchemaError> {
+        check_name(app)?;
+        let db = db_name(app);
+        let admin = self.server.admin(None).await?;
+        let mut roles = vec![owner_role_name(app)];
+        if let Ok(c) = self.server.admin(Some(&db)).await {
+            if let Ok(rows) = c.query("SELECT role::text FROM warden.roles", &[]).await {
+                roles.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+            }
+        }
+        admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                quote_ident(&db)
+            ))
+            .await
+            .map_err(sql("dropping the app's database"))?;
+        for role in roles {
+            if !is_warden_role(&role) {
+                continue;
+            }
+            admin
+                .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(&role)))
+                .await
+                .map_err(sql("dropping the app's roles"))?;
+        }
+        Ok(())
+    }
+
+    /// The owner role's login (the release migration runs as it).
+    pub async fn owner_role(&self, app: &str) -> Result<RoleLogin, SchemaError> {
+        check_name(app)?;
+        let owner = owner_role_name(app);
+        let admin = self.server.admin(None).await?;
+        self.ensure_role(&admin, &owner).await?;
+        Ok(self.login(&owner, db_name(app)))
+    }
+
+    /// The role of `label` (and `user`, for `per_user` instances) in `app`, made on first use:
+    /// it may connect to the app's database only, and reach each labelled table.
+    pub async fn label_role(
+        &self,
+        app: &str,
+        label: &str,
+        user: Option<&str>,
+    ) -> Result<RoleLogin, SchemaError> {
+        check_name(app)?;
+        if let Some(u) = user {
+            check_user(u)?;
+        }
+        let canonical = self.lattice.canonical(label)?;
+        let role = label_role_name(app, &canonical, user);
+        let db = db_name(app);
+        let c = self.app_client(app).await?;
+        let label_id = label::ensure_label(&c, &self.lattice, &canonical).await?;
+        let admin = self.server.admin(None).await?;
+        self.ensure_role(&admin, &role).await?;
+        admin
+            .batch_execute(&format!(
+                "GRANT CONNECT ON DATABASE {} TO {}",
+                quote_ident(&db),
+                quote_ident(&role)
+            ))
+            .await
+            .map_err(sql("letting the role connect"))?;
+        c.execute(
+            "INSERT INTO warden.roles (role, label_id, owner) VALUES ($1::text::name, $2, $3) \
+             ON CONFLICT (role) DO UPDATE SET label_id = EXCLUDED.label_id, owner = EXCLUDED.owner",
+            &[&role, &label_id, &user],
+        )
+        .await
+        .map_err(sql("recording the role's label"))?;
+        label::grant_labelled(&c, std::slice::from_ref(&role)).await?;
+        Ok(self.login(&role, db))
+    }
+
+    /// Labels every table of the app's schema after a release migration; see [`label`].
+    pub async fn label_tables(&self, app: &str) -> Result<Vec<String>, SchemaError> {
+        let c = self.app_client(app).await?;
+        label::label_tables(&c, &self.lattice).await
+    }
+
+    /// Re-ranks every app's labels under `lattice` (rows do not change). Labels the new lattice
+    /// lacks read nothing and are read by no one until it has them again; they are returned.
+    pub async fn set_lattice(&mut self, lattice: Lattice) -> Result<Vec<String>, SchemaError> {
+        lattice.validate()?;
+        let admin = self.server.admin(None).await?;
+        let dbs = admin
+            .query(
+                "SELECT datname::text FROM pg_database WHERE datname LIKE 'warden\\_app\\_%'",
+                &[],
+            )
+            .await
+            .map_err(sql("listing app databases"))?;
+        let mut lost = Vec::new();
+        for row in dbs {
+            let db: String = row.get(0);
+            let c = self.server.admin(Some(&db)).await?;
+            lost.extend(label::rerank(&c, &lattice).await?);
+        }
+        self.lattice = lattice;
+        Ok(lost)
+    }
+
+    /// Marks `app` a declassifier: its roles that dominate `to_label` may write rows at it
+    /// (each such write recorded in `warden.declassified`). `None` takes the mark away.
+    pub async fn declassifier(&self, app: &str, to_label: Option<&str>) -> Result<(), SchemaError> {
+        let c = self.app_client(app).await?;
+        let id = match to_label {
+            Some(l) => {
+                let canonical = self.lattice.canonical(l)?;
+                Some(label::ensure_label(&c, &self.lattice, &canonical).await?)
+            }
+            None => None,
+        };
+        c.execute("UPDATE warden.settings SET declassify_to = $1", &[&id])
+            .await
+            .map_err(sql("marking the declassifier"))?;
+        Ok(())
+    }
+
+    /// Size, tables and rows per label of the app's database.
+    pub async fn show(&self, app: &str) -> Result<AppData, SchemaError> {
+        let c = self.app_client(app).await?;
+        label::show(&c).await
+    }
+
+    async fn app_client(&self, app: &str) -> Result<Client, SchemaError> {
+        check_name(app)?;
+        let db = db_name(app);
+        let admin = self.server.admin(None).await?;
+        let exists = admin
+            .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&db])
+            .await
+            .map_err(sql("looking up the app's database"))?
+            .is_some();
+        if !exists {
+            return Err(SchemaError::NoApp(app.to_owned()));
+        }
+        Ok(self.server.admin(Some(&db)).await?)
+    }
+
+    /// Creates `role` if missing, with warden's attributes, and sets its verifier.
+    async fn ensure_role(&self, admin: &Client, role: &str) -> Result<(), SchemaError> {
+        let q = quote_ident(role);
+        let exists = admin
+            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+            .await
+            .map_err(sql("looking up a role"))?
+            .is_some();
+        if !exists {
+            match admin.batch_execute(&format!("CREATE ROLE {q}")).await {
+                Ok(()) => {}
+                Err(e) if e.code() == Some(&SqlState::DUPLICATE_OBJECT) => {}
+                Err(e) => return Err(sql("creating a role")(e)),
+            }
+        }
+        // Set at every call, so a role's attributes are always these whatever happened to it,
+        // and a new data key takes effect. The verifier is not the password; it is still
+        // never logged (tokio-postgres does not log statement text).
+        let verifier = postgres_protocol::password::scram_sha_256(self.password(role).as_bytes());
+        admin
+            .batch_execute(&format!(
+                "ALTER ROLE {q} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION \
+                 NOBYPASSRLS NOINHERIT PASSWORD {}",
+                quote_literal(&verifier)
+            ))
+            .await
+            .map_err(sql("setting a role's attributes"))?;
+        Ok(())
+    }
+
+    fn password(&self, role: &str) -> String {
+        // HMAC accepts any key length; a 32-byte key cannot fail.
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.key.0) else {
+            unreachable!("HMAC takes keys of any length")
+        };
+        mac.update(role.as_bytes());
+        hex(&mac.finalize().into_bytes())
+    }
+
+    fn login(&self, role: &str, dbname: String) -> RoleLogin {
+        RoleLogin {
+            role: role.to_owned(),
+            dbname,
+            endpoint: self.server.endpoint(),
+            password: self.password(role),
+        }
+    }
+}
+
+// === impl RoleLogin ===
+
+impl RoleLogin {
+    /// The role's password (derived, never stored); for the proxy's SCRAM exchange only.
+    pub fn password(&self) -> &str {
+        &self.password
+    }
+}
+
+impl fmt::Debug for RoleLogin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RoleLogin")
+            .field("role", &self.role)
+            .field("dbname", &self.dbname)
+            .field("endpoint", &self.endpoint)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+impl fmt::Debug for DataKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DataKey(<redacted>)")
+    }
+}
+
+// === names ===
+
+/// The app's database.
+pub fn db_name(app: &str) -> String {
+    format!("warden_app_{app}")
+}
+
+/// The app's owner role.
+pub fn owner_role_name(app: &str) -> String {
+    format!("wo_{}", short_hash(&["owner", app]))
+}
+
+/// The role of (app, label[, user]); `label` canonical.
+pub fn label_role_name(app: &str, label: &str, user: Option<&str>) -> String {
+    let user_part = match user {
+        Some(u) => format!("u:{u}"),
+        None => "-".into(),
+    };
+    format!("wl_{}", short_hash(&["label", app, label, &user_part]))
+}
+
+fn is_warden_role(role: &str) -> bool {
+    (role.starts_with("wo_") || role.starts_with("wl_"))
+        && role.len() == 19
+        && role[3..].bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn short_hash(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        // Length-prefixed, so no two tuples hash the same text.
+        h.update((p.len() as u64).to_be_bytes());
+        h.update(p.as_bytes());
+    }
+    hex(&h.finalize()[..8])
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A PostgreSQL identifier, always quoted.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A PostgreSQL string literal (standard_conforming_strings is on from 9.1).
+fn quote_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+fn check_name(app: &str) -> Result<(), SchemaError> {
+    let ok = !app.is_empty()
+        && app.len() <= 40
+        && app
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    ok.then_some(())
+        .ok_or_else(|| SchemaError::BadName(app.to_owned()))
+}
+
+/// Users only ever reach PostgreSQL as bound values and hash input; still bounded.
+fn check_user(user: &str) -> Result<(), SchemaError> {
+    let ok = !user.is_empty() && user.len() <= 128 && !user.chars().any(char::is_control);
+    ok.then_some(())
+        .ok_or_else(|| SchemaError::BadName(user.to_owned()))
+}
+
+fn sql(what: &str) -> impl FnOnce(tokio_postgres::Error) -> SchemaError + '_ {
+    move |source| SchemaError::Sql {
+        what: what.to_owned(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_fit_and_differ() {
+        let a = label_role_name("notes", "SECRET", None);
+        let b = label_role_name("notes", "SECRET", Some("alice"));
+        let c = label_role_name("notes2", "SECRET", None);
+        assert!(a != b && a != c && b != c);
+        assert!(is_warden_role(&a) && is_warden_role(&owner_role_name("notes")));
+        assert!(a.len() < 63);
+    }
+
+    #[test]
+    fn quoting_doubles_quotes() {
+        assert_eq!(quote_ident(r#"a"b"#), r#""a""b""#);
+        assert_eq!(quote_literal("it's"), "'it''s'");
+    }
+
+    #[test]
+    fn app_names_are_checked() {
+        assert!(check_name("notes-2").is_ok());
+        assert!(check_name("Notes").is_err());
+        assert!(check_name("a\"; DROP").is_err());
+    }
+}

@@ -1,0 +1,329 @@
+//! Labels in rows: the `warden.labels` ranks, labelling an app's tables after a migration, and
+//! what `warden data show` reports.
+//!
+//! Unique keys (polyinstantiation): a unique index is accepted only if it includes
+//! `warden_label` (keys scoped by label: two labels may hold the same key, and neither learns
+//! of the other) or is a single-column primary key filled by a sequence or identity. Any other
+//! unique key would let a low writer learn that a higher row holds a value (its insert fails),
+//! so labelling fails naming the table and the index.
+
+use tokio_postgres::Client;
+use warden_auth::lattice::Lattice;
+
+use super::{quote_ident, sql, sql::OWNER_RULE, sql::POLICIES, SchemaError};
+
+/// What an app's database holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppData {
+    /// `pg_database_size`, in bytes.
+    pub size_bytes: i64,
+    /// The app's tables.
+    pub tables: Vec<TableData>,
+}
+
+/// One table of an app.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableData {
+    /// The table's name.
+    pub name: String,
+    /// Rows per label (canonical text), for labelled tables.
+    pub rows_per_label: Vec<(String, i64)>,
+}
+
+/// The id of `canonical` in `warden.labels`, inserting it with its rank under `lattice`.
+pub(super) async fn ensure_label(
+    c: &Client,
+    lattice: &Lattice,
+    canonical: &str,
+) -> Result<i32, SchemaError> {
+    let (level, cats) = rank(lattice, canonical)?;
+    let row = c
+        .query_one(
+            "INSERT INTO warden.labels (label, level, categories) VALUES ($1, $2, $3) \
+             ON CONFLICT (label) DO UPDATE SET level = EXCLUDED.level, \
+             categories = EXCLUDED.categories RETURNING id",
+            &[&canonical, &level, &cats],
+        )
+        .await
+        .map_err(sql("recording a label"))?;
+    Ok(row.get(0))
+}
+
+/// A label's level rank (0 in a lattice without levels) and category names.
+fn rank(lattice: &Lattice, text: &str) -> Result<(i32, Vec<String>), SchemaError> {
+    let label = lattice.parse(text)?;
+    let level = label.level().unwrap_or(0) as i32;
+    let cats = label
+        .categories()
+        .map(|i| lattice.categories[i].clone())
+        .collect();
+    Ok((level, cats))
+}
+
+/// The labelled tables of the app's schema (those carrying warden's policies).
+async fn labelled_tables(c: &Client) -> Result<Vec<String>, SchemaError> {
+    let rows = c
+        .query(
+            "SELECT DISTINCT tablename::text FROM pg_policies \
+             WHERE schemaname = 'public' AND policyname = 'warden_select' ORDER BY 1",
+            &[],
+        )
+        .await
+        .map_err(sql("listing labelled tables"))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Grants every labelled table (and the schema's sequences) to `roles`.
+pub(super) async fn grant_labelled(c: &Client, roles: &[String]) -> Result<(), SchemaError> {
+    if roles.is_empty() {
+        return Ok(());
+    }
+    let to: Vec<String> = roles.iter().map(|r| quote_ident(r)).collect();
+    let to = to.join(", ");
+    let mut stmts = format!(
+        "GRANT USAGE ON SCHEMA public TO {to};\
+         GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {to};"
+    );
+    for t in labelled_tables(c).await? {
+        stmts.push_str(&format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON public.{} TO {to};",
+            quote_ident(&t)
+        ));
+    }
+    c.batch_execute(&stmts)
+        .await
+        .map_err(sql("granting labelled tables"))
+}
+
+/// Labels every table of the app's schema; returns the tables labelled. Fails, naming the
+/// table, on a unique key not scoped by label, a row-security policy warden did not make, or
+/// a SECURITY DEFINER function (it would run as the owner, outside the labels' grants).
+pub(super) async fn label_tables(
+    c: &Client,
+    lattice: &Lattice,
+) -> Result<Vec<String>, SchemaError> {
+    let tables: Vec<String> = c
+        .query(
+            "SELECT c.relname::text FROM pg_class c \
+             WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p') \
+             ORDER BY 1",
+            &[],
+        )
+        .await
+        .map_err(sql("listing the app's tables"))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    refuse_definer_functions(c).await?;
+    for t in &tables {
+        check_unique_keys(c, t).await?;
+        check_foreign_policies(c, t).await?;
+    }
+    let bottom = bottom_label(c, lattice).await?;
+    for t in &tables {
+        label_one(c, t, bottom).await?;
+    }
+    let roles: Vec<String> = c
+        .query("SELECT role::text FROM warden.roles", &[])
+        .await
+        .map_err(sql("listing the app's roles"))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    grant_labelled(c, &roles).await?;
+    Ok(tables)
+}
+
+/// The lattice's lowest label: existing rows of a newly labelled table get it.
+async fn bottom_label(c: &Client, lattice: &Lattice) -> Result<i32, SchemaError> {
+    let text = match lattice.levels.first() {
+        Some(l) => lattice.canonical(l)?,
+        None => lattice.canonical("{}")?,
+    };
+    ensure_label(c, lattice, &text).await
+}
+
+async fn label_one(c: &Client, table: &str, bottom: i32) -> Result<(), SchemaError> {
+    let t = format!("public.{}", quote_ident(table));
+    // Added columns first, then the lowest label for the rows already there, before the
+    // trigger exists (it would stamp them with the admin's absent label).
+    c.batch_execute(&format!(
+        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS warden_label int;\
+         ALTER TABLE {t} ADD COLUMN IF NOT EXISTS warden_owner text;"
+    ))
+    .await
+    .map_err(sql(&format!("adding label columns to {table:?}")))?;
+    c.execute(
+        &format!(
+            "UPDATE {t} SET warden_label = $1 WHERE warden_label IS NULL \
+             OR warden_label NOT IN (SELECT id FROM warden.labels)"
+        ),
+        &[&bottom],
+    )
+    .await
+    .map_err(sql(&format!("labelling the existing rows of {table:?}")))?;
+    let has_fk = c
+        .query_opt(
+            "SELECT 1 FROM pg_constraint WHERE conrelid = $1::text::regclass \
+             AND conname = 'warden_label_fk'",
+            &[&t],
+        )
+        .await
+        .map_err(sql("looking up the label key"))?
+        .is_some();
+    let mut stmts = format!("ALTER TABLE {t} ALTER COLUMN warden_label SET NOT NULL;");
+    if !has_fk {
+        stmts.push_str(&format!(
+            "ALTER TABLE {t} ADD CONSTRAINT warden_label_fk FOREIGN KEY (warden_label) \
+             REFERENCES warden.labels (id);"
+        ));
+    }
+    stmts.push_str(&POLICIES.replace("{owner}", OWNER_RULE).replace("{t}", &t));
+    c.batch_execute(&stmts)
+        .await
+        .map_err(sql(&format!("labelling {table:?}")))
+}
+
+async fn check_unique_keys(c: &Client, table: &str) -> Result<(), SchemaError> {
+    // An index passes if it includes warden_label, or is a one-column primary key whose
+    // column is an identity or defaults to nextval().
+    let bad = c
+        .query(
+            "SELECT i.indexrelid::regclass::text FROM pg_index i \
+             WHERE i.indrelid = $1::text::regclass AND i.indisunique \
+               AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indrelid \
+                   AND a.attname = 'warden_label' AND a.attnum = ANY (i.indkey)) \
+               AND NOT (i.indisprimary AND i.indnkeyatts = 1 AND EXISTS ( \
+                   SELECT 1 FROM pg_attribute a \
+                   LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
+                   WHERE a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+                     AND (a.attidentity <> '' \
+                          OR pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%')))",
+            &[&format!("public.{}", quote_ident(table))],
+        )
+        .await
+        .map_err(sql("checking unique keys"))?;
+    if let Some(row) = bad.first() {
+        let index: String = row.get(0);
+        return Err(SchemaError::Unlabellable {
+            table: table.to_owned(),
+            reason: format!(
+                "its unique index {index} is not scoped by label, so a write could learn that \
+                 a row of a higher label holds the same key; add a column `warden_label int` \
+                 in the migration and include it in the key, or use a serial or identity \
+                 primary key"
+            ),
+        });
+    }
+    Ok(())
+}
+
+async fn check_foreign_policies(c: &Client, table: &str) -> Result<(), SchemaError> {
+    let other = c
+        .query_opt(
+            "SELECT policyname::text FROM pg_policies WHERE schemaname = 'public' \
+             AND tablename = $1 AND policyname NOT IN \
+             ('warden_select', 'warden_insert', 'warden_update', 'warden_delete')",
+            &[&table],
+        )
+        .await
+        .map_err(sql("checking row-security policies"))?;
+    if let Some(row) = other {
+        let name: String = row.get(0);
+        return Err(SchemaError::Unlabellable {
+            table: table.to_owned(),
+            reason: format!(
+                "it has a row-security policy {name:?}; row security is warden's, drop it in \
+                 the migration"
+            ),
+        });
+    }
+    Ok(())
+}
+
+async fn refuse_definer_functions(c: &Client) -> Result<(), SchemaError> {
+    let f = c
+        .query_opt(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p \
+             WHERE p.pronamespace = 'public'::regnamespace AND p.prosecdef",
+            &[],
+        )
+        .await
+        .map_err(sql("checking the app's functions"))?;
+    if let Some(row) = f {
+        let name: String = row.get(0);
+        return Err(SchemaError::Unlabellable {
+            table: name.clone(),
+            reason: format!(
+                "function {name} is SECURITY DEFINER: it would run as the owner, beside the \
+                 labels; make it SECURITY INVOKER"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Re-ranks the database's labels under `lattice`; returns the labels it lacks (their level
+/// becomes NULL, which no comparison passes).
+pub(super) async fn rerank(c: &Client, lattice: &Lattice) -> Result<Vec<String>, SchemaError> {
+    let rows = c
+        .query("SELECT id, label FROM warden.labels", &[])
+        .await
+        .map_err(sql("listing labels"))?;
+    let mut lost = Vec::new();
+    for row in rows {
+        let (id, text): (i32, String) = (row.get(0), row.get(1));
+        match rank(lattice, &text) {
+            Ok((level, cats)) => {
+                c.execute(
+                    "UPDATE warden.labels SET level = $2, categories = $3 WHERE id = $1",
+                    &[&id, &level, &cats],
+                )
+                .await
+                .map_err(sql("re-ranking a label"))?;
+            }
+            Err(_) => {
+                c.execute(
+                    "UPDATE warden.labels SET level = NULL WHERE id = $1",
+                    &[&id],
+                )
+                .await
+                .map_err(sql("retiring a label"))?;
+                lost.push(text);
+            }
+        }
+    }
+    Ok(lost)
+}
+
+/// Size, tables and rows per label; read as the admin, which row security does not bind.
+pub(super) async fn show(c: &Client) -> Result<AppData, SchemaError> {
+    let size: i64 = c
+        .query_one("SELECT pg_database_size(current_database())", &[])
+        .await
+        .map_err(sql("reading the database's size"))?
+        .get(0);
+    let labelled = labelled_tables(c).await?;
+    let mut tables = Vec::new();
+    for name in labelled {
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT l.label, count(*) FROM public.{} t \
+                     JOIN warden.labels l ON l.id = t.warden_label GROUP BY 1 ORDER BY 1",
+                    quote_ident(&name)
+                ),
+                &[],
+            )
+            .await
+            .map_err(sql("counting rows per label"))?;
+        tables.push(TableData {
+            name,
+            rows_per_label: rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
+        });
+    }
+    Ok(AppData {
+        size_bytes: size,
+        tables,
+    })
+}

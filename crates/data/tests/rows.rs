@@ -1,0 +1,280 @@
+//! Labelled rows, tried from each role they bind, against a real private PostgreSQL.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use warden_auth::lattice::Lattice;
+use warden_data::schema::{Admin, SchemaError};
+
+const LABELS: [&str; 5] = ["U", "S", "S:{A}", "S:{B}", "S:{A,B}"];
+
+/// Each label writes one row; each sees exactly the rows its label dominates; S:{A} and S:{B}
+/// see nothing of each other.
+#[tokio::test]
+async fn read_down_over_levels_and_categories() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "notes").await;
+    let mut clients = Vec::new();
+    for l in LABELS {
+        let login = admin.label_role("notes", l, None).await.unwrap();
+        let c = connect(&login).await.unwrap();
+        c.execute("INSERT INTO notes (body) VALUES ($1)", &[&l])
+            .await
+            .unwrap();
+        clients.push(c);
+    }
+    let expect: [&[&str]; 5] = [
+        &["U"],
+        &["S", "U"],
+        &["S", "S:{A}", "U"],
+        &["S", "S:{B}", "U"],
+        &["S", "S:{A,B}", "S:{A}", "S:{B}", "U"],
+    ];
+    for (i, c) in clients.iter().enumerate() {
+        assert_eq!(bodies(c).await, expect[i], "what {} sees", LABELS[i]);
+    }
+    let shown = admin.show("notes").await.unwrap();
+    assert_eq!(shown.tables.len(), 1);
+    assert_eq!(shown.tables[0].rows_per_label.len(), 5);
+    assert!(shown.size_bytes > 0);
+}
+
+/// A role updates and deletes only rows of exactly its label, and whatever label it writes,
+/// its rows carry its own.
+#[tokio::test]
+async fn no_write_down_no_write_up() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "notes").await;
+    let u = connect(&admin.label_role("notes", "U", None).await.unwrap())
+        .await
+        .unwrap();
+    let s = connect(&admin.label_role("notes", "S", None).await.unwrap())
+        .await
+        .unwrap();
+    let sa = connect(&admin.label_role("notes", "S:{A}", None).await.unwrap())
+        .await
+        .unwrap();
+    for (c, body) in [(&u, "u"), (&s, "s"), (&sa, "sa")] {
+        c.execute("INSERT INTO notes (body) VALUES ($1)", &[&body])
+            .await
+            .unwrap();
+    }
+    // S sees u and s, but changes only s.
+    let n = s
+        .execute("UPDATE notes SET body = body || '!'", &[])
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "S updates only its own row");
+    let n = s
+        .execute("DELETE FROM notes WHERE body = 'u'", &[])
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "S cannot delete a U row (write-down)");
+    let n = u
+        .execute("DELETE FROM notes WHERE body <> 'u'", &[])
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "U cannot delete what it cannot see (write-up)");
+    // The label column is warden's: what S sets is ignored, on insert and on update.
+    let u_label: i32 = u
+        .query_one("SELECT warden_label FROM notes WHERE body = 'u'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    s.execute(
+        "INSERT INTO notes (body, warden_label, warden_owner) VALUES ('down', $1, 'x')",
+        &[&u_label],
+    )
+    .await
+    .unwrap();
+    s.execute(
+        "UPDATE notes SET warden_label = $1 WHERE body = 's!'",
+        &[&u_label],
+    )
+    .await
+    .unwrap();
+    assert_eq!(bodies(&u).await, ["u"], "nothing S wrote reached U");
+    assert_eq!(bodies(&s).await, ["down", "s!", "u"]);
+    let n: i64 = s
+        .query_one(
+            "SELECT count(*) FROM notes WHERE warden_owner IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "warden_owner is warden's too");
+}
+
+/// Two users of one label see and change only their own rows.
+#[tokio::test]
+async fn per_user_rows_are_the_users_own() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "notes").await;
+    let alice = connect(&admin.label_role("notes", "S", Some("alice")).await.unwrap())
+        .await
+        .unwrap();
+    let bob = connect(&admin.label_role("notes", "S", Some("bob")).await.unwrap())
+        .await
+        .unwrap();
+    alice
+        .execute("INSERT INTO notes (body) VALUES ('a')", &[])
+        .await
+        .unwrap();
+    bob.execute(
+        "INSERT INTO notes (body, warden_owner) VALUES ('b', 'alice')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(bodies(&alice).await, ["a"]);
+    assert_eq!(
+        bodies(&bob).await,
+        ["b"],
+        "bob's row is bob's whatever he wrote"
+    );
+    assert_eq!(
+        bob.execute("UPDATE notes SET body = 'x'", &[])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        bob.execute("DELETE FROM notes WHERE body = 'a'", &[])
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(bodies(&alice).await, ["a"]);
+}
+
+/// A level inserted in the middle: every role still sees what it should, and the new level's
+/// role sits between.
+#[tokio::test]
+async fn a_lattice_change_keeps_read_down() {
+    let (_dir, server) = private_server().await;
+    let mut admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "notes").await;
+    for l in ["U", "S", "S:{A}"] {
+        let c = connect(&admin.label_role("notes", l, None).await.unwrap())
+            .await
+            .unwrap();
+        c.execute("INSERT INTO notes (body) VALUES ($1)", &[&l])
+            .await
+            .unwrap();
+    }
+    let lost = admin
+        .set_lattice(Lattice {
+            levels: vec!["U".into(), "C".into(), "S".into()],
+            categories: vec!["A".into(), "B".into()],
+        })
+        .await
+        .unwrap();
+    assert!(lost.is_empty());
+    let c = connect(&admin.label_role("notes", "C", None).await.unwrap())
+        .await
+        .unwrap();
+    c.execute("INSERT INTO notes (body) VALUES ('C')", &[])
+        .await
+        .unwrap();
+    let expect: [(&str, &[&str]); 4] = [
+        ("U", &["U"]),
+        ("C", &["C", "U"]),
+        ("S", &["C", "S", "U"]),
+        ("S:{A}", &["C", "S", "S:{A}", "U"]),
+    ];
+    for (l, seen) in expect {
+        let c = connect(&admin.label_role("notes", l, None).await.unwrap())
+            .await
+            .unwrap();
+        assert_eq!(bodies(&c).await, seen, "what {l} sees after the change");
+    }
+    // A lattice without S: S's rows are read by no one, S reads nothing.
+    let lost = admin
+        .set_lattice(Lattice::linear(["U", "C"]))
+        .await
+        .unwrap();
+    assert!(lost.contains(&"S:{}".to_owned()), "{lost:?}");
+}
+
+/// A declassifier writes at the lower label it was granted, and the write is recorded.
+#[tokio::test]
+async fn a_declassifier_writes_down_and_is_recorded() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "stats").await;
+    let s = connect(&admin.label_role("stats", "S", None).await.unwrap())
+        .await
+        .unwrap();
+    let u = connect(&admin.label_role("stats", "U", None).await.unwrap())
+        .await
+        .unwrap();
+    let u_label: i32 = {
+        u.execute("INSERT INTO notes (body) VALUES ('u')", &[])
+            .await
+            .unwrap();
+        u.query_one("SELECT warden_label FROM notes", &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let down = "INSERT INTO notes (body, warden_label) VALUES ('mean', $1)";
+    s.execute(down, &[&u_label]).await.unwrap();
+    assert_eq!(
+        bodies(&u).await,
+        ["u"],
+        "not a declassifier yet: the row stays S"
+    );
+    admin.declassifier("stats", Some("U")).await.unwrap();
+    s.execute(down, &[&u_label]).await.unwrap();
+    assert_eq!(bodies(&u).await, ["mean", "u"]);
+    let admin_c = server.admin(Some("warden_app_stats")).await.unwrap();
+    let n: i64 = admin_c
+        .query_one("SELECT count(*) FROM warden.declassified", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+}
+
+/// A unique key not scoped by label fails labelling, naming the table and index; one that
+/// includes warden_label passes.
+#[tokio::test]
+async fn a_unique_key_not_scoped_by_label_fails_labelling() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    let owner = admin.create_app("users").await.unwrap();
+    let c = connect(&owner).await.unwrap();
+    c.batch_execute("CREATE TABLE accounts (id serial PRIMARY KEY, email text UNIQUE)")
+        .await
+        .unwrap();
+    let e = admin.label_tables("users").await.unwrap_err();
+    match &e {
+        SchemaError::Unlabellable { table, reason } => {
+            assert_eq!(table, "accounts");
+            assert!(reason.contains("accounts_email_key"), "{reason}");
+        }
+        other => panic!("expected Unlabellable, got {other:?}"),
+    }
+    c.batch_execute(
+        "ALTER TABLE accounts DROP CONSTRAINT accounts_email_key;\
+         ALTER TABLE accounts ADD COLUMN warden_label int;\
+         ALTER TABLE accounts ADD UNIQUE (warden_label, email)",
+    )
+    .await
+    .unwrap();
+    assert_eq!(admin.label_tables("users").await.unwrap(), ["accounts"]);
+    // Scoped by label: two labels may hold the same key.
+    for l in ["U", "S"] {
+        let r = connect(&admin.label_role("users", l, None).await.unwrap())
+            .await
+            .unwrap();
+        r.execute("INSERT INTO accounts (email) VALUES ('a@x')", &[])
+            .await
+            .unwrap();
+    }
+}
