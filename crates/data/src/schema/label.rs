@@ -181,7 +181,17 @@ async fn label_one(c: &Client, table: &str, bottom: i32) -> Result<(), SchemaErr
     stmts.push_str(&POLICIES.replace("{owner}", OWNER_RULE).replace("{t}", &t));
     c.batch_execute(&stmts)
         .await
-        .map_err(sql(&format!("labelling {table:?}")))
+        .map_err(sql(&format!("labelling {table:?}")))?;
+    // What the owner's guard holds the table to from now on.
+    c.execute(
+        "INSERT INTO warden.labelled (relid, policies) \
+         SELECT oid, warden.fingerprint(oid) FROM pg_class WHERE oid = $1::text::regclass \
+         ON CONFLICT (relid) DO UPDATE SET policies = EXCLUDED.policies",
+        &[&t],
+    )
+    .await
+    .map_err(sql(&format!("recording {table:?} as labelled")))?;
+    Ok(())
 }
 
 async fn check_unique_keys(c: &Client, table: &str) -> Result<(), SchemaError> {

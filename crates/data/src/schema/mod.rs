@@ -144,6 +144,9 @@ impl<'a> Admin<'a> {
         c.batch_execute(sql::WARDEN_SCHEMA)
             .await
             .map_err(sql("making the warden schema"))?;
+        c.batch_execute(sql::GUARD)
+            .await
+            .map_err(sql("making the owner's guard"))?;
         c.batch_execute(sql::REVOKE_FUNCTIONS)
             .await
             .map_err(sql("revoking functions from PUBLIC"))?;

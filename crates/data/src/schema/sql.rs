@@ -88,6 +88,92 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION warden.stamp() FROM PUBLIC;
+
+-- Labelled tables and their policies' fingerprint at labelling, which the guard compares.
+CREATE TABLE IF NOT EXISTS warden.labelled (relid oid PRIMARY KEY, policies text NOT NULL);
+REVOKE ALL ON warden.labelled FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION warden.fingerprint(t oid) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(string_agg(concat_ws(':', polname, polcmd, polpermissive, polroles::text,
+        pg_get_expr(polqual, polrelid), pg_get_expr(polwithcheck, polrelid)), ';'
+        ORDER BY polname), '')
+    FROM pg_policy WHERE polrelid = t
+$$;
+REVOKE ALL ON FUNCTION warden.fingerprint(oid) FROM PUBLIC;
+"#;
+
+/// The owner's guard, an event trigger after every DDL command in the app's database: the
+/// release migration is the app's code and runs as the owner, which owns the tables, so
+/// without it the owner could turn row security off, replace a policy, disable the stamping
+/// trigger, grant an unlabelled table to the label roles, or make a SECURITY DEFINER function
+/// that runs beside the labels. Any of those aborts the command. Superusers (warden's admin)
+/// pass. Event triggers need a superuser to make, as warden's admin is.
+pub const GUARD: &str = r#"
+CREATE OR REPLACE FUNCTION warden.guard() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    bad text;
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = session_user) THEN
+        RETURN;
+    END IF;
+    SELECT c.relname INTO bad FROM warden.labelled l JOIN pg_class c ON c.oid = l.relid
+    WHERE NOT c.relrowsecurity OR NOT c.relforcerowsecurity
+       OR warden.fingerprint(c.oid) <> l.policies
+       OR NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid
+                      AND t.tgname = 'warden_stamp' AND t.tgenabled IN ('O', 'A')
+                      AND t.tgfoid = 'warden.stamp()'::regprocedure)
+    LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'warden: table % is labelled; its row security, policies and trigger are warden''s', bad
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    SELECT p.oid::regprocedure::text INTO bad FROM pg_proc p
+    WHERE p.pronamespace = 'public'::regnamespace AND p.prosecdef LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'warden: function % is SECURITY DEFINER; make it SECURITY INVOKER', bad
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    -- Grants: only to the app's label roles, only SELECT, INSERT, UPDATE, DELETE on labelled
+    -- tables (row security still binds them) and USAGE on sequences; USAGE on the schema
+    -- (names only) to anyone.
+    SELECT x.what INTO bad FROM (
+        SELECT c.relname::text AS what, c.relkind, c.oid AS relid, a.grantor, a.grantee,
+            a.privilege_type
+        FROM pg_class c, aclexplode(c.relacl) a
+        WHERE c.relnamespace = 'public'::regnamespace
+        UNION ALL
+        SELECT c.relname || '.' || at.attname, c.relkind, c.oid, a.grantor, a.grantee,
+            a.privilege_type
+        FROM pg_attribute at JOIN pg_class c ON c.oid = at.attrelid, aclexplode(at.attacl) a
+        WHERE c.relnamespace = 'public'::regnamespace
+        UNION ALL
+        SELECT 'schema public', 'n', 0, a.grantor, a.grantee, a.privilege_type
+        FROM pg_namespace n, aclexplode(n.nspacl) a WHERE n.nspname = 'public'
+    ) x
+    WHERE x.grantee <> x.grantor
+      AND NOT (x.relkind = 'n' AND x.privilege_type = 'USAGE')
+      AND NOT (
+        x.grantee IN (SELECT r.oid FROM pg_roles r JOIN warden.roles w ON w.role = r.rolname)
+        AND ((x.relid IN (SELECT relid FROM warden.labelled)
+              AND x.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE'))
+             OR (x.relkind = 'S' AND x.privilege_type = 'USAGE')))
+    LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'warden: only warden grants in an app database (%)', bad
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION warden.guard() FROM PUBLIC;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'warden_guard') THEN
+        CREATE EVENT TRIGGER warden_guard ON ddl_command_end EXECUTE FUNCTION warden.guard();
+    END IF;
+END
+$$;
 "#;
 
 /// Functions no app role may execute in its database: advisory locks and `pg_notify` (covert

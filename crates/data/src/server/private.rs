@@ -226,15 +226,26 @@ fn stop_orphan(pgdata: &Path) {
     let pid = Pid::from_raw(pid);
     let _ = kill(pid, Signal::SIGINT);
     let deadline = Instant::now() + STOP_TIMEOUT;
-    while Instant::now() < deadline && kill(pid, None).is_ok() {
+    while Instant::now() < deadline && alive(pid) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    if kill(pid, None).is_ok() {
+    if alive(pid) {
         let _ = killpg(pid, Signal::SIGKILL);
         let _ = kill(pid, Signal::SIGKILL);
-        while kill(pid, None).is_ok() && Instant::now() < deadline + STOP_TIMEOUT {
+        while alive(pid) && Instant::now() < deadline + STOP_TIMEOUT {
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+/// Running, not a zombie waiting for a parent that is not ours to reap it.
+pub fn alive(pid: Pid) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
     }
 }
 
