@@ -178,8 +178,10 @@ $$;
 
 /// Functions no app role may execute in its database: advisory locks and `pg_notify` (covert
 /// channels between labels), large objects (storage outside row security), file and server
-/// functions (defence in depth: most are already superuser-only), and the activity views'
-/// functions (another session's `application_name` is otherwise visible to every role).
+/// functions (defence in depth: most are already superuser-only), the statistics and activity
+/// functions behind `pg_stat_*` (another session's `application_name`, rows inserted and
+/// deleted per table: channels from a higher label) and the size functions (a table grows by
+/// what every label writes).
 pub const REVOKE_FUNCTIONS: &str = r#"
 DO $$
 DECLARE f regprocedure;
@@ -192,8 +194,11 @@ BEGIN
                OR p.proname IN ('pg_notify', 'pg_listening_channels',
                    'pg_notification_queue_usage')
                OR p.proname LIKE 'pg\_read\_%file%' OR p.proname IN ('pg_ls_dir', 'pg_stat_file')
-               OR p.proname IN ('pg_stat_get_activity', 'pg_lock_status',
-                   'pg_blocking_pids', 'pg_safe_snapshot_blocking_pids'))
+               OR p.proname LIKE 'pg\_stat\_get\_%' OR p.proname IN ('pg_lock_status',
+                   'pg_blocking_pids', 'pg_safe_snapshot_blocking_pids')
+               OR p.proname IN ('pg_relation_size', 'pg_total_relation_size',
+                   'pg_table_size', 'pg_indexes_size', 'pg_database_size',
+                   'pg_tablespace_size'))
     LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;
