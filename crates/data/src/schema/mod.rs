@@ -237,7 +237,12 @@ impl<'a> Admin<'a> {
         Ok(self.login(&role, db))
     }
 
-    /// Labels every table of the app's schema after a release migration; see [`label`].
+    /// Labels every table of the app's schema after a release migration: label columns (rows
+    /// already there get the lattice's lowest label), forced row security, warden's policies
+    /// and stamping trigger, and grants to every label role. Fails naming the table on a
+    /// unique key not scoped by label (one without `warden_label`, other than a one-column
+    /// serial or identity primary key), a policy warden did not make, or a SECURITY DEFINER
+    /// function. Returns the tables labelled.
     pub async fn label_tables(&self, app: &str) -> Result<Vec<String>, SchemaError> {
         let c = self.app_client(app).await?;
         label::label_tables(&c, &self.lattice).await
