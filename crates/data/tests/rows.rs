@@ -150,6 +150,22 @@ async fn per_user_rows_are_the_users_own() {
         0
     );
     assert_eq!(bodies(&alice).await, ["a"]);
+    // Dropping the app takes its database and roles.
+    admin.drop_app("notes").await.unwrap();
+    let gone = server.admin(None).await.unwrap();
+    let roles: i64 = gone
+        .query_one(
+            "SELECT count(*) FROM pg_roles WHERE rolname ~ '^w[ol]_'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(roles, 0);
+    assert!(matches!(
+        admin.label_role("notes", "S", None).await,
+        Err(SchemaError::NoApp(_))
+    ));
 }
 
 /// A level inserted in the middle: every role still sees what it should, and the new level's

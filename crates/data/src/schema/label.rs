@@ -285,9 +285,14 @@ pub(super) async fn rerank(c: &Client, lattice: &Lattice) -> Result<Vec<String>,
         let (id, text): (i32, String) = (row.get(0), row.get(1));
         match rank(lattice, &text) {
             Ok((level, cats)) => {
+                // The canonical text follows the lattice's order of categories, so a role asked
+                // for by its new spelling finds this label (unless that spelling is taken).
+                let canonical = lattice.canonical(&text)?;
                 c.execute(
-                    "UPDATE warden.labels SET level = $2, categories = $3 WHERE id = $1",
-                    &[&id, &level, &cats],
+                    "UPDATE warden.labels SET level = $2, categories = $3, label = CASE \
+                     WHEN EXISTS (SELECT 1 FROM warden.labels o WHERE o.label = $4 AND o.id <> $1) \
+                     THEN label ELSE $4 END WHERE id = $1",
+                    &[&id, &level, &cats, &canonical],
                 )
                 .await
                 .map_err(sql("re-ranking a label"))?;

@@ -77,6 +77,12 @@ pub enum ServerError {
         /// Where its programs are.
         bindir: PathBuf,
     },
+    /// The socket's path would not fit a Unix socket address.
+    #[error(
+        "the private PostgreSQL's socket under {0} would be longer than a Unix socket path may \
+         be (about 100 bytes); use a shorter data dir"
+    )]
+    SocketPathTooLong(PathBuf),
     /// `initdb` failed.
     #[error("initdb failed for {dir}; its last lines:\n{tail}")]
     InitdbFailed {

@@ -70,6 +70,10 @@ impl PrivateServer {
         let run_as = run_as()?;
         let pgdata = dir.join("pgdata");
         let socket_dir = dir.join("run");
+        // sun_path holds 108 bytes with its NUL; the file is `.s.PGSQL.5432` (and `.lock`).
+        if socket_dir.as_os_str().len() + "/.s.PGSQL.5432.lock".len() >= 108 {
+            return Err(ServerError::SocketPathTooLong(dir.to_owned()));
+        }
         for d in [dir, &socket_dir] {
             std::fs::create_dir_all(d).map_err(io("creating a directory", d))?;
             own(d, &run_as)?;
