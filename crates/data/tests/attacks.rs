@@ -83,6 +83,12 @@ async fn the_owner_cannot_undo_labelling() {
         format!("GRANT TRUNCATE ON notes TO \"{s_role}\""),
         "GRANT CREATE ON SCHEMA public TO PUBLIC".into(),
         "CREATE FUNCTION f() RETURNS int LANGUAGE sql SECURITY DEFINER AS 'SELECT 1'".into(),
+        "CREATE TABLE box (x text); \
+         CREATE RULE copy AS ON INSERT TO notes DO ALSO INSERT INTO box VALUES (NEW.body)"
+            .into(),
+        "CREATE TABLE child (id serial PRIMARY KEY, \
+         note int REFERENCES notes (id) ON DELETE CASCADE)"
+            .into(),
     ];
     for sql in &attacks {
         refused(&owner, sql).await;
@@ -95,9 +101,15 @@ async fn the_owner_cannot_undo_labelling() {
     assert!(bodies(&owner).await.is_empty());
     // An ordinary migration passes the guard, and relabelling keeps S's view.
     owner
-        .batch_execute("ALTER TABLE notes ADD COLUMN tag text; CREATE INDEX ON notes (tag)")
+        .batch_execute(
+            "ALTER TABLE notes ADD COLUMN tag text; CREATE INDEX ON notes (tag); \
+             CREATE TABLE child (id serial PRIMARY KEY, note int REFERENCES notes (id))",
+        )
         .await
         .unwrap();
-    admin.label_tables("notes").await.unwrap();
+    assert_eq!(
+        admin.label_tables("notes").await.unwrap(),
+        ["child", "notes"]
+    );
     assert_eq!(bodies(&s).await, ["s"]);
 }

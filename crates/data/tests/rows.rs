@@ -287,7 +287,13 @@ async fn a_unique_key_not_scoped_by_label_fails_labelling() {
     )
     .await
     .unwrap();
-    assert_eq!(admin.label_tables("users").await.unwrap(), ["accounts"]);
+    c.batch_execute("CREATE TABLE tokens (id uuid PRIMARY KEY DEFAULT gen_random_uuid())")
+        .await
+        .unwrap();
+    assert_eq!(
+        admin.label_tables("users").await.unwrap(),
+        ["accounts", "tokens"]
+    );
     // Scoped by label: two labels may hold the same key.
     for l in ["U", "S"] {
         let r = connect(&admin.label_role("users", l, None).await.unwrap())

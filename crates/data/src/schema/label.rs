@@ -3,7 +3,8 @@
 //!
 //! Unique keys (polyinstantiation): a unique index is accepted only if it includes
 //! `warden_label` (keys scoped by label: two labels may hold the same key, and neither learns
-//! of the other) or is a single-column primary key filled by a sequence or identity. Any other
+//! of the other) or is a single-column primary key filled by a sequence, an identity or
+//! `gen_random_uuid()`. Any other
 //! unique key would let a low writer learn that a higher row holds a value (its insert fails),
 //! so labelling fails naming the table and the index.
 
@@ -196,7 +197,7 @@ async fn label_one(c: &Client, table: &str, bottom: i32) -> Result<(), SchemaErr
 
 async fn check_unique_keys(c: &Client, table: &str) -> Result<(), SchemaError> {
     // An index passes if it includes warden_label, or is a one-column primary key whose
-    // column is an identity or defaults to nextval().
+    // column is an identity or defaults to nextval() or gen_random_uuid().
     let bad = c
         .query(
             "SELECT i.indexrelid::regclass::text FROM pg_index i \
@@ -208,7 +209,8 @@ async fn check_unique_keys(c: &Client, table: &str) -> Result<(), SchemaError> {
                    LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
                    WHERE a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
                      AND (a.attidentity <> '' \
-                          OR pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%')))",
+                          OR pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%' \
+                          OR pg_get_expr(d.adbin, d.adrelid) = 'gen_random_uuid()')))",
             &[&format!("public.{}", quote_ident(table))],
         )
         .await
@@ -220,8 +222,8 @@ async fn check_unique_keys(c: &Client, table: &str) -> Result<(), SchemaError> {
             reason: format!(
                 "its unique index {index} is not scoped by label, so a write could learn that \
                  a row of a higher label holds the same key; add a column `warden_label int` \
-                 in the migration and include it in the key, or use a serial or identity \
-                 primary key"
+                 in the migration and include it in the key, or use a serial, identity or \
+                 gen_random_uuid() primary key"
             ),
         });
     }

@@ -241,7 +241,7 @@ impl<'a> Admin<'a> {
     /// already there get the lattice's lowest label), forced row security, warden's policies
     /// and stamping trigger, and grants to every label role. Fails naming the table on a
     /// unique key not scoped by label (one without `warden_label`, other than a one-column
-    /// serial or identity primary key), a policy warden did not make, or a SECURITY DEFINER
+    /// serial, identity or `gen_random_uuid()` primary key), a policy warden did not make, or a SECURITY DEFINER
     /// function. Returns the tables labelled.
     pub async fn label_tables(&self, app: &str) -> Result<Vec<String>, SchemaError> {
         let c = self.app_client(app).await?;

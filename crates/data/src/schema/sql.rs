@@ -106,8 +106,8 @@ REVOKE ALL ON FUNCTION warden.fingerprint(oid) FROM PUBLIC;
 /// The owner's guard, an event trigger after every DDL command in the app's database: the
 /// release migration is the app's code and runs as the owner, which owns the tables, so
 /// without it the owner could turn row security off, replace a policy, disable the stamping
-/// trigger, grant an unlabelled table to the label roles, or make a SECURITY DEFINER function
-/// that runs beside the labels. Any of those aborts the command. Superusers (warden's admin)
+/// trigger, grant an unlabelled table to the label roles, or make what runs with its rights
+/// outside row security: a SECURITY DEFINER function, a rule, a cascading foreign key. Any of those aborts the command. Superusers (warden's admin)
 /// pass. Event triggers need a superuser to make, as warden's admin is.
 pub const GUARD: &str = r#"
 CREATE OR REPLACE FUNCTION warden.guard() RETURNS event_trigger
@@ -133,6 +133,25 @@ BEGIN
     WHERE p.pronamespace = 'public'::regnamespace AND p.prosecdef LIMIT 1;
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'warden: function % is SECURITY DEFINER; make it SECURITY INVOKER', bad
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    -- Rules run their actions with the table owner's rights, outside row security: one rule
+    -- could copy what a high label inserts into an unlabelled table, another return it to a
+    -- low label. Views' own `_RETURN` rules are not granted to anyone.
+    SELECT c.relname || '.' || r.rulename INTO bad FROM pg_rewrite r
+    JOIN pg_class c ON c.oid = r.ev_class
+    WHERE c.relnamespace = 'public'::regnamespace AND r.rulename <> '_RETURN' LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'warden: rule % would run outside row security; use a trigger', bad
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    -- Foreign-key actions run outside row security too: a cascade from a high row would
+    -- delete or change rows of lower labels (a write-down).
+    SELECT c.conrelid::regclass::text || '.' || c.conname INTO bad FROM pg_constraint c
+    WHERE c.connamespace = 'public'::regnamespace AND c.contype = 'f'
+      AND (c.confdeltype NOT IN ('a', 'r') OR c.confupdtype NOT IN ('a', 'r')) LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'warden: foreign key % cascades or sets values outside row security; use NO ACTION or RESTRICT', bad
             USING ERRCODE = 'insufficient_privilege';
     END IF;
     -- Grants: only to the app's label roles, only SELECT, INSERT, UPDATE, DELETE on labelled
