@@ -4,8 +4,8 @@
 //!
 //! This crate owns the database's side of the lattice:
 //! - `server`: a PostgreSQL warden is pointed at (`postgres://ADMIN@HOST/DB`) or runs under its
-//!   data dir (Unix socket only, as the `postgres` user when warden is root, stopped with
-//!   warden, an orphan of a killed warden stopped at the next start), and the admin connection.
+//!   data dir (Unix socket only, as the `postgres` user when warden is root, dying with
+//!   warden, one left running in its dir stopped at the next start), and the admin connection.
 //! - `schema`: an app's database, its owner and label roles (passwords derived from the data
 //!   key, given to PostgreSQL as SCRAM verifiers only), row security forced on every table,
 //!   the trigger that stamps each row with its writer's label, labelling after a release

@@ -1,34 +1,58 @@
-//! The private server: started under a directory, stopped with its holder, and started again
-//! after its holder was killed with SIGKILL.
+//! The private server: started under a directory, stopped with its holder (dropped, or killed
+//! with SIGKILL), and started again over one still running in its directory.
 #![allow(clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-use warden_data::server::{private::alive, Server};
+use nix::unistd::{Pid, User};
+use warden_data::server::private::{alive, find_bindir};
+use warden_data::server::Server;
 
 const HOLDER_DIR: &str = "WARDEN_DATA_TEST_HOLDER_DIR";
 
 /// Not a test on its own: the child process the next test starts and kills.
 #[test]
-#[ignore = "run by a_private_server_copes_with_its_holder_killed"]
+#[ignore = "run by a_private_server_dies_with_its_holder_and_a_start_stops_an_orphan"]
 fn holder() {
     let Ok(dir) = std::env::var(HOLDER_DIR) else {
         return;
     };
-    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Blocking-pool threads retire after 100 ms idle, so the one that ran the start is gone
+    // long before the holder is killed.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_keep_alive(Duration::from_millis(100))
+        .build()
+        .unwrap();
     let server = rt.block_on(Server::private(dir.as_ref())).unwrap();
     let Server::Private(p) = &server else {
         unreachable!()
     };
     println!("ready {}", p.pid().unwrap());
-    std::thread::sleep(std::time::Duration::from_secs(300));
+    // The starting threads of tokio's blocking pool retire meanwhile; the server must not.
+    std::thread::sleep(Duration::from_secs(300));
+}
+
+/// Waits (bounded) until `pid` is gone; true if it went.
+fn gone_within(pid: i32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if !alive(Pid::from_raw(pid)) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[tokio::test]
-async fn a_private_server_copes_with_its_holder_killed() {
+async fn a_private_server_dies_with_its_holder_and_a_start_stops_an_orphan() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["holder", "--exact", "--ignored", "--nocapture"])
@@ -37,24 +61,60 @@ async fn a_private_server_copes_with_its_holder_killed() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let orphan: i32 = loop {
+    let first: i32 = loop {
         let line = lines.next().expect("holder printed ready").unwrap();
         if let Some(pid) = line.strip_prefix("ready ") {
             break pid.trim().parse().unwrap();
         }
     };
+    // Long past the holder's blocking threads retired: the server must outlive the thread
+    // that started it, and die with the process.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        alive(Pid::from_raw(first)),
+        "the server outlives the thread that started it"
+    );
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
     child.wait().unwrap();
     assert!(
-        alive(Pid::from_raw(orphan)),
-        "the server outlives a SIGKILLed holder"
+        gone_within(first, Duration::from_secs(30)),
+        "the server dies with a holder killed by SIGKILL"
     );
 
-    // The next start stops the orphan and serves.
+    // A server still running in the directory (as a warden without setpriv would leave it):
+    // the next start stops it and serves.
+    let pgdata = dir.path().join("pgdata");
+    let mut orphan = Command::new(find_bindir().unwrap().join("postgres"));
+    orphan
+        .arg("-D")
+        .arg(&pgdata)
+        .arg("-k")
+        .arg(dir.path().join("run"))
+        .args(["-c", "listen_addresses=", "-p", "5432"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0);
+    if nix::unistd::Uid::effective().is_root() {
+        let pg = User::from_name("postgres").unwrap().unwrap();
+        orphan.uid(pg.uid.as_raw()).gid(pg.gid.as_raw());
+    }
+    let mut orphan = orphan.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !pgdata.join("postmaster.pid").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let orphan_pid = orphan.id() as i32;
     let server = Server::private(dir.path())
         .await
-        .expect("starts after a crash");
-    assert!(!alive(Pid::from_raw(orphan)), "the orphan was stopped");
+        .expect("starts over an orphan");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while orphan.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if !gone_within(orphan_pid, Duration::ZERO) {
+        let _ = kill(Pid::from_raw(orphan_pid), Signal::SIGKILL);
+        panic!("the orphan was not stopped");
+    }
     let c = server.admin(None).await.unwrap();
     let one: i32 = c.query_one("SELECT 1", &[]).await.unwrap().get(0);
     assert_eq!(one, 1);
@@ -62,6 +122,7 @@ async fn a_private_server_copes_with_its_holder_killed() {
         unreachable!()
     };
     let pid = Pid::from_raw(p.pid().unwrap() as i32);
+    assert_ne!(pid.as_raw(), orphan_pid);
     drop(c);
     // Dropped, it stops (fast shutdown, waited for).
     drop(server);

@@ -6,16 +6,22 @@
 //! runs as the `postgres` system user (PostgreSQL refuses root) and those paths are its own.
 //!
 //! Dying with warden: the server runs in its own process group, stopped (fast shutdown, then
-//! SIGKILL to the group) on [`PrivateServer::shutdown`] or drop. A `kill -9` of warden runs
-//! neither, so [`PrivateServer::start`] first looks at `postmaster.pid`: a server still running
-//! in this data dir (an orphan of the last warden) is stopped before a new one starts; a stale
-//! file is PostgreSQL's own to clear.
+//! SIGKILL to the group) on [`PrivateServer::shutdown`] or drop. For a warden killed with
+//! SIGKILL, it is started through util-linux's `setpriv --pdeathsig INT` (a parent-death
+//! signal without `unsafe` here; SIGINT is PostgreSQL's fast shutdown), from a thread of its
+//! own that lives as long as the server: the signal fires when the *thread* that forked the
+//! child ends, so forking from tokio's blocking pool would stop the server when that pool
+//! thread retires. Where `setpriv` is missing, or the server outlived warden anyway,
+//! [`PrivateServer::start`] first looks at `postmaster.pid`: a server still running in this
+//! data dir is stopped before a new one starts; a stale file is PostgreSQL's own to clear.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::{chown, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, killpg, Signal};
@@ -36,7 +42,16 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 pub struct PrivateServer {
     dir: PathBuf,
     socket_dir: PathBuf,
-    child: Option<Child>,
+    keeper: Option<Keeper>,
+}
+
+/// The thread that started the server and stops it: it lives as long as the server, so the
+/// parent-death signal fires only when warden itself dies.
+struct Keeper {
+    pid: u32,
+    /// Dropped or sent to: stop the server.
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<()>,
 }
 
 /// The OS user the server runs as.
@@ -92,7 +107,18 @@ impl PrivateServer {
         let log2 = log
             .try_clone()
             .map_err(io("opening the server log", &log_path))?;
-        let mut cmd = Command::new(bindir.join("postgres"));
+        let postgres = bindir.join("postgres");
+        let mut cmd = if has_setpriv() {
+            let mut c = Command::new("setpriv");
+            c.args(["--pdeathsig", "INT", "--"]).arg(&postgres);
+            c
+        } else {
+            tracing::warn!(
+                "setpriv (util-linux) not found: the private PostgreSQL will not stop if warden \
+                 is killed, only at warden's next start"
+            );
+            Command::new(&postgres)
+        };
         cmd.arg("-D")
             .arg(&pgdata)
             .arg("-k")
@@ -106,14 +132,12 @@ impl PrivateServer {
         if Uid::effective().is_root() {
             cmd.uid(run_as.uid).gid(run_as.gid);
         }
-        let child = cmd
-            .spawn()
-            .map_err(io("starting postgres", &bindir.join("postgres")))?;
-        tracing::info!(dir = %dir.display(), pid = child.id(), "private PostgreSQL started");
+        let keeper = Keeper::spawn(cmd).map_err(io("starting postgres", &postgres))?;
+        tracing::info!(dir = %dir.display(), pid = keeper.pid, "private PostgreSQL started");
         Ok(PrivateServer {
             dir: dir.to_owned(),
             socket_dir,
-            child: Some(child),
+            keeper: Some(keeper),
         })
     }
 
@@ -125,8 +149,8 @@ impl PrivateServer {
             if config.connect(tokio_postgres::NoTls).await.is_ok() {
                 return Ok(());
             }
-            let exited = match &self.child {
-                Some(c) => kill(Pid::from_raw(c.id() as i32), None).is_err(),
+            let exited = match &self.keeper {
+                Some(k) => !alive(Pid::from_raw(k.pid as i32)),
                 None => true,
             };
             if exited || Instant::now() > deadline {
@@ -152,7 +176,7 @@ impl PrivateServer {
 
     /// The process id of the postmaster.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.keeper.as_ref().map(|k| k.pid)
     }
 
     pub(super) fn admin_config(&self) -> Config {
@@ -168,18 +192,65 @@ impl PrivateServer {
 
     /// Fast shutdown, waited for off the async threads.
     pub async fn shutdown(mut self) {
-        if let Some(child) = self.child.take() {
-            let _ = tokio::task::spawn_blocking(move || stop_child(child)).await;
+        if let Some(keeper) = self.keeper.take() {
+            let _ = tokio::task::spawn_blocking(move || keeper.stop()).await;
         }
     }
 }
 
 impl Drop for PrivateServer {
     fn drop(&mut self) {
-        if let Some(child) = self.child.take() {
-            stop_child(child);
+        if let Some(keeper) = self.keeper.take() {
+            keeper.stop();
         }
     }
+}
+
+// === impl Keeper ===
+
+impl Keeper {
+    /// Spawns `cmd` from a new thread, which then waits to be told to stop it.
+    fn spawn(mut cmd: Command) -> std::io::Result<Keeper> {
+        let (started_tx, started_rx) = mpsc::channel();
+        let (stop, stop_rx) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("warden-postgres".into())
+            .spawn(move || match cmd.spawn() {
+                Ok(child) => {
+                    let _ = started_tx.send(Ok(child.id()));
+                    // Returns on a message or when the sender is dropped.
+                    let _ = stop_rx.recv();
+                    stop_child(child);
+                }
+                Err(e) => {
+                    let _ = started_tx.send(Err(e));
+                }
+            })?;
+        match started_rx.recv() {
+            Ok(Ok(pid)) => Ok(Keeper { pid, stop, thread }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => Err(std::io::Error::other(
+                "the thread starting postgres panicked",
+            )),
+        }
+    }
+
+    fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}
+
+fn has_setpriv() -> bool {
+    Command::new("setpriv")
+        .arg("--help")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--pdeathsig"))
 }
 
 /// SIGINT is PostgreSQL's fast shutdown; past the timeout the whole group is killed.
@@ -253,8 +324,9 @@ pub fn alive(pid: Pid) -> bool {
     }
 }
 
-/// `pg_config --bindir` on PATH, else the highest `/usr/lib/postgresql/*/bin`; 15 or later.
-fn find_bindir() -> Result<PathBuf, ServerError> {
+/// PostgreSQL's server programs: `pg_config --bindir` on PATH, else the highest
+/// `/usr/lib/postgresql/*/bin`; 15 or later.
+pub fn find_bindir() -> Result<PathBuf, ServerError> {
     let from_pg_config = Command::new("pg_config")
         .arg("--bindir")
         .output()
