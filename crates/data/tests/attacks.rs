@@ -113,3 +113,33 @@ async fn the_owner_cannot_undo_labelling() {
     );
     assert_eq!(bodies(&s).await, ["s"]);
 }
+
+/// Warden's own connection is a superuser's: the app's code (a trigger) that warden's
+/// labelling sets off runs as the owner, and gains nothing.
+#[tokio::test]
+async fn the_owner_gains_nothing_from_code_labelling_runs() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    let owner_login = admin.create_app("esc").await.unwrap();
+    let owner = connect(&owner_login).await.unwrap();
+    let role = &owner_login.role;
+    owner
+        .batch_execute(&format!(
+            "CREATE TABLE t (id serial PRIMARY KEY, x text, warden_label int);\
+             INSERT INTO t (x) VALUES ('a');\
+             CREATE FUNCTION esc() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                 ALTER ROLE \"{role}\" SUPERUSER; RETURN NEW; END $$;\
+             CREATE TRIGGER esc BEFORE UPDATE ON t FOR EACH ROW EXECUTE FUNCTION esc();"
+        ))
+        .await
+        .unwrap();
+    let result = admin.label_tables("esc").await;
+    let c = server.admin(None).await.unwrap();
+    let superuser: bool = c
+        .query_one("SELECT rolsuper FROM pg_roles WHERE rolname = $1", &[role])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!superuser, "the owner made itself superuser");
+    assert!(result.is_err(), "the trigger's refusal fails the labelling");
+}

@@ -102,6 +102,7 @@ pub(super) async fn grant_labelled(c: &Client, roles: &[String]) -> Result<(), S
 pub(super) async fn label_tables(
     c: &Client,
     lattice: &Lattice,
+    owner: &str,
 ) -> Result<Vec<String>, SchemaError> {
     let tables: Vec<String> = c
         .query(
@@ -122,7 +123,7 @@ pub(super) async fn label_tables(
     }
     let bottom = bottom_label(c, lattice).await?;
     for t in &tables {
-        label_one(c, t, bottom).await?;
+        label_one(c, t, bottom, owner).await?;
     }
     let roles: Vec<String> = c
         .query("SELECT role::text FROM warden.roles", &[])
@@ -144,23 +145,25 @@ async fn bottom_label(c: &Client, lattice: &Lattice) -> Result<i32, SchemaError>
     ensure_label(c, lattice, &text).await
 }
 
-async fn label_one(c: &Client, table: &str, bottom: i32) -> Result<(), SchemaError> {
+async fn label_one(c: &Client, table: &str, bottom: i32, owner: &str) -> Result<(), SchemaError> {
     let t = format!("public.{}", quote_ident(table));
-    // Added columns first, then the lowest label for the rows already there, before the
-    // trigger exists (it would stamp them with the admin's absent label).
+    // A constant default fills the rows already there without rewriting the table or firing
+    // anything of the app's (warden's connection is a superuser's).
     c.batch_execute(&format!(
-        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS warden_label int;\
+        "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS warden_label int NOT NULL DEFAULT {bottom};\
+         ALTER TABLE {t} ALTER COLUMN warden_label DROP DEFAULT;\
          ALTER TABLE {t} ADD COLUMN IF NOT EXISTS warden_owner text;"
     ))
     .await
     .map_err(sql(&format!("adding label columns to {table:?}")))?;
-    c.execute(
-        &format!(
-            "UPDATE {t} SET warden_label = $1 WHERE warden_label IS NULL \
-             OR warden_label NOT IN (SELECT id FROM warden.labels)"
-        ),
-        &[&bottom],
-    )
+    // A label column the migration made itself (to scope a key by it) may hold NULLs. Filling
+    // them runs the app's triggers and index expressions, so it runs as the owner, never as
+    // the superuser; once labelled, the column is NOT NULL and this touches nothing.
+    c.batch_execute(&format!(
+        "BEGIN; SET LOCAL ROLE {}; \
+         UPDATE {t} SET warden_label = {bottom} WHERE warden_label IS NULL; COMMIT;",
+        quote_ident(owner)
+    ))
     .await
     .map_err(sql(&format!("labelling the existing rows of {table:?}")))?;
     let has_fk = c

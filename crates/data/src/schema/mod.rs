@@ -245,7 +245,7 @@ impl<'a> Admin<'a> {
     /// function. Returns the tables labelled.
     pub async fn label_tables(&self, app: &str) -> Result<Vec<String>, SchemaError> {
         let c = self.app_client(app).await?;
-        label::label_tables(&c, &self.lattice).await
+        label::label_tables(&c, &self.lattice, &owner_role_name(app)).await
     }
 
     /// Re-ranks every app's labels under `lattice` (rows do not change). Labels the new lattice

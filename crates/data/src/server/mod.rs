@@ -185,6 +185,9 @@ impl Server {
         if let Some(db) = dbname {
             config.dbname(db);
         }
+        // Only PostgreSQL's own functions and operators resolve in warden's SQL: an app's owner
+        // may put objects in `public` of its database, and warden's connections are superuser.
+        config.options("-c search_path=pg_catalog,pg_temp");
         let (client, connection) =
             config
                 .connect(NoTls)
