@@ -272,11 +272,14 @@ fn stop_child(mut child: Child) {
     let _ = child.wait();
 }
 
-/// Stops a server still running in `pgdata` (the orphan of a warden killed with SIGKILL). The
-/// pid in `postmaster.pid` is trusted only if that process's working directory is `pgdata`
-/// (the postmaster chdirs there), so a recycled pid is never signalled.
+/// Stops a server still running in `pgdata` (one a previous warden left). The pid in
+/// `postmaster.pid` is trusted only if that process's working directory is `pgdata` (the
+/// postmaster chdirs there), so a recycled pid is never signalled; a file naming a live
+/// process elsewhere is stale (after a restart of the machine or container, its pid may be
+/// anyone's) and is removed, since PostgreSQL would refuse to start over it.
 fn stop_orphan(pgdata: &Path) {
-    let Ok(text) = std::fs::read_to_string(pgdata.join("postmaster.pid")) else {
+    let pid_file = pgdata.join("postmaster.pid");
+    let Ok(text) = std::fs::read_to_string(&pid_file) else {
         return;
     };
     let Some(pid) = text
@@ -287,12 +290,18 @@ fn stop_orphan(pgdata: &Path) {
         return;
     };
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
-    let ours = match (cwd, std::fs::canonicalize(pgdata)) {
-        (Some(c), Ok(p)) => c == p,
-        _ => false,
-    };
-    if !ours || pid <= 1 {
-        return;
+    match (cwd, std::fs::canonicalize(pgdata)) {
+        (Some(c), Ok(p)) if c == p && pid > 1 => {}
+        (Some(_), Ok(_)) => {
+            tracing::warn!(
+                pid,
+                "removing a stale postmaster.pid that names another process"
+            );
+            let _ = std::fs::remove_file(&pid_file);
+            return;
+        }
+        // No such process (PostgreSQL clears that itself), or one we cannot look at.
+        _ => return,
     }
     tracing::warn!(
         pid,
