@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use warden_auth::lattice::Lattice;
 use warden_data::schema::{Admin, SchemaError};
+use warden_data::server::{Endpoint, Server};
 
 const LABELS: [&str; 5] = ["U", "S", "S:{A}", "S:{B}", "S:{A,B}"];
 
@@ -303,4 +304,32 @@ async fn a_unique_key_not_scoped_by_label_fails_labelling() {
             .await
             .unwrap();
     }
+}
+
+/// A server given by URL (here the private one's socket, as an operator's would be a host) is
+/// administered the same way, and its roles log in where the URL points.
+#[tokio::test]
+async fn an_external_url_is_administered_the_same_way() {
+    let (dir, _private) = private_server().await;
+    let socket = dir
+        .path()
+        .join("run")
+        .display()
+        .to_string()
+        .replace('/', "%2F");
+    let url = format!("postgresql://warden_admin@{socket}:5432/postgres");
+    let server = Server::external(&url).unwrap();
+    let admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "ext").await;
+    let login = admin.label_role("ext", "S", None).await.unwrap();
+    assert!(
+        matches!(login.endpoint, Endpoint::Socket { .. }),
+        "{login:?}"
+    );
+    let s = connect(&login).await.unwrap();
+    s.execute("INSERT INTO notes (body) VALUES ('s')", &[])
+        .await
+        .unwrap();
+    assert_eq!(bodies(&s).await, ["s"]);
+    assert!(!format!("{login:?}").contains(login.password()));
 }
