@@ -288,9 +288,23 @@ async fn a_unique_key_not_scoped_by_label_fails_labelling() {
     )
     .await
     .unwrap();
-    c.batch_execute("CREATE TABLE tokens (id uuid PRIMARY KEY DEFAULT gen_random_uuid())")
-        .await
-        .unwrap();
+    c.batch_execute(
+        "CREATE TABLE slots (id serial PRIMARY KEY, during int4range, \
+         EXCLUDE USING gist (during WITH &&))",
+    )
+    .await
+    .unwrap();
+    let e = admin.label_tables("users").await.unwrap_err();
+    assert!(
+        matches!(&e, SchemaError::Unlabellable { table, .. } if table == "slots"),
+        "{e:?}"
+    );
+    c.batch_execute(
+        "DROP TABLE slots; \
+         CREATE TABLE tokens (id uuid PRIMARY KEY DEFAULT gen_random_uuid())",
+    )
+    .await
+    .unwrap();
     assert_eq!(
         admin.label_tables("users").await.unwrap(),
         ["accounts", "tokens"]

@@ -1,12 +1,11 @@
 //! Labels in rows: the `warden.labels` ranks, labelling an app's tables after a migration, and
 //! what `warden data show` reports.
 //!
-//! Unique keys (polyinstantiation): a unique index is accepted only if it includes
-//! `warden_label` (keys scoped by label: two labels may hold the same key, and neither learns
-//! of the other) or is a single-column primary key filled by a sequence, an identity or
-//! `gen_random_uuid()`. Any other
-//! unique key would let a low writer learn that a higher row holds a value (its insert fails),
-//! so labelling fails naming the table and the index.
+//! Unique keys (polyinstantiation): a unique index or exclusion constraint is accepted only if
+//! it includes `warden_label` (keys scoped by label: two labels may hold the same key, and
+//! neither learns of the other) or is a single-column primary key filled by a sequence, an
+//! identity or `gen_random_uuid()`. Any other would let a low writer learn that a higher row
+//! holds a value (its insert fails), so labelling fails naming the table and the index.
 
 use tokio_postgres::Client;
 use warden_auth::lattice::Lattice;
@@ -204,7 +203,7 @@ async fn check_unique_keys(c: &Client, table: &str) -> Result<(), SchemaError> {
     let bad = c
         .query(
             "SELECT i.indexrelid::regclass::text FROM pg_index i \
-             WHERE i.indrelid = $1::text::regclass AND i.indisunique \
+             WHERE i.indrelid = $1::text::regclass AND (i.indisunique OR i.indisexclusion) \
                AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indrelid \
                    AND a.attname = 'warden_label' AND a.attnum = ANY (i.indkey)) \
                AND NOT (i.indisprimary AND i.indnkeyatts = 1 AND EXISTS ( \
