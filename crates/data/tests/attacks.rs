@@ -81,6 +81,7 @@ async fn the_owner_cannot_undo_labelling() {
         "ALTER TABLE notes DISABLE TRIGGER warden_stamp".into(),
         "CREATE TABLE drop_box (x text); GRANT SELECT, INSERT ON drop_box TO PUBLIC".into(),
         format!("GRANT TRUNCATE ON notes TO \"{s_role}\""),
+        "CREATE TABLE col_box (x text); GRANT SELECT (x), INSERT (x) ON col_box TO PUBLIC".into(),
         "GRANT CREATE ON SCHEMA public TO PUBLIC".into(),
         "CREATE FUNCTION f() RETURNS int LANGUAGE sql SECURITY DEFINER AS 'SELECT 1'".into(),
         "CREATE TABLE box (x text); \
