@@ -125,6 +125,8 @@ impl PrivateServer {
             .arg(&socket_dir)
             .args(["-c", "listen_addresses=", "-p", &PORT.to_string()])
             .stdin(Stdio::null())
+            // warden's own working directory may be closed to the server's user.
+            .current_dir(dir)
             .stdout(log)
             .stderr(log2)
             // Its own group, so a stop reaches every backend even if the postmaster is gone.
@@ -445,6 +447,9 @@ fn initdb(bindir: &Path, pgdata: &Path, run_as: &RunAs) -> Result<(), ServerErro
             "--no-locale",
         ])
         .stdin(Stdio::null());
+    if let Some(parent) = pgdata.parent() {
+        cmd.current_dir(parent);
+    }
     if Uid::effective().is_root() {
         cmd.uid(run_as.uid).gid(run_as.gid);
     }
