@@ -39,6 +39,7 @@ async fn a_label_role_is_refused_every_escape() {
         "SELECT application_name FROM pg_stat_activity".into(),
         "SELECT n_tup_ins FROM pg_stat_user_tables".into(),
         "SELECT pg_total_relation_size('notes')".into(),
+        "SELECT pg_current_wal_lsn()".into(),
         "CREATE EXTENSION dblink".into(),
         "CREATE EXTENSION postgres_fdw".into(),
         "SELECT * FROM warden.roles".into(),

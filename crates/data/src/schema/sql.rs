@@ -199,8 +199,8 @@ $$;
 /// channels between labels), large objects (storage outside row security), file and server
 /// functions (defence in depth: most are already superuser-only), the statistics and activity
 /// functions behind `pg_stat_*` (another session's `application_name`, rows inserted and
-/// deleted per table: channels from a higher label) and the size functions (a table grows by
-/// what every label writes).
+/// deleted per table: channels from a higher label), the size functions (a table grows by
+/// what every label writes) and the WAL position (it moves with every label's writes).
 pub const REVOKE_FUNCTIONS: &str = r#"
 DO $$
 DECLARE f regprocedure;
@@ -217,7 +217,8 @@ BEGIN
                    'pg_blocking_pids', 'pg_safe_snapshot_blocking_pids')
                OR p.proname IN ('pg_relation_size', 'pg_total_relation_size',
                    'pg_table_size', 'pg_indexes_size', 'pg_database_size',
-                   'pg_tablespace_size'))
+                   'pg_tablespace_size')
+               OR p.proname LIKE 'pg\_current\_wal%')
     LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;
