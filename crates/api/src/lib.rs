@@ -30,7 +30,7 @@ use warden_store::Store;
 
 pub use deliver::resume;
 pub use error::ApiError;
-pub use routes::forward::NodeReleases;
+pub use routes::node_releases::NodeReleases;
 pub use serve::{serve, Limits};
 
 /// The OpenAPI document of this API, kept in the repository beside the code it describes:

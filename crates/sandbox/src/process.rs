@@ -66,7 +66,7 @@ impl Children {
         self.ending.store(true, Ordering::Relaxed);
         let entries: Vec<Entry> = crate::lock(&self.live).values().copied().collect();
         for e in entries.iter().filter(|e| !e.reaped) {
-            crate::spawn::signal_group(e.pgid, Signal::SIGTERM);
+            signal_group(e.pgid, Signal::SIGTERM);
         }
         let all_gone = async {
             loop {
@@ -81,7 +81,7 @@ impl Children {
         if tokio::time::timeout(grace, all_gone).await.is_err() {
             // A reaped group is left alone: its id may be another's by now.
             for e in crate::lock(&self.live).values().filter(|e| !e.reaped) {
-                crate::spawn::signal_group(e.pgid, Signal::SIGKILL);
+                signal_group(e.pgid, Signal::SIGKILL);
             }
         }
         entries.len()
@@ -163,7 +163,7 @@ impl Process {
     /// Sends `signal` to the child's whole process group, unless it is reaped.
     pub fn signal(&self, signal: Signal) {
         if let Some(pid) = self.id() {
-            crate::spawn::signal_group(pid, signal);
+            signal_group(pid, signal);
         }
     }
 
@@ -190,6 +190,13 @@ impl Drop for Process {
         if let Some(key) = self.key.take() {
             self.children.remove(key);
         }
+    }
+}
+
+/// Sends `signal` to the instance's whole process group.
+pub fn signal_group(pid: u32, signal: nix::sys::signal::Signal) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), signal);
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tokio::process::{Child, Command};
 
-use crate::process::{Children, Process};
+use crate::process::{signal_group, Children, Process};
 
 pub use warden_core::INSTANCE_PATH;
 
@@ -217,13 +217,6 @@ fn with_death_signal(mut cmd: Command) -> Command {
         });
     }
     cmd
-}
-
-/// Sends `signal` to the instance's whole process group.
-pub fn signal_group(pid: u32, signal: nix::sys::signal::Signal) {
-    if let Ok(pid) = i32::try_from(pid) {
-        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), signal);
-    }
 }
 
 #[cfg(test)]

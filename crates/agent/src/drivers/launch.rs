@@ -12,7 +12,7 @@ use std::pin::Pin;
 use warden_core::AppSpec;
 use warden_sandbox::process::Process;
 
-use super::sandbox::{bridge::BridgeError, cgroup::CgroupError};
+use warden_sandbox::{bridge::BridgeError, cgroup::CgroupError};
 
 /// What to start.
 pub(crate) struct Launch<'a> {

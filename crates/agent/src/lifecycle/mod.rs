@@ -24,7 +24,7 @@ use warden_core::{
 };
 use warden_store::{put_json, Store};
 
-use crate::drivers::{spawn, Drivers};
+use crate::drivers::Drivers;
 use crate::metrics::Metrics;
 use crate::paths::Paths;
 use crate::pools::Pools;
@@ -32,6 +32,7 @@ use crate::restarts::{Admission, Restarts, Ticket};
 use crate::sync::lock;
 use crate::{logs, AgentError};
 use warden_cluster::node::Node;
+use warden_sandbox::process::signal_group;
 
 pub(crate) use drain::Kept;
 pub(crate) use start::Purpose;
@@ -275,12 +276,12 @@ impl Lifecycle {
         let (pid, mut exited) = self
             .mark_stopping(id)
             .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
-        spawn::signal_group(pid, Signal::SIGTERM);
+        signal_group(pid, Signal::SIGTERM);
         if tokio::time::timeout(STOP_GRACE, exited.wait_for(|e| *e))
             .await
             .is_err()
         {
-            spawn::signal_group(pid, Signal::SIGKILL);
+            signal_group(pid, Signal::SIGKILL);
             let _ = exited.wait_for(|e| *e).await;
         }
         Ok(())
@@ -298,7 +299,7 @@ impl Lifecycle {
     /// once: it has served the one request it was for.
     pub(crate) fn retire(&self, id: &str) {
         if let Some((pid, _)) = self.mark_stopping(id) {
-            spawn::signal_group(pid, Signal::SIGKILL);
+            signal_group(pid, Signal::SIGKILL);
         }
     }
 

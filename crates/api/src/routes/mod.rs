@@ -4,6 +4,7 @@ pub mod apps;
 pub mod forward;
 pub mod instances;
 pub mod lattice;
+pub mod node_releases;
 pub mod nodes;
 pub mod releases;
 pub mod status;
