@@ -202,7 +202,7 @@ async fn ask_node(
                 Ok(Reply::Text(piece)) => Ok(piece),
                 Ok(Reply::Ok) => return,
                 Ok(other) => Err(format!("it sent {other:?}")),
-                Err(e) => Err(e),
+                Err(e) => Err(e.to_string()),
             };
             let stop = item.is_err();
             let item = item.map_err(|reason| ReleaseError::Lost {
@@ -218,22 +218,33 @@ async fn ask_node(
     Ok(rx)
 }
 
+/// Why a building node's progress stopped before its outcome.
+#[derive(Debug, thiserror::Error)]
+enum Broken {
+    /// The connection to it broke.
+    #[error("{0}")]
+    Io(std::io::Error),
+    /// Its node record is gone.
+    #[error("its lease ended: it is dead, frozen or cut off")]
+    LeaseEnded,
+}
+
 /// The node's next frame, or why there is none: the connection broke, or the node's record is
 /// gone (a build may print nothing for minutes, so silence alone proves nothing).
 async fn next(
     s: &mut crate::client::NodeStream,
     node: &str,
     nodes: &Directory,
-) -> Result<Reply, String> {
+) -> Result<Reply, Broken> {
     let read = wire::read::<Reply>(s);
     tokio::pin!(read);
     let mut check = tokio::time::interval(LIVE_CHECK);
     loop {
         tokio::select! {
-            r = &mut read => return r.map_err(|e| e.to_string()),
+            r = &mut read => return r.map_err(Broken::Io),
             _ = check.tick() => {
                 if nodes.get(node).is_none() {
-                    return Err("its lease ended: it is dead, frozen or cut off".into());
+                    return Err(Broken::LeaseEnded);
                 }
             }
         }
