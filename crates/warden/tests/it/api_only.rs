@@ -2,7 +2,7 @@
 //! rollbacks through it are made on an agent node, which delivers them (its name in their
 //! records) and resumes them after a crash; the API node relays what that node answers.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -13,17 +13,8 @@ use warden_test_support::etcd::EtcdCluster;
 use warden_test_support::{cli, wait_until, Warden};
 
 use crate::cluster::{demo_node, join_token, leased_node, nodes};
+use crate::interrupted::data_dir;
 use crate::BIN;
-
-/// A data dir that `process` instances under uids of their own can pass through, in `tmp`.
-fn data_dir(tmp: &tempfile::TempDir) -> PathBuf {
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o711),
-    )
-    .unwrap();
-    tmp.path().join("data")
-}
 
 /// The dependency-free Python app that answers its `ANSWER` config var; with
 /// `requirements.txt` when `slow` (its build then makes a virtual environment, which takes

@@ -13,7 +13,7 @@ use warden_test_support::{cli, wait_until, Launch, Warden};
 use crate::BIN;
 
 /// A data dir that `process` instances under uids of their own can pass through, in `tmp`.
-fn data_dir(tmp: &tempfile::TempDir) -> PathBuf {
+pub(crate) fn data_dir(tmp: &tempfile::TempDir) -> PathBuf {
     std::fs::set_permissions(
         tmp.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o711),
@@ -45,7 +45,7 @@ fn push(w: &Warden, app: &str, src: &Path) {
 }
 
 /// Pushes `src` as `app` in a thread of its own: the push's connection dies with warden.
-fn push_in_background(w: &Warden, app: &str, src: &Path) -> std::thread::JoinHandle<()> {
+pub(crate) fn push_in_background(w: &Warden, app: &str, src: &Path) -> std::thread::JoinHandle<()> {
     let (app, src, data) = (
         app.to_owned(),
         src.display().to_string(),

@@ -3,13 +3,13 @@
 //! (not only once warden is on its way out, by its dropped handles, the parent-death signal or
 //! the reaper, the crash path), and warden exits in its usual time with nothing of them left.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use serde_json::json;
-use warden_test_support::{cli, process_alive, wait_until, Launch, Warden};
+use warden_test_support::{process_alive, wait_until, Launch, Warden};
 
+use crate::interrupted::push_in_background;
 use crate::BIN;
 
 /// Pids of the processes whose command line holds `marker`.
@@ -26,18 +26,6 @@ fn marked(marker: &str) -> Vec<u32> {
             }) && process_alive(*pid)
         })
         .collect()
-}
-
-/// Pushes `src` as `app` in a thread of its own: the push's connection ends with warden.
-fn push_in_background(w: &Warden, app: &str, src: &Path) -> std::thread::JoinHandle<()> {
-    let (app, src, data) = (
-        app.to_owned(),
-        src.display().to_string(),
-        w.dir.display().to_string(),
-    );
-    std::thread::spawn(move || {
-        let _ = cli(BIN, &["push", &app, &src, "--data-dir", &data], &[]);
-    })
 }
 
 /// Waits until processes marked `marker` run (the push's build or trial under way), stops
