@@ -10,7 +10,7 @@
 use tokio_postgres::Client;
 use warden_auth::lattice::Lattice;
 
-use super::{quote_ident, sql, sql::OWNER_RULE, sql::POLICIES, SchemaError};
+use super::{connect_as, quote_ident, sql, sql::OWNER_RULE, sql::POLICIES, RoleLogin, SchemaError};
 
 /// What an app's database holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,12 +60,13 @@ fn rank(lattice: &Lattice, text: &str) -> Result<(i32, Vec<String>), SchemaError
     Ok((level, cats))
 }
 
-/// The labelled tables of the app's schema (those carrying warden's policies).
+/// The labelled tables of the app's schema: those warden recorded at labelling. Never picked by
+/// policy name: the owner may name a policy of an unlabelled table `warden_select` too.
 async fn labelled_tables(c: &Client) -> Result<Vec<String>, SchemaError> {
     let rows = c
         .query(
-            "SELECT DISTINCT tablename::text FROM pg_policies \
-             WHERE schemaname = 'public' AND policyname = 'warden_select' ORDER BY 1",
+            "SELECT c.relname::text FROM warden.labelled l JOIN pg_class c ON c.oid = l.relid \
+             WHERE c.relnamespace = 'public'::regnamespace ORDER BY 1",
             &[],
         )
         .await
@@ -101,7 +102,7 @@ pub(super) async fn grant_labelled(c: &Client, roles: &[String]) -> Result<(), S
 pub(super) async fn label_tables(
     c: &Client,
     lattice: &Lattice,
-    owner: &str,
+    owner: &RoleLogin,
 ) -> Result<Vec<String>, SchemaError> {
     let tables: Vec<String> = c
         .query(
@@ -117,6 +118,7 @@ pub(super) async fn label_tables(
         .collect();
     refuse_definer_functions(c).await?;
     for t in &tables {
+        check_label_columns(c, t).await?;
         check_unique_keys(c, t).await?;
         check_foreign_policies(c, t).await?;
     }
@@ -144,7 +146,12 @@ async fn bottom_label(c: &Client, lattice: &Lattice) -> Result<i32, SchemaError>
     ensure_label(c, lattice, &text).await
 }
 
-async fn label_one(c: &Client, table: &str, bottom: i32, owner: &str) -> Result<(), SchemaError> {
+async fn label_one(
+    c: &Client,
+    table: &str,
+    bottom: i32,
+    owner: &RoleLogin,
+) -> Result<(), SchemaError> {
     let t = format!("public.{}", quote_ident(table));
     // A constant default fills the rows already there without rewriting the table or firing
     // anything of the app's (warden's connection is a superuser's).
@@ -156,15 +163,28 @@ async fn label_one(c: &Client, table: &str, bottom: i32, owner: &str) -> Result<
     .await
     .map_err(sql(&format!("adding label columns to {table:?}")))?;
     // A label column the migration made itself (to scope a key by it) may hold NULLs. Filling
-    // them runs the app's triggers and index expressions, so it runs as the owner, never as
-    // the superuser; once labelled, the column is NOT NULL and this touches nothing.
-    c.batch_execute(&format!(
-        "BEGIN; SET LOCAL ROLE {}; \
-         UPDATE {t} SET warden_label = {bottom} WHERE warden_label IS NULL; COMMIT;",
-        quote_ident(owner)
-    ))
-    .await
-    .map_err(sql(&format!("labelling the existing rows of {table:?}")))?;
+    // them runs the app's triggers, defaults and index expressions, so it runs over a
+    // connection logged in as the owner: never on the admin's session, where `SET ROLE` is no
+    // bound (the app's trigger may `RESET ROLE` back to the superuser). Once labelled, the
+    // column is NOT NULL and this touches nothing. Reading here runs no app code: the column
+    // is a plain int4 (`check_label_columns`).
+    let unfilled = c
+        .query_one(
+            &format!("SELECT EXISTS (SELECT 1 FROM {t} WHERE warden_label IS NULL)"),
+            &[],
+        )
+        .await
+        .map_err(sql(&format!("looking for unlabelled rows of {table:?}")))?
+        .get::<_, bool>(0);
+    if unfilled {
+        let o = connect_as(owner).await?;
+        o.execute(
+            &format!("UPDATE {t} SET warden_label = $1 WHERE warden_label IS NULL"),
+            &[&bottom],
+        )
+        .await
+        .map_err(sql(&format!("labelling the existing rows of {table:?}")))?;
+    }
     let has_fk = c
         .query_opt(
             "SELECT 1 FROM pg_constraint WHERE conrelid = $1::text::regclass \
@@ -197,6 +217,35 @@ async fn label_one(c: &Client, table: &str, bottom: i32, owner: &str) -> Result<
     Ok(())
 }
 
+/// Label columns the migration made must be exactly `int4` and `text`, with nothing of the
+/// app's attached: warden's trigger (which runs as warden's definer role) assigns to them, and a
+/// domain's CHECK or a default would run the app's function there.
+async fn check_label_columns(c: &Client, table: &str) -> Result<(), SchemaError> {
+    let bad = c
+        .query_opt(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = $1::text::regclass AND NOT a.attisdropped \
+               AND a.attname IN ('warden_label', 'warden_owner') \
+               AND (a.atttypid <> CASE a.attname WHEN 'warden_label' THEN 'int4'::regtype \
+                                                 ELSE 'text'::regtype END \
+                    OR a.atthasdef OR a.attgenerated <> '' OR a.attidentity <> '')",
+            &[&format!("public.{}", quote_ident(table))],
+        )
+        .await
+        .map_err(sql("checking the label columns"))?;
+    if let Some(row) = bad {
+        let (column, ty): (String, String) = (row.get(0), row.get(1));
+        return Err(SchemaError::Unlabellable {
+            table: table.to_owned(),
+            reason: format!(
+                "its column {column} ({ty}) is warden's: declare `warden_label int` or \
+                 `warden_owner text` exactly, with no domain, default, identity or generation"
+            ),
+        });
+    }
+    Ok(())
+}
+
 async fn check_unique_keys(c: &Client, table: &str) -> Result<(), SchemaError> {
     // An index passes if it includes warden_label, or is a one-column primary key whose
     // column is an identity or defaults to nextval() or gen_random_uuid().
@@ -205,7 +254,8 @@ async fn check_unique_keys(c: &Client, table: &str) -> Result<(), SchemaError> {
             "SELECT i.indexrelid::regclass::text FROM pg_index i \
              WHERE i.indrelid = $1::text::regclass AND (i.indisunique OR i.indisexclusion) \
                AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indrelid \
-                   AND a.attname = 'warden_label' AND a.attnum = ANY (i.indkey)) \
+                   AND a.attname = 'warden_label' \
+                   AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1])) \
                AND NOT (i.indisprimary AND i.indnkeyatts = 1 AND EXISTS ( \
                    SELECT 1 FROM pg_attribute a \
                    LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \

@@ -122,6 +122,7 @@ impl<'a> Admin<'a> {
             }
         }
         self.ensure_role(&admin, &owner).await?;
+        ensure_definer(&admin).await?;
         let qdb = quote_ident(&db);
         let mut stmts = format!(
             "REVOKE ALL ON DATABASE {qdb} FROM PUBLIC;\
@@ -147,6 +148,9 @@ impl<'a> Admin<'a> {
         c.batch_execute(sql::GUARD)
             .await
             .map_err(sql("making the owner's guard"))?;
+        c.batch_execute(sql::DEFINER_GRANTS)
+            .await
+            .map_err(sql("handing warden's functions to their definer role"))?;
         c.batch_execute(sql::REVOKE_FUNCTIONS)
             .await
             .map_err(sql("revoking functions from PUBLIC"))?;
@@ -245,7 +249,8 @@ impl<'a> Admin<'a> {
     /// function. Returns the tables labelled.
     pub async fn label_tables(&self, app: &str) -> Result<Vec<String>, SchemaError> {
         let c = self.app_client(app).await?;
-        label::label_tables(&c, &self.lattice, &owner_role_name(app)).await
+        let owner = self.login(&owner_role_name(app), db_name(app));
+        label::label_tables(&c, &self.lattice, &owner).await
     }
 
     /// Re-ranks every app's labels under `lattice` (rows do not change). Labels the new lattice
@@ -355,6 +360,48 @@ impl<'a> Admin<'a> {
             password: self.password(role),
         }
     }
+}
+
+/// Makes the NOLOGIN, non-superuser owner of warden's SECURITY DEFINER functions, and holds
+/// its attributes to these.
+async fn ensure_definer(admin: &Client) -> Result<(), SchemaError> {
+    let q = quote_ident(sql::DEFINER);
+    match admin.batch_execute(&format!("CREATE ROLE {q}")).await {
+        Ok(()) => {}
+        Err(e) if e.code() == Some(&SqlState::DUPLICATE_OBJECT) => {}
+        Err(e) => return Err(sql("creating warden's definer role")(e)),
+    }
+    admin
+        .batch_execute(&format!(
+            "ALTER ROLE {q} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION \
+             NOBYPASSRLS NOINHERIT"
+        ))
+        .await
+        .map_err(sql("setting warden's definer role's attributes"))
+}
+
+/// A connection logged in as `login`'s role (not the admin's session with `SET ROLE`, which
+/// the app's code could `RESET`).
+async fn connect_as(login: &RoleLogin) -> Result<Client, SchemaError> {
+    let mut config = tokio_postgres::Config::new();
+    match &login.endpoint {
+        Endpoint::Socket { dir, port } => config.host_path(dir).port(*port),
+        Endpoint::Tcp { host, port } => config.host(host).port(*port),
+    };
+    config
+        .user(&login.role)
+        .password(login.password())
+        .dbname(&login.dbname);
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(sql("logging in as the app's owner"))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "owner connection to PostgreSQL ended");
+        }
+    });
+    Ok(client)
 }
 
 // === impl RoleLogin ===

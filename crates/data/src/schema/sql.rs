@@ -121,6 +121,12 @@ BEGIN
     SELECT c.relname INTO bad FROM warden.labelled l JOIN pg_class c ON c.oid = l.relid
     WHERE NOT c.relrowsecurity OR NOT c.relforcerowsecurity
        OR warden.fingerprint(c.oid) <> l.policies
+       -- The label columns stay plain: a domain, default or generation of the app's on them
+       -- would run the app's code inside warden's trigger.
+       OR (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND NOT a.attisdropped
+           AND ((a.attname = 'warden_label' AND a.atttypid = 'int4'::regtype)
+                OR (a.attname = 'warden_owner' AND a.atttypid = 'text'::regtype))
+           AND NOT a.atthasdef AND a.attgenerated = '' AND a.attidentity = '') <> 2
        OR NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid
                       AND t.tgname = 'warden_stamp' AND t.tgenabled IN ('O', 'A')
                       AND t.tgfoid = 'warden.stamp()'::regprocedure)
@@ -193,6 +199,26 @@ BEGIN
     END IF;
 END
 $$;
+"#;
+
+/// The NOLOGIN, non-superuser role that owns every SECURITY DEFINER function of the `warden`
+/// schema, with only the rights they need: whatever runs inside them (an app's domain check,
+/// say, if one ever got past labelling) has these rights, never a superuser's. Global, made
+/// once per server by `create_app`.
+pub const DEFINER: &str = "warden_definer";
+
+/// Hands the `warden` schema's SECURITY DEFINER functions to [`DEFINER`] (idempotent).
+pub const DEFINER_GRANTS: &str = r#"
+GRANT SELECT ON warden.roles, warden.labels, warden.settings, warden.labelled TO warden_definer;
+GRANT INSERT ON warden.declassified TO warden_definer;
+GRANT SELECT ON pg_catalog.pg_roles TO warden_definer;
+GRANT EXECUTE ON FUNCTION warden.fingerprint(oid) TO warden_definer;
+ALTER FUNCTION warden.session_label() OWNER TO warden_definer;
+ALTER FUNCTION warden.session_owner() OWNER TO warden_definer;
+ALTER FUNCTION warden.readable() OWNER TO warden_definer;
+ALTER FUNCTION warden.writable() OWNER TO warden_definer;
+ALTER FUNCTION warden.stamp() OWNER TO warden_definer;
+ALTER FUNCTION warden.guard() OWNER TO warden_definer;
 "#;
 
 /// Functions no app role may execute in its database: advisory locks and `pg_notify` (covert

@@ -1,0 +1,166 @@
+//! What a security review of the data crate found, each tried the way the review's attacker
+//! would: an app author whose release migration runs as the owner, or whose instance holds a
+//! label role, against warden's real superuser labelling path.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use tokio_postgres::Client;
+use warden_data::schema::{Admin, SchemaError};
+use warden_data::server::Server;
+
+async fn is_superuser(server: &Server, role: &str) -> bool {
+    let c = server.admin(None).await.unwrap();
+    c.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = $1", &[&role])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Creates `app` and runs `migration` as its owner; returns the owner's connection and role.
+async fn migrate(admin: &Admin<'_>, app: &str, migration: &str) -> (Client, String) {
+    let login = admin.create_app(app).await.unwrap();
+    let c = connect(&login).await.unwrap();
+    c.batch_execute(&migration.replace("{owner}", &login.role))
+        .await
+        .unwrap();
+    (c, login.role)
+}
+
+fn unlabellable(e: &SchemaError) -> (&str, &str) {
+    match e {
+        SchemaError::Unlabellable { table, reason } => (table, reason),
+        other => panic!("expected Unlabellable, got {other:?}"),
+    }
+}
+
+/// Filling a label column the migration made runs the app's triggers; a statement trigger
+/// that `RESET ROLE`s (back to the session's superuser, were it warden's admin session) gains
+/// nothing: the fill is logged in as the owner.
+#[tokio::test]
+async fn filling_label_columns_runs_the_apps_triggers_as_the_owner_only() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    let (_c, role) = migrate(
+        &admin,
+        "esc",
+        "CREATE TABLE t (id serial PRIMARY KEY, x text, warden_label int);\
+         INSERT INTO t (x) VALUES ('a');\
+         CREATE FUNCTION esc() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             RESET ROLE; ALTER ROLE \"{owner}\" SUPERUSER; RETURN NULL; END $$;\
+         CREATE TRIGGER esc BEFORE UPDATE ON t FOR EACH STATEMENT EXECUTE FUNCTION esc();",
+    )
+    .await;
+    let result = admin.label_tables("esc").await;
+    assert!(
+        !is_superuser(&server, &role).await,
+        "the owner made itself superuser"
+    );
+    assert!(result.is_err(), "the trigger's refusal fails the labelling");
+}
+
+/// Label columns of the app's own type (a domain whose CHECK calls the app's function, which
+/// warden's trigger would run) or with a default fail labelling, and the guard keeps them
+/// plain afterwards; warden's SECURITY DEFINER functions are owned by no superuser.
+#[tokio::test]
+async fn label_columns_are_plain_and_warden_functions_run_as_no_superuser() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    let (c, role) = migrate(
+        &admin,
+        "dom",
+        "CREATE FUNCTION esc(int) RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN \
+             ALTER ROLE \"{owner}\" SUPERUSER; RETURN true; END $$;\
+         CREATE DOMAIN lbl AS int CHECK (esc(VALUE));\
+         CREATE TABLE t (id serial PRIMARY KEY, x text, warden_label lbl);",
+    )
+    .await;
+    let e = admin.label_tables("dom").await.unwrap_err();
+    let (table, reason) = unlabellable(&e);
+    assert_eq!(table, "t");
+    assert!(reason.contains("warden_label (public.lbl)"), "{reason}");
+    c.batch_execute(
+        "ALTER TABLE t ALTER COLUMN warden_label TYPE int;\
+         ALTER TABLE t ADD COLUMN warden_owner text DEFAULT 'x'",
+    )
+    .await
+    .unwrap();
+    let e = admin.label_tables("dom").await.unwrap_err();
+    assert!(unlabellable(&e).1.contains("warden_owner"), "{e:?}");
+    c.batch_execute("ALTER TABLE t ALTER COLUMN warden_owner DROP DEFAULT")
+        .await
+        .unwrap();
+    admin.label_tables("dom").await.unwrap();
+    for sql in [
+        "ALTER TABLE t ALTER COLUMN warden_label SET DEFAULT 1",
+        "ALTER TABLE t ALTER COLUMN warden_owner SET DEFAULT 'x'",
+    ] {
+        refused(&c, sql).await;
+    }
+    let s = connect(&admin.label_role("dom", "S", None).await.unwrap())
+        .await
+        .unwrap();
+    s.execute("INSERT INTO t (x) VALUES ('s')", &[])
+        .await
+        .unwrap();
+    assert!(!is_superuser(&server, &role).await);
+    let a = server.admin(Some("warden_app_dom")).await.unwrap();
+    let by_superusers: Vec<String> = a
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_roles r ON r.oid = p.proowner \
+             WHERE p.pronamespace = 'warden'::regnamespace AND p.prosecdef AND r.rolsuper",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        by_superusers.is_empty(),
+        "owned by a superuser: {by_superusers:?}"
+    );
+}
+
+/// A table the owner gives a policy named like warden's is not labelled, and no label role
+/// is granted it.
+#[tokio::test]
+async fn a_policy_named_like_wardens_grants_nothing() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "notes").await;
+    let owner = connect(&admin.owner_role("notes").await.unwrap())
+        .await
+        .unwrap();
+    owner
+        .batch_execute(
+            "CREATE TABLE leak (x text); ALTER TABLE leak ENABLE ROW LEVEL SECURITY;\
+             CREATE POLICY warden_select ON leak USING (true) WITH CHECK (true)",
+        )
+        .await
+        .unwrap();
+    let s = connect(&admin.label_role("notes", "S", None).await.unwrap())
+        .await
+        .unwrap();
+    refused(&s, "INSERT INTO leak VALUES ('secret')").await;
+    assert_eq!(admin.show("notes").await.unwrap().tables.len(), 1);
+}
+
+/// Only an index's key columns scope it by label: `INCLUDE (warden_label)` does not.
+#[tokio::test]
+async fn an_included_label_column_does_not_scope_a_key() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    migrate(
+        &admin,
+        "inc",
+        "CREATE TABLE acc (id serial PRIMARY KEY, email text, warden_label int);\
+         CREATE UNIQUE INDEX acc_email ON acc (email) INCLUDE (warden_label);",
+    )
+    .await;
+    let e = admin.label_tables("inc").await.unwrap_err();
+    let (table, reason) = unlabellable(&e);
+    assert_eq!(table, "acc");
+    assert!(reason.contains("acc_email"), "{reason}");
+}
