@@ -164,3 +164,61 @@ async fn an_included_label_column_does_not_scope_a_key() {
     assert_eq!(table, "acc");
     assert!(reason.contains("acc_email"), "{reason}");
 }
+
+/// DDL that evaluates the migration's code over a labelled table's rows (outside row
+/// security) is refused once the table holds rows: a rewrite before it starts (the leaking
+/// function never runs), a CHECK, an expression or partial index when the command ends (its
+/// writes undone). The same DDL on a labelled table still empty passes.
+#[tokio::test]
+async fn ddl_evaluating_code_over_labelled_rows_is_refused() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "notes").await;
+    app_with_notes(&admin, "empty").await;
+    let s = connect(&admin.label_role("notes", "S", None).await.unwrap())
+        .await
+        .unwrap();
+    s.execute("INSERT INTO notes (body) VALUES ('secret')", &[])
+        .await
+        .unwrap();
+    let leak = "CREATE TABLE box (x text); CREATE SEQUENCE calls;\
+         CREATE FUNCTION leak(text) RETURNS text LANGUAGE plpgsql AS $$ BEGIN \
+             PERFORM nextval('calls'); INSERT INTO box VALUES ($1); RETURN $1; END $$;\
+         CREATE FUNCTION ileak(text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN \
+             RETURN leak($1); END $$;";
+    let attacks = [
+        "ALTER TABLE notes ALTER COLUMN body TYPE varchar USING leak(body)",
+        "ALTER TABLE notes ADD CONSTRAINT c CHECK (leak(body) IS NOT NULL)",
+        "CREATE INDEX ON notes (ileak(body))",
+        "CREATE INDEX ON notes (id) WHERE ileak(body) IS NOT NULL",
+    ];
+    for app in ["notes", "empty"] {
+        let owner = connect(&admin.owner_role(app).await.unwrap())
+            .await
+            .unwrap();
+        owner.batch_execute(leak).await.unwrap();
+        for (i, sql) in attacks.iter().enumerate() {
+            if app == "empty" {
+                owner.batch_execute(sql).await.unwrap();
+                continue;
+            }
+            refused(&owner, sql).await;
+            if i == 0 {
+                let called: bool = owner
+                    .query_one("SELECT is_called FROM calls", &[])
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert!(!called, "the rewrite ran the migration's code");
+            }
+        }
+        let boxed: i64 = owner
+            .query_one("SELECT count(*) FROM box", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(boxed, 0, "{app}: a row reached the migration's table");
+    }
+    // What passed on the empty table is recorded at labelling.
+    admin.label_tables("empty").await.unwrap();
+}

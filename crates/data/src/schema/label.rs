@@ -207,9 +207,11 @@ async fn label_one(
         .map_err(sql(&format!("labelling {table:?}")))?;
     // What the owner's guard holds the table to from now on.
     c.execute(
-        "INSERT INTO warden.labelled (relid, policies) \
-         SELECT oid, warden.fingerprint(oid) FROM pg_class WHERE oid = $1::text::regclass \
-         ON CONFLICT (relid) DO UPDATE SET policies = EXCLUDED.policies",
+        "INSERT INTO warden.labelled (relid, policies, evaluated) \
+         SELECT oid, warden.fingerprint(oid), warden.evaluated(oid) FROM pg_class \
+         WHERE oid = $1::text::regclass \
+         ON CONFLICT (relid) DO UPDATE SET policies = EXCLUDED.policies, \
+         evaluated = EXCLUDED.evaluated",
         &[&t],
     )
     .await

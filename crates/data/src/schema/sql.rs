@@ -101,6 +101,22 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     FROM pg_policy WHERE polrelid = t
 $$;
 REVOKE ALL ON FUNCTION warden.fingerprint(oid) FROM PUBLIC;
+
+-- What DDL evaluates over a table's rows (outside row security): CHECK and exclusion
+-- constraints (and whether validated), expression and partial indexes. Recorded at labelling;
+-- the guard refuses a change to it on a labelled table that holds rows.
+ALTER TABLE warden.labelled ADD COLUMN IF NOT EXISTS evaluated text NOT NULL DEFAULT '';
+CREATE OR REPLACE FUNCTION warden.evaluated(t oid) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(string_agg(x, ';' ORDER BY x), '') FROM (
+        SELECT concat_ws(':', 'con', conname, contype, convalidated) AS x FROM pg_constraint
+        WHERE conrelid = t AND contype IN ('c', 'x')
+        UNION ALL
+        SELECT concat_ws(':', 'idx', indexrelid::regclass::text) FROM pg_index
+        WHERE indrelid = t AND (indexprs IS NOT NULL OR indpred IS NOT NULL)
+    ) e
+$$;
+REVOKE ALL ON FUNCTION warden.evaluated(oid) FROM PUBLIC;
 "#;
 
 /// The owner's guard, an event trigger after every DDL command in the app's database: the
@@ -160,6 +176,16 @@ BEGIN
         RAISE EXCEPTION 'warden: foreign key % cascades or sets values outside row security; use NO ACTION or RESTRICT', bad
             USING ERRCODE = 'insufficient_privilege';
     END IF;
+    -- A new CHECK or exclusion constraint, a validation, an expression or partial index on a
+    -- labelled table with rows evaluated the migration's code over every label's rows; the
+    -- abort undoes what that code wrote (a table, a setting). Sequences and notices are not
+    -- undone: SECURITY lists them.
+    SELECT c.relname INTO bad FROM warden.labelled l JOIN pg_class c ON c.oid = l.relid
+    WHERE warden.evaluated(c.oid) <> l.evaluated AND pg_relation_size(c.oid) > 0 LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'warden: table % is labelled and holds rows; a CHECK or exclusion constraint, expression or partial index on it evaluates the migration''s code over every label''s rows', bad
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     -- Grants: only to the app's label roles, only SELECT, INSERT, UPDATE, DELETE on labelled
     -- tables (row security still binds them) and USAGE on sequences; USAGE on the schema
     -- (names only) to anyone.
@@ -192,10 +218,35 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION warden.guard() FROM PUBLIC;
+
+-- A table rewrite (ALTER COLUMN ... TYPE ... USING, a volatile default) evaluates the
+-- migration's expressions over every row, outside row security: refused before it starts on
+-- a labelled table that holds or has held rows (its main fork is not empty; a table emptied
+-- but not vacuumed counts as holding rows).
+CREATE OR REPLACE FUNCTION warden.no_rewrite() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t oid := pg_event_trigger_table_rewrite_oid();
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = session_user) THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM warden.labelled WHERE relid = t) AND pg_relation_size(t) > 0 THEN
+        RAISE EXCEPTION 'warden: table % is labelled and holds rows; rewriting it would evaluate the migration''s expressions over every label''s rows', t::regclass
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'make the change on a new table, or on this one while it is empty';
+    END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION warden.no_rewrite() FROM PUBLIC;
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'warden_guard') THEN
         CREATE EVENT TRIGGER warden_guard ON ddl_command_end EXECUTE FUNCTION warden.guard();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'warden_no_rewrite') THEN
+        CREATE EVENT TRIGGER warden_no_rewrite ON table_rewrite
+            EXECUTE FUNCTION warden.no_rewrite();
     END IF;
 END
 $$;
@@ -212,13 +263,16 @@ pub const DEFINER_GRANTS: &str = r#"
 GRANT SELECT ON warden.roles, warden.labels, warden.settings, warden.labelled TO warden_definer;
 GRANT INSERT ON warden.declassified TO warden_definer;
 GRANT SELECT ON pg_catalog.pg_roles TO warden_definer;
-GRANT EXECUTE ON FUNCTION warden.fingerprint(oid) TO warden_definer;
+GRANT EXECUTE ON FUNCTION warden.fingerprint(oid), warden.evaluated(oid),
+    pg_catalog.pg_relation_size(regclass), pg_catalog.pg_relation_size(regclass, text)
+    TO warden_definer;
 ALTER FUNCTION warden.session_label() OWNER TO warden_definer;
 ALTER FUNCTION warden.session_owner() OWNER TO warden_definer;
 ALTER FUNCTION warden.readable() OWNER TO warden_definer;
 ALTER FUNCTION warden.writable() OWNER TO warden_definer;
 ALTER FUNCTION warden.stamp() OWNER TO warden_definer;
 ALTER FUNCTION warden.guard() OWNER TO warden_definer;
+ALTER FUNCTION warden.no_rewrite() OWNER TO warden_definer;
 "#;
 
 /// Functions no app role may execute in its database: advisory locks and `pg_notify` (covert
