@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use tokio_postgres::Client;
-use warden_data::schema::{Admin, SchemaError};
+use warden_data::schema::{owner_role_name, Admin, SchemaError};
 use warden_data::server::Server;
 
 async fn is_superuser(server: &Server, role: &str) -> bool {
@@ -221,4 +221,81 @@ async fn ddl_evaluating_code_over_labelled_rows_is_refused() {
     }
     // What passed on the empty table is recorded at labelling.
     admin.label_tables("empty").await.unwrap();
+}
+
+/// A role's own settings and password are warden's again whenever warden hands out its
+/// login, and every role has a connection limit, an idle-in-transaction timeout and a
+/// temporary-file limit.
+#[tokio::test]
+async fn role_settings_and_password_are_reset_and_bounded() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "notes").await;
+    let login = admin.label_role("notes", "S", None).await.unwrap();
+    let s = connect(&login).await.unwrap();
+    s.batch_execute(
+        "ALTER ROLE CURRENT_USER SET search_path = 'signal';\
+         ALTER ROLE CURRENT_USER PASSWORD 'mine'",
+    )
+    .await
+    .unwrap();
+    let login = admin.label_role("notes", "S", None).await.unwrap();
+    let s = connect(&login)
+        .await
+        .expect("warden's password works again");
+    let path: String = s.query_one("SHOW search_path", &[]).await.unwrap().get(0);
+    assert_ne!(path, "signal");
+    let a = server.admin(None).await.unwrap();
+    for role in [login.role.clone(), owner_role_name("notes")] {
+        let row = a
+            .query_one(
+                "SELECT rolconnlimit, array_to_string(rolconfig, ',') FROM pg_roles \
+                 WHERE rolname = $1",
+                &[&role],
+            )
+            .await
+            .unwrap();
+        let (limit, config): (i32, String) = (row.get(0), row.get(1));
+        assert_eq!(limit, 32, "{role}");
+        assert!(
+            config.contains("idle_in_transaction_session_timeout=60s")
+                && config.contains("temp_file_limit=1GB"),
+            "{role}: {config}"
+        );
+    }
+}
+
+/// An app trigger running after warden's cannot put another user's name on a row: a row's
+/// user is exactly the writer's (none for a role of no user).
+#[tokio::test]
+async fn an_app_trigger_cannot_spoof_a_rows_user() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    migrate(
+        &admin,
+        "spoof",
+        "CREATE TABLE notes (id serial PRIMARY KEY, body text);\
+         CREATE FUNCTION spoof() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF NEW.body = 'planted' THEN NEW.warden_owner := 'alice'; END IF; \
+             RETURN NEW; END $$;\
+         ALTER TABLE notes ADD COLUMN warden_owner text;\
+         CREATE TRIGGER zz_spoof BEFORE INSERT ON notes FOR EACH ROW EXECUTE FUNCTION spoof();",
+    )
+    .await;
+    admin.label_tables("spoof").await.unwrap();
+    let s = connect(&admin.label_role("spoof", "S", None).await.unwrap())
+        .await
+        .unwrap();
+    let e = s
+        .execute("INSERT INTO notes (body) VALUES ('planted')", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code().map(|c| c.code()), Some("42501"), "{e:?}");
+    s.execute("INSERT INTO notes (body) VALUES ('plain')", &[])
+        .await
+        .unwrap();
+    let alice = connect(&admin.label_role("spoof", "S", Some("alice")).await.unwrap())
+        .await
+        .unwrap();
+    assert!(bodies(&alice).await.is_empty());
 }

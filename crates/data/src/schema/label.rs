@@ -10,7 +10,10 @@
 use tokio_postgres::Client;
 use warden_auth::lattice::Lattice;
 
-use super::{connect_as, quote_ident, sql, sql::OWNER_RULE, sql::POLICIES, RoleLogin, SchemaError};
+use super::{
+    connect_as, quote_ident, sql, sql::OWNER_CHECK, sql::OWNER_RULE, sql::POLICIES, RoleLogin,
+    SchemaError,
+};
 
 /// What an app's database holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,7 +204,12 @@ async fn label_one(
              REFERENCES warden.labels (id);"
         ));
     }
-    stmts.push_str(&POLICIES.replace("{owner}", OWNER_RULE).replace("{t}", &t));
+    stmts.push_str(
+        &POLICIES
+            .replace("{owner_check}", OWNER_CHECK)
+            .replace("{owner}", OWNER_RULE)
+            .replace("{t}", &t),
+    );
     c.batch_execute(&stmts)
         .await
         .map_err(sql(&format!("labelling {table:?}")))?;

@@ -74,6 +74,15 @@ pub enum SchemaError {
     },
 }
 
+/// Server connections one role may hold: one app cannot take every connection of the server
+/// (the proxy keeps up to 32 idle per target).
+pub const CONNECTION_LIMIT: i32 = 32;
+/// A transaction left idle this long is ended, so a stalled instance holds no locks for long.
+/// A role's default only: the instance may `SET` it for its own session.
+const IDLE_IN_TRANSACTION: &str = "60s";
+/// Temporary files one session may write (sorts, hashes); only a superuser may raise it.
+const TEMP_FILE_LIMIT: &str = "1GB";
+
 /// Administers apps' databases on one server, with the data key and the current lattice.
 pub struct Admin<'a> {
     server: &'a Server,
@@ -328,15 +337,20 @@ impl<'a> Admin<'a> {
                 Err(e) => return Err(sql("creating a role")(e)),
             }
         }
-        // Set at every call, so a role's attributes are always these whatever happened to it,
-        // and a new data key takes effect. The verifier is not the password; it is still
+        // Set at every call, so a role's attributes are always these whatever happened to it
+        // (a role may change its own password and settings), and a new data key takes effect. The verifier is not the password; it is still
         // never logged (tokio-postgres does not log statement text).
         let verifier = postgres_protocol::password::scram_sha_256(self.password(role).as_bytes());
         admin
             .batch_execute(&format!(
                 "ALTER ROLE {q} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION \
-                 NOBYPASSRLS NOINHERIT PASSWORD {}",
-                quote_literal(&verifier)
+                 NOBYPASSRLS NOINHERIT CONNECTION LIMIT {CONNECTION_LIMIT} PASSWORD {};\
+                 ALTER ROLE {q} RESET ALL;\
+                 ALTER ROLE {q} SET idle_in_transaction_session_timeout = {};\
+                 ALTER ROLE {q} SET temp_file_limit = {};",
+                quote_literal(&verifier),
+                quote_literal(IDLE_IN_TRANSACTION),
+                quote_literal(TEMP_FILE_LIMIT),
             ))
             .await
             .map_err(sql("setting a role's attributes"))?;

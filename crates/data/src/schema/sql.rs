@@ -275,7 +275,8 @@ ALTER FUNCTION warden.guard() OWNER TO warden_definer;
 ALTER FUNCTION warden.no_rewrite() OWNER TO warden_definer;
 "#;
 
-/// Functions no app role may execute in its database: advisory locks and `pg_notify` (covert
+/// Functions no app role may execute in its database: transaction ids and snapshots (they move
+/// with every label's writes), advisory locks and `pg_notify` (covert
 /// channels between labels), large objects (storage outside row security), file and server
 /// functions (defence in depth: most are already superuser-only), the statistics and activity
 /// functions behind `pg_stat_*` (another session's `application_name`, rows inserted and
@@ -298,13 +299,22 @@ BEGIN
                OR p.proname IN ('pg_relation_size', 'pg_total_relation_size',
                    'pg_table_size', 'pg_indexes_size', 'pg_database_size',
                    'pg_tablespace_size')
-               OR p.proname LIKE 'pg\_current\_wal%')
+               OR p.proname LIKE 'pg\_current\_wal%'
+               OR p.proname IN ('txid_current', 'txid_current_if_assigned',
+                   'txid_current_snapshot', 'txid_status', 'pg_current_xact_id',
+                   'pg_current_xact_id_if_assigned', 'pg_current_snapshot', 'pg_xact_status',
+                   'pg_last_committed_xact', 'pg_xact_commit_timestamp',
+                   'pg_xact_commit_timestamp_origin'))
     LOOP
         EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;
 END
 $$;
 REVOKE SELECT ON pg_catalog.pg_stat_activity, pg_catalog.pg_locks FROM PUBLIC;
+-- A role's own settings (`ALTER ROLE CURRENT_USER SET ...`, which PostgreSQL lets any role
+-- do) are in these, readable by every role: a channel between labels.
+REVOKE SELECT ON pg_catalog.pg_roles, pg_catalog.pg_user, pg_catalog.pg_db_role_setting
+    FROM PUBLIC;
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
 "#;
 
@@ -320,10 +330,10 @@ DROP POLICY IF EXISTS warden_delete ON {t};
 CREATE POLICY warden_select ON {t} FOR SELECT
     USING (warden_label = ANY ((SELECT warden.readable())::int[]) AND {owner});
 CREATE POLICY warden_insert ON {t} FOR INSERT
-    WITH CHECK (warden_label = ANY ((SELECT warden.writable())::int[]) AND {owner});
+    WITH CHECK (warden_label = ANY ((SELECT warden.writable())::int[]) AND {owner_check});
 CREATE POLICY warden_update ON {t} FOR UPDATE
     USING (warden_label = (SELECT warden.session_label()) AND {owner})
-    WITH CHECK (warden_label = ANY ((SELECT warden.writable())::int[]) AND {owner});
+    WITH CHECK (warden_label = ANY ((SELECT warden.writable())::int[]) AND {owner_check});
 CREATE POLICY warden_delete ON {t} FOR DELETE
     USING (warden_label = (SELECT warden.session_label()) AND {owner});
 CREATE OR REPLACE TRIGGER warden_stamp BEFORE INSERT OR UPDATE ON {t}
@@ -333,3 +343,7 @@ CREATE OR REPLACE TRIGGER warden_stamp BEFORE INSERT OR UPDATE ON {t}
 /// The owner rule of every policy: `per_user` roles reach only their user's rows.
 pub const OWNER_RULE: &str = "((SELECT warden.session_owner()) IS NULL \
      OR warden_owner = (SELECT warden.session_owner()))";
+
+/// The owner rule of every written row: exactly the session's user (NULL for a role of no
+/// user), so an app trigger that runs after warden's cannot put another user's name on a row.
+pub const OWNER_CHECK: &str = "warden_owner IS NOT DISTINCT FROM (SELECT warden.session_owner())";
