@@ -299,3 +299,33 @@ async fn an_app_trigger_cannot_spoof_a_rows_user() {
         .unwrap();
     assert!(bodies(&alice).await.is_empty());
 }
+
+/// A label role cannot choose or change a serial key's value (a duplicate-key error would
+/// tell it a row of another label holds that id), and the guard keeps a key not scoped by
+/// label off a labelled table (labelling would refuse it only after the migration committed).
+#[tokio::test]
+async fn keys_are_not_probes() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "notes").await;
+    let s = connect(&admin.label_role("notes", "S", None).await.unwrap())
+        .await
+        .unwrap();
+    s.execute("INSERT INTO notes (body) VALUES ('s')", &[])
+        .await
+        .unwrap();
+    refused(&s, "INSERT INTO notes (id, body) VALUES (1, 'probe')").await;
+    refused(&s, "UPDATE notes SET id = 7").await;
+    s.execute("UPDATE notes SET body = 's2'", &[])
+        .await
+        .unwrap();
+    let owner = connect(&admin.owner_role("notes").await.unwrap())
+        .await
+        .unwrap();
+    refused(&owner, "CREATE UNIQUE INDEX notes_body ON notes (body)").await;
+    refused(&owner, "ALTER TABLE notes ADD UNIQUE (body)").await;
+    owner
+        .batch_execute("CREATE UNIQUE INDEX notes_scoped ON notes (warden_label, body)")
+        .await
+        .unwrap();
+}

@@ -89,10 +89,33 @@ pub(super) async fn grant_labelled(c: &Client, roles: &[String]) -> Result<(), S
          GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {to};"
     );
     for t in labelled_tables(c).await? {
-        stmts.push_str(&format!(
-            "GRANT SELECT, INSERT, UPDATE, DELETE ON public.{} TO {to};",
-            quote_ident(&t)
-        ));
+        let q = format!("public.{}", quote_ident(&t));
+        // A key exempt from label scoping (a serial, identity or uuid primary key) is the
+        // default's alone: a role that could insert or set a chosen id would learn from a
+        // duplicate-key error that a row of another label holds it. So label roles get INSERT
+        // and UPDATE on every other column only.
+        let others: Option<String> = c
+            .query_one(
+                "SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) \
+                 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid \
+                 WHERE i.indrelid = $1::text::regclass AND i.indisprimary \
+                   AND i.indnkeyatts = 1 AND a.attnum > 0 AND NOT a.attisdropped \
+                   AND a.attnum <> i.indkey[0] AND NOT EXISTS (SELECT 1 FROM pg_attribute k \
+                       WHERE k.attrelid = i.indrelid AND k.attnum = i.indkey[0] \
+                         AND k.attname = 'warden_label')",
+                &[&q],
+            )
+            .await
+            .map_err(sql("listing a table's columns"))?
+            .get(0);
+        stmts.push_str(&match others {
+            Some(cols) => format!(
+                "REVOKE INSERT, UPDATE ON {q} FROM {to};\
+                 GRANT SELECT, DELETE ON {q} TO {to};\
+                 GRANT INSERT ({cols}), UPDATE ({cols}) ON {q} TO {to};"
+            ),
+            None => format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {q} TO {to};"),
+        });
     }
     c.batch_execute(&stmts)
         .await
@@ -257,22 +280,10 @@ async fn check_label_columns(c: &Client, table: &str) -> Result<(), SchemaError>
 }
 
 async fn check_unique_keys(c: &Client, table: &str) -> Result<(), SchemaError> {
-    // An index passes if it includes warden_label, or is a one-column primary key whose
-    // column is an identity or defaults to nextval() or gen_random_uuid().
+    // The rule is `warden.unscoped_key`'s, which the guard also holds labelled tables to.
     let bad = c
         .query(
-            "SELECT i.indexrelid::regclass::text FROM pg_index i \
-             WHERE i.indrelid = $1::text::regclass AND (i.indisunique OR i.indisexclusion) \
-               AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indrelid \
-                   AND a.attname = 'warden_label' \
-                   AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1])) \
-               AND NOT (i.indisprimary AND i.indnkeyatts = 1 AND EXISTS ( \
-                   SELECT 1 FROM pg_attribute a \
-                   LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
-                   WHERE a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
-                     AND (a.attidentity <> '' \
-                          OR pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%' \
-                          OR pg_get_expr(d.adbin, d.adrelid) = 'gen_random_uuid()')))",
+            "SELECT k FROM warden.unscoped_key($1::text::regclass) k WHERE k IS NOT NULL",
             &[&format!("public.{}", quote_ident(table))],
         )
         .await

@@ -102,6 +102,27 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
 $$;
 REVOKE ALL ON FUNCTION warden.fingerprint(oid) FROM PUBLIC;
 
+-- The first unique index or exclusion constraint of `t` not scoped by label: one whose key
+-- columns (not its INCLUDE ones) lack warden_label, other than a one-column primary key filled
+-- by a sequence, an identity or gen_random_uuid() (which label roles cannot write).
+CREATE OR REPLACE FUNCTION warden.unscoped_key(t oid) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT i.indexrelid::regclass::text FROM pg_index i
+    WHERE i.indrelid = t AND (i.indisunique OR i.indisexclusion)
+      AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indrelid
+          AND a.attname = 'warden_label'
+          AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1]))
+      AND NOT (i.indisprimary AND i.indnkeyatts = 1 AND EXISTS (
+          SELECT 1 FROM pg_attribute a
+          LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+          WHERE a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+            AND (a.attidentity <> ''
+                 OR pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%'
+                 OR pg_get_expr(d.adbin, d.adrelid) = 'gen_random_uuid()')))
+    ORDER BY 1 LIMIT 1
+$$;
+REVOKE ALL ON FUNCTION warden.unscoped_key(oid) FROM PUBLIC;
+
 -- What DDL evaluates over a table's rows (outside row security): CHECK and exclusion
 -- constraints (and whether validated), expression and partial indexes. Recorded at labelling;
 -- the guard refuses a change to it on a labelled table that holds rows.
@@ -186,6 +207,15 @@ BEGIN
         RAISE EXCEPTION 'warden: table % is labelled and holds rows; a CHECK or exclusion constraint, expression or partial index on it evaluates the migration''s code over every label''s rows', bad
             USING ERRCODE = 'insufficient_privilege';
     END IF;
+    -- A key not scoped by label lets a low writer probe for higher rows (a duplicate-key
+    -- error); labelling refuses it, and this keeps it off a labelled table afterwards.
+    SELECT c.relname || '.' || warden.unscoped_key(c.oid) INTO bad
+    FROM warden.labelled l JOIN pg_class c ON c.oid = l.relid
+    WHERE warden.unscoped_key(c.oid) IS NOT NULL LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'warden: unique key % is not scoped by label; include warden_label in it', bad
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     -- Grants: only to the app's label roles, only SELECT, INSERT, UPDATE, DELETE on labelled
     -- tables (row security still binds them) and USAGE on sequences; USAGE on the schema
     -- (names only) to anyone.
@@ -263,7 +293,7 @@ pub const DEFINER_GRANTS: &str = r#"
 GRANT SELECT ON warden.roles, warden.labels, warden.settings, warden.labelled TO warden_definer;
 GRANT INSERT ON warden.declassified TO warden_definer;
 GRANT SELECT ON pg_catalog.pg_roles TO warden_definer;
-GRANT EXECUTE ON FUNCTION warden.fingerprint(oid), warden.evaluated(oid),
+GRANT EXECUTE ON FUNCTION warden.fingerprint(oid), warden.evaluated(oid), warden.unscoped_key(oid),
     pg_catalog.pg_relation_size(regclass), pg_catalog.pg_relation_size(regclass, text)
     TO warden_definer;
 ALTER FUNCTION warden.session_label() OWNER TO warden_definer;
