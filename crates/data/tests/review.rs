@@ -235,6 +235,7 @@ async fn role_settings_and_password_are_reset_and_bounded() {
     let s = connect(&login).await.unwrap();
     s.batch_execute(
         "ALTER ROLE CURRENT_USER SET search_path = 'signal';\
+         ALTER ROLE CURRENT_USER IN DATABASE warden_app_notes SET search_path = 'signal';\
          ALTER ROLE CURRENT_USER PASSWORD 'mine'",
     )
     .await
@@ -246,6 +247,19 @@ async fn role_settings_and_password_are_reset_and_bounded() {
     let path: String = s.query_one("SHOW search_path", &[]).await.unwrap().get(0);
     assert_ne!(path, "signal");
     let a = server.admin(None).await.unwrap();
+    let per_db: i64 = a
+        .query_one(
+            "SELECT count(*) FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole \
+             WHERE r.rolname = $1 AND s.setdatabase <> 0",
+            &[&login.role],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        per_db, 0,
+        "the role's own settings for its database are left"
+    );
     for role in [login.role.clone(), owner_role_name("notes")] {
         let row = a
             .query_one(

@@ -354,6 +354,27 @@ impl<'a> Admin<'a> {
             ))
             .await
             .map_err(sql("setting a role's attributes"))?;
+        // `RESET ALL` above is the role's settings in every database; those it set for one
+        // database (`ALTER ROLE CURRENT_USER IN DATABASE ... SET`) go too.
+        let per_db = admin
+            .query(
+                "SELECT d.datname::text FROM pg_db_role_setting s \
+                 JOIN pg_database d ON d.oid = s.setdatabase \
+                 WHERE s.setrole = (SELECT oid FROM pg_roles WHERE rolname = $1)",
+                &[&role],
+            )
+            .await
+            .map_err(sql("listing a role's settings"))?;
+        for row in per_db {
+            let db: String = row.get(0);
+            admin
+                .batch_execute(&format!(
+                    "ALTER ROLE {q} IN DATABASE {} RESET ALL",
+                    quote_ident(&db)
+                ))
+                .await
+                .map_err(sql("resetting a role's settings"))?;
+        }
         Ok(())
     }
 
