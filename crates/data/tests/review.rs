@@ -224,7 +224,7 @@ async fn ddl_evaluating_code_over_labelled_rows_is_refused() {
 }
 
 /// A role's own settings and password are warden's again whenever warden hands out its
-/// login, and every role has a connection limit, an idle-in-transaction timeout and a
+/// login; every app and role has a connection limit, and every role an idle-in-transaction timeout and a
 /// temporary-file limit.
 #[tokio::test]
 async fn role_settings_and_password_are_reset_and_bounded() {
@@ -260,6 +260,15 @@ async fn role_settings_and_password_are_reset_and_bounded() {
         per_db, 0,
         "the role's own settings for its database are left"
     );
+    let app_limit: i32 = a
+        .query_one(
+            "SELECT datconnlimit FROM pg_database WHERE datname = 'warden_app_notes'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(app_limit, 48, "one app's connections are bounded");
     for role in [login.role.clone(), owner_role_name("notes")] {
         let row = a
             .query_one(

@@ -77,6 +77,10 @@ pub enum SchemaError {
 /// Server connections one role may hold: one app cannot take every connection of the server
 /// (the proxy keeps up to 32 idle per target).
 pub const CONNECTION_LIMIT: i32 = 32;
+/// Server connections all of one app's roles may hold together (PostgreSQL's per-database
+/// limit; warden's admin, a superuser, is not held to it): under a private server's 100, so
+/// one app cannot take every connection.
+pub const APP_CONNECTION_LIMIT: i32 = 48;
 /// A transaction left idle this long is ended, so a stalled instance holds no locks for long.
 /// A role's default only: the instance may `SET` it for its own session.
 const IDLE_IN_TRANSACTION: &str = "60s";
@@ -135,7 +139,8 @@ impl<'a> Admin<'a> {
         let qdb = quote_ident(&db);
         let mut stmts = format!(
             "REVOKE ALL ON DATABASE {qdb} FROM PUBLIC;\
-             GRANT CONNECT ON DATABASE {qdb} TO {};",
+             GRANT CONNECT ON DATABASE {qdb} TO {};\
+             ALTER DATABASE {qdb} CONNECTION LIMIT {APP_CONNECTION_LIMIT};",
             quote_ident(&owner)
         );
         if matches!(self.server, Server::Private(_)) {
