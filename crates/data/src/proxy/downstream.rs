@@ -150,8 +150,8 @@ async fn client(mut stream: UnixStream, shared: Arc<Shared>, _slot: OwnedSemapho
     };
     let sets = match allowed(&params) {
         Ok(sets) => sets,
-        Err(name) => {
-            let msg = format!("the data socket does not take the startup parameter \"{name}\"");
+        Err(refused) => {
+            let msg = refused.to_string();
             let hint = format!(
                 "it takes {}; the role and database are the socket's",
                 ALLOWED.join(", ")
@@ -277,8 +277,13 @@ async fn negotiate(stream: &mut UnixStream, shared: &Shared) -> Option<Vec<(Stri
         .flatten()
 }
 
+/// A startup parameter the data socket does not take.
+#[derive(Debug, thiserror::Error)]
+#[error("the data socket does not take the startup parameter \"{0}\"")]
+struct Refused(String);
+
 /// The `SET` statements for a client's parameters, or the first refused name.
-fn allowed(params: &[(String, String)]) -> Result<String, String> {
+fn allowed(params: &[(String, String)]) -> Result<String, Refused> {
     let mut sets = String::new();
     for (name, value) in params {
         if IGNORED.contains(&name.as_str()) {
@@ -288,7 +293,7 @@ fn allowed(params: &[(String, String)]) -> Result<String, String> {
         let canonical = ALLOWED
             .iter()
             .find(|a| a.eq_ignore_ascii_case(name))
-            .ok_or_else(|| name.clone())?;
+            .ok_or_else(|| Refused(name.clone()))?;
         sets.push_str(&format!("SET {canonical} = {};", escape_literal(value)));
     }
     Ok(sets)
