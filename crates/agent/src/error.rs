@@ -77,6 +77,10 @@ pub enum AgentError {
     /// No instance with that id runs on this node.
     #[error("no instance {0:?} runs on this node")]
     UnknownInstance(String),
+    /// A data app's instance was tainted: it is stopped instead of relabelled, since its
+    /// database connections are logged in at the old label and could write down.
+    #[error("instance {0:?} of a data app was tainted; it is stopped, not relabelled (its database connections are at its old label)")]
+    DataTaint(String),
     /// A directory the agent keeps its instances' files in could not be made.
     #[error("cannot create directory {}: {source}", path.display())]
     Directory {
@@ -94,7 +98,9 @@ impl From<AgentError> for InstanceError {
     fn from(e: AgentError) -> Self {
         match e {
             AgentError::UnknownApp(app) => Self::UnknownApp(app),
-            AgentError::UnknownInstance(id) => Self::UnknownInstance(id),
+            AgentError::UnknownInstance(id) | AgentError::DataTaint(id) => {
+                Self::UnknownInstance(id)
+            }
             AgentError::Timeout {
                 ref app, waited_ms, ..
             } => Self::StartTimeout {

@@ -83,6 +83,9 @@ pub struct AgentConfig {
     pub shed_margin: f64,
     /// Read the node's load from this file instead of /proc (see `NodeInfo::load_file`).
     pub load_file: Option<PathBuf>,
+    /// Apps' databases, when this node has a data server: instances of apps with `data` get a
+    /// socket to theirs.
+    pub data: Option<Arc<dyn warden_core::data::DataPlane>>,
 }
 
 struct Inner {
@@ -215,6 +218,7 @@ impl Agent {
             metrics: metrics.clone(),
             stopping: stopping_rx.clone(),
             slugs: slugs.clone(),
+            data: config.data.clone(),
         });
         node.publish(0).await?;
         node.remove_stale_records().await?;
@@ -376,9 +380,20 @@ impl Instances for Agent {
     }
 
     fn relabel(&self, id: &str, label: &str) {
-        if let Err(e) = self.inner.life.relabel(id, label) {
-            // Gone already: it serves nobody.
-            tracing::debug!(instance = %id, error = %e, "relabelling a tainted instance");
+        match self.inner.life.relabel(id, label) {
+            Ok(()) => {}
+            Err(e @ AgentError::DataTaint(_)) => {
+                tracing::warn!(instance = %id, error = %e, "stopping a tainted instance of a data app");
+                let life = self.inner.life.clone();
+                let id = id.to_owned();
+                tokio::spawn(async move {
+                    let _ = life.kill(&id).await;
+                });
+            }
+            Err(e) => {
+                // Gone already: it serves nobody.
+                tracing::debug!(instance = %id, error = %e, "relabelling a tainted instance");
+            }
         }
     }
 

@@ -134,6 +134,8 @@ pub struct Api {
     token: Arc<str>,
     /// The key backups are sealed under (the data dir's `backup-key`); `None`: no backups.
     backup_key: Option<Arc<str>>,
+    /// Apps' databases, when warden has a data server (`None`: apps with `data` are refused).
+    pub data: Option<Arc<dyn warden_core::data::DataPlane>>,
     sync: Option<SyncHook>,
     metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
 }
@@ -159,6 +161,7 @@ impl Api {
             releases: None,
             token: admin_token.into(),
             backup_key: None,
+            data: None,
             sync: None,
             metrics: None,
         }
@@ -168,6 +171,12 @@ impl Api {
     /// files.
     pub fn protecting(mut self, dir: std::path::PathBuf) -> Self {
         self.data_dir = Some(dir);
+        self
+    }
+
+    /// Gives apps with `data` their databases on `data`.
+    pub fn with_data(mut self, data: Arc<dyn warden_core::data::DataPlane>) -> Self {
+        self.data = Some(data);
         self
     }
 

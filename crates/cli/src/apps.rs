@@ -23,7 +23,8 @@ pub enum AppsCommand {
         /// App name
         name: String,
     },
-    /// Remove an app and stop its instances
+    /// Remove an app and stop its instances; an app with --data loses its database (back it up
+    /// first: pg_dump)
     Rm {
         /// App name
         name: String,
@@ -228,6 +229,11 @@ pub struct CreateApp {
     /// on the node's bridge for egress; warden must run as root)
     #[arg(long, value_parser = ["isolated", "bridged"])]
     network: Option<String>,
+    /// A database of the app's own: every instance gets DATABASE_URL to a socket that logs in
+    /// as its label's role (rows are labelled; read down, never written down). `apps rm` drops
+    /// the database: back it up with pg_dump first
+    #[arg(long)]
+    data: bool,
     #[command(flatten)]
     tuning: Tuning,
 }
@@ -251,6 +257,7 @@ impl CreateApp {
             slots,
             warm,
             network,
+            data,
             tuning,
         } = self;
         let mut envs = BTreeMap::new();
@@ -275,6 +282,9 @@ impl CreateApp {
         }
         if let Some(v) = slots {
             body["slots"] = json!(v);
+        }
+        if data {
+            body["data"] = json!(true);
         }
         for (key, v) in [
             ("driver", driver),

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod builds;
+pub mod data;
 pub mod id;
 pub mod identity;
 pub mod instances;

@@ -12,6 +12,7 @@ static ALLOCATOR: alloc::ByRole = alloc::ByRole;
 mod alloc;
 mod cluster;
 mod config;
+mod data;
 mod demo;
 mod files;
 mod listen;

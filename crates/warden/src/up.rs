@@ -123,6 +123,7 @@ fn agent_config(cfg: &Config, node: &str, identity: &IdentityKey) -> warden_agen
         start_margin: cfg.start_margin,
         shed_margin: cfg.shed_margin,
         load_file: cfg.load_file.clone(),
+        data: None,
     }
 }
 
@@ -194,7 +195,7 @@ fn backup_key(dir: &Path) -> anyhow::Result<String> {
 /// The file in the data dir that holds the backup key.
 pub const BACKUP_KEY_FILE: &str = "backup-key";
 
-fn load_or_create(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
+pub(crate) fn load_or_create(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
     if let Some(v) = files::read_private(path)? {
         let v = v.trim().to_owned();
         if !v.is_empty() {
@@ -245,8 +246,10 @@ struct Sources {
 
 /// Starts the agent if this node runs one and, on a cluster, the node port, the instances of
 /// every node, and the checker if this node runs it.
+#[allow(clippy::too_many_arguments)]
 async fn sources(
     cfg: &Config,
+    data: Option<Arc<dyn warden_core::data::DataPlane>>,
     store: &Arc<dyn warden_store::Store>,
     joined: Option<&cluster::Joined>,
     node: &str,
@@ -262,6 +265,7 @@ async fn sources(
     let agent = match cfg.runs(Role::Agent) {
         true => {
             let mut config = agent_config(cfg, node, identity);
+            config.data = data;
             config.advertise = node_port.as_ref().map(|p| p.advertise.to_string());
             let instance_dir = config.instance_dir.clone();
             let agent = warden_agent::Agent::start(store.clone(), config)
@@ -404,8 +408,24 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
+    let data = match crate::data::open(&cfg, clustered).await? {
+        Ok(d) => {
+            tasks.push(tokio::spawn(crate::data::follow_lattice(
+                store.clone(),
+                d.clone(),
+                stop_rx.clone(),
+            )));
+            Ok(d)
+        }
+        Err(why) => Err(why),
+    };
+    let data_plane = data
+        .as_ref()
+        .ok()
+        .map(|d| d.clone() as Arc<dyn warden_core::data::DataPlane>);
     let sources = sources(
         &cfg,
+        data_plane.clone(),
         &store,
         joined.as_ref(),
         &node,
@@ -436,7 +456,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     let mut at = Endpoints::default();
     if cfg.runs(Role::Api) || agent.is_some() {
-        let releases = api::release_api(&cfg, &store, &token, &sources)?;
+        let mut releases = api::release_api(&cfg, &store, &token, &sources)?;
+        if let Some(d) = &data_plane {
+            releases = releases.with_data(d.clone());
+        }
         // Releases an earlier run left unfinished are resumed or failed, and uploads none of
         // them waits for removed, before a new push comes in (through this API or another
         // node's: until then the node port answers that this node is starting).
@@ -466,6 +489,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         format!("{name}: {why}")
     });
     welcome(&cfg, &node, &at, driver.as_deref(), demo_users.as_deref());
+    match &data {
+        Ok(d) => println!(
+            "  data lives in {}",
+            warden_core::data::DataPlane::describe(&**d)
+        ),
+        Err(why) => println!("  data lives in {why}"),
+    }
     if let Some(path) = joined.as_ref().and_then(|j| j.made_token.as_ref()) {
         println!(
             "  join token   {} (other nodes: warden up --store {} --join-token-file FILE)",
@@ -492,6 +522,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     })
     .await;
     let _ = std::fs::remove_file(&endpoints_file);
+    drop(data_plane);
+    if let Ok(d) = data {
+        d.shutdown().await;
+    }
     Ok(())
 }
 

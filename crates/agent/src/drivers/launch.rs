@@ -123,6 +123,9 @@ pub enum LaunchError {
     /// apps update` or `warden config`.
     #[error("the app's environment cannot be passed: {0}; fix it with `warden config` or `warden apps update`")]
     Env(#[from] warden_core::model::EnvError),
+    /// The app's database could not be reached for the instance.
+    #[error("cannot give the instance its database: {0}")]
+    Data(#[from] warden_core::data::DataError),
 }
 
 impl LaunchError {

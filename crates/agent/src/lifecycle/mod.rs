@@ -62,6 +62,9 @@ struct Running {
     /// Set when the agent stops the instance itself, so its exit is not a crash.
     stopping: Arc<AtomicBool>,
     log: PathBuf,
+    /// It holds a socket to its app's database, logged in at its label's role: a taint must
+    /// stop it rather than raise its label (its connections at the old label could write down).
+    data: bool,
 }
 
 #[derive(Default)]
@@ -83,6 +86,8 @@ pub(crate) struct Deps {
     pub stopping: watch::Receiver<bool>,
     /// Brings release slugs this node did not build.
     pub slugs: Arc<warden_slugs::Fetcher>,
+    /// Apps' databases, if this node has a data server.
+    pub data: Option<Arc<dyn warden_core::data::DataPlane>>,
 }
 
 /// The instances of this node.
@@ -332,6 +337,13 @@ impl Lifecycle {
                 .running
                 .get_mut(id)
                 .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
+            if r.data {
+                let old = record_key(&r.record);
+                if let Some(old) = old {
+                    table.unserve(&old, id);
+                }
+                return Err(AgentError::DataTaint(id.to_owned()));
+            }
             let old = record_key(&r.record);
             r.record.label = label.to_owned();
             // A tainted instance no longer counts toward its old label's desired count.

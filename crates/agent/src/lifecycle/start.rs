@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 use warden_core::{
-    keys, model::now_ms, Activity, AppSpec, InstanceRecord, InstanceState, Owner, StartPath,
+    data::{DataError, DataSocket},
+    keys,
+    model::now_ms,
+    Activity, AppSpec, DriverKind, InstanceRecord, InstanceState, Owner, StartPath,
 };
 use warden_store::put_json;
 
@@ -39,6 +42,16 @@ struct Launched {
     id: String,
     path: metrics::Path,
     started: Started,
+    /// The instance's socket to its app's database, held as long as the instance runs.
+    data: Option<DataSocket>,
+}
+
+/// An instance of a data app before its launch: its id, the socket made in its directory,
+/// and the environment that names the socket.
+struct DataPrepared {
+    id: String,
+    socket: DataSocket,
+    env: BTreeMap<String, String>,
 }
 
 // === impl Lifecycle (start) ===
@@ -70,7 +83,8 @@ impl Lifecycle {
         }
         self.reserve(spec)?;
         let began = Instant::now();
-        let launched = match self.launch(spec, label, purpose) {
+        let prepared = self.prepare_data(spec, label, owner).await;
+        let launched = match prepared.and_then(|d| self.launch(spec, label, purpose, d)) {
             Ok(l) => l,
             Err((id, source)) => {
                 self.release(&spec.name);
@@ -101,9 +115,12 @@ impl Lifecycle {
         spec: &AppSpec,
         label: &str,
         purpose: Purpose,
+        data: Option<DataPrepared>,
     ) -> Result<Launched, (String, LaunchError)> {
-        let slot = match (spec.start, purpose) {
-            (StartPath::Slot, Purpose::Serve | Purpose::Kept) => self.deps.pools.take_slot(spec),
+        let slot = match (spec.start, purpose, &data) {
+            (StartPath::Slot, Purpose::Serve | Purpose::Kept, None) => {
+                self.deps.pools.take_slot(spec)
+            }
             _ => None,
         };
         if let Some(slot) = slot {
@@ -114,11 +131,15 @@ impl Lifecycle {
                     id,
                     path: metrics::Path::Slot,
                     started,
+                    data: None,
                 }),
                 Err(e) => Err((id, e)),
             };
         }
-        let id = warden_core::id::short_id();
+        let (id, data_env, socket) = match data {
+            Some(d) => (d.id, d.env, Some(d.socket)),
+            None => (warden_core::id::short_id(), BTreeMap::new(), None),
+        };
         let dir = self.deps.paths.instance(&id);
         let log = self.deps.paths.log(&spec.name, &id);
         let run = match warden_slugs::run_spec(&self.deps.paths.slugs, spec) {
@@ -130,6 +151,7 @@ impl Lifecycle {
             Err(e) => return Err((id, e)),
         };
         env.insert("WARDEN_LABEL".into(), label.to_owned());
+        env.extend(data_env);
         let started = std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -154,9 +176,88 @@ impl Lifecycle {
                 id,
                 path: metrics::Path::Jit,
                 started,
+                data: socket,
             }),
             Err(e) => Err((id, e)),
         }
+    }
+
+    /// For an app with `data`: the instance's id, its directory, and a socket in it that logs
+    /// in as the role of `label` (and the owner's user). The socket's directory is where the
+    /// instance sees it: `/data/.pg` in a sandbox (its private directory is mounted there),
+    /// the directory itself for a process. `None` for other apps.
+    async fn prepare_data(
+        &self,
+        spec: &AppSpec,
+        label: &str,
+        owner: &Owner,
+    ) -> Result<Option<DataPrepared>, (String, LaunchError)> {
+        if !spec.data {
+            return Ok(None);
+        }
+        let id = warden_core::id::short_id();
+        let Some(plane) = &self.deps.data else {
+            return Err((
+                id,
+                DataError(
+                    "the app has data but this node has no data server; start warden with \
+                     --data postgres://ADMIN@HOST/DB or install postgresql"
+                        .into(),
+                )
+                .into(),
+            ));
+        };
+        // Absolute: libpq takes `host` as a socket directory only when it starts with '/'.
+        let dir = std::path::absolute(self.deps.paths.instance(&id))
+            .unwrap_or_else(|_| self.deps.paths.instance(&id));
+        let sandboxed = spec.driver_on(self.deps.drivers.default().0) == DriverKind::Sandbox;
+        let (host_dir, seen_as) = match sandboxed {
+            true => (
+                dir.join(warden_sandbox::DATA_DIR).join(".pg"),
+                format!("{}/.pg", warden_sandbox::DATA_MOUNT),
+            ),
+            false => {
+                let d = dir.join("pg");
+                (d.clone(), d.display().to_string())
+            }
+        };
+        // The instance's own directory (0700, its uid's) guards the socket; this one only
+        // lets that uid reach the socket warden binds as itself.
+        if let Err(source) = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&host_dir)
+        {
+            return Err((
+                id,
+                LaunchError::Create {
+                    path: host_dir,
+                    source,
+                },
+            ));
+        }
+        let user = owner.reserved_for();
+        let socket = host_dir.join(".s.PGSQL.5432");
+        let socket = match plane
+            .attach(&spec.name, label, user.as_deref(), &socket)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => return Err((id, e.into())),
+        };
+        let db = format!("warden_app_{}", spec.name);
+        let env = BTreeMap::from([
+            (
+                "DATABASE_URL".to_owned(),
+                format!("postgresql:///{db}?host={seen_as}"),
+            ),
+            ("PGHOST".to_owned(), seen_as),
+            ("PGDATABASE".to_owned(), db),
+            // libpq names the OS user when no user is given, and an instance's uid has no
+            // name: it would refuse before connecting. The socket ignores it either way.
+            ("PGUSER".to_owned(), "warden".to_owned()),
+        ]);
+        Ok(Some(DataPrepared { id, socket, env }))
     }
 
     /// Records a launched instance, hands its process to a monitor and waits until it is
@@ -170,7 +271,12 @@ impl Lifecycle {
         launched: Launched,
         began: Instant,
     ) -> Result<InstanceRecord, AgentError> {
-        let Launched { id, path, started } = launched;
+        let Launched {
+            id,
+            path,
+            started,
+            data,
+        } = launched;
         let app = spec.name.as_str();
         let log = self.deps.paths.log(app, &id);
         let Started { child, addr, held } = started;
@@ -202,6 +308,7 @@ impl Lifecycle {
                 idle_timeout: Duration::from_millis(spec.idle_timeout_ms),
                 stopping: stopping.clone(),
                 log: log.clone(),
+                data: spec.data,
             },
         );
         let driver = spec.driver_on(self.deps.drivers.default().0);
@@ -213,6 +320,7 @@ impl Lifecycle {
             stopping,
             status: status_tx,
             exited: exit_tx,
+            _data: data,
         };
         tokio::spawn(monitor.run(self.clone()).in_current_span());
         let key = keys::instance(app, &id);
@@ -438,6 +546,9 @@ struct Monitor {
     stopping: Arc<AtomicBool>,
     status: oneshot::Sender<String>,
     exited: watch::Sender<bool>,
+    /// The instance's database socket: dropped with the monitor once the instance is reaped,
+    /// which closes it and every connection made through it.
+    _data: Option<DataSocket>,
 }
 
 impl Monitor {

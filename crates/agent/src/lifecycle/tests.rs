@@ -84,6 +84,7 @@ fn lifecycle(rt: &Runtime, dir: &Path) -> Arc<Lifecycle> {
         metrics,
         stopping,
         slugs: Arc::default(),
+        data: None,
     })
 }
 
@@ -118,6 +119,7 @@ fn add_running(life: &Lifecycle, record: &InstanceRecord) {
             idle_timeout: Duration::ZERO,
             stopping: Arc::new(AtomicBool::new(false)),
             log: PathBuf::new(),
+            data: false,
         },
     );
 }

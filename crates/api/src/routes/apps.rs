@@ -75,6 +75,30 @@ pub async fn list(State(api): State<Api>) -> Result<Json<Vec<AppSpec>>, ApiError
     Ok(Json(apps))
 }
 
+/// Makes the database of an app with `data`, or says how to get a data server. Before the
+/// spec is stored: an app whose instances would find no database is never written.
+async fn create_database(api: &Api, spec: &AppSpec) -> Result<(), ApiError> {
+    let Some(data) = &api.data else {
+        return Err(ApiError::bad_request(
+            "this warden has no data server, so no app can have data: install PostgreSQL's \
+             server programs (Debian and Ubuntu: apt-get install postgresql) and restart \
+             warden, or start it with --data postgres://ADMIN@HOST/DB",
+        ));
+    };
+    if spec.start != warden_core::StartPath::Jit {
+        return Err(ApiError::bad_request(
+            "an app with data starts its instances jit (each gets a socket logged in as its \
+             label's role when it starts); leave `start` out",
+        ));
+    }
+    data.create_app(&spec.name).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot make the app's database: {e}"),
+        )
+    })
+}
+
 /// `POST /v1/apps`
 pub async fn create(
     State(api): State<Api>,
@@ -91,6 +115,9 @@ pub async fn create(
         check_static_dir(&api, dir)?;
     }
     canonical_counts(&api, &mut spec).await?;
+    if spec.data {
+        create_database(&api, &spec).await?;
+    }
     let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
     match api
         .store
@@ -125,8 +152,20 @@ pub async fn remove(
     State(api): State<Api>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    let had_data = warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&name))
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|(s, _)| s.data);
     match api.store.delete(&keys::app_spec(&name)).await? {
         Some(rev) => {
+            // Its database goes with it (backups are `pg_dump`'s): a later app of the name
+            // must not read this one's rows.
+            if let (true, Some(data)) = (had_data, &api.data) {
+                if let Err(e) = data.drop_app(&name).await {
+                    tracing::warn!(app = %name, error = %e, "dropping the removed app's database failed");
+                }
+            }
             api.applied(&keys::app_spec(&name), rev).await;
             // Its releases go with it: an app made later under the name starts at release 1
             // and can never roll back to this one's code or config vars.

@@ -85,6 +85,10 @@ pub struct AppSpec {
     /// surface is why Docker's and ChromeOS's sandboxes deny it too.
     #[serde(default)]
     pub io_uring: bool,
+    /// The app has a database of its own (`warden apps create --data`): every instance gets
+    /// `DATABASE_URL` to a socket that logs in as its label's role. Needs a data server.
+    #[serde(default)]
+    pub data: bool,
     /// The release the app runs (`warden push`): instances run `command` in the release's slug,
     /// which each node resolves to its own copy, so `workdir` stays unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -339,6 +343,7 @@ impl AppSpec {
             health_path: None,
             network: NetworkMode::default(),
             io_uring: false,
+            data: false,
             release: None,
         }
     }

@@ -169,6 +169,9 @@ pub struct UpArgs {
     /// Read this node's load from a JSON file instead of /proc
     #[arg(long)]
     load_file: Option<PathBuf>,
+    /// PostgreSQL for apps' databases: postgres://ADMIN[:PASSWORD]@HOST/DB (default: a private one under the data dir when PostgreSQL is installed; none: no data)
+    #[arg(long)]
+    data: Option<super::types::DataUrl>,
 }
 
 /// Sets `$cfg.$key` from `$args.$key` when the flag was given.
@@ -207,6 +210,9 @@ impl UpArgs {
         );
         if a.load_file.is_some() {
             cfg.load_file = a.load_file;
+        }
+        if a.data.is_some() {
+            cfg.data = a.data;
         }
         for (flag, key) in [
             (

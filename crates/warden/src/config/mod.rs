@@ -148,6 +148,10 @@ pub struct Config {
     /// fractions) instead of /proc: for load measured another way, or to try placement by load
     /// with several nodes on one machine.
     pub load_file: Option<PathBuf>,
+    /// The PostgreSQL apps' databases live on (`postgres://ADMIN[:PASSWORD]@HOST/DB`; the
+    /// password may come from `PGPASSWORD` instead). Unset: a private PostgreSQL under the data
+    /// dir when its server programs are installed, else no data; `none`: no data.
+    pub data: Option<types::DataUrl>,
 }
 
 /// A default duration; never zero.
@@ -210,6 +214,7 @@ impl Default for Config {
             start_margin: 0.1,
             shed_margin: 0.2,
             load_file: None,
+            data: None,
         }
     }
 }

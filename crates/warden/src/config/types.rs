@@ -187,3 +187,23 @@ impl fmt::Display for BridgeName {
 }
 
 serde_by_text!(BridgeName);
+
+/// A PostgreSQL URL warden administers (`--data`); its password is never shown: `Debug` names
+/// only what follows the `@`.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct DataUrl(pub String);
+
+impl std::fmt::Debug for DataUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = self.0.rsplit_once('@').map_or("…", |(_, host)| host);
+        write!(f, "postgres://…@{shown}")
+    }
+}
+
+impl std::str::FromStr for DataUrl {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(DataUrl(s.to_owned()))
+    }
+}

@@ -71,6 +71,7 @@ mod cluster;
 mod cluster_routing;
 mod connections;
 mod crash_bursts;
+mod data_apps;
 mod deploy;
 mod ends;
 mod env_rules;

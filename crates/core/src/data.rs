@@ -1,0 +1,52 @@
+//! The seam between the roles that need an app's database (the agent, the API) and the crate
+//! that administers it (`warden-data`, wired in the binary): the roles depend on this trait
+//! only, so none of them links PostgreSQL's client or knows its SQL.
+
+use std::any::Any;
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+
+/// A future a [`DataPlane`] returns.
+pub type DataFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, DataError>> + Send + 'a>>;
+
+/// Why the data plane could not do what was asked; the message says what to do.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct DataError(pub String);
+
+/// An instance's socket to its app's database: it serves while held and is closed (with every
+/// connection made through it) when dropped.
+pub struct DataSocket(pub Box<dyn Any + Send + Sync>);
+
+impl std::fmt::Debug for DataSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DataSocket")
+    }
+}
+
+/// Apps' databases on the PostgreSQL this node uses.
+pub trait DataPlane: Send + Sync {
+    /// Where data lives, for people (no password): `private PostgreSQL under DIR` or
+    /// `postgres://ADMIN@HOST/DB`.
+    fn describe(&self) -> String;
+    /// Makes the app's database and owner role (idempotent).
+    fn create_app<'a>(&'a self, app: &'a str) -> DataFuture<'a, ()>;
+    /// Drops the app's database and roles.
+    fn drop_app<'a>(&'a self, app: &'a str) -> DataFuture<'a, ()>;
+    /// A socket at `socket` (a path `<dir>/.s.PGSQL.5432`) that logs in to `app`'s database as
+    /// the role of `label` (and `owner`, for an instance reserved for one user).
+    fn attach<'a>(
+        &'a self,
+        app: &'a str,
+        label: &'a str,
+        owner: Option<&'a str>,
+        socket: &'a Path,
+    ) -> DataFuture<'a, DataSocket>;
+}
+
+impl std::fmt::Debug for dyn DataPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}

@@ -1,0 +1,212 @@
+//! Where apps' data lives (`--data`, a private PostgreSQL, or none) and the [`DataPlane`] the
+//! agent and the API reach it through, over `warden-data`.
+
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+use anyhow::Context;
+use warden_auth::lattice::Lattice;
+use warden_core::data::{DataError, DataFuture, DataPlane, DataSocket};
+use warden_data::proxy::{Limits, Listener, Pool, ServerAddr, Target};
+use warden_data::schema::{Admin, DataKey};
+use warden_data::server::{Endpoint, Server, ServerError};
+
+use crate::config::Config;
+
+/// The file in the data dir that holds the data key (hex, mode 0600).
+const DATA_KEY_FILE: &str = "data-key";
+
+/// The data server warden uses, its key, the lattice its labels rank by, and the pool every
+/// instance's socket shares.
+pub struct Data {
+    server: Server,
+    key: DataKey,
+    lattice: RwLock<Lattice>,
+    pool: Pool,
+}
+
+/// The data server the settings name: `--data`'s, a private one under `<data dir>/postgres`
+/// when PostgreSQL's server programs are installed, or none (with why).
+pub async fn open(cfg: &Config, clustered: bool) -> anyhow::Result<Result<Arc<Data>, String>> {
+    let server = match &cfg.data {
+        Some(url) if url.0 == "none" => return Ok(Err("none (--data none)".into())),
+        Some(url) => {
+            if clustered {
+                anyhow::bail!(
+                    "--data on a cluster (etcd store) is not supported yet: every node would need the same data key, which the cluster's secrets do not carry yet; run warden on one node to use --data"
+                );
+            }
+            Server::external(&url.0).context("cannot use --data")?
+        }
+        None if clustered => {
+            return Ok(Err(
+                "none (a cluster needs --data, not supported yet)".into()
+            ))
+        }
+        None => match Server::private(&cfg.data_dir.join("postgres")).await {
+            Ok(s) => s,
+            Err(e @ (ServerError::ProgramsMissing(_) | ServerError::TooOld { .. })) => {
+                return Ok(Err(format!("none ({e})")));
+            }
+            Err(e) => return Err(e).context("cannot start the private PostgreSQL"),
+        },
+    };
+    let key = data_key(&cfg.data_dir)?;
+    Ok(Ok(Arc::new(Data {
+        server,
+        key,
+        lattice: RwLock::new(Lattice::default()),
+        pool: Pool::new(Limits::default()),
+    })))
+}
+
+/// The data key: made once per data dir, mode 0600. Role passwords derive from it, so it must
+/// stay with the data dir (a new key means every role's password changes at its next use).
+fn data_key(dir: &Path) -> anyhow::Result<DataKey> {
+    let path = dir.join(DATA_KEY_FILE);
+    let text = crate::up::load_or_create(&path, warden_core::id::secret_token)?;
+    let bad = || {
+        anyhow::anyhow!(
+            "{} is damaged (it must be 64 hex digits); restore it from a backup of the data dir",
+            path.display()
+        )
+    };
+    if text.len() != 64 {
+        return Err(bad());
+    }
+    let mut key = [0u8; 32];
+    for (i, b) in key.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&text[i * 2..i * 2 + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(DataKey(key))
+}
+
+// === impl Data ===
+
+impl Data {
+    /// Stops a private server.
+    pub async fn shutdown(self: Arc<Self>) {
+        match Arc::try_unwrap(self) {
+            Ok(d) => d.server.shutdown().await,
+            Err(_) => {
+                tracing::warn!("the data server is still in use at stop; it stops with warden")
+            }
+        }
+    }
+
+    fn admin(&self) -> Admin<'_> {
+        let lattice = self
+            .lattice
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Admin::new(&self.server, self.key.clone(), lattice)
+    }
+
+    /// Ranks labels under `lattice` from now on, and re-ranks every app's labels.
+    pub async fn set_lattice(&self, lattice: Lattice) {
+        *self.lattice.write().unwrap_or_else(|e| e.into_inner()) = lattice.clone();
+        if let Err(e) = self.admin().set_lattice(lattice).await {
+            tracing::warn!(error = %e, "re-ranking apps' labels under the new lattice failed");
+        }
+    }
+}
+
+fn data_error(e: impl std::fmt::Display) -> DataError {
+    DataError(e.to_string())
+}
+
+impl DataPlane for Data {
+    fn describe(&self) -> String {
+        format!("{:?}", self.server)
+    }
+
+    fn create_app<'a>(&'a self, app: &'a str) -> DataFuture<'a, ()> {
+        Box::pin(async move {
+            self.admin().create_app(app).await.map_err(data_error)?;
+            Ok(())
+        })
+    }
+
+    fn drop_app<'a>(&'a self, app: &'a str) -> DataFuture<'a, ()> {
+        Box::pin(async move { self.admin().drop_app(app).await.map_err(data_error) })
+    }
+
+    fn attach<'a>(
+        &'a self,
+        app: &'a str,
+        label: &'a str,
+        owner: Option<&'a str>,
+        socket: &'a Path,
+    ) -> DataFuture<'a, DataSocket> {
+        Box::pin(async move {
+            let admin = self.admin();
+            // Tables the app's owner made since (a migration) are labelled before any instance
+            // reaches them: an unlabelled table has no row security. Idempotent.
+            admin.label_tables(app).await.map_err(data_error)?;
+            let login = admin
+                .label_role(app, label, owner)
+                .await
+                .map_err(data_error)?;
+            let server = match &login.endpoint {
+                Endpoint::Socket { dir, port } => ServerAddr::Unix {
+                    dir: dir.clone(),
+                    port: *port,
+                },
+                Endpoint::Tcp { host, port } => ServerAddr::Tcp(format!("{host}:{port}")),
+            };
+            let target = Target {
+                role: login.role.clone(),
+                password: login.password().to_owned(),
+                server,
+                database: login.dbname.clone(),
+            };
+            let listener = Listener::bind(socket, target, self.pool.clone()).map_err(data_error)?;
+            // A sandboxed instance runs as another uid: connecting needs write permission on
+            // the socket; its directory (0700 in the instance's own) is what guards it.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(listener.path(), std::fs::Permissions::from_mode(0o777))
+                .map_err(data_error)?;
+            Ok(DataSocket(Box::new(listener)))
+        })
+    }
+}
+
+/// Gives the data server the lattice stored at `lattice` at start and at every change, so
+/// labels' ranks in every app's database follow it.
+pub async fn follow_lattice(
+    store: Arc<dyn warden_store::Store>,
+    data: Arc<Data>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut follower = warden_store::Follower::new(store, warden_core::keys::LATTICE);
+    loop {
+        let update = tokio::select! {
+            u = follower.next() => u,
+            _ = stop.changed() => return,
+        };
+        let Some(update) = update else { return };
+        let values: Vec<Vec<u8>> = match update {
+            warden_store::Update::Listed(l) => l
+                .entries
+                .into_iter()
+                .filter(|e| e.key == warden_core::keys::LATTICE)
+                .map(|e| e.value)
+                .collect(),
+            warden_store::Update::Changes { events, .. } => events
+                .into_iter()
+                .filter(|e| e.key == warden_core::keys::LATTICE)
+                .filter_map(|e| match e.kind {
+                    warden_store::EventKind::Put(v) => Some(v),
+                    warden_store::EventKind::Delete => None,
+                })
+                .collect(),
+        };
+        for value in values {
+            match serde_json::from_slice::<warden_auth::lattice::Lattice>(&value) {
+                Ok(l) => data.set_lattice(l).await,
+                Err(e) => tracing::warn!(error = %e, "the stored lattice does not read"),
+            }
+        }
+    }
+}

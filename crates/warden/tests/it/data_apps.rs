@@ -1,0 +1,194 @@
+//! Labelled data through `warden up` (issue 34): an app with `--data` gets a database on the
+//! private PostgreSQL, each instance reaches it through a socket logged in as its label's role,
+//! and rows are read down, never across or up. Skipped where PostgreSQL 15 is not installed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+use warden_test_support::http::basic;
+use warden_test_support::{request, Launch, Warden};
+
+use crate::BIN;
+
+const PSQL: &str = "/usr/lib/postgresql/15/bin/psql";
+const PASSWORD: &str = "correct horse battery";
+
+fn postgres_installed() -> bool {
+    let there =
+        Path::new("/usr/lib/postgresql/15/bin/postgres").exists() && Path::new(PSQL).exists();
+    if !there {
+        eprintln!("skipped: PostgreSQL 15's server programs are not installed");
+    }
+    there
+}
+
+/// The notes app's script, in a directory instances' uids can read.
+fn notes_app() -> tempfile::TempDir {
+    let dir = crate::open_dir();
+    let script = dir.path().join("notes.py");
+    std::fs::write(&script, include_str!("data/notes.py")).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    dir
+}
+
+/// Runs `sql` in the app's database as warden's admin (peer authentication: warden's own OS
+/// user, which the test is), as an operator with psql would.
+fn admin_sql(data_dir: &Path, app: &str, sql: &str) -> String {
+    let socket: PathBuf = data_dir.join("postgres").join("run");
+    let out = Command::new(PSQL)
+        .args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-h"])
+        .arg(&socket)
+        .args([
+            "-U",
+            "warden_admin",
+            "-d",
+            &format!("warden_app_{app}"),
+            "-c",
+            sql,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The app's `notes` table, owned by its owner role, as a release migration would make it.
+const MIGRATION: &str = "DO $$ DECLARE o text; BEGIN \
+    SELECT rolname INTO o FROM pg_roles WHERE rolname LIKE 'wo\\_%' \
+      AND has_database_privilege(rolname, current_database(), 'CONNECT'); \
+    CREATE TABLE IF NOT EXISTS public.notes (id serial PRIMARY KEY, body text NOT NULL); \
+    EXECUTE format('ALTER TABLE public.notes OWNER TO %I', o); END $$;";
+
+fn as_user(w: &Warden, user: &str, path: &str) -> Value {
+    let r = request(
+        "GET",
+        &format!("{}/apps/notes/{path}", w.gateway),
+        &[("authorization", &basic(user, PASSWORD))],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+fn setup(w: &Warden, app_dir: &Path) {
+    let lattice = json!({ "levels": ["U", "S"] });
+    assert_eq!(w.api("PUT", "/v1/lattice", Some(lattice)).status, 200);
+    for (name, clearance) in [("ursula", "U"), ("sam", "S")] {
+        let r = w.api(
+            "POST",
+            "/v1/users",
+            Some(json!({ "name": name, "password": PASSWORD, "clearance": clearance })),
+        );
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let spec = json!({
+        "name": "notes",
+        "command": ["python3", app_dir.join("notes.py")],
+        "workdir": app_dir,
+        "driver": "process",
+        "data": true,
+        "start_timeout_ms": 30000,
+    });
+    let r = w.api("POST", "/v1/apps", Some(spec));
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+fn notes(v: &Value) -> Vec<String> {
+    v["notes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|n| n.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_data_app_reads_down_and_keeps_its_rows_across_restarts() {
+    if !postgres_installed() {
+        return;
+    }
+    let app_dir = notes_app();
+    let top = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        top.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .unwrap();
+    let data_dir = top.path().join("data");
+    let mut w = Launch::new(BIN).no_demo().data_dir(&data_dir).start();
+    assert!(
+        w.stdout().contains("data lives in private PostgreSQL"),
+        "{}",
+        w.stdout()
+    );
+    setup(&w, app_dir.path());
+    admin_sql(&data_dir, "notes", MIGRATION);
+
+    assert_eq!(
+        notes(&as_user(&w, "ursula", "?add=low-note")),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        notes(&as_user(&w, "sam", "?add=high-note")),
+        Vec::<String>::new()
+    );
+    assert_eq!(notes(&as_user(&w, "ursula", "")), vec!["low-note"]);
+    assert_eq!(
+        notes(&as_user(&w, "sam", "")),
+        vec!["low-note", "high-note"]
+    );
+
+    // The instance holds no password: the socket is its credential.
+    let env = as_user(&w, "sam", "env");
+    let url = env["DATABASE_URL"].as_str().unwrap();
+    assert!(
+        url.starts_with("postgresql:///warden_app_notes?host=/"),
+        "{url}"
+    );
+    assert!(!url.contains('@') && !url.contains("password"), "{url}");
+    assert_eq!(env["PGPASSWORD"], Value::Null);
+    let key = std::fs::read_to_string(data_dir.join("data-key")).unwrap();
+    for i in w.instances() {
+        let pid = i["pid"].as_u64().unwrap();
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let environ = String::from_utf8_lossy(&environ);
+        assert!(environ.contains("DATABASE_URL="), "{environ}");
+        assert!(
+            !environ.contains("PGPASSWORD") && !environ.contains(key.trim()),
+            "{environ}"
+        );
+    }
+
+    // A second `warden up` on the data dir brings the private PostgreSQL back, rows and all.
+    w.stop();
+    let w = Launch::new(BIN).no_demo().data_dir(&data_dir).start();
+    assert_eq!(
+        notes(&as_user(&w, "sam", "")),
+        vec!["low-note", "high-note"]
+    );
+    assert_eq!(notes(&as_user(&w, "ursula", "")), vec!["low-note"]);
+}
+
+#[test]
+fn an_app_asking_for_data_without_a_data_server_is_refused_with_the_way_to_get_one() {
+    // `--data none`: no data server, as on a node without PostgreSQL.
+    let w = Launch::new(BIN).no_demo().arg("--data").arg("none").start();
+    assert!(w.stdout().contains("data lives in none"), "{}", w.stdout());
+    let r = w.api(
+        "POST",
+        "/v1/apps",
+        Some(json!({ "name": "notes", "command": ["python3"], "data": true })),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let text = r.text();
+    assert!(
+        text.contains("apt-get install postgresql") && text.contains("--data"),
+        "{text}"
+    );
+    assert_eq!(w.api("GET", "/v1/apps/notes", None).status, 404);
+}
