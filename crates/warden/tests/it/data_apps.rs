@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::{json, Value};
+use std::time::Duration;
 use warden_test_support::http::basic;
-use warden_test_support::{request, Launch, Warden};
+
+use warden_test_support::{request, wait_until, Launch, Warden};
 
 use crate::BIN;
 
@@ -163,6 +165,30 @@ fn a_data_app_reads_down_and_keeps_its_rows_across_restarts() {
             "{environ}"
         );
     }
+
+    // A taint would raise ursula's instance to S while its connections stay logged in at U
+    // (they could write down): the instance is stopped instead, and her next request gets a
+    // new one at U.
+    let ids_at = |w: &Warden, label: &str| -> Vec<String> {
+        w.instances()
+            .iter()
+            .filter(|i| i["app"] == "notes" && i["label"] == label)
+            .map(|i| i["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let before = ids_at(&w, "U");
+    assert_eq!(before.len(), 1, "{before:?}");
+    as_user(&w, "ursula", "taint");
+    wait_until(
+        "the tainted data instance to stop",
+        Duration::from_secs(30),
+        || {
+            let all: Vec<Value> = w.instances();
+            (!all.iter().any(|i| i["id"] == before[0].as_str())).then_some(())
+        },
+    );
+    assert_eq!(notes(&as_user(&w, "ursula", "")), vec!["low-note"]);
+    assert!(!ids_at(&w, "U").contains(&before[0]));
 
     // A second `warden up` on the data dir brings the private PostgreSQL back, rows and all.
     w.stop();

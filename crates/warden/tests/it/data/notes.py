@@ -25,6 +25,9 @@ class Notes(BaseHTTPRequestHandler):
             body = {k: os.environ.get(k) for k in ("DATABASE_URL", "PGHOST", "PGDATABASE")}
             body["PGPASSWORD"] = os.environ.get("PGPASSWORD")
             return self.reply(200, body)
+        if url.path.endswith("/taint"):
+            # Says it read something secret: warden must not let it keep its connections.
+            return self.reply(200, {"pid": os.getpid()}, [("X-Warden-Taint", "S")])
         if "add" in q:
             rc, out, err = psql("INSERT INTO notes (body) VALUES (:'body');", body=q["add"][0])
         else:
@@ -33,9 +36,11 @@ class Notes(BaseHTTPRequestHandler):
             return self.reply(500, {"error": err})
         return self.reply(200, {"notes": [l for l in out.splitlines() if l]})
 
-    def reply(self, status, body):
+    def reply(self, status, body, headers=()):
         data = json.dumps(body).encode()
         self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))
         self.end_headers()
