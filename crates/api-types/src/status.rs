@@ -25,6 +25,10 @@ pub struct Status {
     /// Records that do not decode (skipped everywhere else): restore them from a backup, or
     /// delete the app or user and create it again.
     pub damaged: Vec<Damaged>,
+    /// Where apps' data lives, as this node's API sees it (no password): a private PostgreSQL
+    /// under the data dir, the server `--data` names, or `None` (apps cannot have data).
+    #[serde(default)]
+    pub data: Option<String>,
 }
 
 /// Per-app counts.

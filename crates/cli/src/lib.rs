@@ -412,6 +412,10 @@ fn print_status(v: &Status, gateway: Option<&Value>) {
     if let Some(node) = &v.scheduler {
         println!("scheduler: {node}");
     }
+    match &v.data {
+        Some(d) => println!("data lives in: {d}"),
+        None => println!("data lives in: none (apps cannot have data; install postgresql or start warden with --data)"),
+    }
     for a in &v.apps {
         for (label, nodes) in &a.placed {
             let want = u64::from(a.desired.get(label).copied().unwrap_or(0));

@@ -167,5 +167,6 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
         users: users.entries.len(),
         apps,
         damaged,
+        data: api.data.as_ref().map(|d| d.describe()),
     }))
 }

@@ -34,21 +34,14 @@ fn notes_app() -> tempfile::TempDir {
     dir
 }
 
-/// Runs `sql` in the app's database as warden's admin (peer authentication: warden's own OS
+/// Runs `sql` in database `db` as warden's admin (peer authentication: warden's own OS
 /// user, which the test is), as an operator with psql would.
-fn admin_sql(data_dir: &Path, app: &str, sql: &str) -> String {
+fn admin_sql(data_dir: &Path, db: &str, sql: &str) -> String {
     let socket: PathBuf = data_dir.join("postgres").join("run");
     let out = Command::new(PSQL)
         .args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-h"])
         .arg(&socket)
-        .args([
-            "-U",
-            "warden_admin",
-            "-d",
-            &format!("warden_app_{app}"),
-            "-c",
-            sql,
-        ])
+        .args(["-U", "warden_admin", "-d", db, "-c", sql])
         .output()
         .unwrap();
     assert!(
@@ -128,8 +121,13 @@ fn a_data_app_reads_down_and_keeps_its_rows_across_restarts() {
         "{}",
         w.stdout()
     );
+    let status = w.api("GET", "/v1/status", None).json();
+    let data = status["data"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(data.starts_with("private PostgreSQL under "), "{data}");
     setup(&w, app_dir.path());
-    admin_sql(&data_dir, "notes", MIGRATION);
+    admin_sql(&data_dir, "warden_app_notes", MIGRATION);
 
     assert_eq!(
         notes(&as_user(&w, "ursula", "?add=low-note")),
@@ -198,6 +196,14 @@ fn a_data_app_reads_down_and_keeps_its_rows_across_restarts() {
         vec!["low-note", "high-note"]
     );
     assert_eq!(notes(&as_user(&w, "ursula", "")), vec!["low-note"]);
+
+    // `apps rm` drops the database: a later app of the name starts empty.
+    assert_eq!(w.api("DELETE", "/v1/apps/notes", None).status, 204);
+    let dbs = admin_sql(&data_dir, "postgres", "SELECT datname FROM pg_database");
+    assert!(
+        dbs.contains("template1") && !dbs.contains("warden_app_notes"),
+        "{dbs}"
+    );
 }
 
 #[test]
@@ -217,4 +223,16 @@ fn an_app_asking_for_data_without_a_data_server_is_refused_with_the_way_to_get_o
         "{text}"
     );
     assert_eq!(w.api("GET", "/v1/apps/notes", None).status, 404);
+    assert_eq!(w.api("GET", "/v1/status", None).json()["data"], Value::Null);
+    // The CLI says the same.
+    let env = [
+        ("WARDEN_API", w.api.as_str()),
+        ("WARDEN_TOKEN", w.token.as_str()),
+    ];
+    let (ok, _, err) = warden_test_support::cli(
+        BIN,
+        &["apps", "create", "notes", "--data", "--", "python3"],
+        &env,
+    );
+    assert!(!ok && err.contains("apt-get install postgresql"), "{err}");
 }
