@@ -70,7 +70,7 @@ fn as_user(w: &Warden, user: &str, path: &str) -> Value {
     r.json()
 }
 
-fn setup(w: &Warden, app_dir: &Path) {
+fn setup(w: &Warden, app_dir: &Path, driver: &str) {
     let lattice = json!({ "levels": ["U", "S"] });
     assert_eq!(w.api("PUT", "/v1/lattice", Some(lattice)).status, 200);
     for (name, clearance) in [("ursula", "U"), ("sam", "S")] {
@@ -85,12 +85,38 @@ fn setup(w: &Warden, app_dir: &Path) {
         "name": "notes",
         "command": ["python3", app_dir.join("notes.py")],
         "workdir": app_dir,
-        "driver": "process",
+        "driver": driver,
         "data": true,
         "start_timeout_ms": 30000,
     });
     let r = w.api("POST", "/v1/apps", Some(spec));
     assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// `pid` and its descendants.
+fn tree(pid: u32) -> Vec<u32> {
+    let parent_of = |p: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        rest.split(' ').nth(1)?.parse().ok()
+    };
+    let all: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let mut found = vec![pid];
+    loop {
+        let more: Vec<u32> = all
+            .iter()
+            .copied()
+            .filter(|p| !found.contains(p) && parent_of(*p).is_some_and(|pp| found.contains(&pp)))
+            .collect();
+        if more.is_empty() {
+            return found;
+        }
+        found.extend(more);
+    }
 }
 
 fn notes(v: &Value) -> Vec<String> {
@@ -104,6 +130,15 @@ fn notes(v: &Value) -> Vec<String> {
 
 #[test]
 fn a_data_app_reads_down_and_keeps_its_rows_across_restarts() {
+    notes_through("process");
+}
+
+#[test]
+fn a_sandboxed_data_app_reads_down_and_keeps_its_rows_across_restarts() {
+    notes_through("sandbox");
+}
+
+fn notes_through(driver: &str) {
     if !postgres_installed() {
         return;
     }
@@ -126,7 +161,7 @@ fn a_data_app_reads_down_and_keeps_its_rows_across_restarts() {
         .as_str()
         .unwrap_or_else(|| panic!("{status}"));
     assert!(data.starts_with("private PostgreSQL under "), "{data}");
-    setup(&w, app_dir.path());
+    setup(&w, app_dir.path(), driver);
     admin_sql(&data_dir, "warden_app_notes", MIGRATION);
 
     assert_eq!(
@@ -151,17 +186,28 @@ fn a_data_app_reads_down_and_keeps_its_rows_across_restarts() {
         "{url}"
     );
     assert!(!url.contains('@') && !url.contains("password"), "{url}");
+    // A sandbox sees its private directory at /data, the socket's directory inside it.
+    assert_eq!(
+        driver == "sandbox",
+        url.ends_with("?host=/data/.pg"),
+        "{url}"
+    );
     assert_eq!(env["PGPASSWORD"], Value::Null);
     let key = std::fs::read_to_string(data_dir.join("data-key")).unwrap();
     for i in w.instances() {
-        let pid = i["pid"].as_u64().unwrap();
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        let environ = String::from_utf8_lossy(&environ);
-        assert!(environ.contains("DATABASE_URL="), "{environ}");
+        // The instance's process and everything under it (a sandbox's init runs the app).
+        let environs: Vec<String> = tree(i["pid"].as_u64().unwrap() as u32)
+            .into_iter()
+            .map(|pid| std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default())
+            .map(|e| String::from_utf8_lossy(&e).into_owned())
+            .collect();
         assert!(
-            !environ.contains("PGPASSWORD") && !environ.contains(key.trim()),
-            "{environ}"
+            environs.iter().any(|e| e.contains("DATABASE_URL=")),
+            "{environs:?}"
         );
+        for e in &environs {
+            assert!(!e.contains("PGPASSWORD") && !e.contains(key.trim()), "{e}");
+        }
     }
 
     // A taint would raise ursula's instance to S while its connections stay logged in at U
