@@ -137,6 +137,7 @@ pub struct Launch {
     bin: PathBuf,
     dir: Option<PathBuf>,
     demo: bool,
+    data: bool,
     extra: Vec<String>,
     wrapper: Vec<String>,
     log: String,
@@ -149,6 +150,7 @@ impl Launch {
             bin: bin.as_ref().to_owned(),
             dir: None,
             demo: true,
+            data: false,
             extra: vec![],
             wrapper: vec![],
             log: "info,warden=debug".into(),
@@ -176,6 +178,14 @@ impl Launch {
     /// Uses `dir` as data dir instead of a fresh temporary one.
     pub fn data_dir(mut self, dir: impl AsRef<Path>) -> Self {
         self.dir = Some(dir.as_ref().to_owned());
+        self
+    }
+
+    /// With the data server warden picks by default (a private PostgreSQL where it is
+    /// installed). Without this, `--data none`: most tests need no database, and a PostgreSQL
+    /// per warden would slow every one of them.
+    pub fn with_data(mut self) -> Self {
+        self.data = true;
         self
     }
 
@@ -222,6 +232,9 @@ impl Launch {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+        if !self.data && !self.extra.iter().any(|a| a == "--data") {
+            cmd.args(["--data", "none"]);
+        }
         if self.demo {
             // Never the fixed demo TLS port: tests run side by side.
             cmd.args(["--demo", "--tls-listen", "127.0.0.1:0"]);

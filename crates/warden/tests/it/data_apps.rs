@@ -150,7 +150,11 @@ fn notes_through(driver: &str) {
     )
     .unwrap();
     let data_dir = top.path().join("data");
-    let mut w = Launch::new(BIN).no_demo().data_dir(&data_dir).start();
+    let mut w = Launch::new(BIN)
+        .no_demo()
+        .with_data()
+        .data_dir(&data_dir)
+        .start();
     assert!(
         w.stdout().contains("data lives in private PostgreSQL"),
         "{}",
@@ -236,7 +240,11 @@ fn notes_through(driver: &str) {
 
     // A second `warden up` on the data dir brings the private PostgreSQL back, rows and all.
     w.stop();
-    let w = Launch::new(BIN).no_demo().data_dir(&data_dir).start();
+    let w = Launch::new(BIN)
+        .no_demo()
+        .with_data()
+        .data_dir(&data_dir)
+        .start();
     assert_eq!(
         notes(&as_user(&w, "sam", "")),
         vec!["low-note", "high-note"]
