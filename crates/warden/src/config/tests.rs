@@ -123,3 +123,17 @@ fn durations_read_like_people_write_them() {
     assert!("15".parse::<Human>().is_err());
     assert_eq!(Human(Duration::from_secs(43_200)).to_string(), "12h");
 }
+
+#[test]
+fn the_data_url_is_a_flag_and_a_key_and_its_password_is_never_shown() {
+    let cfg = flags(&["--data", "postgres://admin:hunter2@db.internal/postgres"]).unwrap();
+    let url = cfg.data.clone().expect("--data is kept");
+    assert_eq!(url.0, "postgres://admin:hunter2@db.internal/postgres");
+    let shown = format!("{cfg:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains("db.internal/postgres"), "{shown}");
+    let f = file("data = \"none\"\n");
+    let cfg = flags(&["--config", f.path().to_str().unwrap()]).unwrap();
+    assert_eq!(cfg.data.map(|d| d.0).as_deref(), Some("none"));
+    assert!(Config::default().data.is_none());
+}

@@ -214,6 +214,28 @@ fn notes_through(driver: &str) {
         }
     }
 
+    // A lattice change re-ranks the labels in the database: with C between U and S, S (now
+    // rank 2) still reads a C row, and C no longer reads S's rows (both were rank 1 before).
+    let lattice = json!({ "levels": ["U", "C", "S"] });
+    assert_eq!(w.api("PUT", "/v1/lattice", Some(lattice)).status, 200);
+    let r = w.api(
+        "POST",
+        "/v1/users",
+        Some(json!({ "name": "cora", "password": PASSWORD, "clearance": "C" })),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    wait_until(
+        "the lattice to reach the database",
+        Duration::from_secs(30),
+        || (notes(&as_user(&w, "cora", "")) == vec!["low-note"]).then_some(()),
+    );
+    as_user(&w, "cora", "?add=mid-note");
+    assert_eq!(
+        notes(&as_user(&w, "sam", "")),
+        vec!["low-note", "high-note", "mid-note"]
+    );
+    assert_eq!(notes(&as_user(&w, "ursula", "")), vec!["low-note"]);
+
     // A taint would raise ursula's instance to S while its connections stay logged in at U
     // (they could write down): the instance is stopped instead, and her next request gets a
     // new one at U.
@@ -247,7 +269,7 @@ fn notes_through(driver: &str) {
         .start();
     assert_eq!(
         notes(&as_user(&w, "sam", "")),
-        vec!["low-note", "high-note"]
+        vec!["low-note", "high-note", "mid-note"]
     );
     assert_eq!(notes(&as_user(&w, "ursula", "")), vec!["low-note"]);
 
