@@ -48,7 +48,13 @@ pub async fn open(cfg: &Config, clustered: bool) -> anyhow::Result<Result<Arc<Da
             Err(e @ (ServerError::ProgramsMissing(_) | ServerError::TooOld { .. })) => {
                 return Ok(Err(format!("none ({e})")));
             }
-            Err(e) => return Err(e).context("cannot start the private PostgreSQL"),
+            // Everything but data still works: say why, and apps with data are refused.
+            Err(e) => {
+                tracing::error!(error = %e, "the private PostgreSQL did not start; apps cannot have data until it does");
+                return Ok(Err(format!(
+                    "none (the private PostgreSQL did not start: {e})"
+                )));
+            }
         },
     };
     let key = data_key(&cfg.data_dir)?;
@@ -88,9 +94,9 @@ impl Data {
     pub async fn shutdown(self: Arc<Self>) {
         match Arc::try_unwrap(self) {
             Ok(d) => d.server.shutdown().await,
-            Err(_) => {
-                tracing::warn!("the data server is still in use at stop; it stops with warden")
-            }
+            // Held by the agent or the API a little longer: the private server stops when the
+            // last of them lets go (`PrivateServer`'s drop), or with warden's process.
+            Err(_) => tracing::debug!("the data server is still held at stop"),
         }
     }
 

@@ -488,14 +488,17 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         };
         format!("{name}: {why}")
     });
-    welcome(&cfg, &node, &at, driver.as_deref(), demo_users.as_deref());
-    match &data {
-        Ok(d) => println!(
-            "  data lives in {}",
-            warden_core::data::DataPlane::describe(&**d)
-        ),
-        Err(why) => println!("  data lives in {why}"),
-    }
+    let data_at = match &data {
+        Ok(d) => warden_core::data::DataPlane::describe(&**d),
+        Err(why) => why.clone(),
+    };
+    welcome(
+        &cfg,
+        &node,
+        &at,
+        [driver.as_deref(), Some(&data_at)],
+        demo_users.as_deref(),
+    );
     if let Some(path) = joined.as_ref().and_then(|j| j.made_token.as_ref()) {
         println!(
             "  join token   {} (other nodes: warden up --store {} --join-token-file FILE)",
@@ -547,7 +550,7 @@ fn welcome(
     cfg: &Config,
     node: &str,
     at: &Endpoints,
-    driver: Option<&str>,
+    [driver, data]: [Option<&str>; 2],
     users: Option<&[demo::DemoUser]>,
 ) {
     let dir = &cfg.data_dir;
@@ -570,6 +573,9 @@ fn welcome(
     }
     if let Some(d) = driver {
         println!("  apps run in  {d}");
+    }
+    if let Some(d) = data {
+        println!("  data lives in {d}");
     }
     if let Some(users) = users {
         demo_users(dir, at, users);
