@@ -31,11 +31,7 @@ pub async fn open(cfg: &Config, clustered: bool) -> anyhow::Result<Result<Arc<Da
     let server = match &cfg.data {
         Some(url) if url.0 == "none" => return Ok(Err("none (--data none)".into())),
         Some(url) => {
-            if clustered {
-                anyhow::bail!(
-                    "--data on a cluster (etcd store) is not supported yet: every node would need the same data key, which the cluster's secrets do not carry yet; run warden on one node to use --data"
-                );
-            }
+            refuse_on_cluster(cfg, clustered)?;
             Server::external(&url.0).context("cannot use --data")?
         }
         None if clustered => {
@@ -64,6 +60,17 @@ pub async fn open(cfg: &Config, clustered: bool) -> anyhow::Result<Result<Arc<Da
         lattice: RwLock::new(Lattice::default()),
         pool: Pool::new(Limits::default()),
     })))
+}
+
+/// `--data` on a cluster: every node would need the same data key, which the cluster's sealed
+/// secrets do not carry yet.
+pub fn refuse_on_cluster(cfg: &Config, clustered: bool) -> anyhow::Result<()> {
+    match &cfg.data {
+        Some(url) if clustered && url.0 != "none" => anyhow::bail!(
+            "--data on a cluster (etcd store) is not supported yet: every node would need the same data key, which the cluster's secrets do not carry yet; run warden on one node to use --data, or leave --data out"
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// The data key: made once per data dir, mode 0600. Role passwords derive from it, so it must

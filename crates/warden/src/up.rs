@@ -381,6 +381,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&endpoints_file);
     let backend = cfg.store_backend();
     let clustered = matches!(backend, warden_store::Backend::Etcd(_));
+    // Before the store is touched: a refused node leaves no cluster behind.
+    crate::data::refuse_on_cluster(&cfg, clustered)?;
     if !clustered {
         refuse_lost_store(dir)?;
     }

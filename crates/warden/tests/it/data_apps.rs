@@ -312,3 +312,21 @@ fn an_app_asking_for_data_without_a_data_server_is_refused_with_the_way_to_get_o
     );
     assert!(!ok && err.contains("apt-get install postgresql"), "{err}");
 }
+
+#[test]
+fn data_on_a_cluster_is_refused_until_its_secrets_carry_the_data_key() {
+    let cluster = warden_test_support::etcd::EtcdCluster::start(1);
+    let err = crate::cluster::node(
+        &cluster,
+        "n1",
+        &["--data", "postgres://admin:hunter2@127.0.0.1/postgres"],
+    )
+    .start_refused();
+    assert!(err.contains("--data on a cluster"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+    // Without --data a cluster node runs, with no data.
+    let w = crate::cluster::node(&cluster, "n1", &[])
+        .with_data()
+        .start();
+    assert!(w.stdout().contains("data lives in none"), "{}", w.stdout());
+}
