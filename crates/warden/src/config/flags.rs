@@ -169,7 +169,7 @@ pub struct UpArgs {
     /// Read this node's load from a JSON file instead of /proc
     #[arg(long)]
     load_file: Option<PathBuf>,
-    /// PostgreSQL for apps' databases: postgres://ADMIN[:PASSWORD]@HOST/DB (default: a private one under the data dir when PostgreSQL is installed; none: no data)
+    /// PostgreSQL for apps' databases: postgres://ADMIN@HOST/DB, or ADMIN:PASSWORD@ where it needs one (default: a private one under the data dir when PostgreSQL is installed; none: no data)
     #[arg(long)]
     data: Option<super::types::DataUrl>,
 }
