@@ -247,6 +247,7 @@ pub async fn update(
             .map_err(|e| ApiError::bad_request(format!("the patched spec does not read: {e}")))?;
         next.validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        data_unchanged(&spec, &next)?;
         if let Some(dir) = &next.static_dir {
             if !is_release_site(&api, &next, dir) {
                 check_static_dir(&api, dir)?;
@@ -268,6 +269,25 @@ pub async fn update(
     Err(ApiError::conflict(format!(
         "app {name:?} kept changing while it was updated; try again"
     )))
+}
+
+/// Refuses a patch that would give an app data it has no database for, take it away from
+/// instances that hold a database's socket, or start a data app's instances other than jit:
+/// an app's data is decided when it is made (`create_database`) and removed with it.
+fn data_unchanged(before: &AppSpec, after: &AppSpec) -> Result<(), ApiError> {
+    if before.data != after.data {
+        return Err(ApiError::bad_request(
+            "whether an app has data is chosen when it is created: create an app with \
+             `--data` (its database is made then) and remove this one (which drops its database)",
+        ));
+    }
+    if after.data && after.start != warden_core::StartPath::Jit {
+        return Err(ApiError::bad_request(
+            "an app with data starts its instances jit (each gets a socket logged in as its \
+             label's role when it starts); leave `start` as it is",
+        ));
+    }
+    Ok(())
 }
 
 /// A patch's `desired` and `warm` keys under the lattice's canonical labels, so that they

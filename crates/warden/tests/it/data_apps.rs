@@ -167,6 +167,14 @@ fn notes_through(driver: &str) {
     assert!(data.starts_with("private PostgreSQL under "), "{data}");
     setup(&w, app_dir.path(), driver);
     admin_sql(&data_dir, "warden_app_notes", MIGRATION);
+    // A patch neither takes the data away nor starts its instances ahead of their label.
+    for patch in [
+        json!({ "data": false }),
+        json!({ "start": "warm", "warm": { "U": 1 } }),
+    ] {
+        let r = w.api("PATCH", "/v1/apps/notes", Some(patch.clone()));
+        assert_eq!(r.status, 400, "{patch}: {}", r.text());
+    }
 
     assert_eq!(
         notes(&as_user(&w, "ursula", "?add=low-note")),
@@ -300,6 +308,21 @@ fn an_app_asking_for_data_without_a_data_server_is_refused_with_the_way_to_get_o
     );
     assert_eq!(w.api("GET", "/v1/apps/notes", None).status, 404);
     assert_eq!(w.api("GET", "/v1/status", None).json()["data"], Value::Null);
+    // Nor can a patch give an existing app data it has no database for.
+    let r = w.api(
+        "POST",
+        "/v1/apps",
+        Some(json!({ "name": "plain", "command": ["python3"] })),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = w.api("PATCH", "/v1/apps/plain", Some(json!({ "data": true })));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.text().contains("chosen when it is created"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(w.api("GET", "/v1/apps/plain", None).json()["data"], false);
     // The CLI says the same.
     let env = [
         ("WARDEN_API", w.api.as_str()),
