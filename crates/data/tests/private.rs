@@ -146,3 +146,24 @@ async fn a_private_server_dies_with_its_holder_and_a_start_copes_with_what_is_le
         .shutdown()
         .await;
 }
+
+/// warden's default data dir is relative (`warden-data`), and initdb and postgres run with
+/// the server's directory as their working directory: a relative path must still start it.
+#[tokio::test]
+async fn a_private_server_starts_under_a_relative_directory() {
+    let top = tempfile::tempdir().unwrap();
+    // The postgres user must reach the directory (tempdirs are 0700).
+    std::fs::set_permissions(
+        top.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    // Each test runs in a process of its own (nextest), so moving this one's directory is safe.
+    std::env::set_current_dir(top.path()).unwrap();
+    let server = Server::private(std::path::Path::new("warden-data/postgres"))
+        .await
+        .expect("a private server under a relative directory starts");
+    let c = server.admin(None).await.expect("the admin connects");
+    let one: i32 = c.query_one("SELECT 1", &[]).await.unwrap().get(0);
+    assert_eq!(one, 1);
+}

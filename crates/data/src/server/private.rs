@@ -68,7 +68,14 @@ impl PrivateServer {
     /// Finds the server programs, initialises `dir/pgdata` if it is new, stops an orphaned
     /// server of the same dir, starts one and waits until it accepts connections.
     pub async fn start(dir: &Path) -> Result<Self, ServerError> {
-        let dir = dir.to_owned();
+        // Absolute before anything runs: initdb and postgres run with the data dir as their
+        // working directory, where a relative path (warden's default data dir is one) would
+        // name somewhere else.
+        let dir = std::path::absolute(dir).map_err(|source| ServerError::Io {
+            what: "resolving the private PostgreSQL's directory",
+            path: dir.to_owned(),
+            source,
+        })?;
         let server = tokio::task::spawn_blocking(move || Self::start_blocking(&dir))
             .await
             .map_err(|e| ServerError::Io {
