@@ -26,17 +26,21 @@ pub struct Data {
 }
 
 /// The data server the settings name: `--data`'s, a private one under `<data dir>/postgres`
-/// when PostgreSQL's server programs are installed, or none (with why).
-pub async fn open(cfg: &Config, clustered: bool) -> anyhow::Result<Result<Arc<Data>, String>> {
+/// when PostgreSQL's server programs are installed, or none (with why). `cluster` is the
+/// cluster's secrets on an etcd store (`None` on one node): the data key derives from them.
+pub async fn open(
+    cfg: &Config,
+    cluster: Option<&crate::cluster::Secrets>,
+) -> anyhow::Result<Result<Arc<Data>, String>> {
     let server = match &cfg.data {
         Some(url) if url.0 == "none" => return Ok(Err("none (--data none)".into())),
-        Some(url) => {
-            refuse_on_cluster(cfg, clustered)?;
-            Server::external(&url.0).context("cannot use --data")?
-        }
-        None if clustered => {
+        Some(url) => Server::external(&url.0).context("cannot use --data")?,
+        // A private PostgreSQL per node would split an app's data between nodes.
+        None if cluster.is_some() => {
             return Ok(Err(
-                "none (a cluster needs --data, not supported yet)".into()
+                "none (a cluster keeps apps' data in one PostgreSQL every node reaches: start \
+                 each node with --data postgres://ADMIN@HOST/DB)"
+                    .into(),
             ))
         }
         None => match Server::private(&cfg.data_dir.join("postgres")).await {
@@ -53,7 +57,10 @@ pub async fn open(cfg: &Config, clustered: bool) -> anyhow::Result<Result<Arc<Da
             }
         },
     };
-    let key = data_key(&cfg.data_dir)?;
+    let key = match cluster {
+        Some(secrets) => cluster_data_key(&secrets.identity_key)?,
+        None => data_key(&cfg.data_dir)?,
+    };
     Ok(Ok(Arc::new(Data {
         server,
         key,
@@ -62,35 +69,62 @@ pub async fn open(cfg: &Config, clustered: bool) -> anyhow::Result<Result<Arc<Da
     })))
 }
 
-/// `--data` on a cluster: every node would need the same data key, which the cluster's sealed
-/// secrets do not carry yet.
-pub fn refuse_on_cluster(cfg: &Config, clustered: bool) -> anyhow::Result<()> {
-    match &cfg.data {
-        Some(url) if clustered && url.0 != "none" => anyhow::bail!(
-            "--data on a cluster (etcd store) is not supported yet: every node would need the same data key, which the cluster's secrets do not carry yet; run warden on one node to use --data, or leave --data out"
-        ),
-        _ => Ok(()),
+/// HKDF's info for the data key: what sets it apart from every other key derived from the
+/// cluster's identity key.
+const CLUSTER_DATA_KEY_INFO: &[u8] = b"warden data key v1";
+
+/// A cluster's data key: HKDF-SHA256 of the cluster's identity key (which every node opens
+/// from the sealed secrets with the join token), with an info string of its own. Every node
+/// derives the same key and nothing new is stored; role passwords are HMACs of it, so two
+/// nodes attaching instances of one label set the same password rather than each other's.
+/// The identity key itself never leaves warden (instances get HMACs of it, never it), so no
+/// instance can derive this key.
+fn cluster_data_key(identity_hex: &str) -> anyhow::Result<DataKey> {
+    let identity = decode_key(identity_hex.trim()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "the cluster's identity key is damaged (it must be 64 hex digits); this node cannot \
+             derive the data key: start it again with the cluster's join token"
+        )
+    })?;
+    struct Len;
+    impl ring::hkdf::KeyType for Len {
+        fn len(&self) -> usize {
+            32
+        }
     }
+    let mut key = [0u8; 32];
+    ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, CLUSTER_DATA_KEY_INFO)
+        .extract(&identity)
+        .expand(&[CLUSTER_DATA_KEY_INFO], Len)
+        .and_then(|okm| okm.fill(&mut key))
+        .map_err(|_| anyhow::anyhow!("cannot derive the data key from the cluster's secrets"))?;
+    Ok(DataKey(key))
 }
 
-/// The data key: made once per data dir, mode 0600. Role passwords derive from it, so it must
-/// stay with the data dir (a new key means every role's password changes at its next use).
+/// 64 hex digits as 32 bytes.
+fn decode_key(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut key = [0u8; 32];
+    for (i, b) in key.iter_mut().enumerate() {
+        *b = u8::from_str_radix(text.get(i * 2..i * 2 + 2)?, 16).ok()?;
+    }
+    Some(key)
+}
+
+/// The data key of one node: made once per data dir, mode 0600. Role passwords derive from
+/// it, so it must stay with the data dir (a new key means every role's password changes at its
+/// next use).
 fn data_key(dir: &Path) -> anyhow::Result<DataKey> {
     let path = dir.join(DATA_KEY_FILE);
     let text = crate::up::load_or_create(&path, warden_core::id::secret_token)?;
-    let bad = || {
+    let key = decode_key(&text).ok_or_else(|| {
         anyhow::anyhow!(
             "{} is damaged (it must be 64 hex digits); restore it from a backup of the data dir",
             path.display()
         )
-    };
-    if text.len() != 64 {
-        return Err(bad());
-    }
-    let mut key = [0u8; 32];
-    for (i, b) in key.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&text[i * 2..i * 2 + 2], 16).map_err(|_| bad())?;
-    }
+    })?;
     Ok(DataKey(key))
 }
 
@@ -221,5 +255,20 @@ pub async fn follow_lattice(
                 Err(e) => tracing::warn!(error = %e, "the stored lattice does not read"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_node_derives_the_same_data_key_from_the_clusters_and_no_other() {
+        let identity = "11".repeat(32);
+        let a = cluster_data_key(&identity).unwrap();
+        assert_eq!(a.0, cluster_data_key(&format!("{identity}\n")).unwrap().0);
+        assert_ne!(a.0, [0x11; 32], "derived, not the identity key itself");
+        assert_ne!(a.0, cluster_data_key(&"12".repeat(32)).unwrap().0);
+        assert!(cluster_data_key("not hex").is_err());
     }
 }

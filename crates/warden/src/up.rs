@@ -324,8 +324,6 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&endpoints_file);
     let backend = cfg.store_backend();
     let clustered = matches!(backend, warden_store::Backend::Etcd(_));
-    // Before the store is touched: a refused node leaves no cluster behind.
-    crate::data::refuse_on_cluster(&cfg, clustered)?;
     if !clustered {
         refuse_lost_store(dir)?;
     }
@@ -353,7 +351,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
-    let data = match crate::data::open(&cfg, clustered).await? {
+    let data = match crate::data::open(&cfg, joined.as_ref().map(|j| &j.secrets)).await? {
         Ok(d) => {
             tasks.push(tokio::spawn(crate::data::follow_lattice(
                 store.clone(),

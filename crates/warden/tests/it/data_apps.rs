@@ -13,10 +13,10 @@ use warden_test_support::{request, wait_until, Launch, Warden};
 
 use crate::BIN;
 
-const PSQL: &str = "/usr/lib/postgresql/15/bin/psql";
+pub(crate) const PSQL: &str = "/usr/lib/postgresql/15/bin/psql";
 const PASSWORD: &str = "correct horse battery";
 
-fn postgres_installed() -> bool {
+pub(crate) fn postgres_installed() -> bool {
     let there =
         Path::new("/usr/lib/postgresql/15/bin/postgres").exists() && Path::new(PSQL).exists();
     if !there {
@@ -26,7 +26,7 @@ fn postgres_installed() -> bool {
 }
 
 /// The notes app's script, in a directory instances' uids can read.
-fn notes_app() -> tempfile::TempDir {
+pub(crate) fn notes_app() -> tempfile::TempDir {
     let dir = crate::open_dir();
     let script = dir.path().join("notes.py");
     std::fs::write(&script, include_str!("data/notes.py")).unwrap();
@@ -53,7 +53,7 @@ fn admin_sql(data_dir: &Path, db: &str, sql: &str) -> String {
 }
 
 /// The app's `notes` table, owned by its owner role, as a release migration would make it.
-const MIGRATION: &str = "DO $$ DECLARE o text; BEGIN \
+pub(crate) const MIGRATION: &str = "DO $$ DECLARE o text; BEGIN \
     SELECT rolname INTO o FROM pg_roles WHERE rolname LIKE 'wo\\_%' \
       AND has_database_privilege(rolname, current_database(), 'CONNECT'); \
     CREATE TABLE IF NOT EXISTS public.notes (id serial PRIMARY KEY, body text NOT NULL); \
@@ -334,22 +334,4 @@ fn an_app_asking_for_data_without_a_data_server_is_refused_with_the_way_to_get_o
         &env,
     );
     assert!(!ok && err.contains("apt-get install postgresql"), "{err}");
-}
-
-#[test]
-fn data_on_a_cluster_is_refused_until_its_secrets_carry_the_data_key() {
-    let cluster = warden_test_support::etcd::EtcdCluster::start(1);
-    let err = crate::cluster::node(
-        &cluster,
-        "n1",
-        &["--data", "postgres://admin:hunter2@127.0.0.1/postgres"],
-    )
-    .start_refused();
-    assert!(err.contains("--data on a cluster"), "{err}");
-    assert!(!err.contains("hunter2"), "{err}");
-    // Without --data a cluster node runs, with no data.
-    let w = crate::cluster::node(&cluster, "n1", &[])
-        .with_data()
-        .start();
-    assert!(w.stdout().contains("data lives in none"), "{}", w.stdout());
 }

@@ -72,6 +72,7 @@ mod cluster_routing;
 mod connections;
 mod crash_bursts;
 mod data_apps;
+mod data_cluster;
 mod deploy;
 mod ends;
 mod env_rules;
