@@ -2,8 +2,11 @@
 //!
 //! It answers every request with JSON naming its clearance label and instance id, which makes
 //! the gateway's routing visible from a plain curl. It listens on 127.0.0.1:$PORT as every
-//! warden app must, and owns nothing else.
+//! warden app must. When warden gave it a database, its answers also list the notes its label
+//! may read, and `?note=TEXT` adds one ([`notes`]).
 #![forbid(unsafe_code)]
+
+pub mod notes;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +34,9 @@ pub struct Identity {
     /// Checks the gateway's signature of the identity headers, from the instance's secret
     /// (`WARDEN_INSTANCE_SECRET`); `None` when there is none.
     pub signer: Option<warden_core::identity::Signer>,
+    /// The instance's database, when its app has data (`DATABASE_URL`, `PGHOST`,
+    /// `PGDATABASE`).
+    pub data: Option<notes::Database>,
 }
 
 impl Identity {
@@ -48,6 +54,7 @@ impl Identity {
             signer: std::env::var(warden_core::identity::SECRET_ENV)
                 .ok()
                 .map(|s| warden_core::identity::Signer::for_secret(&s)),
+            data: notes::Database::from_env(),
         }
     }
 }
@@ -166,6 +173,32 @@ impl Drop for Hanging {
 }
 
 fn respond(id: &Identity, req: &Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    json_response(&answer(id, req, peer))
+}
+
+fn json_response(body: &serde_json::Value) -> Response<Body> {
+    Response::builder()
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string() + "\n")).boxed())
+        .unwrap_or_else(|_| Response::new(Body::default()))
+}
+
+/// The usual answer, with the notes this instance may read (or why it could not read them).
+async fn answer_with_notes(
+    id: &Identity,
+    db: &notes::Database,
+    req: &Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<Body> {
+    let mut body = answer(id, req, peer);
+    match db.notes(query_param(req, "note").as_deref()).await {
+        Ok(n) => body["notes"] = serde_json::json!(n),
+        Err(e) => body["notes_error"] = serde_json::json!(e),
+    }
+    json_response(&body)
+}
+
+fn answer(id: &Identity, req: &Request<Incoming>, peer: SocketAddr) -> serde_json::Value {
     let header = |name: &str| {
         req.headers()
             .get(name)
@@ -182,7 +215,7 @@ fn respond(id: &Identity, req: &Request<Incoming>, peer: SocketAddr) -> Response
             header(warden_core::identity::SIGNATURE_HEADER).as_bytes(),
         )
     });
-    let body = serde_json::json!({
+    serde_json::json!({
         "app": id.app,
         "label": id.label,
         "instance": id.instance,
@@ -195,11 +228,7 @@ fn respond(id: &Identity, req: &Request<Incoming>, peer: SocketAddr) -> Response
         "peer": peer.to_string(),
         // Lets tests prove the gateway never passes the user's credentials on.
         "saw_authorization": req.headers().contains_key(http::header::AUTHORIZATION),
-    });
-    Response::builder()
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string() + "\n")).boxed())
-        .unwrap_or_else(|_| Response::new(Body::default()))
+    })
 }
 
 /// `n` bytes of `x`: with a length, or in frames of unknown total length (sent chunked).
@@ -272,6 +301,11 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                 // knows no pooled connection to this instance is left (bounded: 5 s).
                 let others_gone = matches!(action, Action::Close).then(|| open.clone());
                 let echo = matches!(action, Action::Echo);
+                // The plain answer of an instance with a database carries its notes.
+                let with_notes = match action {
+                    Action::Answer => id.data.clone().map(|db| (db, id.clone())),
+                    _ => None,
+                };
                 let slow = match action {
                     Action::Slow(ms) => Some(std::time::Duration::from_millis(ms)),
                     _ => None,
@@ -332,6 +366,9 @@ pub async fn serve(port: u16, id: Identity) -> std::io::Result<()> {
                     }
                     if let Some(pause) = slow {
                         tokio::time::sleep(pause).await;
+                    }
+                    if let Some((db, id)) = with_notes {
+                        return Ok(answer_with_notes(&id, &db, &req, peer).await);
                     }
                     if echo {
                         let cookie = req.headers().get(http::header::COOKIE).cloned();

@@ -8,7 +8,7 @@ use anyhow::Context;
 use warden_auth::lattice::Lattice;
 use warden_core::data::{DataError, DataFuture, DataPlane, DataSocket};
 use warden_data::proxy::{Limits, Listener, Pool, ServerAddr, Target};
-use warden_data::schema::{Admin, DataKey};
+use warden_data::schema::{self, Admin, DataKey};
 use warden_data::server::{Endpoint, Server, ServerError};
 
 use crate::config::Config;
@@ -156,6 +156,52 @@ impl Data {
         if let Err(e) = self.admin().set_lattice(lattice).await {
             tracing::warn!(error = %e, "re-ranking apps' labels under the new lattice failed");
         }
+    }
+}
+
+/// The notes of `--demo`'s app (`warden-demo-app`'s `notes`).
+impl Data {
+    /// Gives `app` a database with a `notes` table, made as a release migration would make it
+    /// (owned by the app's owner role, then labelled), and writes each `(label, text)` as that
+    /// label's role, so warden's trigger stamps it with the label. `lattice` is the one the
+    /// labels belong to (the store's, which the data server may not have followed yet). A note
+    /// that cannot be written is logged and left out; the table is the error.
+    pub async fn seed_notes(
+        &self,
+        app: &str,
+        lattice: Lattice,
+        notes: &[(&str, &str)],
+    ) -> anyhow::Result<()> {
+        self.set_lattice(lattice).await;
+        let admin = self.admin();
+        admin.create_app(app).await?;
+        let c = self.server.admin(Some(&schema::db_name(app))).await?;
+        c.batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS public.notes (id serial PRIMARY KEY, body text NOT NULL); \
+             ALTER TABLE public.notes OWNER TO {}",
+            schema::quote_ident(&schema::owner_role_name(app))
+        ))
+        .await
+        .context("cannot make the notes table")?;
+        admin.label_tables(app).await?;
+        for (label, text) in notes {
+            let written = async {
+                let login = admin.label_role(app, label, None).await?;
+                let role = schema::quote_ident(&login.role);
+                c.batch_execute(&format!("SET SESSION AUTHORIZATION {role}"))
+                    .await?;
+                let inserted = c
+                    .execute("INSERT INTO public.notes (body) VALUES ($1)", &[text])
+                    .await;
+                c.batch_execute("RESET SESSION AUTHORIZATION").await?;
+                inserted?;
+                anyhow::Ok(())
+            };
+            if let Err(e) = written.await {
+                tracing::warn!(app, label, error = %e, "a seed note was not written");
+            }
+        }
+        Ok(())
     }
 }
 

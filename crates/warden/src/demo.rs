@@ -1,5 +1,9 @@
 //! `--demo`: a clearance lattice, users at several clearances, and the demo app.
 //!
+//! When the node has data (`--data`, or a private PostgreSQL), the demo app gets a database
+//! too: a `notes` table with a note at UNCLASSIFIED and one at SECRET, so each user's page
+//! lists the notes their clearance reads (`warden-demo-app`'s `notes`).
+//!
 //! Passwords are generated once per data directory and kept in `demo-users.json` (mode 0600);
 //! only their Argon2id hashes go into the store.
 //!
@@ -59,6 +63,7 @@ pub async fn setup(
     data_dir: &Path,
     cost: warden_auth::Argon2Cost,
     clustered: bool,
+    data: Option<&crate::data::Data>,
 ) -> anyhow::Result<Vec<DemoUser>> {
     let path = data_dir.join("demo-users.json");
     // The instance image, not `warden` itself: every instance execs the app's binary, and the
@@ -107,11 +112,42 @@ pub async fn setup(
     }
     let mut spec = AppSpec::new("demo", vec![exe.display().to_string(), "demo-app".into()]);
     spec.hosts = vec!["demo.localhost".into()];
+    if let Some(d) = data {
+        spec.data = seed_notes(store, d).await;
+    }
     warden_store::put_json(store, &keys::app_spec("demo"), &spec, None).await?;
     // Written last: a start that fails before this seeds again.
     files::write_private(&path, serde_json::to_string_pretty(&users)?.as_bytes())?;
     tracing::info!("demo seeded: lattice, users and the demo app");
     Ok(users)
+}
+
+/// The demo's first notes: (label, text).
+const NOTES: [(&str, &str); 2] = [
+    (
+        "UNCLASSIFIED",
+        "Welcome to the demo: every clearance reads this note.",
+    ),
+    (
+        "SECRET",
+        "The launch is at dawn: only SECRET and TOP SECRET read this note.",
+    ),
+];
+
+/// Gives the demo app its database and first notes; whether it has data. Made before the app
+/// is stored, as an app created with `--data` is: no instance finds no database.
+async fn seed_notes(store: &dyn Store, data: &crate::data::Data) -> bool {
+    let lattice = match warden_store::get_json::<Lattice>(store, keys::LATTICE).await {
+        Ok(Some((l, _))) => l,
+        _ => Lattice::linear(LEVELS),
+    };
+    match data.seed_notes("demo", lattice, &NOTES).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "the demo app gets no data: its database could not be made");
+            false
+        }
+    }
 }
 
 /// A later start: nothing is written back but the demo app's binary; the users the welcome

@@ -343,11 +343,6 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         None => load_or_create(&dir.join("node-id"), warden_core::id::short_id)?,
     };
     let identity = identity_key(dir)?;
-    let demo_users = if cfg.demo {
-        Some(demo::setup(&*store, dir, cfg.argon2_cost(), clustered).await?)
-    } else {
-        None
-    };
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -361,6 +356,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             Ok(d)
         }
         Err(why) => Err(why),
+    };
+    // After the data server: the demo app gets data where the node has it.
+    let demo_users = if cfg.demo {
+        let data = data.as_ref().ok().map(|d| &**d);
+        Some(demo::setup(&*store, dir, cfg.argon2_cost(), clustered, data).await?)
+    } else {
+        None
     };
     let data_plane = data
         .as_ref()

@@ -73,6 +73,7 @@ mod connections;
 mod crash_bursts;
 mod data_apps;
 mod data_cluster;
+mod data_demo;
 mod deploy;
 mod ends;
 mod env_rules;
