@@ -167,3 +167,64 @@ async fn a_private_server_starts_under_a_relative_directory() {
     let one: i32 = c.query_one("SELECT 1", &[]).await.unwrap().get(0);
     assert_eq!(one, 1);
 }
+
+/// A postmaster killed with SIGKILL is started again by warden, with no one asking: the admin
+/// connects again, to a new postmaster.
+#[tokio::test]
+async fn a_private_server_killed_is_started_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::private(dir.path()).await.expect("starts");
+    let Server::Private(p) = &server else {
+        unreachable!()
+    };
+    let first = p.pid().unwrap() as i32;
+    kill(Pid::from_raw(first), Signal::SIGKILL).unwrap();
+    assert!(gone_within(first, Duration::from_secs(30)));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(c) = server.admin(None).await {
+            if let Ok(row) = c.query_one("SELECT 1", &[]).await {
+                assert_eq!(row.get::<_, i32>(0), 1);
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the private server was not started again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let second = p.pid().expect("a postmaster runs again");
+    assert_ne!(second as i32, first);
+    server.shutdown().await;
+    assert!(!alive(Pid::from_raw(second as i32)), "stopped at shutdown");
+}
+
+/// Run as root, the server runs as `postgres`: a parent directory that user may not enter is
+/// named in the error, with what to do, not a bare "Permission denied".
+#[tokio::test]
+async fn a_private_server_under_a_closed_parent_says_which_and_what_to_do() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: only a root warden runs the server as another user");
+        return;
+    }
+    let top = tempfile::tempdir().unwrap();
+    let closed = top.path().join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(
+        top.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let Err(e) = Server::private(&closed.join("data").join("postgres")).await else {
+        panic!("a private server started under a directory its user cannot enter");
+    };
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!("cannot enter {}", closed.display()))
+            && text.contains(&format!("chmod o+x {}", closed.display()))
+            && text.contains("--data-dir"),
+        "{text}"
+    );
+}

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config, NoTls};
 
+mod keeper;
 pub mod private;
 
 pub use private::PrivateServer;
@@ -83,6 +84,20 @@ pub enum ServerError {
          be (about 100 bytes); use a shorter data dir"
     )]
     SocketPathTooLong(PathBuf),
+    /// The server's OS user cannot enter a directory above the data dir.
+    #[error(
+        "the private PostgreSQL runs as the `{user}` user, which cannot enter {blocked} (above \
+         its directory {dir}); let it through with `chmod o+x {blocked}`, or give warden a \
+         --data-dir whose parent directories other users may enter"
+    )]
+    Untraversable {
+        /// The user the server runs as.
+        user: String,
+        /// The server's directory.
+        dir: PathBuf,
+        /// The first directory on the way that the user may not enter.
+        blocked: PathBuf,
+    },
     /// `initdb` failed.
     #[error("initdb failed for {dir}; its last lines:\n{tail}")]
     InitdbFailed {

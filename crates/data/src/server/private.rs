@@ -14,20 +14,25 @@
 //! thread retires. Where `setpriv` is missing, or the server outlived warden anyway,
 //! [`PrivateServer::start`] first looks at `postmaster.pid`: a server still running in this
 //! data dir is stopped before a new one starts; a stale file is PostgreSQL's own to clear.
+//!
+//! Kept running: when the postmaster exits on its own (killed, crashed), the keeper thread
+//! (`keeper.rs`) starts it again after a backoff (1 s, doubling while it keeps exiting, at
+//! most 30 s), logged each time. Instances' sockets need nothing: the proxy reconnects at
+//! their next client, and tells a client that comes meanwhile that it cannot reach the
+//! database and retries by itself.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::{chown, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::thread::JoinHandle;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::{Pid, Uid, User};
 use tokio_postgres::Config;
 
+use super::keeper::Keeper;
 use super::{ServerError, PRIVATE_ADMIN};
 
 /// The port: with `listen_addresses=''` it only names the socket file.
@@ -45,19 +50,12 @@ pub struct PrivateServer {
     keeper: Option<Keeper>,
 }
 
-/// The thread that started the server and stops it: it lives as long as the server, so the
-/// parent-death signal fires only when warden itself dies.
-struct Keeper {
-    pid: u32,
-    /// Dropped or sent to: stop the server.
-    stop: mpsc::Sender<()>,
-    thread: JoinHandle<()>,
-}
-
 /// The OS user the server runs as.
 struct RunAs {
     uid: u32,
     gid: u32,
+    /// Its name, for messages.
+    name: String,
     /// The OS user warden runs as, mapped to the admin role by peer authentication.
     warden_user: String,
 }
@@ -100,49 +98,24 @@ impl PrivateServer {
             std::fs::create_dir_all(d).map_err(io("creating a directory", d))?;
             own(d, &run_as)?;
         }
+        reachable(&bindir, dir, &run_as)?;
         if !pgdata.join("PG_VERSION").exists() {
             initdb(&bindir, &pgdata, &run_as)?;
         }
         write_auth_files(&pgdata, &run_as)?;
-        stop_orphan(&pgdata);
-        let log_path = dir.join("server.log");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(io("opening the server log", &log_path))?;
-        let log2 = log
-            .try_clone()
-            .map_err(io("opening the server log", &log_path))?;
         let postgres = bindir.join("postgres");
-        let mut cmd = if has_setpriv() {
-            let mut c = Command::new("setpriv");
-            c.args(["--pdeathsig", "INT", "--"]).arg(&postgres);
-            c
-        } else {
+        let setpriv = has_setpriv();
+        if !setpriv {
             tracing::warn!(
                 "setpriv (util-linux) not found: the private PostgreSQL will not stop if warden \
                  is killed, only at warden's next start"
             );
-            Command::new(&postgres)
-        };
-        cmd.arg("-D")
-            .arg(&pgdata)
-            .arg("-k")
-            .arg(&socket_dir)
-            .args(["-c", "listen_addresses=", "-p", &PORT.to_string()])
-            .stdin(Stdio::null())
-            // warden's own working directory may be closed to the server's user.
-            .current_dir(dir)
-            .stdout(log)
-            .stderr(log2)
-            // Its own group, so a stop reaches every backend even if the postmaster is gone.
-            .process_group(0);
-        if Uid::effective().is_root() {
-            cmd.uid(run_as.uid).gid(run_as.gid);
         }
-        let keeper = Keeper::spawn(cmd).map_err(io("starting postgres", &postgres))?;
-        tracing::info!(dir = %dir.display(), pid = keeper.pid, "private PostgreSQL started");
+        let (dir2, postgres2) = (dir.to_owned(), postgres.clone());
+        let make = move || server_command(&dir2, &postgres2, setpriv, &run_as);
+        let keeper = Keeper::spawn(Box::new(make)).map_err(io("starting postgres", &postgres))?;
+        let pid = keeper.status.pid().unwrap_or(0);
+        tracing::info!(dir = %dir.display(), pid, "private PostgreSQL started");
         Ok(PrivateServer {
             dir: dir.to_owned(),
             socket_dir,
@@ -158,10 +131,9 @@ impl PrivateServer {
             if config.connect(tokio_postgres::NoTls).await.is_ok() {
                 return Ok(());
             }
-            let exited = match &self.keeper {
-                Some(k) => !alive(Pid::from_raw(k.pid as i32)),
-                None => true,
-            };
+            // A server that exits before it is first ready is not waited for through the
+            // keeper's restarts: what stops it (a bad setting, permissions) stays.
+            let exited = self.keeper.as_ref().is_none_or(|k| k.status.exits() > 0);
             if exited || Instant::now() > deadline {
                 let log = self.dir.join("server.log");
                 return Err(ServerError::NotStarted {
@@ -183,9 +155,10 @@ impl PrivateServer {
         &self.socket_dir
     }
 
-    /// The process id of the postmaster.
+    /// The process id of the postmaster; `None` while it is being started again after an
+    /// exit.
     pub fn pid(&self) -> Option<u32> {
-        self.keeper.as_ref().map(|k| k.pid)
+        self.keeper.as_ref().and_then(|k| k.status.pid())
     }
 
     pub(super) fn admin_config(&self) -> Config {
@@ -215,42 +188,45 @@ impl Drop for PrivateServer {
     }
 }
 
-// === impl Keeper ===
-
-impl Keeper {
-    /// Spawns `cmd` from a new thread, which then waits to be told to stop it.
-    fn spawn(mut cmd: Command) -> std::io::Result<Keeper> {
-        let (started_tx, started_rx) = mpsc::channel();
-        let (stop, stop_rx) = mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("warden-postgres".into())
-            .spawn(move || match cmd.spawn() {
-                Ok(child) => {
-                    let _ = started_tx.send(Ok(child.id()));
-                    // Returns on a message or when the sender is dropped.
-                    let _ = stop_rx.recv();
-                    stop_child(child);
-                }
-                Err(e) => {
-                    let _ = started_tx.send(Err(e));
-                }
-            })?;
-        match started_rx.recv() {
-            Ok(Ok(pid)) => Ok(Keeper { pid, stop, thread }),
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                Err(e)
-            }
-            Err(_) => Err(std::io::Error::other(
-                "the thread starting postgres panicked",
-            )),
-        }
+/// The command that starts the postmaster, made again at each (re)start: a server still
+/// running in the data dir is stopped first, and the log is opened for appending.
+fn server_command(
+    dir: &Path,
+    postgres: &Path,
+    setpriv: bool,
+    run_as: &RunAs,
+) -> std::io::Result<Command> {
+    let pgdata = dir.join("pgdata");
+    stop_orphan(&pgdata);
+    let log_path = dir.join("server.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)?;
+    let log2 = log.try_clone()?;
+    let mut cmd = if setpriv {
+        let mut c = Command::new("setpriv");
+        c.args(["--pdeathsig", "INT", "--"]).arg(postgres);
+        c
+    } else {
+        Command::new(postgres)
+    };
+    cmd.arg("-D")
+        .arg(&pgdata)
+        .arg("-k")
+        .arg(dir.join("run"))
+        .args(["-c", "listen_addresses=", "-p", &PORT.to_string()])
+        .stdin(Stdio::null())
+        // warden's own working directory may be closed to the server's user.
+        .current_dir(dir)
+        .stdout(log)
+        .stderr(log2)
+        // Its own group, so a stop reaches every backend even if the postmaster is gone.
+        .process_group(0);
+    if Uid::effective().is_root() {
+        cmd.uid(run_as.uid).gid(run_as.gid);
     }
-
-    fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = self.thread.join();
-    }
+    Ok(cmd)
 }
 
 fn has_setpriv() -> bool {
@@ -260,25 +236,6 @@ fn has_setpriv() -> bool {
         .stderr(Stdio::null())
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--pdeathsig"))
-}
-
-/// SIGINT is PostgreSQL's fast shutdown; past the timeout the whole group is killed.
-fn stop_child(mut child: Child) {
-    let pid = Pid::from_raw(child.id() as i32);
-    let _ = kill(pid, Signal::SIGINT);
-    let deadline = Instant::now() + STOP_TIMEOUT;
-    while Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    tracing::warn!(
-        pid = child.id(),
-        "private PostgreSQL did not stop in time; killing it"
-    );
-    let _ = killpg(pid, Signal::SIGKILL);
-    let _ = child.wait();
 }
 
 /// Stops a server still running in `pgdata` (one a previous warden left). The pid in
@@ -411,6 +368,7 @@ fn run_as() -> Result<RunAs, ServerError> {
         return Ok(RunAs {
             uid: me.as_raw(),
             gid: nix::unistd::Gid::effective().as_raw(),
+            name: warden_user.clone(),
             warden_user,
         });
     }
@@ -424,7 +382,56 @@ fn run_as() -> Result<RunAs, ServerError> {
     Ok(RunAs {
         uid: pg.uid.as_raw(),
         gid: pg.gid.as_raw(),
+        name: pg.name,
         warden_user,
+    })
+}
+
+/// When the server runs as another user, that user must traverse every directory above
+/// `dir`: tried for real (a `postgres --version` run as it, in `dir`, so ACLs count), and on
+/// a refusal the first closed parent is named, instead of initdb's bare "Permission denied".
+fn reachable(bindir: &Path, dir: &Path, run_as: &RunAs) -> Result<(), ServerError> {
+    if !Uid::effective().is_root() {
+        return Ok(());
+    }
+    let tried = Command::new(bindir.join("postgres"))
+        .arg("--version")
+        .current_dir(dir)
+        .uid(run_as.uid)
+        .gid(run_as.gid)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    match tried {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            Err(ServerError::Untraversable {
+                user: run_as.name.clone(),
+                dir: dir.to_owned(),
+                blocked: closed_parent(dir, run_as.uid, run_as.gid)
+                    .unwrap_or_else(|| dir.to_owned()),
+            })
+        }
+        // Anything else is for the start itself to report.
+        _ => Ok(()),
+    }
+}
+
+/// The first directory from the root down to `dir` that `uid` (with group `gid` only: the
+/// server runs without supplementary groups) may not enter, by its mode bits.
+pub(crate) fn closed_parent(dir: &Path, uid: u32, gid: u32) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let mut ancestors: Vec<&Path> = dir.ancestors().collect();
+    ancestors.reverse();
+    ancestors.into_iter().find_map(|d| {
+        let meta = std::fs::metadata(d).ok()?;
+        let bit = if meta.uid() == uid {
+            0o100
+        } else if meta.gid() == gid {
+            0o010
+        } else {
+            0o001
+        };
+        (meta.mode() & bit == 0).then(|| d.to_owned())
     })
 }
 
@@ -532,5 +539,35 @@ mod tests {
         );
         assert_eq!(parse_major("postgres (PostgreSQL) 9.6.24\n"), Some(9));
         assert_eq!(parse_major("nonsense"), None);
+    }
+
+    /// A parent closed to the server's user is named, with what to do about it.
+    #[test]
+    fn a_closed_parent_is_named_with_the_way_through() {
+        let top = tempfile::tempdir().unwrap();
+        let closed = top.path().join("closed");
+        let dir = closed.join("data").join("postgres");
+        std::fs::create_dir_all(&dir).unwrap();
+        for d in [top.path(), &dir, &closed.join("data")] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o750)).unwrap();
+        // A uid and gid that own nothing here: only the "other" bits count for them.
+        let (uid, gid) = (4_000_123, 4_000_123);
+        assert_eq!(closed_parent(&dir, uid, gid), Some(closed.clone()));
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o751)).unwrap();
+        assert_eq!(closed_parent(&dir, uid, gid), None);
+        let e = ServerError::Untraversable {
+            user: "postgres".into(),
+            dir: dir.clone(),
+            blocked: closed.clone(),
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("chmod o+x {}", closed.display()))
+                && text.contains("--data-dir")
+                && text.contains("`postgres` user"),
+            "{text}"
+        );
     }
 }
