@@ -13,6 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::Instrument;
 
+use super::pool::AcquireError;
 use super::relay::{self, End, Owed};
 use super::upstream::{self, StatementError, UpstreamError};
 use super::wire::{self, Startup};
@@ -162,9 +163,16 @@ async fn client(mut stream: UnixStream, shared: Arc<Shared>, _slot: OwnedSemapho
     let target = &shared.target;
     let mut conn = match shared.pool.acquire(target).await {
         Ok(conn) => conn,
-        Err(e) => {
+        Err(e @ AcquireError::Full { .. }) => {
+            warden_core::log_limited!(warn, error = %e, "a data client refused: its app has every server connection it may have");
+            let hint =
+                "close idle connections or pool them in the app; other apps are not affected";
+            return fatal(&mut stream, "53300", &e.to_string(), hint).await;
+        }
+        Err(AcquireError::Upstream(e)) => {
             warden_core::log_limited!(warn, error = %e, "no server connection for a data client");
-            return fatal(&mut stream, "08006", &unreachable(&e), "retry in a moment").await;
+            let (code, msg) = unreachable(&e);
+            return fatal(&mut stream, code, &msg, "retry in a moment").await;
         }
     };
     match conn.apply(&sets, shared.pool.limits().server_timeout).await {
@@ -180,7 +188,7 @@ async fn client(mut stream: UnixStream, shared: Arc<Shared>, _slot: OwnedSemapho
             return shared.pool.release(target, conn, true).await;
         }
         Err(e @ StatementError::Broken(_)) => {
-            let msg = format!("the database is unreachable: {e}");
+            let msg = format!("warden cannot reach the app's database: {e}; it retries by itself");
             return fatal(&mut stream, "08006", &msg, "retry in a moment").await;
         }
     }
@@ -299,8 +307,18 @@ fn allowed(params: &[(String, String)]) -> Result<String, Refused> {
     Ok(sets)
 }
 
-fn unreachable(e: &UpstreamError) -> String {
-    format!("the database is unreachable: {e}")
+/// The SQLSTATE and message for a server connection that could not be had: PostgreSQL's own
+/// code when it is starting or stopping (57P03 and kin) or out of connections (53300), else
+/// connection_failure (08006). Either way the client is told the proxy connects again.
+fn unreachable(e: &UpstreamError) -> (&str, String) {
+    let code = match e {
+        UpstreamError::Refused { code, .. } if code.starts_with("57P") || code == "53300" => {
+            code.as_str()
+        }
+        _ => "08006",
+    };
+    let msg = format!("warden cannot reach the app's database: {e}; it retries by itself");
+    (code, msg)
 }
 
 /// Tells the client why it is refused; it is closed after.

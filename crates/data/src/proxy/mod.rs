@@ -14,7 +14,11 @@
 //! What the proxy guarantees whatever a client sends: every NotificationResponse from the
 //! server is dropped (LISTEN/NOTIFY would be a channel between labels); every message is
 //! bounded ([`Limits::max_message`]); connections per listener are bounded and a startup must
-//! arrive in time, so a flood costs only that listener. Logs and errors never contain the
+//! arrive in time, so a flood costs only that listener; server connections are bounded per
+//! app, and so are the clients waiting for one ([`Limits::max_server_per_app`]), so a flood
+//! through every instance of an app costs only that app. A server that is down or
+//! unreachable costs a client a prompt error (within [`Limits::server_timeout`]), never a
+//! hang, and the next client connects again. Logs and errors never contain the
 //! role's password: [`Target`]'s `Debug` leaves it out.
 //!
 //! Split by direction: `downstream.rs` (the listener and a client's startup), `relay.rs`
@@ -99,6 +103,15 @@ pub struct Limits {
     /// How long connecting and authenticating to PostgreSQL, or resetting a connection, may
     /// take before it counts as unreachable.
     pub server_timeout: Duration,
+    /// Server connections one app (its database) may have open, busy or idle, over all its
+    /// roles and instances: no app can take every connection of the server.
+    pub max_server_per_app: usize,
+    /// Clients of one app that may wait for a server connection when it has all of its own;
+    /// past them, a client gets `too many connections` at once.
+    pub max_waiting_per_app: usize,
+    /// How long a client waits for a server connection before it gets `too many
+    /// connections`.
+    pub queue_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -115,6 +128,12 @@ impl Default for Limits {
             max_idle: 32,
             idle_timeout: Duration::from_secs(60),
             server_timeout: Duration::from_secs(10),
+            // As many as one role may have (`schema::CONNECTION_LIMIT`), so the pool's bound
+            // is met before PostgreSQL's, and under the app's database limit (48): with a
+            // private server's 100, others still have most of them.
+            max_server_per_app: 32,
+            max_waiting_per_app: 64,
+            queue_timeout: Duration::from_secs(5),
         }
     }
 }

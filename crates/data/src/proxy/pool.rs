@@ -1,12 +1,25 @@
-//! Server connections kept idle per role between clients, and the cancel keys the proxy has
-//! handed out.
+//! Server connections kept idle per role between clients, each app's bound on server
+//! connections and on clients waiting for one, and the cancel keys the proxy has handed out.
+//!
+//! The bound is per app (its database on its server), whatever the role and the instance:
+//! every server connection, busy or idle, holds one of the app's permits until it closes. A
+//! client past it waits (bounded in number and time) for one of the app's connections to
+//! come back or close; past those bounds it is refused. So a flood of clients costs only
+//! its app: the server keeps connections for every other one.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, Semaphore};
 
 use super::upstream::{ServerConn, UpstreamError};
 use super::{Limits, ServerAddr, Target};
+
+/// How often a waiting client looks again even if no release woke it (a connection closed
+/// by the sweep, or two releases while it was looking, wake no one).
+const RECHECK: Duration = Duration::from_millis(100);
 
 /// Server connections per role, shared by every listener of a node: instances of the same
 /// label (and user) share one role, so they share its idle connections. Cheap to clone.
@@ -21,6 +34,39 @@ struct Inner {
     idle: Mutex<HashMap<Target, Vec<ServerConn>>>,
     /// The key the proxy gave a client → where its server connection is.
     cancels: Mutex<HashMap<(i32, i32), CancelEntry>>,
+    /// Each app's bound, by server and database.
+    apps: Mutex<HashMap<(ServerAddr, String), Arc<AppSlots>>>,
+}
+
+/// One app's server connections and the clients waiting for one.
+struct AppSlots {
+    /// One permit per server connection the app may have open, busy or idle.
+    conns: Arc<Semaphore>,
+    /// Clients waiting now.
+    waiting: AtomicUsize,
+    /// Told when one of the app's connections comes back or closes.
+    freed: Notify,
+}
+
+/// Why a client got no server connection.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AcquireError {
+    /// The app has every server connection it may have, and as many clients waiting as may
+    /// wait (or this one waited its time out).
+    #[error(
+        "too many connections for this app's database: all {conns} of its server connections \
+         are in use{}",
+        if *.waited { " and none came free in time" } else { " and enough clients wait already" }
+    )]
+    Full {
+        /// The app's bound.
+        conns: usize,
+        /// Whether this client waited before it was refused.
+        waited: bool,
+    },
+    /// The server could not be reached or refused the login.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
 }
 
 struct CancelEntry {
@@ -41,6 +87,7 @@ impl Pool {
             limits,
             idle: Mutex::default(),
             cancels: Mutex::default(),
+            apps: Mutex::default(),
         });
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(sweep(Arc::downgrade(&inner)));
@@ -58,19 +105,84 @@ impl Pool {
         self.inner.idle().get(target).map_or(0, Vec::len)
     }
 
-    /// An idle connection that is still alive, else a new one.
-    pub(crate) async fn acquire(&self, target: &Target) -> Result<ServerConn, UpstreamError> {
+    /// How many clients of `target`'s app wait for a server connection now.
+    pub fn waiting(&self, target: &Target) -> usize {
+        self.inner.app(target).waiting.load(Ordering::SeqCst)
+    }
+
+    /// An idle connection that is still alive, else a new one within the app's bound: if
+    /// the app is at it, an idle connection of another of its roles is closed to make room,
+    /// else the client waits for one (see [`Limits::max_waiting_per_app`]).
+    pub(crate) async fn acquire(&self, target: &Target) -> Result<ServerConn, AcquireError> {
+        if let Some(conn) = self.idle_conn(target) {
+            return Ok(conn);
+        }
+        let app = self.inner.app(target);
+        let limits = &self.inner.limits;
+        let slot = match self.inner.try_slot(&app, target) {
+            Some(slot) => slot,
+            None => {
+                if app.waiting.fetch_add(1, Ordering::SeqCst) >= limits.max_waiting_per_app {
+                    app.waiting.fetch_sub(1, Ordering::SeqCst);
+                    return Err(AcquireError::Full {
+                        conns: limits.max_server_per_app,
+                        waited: false,
+                    });
+                }
+                let waited = self.wait(&app, target).await;
+                app.waiting.fetch_sub(1, Ordering::SeqCst);
+                match waited {
+                    Some(Ok(conn)) => return Ok(conn),
+                    Some(Err(slot)) => slot,
+                    None => {
+                        return Err(AcquireError::Full {
+                            conns: limits.max_server_per_app,
+                            waited: true,
+                        })
+                    }
+                }
+            }
+        };
+        let mut conn = ServerConn::connect(target, limits.server_timeout).await?;
+        conn.slot = Some(slot);
+        Ok(conn)
+    }
+
+    /// Waits, up to the queue timeout, for an idle connection of `target` or a free slot of
+    /// its app; `None` at the timeout.
+    async fn wait(
+        &self,
+        app: &AppSlots,
+        target: &Target,
+    ) -> Option<Result<ServerConn, tokio::sync::OwnedSemaphorePermit>> {
+        let deadline = tokio::time::Instant::now() + self.inner.limits.queue_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let _ = tokio::time::timeout(left.min(RECHECK), app.freed.notified()).await;
+            if let Some(conn) = self.idle_conn(target) {
+                return Some(Ok(conn));
+            }
+            if let Some(slot) = self.inner.try_slot(app, target) {
+                return Some(Err(slot));
+            }
+        }
+    }
+
+    /// An idle connection of `target` that is still alive; dead or stale ones are closed.
+    fn idle_conn(&self, target: &Target) -> Option<ServerConn> {
         let timeout = self.inner.limits.idle_timeout;
         loop {
             let conn = self.inner.idle().get_mut(target).and_then(Vec::pop);
             match conn {
-                Some(c) if c.idle_since.elapsed() < timeout && c.is_quiet() => return Ok(c),
-                // Dead or stale: drop it and try the next.
+                Some(c) if c.idle_since.elapsed() < timeout && c.is_quiet() => return Some(c),
+                // Dead or stale: drop it (freeing its slot) and try the next.
                 Some(_) => continue,
-                None => break,
+                None => return None,
             }
         }
-        ServerConn::connect(target, self.inner.limits.server_timeout).await
     }
 
     /// Takes a connection back after its client left: reset and kept if `clean` (the client
@@ -78,14 +190,16 @@ impl Pool {
     pub(crate) async fn release(&self, target: &Target, mut conn: ServerConn, clean: bool) {
         if !clean || !conn.reset(self.inner.limits.server_timeout).await {
             tracing::debug!("server connection closed, not reused");
-            return;
+        } else {
+            conn.idle_since = Instant::now();
+            let mut idle = self.inner.idle();
+            let list = idle.entry(target.clone()).or_default();
+            if list.len() < self.inner.limits.max_idle {
+                list.push(conn);
+            }
         }
-        conn.idle_since = Instant::now();
-        let mut idle = self.inner.idle();
-        let list = idle.entry(target.clone()).or_default();
-        if list.len() < self.inner.limits.max_idle {
-            list.push(conn);
-        }
+        // Kept or closed, a client of the app waiting may now have it or its slot.
+        self.inner.app(target).freed.notify_one();
     }
 
     /// Hands out a fresh key for a client of `listener` whose server connection is at
@@ -130,6 +244,41 @@ impl Pool {
 }
 
 impl Inner {
+    fn app(&self, target: &Target) -> Arc<AppSlots> {
+        let mut apps = self.apps.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (target.server.clone(), target.database.clone());
+        apps.entry(key)
+            .or_insert_with(|| {
+                Arc::new(AppSlots {
+                    conns: Arc::new(Semaphore::new(self.limits.max_server_per_app)),
+                    waiting: AtomicUsize::new(0),
+                    freed: Notify::new(),
+                })
+            })
+            .clone()
+    }
+
+    /// A free slot of the app, closing an idle connection of another of the app's roles for
+    /// it if need be (the same role's idle ones were looked at first).
+    fn try_slot(
+        &self,
+        app: &AppSlots,
+        target: &Target,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if let Ok(slot) = app.conns.clone().try_acquire_owned() {
+            return Some(slot);
+        }
+        let evicted = {
+            let mut idle = self.idle();
+            idle.iter_mut()
+                .filter(|(t, _)| t.server == target.server && t.database == target.database)
+                .find_map(|(_, list)| (!list.is_empty()).then(|| list.remove(0)))
+        };
+        // Closed outside the lock: its slot comes back when it is dropped.
+        drop(evicted?);
+        app.conns.clone().try_acquire_owned().ok()
+    }
+
     // A poisoned lock only means a panic elsewhere mid-update of a map whose entries are
     // each whole; the maps stay usable.
     fn idle(&self) -> MutexGuard<'_, HashMap<Target, Vec<ServerConn>>> {

@@ -100,6 +100,8 @@ pub(crate) struct ServerConn {
     /// The `SET` statements of the client parameters the session has now (after a reset
     /// too); empty for the role's defaults.
     applied: String,
+    /// The connection's place in its app's bound ([`super::Pool`]): freed when it closes.
+    pub(crate) slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// A statement of the proxy's own that did not end idle.
@@ -180,6 +182,7 @@ impl ServerConn {
             key,
             idle_since: Instant::now(),
             applied: String::new(),
+            slot: None,
         })
     }
 

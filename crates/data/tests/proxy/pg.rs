@@ -112,6 +112,21 @@ impl Pg {
         }
     }
 
+    /// Another app: its own role and database on the same server.
+    pub async fn another_app(&self, role: &str, database: &str) -> Target {
+        let admin = self.admin().await;
+        let verifier = postgres_protocol::password::scram_sha_256(password().as_bytes());
+        let role_sql = format!("CREATE ROLE {role} LOGIN NOSUPERUSER PASSWORD '{verifier}'");
+        admin.batch_execute(&role_sql).await.unwrap();
+        let db_sql = format!("CREATE DATABASE {database} OWNER {role}");
+        admin.batch_execute(&db_sql).await.unwrap();
+        Target {
+            role: role.into(),
+            database: database.into(),
+            ..self.target()
+        }
+    }
+
     /// A superuser session, straight to PostgreSQL.
     pub async fn admin(&self) -> tokio_postgres::Client {
         let (client, conn) = tokio_postgres::Config::new()
