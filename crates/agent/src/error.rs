@@ -18,8 +18,9 @@ pub enum AgentError {
     /// No app of that name is registered.
     #[error("no app named {0:?} is registered; create it with `warden apps create`")]
     UnknownApp(String),
-    /// The driver could not start the app's program or its sandbox.
-    #[error("cannot start app {app:?}: {source}; check the app's command and workdir")]
+    /// The driver could not start the app's program or its sandbox, or the instance could
+    /// not have its database.
+    #[error("cannot start app {app:?}: {source}{}", source.advice())]
     Launch {
         /// App name.
         app: String,
@@ -200,5 +201,33 @@ mod tests {
             },
         };
         assert_eq!(reason(node_side), Some(Unavailable::Node));
+    }
+
+    /// An instance that could not have its database says the data server's error, not advice
+    /// about the app's command that would send its operator the wrong way.
+    #[test]
+    fn a_data_failure_says_the_data_servers_error_not_the_commands() {
+        let data = AgentError::Launch {
+            app: "notes".into(),
+            source: LaunchError::Data(warden_core::data::DataError(
+                "cannot connect to PostgreSQL as the admin: connection refused".into(),
+            )),
+        };
+        let text = data.to_string();
+        assert!(
+            text.ends_with("cannot connect to PostgreSQL as the admin: connection refused"),
+            "{text}"
+        );
+        assert!(!text.contains("command"), "{text}");
+        let missing = AgentError::Launch {
+            app: "demo".into(),
+            source: LaunchError::NotFound {
+                program: "./demo".into(),
+                search: "PATH",
+            },
+        };
+        assert!(missing
+            .to_string()
+            .ends_with("check the app's command and workdir"));
     }
 }

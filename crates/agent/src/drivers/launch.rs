@@ -138,6 +138,15 @@ impl LaunchError {
         )
     }
 
+    /// What to add to the error for its operator: where to look. A data failure is the data
+    /// server's, whose own error says it all.
+    pub(crate) fn advice(&self) -> &'static str {
+        match self {
+            Self::Data(_) => "",
+            _ => "; check the app's command and workdir",
+        }
+    }
+
     /// Whether the app's own command is at fault (missing, not executable, unreachable by its
     /// uid), rather than the node.
     pub(crate) fn is_the_apps(&self) -> bool {
