@@ -74,6 +74,7 @@ mod crash_bursts;
 mod data_apps;
 mod data_cluster;
 mod data_demo;
+mod data_faults;
 mod deploy;
 mod ends;
 mod env_rules;
