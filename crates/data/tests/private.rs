@@ -228,3 +228,41 @@ async fn a_private_server_under_a_closed_parent_says_which_and_what_to_do() {
         "{text}"
     );
 }
+
+/// One `Admin`'s calls share its admin connections: the one a first call opened to the app's
+/// database still serves (alive, not reopened) after a second call.
+#[tokio::test]
+async fn an_admins_calls_share_its_connections() {
+    use warden_data::schema::{Admin, DataKey};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::private(dir.path()).await.expect("starts");
+    let lattice = warden_auth::lattice::Lattice {
+        levels: vec!["U".into()],
+        categories: vec![],
+    };
+    let admin = Admin::new(&server, DataKey([7; 32]), lattice);
+    admin.create_app("conns").await.unwrap();
+    let probe = server.admin(None).await.unwrap();
+    let began: f64 = probe
+        .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+        .await
+        .unwrap()
+        .get(0);
+    admin.label_role("conns", "U", None).await.unwrap();
+    // Long enough for a backend whose client closed to be gone.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept: i64 = probe
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = 'warden_app_conns' \
+             AND application_name = 'warden' AND extract(epoch FROM backend_start)::float8 < $1",
+            &[&began],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        kept, 1,
+        "the first call's connection was not kept for the next"
+    );
+    drop(admin);
+}

@@ -20,6 +20,7 @@ use warden_auth::lattice::{Lattice, LatticeError};
 
 use crate::server::{Endpoint, Server, ServerError};
 
+mod conns;
 mod label;
 mod sql;
 
@@ -92,6 +93,8 @@ pub struct Admin<'a> {
     server: &'a Server,
     key: DataKey,
     lattice: Lattice,
+    /// Its admin connections, reused by its later calls.
+    conns: conns::Conns,
 }
 
 // === impl Admin ===
@@ -103,6 +106,7 @@ impl<'a> Admin<'a> {
             server,
             key,
             lattice,
+            conns: conns::Conns::default(),
         }
     }
 
@@ -117,7 +121,7 @@ impl<'a> Admin<'a> {
         check_name(app)?;
         let db = db_name(app);
         let owner = owner_role_name(app);
-        let admin = self.server.admin(None).await?;
+        let admin = self.conns.get(self.server, None).await?;
         let exists = admin
             .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&db])
             .await
@@ -155,7 +159,7 @@ impl<'a> Admin<'a> {
             .batch_execute(&stmts)
             .await
             .map_err(sql("limiting who connects to the app's database"))?;
-        let c = self.server.admin(Some(&db)).await?;
+        let c = self.conns.get(self.server, Some(&db)).await?;
         c.batch_execute(sql::WARDEN_SCHEMA)
             .await
             .map_err(sql("making the warden schema"))?;
@@ -212,7 +216,7 @@ impl<'a> Admin<'a> {
     pub async fn owner_role(&self, app: &str) -> Result<RoleLogin, SchemaError> {
         check_name(app)?;
         let owner = owner_role_name(app);
-        let admin = self.server.admin(None).await?;
+        let admin = self.conns.get(self.server, None).await?;
         self.ensure_role(&admin, &owner).await?;
         Ok(self.login(&owner, db_name(app)))
     }
@@ -234,7 +238,7 @@ impl<'a> Admin<'a> {
         let db = db_name(app);
         let c = self.app_client(app).await?;
         let label_id = label::ensure_label(&c, &self.lattice, &canonical).await?;
-        let admin = self.server.admin(None).await?;
+        let admin = self.conns.get(self.server, None).await?;
         self.ensure_role(&admin, &role).await?;
         admin
             .batch_execute(&format!(
@@ -271,7 +275,7 @@ impl<'a> Admin<'a> {
     /// lacks read nothing and are read by no one until it has them again; they are returned.
     pub async fn set_lattice(&mut self, lattice: Lattice) -> Result<Vec<String>, SchemaError> {
         lattice.validate()?;
-        let admin = self.server.admin(None).await?;
+        let admin = self.conns.get(self.server, None).await?;
         let dbs = admin
             .query(
                 "SELECT datname::text FROM pg_database WHERE datname LIKE 'warden\\_app\\_%'",
@@ -282,6 +286,7 @@ impl<'a> Admin<'a> {
         let mut lost = Vec::new();
         for row in dbs {
             let db: String = row.get(0);
+            // One at a time, closed after: an Admin keeping one per app would hold them all.
             let c = self.server.admin(Some(&db)).await?;
             lost.extend(label::rerank(&c, &lattice).await?);
         }
@@ -312,10 +317,10 @@ impl<'a> Admin<'a> {
         label::show(&c).await
     }
 
-    async fn app_client(&self, app: &str) -> Result<Client, SchemaError> {
+    async fn app_client(&self, app: &str) -> Result<std::sync::Arc<Client>, SchemaError> {
         check_name(app)?;
         let db = db_name(app);
-        let admin = self.server.admin(None).await?;
+        let admin = self.conns.get(self.server, None).await?;
         let exists = admin
             .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&db])
             .await
@@ -324,7 +329,7 @@ impl<'a> Admin<'a> {
         if !exists {
             return Err(SchemaError::NoApp(app.to_owned()));
         }
-        Ok(self.server.admin(Some(&db)).await?)
+        Ok(self.conns.get(self.server, Some(&db)).await?)
     }
 
     /// Creates `role` if missing, with warden's attributes, and sets its verifier.
