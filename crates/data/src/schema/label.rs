@@ -22,6 +22,10 @@ pub struct AppData {
     pub size_bytes: i64,
     /// The app's tables.
     pub tables: Vec<TableData>,
+    /// The label the app may write down to (canonical), if it is a declassifier.
+    pub declassify_to: Option<String>,
+    /// Rows written below their writer's label, as `warden.declassified` records them.
+    pub declassified_writes: i64,
 }
 
 /// One table of an app.
@@ -412,8 +416,24 @@ pub(super) async fn show(c: &Client) -> Result<AppData, SchemaError> {
             rows_per_label: rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
         });
     }
+    let declassify_to: Option<String> = c
+        .query_one(
+            "SELECT l.label FROM warden.settings s LEFT JOIN warden.labels l \
+             ON l.id = s.declassify_to",
+            &[],
+        )
+        .await
+        .map_err(sql("reading the declassifier mark"))?
+        .get(0);
+    let declassified_writes: i64 = c
+        .query_one("SELECT count(*) FROM warden.declassified", &[])
+        .await
+        .map_err(sql("counting declassified writes"))?
+        .get(0);
     Ok(AppData {
         size_bytes: size,
         tables,
+        declassify_to,
+        declassified_writes,
     })
 }

@@ -66,6 +66,25 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     ) w WHERE x IS NOT NULL
 $$;
 
+-- What a declassifier's instance writes into `warden_label` to put a row at the label its app
+-- was granted (`INSERT ... (body, warden_label) VALUES ($1, warden.declassify_to())`): that
+-- label's id, or an error where the app is not a declassifier to a label this session
+-- dominates, so a write meant to go down never lands silently at the writer's own label.
+CREATE OR REPLACE FUNCTION warden.declassify_to() RETURNS int
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    target int;
+BEGIN
+    SELECT s.declassify_to INTO target FROM warden.settings s;
+    IF target IS NULL OR NOT (target = ANY (warden.writable())) THEN
+        RAISE EXCEPTION 'warden: this app is not a declassifier to a label this instance dominates, so it cannot write below its own label'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'an admin marks an app a declassifier: warden apps update APP --declassify-to LABEL';
+    END IF;
+    RETURN target;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION warden.stamp() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -300,6 +319,7 @@ ALTER FUNCTION warden.session_label() OWNER TO warden_definer;
 ALTER FUNCTION warden.session_owner() OWNER TO warden_definer;
 ALTER FUNCTION warden.readable() OWNER TO warden_definer;
 ALTER FUNCTION warden.writable() OWNER TO warden_definer;
+ALTER FUNCTION warden.declassify_to() OWNER TO warden_definer;
 ALTER FUNCTION warden.stamp() OWNER TO warden_definer;
 ALTER FUNCTION warden.guard() OWNER TO warden_definer;
 ALTER FUNCTION warden.no_rewrite() OWNER TO warden_definer;
