@@ -30,6 +30,8 @@ pub use users::{NewUser, UserChange, UserView};
 
 /// The stored records the API answers with as they are.
 pub use warden_auth::Lattice;
+/// What an app's database holds (`GET /v1/apps/{name}/data`), as the data plane reports it.
+pub use warden_core::data::{AppData, TableRows};
 pub use warden_core::{
     AppSpec, DrainOrder, InstanceRecord, InstanceState, LabelHealth, Move, NodeRecord, Release,
     ReleaseSource, ReleaseStatus,

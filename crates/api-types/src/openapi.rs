@@ -37,6 +37,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         generator.subschema_for::<UploadLimits>(),
         generator.subschema_for::<ConfigChange>(),
         generator.subschema_for::<Rollback>(),
+        generator.subschema_for::<AppData>(),
     );
     generator.take_definitions(true)
 }

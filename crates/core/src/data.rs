@@ -3,6 +3,7 @@
 //! only, so none of them links PostgreSQL's client or knows its SQL.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
@@ -25,6 +26,36 @@ impl std::fmt::Debug for DataSocket {
     }
 }
 
+/// What an app's database holds, as the admin sees it (row security does not bind it): the
+/// answer of `GET /v1/apps/{name}/data` and `warden data show`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AppData {
+    /// The database's size on disk, in bytes.
+    pub size_bytes: i64,
+    /// The app's labelled tables, by name.
+    pub tables: Vec<TableRows>,
+    /// The label the database lets the app's instances write down to (canonical), if the app
+    /// is a declassifier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declassify_to: Option<String>,
+    /// Rows written below their writer's label (by a declassifier), as `warden.declassified`
+    /// records them.
+    pub declassified_writes: i64,
+}
+
+/// One labelled table of an app.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TableRows {
+    /// The table's name.
+    pub name: String,
+    /// Rows per label (canonical text); labels without rows are left out.
+    pub rows_per_label: BTreeMap<String, i64>,
+}
+
 /// Apps' databases on the PostgreSQL this node uses.
 pub trait DataPlane: Send + Sync {
     /// Where data lives, for people (no password): `private PostgreSQL under DIR` or
@@ -43,6 +74,11 @@ pub trait DataPlane: Send + Sync {
         owner: Option<&'a str>,
         socket: &'a Path,
     ) -> DataFuture<'a, DataSocket>;
+    /// Lets `app`'s instances whose label dominates `to_label` write rows at it, each write
+    /// recorded (a declassifier); `None` takes that away.
+    fn declassifier<'a>(&'a self, app: &'a str, to_label: Option<&'a str>) -> DataFuture<'a, ()>;
+    /// Size, tables and rows per label of `app`'s database.
+    fn show<'a>(&'a self, app: &'a str) -> DataFuture<'a, AppData>;
 }
 
 impl std::fmt::Debug for dyn DataPlane {

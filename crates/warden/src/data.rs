@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use anyhow::Context;
 use warden_auth::lattice::Lattice;
-use warden_core::data::{DataError, DataFuture, DataPlane, DataSocket};
+use warden_core::data::{AppData, DataError, DataFuture, DataPlane, DataSocket, TableRows};
 use warden_data::proxy::{Limits, Listener, Pool, ServerAddr, Target};
 use warden_data::schema::{self, Admin, DataKey};
 use warden_data::server::{Endpoint, Server, ServerError};
@@ -223,6 +223,34 @@ impl DataPlane for Data {
 
     fn drop_app<'a>(&'a self, app: &'a str) -> DataFuture<'a, ()> {
         Box::pin(async move { self.admin().drop_app(app).await.map_err(data_error) })
+    }
+
+    fn declassifier<'a>(&'a self, app: &'a str, to_label: Option<&'a str>) -> DataFuture<'a, ()> {
+        Box::pin(async move {
+            self.admin()
+                .declassifier(app, to_label)
+                .await
+                .map_err(data_error)
+        })
+    }
+
+    fn show<'a>(&'a self, app: &'a str) -> DataFuture<'a, AppData> {
+        Box::pin(async move {
+            let shown = self.admin().show(app).await.map_err(data_error)?;
+            Ok(AppData {
+                size_bytes: shown.size_bytes,
+                tables: shown
+                    .tables
+                    .into_iter()
+                    .map(|t| TableRows {
+                        name: t.name,
+                        rows_per_label: t.rows_per_label.into_iter().collect(),
+                    })
+                    .collect(),
+                declassify_to: shown.declassify_to,
+                declassified_writes: shown.declassified_writes,
+            })
+        })
     }
 
     fn attach<'a>(

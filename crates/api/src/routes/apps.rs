@@ -115,9 +115,11 @@ pub async fn create(
         check_static_dir(&api, dir)?;
     }
     canonical_counts(&api, &mut spec).await?;
+    crate::routes::data::check_mark(&api, &mut spec).await?;
     if spec.data {
         create_database(&api, &spec).await?;
     }
+    let _marking = crate::routes::data::lock().await;
     let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
     match api
         .store
@@ -125,6 +127,10 @@ pub async fn create(
         .await?
     {
         CasOutcome::Done(rev) => {
+            // Also without a mark: a database left by an earlier app of the name keeps none.
+            if spec.data {
+                crate::routes::data::apply_mark(&api, &spec, rev, None).await?;
+            }
             api.applied(&keys::app_spec(&spec.name), rev).await;
             tracing::info!(app = %spec.name, "app created");
             Ok((StatusCode::CREATED, Json(spec)))
@@ -237,6 +243,10 @@ pub async fn update(
     }
     let patch = canonical_patch_counts(&api, patch).await?;
     let key = keys::app_spec(&name);
+    let _marking = match patch.get("declassify_to") {
+        Some(_) => Some(crate::routes::data::lock().await),
+        None => None,
+    };
     for _ in 0..8 {
         let Some((spec, rev)) = warden_store::get_json::<AppSpec>(&*api.store, &key).await? else {
             return Err(no_app(&name));
@@ -248,6 +258,10 @@ pub async fn update(
         next.validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         data_unchanged(&spec, &next)?;
+        let marks = next.declassify_to != spec.declassify_to;
+        if marks {
+            crate::routes::data::check_mark(&api, &mut next).await?;
+        }
         if let Some(dir) = &next.static_dir {
             if !is_release_site(&api, &next, dir) {
                 check_static_dir(&api, dir)?;
@@ -260,6 +274,9 @@ pub async fn update(
             .compare_and_swap(&key, Some(rev), Some(bytes), None)
             .await?
         {
+            if marks && next.declassify_to != spec.declassify_to {
+                crate::routes::data::apply_mark(&api, &next, rev, Some(&spec)).await?;
+            }
             api.applied(&key, rev).await;
             let rolls = next.generation() != spec.generation();
             tracing::info!(app = %name, rolls, "app updated");

@@ -89,6 +89,11 @@ pub struct AppSpec {
     /// `DATABASE_URL` to a socket that logs in as its label's role. Needs a data server.
     #[serde(default)]
     pub data: bool,
+    /// Marks the app a declassifier (seed 002's certified code path; an admin's act): its
+    /// instances whose label dominates this one may write rows at it, each such write recorded
+    /// in the database's `warden.declassified`. Needs `data`; canonical under the lattice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declassify_to: Option<String>,
     /// The release the app runs (`warden push`): instances run `command` in the release's slug,
     /// which each node resolves to its own copy, so `workdir` stays unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -344,6 +349,7 @@ impl AppSpec {
             network: NetworkMode::default(),
             io_uring: false,
             data: false,
+            declassify_to: None,
             release: None,
         }
     }
