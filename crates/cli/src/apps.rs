@@ -139,6 +139,10 @@ pub struct UpdateApp {
     /// Instances kept running for a label, LABEL=COUNT (repeatable; 0 stops keeping it)
     #[arg(long = "desired", value_name = "LABEL=COUNT")]
     desired: Vec<String>,
+    /// Mark the app a declassifier to LABEL (an app with --data: its instances may write rows
+    /// at LABEL, below their own, each write recorded), or `none` to take the mark away
+    #[arg(long, value_name = "LABEL|none")]
+    declassify_to: Option<String>,
     #[command(flatten)]
     tuning: Tuning,
 }
@@ -176,6 +180,11 @@ impl UpdateApp {
                 .map(|(l, n)| (l, if n == 0 { Value::Null } else { json!(n) }))
                 .collect();
             p["desired"] = Value::Object(counts);
+        }
+        match self.declassify_to.as_deref() {
+            Some("none") => p["declassify_to"] = Value::Null,
+            Some(label) => p["declassify_to"] = json!(label),
+            None => {}
         }
         self.tuning.write(&mut p)?;
         if p.as_object().is_some_and(serde_json::Map::is_empty) {
@@ -234,6 +243,10 @@ pub struct CreateApp {
     /// the database: back it up with pg_dump first
     #[arg(long)]
     data: bool,
+    /// Mark the app a declassifier to LABEL (needs --data): its instances may write rows at
+    /// LABEL, below their own, and each such write is recorded
+    #[arg(long, value_name = "LABEL")]
+    declassify_to: Option<String>,
     #[command(flatten)]
     tuning: Tuning,
 }
@@ -258,6 +271,7 @@ impl CreateApp {
             warm,
             network,
             data,
+            declassify_to,
             tuning,
         } = self;
         let mut envs = BTreeMap::new();
@@ -287,6 +301,7 @@ impl CreateApp {
             body["data"] = json!(true);
         }
         for (key, v) in [
+            ("declassify_to", declassify_to),
             ("driver", driver),
             ("lifetime", lifetime),
             ("network", network),

@@ -1,4 +1,4 @@
-//! The command-line client: `warden apps|users|instances|nodes|status`.
+//! The command-line client: `warden apps|users|instances|nodes|data|status`.
 //!
 //! It talks to the api role over HTTP and owns only presentation: tables for people, `--json`
 //! for scripts, and errors that say what to do next. It never touches the store directly. The
@@ -9,6 +9,7 @@
 mod apps;
 mod client;
 mod config;
+mod data;
 mod deploy;
 mod instances;
 mod logs;
@@ -28,6 +29,7 @@ use warden_api_types::{BackupHead, Lattice, NewUser, Status, UserChange, UserVie
 
 pub use apps::{AppsCommand, CreateApp, UpdateApp};
 pub use config::Endpoint;
+pub use data::DataCommand;
 pub use deploy::{ConfigCommand, Push};
 pub use instances::InstancesCommand;
 pub use logs::Logs;
@@ -156,6 +158,9 @@ pub enum ClientCommand {
     },
     /// Print what an app's instances (or one instance) wrote, with instance, label and release
     Logs(Logs),
+    /// Show what apps' databases hold
+    #[command(subcommand)]
+    Data(DataCommand),
 }
 
 /// Runs a client command.
@@ -177,6 +182,7 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
         }
         ClientCommand::Lattice(c) => lattice(&api, &out, c).await,
         ClientCommand::Logs(l) => logs::run(&api, &out, l).await,
+        ClientCommand::Data(c) => data::run(&api, &out, c).await,
     }
 }
 

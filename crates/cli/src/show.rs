@@ -75,6 +75,13 @@ pub(crate) async fn run(api: &Client, out: &Output, app: &str) -> anyhow::Result
     );
     let config: Vec<String> = spec.env.keys().cloned().collect();
     println!("  config    {}", or_dash(&config.join(", ")));
+    if spec.data {
+        let mark = spec
+            .declassify_to
+            .as_deref()
+            .map_or(String::new(), |l| format!("; a declassifier to {l}"));
+        println!("  data      its own database (`warden data show {app}`){mark}");
+    }
     // Ready instances per label and node, from the records every node writes.
     let records: Vec<InstanceRecord> = api.call("GET", "/v1/instances").await.unwrap_or_default();
     let mut by_node: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();

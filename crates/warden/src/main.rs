@@ -49,6 +49,8 @@ enum Command {
     Status(ClientArgs),
     /// Print what an app's instances (or one instance) wrote, with instance, label and release
     Logs(LogsCmd),
+    /// Show what apps' databases hold
+    Data(DataCmd),
     /// Push an app's source: build it once, try it, roll it out with no downtime
     Push(PushCmd),
     /// List an app's releases
@@ -80,6 +82,14 @@ enum Command {
 struct AppsCmd {
     #[command(subcommand)]
     command: warden_cli::AppsCommand,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct DataCmd {
+    #[command(subcommand)]
+    command: warden_cli::DataCommand,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -344,6 +354,7 @@ async fn run(cli: Cli) -> std::process::ExitCode {
         Command::Lattice(c) => warden_cli::run(&c.client, ClientCommand::Lattice(c.command)).await,
         Command::Status(c) => warden_cli::run(&c, ClientCommand::Status).await,
         Command::Logs(c) => warden_cli::run(&c.client, ClientCommand::Logs(c.logs)).await,
+        Command::Data(c) => warden_cli::run(&c.client, ClientCommand::Data(c.command)).await,
         Command::Push(c) => warden_cli::run(&c.client, ClientCommand::Push(c.push)).await,
         Command::Releases(c) => {
             warden_cli::run(&c.client, ClientCommand::Releases { app: c.app }).await
