@@ -14,7 +14,7 @@ use warden_test_support::{request, wait_until, Launch, Warden};
 use crate::BIN;
 
 pub(crate) const PSQL: &str = "/usr/lib/postgresql/15/bin/psql";
-const PASSWORD: &str = "correct horse battery";
+pub(crate) const PASSWORD: &str = "correct horse battery";
 
 pub(crate) fn postgres_installed() -> bool {
     let there =
@@ -36,7 +36,7 @@ pub(crate) fn notes_app() -> tempfile::TempDir {
 
 /// Runs `sql` in database `db` as warden's admin (peer authentication: warden's own OS
 /// user, which the test is), as an operator with psql would.
-fn admin_sql(data_dir: &Path, db: &str, sql: &str) -> String {
+pub(crate) fn admin_sql(data_dir: &Path, db: &str, sql: &str) -> String {
     let socket: PathBuf = data_dir.join("postgres").join("run");
     let out = Command::new(PSQL)
         .args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-h"])

@@ -75,6 +75,7 @@ mod data_apps;
 mod data_cluster;
 mod data_demo;
 mod data_faults;
+mod data_declassify;
 mod deploy;
 mod ends;
 mod env_rules;
