@@ -262,6 +262,44 @@ async fn a_declassifier_writes_down_and_is_recorded() {
     assert_eq!(n, 1);
 }
 
+/// `warden.declassify_to()` names the granted label only to a session that dominates it, in
+/// a marked app: elsewhere it refuses, and nothing is written or recorded.
+#[tokio::test]
+async fn declassify_to_names_the_granted_label_only_where_it_may_be_written() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "stats").await;
+    let role = |l: &'static str| {
+        let admin = &admin;
+        async move {
+            connect(&admin.label_role("stats", l, None).await.unwrap())
+                .await
+                .unwrap()
+        }
+    };
+    let (u, sa, sb) = (role("U").await, role("S:{A}").await, role("S:{B}").await);
+    let down = "INSERT INTO notes (body, warden_label) VALUES ('down', warden.declassify_to())";
+    refused(&sa, down).await;
+    admin.declassifier("stats", Some("S:{A}")).await.unwrap();
+    refused(&sb, down).await;
+    sa.batch_execute(down).await.unwrap();
+    admin.declassifier("stats", Some("U")).await.unwrap();
+    sb.batch_execute(down).await.unwrap();
+    admin.declassifier("stats", None).await.unwrap();
+    refused(&sb, down).await;
+    assert_eq!(
+        bodies(&u).await,
+        ["down"],
+        "only S:{{B}}'s write under the U mark is U's"
+    );
+    let shown = admin.show("stats").await.unwrap();
+    assert_eq!(
+        shown.declassified_writes, 1,
+        "S:{{A}} writing at S:{{A}} is not a write down"
+    );
+    assert_eq!(shown.declassify_to, None);
+}
+
 /// A unique key not scoped by label fails labelling, naming the table and index; one that
 /// includes warden_label passes.
 #[tokio::test]
