@@ -119,7 +119,10 @@ pub async fn create(
     if spec.data {
         create_database(&api, &spec).await?;
     }
-    let _marking = crate::routes::data::lock().await;
+    let _marking = match spec.data {
+        true => Some(crate::routes::data::lock().await),
+        false => None,
+    };
     let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
     match api
         .store
