@@ -29,6 +29,9 @@ pub struct Built {
     pub kind: BuildKind,
     /// What instances run (the Procfile's `web`, through `/bin/sh -c`); empty for a static site.
     pub command: Vec<String>,
+    /// What a push's release phase runs once before its trial (the Procfile's `release`,
+    /// through `/bin/sh -c`); empty when there is none.
+    pub release: Vec<String>,
     /// The slug's files on this node, for a static site the gateway serves.
     pub dir: PathBuf,
     /// SHA-256 of the slug's archive, for nodes that fetch it.
@@ -166,6 +169,8 @@ pub struct Prepared {
     pub kind: BuildKind,
     /// What instances will run.
     pub command: Vec<String>,
+    /// What its release phase will run; empty when nothing.
+    pub release: Vec<String>,
     /// The built slug, when an earlier push built it.
     pub built: Option<Built>,
     /// Where the source was unpacked, when it still has to be built.

@@ -23,6 +23,9 @@ pub struct Recipe {
     pub script: Option<String>,
     /// What instances run; empty for a static site.
     pub command: Vec<String>,
+    /// What the release phase runs once per push before its trial (the Procfile's `release:`
+    /// line, through `/bin/sh -c`); empty when the Procfile has none.
+    pub release: Vec<String>,
 }
 
 /// Most bytes of a Procfile or package.json that detection reads.
@@ -44,25 +47,45 @@ fn read_text(root: &Root, name: &str) -> Result<Option<String>, BuildError> {
         .transpose()
 }
 
-/// The `web` line of the tree's Procfile, if it has one. Refuses a Procfile without one.
-fn procfile_web(root: &Root) -> Result<Option<String>, BuildError> {
+/// The lines of a Procfile warden runs.
+#[derive(Default)]
+struct Procfile {
+    /// `web:`, what instances run.
+    web: Option<String>,
+    /// `release:`, what the release phase runs.
+    release: Option<String>,
+}
+
+/// The `web` and `release` lines of the tree's Procfile, if it has one. Refuses a Procfile
+/// without a `web` line.
+fn procfile(root: &Root) -> Result<Procfile, BuildError> {
     let Some(text) = read_text(root, "Procfile")? else {
-        return Ok(None);
+        return Ok(Procfile::default());
     };
+    let mut found = Procfile::default();
     for line in text.lines() {
         let line = line.trim();
         if line.starts_with('#') {
             continue;
         }
         if let Some((name, cmd)) = line.split_once(':') {
-            if name.trim() == "web" && !cmd.trim().is_empty() {
-                return Ok(Some(cmd.trim().to_owned()));
+            let cmd = cmd.trim();
+            let slot = match name.trim() {
+                "web" => &mut found.web,
+                "release" => &mut found.release,
+                _ => continue,
+            };
+            if !cmd.is_empty() && slot.is_none() {
+                *slot = Some(cmd.to_owned());
             }
         }
     }
-    Err(detect_error(
-        "the Procfile has no `web:` line; add one with the command that serves the app, e.g. `web: gunicorn app:app --bind 127.0.0.1:$PORT`",
-    ))
+    if found.web.is_none() {
+        return Err(detect_error(
+            "the Procfile has no `web:` line; add one with the command that serves the app, e.g. `web: gunicorn app:app --bind 127.0.0.1:$PORT`",
+        ));
+    }
+    Ok(found)
 }
 
 /// The command that starts a Node app without a Procfile: `npm start` when package.json has a
@@ -119,7 +142,7 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
     let root = Root::open(dir)
         .map_err(|e| BuildError::Node(format!("cannot open the unpacked tree: {e}")))?;
     let has = |f: &str| root.is_file(f);
-    let web = procfile_web(&root)?;
+    let Procfile { web, release } = procfile(&root)?;
     let python = has("requirements.txt") || has("pyproject.toml");
     let kind = match kind {
         Some(k) => k,
@@ -134,7 +157,12 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
         }
     };
     let run = |cmd: String| vec!["/bin/sh".to_owned(), "-c".to_owned(), start_script(&cmd)];
-    let recipe = match kind {
+    // A static site runs nothing, so it has no release phase either.
+    let release = match (kind, release) {
+        (BuildKind::Static, _) | (_, None) => Vec::new(),
+        (_, Some(r)) => run(r),
+    };
+    let mut recipe = match kind {
         BuildKind::Python => {
             let Some(web) = web else {
                 return Err(detect_error(
@@ -161,6 +189,7 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
                     "set -e\n{PYTHON} -m venv .venv\n.venv/bin/pip install --disable-pip-version-check --no-input --no-cache-dir {install}\n"
                 )),
                 command: run(web),
+                release: Vec::new(),
             }
         }
         BuildKind::Node => {
@@ -182,6 +211,7 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
                     "set -e\nnpm {install} --omit=dev --no-audit --no-fund --no-update-notifier\n"
                 )),
                 command: run(web),
+                release: Vec::new(),
             }
         }
         BuildKind::Procfile => {
@@ -194,6 +224,7 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
                 kind,
                 script: None,
                 command: run(web),
+                release: Vec::new(),
             }
         }
         BuildKind::Static => {
@@ -206,9 +237,11 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
                 kind,
                 script: None,
                 command: Vec::new(),
+                release: Vec::new(),
             }
         }
     };
+    recipe.release = release;
     Ok(recipe)
 }
 
@@ -259,6 +292,22 @@ mod tests {
         assert_eq!((site.kind, site.command.len()), (BuildKind::Static, 0));
         let bin = kind_of(&[procfile, ("index.html", "")]).expect("procfile");
         assert_eq!((bin.kind, bin.script), (BuildKind::Procfile, None));
+    }
+
+    #[test]
+    fn a_release_line_travels_with_the_recipe_as_the_web_line_does() {
+        let with = kind_of(&[(
+            "Procfile",
+            "web: ./serve\nrelease: psql -f migrate.sql\nworker: x\n",
+        )])
+        .expect("procfile");
+        assert_eq!(with.release, ["/bin/sh", "-c", "exec psql -f migrate.sql"]);
+        assert_eq!(with.command[2], "exec ./serve");
+        let without = kind_of(&[("Procfile", "web: ./serve\n")]).expect("procfile");
+        assert!(without.release.is_empty());
+        // A release line alone does not make an app.
+        let err = kind_of(&[("Procfile", "release: ./migrate\n")]).expect_err("no web");
+        assert!(err.to_string().contains("no `web:` line"), "{err}");
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub fn complete(slugs: &Path, id: &str, cached: bool) -> Option<Built> {
         slug: id.to_owned(),
         kind: mark.kind,
         command: mark.command,
+        release: mark.release,
         dir: tree(slugs, id),
         archive,
         cached,
@@ -91,6 +92,7 @@ pub fn unpack_pushed(
         slug: slug_id(digest, recipe.kind),
         kind: recipe.kind,
         command: recipe.command,
+        release: recipe.release,
         built: None,
         tree: Some(scratch),
     })
@@ -137,6 +139,7 @@ pub fn complete_build(slugs: &Path, id: &str, recipe: &Recipe) -> Result<Built, 
     let mark = store::Mark {
         kind: recipe.kind,
         command: recipe.command.clone(),
+        release: recipe.release.clone(),
     };
     let bytes = serde_json::to_vec(&mark).map_err(|e| node_error("encode the slug's mark", e))?;
     std::fs::write(home.join(store::MARK), bytes)

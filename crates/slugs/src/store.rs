@@ -20,6 +20,9 @@ pub(crate) const DIGEST: &str = warden_core::builds::slug_files::DIGEST;
 pub(crate) struct Mark {
     pub kind: BuildKind,
     pub command: Vec<String>,
+    /// The release phase's command; absent from slugs built before it was kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub release: Vec<String>,
 }
 
 /// The tree of slug `id` under `slugs`.
@@ -279,6 +282,7 @@ mod tests {
         let mark = Mark {
             kind: BuildKind::Procfile,
             command: vec!["python3".into(), "server.py".into()],
+            release: Vec::new(),
         };
         std::fs::write(
             home.path().join(MARK),

@@ -300,6 +300,7 @@ pub(crate) fn fresh(
         slug: None,
         kind: None,
         command: Vec::new(),
+        release_command: Vec::new(),
         config,
         by,
         at_ms: now_ms(),

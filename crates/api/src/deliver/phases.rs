@@ -70,6 +70,7 @@ async fn build(
     d.release.slug = Some(built.slug.clone());
     d.release.kind = Some(built.kind);
     d.release.command = built.command.clone();
+    d.release.release_command = built.release.clone();
     d.advance(api, ReleaseStatus::Built).await?;
     Delivery::drop_upload(api, upload);
     Ok(built)
@@ -254,6 +255,7 @@ mod tests {
             slug: Some("a".repeat(64)),
             kind: Some(BuildKind::Procfile),
             command: vec!["./run".into()],
+            release_command: Vec::new(),
             config: config
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -274,6 +276,7 @@ mod tests {
             slug: "a".repeat(64),
             kind: BuildKind::Procfile,
             command: vec!["./run".into()],
+            release: Vec::new(),
             dir: PathBuf::from("/nowhere"),
             archive: "b".repeat(64),
             cached: true,

@@ -100,6 +100,7 @@ async fn step(api: &Api, builds: &dyn Builds, release: &Release) -> Result<Step,
                 (Some(slug), Some(kind)) => builds.built(slug).map(|b| Built {
                     kind,
                     command: release.command.clone(),
+                    release: release.release_command.clone(),
                     ..b
                 }),
                 _ => None,

@@ -150,6 +150,7 @@ pub(crate) async fn push_received(
         release.slug = Some(prepared.slug.clone());
         release.kind = Some(prepared.kind);
         release.command = prepared.command.clone();
+        release.release_command = prepared.release.clone();
         release.upload = Some(upload.name());
         release.new_app = !existed;
         let (release, revision) = deliver::record(&api, release).await?;
@@ -373,6 +374,7 @@ fn reuse(builds: &dyn Builds, release: &Release) -> Result<Built, ApiError> {
     Ok(Built {
         kind,
         command: release.command.clone(),
+        release: release.release_command.clone(),
         ..built
     })
 }
@@ -446,6 +448,9 @@ async fn rerelease(
     release.slug = of.slug.clone();
     release.kind = of.kind;
     release.command = of.command.clone();
+    // Carried for the record (a later rollback to this one knows it), never run: the release
+    // phase runs on pushes only.
+    release.release_command = of.release_command.clone();
     let (release, revision) = deliver::record(&api, release).await?;
     let delivery = deliver::Delivery::new(release, revision, true);
     Ok(deliver::start(api, builds, delivery, Step::Try(built)))

@@ -171,6 +171,11 @@ pub struct Release {
     /// The command instances run (the Procfile's `web`), empty for a static site.
     #[serde(default)]
     pub command: Vec<String>,
+    /// What the release phase runs (the Procfile's `release`), empty when nothing. A push runs
+    /// it once, before its trial; a config change or a rollback carries its slug's but does
+    /// not run it (a rollback must not migrate forward).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub release_command: Vec<String>,
     /// The app's config vars as of this release (instances get them as environment); a
     /// rollback restores them.
     #[serde(default)]
