@@ -98,6 +98,8 @@ struct Inner {
     slugs: Arc<warden_slugs::Fetcher>,
     metrics: Arc<metrics::Metrics>,
     stopping: watch::Sender<bool>,
+    /// Apps' databases, which a push's release phase reaches as the app's owner.
+    data: Option<Arc<dyn warden_core::data::DataPlane>>,
 }
 
 /// Handle to the agent; cheap to clone.
@@ -254,6 +256,7 @@ impl Agent {
                 slugs,
                 metrics,
                 stopping,
+                data: config.data.clone(),
             }),
         })
     }
@@ -267,6 +270,7 @@ impl Agent {
             time_limit,
             max_unpacked,
             self.inner.slugs.clone(),
+            self.inner.data.clone(),
         )
     }
 

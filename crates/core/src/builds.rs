@@ -69,6 +69,18 @@ pub enum TrialError {
     Node(String),
 }
 
+/// Why a push's release phase (the Procfile's `release` command) did not pass.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleasePhaseError {
+    /// The command exited non-zero or ran out of time (with its last lines), or made a table
+    /// warden cannot label (named). The release is the pusher's to fix.
+    #[error("{0}")]
+    Failed(String),
+    /// The node could not run it (its slug, its directory, its driver, the data server).
+    #[error("{0}")]
+    Node(String),
+}
+
 /// Builds slugs from pushed archives and tries releases before they serve.
 #[async_trait]
 pub trait Builds: Send + Sync + 'static {
@@ -90,6 +102,17 @@ pub trait Builds: Send + Sync + 'static {
     /// (its health path, else accepting connections), and stops it. On failure: why, with the
     /// last lines it printed.
     async fn trial(&self, spec: &AppSpec, label: &str) -> Result<(), TrialError>;
+
+    /// Runs `command` once as a one-off process of `spec` (its driver, its slug, its config
+    /// vars; for an app with data, `DATABASE_URL` logged in as its owner role), at most the
+    /// build time limit, output to `out`; then, for an app with data, labels the tables it
+    /// made.
+    async fn release_phase(
+        &self,
+        spec: &AppSpec,
+        command: &[String],
+        out: Output,
+    ) -> Result<(), ReleasePhaseError>;
 
     /// Slug `slug`, if it is built (or fetched) on this node.
     fn built(&self, slug: &str) -> Option<Built>;

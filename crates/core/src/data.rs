@@ -79,6 +79,12 @@ pub trait DataPlane: Send + Sync {
     fn declassifier<'a>(&'a self, app: &'a str, to_label: Option<&'a str>) -> DataFuture<'a, ()>;
     /// Size, tables and rows per label of `app`'s database.
     fn show<'a>(&'a self, app: &'a str) -> DataFuture<'a, AppData>;
+    /// A socket at `socket` that logs in to `app`'s database as its owner role, which may
+    /// make and change tables: for the release phase only, never for an instance.
+    fn attach_owner<'a>(&'a self, app: &'a str, socket: &'a Path) -> DataFuture<'a, DataSocket>;
+    /// Labels every table of `app`'s database the owner made since the last time (idempotent);
+    /// returns the tables labelled. Fails naming a table warden cannot label.
+    fn label_tables<'a>(&'a self, app: &'a str) -> DataFuture<'a, Vec<String>>;
 }
 
 impl std::fmt::Debug for dyn DataPlane {

@@ -4,6 +4,7 @@
 //! instance starts outside routing (`trial`). [`Builder`] implements
 //! [`warden_core::builds::Builds`] for the API.
 
+mod release;
 mod run;
 mod trial;
 
@@ -13,7 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use warden_core::builds::{BuildError, Builds, Built, Output, Prepared, TrialError};
+use warden_core::builds::{
+    BuildError, Builds, Built, Output, Prepared, ReleasePhaseError, TrialError,
+};
+use warden_core::data::DataPlane;
 use warden_core::{AppSpec, BuildKind};
 
 use crate::drivers::Drivers;
@@ -28,6 +32,8 @@ pub struct Builder {
     /// One lock per slug, shared with the fetcher: two pushes of one tree build it once, and
     /// a fetch never meets a build of the same slug.
     locks: Arc<warden_slugs::Fetcher>,
+    /// Apps' databases: a release phase reaches its app's as the owner.
+    data: Option<Arc<dyn DataPlane>>,
 }
 
 impl Builder {
@@ -37,6 +43,7 @@ impl Builder {
         time_limit: Duration,
         max_unpacked: u64,
         locks: Arc<warden_slugs::Fetcher>,
+        data: Option<Arc<dyn DataPlane>>,
     ) -> Self {
         Self {
             drivers,
@@ -44,6 +51,7 @@ impl Builder {
             time_limit,
             max_unpacked,
             locks,
+            data,
         }
     }
 
@@ -116,6 +124,21 @@ impl Builds for Builder {
 
     async fn trial(&self, spec: &AppSpec, label: &str) -> Result<(), TrialError> {
         trial::trial(&self.drivers, &self.paths, spec, label).await
+    }
+
+    async fn release_phase(
+        &self,
+        spec: &AppSpec,
+        command: &[String],
+        out: Output,
+    ) -> Result<(), ReleasePhaseError> {
+        let run = release::ReleaseRun {
+            drivers: &self.drivers,
+            paths: &self.paths,
+            data: self.data.as_deref(),
+            limit: self.time_limit,
+        };
+        run.run(spec, command, &out).await
     }
 
     fn built(&self, slug: &str) -> Option<Built> {

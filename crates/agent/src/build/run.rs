@@ -9,7 +9,7 @@ use std::time::Duration;
 use warden_core::builds::{BuildError, Output};
 use warden_core::{AppSpec, Limits};
 
-use crate::drivers::{Drivers, Launch};
+use crate::drivers::{Drivers, Launch, LaunchError};
 use crate::paths::Paths;
 
 /// Limits of a build: package installs need more than an instance's defaults.
@@ -99,12 +99,46 @@ async fn run_in(
         dir,
         build: true,
     };
-    let started = drivers
-        .get(kind)
-        .start(&launch)
+    let ended = run_to_end(drivers, kind, &launch, limit, out)
+        .await
         .map_err(|e| BuildError::Node(format!("cannot start the build: {e}")))?;
+    match ended {
+        Ended::TimedOut => Err(BuildError::Failed(format!(
+            "the build ran out of its {} s; last lines:\n{}",
+            limit.as_secs(),
+            crate::logs::tail(log, TAIL_LINES)
+        ))),
+        Ended::Exited(s) if s.success() => Ok(()),
+        Ended::Exited(s) => Err(BuildError::Failed(format!(
+            "the build failed ({s}); last lines:\n{}",
+            crate::logs::tail(log, TAIL_LINES)
+        ))),
+        Ended::Lost(e) => Err(BuildError::Node(format!("cannot wait for the build: {e}"))),
+    }
+}
+
+/// How a one-off process (a build script, a release command) ended.
+pub(crate) enum Ended {
+    /// It exited, with this status.
+    Exited(std::process::ExitStatus),
+    /// It ran past its time limit and was killed.
+    TimedOut,
+    /// Waiting for it failed.
+    Lost(std::io::Error),
+}
+
+/// Starts `launch` through the driver of `kind` and waits for it to end, at most `limit`
+/// (then kills it); every line it prints goes to `out` as it comes.
+pub(crate) async fn run_to_end(
+    drivers: &Drivers,
+    kind: warden_core::DriverKind,
+    launch: &Launch<'_>,
+    limit: Duration,
+    out: &Output,
+) -> Result<Ended, LaunchError> {
+    let started = drivers.get(kind).start(launch)?;
     let mut child = started.child;
-    let mut reader = Tail::new(log);
+    let mut reader = Tail::new(launch.log);
     let deadline = tokio::time::Instant::now() + limit;
     let status = loop {
         tokio::select! {
@@ -122,19 +156,11 @@ async fn run_in(
     if let Some(held) = started.held {
         held.release().await;
     }
-    match status {
-        None => Err(BuildError::Failed(format!(
-            "the build ran out of its {} s; last lines:\n{}",
-            limit.as_secs(),
-            crate::logs::tail(log, TAIL_LINES)
-        ))),
-        Some(Ok(s)) if s.success() => Ok(()),
-        Some(Ok(s)) => Err(BuildError::Failed(format!(
-            "the build failed ({s}); last lines:\n{}",
-            crate::logs::tail(log, TAIL_LINES)
-        ))),
-        Some(Err(e)) => Err(BuildError::Node(format!("cannot wait for the build: {e}"))),
-    }
+    Ok(match status {
+        None => Ended::TimedOut,
+        Some(Ok(s)) => Ended::Exited(s),
+        Some(Err(e)) => Ended::Lost(e),
+    })
 }
 
 /// Follows a growing log file, handing on whole lines.

@@ -197,66 +197,23 @@ impl Lifecycle {
         }
         let id = warden_core::id::short_id();
         let Some(plane) = &self.deps.data else {
-            return Err((
-                id,
-                DataError(
-                    "the app has data but this node has no data server; start warden with \
-                     --data postgres://ADMIN@HOST/DB or install postgresql"
-                        .into(),
-                )
-                .into(),
-            ));
+            return Err((id, DataError(crate::drivers::data::NO_SERVER.into()).into()));
         };
-        // Absolute: libpq takes `host` as a socket directory only when it starts with '/'.
-        let dir = std::path::absolute(self.deps.paths.instance(&id))
-            .unwrap_or_else(|_| self.deps.paths.instance(&id));
         let sandboxed = spec.driver_on(self.deps.drivers.default().0) == DriverKind::Sandbox;
-        let (host_dir, seen_as) = match sandboxed {
-            true => (
-                dir.join(warden_sandbox::DATA_DIR).join(".pg"),
-                format!("{}/.pg", warden_sandbox::DATA_MOUNT),
-            ),
-            false => {
-                let d = dir.join("pg");
-                (d.clone(), d.display().to_string())
-            }
+        let dir = self.deps.paths.instance(&id);
+        let place = match crate::drivers::data::place(&dir, &spec.name, sandboxed) {
+            Ok(p) => p,
+            Err(e) => return Err((id, e)),
         };
-        // The instance's own directory (0700, its uid's) guards the socket; this one only
-        // lets that uid reach the socket warden binds as itself.
-        if let Err(source) = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(&host_dir)
-        {
-            return Err((
-                id,
-                LaunchError::Create {
-                    path: host_dir,
-                    source,
-                },
-            ));
-        }
         let user = owner.reserved_for();
-        let socket = host_dir.join(".s.PGSQL.5432");
         let socket = match plane
-            .attach(&spec.name, label, user.as_deref(), &socket)
+            .attach(&spec.name, label, user.as_deref(), &place.socket)
             .await
         {
             Ok(s) => s,
             Err(e) => return Err((id, e.into())),
         };
-        let db = format!("warden_app_{}", spec.name);
-        let env = BTreeMap::from([
-            (
-                "DATABASE_URL".to_owned(),
-                format!("postgresql:///{db}?host={seen_as}"),
-            ),
-            ("PGHOST".to_owned(), seen_as),
-            ("PGDATABASE".to_owned(), db),
-            // libpq names the OS user when no user is given, and an instance's uid has no
-            // name: it would refuse before connecting. The socket ignores it either way.
-            ("PGUSER".to_owned(), "warden".to_owned()),
-        ]);
+        let env = place.env;
         Ok(Some(DataPrepared { id, socket, env }))
     }
 

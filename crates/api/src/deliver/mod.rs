@@ -27,7 +27,7 @@ use axum::body::{Body, Bytes};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
 use warden_api_types::ReleaseEvent;
-use warden_core::builds::{BuildError, Builds, Built, Prepared, TrialError};
+use warden_core::builds::{BuildError, Builds, Built, Prepared, ReleasePhaseError, TrialError};
 use warden_core::model::now_ms;
 use warden_core::{keys, AppSpec, FailReason, Release, ReleaseSource, ReleaseStatus};
 use warden_store::{get_json, CasOutcome, Revision, StoreError};
@@ -79,6 +79,16 @@ impl From<TrialError> for Failure {
         let reason = match &e {
             TrialError::NotReady(_) => FailReason::TrialFailed,
             TrialError::Node(_) => FailReason::Node,
+        };
+        Self::new(reason, e.to_string())
+    }
+}
+
+impl From<ReleasePhaseError> for Failure {
+    fn from(e: ReleasePhaseError) -> Self {
+        let reason = match &e {
+            ReleasePhaseError::Failed(_) => FailReason::ReleaseFailed,
+            ReleasePhaseError::Node(_) => FailReason::Node,
         };
         Self::new(reason, e.to_string())
     }

@@ -1,6 +1,7 @@
 //! The phases of a release's delivery, each written to its record before the next begins:
-//! build (`received` → `built`), try (`tried`), switch the app's spec (`switched`), roll out
-//! (`released`).
+//! build (`received` → `built`), the release command of a push (still `built`: after a crash
+//! it runs again, so migrations must be idempotent), try (`tried`), switch the app's spec
+//! (`switched`), roll out (`released`).
 
 use std::collections::BTreeMap;
 
@@ -29,6 +30,7 @@ pub(super) async fn run(
         Step::Rollout => None,
     };
     if let Some(built) = built {
+        release_phase(api, builds, d, &built, sink).await?;
         switch(api, builds, d, &built, sink).await?;
     }
     let app = d.release.app.clone();
@@ -74,6 +76,43 @@ async fn build(
     d.advance(api, ReleaseStatus::Built).await?;
     Delivery::drop_upload(api, upload);
     Ok(built)
+}
+
+/// Runs a push's release command once, against the app's spec as it is now with the release
+/// composed in, before its trial. Only a push in phase `built` runs it: config changes and
+/// rollbacks reuse a slug whose migration ran when it was pushed (a rollback must not migrate
+/// forward), and a push found `tried` after a crash ran it already.
+async fn release_phase(
+    api: &Api,
+    builds: &dyn Builds,
+    d: &Delivery,
+    built: &Built,
+    sink: &Sink,
+) -> Result<(), Failure> {
+    let is_push = matches!(d.release.source, ReleaseSource::Push { .. });
+    if !is_push || d.release.status != ReleaseStatus::Built || d.release.release_command.is_empty()
+    {
+        return Ok(());
+    }
+    let app = &d.release.app;
+    let current = get_json::<AppSpec>(&*api.store, &keys::app_spec(app))
+        .await?
+        .map(|(s, _)| s);
+    if current.is_none() && d.must_exist {
+        return Err(Failure::new(
+            FailReason::AppRemoved,
+            format!("app {app:?} was removed meanwhile; nothing is applied"),
+        ));
+    }
+    let (spec, _) = compose(builds, current, app, &d.release, built)?;
+    sink.line(&format!(
+        "-----> release phase: {}",
+        d.release.release_command.last().map_or("", String::as_str)
+    ));
+    builds
+        .release_phase(&spec, &d.release.release_command, sink.output())
+        .await?;
+    Ok(())
 }
 
 /// Tries the release against the app's spec as it is now, then switches the spec to it by
@@ -218,7 +257,7 @@ fn compose(
 mod tests {
     use std::path::{Path, PathBuf};
 
-    use warden_core::builds::{BuildError, Output, Prepared, TrialError};
+    use warden_core::builds::{BuildError, Output, Prepared, ReleasePhaseError, TrialError};
 
     use super::*;
 
@@ -241,6 +280,14 @@ mod tests {
         }
         async fn trial(&self, _: &AppSpec, _: &str) -> Result<(), TrialError> {
             unreachable!("compose tries nothing")
+        }
+        async fn release_phase(
+            &self,
+            _: &AppSpec,
+            _: &[String],
+            _: Output,
+        ) -> Result<(), ReleasePhaseError> {
+            unreachable!("compose runs nothing")
         }
         fn built(&self, _: &str) -> Option<Built> {
             None

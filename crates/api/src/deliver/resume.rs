@@ -68,7 +68,9 @@ pub async fn resume(api: &Api) {
 fn phase(status: ReleaseStatus) -> &'static str {
     match status {
         ReleaseStatus::Received => "received: building it",
-        ReleaseStatus::Built | ReleaseStatus::Tried => "built: trying it",
+        // A push's release command runs again from `built` (migrations are idempotent).
+        ReleaseStatus::Built => "built: running its release command, if any, and trying it",
+        ReleaseStatus::Tried => "built: trying it",
         ReleaseStatus::Switched => "switched to: waiting for its rollout",
         ReleaseStatus::Released | ReleaseStatus::Failed => "finished",
     }

@@ -136,6 +136,9 @@ pub enum FailReason {
     BuildFailed,
     /// Its instance did not start or did not become ready in time.
     TrialFailed,
+    /// Its release command (the Procfile's `release`) exited non-zero or ran out of time, or
+    /// made a table warden cannot label.
+    ReleaseFailed,
     /// A newer release serves already; this one is not applied.
     Superseded,
     /// The app was removed while the release was being made.

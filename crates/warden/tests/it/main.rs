@@ -76,6 +76,7 @@ mod data_cluster;
 mod data_declassify;
 mod data_demo;
 mod data_faults;
+mod data_release;
 mod deploy;
 mod ends;
 mod env_rules;

@@ -1,0 +1,187 @@
+//! The release phase through `warden up` (issue 34): a push's Procfile `release:` command runs
+//! once before its trial, as the app's owner role for an app with data, and the tables it
+//! makes are labelled or the release fails naming the table. The app is the stdlib notes app
+//! of `data_apps.rs` with psql as its migration tool: nothing is fetched from a registry.
+//! Skipped (but the last test) where PostgreSQL 15 is not installed.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use warden_test_support::http::basic;
+use warden_test_support::{cli, request, Launch, Warden};
+
+use crate::data_apps::postgres_installed;
+use crate::BIN;
+
+const PASSWORD: &str = "correct horse battery";
+
+/// The release command: the migration in `migrate.sql`, as the owner, through the socket
+/// `DATABASE_URL` names.
+const RELEASE: &str =
+    "/usr/lib/postgresql/15/bin/psql \"$DATABASE_URL\" -X -q -v ON_ERROR_STOP=1 -f migrate.sql";
+
+/// The notes table as a migration makes it (again: migrations must be idempotent).
+const NOTES: &str =
+    "CREATE TABLE IF NOT EXISTS notes (id serial PRIMARY KEY, body text NOT NULL);\n";
+
+/// A tree of the notes app whose release command runs `migration`, with `extra` files.
+fn tree(migration: &str, release: &str, extra: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let files = [
+        ("notes.py", include_str!("data/notes.py")),
+        ("migrate.sql", migration),
+    ];
+    for (name, body) in files.iter().chain(extra) {
+        std::fs::write(dir.path().join(name), body).unwrap();
+    }
+    let procfile = format!("web: python3 notes.py\nrelease: {release}\n");
+    std::fs::write(dir.path().join("Procfile"), procfile).unwrap();
+    dir
+}
+
+/// `warden push APP DIR` through the CLI: whether it succeeded, and everything it printed.
+fn push(w: &Warden, app: &str, dir: &Path) -> (bool, String) {
+    let env = [
+        ("WARDEN_API", w.api.as_str()),
+        ("WARDEN_TOKEN", w.token.as_str()),
+    ];
+    let (ok, out, err) = cli(BIN, &["push", app, &dir.display().to_string()], &env);
+    (ok, format!("{out}\n{err}"))
+}
+
+fn users(w: &Warden) {
+    let lattice = json!({ "levels": ["U", "S"] });
+    assert_eq!(w.api("PUT", "/v1/lattice", Some(lattice)).status, 200);
+    for (name, clearance) in [("ursula", "U"), ("sam", "S")] {
+        let r = w.api(
+            "POST",
+            "/v1/users",
+            Some(json!({ "name": name, "password": PASSWORD, "clearance": clearance })),
+        );
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+}
+
+fn notes_as(w: &Warden, user: &str, query: &str) -> Vec<String> {
+    let r = request(
+        "GET",
+        &format!("{}/apps/notes/{query}", w.gateway),
+        &[("authorization", &basic(user, PASSWORD))],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{user} {query}: {}", r.text());
+    let v: Value = r.json();
+    v["notes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|n| n.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn last_release(w: &Warden, app: &str) -> Value {
+    let all = w
+        .api("GET", &format!("/v1/apps/{app}/releases"), None)
+        .json();
+    all.as_array().unwrap().last().unwrap().clone()
+}
+
+fn data_warden() -> Warden {
+    let w = Launch::new(BIN).no_demo().with_data().start();
+    users(&w);
+    w
+}
+
+/// A data app made with `--data`, then pushed: what the push's release command makes is
+/// labelled, so each label reads down through it.
+fn pushed_notes(w: &Warden) {
+    let spec = json!({ "name": "notes", "command": ["python3"], "data": true,
+                       "start_timeout_ms": 30000 });
+    let r = w.api("POST", "/v1/apps", Some(spec));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let src = tree(NOTES, RELEASE, &[]);
+    let (ok, out) = push(w, "notes", src.path());
+    assert!(ok, "the push failed:\n{out}");
+    assert!(out.contains("labelled tables: notes"), "{out}");
+}
+
+#[test]
+fn a_pushed_migration_makes_a_table_every_label_reads_down_through() {
+    if !postgres_installed() {
+        return;
+    }
+    let w = data_warden();
+    pushed_notes(&w);
+    assert_eq!(notes_as(&w, "ursula", "?add=low"), Vec::<String>::new());
+    assert_eq!(notes_as(&w, "sam", "?add=high"), Vec::<String>::new());
+    assert_eq!(notes_as(&w, "ursula", ""), ["low"]);
+    assert_eq!(notes_as(&w, "sam", ""), ["low", "high"]);
+}
+
+#[test]
+fn a_migration_that_makes_an_unlabellable_table_fails_naming_it_and_the_app_serves_on() {
+    if !postgres_installed() {
+        return;
+    }
+    let w = data_warden();
+    pushed_notes(&w);
+    assert_eq!(notes_as(&w, "ursula", "?add=low"), Vec::<String>::new());
+    // A unique key not scoped by label would let a low writer probe for higher rows.
+    let bad = format!("{NOTES}CREATE TABLE accounts (id serial PRIMARY KEY, email text UNIQUE);\n");
+    let src = tree(&bad, RELEASE, &[("v2", "")]);
+    let (ok, out) = push(&w, "notes", src.path());
+    assert!(!ok, "the push succeeded:\n{out}");
+    assert!(out.contains("\"accounts\""), "{out}");
+    let failed = last_release(&w, "notes");
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(failed["reason"], "release_failed", "{failed}");
+    assert!(
+        failed["error"].as_str().unwrap().contains("accounts"),
+        "{failed}"
+    );
+    // Release 1 still serves, to the instance that ran and to one started after the failure
+    // (sam's: the unlabelled table does not stop an instance, which cannot reach it).
+    let app = w.api("GET", "/v1/apps/notes", None).json();
+    assert_eq!(app["release"]["number"], 1, "{app}");
+    assert_eq!(notes_as(&w, "ursula", ""), ["low"]);
+    assert_eq!(notes_as(&w, "sam", ""), ["low"]);
+}
+
+#[test]
+fn a_release_command_that_fails_fails_its_release_with_its_output_and_runs_on_pushes_only() {
+    // No data: the release phase is the Procfile's, whatever the app keeps.
+    let w = Launch::new(BIN).no_demo().arg("--data").arg("none").start();
+    users(&w);
+    let ran = "echo release-phase-ran";
+    let src = tree("", ran, &[]);
+    let (ok, out) = push(&w, "plain", src.path());
+    assert!(ok && out.contains("release-phase-ran"), "{out}");
+    // A config change reuses the slug and does not run its release command again.
+    let env = [
+        ("WARDEN_API", w.api.as_str()),
+        ("WARDEN_TOKEN", w.token.as_str()),
+    ];
+    let (ok, out, err) = cli(BIN, &["config", "set", "plain", "K=v"], &env);
+    assert!(ok, "{out}\n{err}");
+    assert!(
+        !format!("{out}{err}").contains("release-phase-ran"),
+        "{out}\n{err}"
+    );
+    let config = last_release(&w, "plain");
+    assert_eq!(config["number"], 2, "{config}");
+    assert_eq!(config["release_command"][2], "exec echo release-phase-ran");
+
+    let src = tree("", "echo the-migration-broke; exit 1", &[("v2", "")]);
+    let (ok, out) = push(&w, "plain", src.path());
+    assert!(!ok, "the push succeeded:\n{out}");
+    assert!(out.contains("the-migration-broke"), "{out}");
+    let failed = last_release(&w, "plain");
+    assert_eq!(failed["reason"], "release_failed", "{failed}");
+    let error = failed["error"].as_str().unwrap();
+    assert!(
+        error.contains("exited 1") && error.contains("the-migration-broke"),
+        "{failed}"
+    );
+    let app = w.api("GET", "/v1/apps/plain", None).json();
+    assert_eq!(app["release"]["number"], 2, "{app}");
+}
