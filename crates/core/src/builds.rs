@@ -194,6 +194,8 @@ pub struct Prepared {
     pub command: Vec<String>,
     /// What its release phase will run; empty when nothing.
     pub release: Vec<String>,
+    /// Whether the app has data, as the tree's `app.toml` says; `None` when it says nothing.
+    pub data: Option<bool>,
     /// The built slug, when an earlier push built it.
     pub built: Option<Built>,
     /// Where the source was unpacked, when it still has to be built.

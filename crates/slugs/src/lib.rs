@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+mod app_toml;
 mod archive;
 mod beneath;
 mod detect;
@@ -77,11 +78,12 @@ pub fn unpack_pushed(
         .map_err(|e| node_error("create a directory to unpack into", e))?;
     let recipe = unpack::unpack(archive, &scratch, max_unpacked, false, cancel)
         .and_then(|_| detect::detect(&scratch, kind))
+        .and_then(|r| Ok((r, app_toml::read(&scratch)?)))
         .and_then(|r| match cancel.load(Ordering::Relaxed) {
             true => Err(BuildError::Node("the push was called off".into())),
             false => Ok(r),
         });
-    let recipe = match recipe {
+    let (recipe, asked) = match recipe {
         Ok(r) => r,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&scratch);
@@ -93,6 +95,7 @@ pub fn unpack_pushed(
         kind: recipe.kind,
         command: recipe.command,
         release: recipe.release,
+        data: asked.data,
         built: None,
         tree: Some(scratch),
     })

@@ -320,5 +320,6 @@ pub(crate) fn fresh(
         node: api.node.as_deref().map(str::to_owned),
         upload: None,
         new_app: false,
+        data: None,
     }
 }

@@ -204,7 +204,22 @@ fn compose(
     release: &Release,
     built: &Built,
 ) -> Result<(AppSpec, BTreeMap<String, String>), Failure> {
-    let mut spec = current.unwrap_or_else(|| AppSpec::new(app, Vec::new()));
+    let mut spec = match current {
+        Some(spec) => spec,
+        None => {
+            let mut spec = AppSpec::new(app, Vec::new());
+            // Its database was made when the push was taken.
+            spec.data = release.data.unwrap_or(false);
+            spec
+        }
+    };
+    // Checked when the push was taken too; an app made or remade meanwhile is checked here.
+    if release.data.is_some_and(|d| d != spec.data) {
+        return Err(Failure::new(
+            FailReason::Refused,
+            crate::routes::apps::data_fixed(app, spec.data),
+        ));
+    }
     let earlier_static = spec
         .release
         .as_ref()
@@ -315,6 +330,7 @@ mod tests {
             node: None,
             upload: None,
             new_app: false,
+            data: None,
         }
     }
 

@@ -77,7 +77,7 @@ pub async fn list(State(api): State<Api>) -> Result<Json<Vec<AppSpec>>, ApiError
 
 /// Makes the database of an app with `data`, or says how to get a data server. Before the
 /// spec is stored: an app whose instances would find no database is never written.
-async fn create_database(api: &Api, spec: &AppSpec) -> Result<(), ApiError> {
+pub(crate) async fn create_database(api: &Api, spec: &AppSpec) -> Result<(), ApiError> {
     let Some(data) = &api.data else {
         return Err(ApiError::bad_request(
             "this warden has no data server, so no app can have data: install PostgreSQL's \
@@ -289,6 +289,17 @@ pub async fn update(
     Err(ApiError::conflict(format!(
         "app {name:?} kept changing while it was updated; try again"
     )))
+}
+
+/// Why a push whose `app.toml` says `data = <not has>` is refused for app `app`.
+pub(crate) fn data_fixed(app: &str, has: bool) -> String {
+    let (is, asked) = match has {
+        true => ("has data", "false"),
+        false => ("has no data", "true"),
+    };
+    format!(
+        "an app's data is fixed when it is made: app {app:?} {is}, and this push's app.toml says `data = {asked}`; change app.toml, or push to a new app name (and remove this app, which drops its database)"
+    )
 }
 
 /// Refuses a patch that would give an app data it has no database for, take it away from

@@ -145,6 +145,7 @@ pub(crate) async fn push_received(
     let recorded = async {
         let current = get_json::<warden_core::AppSpec>(&*api.store, &keys::app_spec(&name)).await?;
         let existed = current.is_some();
+        data_asked(&api, &name, current.as_ref().map(|(s, _)| s), prepared.data).await?;
         let config = current.map(|(s, _)| s.env).unwrap_or_default();
         let mut release = deliver::fresh(&api, &name, source, config, by, ReleaseStatus::Received);
         release.slug = Some(prepared.slug.clone());
@@ -153,6 +154,7 @@ pub(crate) async fn push_received(
         release.release_command = prepared.release.clone();
         release.upload = Some(upload.name());
         release.new_app = !existed;
+        release.data = prepared.data;
         let (release, revision) = deliver::record(&api, release).await?;
         Ok::<_, ApiError>(deliver::Delivery::new(release, revision, existed))
     }
@@ -172,6 +174,29 @@ pub(crate) async fn push_received(
     upload.keep();
     tracing::info!(app = %name, release = delivery.number(), "push received");
     Ok(deliver::start(api, builds, delivery, Step::Build(prepared)))
+}
+
+/// What the pushed tree's `app.toml` asks of the app's data (`asked`): a new app's database is
+/// made now, before anything is built (refused, saying how to get one, without a data server);
+/// an existing app must have the data it asks for, which is fixed when an app is made.
+async fn data_asked(
+    api: &Api,
+    name: &str,
+    current: Option<&warden_core::AppSpec>,
+    asked: Option<bool>,
+) -> Result<(), ApiError> {
+    match (current, asked) {
+        (_, None) | (None, Some(false)) => Ok(()),
+        (Some(spec), Some(want)) if spec.data != want => Err(ApiError::bad_request(
+            super::apps::data_fixed(name, spec.data),
+        )),
+        (Some(_), Some(_)) => Ok(()),
+        (None, Some(true)) => {
+            let mut spec = warden_core::AppSpec::new(name, Vec::new());
+            spec.data = true;
+            super::apps::create_database(api, &spec).await
+        }
+    }
 }
 
 /// `GET /v1/limits`: what this API takes, so that a client can refuse an upload before

@@ -194,6 +194,10 @@ pub struct Release {
     /// back; a release resumed after a restart knows which it is from this.)
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub new_app: bool,
+    /// Whether the app has data, as the pushed tree's `app.toml` said (absent when it said
+    /// nothing): a release that makes its app makes it so; any other must find the app so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<bool>,
     /// Why it failed, for programs (absent on records written before reasons were kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<FailReason>,

@@ -92,17 +92,15 @@ fn data_warden() -> Warden {
     w
 }
 
-/// A data app made with `--data`, then pushed: what the push's release command makes is
-/// labelled, so each label reads down through it.
+/// A data app made by its first push, whose app.toml asks for data: what the push's release
+/// command makes is labelled, so each label reads down through it.
 fn pushed_notes(w: &Warden) {
-    let spec = json!({ "name": "notes", "command": ["python3"], "data": true,
-                       "start_timeout_ms": 30000 });
-    let r = w.api("POST", "/v1/apps", Some(spec));
-    assert_eq!(r.status, 201, "{}", r.text());
-    let src = tree(NOTES, RELEASE, &[]);
+    let src = tree(NOTES, RELEASE, &[("app.toml", "data = true\n")]);
     let (ok, out) = push(w, "notes", src.path());
     assert!(ok, "the push failed:\n{out}");
     assert!(out.contains("labelled tables: notes"), "{out}");
+    let app = w.api("GET", "/v1/apps/notes", None).json();
+    assert_eq!(app["data"], true, "{app}");
 }
 
 #[test]
@@ -128,7 +126,7 @@ fn a_migration_that_makes_an_unlabellable_table_fails_naming_it_and_the_app_serv
     assert_eq!(notes_as(&w, "ursula", "?add=low"), Vec::<String>::new());
     // A unique key not scoped by label would let a low writer probe for higher rows.
     let bad = format!("{NOTES}CREATE TABLE accounts (id serial PRIMARY KEY, email text UNIQUE);\n");
-    let src = tree(&bad, RELEASE, &[("v2", "")]);
+    let src = tree(&bad, RELEASE, &[("app.toml", "data = true\n")]);
     let (ok, out) = push(&w, "notes", src.path());
     assert!(!ok, "the push succeeded:\n{out}");
     assert!(out.contains("\"accounts\""), "{out}");
@@ -184,4 +182,39 @@ fn a_release_command_that_fails_fails_its_release_with_its_output_and_runs_on_pu
     );
     let app = w.api("GET", "/v1/apps/plain", None).json();
     assert_eq!(app["release"]["number"], 2, "{app}");
+}
+
+#[test]
+fn an_app_toml_that_asks_for_what_cannot_be_is_refused_before_anything_is_built() {
+    let w = Launch::new(BIN).no_demo().arg("--data").arg("none").start();
+    users(&w);
+    let refused = |app: &str, app_toml: &str, want: &str| {
+        let src = tree("", "echo release-phase-ran", &[("app.toml", app_toml)]);
+        let (ok, out) = push(&w, app, src.path());
+        assert!(!ok, "{app_toml:?}: the push succeeded:\n{out}");
+        assert!(
+            out.contains(want) && out.contains("(HTTP 400)"),
+            "{app_toml:?}: {out}"
+        );
+        assert!(!out.contains("release-phase-ran"), "{out}");
+    };
+    refused(
+        "notes",
+        "data = true\ndatabase = \"big\"\n",
+        "app.toml: unknown key `database`",
+    );
+    refused("notes", "data = 1\n", "key `data` must be true or false");
+    // No data server: said as `apps create --data` says it, and no app is made.
+    refused("notes", "data = true\n", "apt-get install postgresql");
+    assert_eq!(w.api("GET", "/v1/apps/notes", None).status, 404);
+    // An existing app's data is fixed when it is made.
+    let src = tree("", "true", &[("app.toml", "data = false\n")]);
+    let (ok, out) = push(&w, "plain", src.path());
+    assert!(ok, "{out}");
+    refused(
+        "plain",
+        "data = true\n",
+        "an app's data is fixed when it is made",
+    );
+    assert_eq!(w.api("GET", "/v1/apps/plain", None).json()["data"], false);
 }
