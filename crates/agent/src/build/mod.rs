@@ -123,7 +123,14 @@ impl Builds for Builder {
     }
 
     async fn trial(&self, spec: &AppSpec, label: &str) -> Result<(), TrialError> {
-        trial::trial(&self.drivers, &self.paths, spec, label).await
+        trial::trial(
+            &self.drivers,
+            &self.paths,
+            self.data.as_deref(),
+            spec,
+            label,
+        )
+        .await
     }
 
     async fn release_phase(

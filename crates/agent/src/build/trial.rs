@@ -1,11 +1,15 @@
 //! Trying a release before it serves: one instance of the new spec, started outside all
 //! routing and records, must become ready (its health path, else accepting connections) within
-//! the app's start timeout; then it stops. A release that fails here never reaches users.
+//! the app's start timeout; then it stops. A release that fails here never reaches users. An
+//! app with data gets its database as an instance of the trial's label would (a socket logged
+//! in as that label's role), so an app that reads `DATABASE_URL` at start can be tried.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use warden_core::builds::TrialError;
-use warden_core::AppSpec;
+use warden_core::data::{DataPlane, DataSocket};
+use warden_core::{AppSpec, DriverKind};
 
 use super::run::TAIL_LINES;
 use crate::drivers::{Drivers, Launch};
@@ -16,6 +20,7 @@ use crate::paths::Paths;
 pub(crate) async fn trial(
     drivers: &Drivers,
     paths: &Paths,
+    data: Option<&dyn DataPlane>,
     spec: &AppSpec,
     label: &str,
 ) -> Result<(), TrialError> {
@@ -26,7 +31,14 @@ pub(crate) async fn trial(
         TrialError::Node(format!("cannot create the trial instance's directory: {e}"))
     })?;
     let log = paths.logs.join(format!("trial-{id}.log"));
-    let result = run_trial(drivers, &run, label, &id, &dir, &log).await;
+    let result = match data_socket(drivers, data, spec, label, &dir).await {
+        Ok((socket, env)) => {
+            let result = run_trial(drivers, &run, label, &id, &dir, &log, env).await;
+            drop(socket);
+            result
+        }
+        Err(e) => Err(e),
+    };
     crate::drivers::leftovers::remove_instance_dir(&dir);
     let _ = std::fs::remove_file(&log);
     if result.is_err() && drivers.children().ending() {
@@ -35,6 +47,34 @@ pub(crate) async fn trial(
     result
 }
 
+/// For an app with data: a socket in the trial's directory `dir` logged in as `label`'s
+/// role, and the environment that names it; nothing for other apps.
+async fn data_socket(
+    drivers: &Drivers,
+    data: Option<&dyn DataPlane>,
+    spec: &AppSpec,
+    label: &str,
+    dir: &std::path::Path,
+) -> Result<(Option<DataSocket>, BTreeMap<String, String>), TrialError> {
+    if !spec.data {
+        return Ok((None, BTreeMap::new()));
+    }
+    let plane = data.ok_or_else(|| TrialError::Node(crate::drivers::data::NO_SERVER.to_owned()))?;
+    let sandboxed = spec.driver_on(drivers.default().0) == DriverKind::Sandbox;
+    let node = |e: &dyn std::fmt::Display| {
+        TrialError::Node(format!(
+            "cannot give the release's instance its database: {e}"
+        ))
+    };
+    let place = crate::drivers::data::place(dir, &spec.name, sandboxed).map_err(|e| node(&e))?;
+    let socket = plane
+        .attach(&spec.name, label, None, &place.socket)
+        .await
+        .map_err(|e| node(&e))?;
+    Ok((Some(socket), place.env))
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn run_trial(
     drivers: &Drivers,
     spec: &AppSpec,
@@ -42,11 +82,13 @@ async fn run_trial(
     id: &str,
     dir: &std::path::Path,
     log: &std::path::Path,
+    data_env: BTreeMap<String, String>,
 ) -> Result<(), TrialError> {
     let mut env = drivers
         .base_env(spec, id)
         .map_err(|e| TrialError::Node(format!("cannot start the release's instance: {e}")))?;
     env.insert("WARDEN_LABEL".into(), label.to_owned());
+    env.extend(data_env);
     let launch = Launch {
         spec,
         env,

@@ -34,7 +34,15 @@ fn tree(migration: &str, release: &str, extra: &[(&str, &str)]) -> tempfile::Tem
     for (name, body) in files.iter().chain(extra) {
         std::fs::write(dir.path().join(name), body).unwrap();
     }
-    let procfile = format!("web: python3 notes.py\nrelease: {release}\n");
+    // A data app's instances (its trial's too) start only with their database named.
+    let web = match extra
+        .iter()
+        .any(|(name, body)| *name == "app.toml" && body.contains("true"))
+    {
+        true => "test -n \"$DATABASE_URL\" && exec python3 notes.py",
+        false => "python3 notes.py",
+    };
+    let procfile = format!("web: {web}\nrelease: {release}\n");
     std::fs::write(dir.path().join("Procfile"), procfile).unwrap();
     dir
 }
@@ -147,8 +155,15 @@ fn a_migration_that_makes_an_unlabellable_table_fails_naming_it_and_the_app_serv
 
 #[test]
 fn a_release_command_that_fails_fails_its_release_with_its_output_and_runs_on_pushes_only() {
-    // No data: the release phase is the Procfile's, whatever the app keeps.
-    let w = Launch::new(BIN).no_demo().arg("--data").arg("none").start();
+    // No data: the release phase is the Procfile's, whatever the app keeps. It has the build
+    // time limit.
+    let w = Launch::new(BIN)
+        .no_demo()
+        .arg("--data")
+        .arg("none")
+        .arg("--build-timeout")
+        .arg("3")
+        .start();
     users(&w);
     let ran = "echo release-phase-ran";
     let src = tree("", ran, &[]);
@@ -182,6 +197,14 @@ fn a_release_command_that_fails_fails_its_release_with_its_output_and_runs_on_pu
     );
     let app = w.api("GET", "/v1/apps/plain", None).json();
     assert_eq!(app["release"]["number"], 2, "{app}");
+
+    let src = tree("", "echo waiting-forever; exec sleep 600", &[("v3", "")]);
+    let (ok, out) = push(&w, "plain", src.path());
+    assert!(!ok && out.contains("waiting-forever"), "{out}");
+    let failed = last_release(&w, "plain");
+    assert_eq!(failed["reason"], "release_failed", "{failed}");
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains("ran out of its 3 s"), "{failed}");
 }
 
 #[test]
