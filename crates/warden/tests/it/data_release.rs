@@ -241,3 +241,53 @@ fn an_app_toml_that_asks_for_what_cannot_be_is_refused_before_anything_is_built(
     );
     assert_eq!(w.api("GET", "/v1/apps/plain", None).json()["data"], false);
 }
+
+#[test]
+fn a_release_killed_in_its_release_phase_runs_the_phase_again_when_warden_starts_again() {
+    use nix::sys::signal::Signal;
+    use std::time::Duration;
+    use warden_test_support::wait_until;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = crate::interrupted::data_dir(&tmp);
+    let w = Launch::new(BIN)
+        .data_dir(&dir)
+        .arg("--data")
+        .arg("none")
+        .start();
+    let src = tree("", "echo phase-ran; sleep 4", &[]);
+    let pushing = crate::interrupted::push_in_background(&w, "slow", src.path());
+    let log = |w: &Warden| w.api("GET", "/v1/apps/slow/releases/1/log", None).text();
+    wait_until("the release phase to run", Duration::from_secs(60), || {
+        log(&w).contains("phase-ran").then_some(())
+    });
+    let mut w = w;
+    w.signal_and_wait(Signal::SIGKILL);
+    let _ = pushing.join();
+    let w = Launch::new(BIN)
+        .data_dir(&dir)
+        .arg("--data")
+        .arg("none")
+        .start();
+    let done = wait_until(
+        "the resumed release to finish",
+        Duration::from_secs(120),
+        || {
+            let r = last_release(&w, "slow");
+            ["released", "failed"]
+                .contains(&r["status"].as_str()?)
+                .then_some(r)
+        },
+    );
+    assert_eq!(done["status"], "released", "{done}");
+    let text = log(&w);
+    assert_eq!(
+        text.matches("running the release command").count(),
+        2,
+        "{text}"
+    );
+    assert!(
+        text.contains("running its release command, if any"),
+        "{text}"
+    );
+}
