@@ -77,6 +77,7 @@ mod data_declassify;
 mod data_demo;
 mod data_faults;
 mod data_release;
+mod data_attacks;
 mod deploy;
 mod ends;
 mod env_rules;

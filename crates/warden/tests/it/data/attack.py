@@ -1,0 +1,59 @@
+# A hostile data app, stdlib Python and psql only: POST /sql runs the request's body through
+# psql on the instance's DATABASE_URL and answers its exit code, output and errors (with
+# SQLSTATEs); GET /peer?path=P tries to connect to the Unix socket P (another instance's, the
+# server's) and answers whether it could, or the errno.
+import errno
+import json
+import os
+import socket
+import subprocess
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+PSQL = "/usr/lib/postgresql/15/bin/psql"
+
+
+def psql(sql):
+    args = [PSQL, os.environ["DATABASE_URL"], "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
+            "-v", "VERBOSITY=verbose"]
+    p = subprocess.run(args, input=sql, capture_output=True, text=True, timeout=30)
+    return {"rc": p.returncode, "out": p.stdout, "err": p.stderr}
+
+
+def peer(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    try:
+        s.connect(path)
+        return {"connected": True}
+    except OSError as e:
+        return {"connected": False, "errno": errno.errorcode.get(e.errno, str(e.errno))}
+    finally:
+        s.close()
+
+
+class Attack(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", "0"))).decode()
+        self.reply(psql(body))
+
+    def do_GET(self):
+        url = urllib.parse.urlparse(self.path)
+        q = urllib.parse.parse_qs(url.query)
+        if url.path.endswith("/peer"):
+            return self.reply(peer(q["path"][0]))
+        self.reply({"url": os.environ.get("DATABASE_URL")})
+
+    def reply(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+HTTPServer(("127.0.0.1", int(os.environ["PORT"])), Attack).serve_forever()

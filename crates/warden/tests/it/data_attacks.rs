@@ -1,0 +1,478 @@
+//! Issue 34's refusals attacked through `warden up`: a hostile app (data/attack.py) runs SQL
+//! through its instance's DATABASE_URL, the socket warden gives it, as a real app would.
+//! Each test asserts the refusal (PostgreSQL's SQLSTATE) and that the harm did not happen, as
+//! warden's admin reads it with psql. Skipped where PostgreSQL 15 is not installed.
+//! `crates/data/tests/attacks.rs` tries the same straight to PostgreSQL, without the proxy.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+use warden_test_support::http::basic;
+use warden_test_support::{request, Launch, Warden};
+
+use crate::data_apps::{admin_sql, postgres_installed};
+use crate::BIN;
+
+const PSQL: &str = "/usr/lib/postgresql/15/bin/psql";
+const PASSWORD: &str = "correct horse battery";
+const DB: &str = "warden_app_vault";
+
+/// The app's `notes` table, owned by its owner role, as a release migration would make it.
+const MIGRATION: &str = "DO $$ DECLARE o text; BEGIN \
+    SELECT rolname INTO o FROM pg_roles WHERE rolname LIKE 'wo\\_%' \
+      AND has_database_privilege(rolname, current_database(), 'CONNECT'); \
+    CREATE TABLE public.notes (id serial PRIMARY KEY, body text NOT NULL); \
+    EXECUTE format('ALTER TABLE public.notes OWNER TO %I', o); END $$;";
+
+/// A warden with the private PostgreSQL, users `ursula` (U) and `sam` (S), and the app
+/// `vault` (data/attack.py) with its `notes` table, under `driver`.
+struct Vault {
+    w: Warden,
+    data_dir: PathBuf,
+    /// Mode 0711, so instances' uids reach their own directories under it.
+    top: tempfile::TempDir,
+    _app: tempfile::TempDir,
+}
+
+impl Vault {
+    fn start(driver: &str) -> Option<Vault> {
+        if !postgres_installed() {
+            return None;
+        }
+        let app = crate::open_dir();
+        let script = app.path().join("attack.py");
+        std::fs::write(&script, include_str!("data/attack.py")).unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        let top = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            top.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )
+        .unwrap();
+        let data_dir = top.path().join("data");
+        let w = Launch::new(BIN)
+            .no_demo()
+            .with_data()
+            .data_dir(&data_dir)
+            .start();
+        let lattice = json!({ "levels": ["U", "S"] });
+        assert_eq!(w.api("PUT", "/v1/lattice", Some(lattice)).status, 200);
+        for (name, clearance) in [("ursula", "U"), ("sam", "S")] {
+            let r = w.api(
+                "POST",
+                "/v1/users",
+                Some(json!({ "name": name, "password": PASSWORD, "clearance": clearance })),
+            );
+            assert_eq!(r.status, 201, "{}", r.text());
+        }
+        let spec = json!({
+            "name": "vault",
+            "command": ["python3", script],
+            "workdir": app.path(),
+            "driver": driver,
+            "data": true,
+            "start_timeout_ms": 30000,
+        });
+        let r = w.api("POST", "/v1/apps", Some(spec));
+        assert_eq!(r.status, 201, "{}", r.text());
+        admin_sql(&data_dir, DB, MIGRATION);
+        Some(Vault {
+            w,
+            data_dir,
+            top,
+            _app: app,
+        })
+    }
+
+    /// Runs `sql` in `user`'s instance: `{rc, out, err}`.
+    fn sql(&self, user: &str, sql: &str) -> Value {
+        let r = request(
+            "POST",
+            &format!("{}/apps/vault/sql", self.w.gateway),
+            &[("authorization", &basic(user, PASSWORD))],
+            sql.as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    }
+
+    /// Runs `sql` in `user`'s instance, which must succeed; its output.
+    fn ok(&self, user: &str, sql: &str) -> String {
+        let v = self.sql(user, sql);
+        assert_eq!(v["rc"], 0, "{user}: {sql}: {v}");
+        v["out"].as_str().unwrap().to_owned()
+    }
+
+    /// Runs `sql` in `user`'s instance, which PostgreSQL must refuse with SQLSTATE `code`.
+    fn refused(&self, user: &str, sql: &str, code: &str) {
+        let v = self.sql(user, sql);
+        let err = v["err"].as_str().unwrap_or_default();
+        assert!(
+            v["rc"] != 0 && err.contains(&format!("ERROR:  {code}:")),
+            "{user}: {sql} must be refused with {code}: {v}"
+        );
+    }
+
+    /// Tries to connect to the Unix socket `path` from `user`'s instance.
+    fn peer(&self, user: &str, path: &Path) -> Value {
+        let r = request(
+            "GET",
+            &format!("{}/apps/vault/peer?path={}", self.w.gateway, path.display()),
+            &[("authorization", &basic(user, PASSWORD))],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    }
+
+    /// `sql` in the app's database as warden's admin.
+    fn admin(&self, sql: &str) -> String {
+        admin_sql(&self.data_dir, DB, sql).trim().to_owned()
+    }
+
+    /// The host directory of the app's one instance at `label`.
+    fn instance_dir(&self, label: &str) -> PathBuf {
+        let ids: Vec<String> = self
+            .w
+            .instances()
+            .iter()
+            .filter(|i| i["app"] == "vault" && i["label"] == label)
+            .map(|i| i["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(ids.len(), 1, "{ids:?}");
+        self.data_dir.join("instances").join(&ids[0])
+    }
+}
+
+/// A row's label is the writer's, whatever an insert or update sets, and no instance changes
+/// a row of another label (write-down or write-up).
+#[test]
+fn an_instance_cannot_set_or_change_a_rows_label() {
+    let Some(v) = Vault::start("sandbox") else {
+        return;
+    };
+    v.ok("ursula", "INSERT INTO notes (body) VALUES ('low')");
+    v.ok("sam", "INSERT INTO notes (body) VALUES ('high')");
+    let id = |label: &str| {
+        v.admin(&format!(
+            "SELECT id FROM warden.labels WHERE label = '{label}'"
+        ))
+    };
+    let (u, s) = (id("U"), id("S"));
+    let label_of = |body: &str| {
+        v.admin(&format!(
+            "SELECT l.label || '/' || coalesce(n.warden_owner, '-') FROM notes n \
+             JOIN warden.labels l ON l.id = n.warden_label WHERE n.body = '{body}'"
+        ))
+    };
+
+    // S plants a row at U (write-down), naming a user too: the trigger stamps S's own.
+    v.ok(
+        "sam",
+        &format!(
+            "INSERT INTO notes (body, warden_label, warden_owner) VALUES ('planted', {u}, 'ursula')"
+        ),
+    );
+    assert_eq!(label_of("planted"), "S/-");
+    // S relabels its row down, U its row up: each stays where it was.
+    v.ok(
+        "sam",
+        &format!("UPDATE notes SET warden_label = {u} WHERE body = 'high'"),
+    );
+    v.ok(
+        "ursula",
+        &format!("UPDATE notes SET warden_label = {s} WHERE body = 'low'"),
+    );
+    assert_eq!(label_of("high"), "S/-");
+    assert_eq!(label_of("low"), "U/-");
+    // S reads U's row but neither changes nor deletes it; U does not even see S's.
+    for (user, sql) in [
+        (
+            "sam",
+            "UPDATE notes SET body = 'overwritten' WHERE body = 'low' RETURNING id",
+        ),
+        ("sam", "DELETE FROM notes WHERE body = 'low' RETURNING id"),
+        (
+            "ursula",
+            "UPDATE notes SET body = 'x' WHERE body = 'high' RETURNING id",
+        ),
+        (
+            "ursula",
+            "DELETE FROM notes WHERE body = 'high' RETURNING id",
+        ),
+    ] {
+        assert_eq!(v.ok(user, sql), "", "{user}: {sql}");
+    }
+    assert_eq!(
+        v.admin("SELECT string_agg(body, ',' ORDER BY id) FROM notes"),
+        "low,high,planted"
+    );
+    assert_eq!(
+        v.ok("ursula", "SELECT body FROM notes ORDER BY id"),
+        "low\n"
+    );
+    assert_eq!(
+        v.ok("sam", "SELECT body FROM notes ORDER BY id"),
+        "low\nhigh\nplanted\n"
+    );
+}
+
+/// No instance takes another role (the owner's, another label's) or reads a role's secrets.
+#[test]
+fn an_instance_cannot_take_another_role_or_read_role_secrets() {
+    let Some(v) = Vault::start("sandbox") else {
+        return;
+    };
+    v.ok("ursula", "SELECT 1");
+    let mine = v.ok("sam", "SELECT session_user");
+    let owner = admin_sql(
+        &v.data_dir,
+        "postgres",
+        "SELECT rolname FROM pg_roles WHERE rolname LIKE 'wo\\_%'",
+    );
+    let u_role = v.admin(
+        "SELECT r.role FROM warden.roles r JOIN warden.labels l ON l.id = r.label_id \
+         WHERE l.label = 'U'",
+    );
+    let superusers = admin_sql(
+        &v.data_dir,
+        "postgres",
+        "SELECT rolname FROM pg_roles WHERE rolsuper",
+    );
+    let roles = [owner.trim(), u_role.as_str()]
+        .into_iter()
+        .chain(superusers.lines());
+    for role in roles {
+        v.refused("sam", &format!("SET ROLE \"{role}\""), "42501");
+        v.refused(
+            "sam",
+            &format!("SET SESSION AUTHORIZATION \"{role}\""),
+            "42501",
+        );
+    }
+    for sql in [
+        "SELECT rolname, rolpassword FROM pg_authid",
+        "SELECT usename, passwd FROM pg_shadow",
+        "SELECT rolname FROM pg_roles",
+        "SELECT * FROM pg_user",
+        "SELECT * FROM warden.roles",
+        "SELECT * FROM warden.labels",
+    ] {
+        v.refused("sam", sql, "42501");
+    }
+    // Still itself after every try.
+    assert_eq!(
+        v.ok("sam", "SELECT session_user, current_user"),
+        format!("{}|{}\n", mine.trim(), mine.trim())
+    );
+}
+
+/// No instance changes the schema: row security, policies and the trigger stay, and no table,
+/// temporary table, schema, view or function of its own appears.
+#[test]
+fn an_instance_cannot_change_the_schema_or_turn_row_security_off() {
+    let Some(v) = Vault::start("sandbox") else {
+        return;
+    };
+    for sql in [
+        "ALTER TABLE notes DISABLE ROW LEVEL SECURITY",
+        "ALTER TABLE notes NO FORCE ROW LEVEL SECURITY",
+        "DROP POLICY warden_select ON notes",
+        "CREATE POLICY open ON notes FOR SELECT USING (true)",
+        "ALTER TABLE notes DISABLE TRIGGER warden_stamp",
+        "DROP TABLE notes",
+        "TRUNCATE notes",
+        "CREATE TABLE drop_box (x text)",
+        "CREATE TEMP TABLE drop_box (x text)",
+        "CREATE SCHEMA drop_box",
+        "CREATE VIEW drop_box AS SELECT 1",
+        "CREATE FUNCTION drop_box() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+        "ALTER TABLE warden.labels DISABLE ROW LEVEL SECURITY",
+    ] {
+        v.refused("sam", sql, "42501");
+    }
+    assert_eq!(
+        v.admin(
+            "SELECT relrowsecurity, relforcerowsecurity FROM pg_class WHERE oid = 'notes'::regclass"
+        ),
+        "t|t"
+    );
+    assert_eq!(
+        v.admin("SELECT count(*) FROM pg_policy WHERE polrelid = 'notes'::regclass"),
+        "4"
+    );
+    assert_eq!(
+        v.admin("SELECT tgenabled FROM pg_trigger WHERE tgname = 'warden_stamp'"),
+        "O"
+    );
+    assert_eq!(
+        v.admin(
+            "SELECT (SELECT count(*) FROM pg_class WHERE relname = 'drop_box') \
+             + (SELECT count(*) FROM pg_namespace WHERE nspname = 'drop_box') \
+             + (SELECT count(*) FROM pg_proc WHERE proname = 'drop_box')"
+        ),
+        "0"
+    );
+}
+
+/// No instance runs a program on the server, reads or writes its files, stores large objects
+/// outside row security, or reaches another database through dblink or a foreign data wrapper.
+#[test]
+fn an_instance_cannot_reach_server_programs_files_or_other_databases() {
+    let Some(v) = Vault::start("sandbox") else {
+        return;
+    };
+    // A directory the server's OS user could write to, were it told to.
+    let marks = v.top.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    std::fs::set_permissions(&marks, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let m = marks.display();
+    for sql in [
+        format!("COPY notes TO PROGRAM 'touch {m}/program'"),
+        format!("COPY (SELECT 1) TO '{m}/file'"),
+        "COPY notes (body) FROM '/etc/passwd'".into(),
+        "SELECT pg_read_file('/etc/passwd')".into(),
+        "SELECT pg_read_binary_file('/etc/passwd')".into(),
+        "SELECT pg_ls_dir('.')".into(),
+        "SELECT pg_stat_file('/etc/passwd')".into(),
+        "SELECT lo_import('/etc/passwd')".into(),
+        "SELECT lo_create(0)".into(),
+        "SELECT lo_from_bytea(0, 'secret')".into(),
+        "CREATE EXTENSION dblink".into(),
+        "CREATE EXTENSION postgres_fdw".into(),
+        "CREATE EXTENSION file_fdw".into(),
+        "CREATE FOREIGN DATA WRAPPER leak".into(),
+    ] {
+        v.refused("sam", &sql, "42501");
+    }
+    let written: Vec<_> = std::fs::read_dir(&marks).unwrap().collect();
+    assert!(written.is_empty(), "{written:?}");
+    assert_eq!(v.admin("SELECT count(*) FROM pg_largeobject_metadata"), "0");
+    assert_eq!(
+        v.admin("SELECT string_agg(extname, ',') FROM pg_extension"),
+        "plpgsql"
+    );
+    assert_eq!(v.admin("SELECT count(*) FROM pg_foreign_data_wrapper"), "0");
+}
+
+/// No instance signals across labels: a NOTIFY at S never reaches a LISTEN at U through the
+/// proxy, and `pg_notify` and advisory locks are refused.
+#[test]
+fn an_instance_cannot_signal_across_labels() {
+    let Some(v) = Vault::start("sandbox") else {
+        return;
+    };
+    v.ok("ursula", "SELECT 1");
+    for sql in [
+        "SELECT pg_notify('leak', 'secret')",
+        "SELECT pg_listening_channels()",
+        "SELECT pg_advisory_lock(1)",
+        "SELECT pg_try_advisory_lock(1)",
+        "SELECT pg_advisory_xact_lock(1, 2)",
+        "SELECT pg_advisory_lock_shared(1)",
+        "SELECT pg_try_advisory_xact_lock_shared(1)",
+    ] {
+        v.refused("sam", sql, "42501");
+    }
+
+    // A session through U's instance's socket listens; while it waits, S's instance NOTIFYs
+    // (a statement PostgreSQL lets any role run); then the session runs two more queries,
+    // after which PostgreSQL has sent it any notification it had.
+    let socket_dir = v.instance_dir("U").join("data").join(".pg");
+    assert!(socket_dir.join(".s.PGSQL.5432").exists());
+    let work = v.top.path().join("notify");
+    std::fs::create_dir(&work).unwrap();
+    let answer = work.join("answer.json");
+    let trigger = work.join("notify.py");
+    std::fs::write(
+        &trigger,
+        "import sys, urllib.request\n\
+         url, auth, out = sys.argv[1:4]\n\
+         req = urllib.request.Request(url, data=b\"NOTIFY leak, 'secret'\", \
+           headers={'authorization': auth})\n\
+         open(out, 'wb').write(urllib.request.urlopen(req, timeout=60).read())\n",
+    )
+    .unwrap();
+    let script = work.join("listen.sql");
+    std::fs::write(
+        &script,
+        format!(
+            "LISTEN leak;\n\\! python3 '{}' '{}/apps/vault/sql' '{}' '{}'\n\
+             SELECT 'after';\nSELECT 'again';\n",
+            trigger.display(),
+            v.w.gateway,
+            basic("sam", PASSWORD),
+            answer.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(PSQL)
+        .arg(format!("host={} dbname={DB} user=x", socket_dir.display()))
+        .args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-f"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let notified: Value = serde_json::from_slice(&std::fs::read(&answer).unwrap()).unwrap();
+    assert_eq!(notified["rc"], 0, "{notified}");
+    assert!(stdout.contains("after\nagain"), "{stdout}{stderr}");
+    assert!(
+        !stdout.contains("notification") && !stderr.contains("notification"),
+        "{stdout}{stderr}"
+    );
+}
+
+/// A sandboxed instance cannot even see another instance's socket (nor the server's): neither
+/// is in its filesystem, while its own is.
+#[test]
+fn a_sandboxed_instance_cannot_open_another_instances_socket() {
+    let Some(v) = Vault::start("sandbox") else {
+        return;
+    };
+    v.ok("ursula", "SELECT 1");
+    v.ok("sam", "SELECT 1");
+    let other = v.instance_dir("U").join("data/.pg/.s.PGSQL.5432");
+    let server = v.data_dir.join("postgres/run/.s.PGSQL.5432");
+    for path in [&other, &server] {
+        assert!(path.exists(), "{}", path.display());
+        assert_eq!(
+            v.peer("sam", path),
+            json!({ "connected": false, "errno": "ENOENT" }),
+            "{}",
+            path.display()
+        );
+    }
+    assert_eq!(
+        v.peer("sam", Path::new("/data/.pg/.s.PGSQL.5432")),
+        json!({ "connected": true })
+    );
+}
+
+/// An unsandboxed instance runs as a uid of its own: another instance's directory (0700, that
+/// uid's) keeps it from the socket inside, and the server's socket directory (0700, the
+/// server's user's) from the server's.
+#[test]
+fn an_unsandboxed_instance_cannot_open_another_instances_socket() {
+    let Some(v) = Vault::start("process") else {
+        return;
+    };
+    v.ok("ursula", "SELECT 1");
+    v.ok("sam", "SELECT 1");
+    let other = v.instance_dir("U").join("pg/.s.PGSQL.5432");
+    let server = v.data_dir.join("postgres/run/.s.PGSQL.5432");
+    for path in [&other, &server] {
+        assert!(path.exists(), "{}", path.display());
+        assert_eq!(
+            v.peer("sam", path),
+            json!({ "connected": false, "errno": "EACCES" }),
+            "{}",
+            path.display()
+        );
+    }
+    let mine = v.instance_dir("S").join("pg/.s.PGSQL.5432");
+    assert_eq!(v.peer("sam", &mine), json!({ "connected": true }));
+}
