@@ -241,9 +241,20 @@ fn an_instance_cannot_take_another_role_or_read_role_secrets() {
         "postgres",
         "SELECT rolname FROM pg_roles WHERE rolsuper",
     );
+    // PostgreSQL's predefined roles: programs, files, every table, other sessions.
+    let predefined = [
+        "pg_execute_server_program",
+        "pg_read_server_files",
+        "pg_write_server_files",
+        "pg_read_all_data",
+        "pg_write_all_data",
+        "pg_monitor",
+        "pg_signal_backend",
+    ];
     let roles = [owner.trim(), u_role.as_str()]
         .into_iter()
-        .chain(superusers.lines());
+        .chain(superusers.lines())
+        .chain(predefined);
     for role in roles {
         v.refused("sam", &format!("SET ROLE \"{role}\""), "42501");
         v.refused(
@@ -330,7 +341,13 @@ fn an_instance_cannot_reach_server_programs_files_or_other_databases() {
     std::fs::set_permissions(&marks, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let m = marks.display();
     for sql in [
-        format!("COPY notes TO PROGRAM 'touch {m}/program'"),
+        format!("COPY (SELECT 1) TO PROGRAM 'cat > {m}/program'"),
+        // Through the roles that would allow it, were the instance's a member.
+        format!(
+            "SET ROLE pg_execute_server_program; COPY (SELECT 1) TO PROGRAM 'cat > {m}/program'"
+        ),
+        format!("SET ROLE pg_write_server_files; COPY (SELECT 1) TO '{m}/file'"),
+        "SET ROLE pg_read_server_files; SELECT pg_read_file('/etc/passwd')".into(),
         format!("COPY (SELECT 1) TO '{m}/file'"),
         "COPY notes (body) FROM '/etc/passwd'".into(),
         "SELECT pg_read_file('/etc/passwd')".into(),
@@ -419,11 +436,11 @@ fn an_instance_cannot_signal_across_labels() {
     assert!(out.status.success(), "{stdout}{stderr}");
     let notified: Value = serde_json::from_slice(&std::fs::read(&answer).unwrap()).unwrap();
     assert_eq!(notified["rc"], 0, "{notified}");
-    assert!(stdout.contains("after\nagain"), "{stdout}{stderr}");
     assert!(
         !stdout.contains("notification") && !stderr.contains("notification"),
         "{stdout}{stderr}"
     );
+    assert!(stdout.contains("after\nagain"), "{stdout}{stderr}");
 }
 
 /// A sandboxed instance cannot even see another instance's socket (nor the server's): neither
