@@ -35,12 +35,20 @@ pub(crate) fn place(dir: &Path, app: &str, sandboxed: bool) -> Result<DataPlace,
             (d.clone(), d.display().to_string())
         }
     };
-    // The process's own directory (0700, its uid's) guards the socket; this one only lets
-    // that uid reach the socket warden binds as itself.
+    // The process's own directory (0700) guards the socket; this one only lets the process's
+    // uid reach the socket warden binds as itself. The own directory is made 0700 first,
+    // before the socket's directory would make it 0755: a sandbox's directory stays root's,
+    // and its path is no secret (any uid reads it in the sandbox's /proc/PID/mountinfo).
     std::fs::DirBuilder::new()
         .recursive(true)
-        .mode(0o755)
-        .create(&host_dir)
+        .mode(0o700)
+        .create(&dir)
+        .and_then(|()| {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&host_dir)
+        })
         .map_err(|source| LaunchError::Create {
             path: host_dir.clone(),
             source,

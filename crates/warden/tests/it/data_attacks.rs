@@ -67,23 +67,29 @@ impl Vault {
             );
             assert_eq!(r.status, 201, "{}", r.text());
         }
-        let spec = json!({
-            "name": "vault",
-            "command": ["python3", script],
-            "workdir": app.path(),
-            "driver": driver,
-            "data": true,
-            "start_timeout_ms": 30000,
-        });
-        let r = w.api("POST", "/v1/apps", Some(spec));
-        assert_eq!(r.status, 201, "{}", r.text());
-        admin_sql(&data_dir, DB, MIGRATION);
-        Some(Vault {
+        let v = Vault {
             w,
             data_dir,
             top,
             _app: app,
-        })
+        };
+        v.create_app("vault", driver, true);
+        admin_sql(&v.data_dir, DB, MIGRATION);
+        Some(v)
+    }
+
+    /// Creates an app of the attack script named `name`.
+    fn create_app(&self, name: &str, driver: &str, data: bool) {
+        let spec = json!({
+            "name": name,
+            "command": ["python3", self._app.path().join("attack.py")],
+            "workdir": self._app.path(),
+            "driver": driver,
+            "data": data,
+            "start_timeout_ms": 30000,
+        });
+        let r = self.w.api("POST", "/v1/apps", Some(spec));
+        assert_eq!(r.status, 201, "{}", r.text());
     }
 
     /// Runs `sql` in `user`'s instance: `{rc, out, err}`.
@@ -115,11 +121,16 @@ impl Vault {
         );
     }
 
-    /// Tries to connect to the Unix socket `path` from `user`'s instance.
-    fn peer(&self, user: &str, path: &Path) -> Value {
+    /// Tries to connect to the Unix socket `path` from `user`'s instance of `app`.
+    fn peer(&self, app: &str, user: &str, path: &Path) -> Value {
+        self.get(app, user, &format!("peer?path={}", path.display()))
+    }
+
+    /// `GET /apps/APP/PATH` as `user`: the JSON answer.
+    fn get(&self, app: &str, user: &str, path: &str) -> Value {
         let r = request(
             "GET",
-            &format!("{}/apps/vault/peer?path={}", self.w.gateway, path.display()),
+            &format!("{}/apps/{app}/{path}", self.w.gateway),
             &[("authorization", &basic(user, PASSWORD))],
             b"",
         );
@@ -457,14 +468,14 @@ fn a_sandboxed_instance_cannot_open_another_instances_socket() {
     for path in [&other, &server] {
         assert!(path.exists(), "{}", path.display());
         assert_eq!(
-            v.peer("sam", path),
+            v.peer("vault", "sam", path),
             json!({ "connected": false, "errno": "ENOENT" }),
             "{}",
             path.display()
         );
     }
     assert_eq!(
-        v.peer("sam", Path::new("/data/.pg/.s.PGSQL.5432")),
+        v.peer("vault", "sam", Path::new("/data/.pg/.s.PGSQL.5432")),
         json!({ "connected": true })
     );
 }
@@ -484,12 +495,40 @@ fn an_unsandboxed_instance_cannot_open_another_instances_socket() {
     for path in [&other, &server] {
         assert!(path.exists(), "{}", path.display());
         assert_eq!(
-            v.peer("sam", path),
+            v.peer("vault", "sam", path),
             json!({ "connected": false, "errno": "EACCES" }),
             "{}",
             path.display()
         );
     }
     let mine = v.instance_dir("S").join("pg/.s.PGSQL.5432");
-    assert_eq!(v.peer("sam", &mine), json!({ "connected": true }));
+    assert_eq!(v.peer("vault", "sam", &mine), json!({ "connected": true }));
+}
+
+/// A sandboxed instance's directory path is no secret (any uid reads it in the sandbox's
+/// `/proc/PID/mountinfo`), so its mode must keep others out: an unsandboxed instance of
+/// another app, at any label, finds the path of a sandboxed S instance's data socket and
+/// cannot connect to it.
+#[test]
+fn an_unsandboxed_instance_cannot_open_a_sandboxed_instances_socket() {
+    let Some(v) = Vault::start("sandbox") else {
+        return;
+    };
+    v.ok("sam", "SELECT 1");
+    v.create_app("spy", "process", false);
+    let target = v.instance_dir("S").join("data");
+    let hunted = v.get("spy", "ursula", "hunt");
+    assert!(
+        hunted
+            .as_array()
+            .unwrap()
+            .contains(&json!(target.display().to_string())),
+        "{hunted}"
+    );
+    let socket = target.join(".pg/.s.PGSQL.5432");
+    assert!(socket.exists(), "{}", socket.display());
+    assert_eq!(
+        v.peer("spy", "ursula", &socket),
+        json!({ "connected": false, "errno": "EACCES" })
+    );
 }

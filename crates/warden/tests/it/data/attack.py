@@ -1,7 +1,8 @@
 # A hostile data app, stdlib Python and psql only: POST /sql runs the request's body through
 # psql on the instance's DATABASE_URL and answers its exit code, output and errors (with
 # SQLSTATEs); GET /peer?path=P tries to connect to the Unix socket P (another instance's, the
-# server's) and answers whether it could, or the errno.
+# server's) and answers whether it could, or the errno; GET /hunt lists the host directories
+# other processes' mounts show at /data (a sandbox's), as any uid reads them in /proc.
 import errno
 import json
 import os
@@ -32,6 +33,20 @@ def peer(path):
         s.close()
 
 
+def hunt():
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/mountinfo") as f:
+                for line in f:
+                    fields = line.split()
+                    if fields[4] == "/data":
+                        found.add(fields[3])
+        except OSError:
+            pass
+    return sorted(found)
+
+
 class Attack(BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("content-length", "0"))).decode()
@@ -42,6 +57,8 @@ class Attack(BaseHTTPRequestHandler):
         q = urllib.parse.parse_qs(url.query)
         if url.path.endswith("/peer"):
             return self.reply(peer(q["path"][0]))
+        if url.path.endswith("/hunt"):
+            return self.reply(hunt())
         self.reply({"url": os.environ.get("DATABASE_URL")})
 
     def reply(self, body):
