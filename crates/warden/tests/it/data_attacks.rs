@@ -404,6 +404,35 @@ fn an_instance_cannot_signal_across_labels() {
     ] {
         v.refused("sam", sql, "42501");
     }
+    // U's server connection, idle in the proxy's pool: S may neither end nor cancel it (one
+    // bit a request), nor leave a named prepared transaction every role could list.
+    let u_role = v.admin(
+        "SELECT r.role FROM warden.roles r JOIN warden.labels l ON l.id = r.label_id \
+         WHERE l.label = 'U'",
+    );
+    let u_backend = admin_sql(
+        &v.data_dir,
+        "postgres",
+        &format!("SELECT pid FROM pg_stat_activity WHERE usename = '{u_role}' LIMIT 1"),
+    );
+    let u_backend = u_backend.trim();
+    assert!(!u_backend.is_empty(), "U's connection is not pooled");
+    for f in ["pg_terminate_backend", "pg_cancel_backend"] {
+        v.refused("sam", &format!("SELECT {f}({u_backend})"), "42501");
+        let sql = format!("SET ROLE pg_signal_backend; SELECT {f}({u_backend})");
+        v.refused("sam", &sql, "42501");
+    }
+    v.refused(
+        "sam",
+        "BEGIN; INSERT INTO notes (body) VALUES ('x'); PREPARE TRANSACTION 'secret'",
+        "55000",
+    );
+    let alive = admin_sql(
+        &v.data_dir,
+        "postgres",
+        &format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {u_backend}"),
+    );
+    assert_eq!(alive.trim(), "1");
 
     // A session through U's instance's socket listens; while it waits, S's instance NOTIFYs
     // (a statement PostgreSQL lets any role run); then the session runs two more queries,
