@@ -312,6 +312,12 @@ fn an_instance_cannot_change_the_schema_or_turn_row_security_off() {
         "CREATE VIEW drop_box AS SELECT 1",
         "CREATE FUNCTION drop_box() RETURNS int LANGUAGE sql AS 'SELECT 1'",
         "ALTER TABLE warden.labels DISABLE ROW LEVEL SECURITY",
+        // Comments are in catalogs every role reads: a channel, were they writable.
+        "DO $$ BEGIN EXECUTE format('COMMENT ON ROLE %I IS ''secret''', session_user); END $$",
+        "COMMENT ON DATABASE warden_app_vault IS 'secret'",
+        "COMMENT ON TABLE notes IS 'secret'",
+        "ALTER DATABASE warden_app_vault SET search_path = 'secret'",
+        "CREATE PUBLICATION leak FOR TABLE notes",
     ] {
         v.refused("sam", sql, "42501");
     }
