@@ -2,7 +2,8 @@
 //! through its instance's DATABASE_URL, the socket warden gives it, as a real app would.
 //! Each test asserts the refusal (PostgreSQL's SQLSTATE) and that the harm did not happen, as
 //! warden's admin reads it with psql. Skipped where PostgreSQL 15 is not installed.
-//! `crates/data/tests/attacks.rs` tries the same straight to PostgreSQL, without the proxy.
+//! `crates/data/tests/attacks.rs` tries the same straight to PostgreSQL, without the proxy;
+//! `data_sockets.rs` reaches for sockets not the instance's own.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,16 +28,16 @@ const MIGRATION: &str = "DO $$ DECLARE o text; BEGIN \
 
 /// A warden with the private PostgreSQL, users `ursula` (U) and `sam` (S), and the app
 /// `vault` (data/attack.py) with its `notes` table, under `driver`.
-struct Vault {
-    w: Warden,
-    data_dir: PathBuf,
+pub(crate) struct Vault {
+    pub(crate) w: Warden,
+    pub(crate) data_dir: PathBuf,
     /// Mode 0711, so instances' uids reach their own directories under it.
-    top: tempfile::TempDir,
+    pub(crate) top: tempfile::TempDir,
     _app: tempfile::TempDir,
 }
 
 impl Vault {
-    fn start(driver: &str) -> Option<Vault> {
+    pub(crate) fn start(driver: &str) -> Option<Vault> {
         if !postgres_installed() {
             return None;
         }
@@ -79,7 +80,7 @@ impl Vault {
     }
 
     /// Creates an app of the attack script named `name`.
-    fn create_app(&self, name: &str, driver: &str, data: bool) {
+    pub(crate) fn create_app(&self, name: &str, driver: &str, data: bool) {
         let spec = json!({
             "name": name,
             "command": ["python3", self._app.path().join("attack.py")],
@@ -93,7 +94,7 @@ impl Vault {
     }
 
     /// Runs `sql` in `user`'s instance: `{rc, out, err}`.
-    fn sql(&self, user: &str, sql: &str) -> Value {
+    pub(crate) fn sql(&self, user: &str, sql: &str) -> Value {
         let r = request(
             "POST",
             &format!("{}/apps/vault/sql", self.w.gateway),
@@ -105,14 +106,14 @@ impl Vault {
     }
 
     /// Runs `sql` in `user`'s instance, which must succeed; its output.
-    fn ok(&self, user: &str, sql: &str) -> String {
+    pub(crate) fn ok(&self, user: &str, sql: &str) -> String {
         let v = self.sql(user, sql);
         assert_eq!(v["rc"], 0, "{user}: {sql}: {v}");
         v["out"].as_str().unwrap().to_owned()
     }
 
     /// Runs `sql` in `user`'s instance, which PostgreSQL must refuse with SQLSTATE `code`.
-    fn refused(&self, user: &str, sql: &str, code: &str) {
+    pub(crate) fn refused(&self, user: &str, sql: &str, code: &str) {
         let v = self.sql(user, sql);
         let err = v["err"].as_str().unwrap_or_default();
         assert!(
@@ -122,12 +123,12 @@ impl Vault {
     }
 
     /// Tries to connect to the Unix socket `path` from `user`'s instance of `app`.
-    fn peer(&self, app: &str, user: &str, path: &Path) -> Value {
+    pub(crate) fn peer(&self, app: &str, user: &str, path: &Path) -> Value {
         self.get(app, user, &format!("peer?path={}", path.display()))
     }
 
     /// `GET /apps/APP/PATH` as `user`: the JSON answer.
-    fn get(&self, app: &str, user: &str, path: &str) -> Value {
+    pub(crate) fn get(&self, app: &str, user: &str, path: &str) -> Value {
         let r = request(
             "GET",
             &format!("{}/apps/{app}/{path}", self.w.gateway),
@@ -139,12 +140,12 @@ impl Vault {
     }
 
     /// `sql` in the app's database as warden's admin.
-    fn admin(&self, sql: &str) -> String {
+    pub(crate) fn admin(&self, sql: &str) -> String {
         admin_sql(&self.data_dir, DB, sql).trim().to_owned()
     }
 
     /// The host directory of the app's one instance at `label`.
-    fn instance_dir(&self, label: &str) -> PathBuf {
+    pub(crate) fn instance_dir(&self, label: &str) -> PathBuf {
         let ids: Vec<String> = self
             .w
             .instances()
@@ -487,124 +488,4 @@ fn an_instance_cannot_signal_across_labels() {
         "{stdout}{stderr}"
     );
     assert!(stdout.contains("after\nagain"), "{stdout}{stderr}");
-}
-
-/// A sandboxed instance cannot even see another instance's socket (nor the server's): neither
-/// is in its filesystem, while its own is.
-#[test]
-fn a_sandboxed_instance_cannot_open_another_instances_socket() {
-    let Some(v) = Vault::start("sandbox") else {
-        return;
-    };
-    v.ok("ursula", "SELECT 1");
-    v.ok("sam", "SELECT 1");
-    let other = v.instance_dir("U").join("data/.pg/.s.PGSQL.5432");
-    let server = v.data_dir.join("postgres/run/.s.PGSQL.5432");
-    for path in [&other, &server] {
-        assert!(path.exists(), "{}", path.display());
-        assert_eq!(
-            v.peer("vault", "sam", path),
-            json!({ "connected": false, "errno": "ENOENT" }),
-            "{}",
-            path.display()
-        );
-    }
-    assert_eq!(
-        v.peer("vault", "sam", Path::new("/data/.pg/.s.PGSQL.5432")),
-        json!({ "connected": true })
-    );
-}
-
-/// An unsandboxed instance runs as a uid of its own: another instance's directory (0700, that
-/// uid's) keeps it from the socket inside, and the server's socket directory (0700, the
-/// server's user's) from the server's.
-#[test]
-fn an_unsandboxed_instance_cannot_open_another_instances_socket() {
-    let Some(v) = Vault::start("process") else {
-        return;
-    };
-    v.ok("ursula", "SELECT 1");
-    v.ok("sam", "SELECT 1");
-    let other = v.instance_dir("U").join("pg/.s.PGSQL.5432");
-    let server = v.data_dir.join("postgres/run/.s.PGSQL.5432");
-    for path in [&other, &server] {
-        assert!(path.exists(), "{}", path.display());
-        assert_eq!(
-            v.peer("vault", "sam", path),
-            json!({ "connected": false, "errno": "EACCES" }),
-            "{}",
-            path.display()
-        );
-    }
-    let mine = v.instance_dir("S").join("pg/.s.PGSQL.5432");
-    assert_eq!(v.peer("vault", "sam", &mine), json!({ "connected": true }));
-}
-
-/// A sandboxed instance's directory path is no secret (any uid reads it in the sandbox's
-/// `/proc/PID/mountinfo`), so its mode must keep others out: an unsandboxed instance of
-/// another app, at any label, finds the path of a sandboxed S instance's data socket and
-/// cannot connect to it.
-#[test]
-fn an_unsandboxed_instance_cannot_open_a_sandboxed_instances_socket() {
-    let Some(v) = Vault::start("sandbox") else {
-        return;
-    };
-    v.ok("sam", "SELECT 1");
-    v.create_app("spy", "process", false);
-    let target = v.instance_dir("S").join("data");
-    let hunted = v.get("spy", "ursula", "hunt");
-    assert!(
-        hunted
-            .as_array()
-            .unwrap()
-            .contains(&json!(target.display().to_string())),
-        "{hunted}"
-    );
-    let socket = target.join(".pg/.s.PGSQL.5432");
-    assert!(socket.exists(), "{}", socket.display());
-    assert_eq!(
-        v.peer("spy", "ursula", &socket),
-        json!({ "connected": false, "errno": "EACCES" })
-    );
-}
-
-/// An instance owns its `/data` (a process instance its directory), so it can put a symlink
-/// where the socket's directory was: warden's cleanup, when the instance exits and when warden
-/// stops, must still remove only its own socket, never the file the link leads to (the private
-/// server's socket, every app's way to its data; or any file of the name, as root).
-#[test]
-fn an_instance_cannot_make_warden_remove_another_socket() {
-    let Some(mut v) = Vault::start("sandbox") else {
-        return;
-    };
-    v.ok("ursula", "SELECT 1");
-    v.ok("sam", "SELECT 1");
-    let server_dir = v.data_dir.join("postgres/run");
-    let server = server_dir.join(".s.PGSQL.5432");
-    // Stand-ins for a socket of that name elsewhere on the host, which outlive warden.
-    let decoy = v.top.path().join("decoy");
-    std::fs::create_dir(&decoy).unwrap();
-    std::fs::write(decoy.join(".s.PGSQL.5432"), b"").unwrap();
-    assert!(server.exists());
-    // S points its socket's place at the server's, and exits.
-    let to = format!("redirect?to={}&exit=1", server_dir.display());
-    assert_eq!(v.get("vault", "sam", &to), json!({ "redirected": true }));
-    warden_test_support::wait_until(
-        "the redirecting instance to be gone",
-        std::time::Duration::from_secs(30),
-        || {
-            let all = v.w.instances();
-            (!all.iter().any(|i| i["app"] == "vault" && i["label"] == "S")).then_some(())
-        },
-    );
-    assert!(server.exists(), "warden removed the server's socket");
-    assert_eq!(v.admin("SELECT count(*) FROM notes"), "0");
-    // U points its socket's place at the decoy and stays until warden stops.
-    let to = format!("redirect?to={}", decoy.display());
-    assert_eq!(v.get("vault", "ursula", &to), json!({ "redirected": true }));
-    v.w.stop();
-    assert!(
-        decoy.join(".s.PGSQL.5432").exists(),
-        "warden removed the decoy"
-    );
 }

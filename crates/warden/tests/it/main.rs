@@ -78,6 +78,7 @@ mod data_demo;
 mod data_faults;
 mod data_release;
 mod data_attacks;
+mod data_sockets;
 mod deploy;
 mod ends;
 mod env_rules;
