@@ -367,6 +367,7 @@ fn an_instance_cannot_reach_server_programs_files_or_other_databases() {
         format!("SET ROLE pg_write_server_files; COPY (SELECT 1) TO '{m}/file'"),
         "SET ROLE pg_read_server_files; SELECT pg_read_file('/etc/passwd')".into(),
         format!("COPY (SELECT 1) TO '{m}/file'"),
+        format!("COPY notes (body) FROM PROGRAM 'cat > {m}/from'"),
         "COPY notes (body) FROM '/etc/passwd'".into(),
         "SELECT pg_read_file('/etc/passwd')".into(),
         "SELECT pg_read_binary_file('/etc/passwd')".into(),
