@@ -12,7 +12,7 @@ use warden_test_support::{cli, http, wait_until, Launch, Warden};
 use crate::BIN;
 
 /// A copy of the test app `name` (under tests/apps) in a scratch directory, to change freely.
-fn fixture(name: &str) -> tempfile::TempDir {
+pub(crate) fn fixture(name: &str) -> tempfile::TempDir {
     fn copy(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).unwrap();
         for e in std::fs::read_dir(from).unwrap() {
