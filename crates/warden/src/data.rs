@@ -2,12 +2,12 @@
 //! agent and the API reach it through, over `warden-data`.
 
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 
 use anyhow::Context;
 use warden_auth::lattice::Lattice;
 use warden_core::data::{AppData, DataError, DataFuture, DataPlane, DataSocket, TableRows};
-use warden_data::proxy::{Limits, Listener, Pool, ServerAddr, Target};
+use warden_data::proxy::{Heal, Limits, Listener, Pool, ServerAddr, Target};
 use warden_data::schema::{self, Admin, DataKey, RoleLogin, SchemaError};
 use warden_data::server::{Endpoint, Server, ServerError};
 
@@ -23,6 +23,8 @@ pub struct Data {
     key: DataKey,
     lattice: RwLock<Lattice>,
     pool: Pool,
+    /// Itself, for the sockets' heals, which outlive the call that binds them.
+    me: Weak<Data>,
 }
 
 /// The data server the settings name: `--data`'s, a private one under `<data dir>/postgres`
@@ -61,11 +63,12 @@ pub async fn open(
         Some(secrets) => cluster_data_key(&secrets.identity_key)?,
         None => data_key(&cfg.data_dir)?,
     };
-    Ok(Ok(Arc::new(Data {
+    Ok(Ok(Arc::new_cyclic(|me| Data {
         server,
         key,
         lattice: RwLock::new(Lattice::default()),
         pool: Pool::new(Limits::default()),
+        me: me.clone(),
     })))
 }
 
@@ -311,13 +314,31 @@ impl Data {
             server,
             database: login.dbname.clone(),
         };
-        let listener = Listener::bind(socket, target, self.pool.clone()).map_err(data_error)?;
+        let listener =
+            Listener::bind_healing(socket, target, self.pool.clone(), Some(self.heal(login)))
+                .map_err(data_error)?;
         // A sandboxed instance runs as another uid: connecting needs write permission on the
         // socket; its directory (0700 in the instance's own) is what guards it.
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(listener.path(), std::fs::Permissions::from_mode(0o777))
             .map_err(data_error)?;
         Ok(DataSocket(Box::new(listener)))
+    }
+
+    /// Sets `login`'s role to warden's password again when PostgreSQL refuses it: a role may
+    /// change its own password, and one instance must not lock the others of its label out.
+    fn heal(&self, login: &RoleLogin) -> Heal {
+        let (me, role) = (self.me.clone(), login.role.clone());
+        Arc::new(move || {
+            let (me, role) = (me.clone(), role.clone());
+            Box::pin(async move {
+                let Some(data) = me.upgrade() else {
+                    return Err("warden's data plane is stopping".to_owned());
+                };
+                let reset = data.admin().reset_role(&role).await;
+                reset.map_err(|e| e.to_string())
+            })
+        })
     }
 }
 

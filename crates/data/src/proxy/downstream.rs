@@ -19,9 +19,9 @@ use tracing::Instrument;
 
 use super::pool::AcquireError;
 use super::relay::{self, End, Owed};
-use super::upstream::{self, StatementError, UpstreamError};
+use super::upstream::{self, ServerConn, StatementError, UpstreamError};
 use super::wire::{self, Startup};
-use super::{Pool, ProxyError, Target};
+use super::{Heal, Pool, ProxyError, Target};
 
 /// Startup parameters a client may set, applied on its server connection with `SET`, by
 /// their canonical names (pgbouncer tracks the same ones). `user` and `database` are ignored:
@@ -59,6 +59,10 @@ struct Shared {
     /// Refusals in flight (each waits for its client's startup); past them, a connection is
     /// closed at once, so a flood holds a bounded number of tasks.
     refusals: Arc<Semaphore>,
+    /// Sets the role's password again when PostgreSQL refuses it.
+    heal: Option<Heal>,
+    /// One heal at a time, and how many were done: clients refused together heal once.
+    healing: tokio::sync::Mutex<u64>,
 }
 
 // === impl Listener ===
@@ -71,6 +75,17 @@ impl Listener {
         path: impl Into<PathBuf>,
         target: Target,
         pool: Pool,
+    ) -> Result<Listener, ProxyError> {
+        Self::bind_healing(path, target, pool, None)
+    }
+
+    /// As [`Listener::bind`]; a login PostgreSQL refuses for the role's password (SQLSTATE
+    /// 28P01: an instance of the label changed it) runs `heal` and is tried once more.
+    pub fn bind_healing(
+        path: impl Into<PathBuf>,
+        target: Target,
+        pool: Pool,
+        heal: Option<Heal>,
     ) -> Result<Listener, ProxyError> {
         let path = path.into();
         if let Ok(meta) = std::fs::symlink_metadata(&path) {
@@ -95,6 +110,8 @@ impl Listener {
             pool,
             slots: Arc::new(Semaphore::new(max)),
             refusals: Arc::new(Semaphore::new(max)),
+            heal,
+            healing: tokio::sync::Mutex::new(0),
         });
         let span =
             tracing::info_span!("data_proxy", listener = shared.id, socket = %path.display());
@@ -186,7 +203,7 @@ async fn client(mut stream: UnixStream, shared: Arc<Shared>, _slot: OwnedSemapho
         }
     };
     let target = &shared.target;
-    let mut conn = match shared.pool.acquire(target).await {
+    let mut conn = match acquire(&shared).await {
         Ok(conn) => conn,
         Err(e @ AcquireError::Full { .. }) => {
             warden_core::log_limited!(warn, error = %e, "a data client refused: its app has every server connection it may have");
@@ -256,6 +273,41 @@ async fn client(mut stream: UnixStream, shared: Arc<Shared>, _slot: OwnedSemapho
         end => tracing::debug!(?end, clean, "data client done"),
     }
     shared.pool.release(target, conn, clean).await;
+}
+
+/// A server connection for the listener's role. A login refused for the role's password is
+/// healed (once for every client refused at the same time) and tried once more: a password an
+/// instance set for its role stops no other instance of its label.
+async fn acquire(shared: &Shared) -> Result<ServerConn, AcquireError> {
+    let before = *shared.healing.lock().await;
+    let refused = match shared.pool.acquire(&shared.target).await {
+        Err(AcquireError::Upstream(e)) if e.bad_password() => e,
+        done => return done,
+    };
+    let Some(heal) = &shared.heal else {
+        return Err(refused.into());
+    };
+    {
+        let mut healed = shared.healing.lock().await;
+        // Healed by another client meanwhile: the password is warden's again already.
+        if *healed == before {
+            let role = &shared.target.role;
+            warden_core::log_limited!(warn, %role, "PostgreSQL refused the role's password (an instance may have changed it); setting it again");
+            let timeout = shared.pool.limits().server_timeout;
+            match tokio::time::timeout(timeout, heal()).await {
+                Ok(Ok(())) => *healed += 1,
+                Ok(Err(why)) => {
+                    warden_core::log_limited!(warn, %role, error = %why, "setting the role's password again failed");
+                    return Err(refused.into());
+                }
+                Err(_) => {
+                    warden_core::log_limited!(warn, %role, "setting the role's password again timed out");
+                    return Err(refused.into());
+                }
+            }
+        }
+    }
+    shared.pool.acquire(&shared.target).await
 }
 
 /// The startup phase, within the startup timeout: encryption requests answered 'N', a

@@ -21,12 +21,21 @@
 //! hang, and the next client connects again. Logs and errors never contain the
 //! role's password: [`Target`]'s `Debug` leaves it out.
 //!
+//! A role may change its own password (`ALTER ROLE CURRENT_USER PASSWORD`, which PostgreSQL
+//! lets every role do and no event trigger sees), which would stop every other instance of its
+//! label from logging in. A listener bound with a [`Heal`] ([`Listener::bind_healing`]) heals
+//! that by itself: when PostgreSQL refuses the password (28P01), it has the heal set the
+//! role's password again and logs in once more.
+//!
 //! Split by direction: `downstream.rs` (the listener and a client's startup), `relay.rs`
 //! (messages both ways), `upstream.rs` (a server connection: connect, SCRAM, reset),
 //! `pool.rs` (idle connections and the cancel keys handed out), `wire.rs` (framing).
 
 use std::fmt;
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 mod downstream;
@@ -61,6 +70,12 @@ impl fmt::Debug for Target {
             .finish_non_exhaustive()
     }
 }
+
+/// Sets the listener's role's password (and attributes) to warden's again, after PostgreSQL
+/// refused it: the caller's administrator does it (`Admin::reset_role`). The error says why
+/// it could not.
+pub type Heal =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
 /// Where PostgreSQL listens.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -35,6 +35,13 @@ pub(crate) enum UpstreamError {
     Scram(io::Error),
 }
 
+impl UpstreamError {
+    /// PostgreSQL refused the role's password (invalid_password): someone changed it.
+    pub(crate) fn bad_password(&self) -> bool {
+        matches!(self, UpstreamError::Refused { code, .. } if code == "28P01")
+    }
+}
+
 /// The socket to the server, Unix or TCP.
 pub(crate) enum Stream {
     Unix(UnixStream),

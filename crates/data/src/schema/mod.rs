@@ -259,6 +259,26 @@ impl<'a> Admin<'a> {
         Ok(self.login(&role, db))
     }
 
+    /// Sets `role` (one of warden's: an owner or label role) to warden's password,
+    /// attributes and settings again: what the proxy asks when PostgreSQL refused the
+    /// password, which the role itself may have changed (`ALTER ROLE CURRENT_USER PASSWORD`).
+    /// A role that is not there any more (its app removed) is not made again.
+    pub async fn reset_role(&self, role: &str) -> Result<(), SchemaError> {
+        if !is_warden_role(role) {
+            return Err(SchemaError::BadName(role.to_owned()));
+        }
+        let admin = self.conns.get(self.server, None).await?;
+        let exists = admin
+            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+            .await
+            .map_err(sql("looking up a role"))?
+            .is_some();
+        match exists {
+            true => self.ensure_role(&admin, role).await,
+            false => Ok(()),
+        }
+    }
+
     /// Labels every table of the app's schema after a release migration: label columns (rows
     /// already there get the lattice's lowest label), forced row security, warden's policies
     /// and stamping trigger, and grants to every label role. Fails naming the table on a

@@ -79,6 +79,7 @@ mod data_demo;
 mod data_faults;
 mod data_flask;
 mod data_release;
+mod data_roles;
 mod data_sockets;
 mod deploy;
 mod ends;
