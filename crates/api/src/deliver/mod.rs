@@ -280,8 +280,46 @@ async fn drive(
             Delivery::drop_upload(&api, upload);
             tracing::info!(app, release = number, reason = ?f.reason, "release failed");
             sink.log_only(&format!("release {number} failed: {}", f.text));
+            if d.release.new_app && d.release.data == Some(true) {
+                drop_unmade_database(&api, &app, number, &sink).await;
+            }
             sink.finish(ReleaseEvent::Failed { failed: d.release })
                 .await;
+        }
+    }
+}
+
+/// Drops the database made at push for release `number`, which was to make its app and
+/// failed: no app owns it, so not even `apps rm` would. Kept if the app exists by now, or
+/// another release of the name is under way (its push made the same database, or will find
+/// it made).
+async fn drop_unmade_database(api: &Api, app: &str, number: u64, sink: &Sink) {
+    let Some(data) = &api.data else { return };
+    let in_use = async {
+        if get_json::<AppSpec>(&*api.store, &keys::app_spec(app))
+            .await?
+            .is_some()
+        {
+            return Ok::<_, StoreError>(true);
+        }
+        let listing = api.store.list(&keys::releases(app)).await?;
+        Ok(listing.entries.iter().any(|e| {
+            warden_store::decode::<Release>(&e.key, &e.value)
+                .is_ok_and(|r| r.number != number && !r.status.finished())
+        }))
+    };
+    match in_use.await {
+        Ok(true) => {}
+        Ok(false) => match data.drop_app(app).await {
+            Ok(()) => sink.line(&format!(
+                "-----> the database this push made for app {app:?} is dropped: no app of the name has it"
+            )),
+            Err(e) => {
+                tracing::warn!(app, error = %e, "dropping the database of an app whose first release failed failed");
+            }
+        },
+        Err(e) => {
+            tracing::warn!(app, error = %e, "cannot tell whether the database of an app whose first release failed is still used; it is kept");
         }
     }
 }

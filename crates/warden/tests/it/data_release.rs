@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use warden_test_support::http::basic;
 use warden_test_support::{cli, request, Launch, Warden};
 
-use crate::data_apps::postgres_installed;
+use crate::data_apps::{admin_sql, postgres_installed};
 use crate::BIN;
 
 const PASSWORD: &str = "correct horse battery";
@@ -151,6 +151,33 @@ fn a_migration_that_makes_an_unlabellable_table_fails_naming_it_and_the_app_serv
     assert_eq!(app["release"]["number"], 1, "{app}");
     assert_eq!(notes_as(&w, "ursula", ""), ["low"]);
     assert_eq!(notes_as(&w, "sam", ""), ["low"]);
+}
+
+/// A first push's database is made before anything is built; if its release fails, no app
+/// owns the database (not even `apps rm` would drop it), so it goes with the release.
+#[test]
+fn a_first_push_whose_release_fails_leaves_no_database_or_role_behind() {
+    if !postgres_installed() {
+        return;
+    }
+    let w = data_warden();
+    let broken = format!("{RELEASE} && echo the-migration-broke && exit 1");
+    let src = tree(NOTES, &broken, &[("app.toml", "data = true\n")]);
+    let (ok, out) = push(&w, "notes", src.path());
+    assert!(!ok && out.contains("the-migration-broke"), "{out}");
+    assert!(out.contains("the database this push made"), "{out}");
+    assert_eq!(w.api("GET", "/v1/apps/notes", None).status, 404);
+    let left = admin_sql(
+        &w.dir,
+        "postgres",
+        "SELECT datname FROM pg_database WHERE datname LIKE 'warden\\_app\\_%' \
+         UNION ALL SELECT rolname FROM pg_roles WHERE rolname ~ '^w[lo]_'",
+    );
+    assert_eq!(left, "", "left behind");
+    // The name is free for a push that works: its app has a database of its own.
+    pushed_notes(&w);
+    assert_eq!(notes_as(&w, "sam", "?add=high"), Vec::<String>::new());
+    assert_eq!(notes_as(&w, "sam", ""), ["high"]);
 }
 
 #[test]
