@@ -225,7 +225,13 @@ impl DataPlane for Data {
     }
 
     fn drop_app<'a>(&'a self, app: &'a str) -> DataFuture<'a, ()> {
-        Box::pin(async move { self.admin().drop_app(app).await.map_err(data_error) })
+        Box::pin(async move {
+            self.admin().drop_app(app).await.map_err(data_error)?;
+            // Its pooled connections are dead (the drop forced them out) and its bound goes.
+            let server = server_addr(&self.server.endpoint());
+            self.pool.forget(&server, &schema::db_name(app));
+            Ok(())
+        })
     }
 
     fn declassifier<'a>(&'a self, app: &'a str, to_label: Option<&'a str>) -> DataFuture<'a, ()> {
@@ -301,17 +307,10 @@ impl Data {
     /// A socket at `socket` that logs in as `login`, open to the uid of the process it is
     /// made for.
     fn bind(&self, login: &RoleLogin, socket: &Path) -> Result<DataSocket, DataError> {
-        let server = match &login.endpoint {
-            Endpoint::Socket { dir, port } => ServerAddr::Unix {
-                dir: dir.clone(),
-                port: *port,
-            },
-            Endpoint::Tcp { host, port } => ServerAddr::Tcp(format!("{host}:{port}")),
-        };
         let target = Target {
             role: login.role.clone(),
             password: login.password().to_owned(),
-            server,
+            server: server_addr(&login.endpoint),
             database: login.dbname.clone(),
         };
         let listener =
@@ -339,6 +338,17 @@ impl Data {
                 reset.map_err(|e| e.to_string())
             })
         })
+    }
+}
+
+/// Where the proxy reaches the server at `endpoint`.
+fn server_addr(endpoint: &Endpoint) -> ServerAddr {
+    match endpoint {
+        Endpoint::Socket { dir, port } => ServerAddr::Unix {
+            dir: dir.clone(),
+            port: *port,
+        },
+        Endpoint::Tcp { host, port } => ServerAddr::Tcp(format!("{host}:{port}")),
     }
 }
 

@@ -105,6 +105,32 @@ impl Pool {
         self.inner.idle().get(target).map_or(0, Vec::len)
     }
 
+    /// How many apps the pool keeps a bound for: those with a server connection, busy or
+    /// idle, or a client waiting for one (an app with none is forgotten at the next sweep).
+    pub fn apps(&self) -> usize {
+        self.inner.apps().len()
+    }
+
+    /// Forgets the app whose database is `database` on `server` (it was dropped): its idle
+    /// connections are closed, and its bound goes once no connection or client holds it.
+    pub fn forget(&self, server: &ServerAddr, database: &str) {
+        let closed: Vec<ServerConn> = {
+            let mut idle = self.inner.idle();
+            let gone: Vec<Target> = idle
+                .keys()
+                .filter(|t| t.server == *server && t.database == database)
+                .cloned()
+                .collect();
+            gone.iter()
+                .filter_map(|t| idle.remove(t))
+                .flatten()
+                .collect()
+        };
+        // Closed outside the lock: each gives its slot back when dropped.
+        drop(closed);
+        self.inner.prune_apps();
+    }
+
     /// How many clients of `target`'s app wait for a server connection now.
     pub fn waiting(&self, target: &Target) -> usize {
         self.inner.app(target).waiting.load(Ordering::SeqCst)
@@ -245,7 +271,7 @@ impl Pool {
 
 impl Inner {
     fn app(&self, target: &Target) -> Arc<AppSlots> {
-        let mut apps = self.apps.lock().unwrap_or_else(|e| e.into_inner());
+        let mut apps = self.apps();
         let key = (target.server.clone(), target.database.clone());
         apps.entry(key)
             .or_insert_with(|| {
@@ -279,6 +305,22 @@ impl Inner {
         app.conns.clone().try_acquire_owned().ok()
     }
 
+    /// Drops the bound of every app no connection, client or waiter holds, so the map does
+    /// not grow with every app that ever had a client. Exact under the lock: an app's
+    /// [`AppSlots`] is only had through the map, and each open connection holds a permit.
+    fn prune_apps(&self) {
+        let max = self.limits.max_server_per_app;
+        self.apps().retain(|_, app| {
+            Arc::strong_count(app) > 1
+                || app.conns.available_permits() < max
+                || app.waiting.load(Ordering::SeqCst) > 0
+        });
+    }
+
+    fn apps(&self) -> MutexGuard<'_, HashMap<(ServerAddr, String), Arc<AppSlots>>> {
+        self.apps.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     // A poisoned lock only means a panic elsewhere mid-update of a map whose entries are
     // each whole; the maps stay usable.
     fn idle(&self) -> MutexGuard<'_, HashMap<Target, Vec<ServerConn>>> {
@@ -290,7 +332,8 @@ impl Inner {
     }
 }
 
-/// Closes connections idle past the bound, every half bound, while the pool lives.
+/// Closes connections idle past the bound, and forgets apps without any connection or
+/// client, every half bound, while the pool lives.
 async fn sweep(pool: Weak<Inner>) {
     let Some(period) = pool.upgrade().map(|p| p.limits.idle_timeout / 2) else {
         return;
@@ -300,10 +343,21 @@ async fn sweep(pool: Weak<Inner>) {
         tokio::time::sleep(period).await;
         let Some(inner) = pool.upgrade() else { return };
         let timeout = inner.limits.idle_timeout;
-        let mut idle = inner.idle();
-        for list in idle.values_mut() {
-            list.retain(|c| c.idle_since.elapsed() < timeout);
-        }
-        idle.retain(|_, list| !list.is_empty());
+        let stale: Vec<ServerConn> = {
+            let mut idle = inner.idle();
+            let mut stale = Vec::new();
+            for list in idle.values_mut() {
+                let (keep, old) = std::mem::take(list)
+                    .into_iter()
+                    .partition(|c| c.idle_since.elapsed() < timeout);
+                *list = keep;
+                stale.extend(old);
+            }
+            idle.retain(|_, list| !list.is_empty());
+            stale
+        };
+        // Closed (their slots given back) before the apps without any are forgotten.
+        drop(stale);
+        inner.prune_apps();
     }
 }

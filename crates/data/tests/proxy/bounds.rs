@@ -106,3 +106,51 @@ async fn proxy_bounds_server_connections_per_app_and_other_apps_are_served() {
     assert_eq!(got, 3);
     b.batch_execute("SELECT 1").await.unwrap();
 }
+
+/// The pool's per-app bounds do not grow with every app that ever had a client: an app is
+/// kept while a connection of it is open, and forgotten once it has none.
+#[tokio::test]
+async fn proxy_forgets_an_app_once_it_has_no_connection() {
+    let s = Setup::new(Limits {
+        idle_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    })
+    .await;
+    let c = connect(s.dir()).await.unwrap();
+    c.batch_execute("SELECT 1").await.unwrap();
+    // Several sweeps (every 150 ms) pass while the client holds its connection.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        s.pool.apps(),
+        1,
+        "an app with a connection open was forgotten"
+    );
+    c.batch_execute("SELECT 1").await.unwrap();
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.pool.apps() != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "an app with no connection is never forgotten"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An app whose database is dropped goes from the pool at once: its idle connections and
+/// its bound.
+#[tokio::test]
+async fn proxy_forgets_a_dropped_apps_connections_and_bound() {
+    let s = Setup::new(Limits::default()).await;
+    let c = connect(s.dir()).await.unwrap();
+    c.batch_execute("SELECT 1").await.unwrap();
+    drop(c);
+    s.until_idle(1).await;
+    assert_eq!(s.pool.apps(), 1);
+    s.pool.forget(&s.target.server, &s.target.database);
+    assert_eq!(s.pool.idle(&s.target), 0, "its idle connection is kept");
+    assert_eq!(s.pool.apps(), 0, "its bound is kept");
+    // The pool still serves the app if it is there again.
+    let c = connect(s.dir()).await.unwrap();
+    c.batch_execute("SELECT 1").await.unwrap();
+}
