@@ -19,6 +19,10 @@ pub struct Health {
     pub error: Option<String>,
     /// `ok` (`/healthz`), `ready` or `not ready` (`/readyz`).
     pub status: String,
+    /// `/readyz` only: why this node's audit log is not writing (a full queue, a full disk);
+    /// absent while it writes. The node still serves: an alarm, not a refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<String>,
 }
 
 /// What the CLI prints for `--json` after a call that answers nothing.

@@ -31,6 +31,9 @@ pub use users::{NewUser, UserChange, UserView};
 /// The stored records the API answers with as they are.
 pub use warden_auth::Lattice;
 /// What an app's database holds (`GET /v1/apps/{name}/data`), as the data plane reports it.
+pub use warden_core::audit::{
+    Event as AuditEvent, NodeEvent, Problem, Query as AuditQuery, Record as AuditRecord, Verified,
+};
 pub use warden_core::data::{AppData, TableRows};
 pub use warden_core::{
     AppSpec, DrainOrder, InstanceRecord, InstanceState, LabelHealth, Move, NodeRecord, Release,

@@ -38,6 +38,8 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         generator.subschema_for::<ConfigChange>(),
         generator.subschema_for::<Rollback>(),
         generator.subschema_for::<AppData>(),
+        generator.subschema_for::<AuditRecord>(),
+        generator.subschema_for::<Verified>(),
     );
     generator.take_definitions(true)
 }

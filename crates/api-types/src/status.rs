@@ -29,6 +29,9 @@ pub struct Status {
     /// under the data dir, the server `--data` names, or `None` (apps cannot have data).
     #[serde(default)]
     pub data: Option<String>,
+    /// This node's audit log: `ok`, `none` (not kept here), or why it is not writing.
+    #[serde(default)]
+    pub audit: Option<String>,
 }
 
 /// Per-app counts.

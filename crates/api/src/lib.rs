@@ -10,6 +10,7 @@
 //! bodies may hold passwords: they are hashed at once and never logged or returned.
 #![forbid(unsafe_code)]
 
+mod audit;
 mod deliver;
 pub mod error;
 pub mod routes;
@@ -77,15 +78,19 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/lattice"),
     ("put", "/v1/lattice"),
     ("get", "/v1/store/backup"),
+    ("get", "/v1/audit"),
+    ("get", "/v1/audit/verify"),
 ];
 
 /// Ready when the store can commit: 200, else 503 saying why (a full disk, an I/O error).
 /// `/healthz` only says the process answers.
 async fn readyz(State(api): State<Api>) -> Response {
+    let audit = api.audit.health().err();
     match api.store.ready() {
         Ok(()) => Json(Health {
             error: None,
             status: "ready".into(),
+            audit,
         })
         .into_response(),
         Err(e) => (
@@ -93,6 +98,7 @@ async fn readyz(State(api): State<Api>) -> Response {
             Json(Health {
                 error: Some(e.to_string()),
                 status: "not ready".into(),
+                audit,
             }),
         )
             .into_response(),
@@ -139,6 +145,8 @@ pub struct Api {
     pub data: Option<Arc<dyn warden_core::data::DataPlane>>,
     sync: Option<SyncHook>,
     metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+    /// This node's audit log: every change through the API is recorded in it.
+    pub audit: Arc<dyn warden_core::audit::Audit>,
 }
 
 // === impl Api ===
@@ -165,7 +173,14 @@ impl Api {
             data: None,
             sync: None,
             metrics: None,
+            audit: Arc::new(warden_core::audit::NoAudit),
         }
+    }
+
+    /// Records changes in `audit` and reads it back through `/v1/audit`.
+    pub fn with_audit(mut self, audit: Arc<dyn warden_core::audit::Audit>) -> Self {
+        self.audit = audit;
+        self
     }
 
     /// Keeps apps from serving `dir` (warden's data directory), or any part of it, as static
@@ -289,6 +304,13 @@ impl Api {
             .route("/v1/apps/{name}/rollback", post(releases::rollback))
             .route("/v1/lattice", get(lattice::show).put(lattice::replace))
             .route("/v1/store/backup", get(store::backup))
+            .route("/v1/audit", get(audit::list))
+            .route("/v1/audit/verify", get(audit::verify))
+            // Inside the token check: only changes the token allowed are recorded here.
+            .route_layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                crate::audit::record_change,
+            ))
             .route_layer(axum::middleware::from_fn_with_state(
                 self.clone(),
                 require_admin,
@@ -300,6 +322,7 @@ impl Api {
                     Json(Health {
                         error: None,
                         status: "ok".into(),
+                        audit: None,
                     })
                 }),
             )

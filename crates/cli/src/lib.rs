@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod apps;
+mod audit;
 mod client;
 mod config;
 mod data;
@@ -28,6 +29,7 @@ use serde_json::{json, Value};
 use warden_api_types::{BackupHead, Lattice, NewUser, Status, UserChange, UserView};
 
 pub use apps::{AppsCommand, CreateApp, UpdateApp};
+pub use audit::Audit;
 pub use config::Endpoint;
 pub use data::DataCommand;
 pub use deploy::{ConfigCommand, Push};
@@ -161,6 +163,8 @@ pub enum ClientCommand {
     /// Show what apps' databases hold
     #[command(subcommand)]
     Data(DataCommand),
+    /// Read this node's audit log (who reached what, who changed what), verify or export it
+    Audit(Audit),
 }
 
 /// Runs a client command.
@@ -183,6 +187,7 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
         ClientCommand::Lattice(c) => lattice(&api, &out, c).await,
         ClientCommand::Logs(l) => logs::run(&api, &out, l).await,
         ClientCommand::Data(c) => data::run(&api, &out, c).await,
+        ClientCommand::Audit(a) => audit::run(&api, &out, a).await,
     }
 }
 
@@ -421,6 +426,9 @@ fn print_status(v: &Status, gateway: Option<&Value>) {
     match &v.data {
         Some(d) => println!("data lives in: {d}"),
         None => println!("data lives in: none (apps cannot have data; install postgresql or start warden with --data)"),
+    }
+    if let Some(a) = &v.audit {
+        println!("audit log: {a}");
     }
     for a in &v.apps {
         for (label, nodes) in &a.placed {

@@ -45,7 +45,7 @@ fn unseen<'a>(old: &[String], new: &'a [String]) -> &'a [String] {
     new
 }
 
-fn query_value(s: &str) -> String {
+pub(crate) fn query_value(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),

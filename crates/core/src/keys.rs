@@ -105,6 +105,11 @@ pub fn under_prefix(prefix: &str, key: &str) -> bool {
     }
 }
 
+/// Key of the anchor of a node's audit log: the head of its chain, with a MAC.
+pub fn audit_anchor(node: &str) -> String {
+    format!("audit/anchors/{node}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@
 //! crate.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod builds;
 pub mod data;
 pub mod id;

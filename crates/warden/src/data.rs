@@ -83,10 +83,16 @@ const CLUSTER_DATA_KEY_INFO: &[u8] = b"warden data key v1";
 /// The identity key itself never leaves warden (instances get HMACs of it, never it), so no
 /// instance can derive this key.
 fn cluster_data_key(identity_hex: &str) -> anyhow::Result<DataKey> {
+    cluster_key(identity_hex, CLUSTER_DATA_KEY_INFO, "the data key").map(DataKey)
+}
+
+/// A key of the cluster's own for `what`: HKDF-SHA256 of the cluster's identity key with `info`
+/// (one per use, so no two keys are the same). Every node derives the same key.
+pub(crate) fn cluster_key(identity_hex: &str, info: &[u8], what: &str) -> anyhow::Result<[u8; 32]> {
     let identity = decode_key(identity_hex.trim()).ok_or_else(|| {
         anyhow::anyhow!(
             "the cluster's identity key is damaged (it must be 64 hex digits); this node cannot \
-             derive the data key: start it again with the cluster's join token"
+             derive {what}: start it again with the cluster's join token"
         )
     })?;
     struct Len;
@@ -96,16 +102,16 @@ fn cluster_data_key(identity_hex: &str) -> anyhow::Result<DataKey> {
         }
     }
     let mut key = [0u8; 32];
-    ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, CLUSTER_DATA_KEY_INFO)
+    ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, info)
         .extract(&identity)
-        .expand(&[CLUSTER_DATA_KEY_INFO], Len)
+        .expand(&[info], Len)
         .and_then(|okm| okm.fill(&mut key))
-        .map_err(|_| anyhow::anyhow!("cannot derive the data key from the cluster's secrets"))?;
-    Ok(DataKey(key))
+        .map_err(|_| anyhow::anyhow!("cannot derive {what} from the cluster's secrets"))?;
+    Ok(key)
 }
 
 /// 64 hex digits as 32 bytes.
-fn decode_key(text: &str) -> Option<[u8; 32]> {
+pub(crate) fn decode_key(text: &str) -> Option<[u8; 32]> {
     if text.len() != 64 {
         return None;
     }

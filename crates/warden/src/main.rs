@@ -51,6 +51,8 @@ enum Command {
     Logs(LogsCmd),
     /// Show what apps' databases hold
     Data(DataCmd),
+    /// Read this node's audit log (who reached what, who changed what), verify or export it
+    Audit(Box<AuditCmd>),
     /// Push an app's source: build it once, try it, roll it out with no downtime
     Push(PushCmd),
     /// List an app's releases
@@ -161,6 +163,14 @@ struct NodesCmd {
 }
 
 #[derive(Debug, clap::Args)]
+struct AuditCmd {
+    #[command(flatten)]
+    audit: warden_cli::Audit,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
 struct LogsCmd {
     #[command(flatten)]
     logs: warden_cli::Logs,
@@ -183,7 +193,7 @@ fn init_logs() {
 /// list`) move after its name, where the client commands take them; anything else is left for
 /// clap to judge.
 fn client_options_after_command(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const COMMANDS: [&str; 11] = [
+    const COMMANDS: [&str; 12] = [
         "apps",
         "users",
         "instances",
@@ -195,6 +205,7 @@ fn client_options_after_command(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::
         "releases",
         "config",
         "rollback",
+        "audit",
     ];
     const WITH_VALUE: [&str; 4] = ["--api", "--token", "--config", "--data-dir"];
     let mut leading = Vec::new();
@@ -355,6 +366,10 @@ async fn run(cli: Cli) -> std::process::ExitCode {
         Command::Status(c) => warden_cli::run(&c, ClientCommand::Status).await,
         Command::Logs(c) => warden_cli::run(&c.client, ClientCommand::Logs(c.logs)).await,
         Command::Data(c) => warden_cli::run(&c.client, ClientCommand::Data(c.command)).await,
+        Command::Audit(c) => {
+            let c = *c;
+            warden_cli::run(&c.client, ClientCommand::Audit(c.audit)).await
+        }
         Command::Push(c) => warden_cli::run(&c.client, ClientCommand::Push(c.push)).await,
         Command::Releases(c) => {
             warden_cli::run(&c.client, ClientCommand::Releases { app: c.app }).await

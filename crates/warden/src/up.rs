@@ -15,6 +15,7 @@ use crate::config::{Config, UpArgs};
 use crate::{cluster, demo, files, no_agent};
 
 mod api;
+mod audit;
 mod tls;
 
 fn gateway_config(
@@ -346,6 +347,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
+    // Before every role, so each records from its first request.
+    let audit_log = audit::open(&cfg, &node, &store, joined.as_ref().map(|j| &j.secrets))?;
+    let audit: Arc<dyn warden_core::audit::Audit> = audit_log.clone();
+    tasks.push(tokio::spawn(audit_log.anchor_task(stop_rx.clone())));
     let data = match crate::data::open(&cfg, joined.as_ref().map(|j| &j.secrets)).await? {
         Ok(d) => {
             tasks.push(tokio::spawn(crate::data::follow_lattice(
@@ -401,7 +406,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     let mut at = Endpoints::default();
     if cfg.runs(Role::Api) || agent.is_some() {
-        let mut releases = api::release_api(&cfg, &store, &token, &sources)?;
+        let mut releases =
+            api::release_api(&cfg, &store, &token, &sources)?.with_audit(audit.clone());
         if let Some(d) = &data_plane {
             releases = releases.with_data(d.clone());
         }
@@ -470,6 +476,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     })
     .await;
     let _ = std::fs::remove_file(&endpoints_file);
+    // Last: what the roles recorded while stopping is in it.
+    audit_log.close().await;
     drop(data_plane);
     if let Ok(d) = data {
         d.shutdown().await;

@@ -1,6 +1,7 @@
 //! One module per resource; each handler parses into types that cannot hold invalid values.
 
 pub mod apps;
+pub mod audit;
 pub mod data;
 pub mod forward;
 pub mod instances;

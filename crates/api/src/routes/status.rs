@@ -168,5 +168,10 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
         apps,
         damaged,
         data: api.data.as_ref().map(|d| d.describe()),
+        audit: Some(match (api.audit.kept(), api.audit.health()) {
+            (false, _) => "none (this node keeps no audit log)".into(),
+            (true, Ok(())) => "ok".into(),
+            (true, Err(why)) => why,
+        }),
     }))
 }

@@ -148,6 +148,15 @@ pub struct UpArgs {
     /// Longest a push's build may run, in seconds
     #[arg(long)]
     build_timeout: Option<u64>,
+    /// Size in MiB at which the audit log begins a new segment
+    #[arg(long)]
+    audit_segment_mb: Option<u64>,
+    /// MiB of older audit segments kept; older ones are dropped (and the drop recorded)
+    #[arg(long)]
+    audit_retain_mb: Option<u64>,
+    /// Days an audit segment is kept after its last write
+    #[arg(long)]
+    audit_retain_days: Option<u64>,
     /// Sandbox limits through cgroups where possible (auto), or rlimits only (off)
     #[arg(long)]
     cgroups: Option<Cgroups>,
@@ -205,7 +214,8 @@ impl UpArgs {
             auth_failures_per_addr_user, auth_window,
             argon2_memory_kib, argon2_iterations, argon2_parallelism, api_listen,
             api_max_connections, api_header_timeout, api_idle_timeout,
-            max_instances, max_log_mb, max_upload_mb, build_timeout, cgroups, bridge, bridge_cidr, node_lease_ttl,
+            max_instances, max_log_mb, max_upload_mb, audit_segment_mb, audit_retain_mb,
+            audit_retain_days, build_timeout, cgroups, bridge, bridge_cidr, node_lease_ttl,
             start_margin, shed_margin,
         );
         if a.load_file.is_some() {

@@ -126,6 +126,13 @@ pub struct Config {
     /// Largest upload `warden push` may send to this node's API, in MiB; the unpacked tree may
     /// be at most four times as large.
     pub max_upload_mb: u64,
+    /// Size in MiB at which the audit log's segment is closed and a new one begun.
+    pub audit_segment_mb: u64,
+    /// The audit log's older segments are dropped (each drop recorded) while they hold more
+    /// than this many MiB.
+    pub audit_retain_mb: u64,
+    /// The audit log's segments last written more than this many days ago are dropped.
+    pub audit_retain_days: u64,
     /// Longest a push's build may run, in seconds.
     pub build_timeout: u64,
     /// Sandbox limits through cgroups where warden may write a hierarchy (auto), or through
@@ -206,6 +213,9 @@ impl Default for Config {
             max_instances: 256,
             max_log_mb: 8,
             max_upload_mb: 256,
+            audit_segment_mb: 64,
+            audit_retain_mb: 1024,
+            audit_retain_days: 365,
             build_timeout: 900,
             cgroups: Cgroups::Auto,
             bridge: BridgeName("warden0".into()),
@@ -348,6 +358,18 @@ impl Config {
         }
         if !(1..=1_048_576).contains(&self.max_log_mb) {
             return invalid("max_log_mb", "use 1 to 1048576 (MiB)");
+        }
+        if !(1..=65_536).contains(&self.audit_segment_mb) {
+            return invalid("audit_segment_mb", "use 1 to 65536 (MiB)");
+        }
+        if self.audit_retain_mb < self.audit_segment_mb {
+            return invalid(
+                "audit_retain_mb",
+                "keep at least one segment: use audit_segment_mb or more (MiB)",
+            );
+        }
+        if !(1..=36_500).contains(&self.audit_retain_days) {
+            return invalid("audit_retain_days", "use 1 to 36500 (days)");
         }
         if !(1..=65_536).contains(&self.max_upload_mb) {
             return invalid("max_upload_mb", "use 1 to 65536 (MiB)");

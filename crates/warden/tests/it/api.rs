@@ -150,6 +150,8 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
         ("get", "/v1/lattice", "/v1/lattice".into(), None),
         ("put", "/v1/lattice", "/v1/lattice".into(), Some(lattice)),
         ("get", "/v1/store/backup", "/v1/store/backup".into(), None),
+        ("get", "/v1/audit", "/v1/audit?kind=change".into(), None),
+        ("get", "/v1/audit/verify", "/v1/audit/verify".into(), None),
         (
             "delete",
             "/v1/instances/{id}",

@@ -1,0 +1,192 @@
+//! The chain against every way a log can be tampered with: verify passes on an untouched log and
+//! names the spot after a deleted record, an edited one, two swapped, a truncated tail and a
+//! whole file replaced by a fresh valid chain (caught by the anchor); a torn last line at start
+//! is cut and recorded as a gap.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use warden_core::audit::{Audit, Event, Query, Verified};
+use warden_store::Store;
+
+use super::*;
+
+const KEY: [u8; 32] = [7; 32];
+
+fn change(target: &str) -> Event {
+    Event::Change {
+        actor: "admin token".into(),
+        method: "POST".into(),
+        route: "/v1/apps".into(),
+        target: Some(target.into()),
+        outcome: "pending".into(),
+        before: None,
+        after: None,
+    }
+}
+
+async fn store(dir: &Path) -> Arc<dyn Store> {
+    warden_store::open(&warden_store::Backend::Embedded, dir)
+        .await
+        .unwrap()
+}
+
+/// A closed log of `n` changes (plus started and stopped) in `dir/audit`, anchored in `store`.
+async fn written(dir: &Path, store: &Arc<dyn Store>, n: usize) -> PathBuf {
+    let audit = dir.join("audit");
+    let log = Log::open(&audit, "n1", KEY, store.clone(), Settings::default()).unwrap();
+    for i in 0..n {
+        log.record_durable(change(&format!("app{i}")))
+            .await
+            .unwrap();
+    }
+    log.close().await;
+    audit
+}
+
+fn segment(audit: &Path) -> PathBuf {
+    segments::list(audit).unwrap().pop().unwrap()
+}
+
+fn edit_lines(path: &Path, f: impl FnOnce(&mut Vec<String>)) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    f(&mut lines);
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+async fn check(audit: &Path, store: &Arc<dyn Store>) -> Verified {
+    verify_dir(audit, "n1", &KEY, &**store).await.unwrap()
+}
+
+fn what(v: &Verified) -> (&str, u64) {
+    let p = v.problem.as_ref().expect("verify must find a problem");
+    assert!(!v.ok);
+    (p.what.as_str(), p.line)
+}
+
+#[tokio::test]
+async fn an_untouched_log_verifies_and_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = written(dir.path(), &s, 5).await;
+    let v = check(&audit, &s).await;
+    assert!(v.ok, "{v:?}");
+    assert_eq!((v.records, v.head_seq, v.anchor_seq), (7, 7, Some(7)));
+    let q = Query {
+        kind: Some("change".into()),
+        ..Query::default()
+    };
+    let read = read(&audit, &q).unwrap();
+    assert_eq!(read.len(), 5);
+    assert_eq!(read[2].event, change("app2"));
+}
+
+#[tokio::test]
+async fn a_deleted_record_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = written(dir.path(), &s, 5).await;
+    edit_lines(&segment(&audit), |l| {
+        l.remove(3);
+    });
+    assert_eq!(what(&check(&audit, &s).await), ("missing", 4));
+}
+
+#[tokio::test]
+async fn an_edited_record_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = written(dir.path(), &s, 5).await;
+    edit_lines(&segment(&audit), |l| l[2] = l[2].replace("app1", "appX"));
+    assert_eq!(what(&check(&audit, &s).await), ("edited", 3));
+}
+
+#[tokio::test]
+async fn two_swapped_records_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = written(dir.path(), &s, 5).await;
+    edit_lines(&segment(&audit), |l| l.swap(2, 3));
+    assert_eq!(what(&check(&audit, &s).await), ("reordered", 3));
+}
+
+#[tokio::test]
+async fn a_truncated_tail_is_named_by_the_anchor() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = written(dir.path(), &s, 5).await;
+    // Whole lines cut: the chain left is valid, only the anchor knows more was written.
+    edit_lines(&segment(&audit), |l| l.truncate(4));
+    let v = check(&audit, &s).await;
+    assert_eq!(what(&v).0, "truncated tail");
+    assert_eq!(v.problem.unwrap().seq, Some(5));
+}
+
+#[tokio::test]
+async fn a_file_replaced_by_a_fresh_valid_chain_is_caught_by_the_anchor() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = written(dir.path(), &s, 5).await;
+    // Another log, just as long and itself valid, written elsewhere and copied over.
+    let other = tempfile::tempdir().unwrap();
+    let s2 = store(other.path()).await;
+    let forged = written(other.path(), &s2, 5).await;
+    assert!(check(&forged, &s2).await.ok);
+    std::fs::copy(segment(&forged), segment(&audit)).unwrap();
+    let v = check(&audit, &s).await;
+    assert_eq!(what(&v), ("anchor", 7));
+}
+
+#[tokio::test]
+async fn a_torn_last_line_is_cut_at_start_and_recorded_as_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = written(dir.path(), &s, 2).await;
+    let seg = segment(&audit);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes.extend_from_slice(b"{\"seq\":5,\"at_ms\":1,\"no");
+    std::fs::write(&seg, bytes).unwrap();
+    let log = Log::open(&audit, "n1", KEY, s.clone(), Settings::default()).unwrap();
+    log.close().await;
+    let gaps = read(
+        &audit,
+        &Query {
+            kind: Some("gap".into()),
+            ..Query::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    let Event::Gap { why, .. } = &gaps[0].event else {
+        unreachable!()
+    };
+    assert!(why.contains("torn"), "{why}");
+    assert!(check(&audit, &s).await.ok);
+}
+
+#[tokio::test]
+async fn a_run_that_did_not_stop_is_recorded_as_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = written(dir.path(), &s, 1).await;
+    // The stop record cut, as if the process had been killed before it.
+    edit_lines(&segment(&audit), |l| {
+        l.pop();
+    });
+    let log = Log::open(&audit, "n1", KEY, s.clone(), Settings::default()).unwrap();
+    log.close().await;
+    let gaps = read(
+        &audit,
+        &Query {
+            kind: Some("gap".into()),
+            ..Query::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    let Event::Gap { why, .. } = &gaps[0].event else {
+        unreachable!()
+    };
+    assert!(why.contains("without stopping at seq 2"), "{why}");
+}

@@ -1,0 +1,266 @@
+//! `warden audit`: this node's audit log, filtered, once or following; `audit verify`;
+//! `audit export` as JSON lines for a SIEM.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use warden_api_types::{AuditEvent, AuditQuery, AuditRecord, Verified};
+
+use crate::client::Client;
+use crate::logs::query_value;
+use crate::Output;
+
+/// Which records (every filter narrows).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Filter {
+    /// Only records about this user
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Only records about this app
+    #[arg(long)]
+    pub app: Option<String>,
+    /// Only records touching this label
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Only records of this kind: sign_in, access, refusal, taint, declassified, change, node, gap, pruned
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Only records since this time: ms since the epoch, or an age such as 30s, 15m, 2h, 7d
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only records before this time: ms since the epoch, or an age such as 30s, 15m, 2h, 7d
+    #[arg(long)]
+    pub until: Option<String>,
+}
+
+/// `warden audit`.
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Audit {
+    /// Verify or export instead of listing.
+    #[command(subcommand)]
+    pub action: Option<AuditAction>,
+    /// Which records to list.
+    #[command(flatten)]
+    pub filter: Filter,
+    /// At most this many records, the newest
+    #[arg(long, short = 'n', default_value_t = 100)]
+    pub limit: usize,
+    /// Keep printing new records as they come (Ctrl-C stops)
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+}
+
+/// What else `warden audit` does.
+#[derive(Debug, clap::Subcommand)]
+pub enum AuditAction {
+    /// Check that this node's log is whole (chain and anchor); exits non-zero naming the first
+    /// bad spot if not
+    Verify,
+    /// Write the records as JSON lines, oldest first
+    Export {
+        /// File to write, or - for stdout
+        #[arg(long)]
+        out: String,
+        /// Which records to write.
+        #[command(flatten)]
+        filter: Filter,
+    },
+}
+
+/// A time given as ms since the epoch, or as an age (`15m`: fifteen minutes ago).
+fn time(s: &str) -> anyhow::Result<u64> {
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(ms);
+    }
+    let (n, unit) = s.split_at(s.len().saturating_sub(1));
+    let secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => 0,
+    };
+    let Ok(n) = n.parse::<u64>() else {
+        bail!("{s:?} is not a time: give ms since the epoch or an age such as 30s, 15m, 2h, 7d");
+    };
+    if secs == 0 {
+        bail!("{s:?} is not a time: give ms since the epoch or an age such as 30s, 15m, 2h, 7d");
+    }
+    Ok(warden_core::model::now_ms().saturating_sub(n * secs * 1000))
+}
+
+fn query(f: &Filter, after: Option<u64>, limit: usize) -> anyhow::Result<AuditQuery> {
+    Ok(AuditQuery {
+        user: f.user.clone(),
+        app: f.app.clone(),
+        label: f.label.clone(),
+        kind: f.kind.clone(),
+        since: f.since.as_deref().map(time).transpose()?,
+        until: f.until.as_deref().map(time).transpose()?,
+        after,
+        limit: Some(limit),
+    })
+}
+
+fn path(q: &AuditQuery) -> String {
+    let mut parts = Vec::new();
+    let mut add = |k: &str, v: Option<String>| {
+        if let Some(v) = v {
+            parts.push(format!("{k}={}", query_value(&v)));
+        }
+    };
+    add("user", q.user.clone());
+    add("app", q.app.clone());
+    add("label", q.label.clone());
+    add("kind", q.kind.clone());
+    add("since", q.since.map(|t| t.to_string()));
+    add("until", q.until.map(|t| t.to_string()));
+    add("after", q.after.map(|t| t.to_string()));
+    add("limit", q.limit.map(|t| t.to_string()));
+    format!("/v1/audit?{}", parts.join("&"))
+}
+
+/// `ms` since the epoch as `YYYY-MM-DDTHH:MM:SSZ`.
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// What a record says, in one line for a person.
+fn describe(e: &AuditEvent) -> String {
+    match e {
+        AuditEvent::Change {
+            actor,
+            method,
+            route,
+            target,
+            outcome,
+            ..
+        } => format!(
+            "{actor}: {method} {route}{} -> {outcome}",
+            target
+                .as_deref()
+                .map(|t| format!(" ({t})"))
+                .unwrap_or_default()
+        ),
+        other => serde_json::to_string(other).unwrap_or_default(),
+    }
+}
+
+fn print(out: &Output, r: &AuditRecord) {
+    if out.json {
+        println!("{}", serde_json::to_string(r).unwrap_or_default());
+    } else {
+        println!(
+            "{} {:>6} {:<12} {}",
+            utc(r.at_ms),
+            r.seq,
+            r.event.kind(),
+            describe(&r.event)
+        );
+    }
+}
+
+/// `warden audit`.
+pub(crate) async fn run(api: &Client, out: &Output, a: Audit) -> anyhow::Result<()> {
+    match a.action {
+        Some(AuditAction::Verify) => return verify(api, out).await,
+        Some(AuditAction::Export { out: to, filter }) => return export(api, &filter, &to).await,
+        None => {}
+    }
+    let records: Vec<AuditRecord> = api
+        .call("GET", &path(&query(&a.filter, None, a.limit)?))
+        .await?;
+    if out.json && !a.follow {
+        println!("{}", serde_json::to_string_pretty(&records)?);
+        return Ok(());
+    }
+    let mut last = records.last().map(|r| r.seq);
+    for r in &records {
+        print(out, r);
+    }
+    if !a.follow {
+        return Ok(());
+    }
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let q = query(&a.filter, last.or(Some(0)), 10_000)?;
+        let new: Vec<AuditRecord> = api.call("GET", &path(&q)).await?;
+        for r in &new {
+            print(out, r);
+        }
+        last = new.last().map(|r| r.seq).or(last);
+    }
+}
+
+async fn verify(api: &Client, out: &Output) -> anyhow::Result<()> {
+    let v: Verified = api.call("GET", "/v1/audit/verify").await?;
+    if out.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+    match &v.problem {
+        None => {
+            if !out.json {
+                println!(
+                    "the audit log of node {} is whole: {} records to seq {}{}",
+                    v.node,
+                    v.records,
+                    v.head_seq,
+                    v.anchor_seq
+                        .map(|s| format!(", anchored at seq {s}"))
+                        .unwrap_or_else(|| ", not anchored yet".into())
+                );
+            }
+            Ok(())
+        }
+        Some(p) => bail!(
+            "the audit log of node {} is not whole: {} at {} line {} (seq {}): {}",
+            v.node,
+            p.what,
+            p.file,
+            p.line,
+            p.seq.map_or("-".into(), |s| s.to_string()),
+            p.detail
+        ),
+    }
+}
+
+async fn export(api: &Client, f: &Filter, to: &str) -> anyhow::Result<()> {
+    let mut w: Box<dyn Write> = match to {
+        "-" => Box::new(std::io::stdout().lock()),
+        file => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(file).with_context(|| format!("cannot write {file}"))?,
+        )),
+    };
+    let mut after = Some(0);
+    loop {
+        let page: Vec<AuditRecord> = api.call("GET", &path(&query(f, after, 10_000)?)).await?;
+        for r in &page {
+            writeln!(w, "{}", serde_json::to_string(r)?)
+                .with_context(|| format!("cannot write {to}"))?;
+        }
+        match page.last() {
+            Some(r) if page.len() == 10_000 => after = Some(r.seq),
+            _ => break,
+        }
+    }
+    w.flush().with_context(|| format!("cannot write {to}"))
+}

@@ -1,0 +1,64 @@
+//! This node's audit log: opened under `<data dir>/audit/` before any role starts, so every
+//! role can record from its first request, and closed last, after them.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::config::Config;
+
+/// The file in the data dir that holds a single node's audit key.
+pub const AUDIT_KEY_FILE: &str = "audit-key";
+
+/// HKDF's info for the audit anchors' key on a cluster: what sets it apart from every other key
+/// derived from the cluster's identity key.
+const CLUSTER_AUDIT_KEY_INFO: &[u8] = b"warden audit anchor v1";
+
+/// The key anchors are MAC'd under: on one node `<data dir>/audit-key` (0600, made once, like
+/// the data key); on a cluster derived from the cluster's identity key, so any node verifies
+/// any other's anchors and nothing new is stored.
+pub(crate) fn audit_key(
+    dir: &Path,
+    cluster: Option<&crate::cluster::Secrets>,
+) -> anyhow::Result<[u8; 32]> {
+    if let Some(secrets) = cluster {
+        return crate::data::cluster_key(
+            &secrets.identity_key,
+            CLUSTER_AUDIT_KEY_INFO,
+            "the audit key",
+        );
+    }
+    let path = dir.join(AUDIT_KEY_FILE);
+    let text = super::load_or_create(&path, warden_core::id::secret_token)?;
+    crate::data::decode_key(&text).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} is damaged (it must be 64 hex digits); restore it from a backup of the data dir (without it, no anchor of this node's audit log can be checked)",
+            path.display()
+        )
+    })
+}
+
+/// The log's settings from the configuration.
+fn settings(cfg: &Config) -> warden_audit::Settings {
+    warden_audit::Settings {
+        segment_bytes: cfg.audit_segment_mb * 1024 * 1024,
+        retain_bytes: cfg.audit_retain_mb * 1024 * 1024,
+        retain_age: Duration::from_secs(cfg.audit_retain_days * 24 * 3600),
+        ..warden_audit::Settings::default()
+    }
+}
+
+/// Opens `node`'s audit log, anchored in `store`.
+pub(super) fn open(
+    cfg: &Config,
+    node: &str,
+    store: &Arc<dyn warden_store::Store>,
+    cluster: Option<&crate::cluster::Secrets>,
+) -> anyhow::Result<Arc<warden_audit::Log>> {
+    let key = audit_key(&cfg.data_dir, cluster)?;
+    let dir = cfg.data_dir.join("audit");
+    warden_audit::Log::open(&dir, node, key, store.clone(), settings(cfg))
+        .with_context(|| format!("cannot open the audit log in {}", dir.display()))
+}
