@@ -66,6 +66,7 @@ mod api;
 mod api_limits;
 mod api_only;
 mod app_contract;
+mod audit;
 mod cli;
 mod cluster;
 mod cluster_routing;

@@ -1,0 +1,107 @@
+//! The audit trail through the binary (issue 35): a change through the API is recorded with its
+//! actor, route and target before it is acted on, `warden audit verify` passes on the untouched
+//! log, and after a line of the log is edited on disk (warden stopped, then started) it fails
+//! naming that file and line.
+
+use std::path::Path;
+
+use warden_test_support::{cli, Launch, Warden};
+
+use crate::BIN;
+
+fn run(w: &Warden, args: &[&str]) -> (bool, String, String) {
+    let env = [
+        ("WARDEN_API", w.api.as_str()),
+        ("WARDEN_TOKEN", w.token.as_str()),
+    ];
+    cli(BIN, args, &env)
+}
+
+/// The change records of the log, through `warden audit --kind change --json`.
+fn changes(w: &Warden) -> Vec<serde_json::Value> {
+    let (ok, out, err) = run(w, &["audit", "--kind", "change", "--json"]);
+    assert!(ok, "{err}");
+    serde_json::from_str(&out).expect("--json prints JSON")
+}
+
+fn create_app(w: &Warden, name: &str) {
+    let (ok, _, err) = run(w, &["apps", "create", name, "--", BIN, "demo-app"]);
+    assert!(ok, "{err}");
+}
+
+/// The only segment of the log in `dir`.
+fn segment(dir: &Path) -> std::path::PathBuf {
+    let mut segs: Vec<_> = std::fs::read_dir(dir.join("audit"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    assert_eq!(segs.len(), 1, "{segs:?}");
+    segs.pop().unwrap()
+}
+
+#[test]
+fn an_api_change_is_recorded_with_its_actor_route_and_target_and_the_log_verifies() {
+    let w = Launch::new(BIN).no_demo().start();
+    create_app(&w, "audited");
+    let found: Vec<_> = changes(&w)
+        .into_iter()
+        .filter(|r| r["event"]["target"] == "audited")
+        .collect();
+    let outcomes: Vec<&str> = found
+        .iter()
+        .map(|r| r["event"]["outcome"].as_str().unwrap_or(""))
+        .collect();
+    // Recorded before the handler acted, then with its status.
+    assert_eq!(outcomes, ["pending", "201"], "{found:#?}");
+    for r in &found {
+        let e = &r["event"];
+        assert_eq!(e["actor"], "admin token", "{r}");
+        assert_eq!(
+            (e["method"].as_str(), e["route"].as_str()),
+            (Some("POST"), Some("/v1/apps"))
+        );
+        // The body as a digest, never as itself.
+        assert_eq!(e["after"].as_str().map(str::len), Some(64), "{r}");
+    }
+    let log = std::fs::read_to_string(segment(&w.dir)).unwrap();
+    assert!(
+        !log.contains("demo-app"),
+        "a request body reached the log:\n{log}"
+    );
+    let (ok, out, err) = run(&w, &["audit", "verify"]);
+    assert!(ok, "verify fails on an untouched log: {out}{err}");
+    assert!(out.contains("is whole"), "{out}");
+    let (ok, out, _) = run(&w, &["status"]);
+    assert!(ok && out.contains("audit log: ok"), "{out}");
+}
+
+#[test]
+fn a_line_edited_on_disk_while_warden_is_stopped_fails_verify_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Launch::new(BIN).data_dir(dir.path()).no_demo().start();
+    create_app(&w, "audited");
+    let (ok, _, err) = run(&w, &["audit", "verify"]);
+    assert!(ok, "{err}");
+    w.stop();
+    let seg = segment(dir.path());
+    let text = std::fs::read_to_string(&seg).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains("\"outcome\":\"201\"") && l.contains("\"audited\""))
+        .expect("the change's outcome is in the log");
+    // Someone hides who changed what: the record stays, its words change.
+    lines[at] = lines[at].replace("\"audited\"", "\"innocent\"");
+    std::fs::write(&seg, lines.join("\n") + "\n").unwrap();
+
+    let w = Launch::new(BIN).data_dir(dir.path()).no_demo().start();
+    let (ok, out, err) = run(&w, &["audit", "verify"]);
+    assert!(!ok, "verify passes on an edited log: {out}");
+    let file = seg.file_name().unwrap().to_string_lossy().into_owned();
+    let spot = format!("edited at {file} line {}", at + 1);
+    assert!(err.contains(&spot), "verify must name {spot:?}: {err}");
+    let v = w.api("GET", "/v1/audit/verify", None).json();
+    assert_eq!(v["ok"], false, "{v}");
+    assert_eq!(v["problem"]["line"], at as u64 + 1, "{v}");
+}
