@@ -256,6 +256,22 @@ pub fn read(dir: &Path, q: &Query) -> Result<Vec<Record>, LogError> {
     Ok(out.into())
 }
 
+/// The node whose log lies under `dir`, as its newest record says (for a stopped warden whose
+/// node name is not in its data dir).
+pub fn node_of(dir: &Path) -> Result<Option<String>, LogError> {
+    for path in segments::list(dir)?.iter().rev() {
+        let text = std::fs::read_to_string(path).map_err(|e| LogError::io(path, e))?;
+        if let Some(links) = text
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<chain::Links>(l).ok())
+        {
+            return Ok(Some(links.node));
+        }
+    }
+    Ok(None)
+}
+
 /// Verifies the log of `node` under `dir` against its anchor in `store` (MAC under `key`):
 /// for a log that is not open, e.g. a stopped warden's.
 pub async fn verify_dir(

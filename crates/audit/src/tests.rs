@@ -190,3 +190,14 @@ async fn a_run_that_did_not_stop_is_recorded_as_a_gap() {
     };
     assert!(why.contains("without stopping at seq 2"), "{why}");
 }
+
+#[tokio::test]
+async fn a_log_without_its_anchor_in_the_store_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = written(dir.path(), &s, 1).await;
+    s.delete(&warden_core::keys::audit_anchor("n1"))
+        .await
+        .unwrap();
+    assert_eq!(what(&check(&audit, &s).await).0, "anchor");
+}

@@ -150,7 +150,13 @@ impl Walk {
                     format!("the log starts at record {seq}, and no pruned record says records before it were dropped by retention")));
             }
         }
-        let a = anchor?;
+        let Some(a) = anchor else {
+            if self.records == 0 {
+                return None;
+            }
+            return Some(problem(last_file, 0, None, "anchor",
+                format!("the store holds no anchor of node {:?}: the log cannot be tied to what was written (the store was replaced, or this log is not that node's)", self.node)));
+        };
         if !anchor::holds(key, &self.node, a) {
             return Some(problem(last_file, 0, Some(a.seq), "anchor",
                 "the anchor in the store does not carry this node's MAC: it was forged or the audit key changed".into()));

@@ -57,7 +57,12 @@ pub struct Audit {
 pub enum AuditAction {
     /// Check that this node's log is whole (chain and anchor); exits non-zero naming the first
     /// bad spot if not
-    Verify,
+    Verify {
+        /// Read a stopped single-node warden's data dir (--data-dir) directly, its log files and
+        /// embedded store, instead of asking a running API
+        #[arg(long)]
+        stopped: bool,
+    },
     /// Write the records as JSON lines, oldest first
     Export {
         /// File to write, or - for stdout
@@ -182,7 +187,7 @@ fn print(out: &Output, r: &AuditRecord) {
 /// `warden audit`.
 pub(crate) async fn run(api: &Client, out: &Output, a: Audit) -> anyhow::Result<()> {
     match a.action {
-        Some(AuditAction::Verify) => return verify(api, out).await,
+        Some(AuditAction::Verify { .. }) => return verify(api, out).await,
         Some(AuditAction::Export { out: to, filter }) => return export(api, &filter, &to).await,
         None => {}
     }
@@ -213,12 +218,18 @@ pub(crate) async fn run(api: &Client, out: &Output, a: Audit) -> anyhow::Result<
 
 async fn verify(api: &Client, out: &Output) -> anyhow::Result<()> {
     let v: Verified = api.call("GET", "/v1/audit/verify").await?;
-    if out.json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+    report(&v, out.json)
+}
+
+/// Prints what verify found (JSON with `json`); an error naming the first bad spot if the log
+/// is not whole.
+pub fn report(v: &Verified, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(v)?);
     }
     match &v.problem {
         None => {
-            if !out.json {
+            if !json {
                 println!(
                     "the audit log of node {} is whole: {} records to seq {}{}",
                     v.node,

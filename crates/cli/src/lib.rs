@@ -7,7 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod apps;
-mod audit;
+pub mod audit;
 mod client;
 mod config;
 mod data;

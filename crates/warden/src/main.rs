@@ -10,6 +10,7 @@
 static ALLOCATOR: alloc::ByRole = alloc::ByRole;
 
 mod alloc;
+mod audit_cmd;
 mod cluster;
 mod config;
 mod data;
@@ -368,7 +369,12 @@ async fn run(cli: Cli) -> std::process::ExitCode {
         Command::Data(c) => warden_cli::run(&c.client, ClientCommand::Data(c.command)).await,
         Command::Audit(c) => {
             let c = *c;
-            warden_cli::run(&c.client, ClientCommand::Audit(c.audit)).await
+            match c.audit.action {
+                Some(warden_cli::audit::AuditAction::Verify { stopped: true }) => {
+                    audit_cmd::verify_stopped(&c.client.data_dir, c.client.json).await
+                }
+                _ => warden_cli::run(&c.client, ClientCommand::Audit(c.audit)).await,
+            }
         }
         Command::Push(c) => warden_cli::run(&c.client, ClientCommand::Push(c.push)).await,
         Command::Releases(c) => {

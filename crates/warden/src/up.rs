@@ -15,7 +15,7 @@ use crate::config::{Config, UpArgs};
 use crate::{cluster, demo, files, no_agent};
 
 mod api;
-mod audit;
+pub(crate) mod audit;
 mod tls;
 
 fn gateway_config(

@@ -84,6 +84,13 @@ fn a_line_edited_on_disk_while_warden_is_stopped_fails_verify_naming_it() {
     let (ok, _, err) = run(&w, &["audit", "verify"]);
     assert!(ok, "{err}");
     w.stop();
+    let data_dir = dir.path().to_string_lossy().into_owned();
+    let (ok, out, err) = cli(
+        BIN,
+        &["audit", "verify", "--stopped", "--data-dir", &data_dir],
+        &[],
+    );
+    assert!(ok && out.contains("is whole"), "{out}{err}");
     let seg = segment(dir.path());
     let text = std::fs::read_to_string(&seg).unwrap();
     let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
@@ -94,12 +101,24 @@ fn a_line_edited_on_disk_while_warden_is_stopped_fails_verify_naming_it() {
     // Someone hides who changed what: the record stays, its words change.
     lines[at] = lines[at].replace("\"audited\"", "\"innocent\"");
     std::fs::write(&seg, lines.join("\n") + "\n").unwrap();
+    let file = seg.file_name().unwrap().to_string_lossy().into_owned();
+    let spot = format!("edited at {file} line {}", at + 1);
+    // Read from the stopped warden's data dir: its files and its store.
+    let data_dir = dir.path().to_string_lossy().into_owned();
+    let (ok, out, err) = cli(
+        BIN,
+        &["audit", "verify", "--stopped", "--data-dir", &data_dir],
+        &[],
+    );
+    assert!(!ok, "verify --stopped passes on an edited log: {out}");
+    assert!(
+        err.contains(&spot),
+        "verify --stopped must name {spot:?}: {err}"
+    );
 
     let w = Launch::new(BIN).data_dir(dir.path()).no_demo().start();
     let (ok, out, err) = run(&w, &["audit", "verify"]);
     assert!(!ok, "verify passes on an edited log: {out}");
-    let file = seg.file_name().unwrap().to_string_lossy().into_owned();
-    let spot = format!("edited at {file} line {}", at + 1);
     assert!(err.contains(&spot), "verify must name {spot:?}: {err}");
     let v = w.api("GET", "/v1/audit/verify", None).json();
     assert_eq!(v["ok"], false, "{v}");
