@@ -19,16 +19,10 @@ const CLUSTER_AUDIT_KEY_INFO: &[u8] = b"warden audit anchor v1";
 /// The key anchors are MAC'd under: on one node `<data dir>/audit-key` (0600, made once, like
 /// the data key); on a cluster derived from the cluster's identity key, so any node verifies
 /// any other's anchors and nothing new is stored.
-pub(crate) fn audit_key(
-    dir: &Path,
-    cluster: Option<&crate::cluster::Secrets>,
-) -> anyhow::Result<[u8; 32]> {
-    if let Some(secrets) = cluster {
-        return crate::data::cluster_key(
-            &secrets.identity_key,
-            CLUSTER_AUDIT_KEY_INFO,
-            "the audit key",
-        );
+/// `cluster_identity` is the cluster's identity key (hex) on a cluster, `None` on one node.
+pub(crate) fn audit_key(dir: &Path, cluster_identity: Option<&str>) -> anyhow::Result<[u8; 32]> {
+    if let Some(identity) = cluster_identity {
+        return crate::data::cluster_key(identity, CLUSTER_AUDIT_KEY_INFO, "the audit key");
     }
     let path = dir.join(AUDIT_KEY_FILE);
     let text = super::load_or_create(&path, warden_core::id::secret_token)?;
@@ -57,8 +51,24 @@ pub(super) fn open(
     store: &Arc<dyn warden_store::Store>,
     cluster: Option<&crate::cluster::Secrets>,
 ) -> anyhow::Result<Arc<warden_audit::Log>> {
-    let key = audit_key(&cfg.data_dir, cluster)?;
+    let key = audit_key(&cfg.data_dir, cluster.map(|s| s.identity_key.as_str()))?;
     let dir = cfg.data_dir.join("audit");
     warden_audit::Log::open(&dir, node, key, store.clone(), settings(cfg))
         .with_context(|| format!("cannot open the audit log in {}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_node_of_a_cluster_derives_one_audit_key_apart_from_the_data_key() {
+        let dir = std::path::Path::new("/nonexistent");
+        let identity = "ab".repeat(32);
+        let a = audit_key(dir, Some(identity.as_str())).unwrap();
+        assert_eq!(a, audit_key(dir, Some(identity.as_str())).unwrap());
+        assert_ne!(a, audit_key(dir, Some("12".repeat(32).as_str())).unwrap());
+        let data = crate::data::cluster_key(&identity, b"warden data key v1", "k").unwrap();
+        assert_ne!(a, data);
+    }
 }
