@@ -1,7 +1,8 @@
 //! The audit trail through the binary (issue 35): a change through the API is recorded with its
 //! actor, route and target before it is acted on, `warden audit verify` passes on the untouched
 //! log, and after a line of the log is edited on disk (warden stopped, then started) it fails
-//! naming that file and line.
+//! naming that file and line. A full disk is an alarm in `/readyz` and `warden status` while
+//! warden serves on, and the records it cost are a gap once space is back.
 
 use std::path::Path;
 
@@ -123,4 +124,85 @@ fn a_line_edited_on_disk_while_warden_is_stopped_fails_verify_naming_it() {
     let v = w.api("GET", "/v1/audit/verify", None).json();
     assert_eq!(v["ok"], false, "{v}");
     assert_eq!(v["problem"]["line"], at as u64 + 1, "{v}");
+}
+
+#[test]
+fn a_full_disk_is_an_alarm_and_what_it_cost_is_a_gap_once_space_is_back() {
+    let Some(disk) = crate::store_durability::SmallDisk::mount(16) else {
+        eprintln!(
+            "needs root to mount a small tmpfs; the audit log on a full disk is not exercised"
+        );
+        return;
+    };
+    let w = Launch::new(BIN)
+        .data_dir(disk.path().join("data"))
+        .no_demo()
+        .start();
+    create_app(&w, "before");
+    let filler = disk.fill();
+    let big = |name: &str| serde_json::json!({"name": name, "command": ["/bin/true"], "env": {"PAD": "x".repeat(16 * 1024)}});
+    // Until the store is full too: the audit log's writes failed before.
+    for i in 0..2000 {
+        if w.api("POST", "/v1/apps", Some(big(&format!("during{i}"))))
+            .status
+            != 201
+        {
+            break;
+        }
+    }
+    // Each refused request is still recorded (pending, then its status): the log's last page
+    // fills, then its writes fail too.
+    let mut ready = serde_json::Value::Null;
+    for i in 0..200 {
+        ready = w.api("GET", "/readyz", None).json();
+        if ready.get("audit").is_some() {
+            break;
+        }
+        w.api("POST", "/v1/apps", Some(big(&format!("refused{i}"))));
+    }
+    let alarm = ready["audit"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        alarm.contains("cannot write"),
+        "no audit alarm in /readyz: {ready}"
+    );
+    let (_, out, _) = run(&w, &["status"]);
+    assert!(
+        out.contains("audit log: the audit log cannot write")
+            || out.contains("audit log: cannot write"),
+        "{out}"
+    );
+
+    std::fs::remove_file(filler).unwrap();
+    warden_test_support::wait_until(
+        "the store to take writes again",
+        std::time::Duration::from_secs(60),
+        || {
+            (w.api(
+                "POST",
+                "/v1/apps",
+                Some(serde_json::json!({"name": "after", "command": ["/bin/true"]})),
+            )
+            .status
+                == 201)
+                .then_some(())
+        },
+    );
+    let (ok, out, err) = run(&w, &["audit", "--kind", "gap", "--json"]);
+    assert!(ok, "{err}");
+    let gaps: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    assert!(
+        gaps.iter().any(|g| g["event"]["why"]
+            .as_str()
+            .unwrap_or("")
+            .contains("cannot write")
+            && g["event"]["lost"].as_u64().unwrap_or(0) > 0),
+        "no gap counts what the full disk cost: {gaps:#?}"
+    );
+    assert!(
+        w.api("GET", "/readyz", None).json().get("audit").is_none(),
+        "the alarm stays"
+    );
+    // Failed writes were cut back: the chain is whole.
+    let (ok, out, err) = run(&w, &["audit", "verify"]);
+    assert!(ok, "{out}{err}");
 }

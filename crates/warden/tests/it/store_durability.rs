@@ -156,13 +156,13 @@ fn records_and_routing_stay_put_for_many_node_lease_lifetimes() {
     assert!(!w.stderr().contains("lease was lost"), "{}", w.stderr());
 }
 
-/// A tmpfs of `mb` MiB mounted for one test, unmounted when dropped.
-struct SmallDisk {
+/// A tmpfs of `mb` MiB mounted for one test, unmounted when dropped (also used by `audit`).
+pub(crate) struct SmallDisk {
     dir: tempfile::TempDir,
 }
 
 impl SmallDisk {
-    fn mount(mb: u32) -> Option<Self> {
+    pub(crate) fn mount(mb: u32) -> Option<Self> {
         if !nix::unistd::geteuid().is_root() {
             return None;
         }
@@ -177,12 +177,12 @@ impl SmallDisk {
         Some(Self { dir })
     }
 
-    fn path(&self) -> &std::path::Path {
+    pub(crate) fn path(&self) -> &std::path::Path {
         self.dir.path()
     }
 
     /// Fills the disk; returns the filler, whose removal frees it.
-    fn fill(&self) -> std::path::PathBuf {
+    pub(crate) fn fill(&self) -> std::path::PathBuf {
         use std::io::Write;
         let filler = self.path().join("filler");
         let mut f = std::fs::File::create(&filler).unwrap();
