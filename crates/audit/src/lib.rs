@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 use warden_core::audit::{
-    Audit, AuditError, AuditFuture, DurableFuture, Event, NodeEvent, Query, Record, Verified,
+    Audit, AuditError, AuditFuture, AuditStats, DurableFuture, Event, NodeEvent, Query, Record,
+    Verified,
 };
 use warden_store::Store;
 
@@ -94,6 +95,8 @@ impl LogError {
 pub(crate) struct Shared {
     /// Records that could not be written since the last gap record.
     dropped: AtomicU64,
+    /// Records that could not be written since start.
+    lost_total: AtomicU64,
     /// Why the last of them were lost.
     lost_why: Mutex<Option<String>>,
     /// The last write's error, if it failed.
@@ -107,6 +110,7 @@ pub(crate) struct Shared {
 impl Shared {
     fn lost(&self, n: u64, why: &str) {
         self.dropped.fetch_add(n, Ordering::Relaxed);
+        self.lost_total.fetch_add(n, Ordering::Relaxed);
         if let Ok(mut w) = self.lost_why.lock() {
             *w = Some(why.to_owned());
         }
@@ -316,6 +320,13 @@ impl Audit for Log {
             return Err("the audit queue overflowed in the last 5 minutes: records were lost (a gap record says how many)".into());
         }
         Ok(())
+    }
+
+    fn stats(&self) -> AuditStats {
+        AuditStats {
+            head_seq: self.shared.head.lock().map(|h| h.0).unwrap_or(0),
+            lost: self.shared.lost_total.load(Ordering::Relaxed),
+        }
     }
 
     fn query(&self, q: Query) -> AuditFuture<'_, Vec<Record>> {

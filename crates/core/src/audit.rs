@@ -349,6 +349,10 @@ pub trait Audit: Send + Sync {
     fn health(&self) -> Result<(), String> {
         Ok(())
     }
+    /// Counts for metrics.
+    fn stats(&self) -> AuditStats {
+        AuditStats::default()
+    }
     /// The records `q` wants, oldest first.
     fn query(&self, q: Query) -> AuditFuture<'_, Vec<Record>> {
         let _ = q;
@@ -358,6 +362,15 @@ pub trait Audit: Send + Sync {
     fn verify(&self) -> AuditFuture<'_, Verified> {
         Box::pin(async { Err(AuditError::NotKept) })
     }
+}
+
+/// Counts of a log since the process started, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AuditStats {
+    /// The sequence number of the last record written.
+    pub head_seq: u64,
+    /// Records that could not be written (a full queue, a failed write).
+    pub lost: u64,
 }
 
 /// Records nothing: for tests and processes that keep no log.

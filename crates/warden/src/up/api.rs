@@ -60,8 +60,10 @@ pub(super) async fn serve_api(
     let (gw_metrics, agent_metrics) = (gateway.as_ref().map(|g| g.metrics()), m.agent.clone());
     let (node_port_stats, checker_stats) = (m.node_port_stats.clone(), m.checker_stats.clone());
     let peers = m.peers.clone();
+    let audit = api.audit.clone();
     api = api.with_metrics(Arc::new(move || {
         let mut text = gw_metrics.as_ref().map(|m| m.render()).unwrap_or_default();
+        text += &super::audit::render(&*audit);
         if let Some(a) = &agent_metrics {
             text += &a.render_metrics();
         }

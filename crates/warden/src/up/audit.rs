@@ -57,6 +57,24 @@ pub(super) fn open(
         .with_context(|| format!("cannot open the audit log in {}", dir.display()))
 }
 
+/// The log's metrics: whether it writes (the alarm), its head, what it lost.
+pub(super) fn render(audit: &dyn warden_core::audit::Audit) -> String {
+    let stats = audit.stats();
+    let writing = u8::from(audit.health().is_ok());
+    format!(
+        "# HELP warden_audit_writing Whether this node's audit log writes (0: an alarm, /readyz says why).\n\
+         # TYPE warden_audit_writing gauge\n\
+         warden_audit_writing {writing}\n\
+         # HELP warden_audit_head_seq The sequence number of the audit log's last record.\n\
+         # TYPE warden_audit_head_seq gauge\n\
+         warden_audit_head_seq {}\n\
+         # HELP warden_audit_lost_total Audit records not written (a full queue, a failed write); a gap record counts them.\n\
+         # TYPE warden_audit_lost_total counter\n\
+         warden_audit_lost_total {}\n",
+        stats.head_seq, stats.lost
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -165,6 +165,9 @@ fn a_full_disk_is_an_alarm_and_what_it_cost_is_a_gap_once_space_is_back() {
         alarm.contains("cannot write"),
         "no audit alarm in /readyz: {ready}"
     );
+    let metrics =
+        warden_test_support::request("GET", &format!("{}/metrics", w.api), &[], b"").text();
+    assert!(metrics.contains("warden_audit_writing 0"), "{metrics}");
     let (_, out, _) = run(&w, &["status"]);
     assert!(
         out.contains("audit log: the audit log cannot write")
