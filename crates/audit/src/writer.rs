@@ -41,14 +41,21 @@ pub(crate) struct Writer {
     shared: Arc<Shared>,
 }
 
-/// Opens a segment to append to, mode 0600.
+/// Opens a segment to append to, mode 0600, and fsyncs its directory so that a new segment's
+/// name survives a crash as its records do.
 fn open_segment(path: &Path) -> Result<File, LogError> {
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o600)
         .open(path)
-        .map_err(|e| LogError::io(path, e))
+        .map_err(|e| LogError::io(path, e))?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| LogError::io(dir, e))?;
+    }
+    Ok(file)
 }
 
 /// The last complete record of the log, reading segments from the newest; a torn last line
