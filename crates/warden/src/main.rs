@@ -194,7 +194,7 @@ fn init_logs() {
 /// list`) move after its name, where the client commands take them; anything else is left for
 /// clap to judge.
 fn client_options_after_command(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const COMMANDS: [&str; 12] = [
+    const COMMANDS: [&str; 13] = [
         "apps",
         "users",
         "instances",
@@ -207,6 +207,7 @@ fn client_options_after_command(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::
         "config",
         "rollback",
         "audit",
+        "data",
     ];
     const WITH_VALUE: [&str; 4] = ["--api", "--token", "--config", "--data-dir"];
     let mut leading = Vec::new();
@@ -439,6 +440,10 @@ mod tests {
         assert_eq!(
             reorder(v(&["warden", "--api=http://x", "status"])),
             v(&["warden", "status", "--api=http://x"])
+        );
+        assert_eq!(
+            reorder(v(&["warden", "--json", "data", "show", "notes"])),
+            v(&["warden", "data", "--json", "show", "notes"])
         );
         // Not a client command, or nothing to move: as given.
         for args in [
