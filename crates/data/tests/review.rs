@@ -71,11 +71,18 @@ async fn label_columns_are_plain_and_warden_functions_run_as_no_superuser() {
         &admin,
         "dom",
         "CREATE FUNCTION esc(int) RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN \
-             ALTER ROLE \"{owner}\" SUPERUSER; RETURN true; END $$;\
-         CREATE DOMAIN lbl AS int CHECK (esc(VALUE));\
-         CREATE TABLE t (id serial PRIMARY KEY, x text, warden_label lbl);",
+             ALTER ROLE \"{owner}\" SUPERUSER; RETURN true; END $$;",
     )
     .await;
+    // A domain calling the app's function is refused at once (the owner's guard); one of
+    // built-in checks only is still no label column.
+    refused(&c, "CREATE DOMAIN esc_lbl AS int CHECK (esc(VALUE))").await;
+    c.batch_execute(
+        "CREATE DOMAIN lbl AS int CHECK (VALUE > 0);\
+         CREATE TABLE t (id serial PRIMARY KEY, x text, warden_label lbl);",
+    )
+    .await
+    .unwrap();
     let e = admin.label_tables("dom").await.unwrap_err();
     let (table, reason) = unlabellable(&e);
     assert_eq!(table, "t");
@@ -198,7 +205,9 @@ async fn ddl_evaluating_code_over_labelled_rows_is_refused() {
             .unwrap();
         owner.batch_execute(leak).await.unwrap();
         for (i, sql) in attacks.iter().enumerate() {
-            if app == "empty" {
+            // On an empty table a rewrite evaluates nothing; what is stored to be evaluated
+            // later (by REINDEX, ANALYZE, a validation) is refused with or without rows.
+            if app == "empty" && i == 0 {
                 owner.batch_execute(sql).await.unwrap();
                 continue;
             }
@@ -219,7 +228,7 @@ async fn ddl_evaluating_code_over_labelled_rows_is_refused() {
             .get(0);
         assert_eq!(boxed, 0, "{app}: a row reached the migration's table");
     }
-    // What passed on the empty table is recorded at labelling.
+    // What passed on the empty table is labelled.
     admin.label_tables("empty").await.unwrap();
 }
 

@@ -305,7 +305,13 @@ impl DataPlane for Data {
     }
 
     fn label_tables<'a>(&'a self, app: &'a str) -> DataFuture<'a, Vec<String>> {
-        Box::pin(async move { self.admin().label_tables(app).await.map_err(data_error) })
+        Box::pin(async move {
+            let admin = self.admin();
+            // The release phase's labelling, after its command exited: a statement of the
+            // command still running in its backend must not change the schema meanwhile.
+            admin.end_owner_sessions(app).await.map_err(data_error)?;
+            admin.label_tables(app).await.map_err(data_error)
+        })
     }
 }
 

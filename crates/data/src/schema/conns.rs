@@ -34,3 +34,25 @@ impl Conns {
         Ok(c)
     }
 }
+
+/// Ends every session of `role` and waits until none is left, for at most 10 s; returns
+/// whether none is left. `pg_terminate_backend` only signals, so each round counts what the
+/// last one had not ended yet.
+pub(super) async fn end_sessions(admin: &Client, role: &str) -> Result<bool, super::SchemaError> {
+    for _ in 0..100 {
+        let left: i64 = admin
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE usename = $1",
+                &[&role],
+            )
+            .await
+            .map_err(super::sql("ending a role's sessions"))?
+            .get(0);
+        if left == 0 {
+            return Ok(true);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Ok(false)
+}

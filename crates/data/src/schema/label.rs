@@ -127,26 +127,93 @@ pub(super) async fn grant_labelled(c: &Client, roles: &[String]) -> Result<(), S
 }
 
 /// Labels every table of the app's schema; returns the tables labelled. Fails, naming the
-/// table, on a unique key not scoped by label, a row-security policy warden did not make, or
-/// a SECURITY DEFINER function (it would run as the owner, outside the labels' grants).
+/// table, on a unique key not scoped by label, a row-security policy warden did not make, a
+/// SECURITY DEFINER function (it would run as the owner, outside the labels' grants), or the
+/// app's code where maintenance would run it over every row (`check_foreign_code`).
+///
+/// `c` must be a connection of its own (not shared): the checks and the writes are one
+/// transaction that first locks every table of the app, so nothing the owner does on another
+/// connection (a release command's statement still running, say) lands between what is
+/// checked and what is recorded as warden's.
 pub(super) async fn label_tables(
     c: &Client,
     lattice: &Lattice,
     owner: &RoleLogin,
 ) -> Result<Vec<String>, SchemaError> {
-    let tables: Vec<String> = c
-        .query(
-            "SELECT c.relname::text FROM pg_class c \
+    // Before the transaction: a label column the migration made may hold NULLs, and filling
+    // them runs the app's triggers over a connection of the owner's, which the transaction's
+    // locks would block. The transaction then refuses any NULL left (SET NOT NULL fails).
+    refuse_definer_functions(c).await?;
+    for t in &list_tables(c).await? {
+        check_label_columns(c, t).await?;
+        fill_labels(c, t, lattice, owner).await?;
+    }
+    c.batch_execute("BEGIN")
+        .await
+        .map_err(sql("starting the labelling"))?;
+    match label_locked(c, lattice).await {
+        Ok(tables) => {
+            c.batch_execute("COMMIT")
+                .await
+                .map_err(sql("committing the labelling"))?;
+            Ok(tables)
+        }
+        Err(e) => {
+            // The error says what went wrong; a failed rollback ends with the connection.
+            let _ = c.batch_execute("ROLLBACK").await;
+            Err(e)
+        }
+    }
+}
+
+/// The tables of the app's schema.
+async fn list_tables(c: &Client) -> Result<Vec<String>, SchemaError> {
+    Ok(c.query(
+        "SELECT c.relname::text FROM pg_class c \
              WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p') \
              ORDER BY 1",
-            &[],
-        )
+        &[],
+    )
+    .await
+    .map_err(sql("listing the app's tables"))?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
+}
+
+/// Checks and labels every table, inside the caller's transaction, under locks that keep the
+/// owner out until it ends.
+async fn label_locked(c: &Client, lattice: &Lattice) -> Result<Vec<String>, SchemaError> {
+    let tables = list_tables(c).await?;
+    if !tables.is_empty() {
+        let all: Vec<String> = tables
+            .iter()
+            .map(|t| format!("public.{}", quote_ident(t)))
+            .collect();
+        // Bounded: an instance's long transaction on a table must not hang a release.
+        c.batch_execute(&format!(
+            "SET LOCAL lock_timeout = '60s'; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+            all.join(", ")
+        ))
         .await
-        .map_err(sql("listing the app's tables"))?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .map_err(sql("locking the app's tables"))?;
+    }
+    // A table made between the listing and the lock is not locked: refuse rather than label
+    // it unlocked (the next labelling takes it).
+    if let Some(t) = list_tables(c)
+        .await?
+        .into_iter()
+        .find(|t| !tables.contains(t))
+    {
+        return Err(SchemaError::Unlabellable {
+            table: t,
+            reason: "it was made while warden was labelling the app's tables; label again \
+                     (push again, or restart the app) once its owner is done"
+                .into(),
+        });
+    }
     refuse_definer_functions(c).await?;
+    check_foreign_code(c).await?;
     for t in &tables {
         check_label_columns(c, t).await?;
         check_unique_keys(c, t).await?;
@@ -154,7 +221,9 @@ pub(super) async fn label_tables(
     }
     let bottom = bottom_label(c, lattice).await?;
     for t in &tables {
-        label_one(c, t, bottom, owner).await?;
+        label_one(c, t, bottom).await?;
+        // What is recorded is warden's alone (the lock keeps it so; this says so).
+        check_foreign_policies(c, t).await?;
     }
     let roles: Vec<String> = c
         .query("SELECT role::text FROM warden.roles", &[])
@@ -176,12 +245,7 @@ async fn bottom_label(c: &Client, lattice: &Lattice) -> Result<i32, SchemaError>
     ensure_label(c, lattice, &text).await
 }
 
-async fn label_one(
-    c: &Client,
-    table: &str,
-    bottom: i32,
-    owner: &RoleLogin,
-) -> Result<(), SchemaError> {
+async fn label_one(c: &Client, table: &str, bottom: i32) -> Result<(), SchemaError> {
     let t = format!("public.{}", quote_ident(table));
     // A constant default fills the rows already there without rewriting the table or firing
     // anything of the app's (warden's connection is a superuser's).
@@ -192,29 +256,6 @@ async fn label_one(
     ))
     .await
     .map_err(sql(&format!("adding label columns to {table:?}")))?;
-    // A label column the migration made itself (to scope a key by it) may hold NULLs. Filling
-    // them runs the app's triggers, defaults and index expressions, so it runs over a
-    // connection logged in as the owner: never on the admin's session, where `SET ROLE` is no
-    // bound (the app's trigger may `RESET ROLE` back to the superuser). Once labelled, the
-    // column is NOT NULL and this touches nothing. Reading here runs no app code: the column
-    // is a plain int4 (`check_label_columns`).
-    let unfilled = c
-        .query_one(
-            &format!("SELECT EXISTS (SELECT 1 FROM {t} WHERE warden_label IS NULL)"),
-            &[],
-        )
-        .await
-        .map_err(sql(&format!("looking for unlabelled rows of {table:?}")))?
-        .get::<_, bool>(0);
-    if unfilled {
-        let o = connect_as(owner).await?;
-        o.execute(
-            &format!("UPDATE {t} SET warden_label = $1 WHERE warden_label IS NULL"),
-            &[&bottom],
-        )
-        .await
-        .map_err(sql(&format!("labelling the existing rows of {table:?}")))?;
-    }
     let has_fk = c
         .query_opt(
             "SELECT 1 FROM pg_constraint WHERE conrelid = $1::text::regclass \
@@ -251,6 +292,72 @@ async fn label_one(
     )
     .await
     .map_err(sql(&format!("recording {table:?} as labelled")))?;
+    Ok(())
+}
+
+/// A label column the migration made itself (to scope a key by it) may hold NULLs: they get
+/// the lattice's lowest label. Filling them runs the app's triggers, defaults and index
+/// expressions, so it runs over a connection logged in as the owner: never on the admin's
+/// session, where `SET ROLE` is no bound (the app's trigger may `RESET ROLE` back to the
+/// superuser). Once labelled, the column is NOT NULL and this touches nothing. Reading here
+/// runs no app code: the column is a plain int4 (`check_label_columns`, called first).
+async fn fill_labels(
+    c: &Client,
+    table: &str,
+    lattice: &Lattice,
+    owner: &RoleLogin,
+) -> Result<(), SchemaError> {
+    let t = format!("public.{}", quote_ident(table));
+    let has_column = c
+        .query_opt(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = $1::text::regclass \
+             AND attname = 'warden_label' AND NOT attisdropped",
+            &[&t],
+        )
+        .await
+        .map_err(sql("looking up the label column"))?
+        .is_some();
+    if !has_column {
+        return Ok(());
+    }
+    let unfilled = c
+        .query_one(
+            &format!("SELECT EXISTS (SELECT 1 FROM {t} WHERE warden_label IS NULL)"),
+            &[],
+        )
+        .await
+        .map_err(sql(&format!("looking for unlabelled rows of {table:?}")))?
+        .get::<_, bool>(0);
+    if unfilled {
+        let bottom = bottom_label(c, lattice).await?;
+        let o = connect_as(owner).await?;
+        o.execute(
+            &format!("UPDATE {t} SET warden_label = $1 WHERE warden_label IS NULL"),
+            &[&bottom],
+        )
+        .await
+        .map_err(sql(&format!("labelling the existing rows of {table:?}")))?;
+    }
+    Ok(())
+}
+
+/// Refuses the app's code where maintenance would run it as the owner over every label's
+/// rows (`warden.foreign_code`, which the owner's guard holds every later command to).
+async fn check_foreign_code(c: &Client) -> Result<(), SchemaError> {
+    let bad = c
+        .query_opt(
+            "SELECT tbl, obj, why FROM warden.foreign_code() ORDER BY 1, 2 LIMIT 1",
+            &[],
+        )
+        .await
+        .map_err(sql("checking what maintenance would run"))?;
+    if let Some(row) = bad {
+        let (table, obj, why): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+        return Err(SchemaError::Unlabellable {
+            table,
+            reason: format!("its {obj} {why}"),
+        });
+    }
     Ok(())
 }
 

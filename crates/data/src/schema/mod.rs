@@ -65,6 +65,9 @@ pub enum SchemaError {
     /// Reaching the server failed.
     #[error(transparent)]
     Server(#[from] ServerError),
+    /// The owner's sessions did not end when told to.
+    #[error("the sessions of app {0:?}'s owner role did not end within 10 s; try again")]
+    OwnerBusy(String),
     /// PostgreSQL refused a statement.
     #[error("{what}: {source}")]
     Sql {
@@ -286,9 +289,25 @@ impl<'a> Admin<'a> {
     /// serial, identity or `gen_random_uuid()` primary key), a policy warden did not make, or a SECURITY DEFINER
     /// function. Returns the tables labelled.
     pub async fn label_tables(&self, app: &str) -> Result<Vec<String>, SchemaError> {
-        let c = self.app_client(app).await?;
+        self.app_client(app).await?;
+        // A connection of its own, closed after: labelling is one transaction, which a shared
+        // connection would mix other callers' statements into.
+        let c = self.server.admin(Some(&db_name(app))).await?;
         let owner = self.login(&owner_role_name(app), db_name(app));
         label::label_tables(&c, &self.lattice, &owner).await
+    }
+
+    /// Ends every session of `app`'s owner role and waits (bounded) until none is left: a
+    /// release command's statement goes on in its backend after the command exits (closing
+    /// the socket does not stop it), and must not change the schema while or after warden
+    /// labels it. For the release phase, after its command exits and before labelling.
+    pub async fn end_owner_sessions(&self, app: &str) -> Result<(), SchemaError> {
+        check_name(app)?;
+        let admin = self.conns.get(self.server, None).await?;
+        if conns::end_sessions(&admin, &owner_role_name(app)).await? {
+            return Ok(());
+        }
+        Err(SchemaError::OwnerBusy(app.to_owned()))
     }
 
     /// Re-ranks every app's labels under `lattice` (rows do not change). Labels the new lattice

@@ -157,6 +157,49 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     ) e
 $$;
 REVOKE ALL ON FUNCTION warden.evaluated(oid) FROM PUBLIC;
+
+-- The app's code that maintenance would run as the owner over every row, outside row
+-- security: REINDEX, ANALYZE (autovacuum's too), CLUSTER and VACUUM FULL evaluate index
+-- expressions and predicates, constraints, statistics and partition keys without checking
+-- them against any label. Any of those that calls a function (directly or through an
+-- operator) not built in or warden's, and any expression statistics (ANALYZE evaluates them
+-- over rows no check saw; a built-in cast's error would carry a value out), is refused.
+-- One row per offence: the table (or domain), the object, why.
+CREATE OR REPLACE FUNCTION warden.foreign_code() RETURNS TABLE (tbl text, obj text, why text)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce((SELECT r.relname::text FROM pg_class r WHERE r.oid = x.rel), x.other),
+        pg_describe_object(x.classid, x.objid, 0), x.why
+    FROM (
+        SELECT 'pg_statistic_ext'::regclass AS classid, s.oid AS objid, s.stxrelid AS rel,
+            NULL::text AS other,
+            'has expressions, which ANALYZE would evaluate over every label''s rows; keep statistics to plain columns' AS why
+        FROM pg_statistic_ext s WHERE s.stxexprs IS NOT NULL
+        UNION ALL
+        SELECT d.classid, d.objid,
+            CASE d.classid
+                WHEN 'pg_constraint'::regclass THEN (SELECT k.conrelid FROM pg_constraint k
+                    WHERE k.oid = d.objid)
+                WHEN 'pg_statistic_ext'::regclass THEN (SELECT t.stxrelid FROM pg_statistic_ext t
+                    WHERE t.oid = d.objid)
+                ELSE coalesce((SELECT i.indrelid FROM pg_index i WHERE i.indexrelid = d.objid),
+                    d.objid) END,
+            (SELECT 'domain ' || k.contypid::regtype::text FROM pg_constraint k
+             WHERE d.classid = 'pg_constraint'::regclass AND k.oid = d.objid),
+            format('calls %s, which is not built in: REINDEX, ANALYZE, CLUSTER or VACUUM FULL would run it as the owner over every label''s rows; use built-in functions only there',
+                p.oid::regprocedure)
+        FROM (SELECT dd.classid, dd.objid, CASE dd.refclassid WHEN 'pg_proc'::regclass
+                    THEN dd.refobjid
+                    ELSE (SELECT o.oprcode::oid FROM pg_operator o WHERE o.oid = dd.refobjid)
+                    END AS fn
+              FROM pg_depend dd
+              WHERE dd.classid IN ('pg_class'::regclass, 'pg_constraint'::regclass,
+                                   'pg_statistic_ext'::regclass)
+                AND dd.refclassid IN ('pg_proc'::regclass, 'pg_operator'::regclass)) d
+        JOIN pg_proc p ON p.oid = d.fn
+        WHERE p.pronamespace NOT IN ('pg_catalog'::regnamespace, 'warden'::regnamespace)
+    ) x
+$$;
+REVOKE ALL ON FUNCTION warden.foreign_code() FROM PUBLIC;
 "#;
 
 /// The owner's guard, an event trigger after every DDL command in the app's database: the
@@ -225,6 +268,11 @@ BEGIN
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'warden: table % is labelled and holds rows; a CHECK or exclusion constraint, expression or partial index on it evaluates the migration''s code over every label''s rows', bad
             USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    SELECT f.tbl || ': ' || f.obj || ' ' || f.why INTO bad FROM warden.foreign_code() f
+    ORDER BY 1 LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'warden: %', bad USING ERRCODE = 'insufficient_privilege';
     END IF;
     -- A key not scoped by label lets a low writer probe for higher rows (a duplicate-key
     -- error); labelling refuses it, and this keeps it off a labelled table afterwards.
@@ -313,6 +361,7 @@ GRANT SELECT ON warden.roles, warden.labels, warden.settings, warden.labelled TO
 GRANT INSERT ON warden.declassified TO warden_definer;
 GRANT SELECT ON pg_catalog.pg_roles TO warden_definer;
 GRANT EXECUTE ON FUNCTION warden.fingerprint(oid), warden.evaluated(oid), warden.unscoped_key(oid),
+    warden.foreign_code(),
     pg_catalog.pg_relation_size(regclass), pg_catalog.pg_relation_size(regclass, text)
     TO warden_definer;
 ALTER FUNCTION warden.session_label() OWNER TO warden_definer;
