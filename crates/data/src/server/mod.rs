@@ -14,6 +14,7 @@ use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config, NoTls};
 
 mod keeper;
+mod log;
 pub mod private;
 
 pub use private::PrivateServer;

@@ -198,11 +198,7 @@ fn server_command(
 ) -> std::io::Result<Command> {
     let pgdata = dir.join("pgdata");
     stop_orphan(&pgdata);
-    let log_path = dir.join("server.log");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)?;
+    let log = super::log::open_log(&dir.join("server.log"), run_as.uid)?;
     let log2 = log.try_clone()?;
     let mut cmd = if setpriv {
         let mut c = Command::new("setpriv");
