@@ -25,6 +25,30 @@ pub struct Data {
     pool: Pool,
     /// Itself, for the sockets' heals, which outlive the call that binds them.
     me: Weak<Data>,
+    /// When each role's password was last set again (at most once per [`HEAL_EVERY`]).
+    healed: HealLimit,
+}
+
+/// The least time between two heals of one role's password: an instance that changes its
+/// password in a loop must not have warden run `ALTER ROLE` as fast as its clients log in.
+const HEAL_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Per role, when its password was last set again.
+#[derive(Default)]
+struct HealLimit(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
+
+impl HealLimit {
+    /// Whether `role` may be healed at `now`; if so, `now` is its last heal. Entries older
+    /// than [`HEAL_EVERY`] are dropped, so the map holds only roles healed lately.
+    fn allow(&self, role: &str, now: std::time::Instant) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        last.retain(|_, at| now.saturating_duration_since(*at) < HEAL_EVERY);
+        if last.contains_key(role) {
+            return false;
+        }
+        last.insert(role.to_owned(), now);
+        true
+    }
 }
 
 /// The data server the settings name: `--data`'s, a private one under `<data dir>/postgres`
@@ -69,6 +93,7 @@ pub async fn open(
         lattice: RwLock::new(Lattice::default()),
         pool: Pool::new(Limits::default()),
         me: me.clone(),
+        healed: HealLimit::default(),
     })))
 }
 
@@ -346,6 +371,11 @@ impl Data {
                 let Some(data) = me.upgrade() else {
                     return Err("warden's data plane is stopping".to_owned());
                 };
+                // Healed lately (by this socket or another of the role's): the login is tried
+                // again with the password set then, and fails if it was changed since.
+                if !data.healed.allow(&role, std::time::Instant::now()) {
+                    return Ok(());
+                }
                 let reset = data.admin().reset_role(&role).await;
                 reset.map_err(|e| e.to_string())
             })
@@ -406,6 +436,18 @@ pub async fn follow_lattice(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One heal per role per 5 s; other roles are not held up by it.
+    #[test]
+    fn a_roles_password_is_healed_at_most_once_per_five_seconds() {
+        let limit = HealLimit::default();
+        let t0 = std::time::Instant::now();
+        assert!(limit.allow("a", t0));
+        assert!(!limit.allow("a", t0 + std::time::Duration::from_secs(4)));
+        assert!(limit.allow("b", t0 + std::time::Duration::from_secs(4)));
+        assert!(limit.allow("a", t0 + HEAL_EVERY));
+        assert!(!limit.allow("a", t0 + HEAL_EVERY));
+    }
 
     #[test]
     fn every_node_derives_the_same_data_key_from_the_clusters_and_no_other() {
