@@ -306,8 +306,14 @@ impl DataPlane for Data {
             // instance reaches them (idempotent). A table that cannot be labelled (a release
             // phase failed on it) does not stop the app: no label role has any privilege on
             // an unlabelled table (the owner's guard refuses grants on one), so instances go
-            // on with the tables that are labelled.
-            match admin.label_tables(app).await {
+            // on with the tables that are labelled. Skipped when every table is labelled
+            // already: labelling locks every table, which would queue all the app's sessions
+            // behind one instance's long transaction at each start.
+            let labelled = admin.all_labelled(app).await.map_err(data_error)?;
+            match match labelled {
+                true => Ok(Vec::new()),
+                false => admin.label_tables(app).await,
+            } {
                 Ok(_) => {}
                 Err(e @ SchemaError::Unlabellable { .. }) => {
                     tracing::warn!(app, error = %e, "a table stays unlabelled and unreachable to instances until a release fixes it");

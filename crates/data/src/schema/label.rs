@@ -81,6 +81,24 @@ async fn labelled_tables(c: &Client) -> Result<Vec<String>, SchemaError> {
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
+/// Whether every table of the app's schema is one warden recorded at labelling, read from the
+/// catalogs without a lock. A recorded table stays labelled (the owner's guard keeps its row
+/// security, policies, trigger and label columns warden's), and one made since has no grant to
+/// any label role, so an instance's start may skip labelling when this holds, and takes no
+/// lock that would queue every session of the app behind a long transaction of one.
+pub(super) async fn all_labelled(c: &Client) -> Result<bool, SchemaError> {
+    let row = c
+        .query_one(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_class c \
+               WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p') \
+               AND c.oid NOT IN (SELECT relid FROM warden.labelled))",
+            &[],
+        )
+        .await
+        .map_err(sql("checking for unlabelled tables"))?;
+    Ok(row.get(0))
+}
+
 /// Grants every labelled table (and the schema's sequences) to `roles`.
 pub(super) async fn grant_labelled(c: &Client, roles: &[String]) -> Result<(), SchemaError> {
     if roles.is_empty() {

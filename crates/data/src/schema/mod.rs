@@ -297,6 +297,13 @@ impl<'a> Admin<'a> {
         label::label_tables(&c, &self.lattice, &owner).await
     }
 
+    /// Whether every table of `app`'s schema is labelled already (a lock-free read of the
+    /// catalogs): an instance's start skips [`Admin::label_tables`] when it is.
+    pub async fn all_labelled(&self, app: &str) -> Result<bool, SchemaError> {
+        let c = self.app_client(app).await?;
+        label::all_labelled(&c).await
+    }
+
     /// Ends every session of `app`'s owner role and waits (bounded) until none is left: a
     /// release command's statement goes on in its backend after the command exits (closing
     /// the socket does not stop it), and must not change the schema while or after warden
