@@ -27,6 +27,17 @@ pub enum Event {
         method: String,
         /// `ok`, `failed` or `throttled`.
         outcome: String,
+        /// How many such attempts in the minute this record sums up (the gateway aggregates
+        /// them per minute per user, address, method and outcome, so a flood writes one record
+        /// a minute); absent: one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        count: Option<u64>,
+        /// When the first of them came (ms since the epoch).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        first_ms: Option<u64>,
+        /// When the last of them came.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        last_ms: Option<u64>,
     },
     /// A user's requests to one instance of an app at one label, aggregated over a minute.
     Access {
@@ -42,7 +53,8 @@ pub enum Event {
         node: String,
         /// How many requests.
         count: u64,
-        /// Bytes of their answers.
+        /// Bytes the gateway counted for them: each request as sent to the instance (head and
+        /// body) and its answer's body when its length was known as the answer came.
         bytes: u64,
         /// When the first began (ms since the epoch).
         first_ms: u64,

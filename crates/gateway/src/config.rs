@@ -35,4 +35,7 @@ pub struct GatewayConfig {
     /// On a cluster, which other nodes answer this one: instances of a silent node get no
     /// request, and requests in flight there stop waiting (`dispatch.rs`).
     pub peers: Option<std::sync::Arc<warden_core::Peers>>,
+    /// How often the audit records' sums (sign-ins, accesses, refusals) are written: a
+    /// minute, shorter in tests.
+    pub audit_flush: Duration,
 }

@@ -104,6 +104,8 @@ async fn dispatch(
         match send(state, spec, instance, signer, x).await {
             Ok(mut answer) => {
                 m.phase("upstream", t.elapsed());
+                let bytes = x.bytes.len() as u64 + answer.body_len();
+                state.audit.access(x.user, instance, label, bytes);
                 if let Some(taint) = answer.taint.take() {
                     apply_taint(state, instance, &taint);
                 }
@@ -268,6 +270,8 @@ async fn one_off(
     match send(state, spec, &r, &signer, &single).await {
         Ok(mut answer) => {
             m.phase("upstream", t.elapsed());
+            let bytes = x.bytes.len() as u64 + answer.body_len();
+            state.audit.access(x.user, &r, label, bytes);
             // Nothing can be tainted beyond this one response: the instance dies with it.
             answer.taint = None;
             Ok(Forwarded {
@@ -384,10 +388,16 @@ fn apply_taint(state: &State, instance: &InstanceRecord, taint: &str) {
             // finds the instance neither in the views nor from the agent.
             state.views.withdraw_tainted(&id, Some(label.clone()));
             instances.relabel(&id, &label);
+            state.audit.taint(instance, &label);
         }
         None => {
             tracing::warn!(app = %instance.app, instance = %id, "instance sent a taint the lattice does not know; stopping it");
             state.views.withdraw_tainted(&id, None);
+            // Stopped, not relabelled: the record says to what it could not be raised.
+            state.audit.taint(
+                instance,
+                &format!("{taint:?} (unknown to the lattice: stopped)"),
+            );
             tokio::spawn(async move {
                 let _ = instances.kill(&id).await;
             });

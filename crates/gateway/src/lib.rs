@@ -8,6 +8,9 @@
 //! retries and taint (`dispatch`) and the upstream side (`upstream`: pooled HTTP/1.1
 //! connections to instances). Header hygiene lives in `hygiene` alone and every path calls it.
 //!
+//! What it sees goes to the node's audit log through `audit`: sign-ins, accesses and refusals
+//! summed per minute, taints as they happen.
+//!
 //! It reads only in-memory views fed by store watches (`views`); it writes to the store only
 //! to log users in and out. It gets instances from a [`warden_core::Instances`] and never starts
 //! processes itself.
@@ -21,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 mod accept;
+mod audit;
 mod auth;
 mod client;
 mod config;
@@ -94,6 +98,7 @@ impl Gateway {
         config: GatewayConfig,
         store: Arc<dyn Store>,
         instances: Arc<dyn Instances>,
+        audit: Arc<dyn warden_core::audit::Audit>,
     ) -> Result<Self, StartError> {
         // Certificates first: a bad file must stop the start before anything listens.
         let tls = config.tls.as_ref().map(tls::Tls::new).transpose()?;
@@ -128,7 +133,8 @@ impl Gateway {
         })));
         views::follow_all(store.clone(), views.clone()).await;
         let metrics = Arc::new(Metrics::new()?);
-        let auth = auth::Authenticator::new(&config.auth);
+        let audit = Arc::new(audit::Recorder::new(audit));
+        let auth = auth::Authenticator::new(&config.auth, audit.clone());
         let state = Arc::new(State {
             config,
             store,
@@ -138,6 +144,7 @@ impl Gateway {
             auth,
             metrics,
             tls,
+            audit,
         });
         Ok(Self {
             listener,
@@ -190,10 +197,18 @@ impl Gateway {
                 shutdown.clone(),
             ))
         });
+        // Flushes each period and once after the listeners stop (see `audit`).
+        let flush = tokio::spawn(
+            self.state
+                .audit
+                .clone()
+                .run(self.state.config.audit_flush, shutdown.clone()),
+        );
         accept::run(self.listener, self.state, slots, shutdown).await;
         if let Some(t) = tls_task {
             let _ = t.await;
         }
+        let _ = flush.await;
         if let Some(l) = lag {
             l.abort();
         }

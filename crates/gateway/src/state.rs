@@ -8,7 +8,7 @@ use warden_store::Store;
 use crate::config::GatewayConfig;
 use crate::metrics::Metrics;
 use crate::upstream::Upstream;
-use crate::{auth, tls, views};
+use crate::{audit, auth, tls, views};
 
 /// The gateway's shared state.
 pub(crate) struct State {
@@ -23,4 +23,6 @@ pub(crate) struct State {
     pub auth: auth::Authenticator,
     pub metrics: Arc<Metrics>,
     pub tls: Option<tls::Tls>,
+    /// The audit records' sums, flushed each period.
+    pub audit: Arc<audit::Recorder>,
 }

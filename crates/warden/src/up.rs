@@ -35,6 +35,7 @@ fn gateway_config(
         identity: identity.clone(),
         private: warden_gateway::PrivateData::data_dir(&cfg.data_dir),
         peers: None,
+        audit_flush: Duration::from_millis(cfg.audit_flush_ms),
     })
 }
 
@@ -348,9 +349,20 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     // Before every role, so each records from its first request.
-    let audit_log = audit::open(&cfg, &node, &store, joined.as_ref().map(|j| &j.secrets))?;
-    let audit: Arc<dyn warden_core::audit::Audit> = audit_log.clone();
-    tasks.push(tokio::spawn(audit_log.anchor_task(stop_rx.clone())));
+    let audit_log = match cfg.audit {
+        crate::config::AuditMode::On => {
+            let secrets = joined.as_ref().map(|j| &j.secrets);
+            Some(audit::open(&cfg, &node, &store, secrets)?)
+        }
+        crate::config::AuditMode::Off => None,
+    };
+    let audit: Arc<dyn warden_core::audit::Audit> = match &audit_log {
+        Some(log) => {
+            tasks.push(tokio::spawn(log.anchor_task(stop_rx.clone())));
+            log.clone()
+        }
+        None => Arc::new(warden_core::audit::NoAudit),
+    };
     let data = match crate::data::open(&cfg, joined.as_ref().map(|j| &j.secrets)).await? {
         Ok(d) => {
             tasks.push(tokio::spawn(crate::data::follow_lattice(
@@ -397,7 +409,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 tls.tickets = Some(cluster::shared_tickets(store.clone(), &j.secrets).await?);
             }
             Some(
-                warden_gateway::Gateway::bind(config, store.clone(), source)
+                warden_gateway::Gateway::bind(config, store.clone(), source, audit.clone())
                     .await
                     .context("cannot start the gateway")?,
             )
@@ -477,7 +489,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     .await;
     let _ = std::fs::remove_file(&endpoints_file);
     // Last: what the roles recorded while stopping is in it.
-    audit_log.close().await;
+    if let Some(log) = audit_log {
+        log.close().await;
+    }
     drop(data_plane);
     if let Ok(d) = data {
         d.shutdown().await;

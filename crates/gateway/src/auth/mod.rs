@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use http::HeaderMap;
 use tokio::sync::OnceCell;
 
+use crate::audit::Recorder;
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::views::{Shared, User};
@@ -63,6 +64,8 @@ pub(crate) struct Authenticator {
     /// Verifications under way, by credential: when a cached credential expires under load,
     /// every request carrying it waits for one Argon2id run instead of starting its own.
     inflight: Mutex<HashMap<cache::CredKey, Arc<OnceCell<Verdict>>>>,
+    /// Where every attempt's outcome is summed for the audit log.
+    audit: Arc<Recorder>,
 }
 
 /// The outcome of one verification, shared by every request that waited for it.
@@ -74,7 +77,7 @@ enum Verdict {
 }
 
 impl Authenticator {
-    pub fn new(config: &AuthConfig) -> Self {
+    pub fn new(config: &AuthConfig, audit: Arc<Recorder>) -> Self {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
@@ -91,6 +94,7 @@ impl Authenticator {
             ),
             pool: fair::FairPool::new(cores, 64 * cores),
             inflight: Mutex::new(HashMap::new()),
+            audit,
         }
     }
 
@@ -129,7 +133,9 @@ impl Authenticator {
     ) -> Result<Arc<User>, GatewayError> {
         let basic = authorization.and_then(basic::parse);
         let mut by_session: Option<Arc<User>> = None;
+        let mut presented = false;
         for token in session::tokens(authorization, cookies) {
+            presented = true;
             let Some(u) = session_user(views, token) else {
                 continue;
             };
@@ -143,19 +149,32 @@ impl Authenticator {
         }
         match (by_session, basic) {
             (Some(u), Some(b)) if b.user != u.record.name => Err(GatewayError::TwoUsers),
-            (Some(u), _) => Ok(u),
-            (None, Some(b)) => self.password(views, &b.user, b.password, peer, m).await,
-            (None, None) => Err(GatewayError::Unauthenticated),
+            (Some(u), _) => {
+                self.audit.sign_in(&u.record.name, peer, "session", "ok");
+                Ok(u)
+            }
+            (None, Some(b)) => {
+                self.password(views, &b.user, b.password, peer, "basic", m)
+                    .await
+            }
+            (None, None) => {
+                // A token no session has: the user it was for is unknown, so none is named.
+                if presented {
+                    self.audit.sign_in("", peer, "session", "failed");
+                }
+                Err(GatewayError::Unauthenticated)
+            }
         }
     }
 
-    /// Checks a name and password.
+    /// Checks a name and password sent by `method` (`basic`, `form`), and records the attempt.
     pub async fn password(
         &self,
         views: &Shared,
         name: &str,
         password: String,
         peer: IpAddr,
+        method: &str,
         m: &Metrics,
     ) -> Result<Arc<User>, GatewayError> {
         let user = views.read().users.get(name).cloned();
@@ -164,16 +183,20 @@ impl Authenticator {
         let cached = self.cache.lookup(&key, &fingerprint);
         if cached == Some(true) {
             m.cache("hit");
+            let outcome = if user.is_some() { "ok" } else { "failed" };
+            self.audit.sign_in(name, peer, method, outcome);
             return user.ok_or(GatewayError::Unauthenticated);
         }
         if let Err(wait) = self.throttle.check(name, peer) {
             m.throttled.inc();
+            self.audit.sign_in(name, peer, method, "throttled");
             return Err(GatewayError::Throttled {
                 retry_after: wait.as_secs().max(1),
             });
         }
         if cached == Some(false) {
             m.cache("negative");
+            self.audit.sign_in(name, peer, method, "failed");
             self.throttle.fail(name, peer);
             return Err(GatewayError::Unauthenticated);
         }
@@ -195,8 +218,12 @@ impl Authenticator {
         }
         match (verdict, user) {
             (Verdict::Busy, _) => Err(GatewayError::Busy),
-            (Verdict::Valid, Some(u)) => Ok(u),
+            (Verdict::Valid, Some(u)) => {
+                self.audit.sign_in(name, peer, method, "ok");
+                Ok(u)
+            }
             _ => {
+                self.audit.sign_in(name, peer, method, "failed");
                 self.throttle.fail(name, peer);
                 warden_core::log_limited!(info, user = %name, %peer, "sign-in refused");
                 Err(GatewayError::Unauthenticated)

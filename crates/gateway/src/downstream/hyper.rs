@@ -208,14 +208,27 @@ async fn to_app(
     let m = &state.metrics;
     // Authenticate before saying whether the app exists, so strangers learn nothing.
     let t = Instant::now();
+    let refused = |e: GatewayError, user: Option<&str>| {
+        state
+            .audit
+            .refusal(e.status().as_u16(), user, client.ip, Some(app));
+        e
+    };
     let user = state
         .auth
         .authenticate(&state.views, req.headers(), client.ip, m)
-        .await?;
+        .await
+        .map_err(|e| refused(e, None))?;
     m.phase("auth", t.elapsed());
+    let name = Some(user.record.name.as_str());
     let spec = state.views.read().apps.get(app).cloned();
-    let spec = spec.ok_or_else(|| GatewayError::NotFound(format!("no app named {app:?}")))?;
-    admit(&spec, &user)?;
+    let spec = spec.ok_or_else(|| {
+        refused(
+            GatewayError::NotFound(format!("no app named {app:?}")),
+            name,
+        )
+    })?;
+    admit(&spec, &user).map_err(|e| refused(e, name))?;
     if let (Some(root), Some(rel)) = (&spec.static_dir, static_path(&spec, path_and_query)) {
         return Ok(endpoints::statics::file(
             root,
@@ -266,6 +279,7 @@ async fn to_app(
         head_only: parts.method == http::Method::HEAD,
         idempotent: parts.method.is_idempotent(),
         pooled: true,
+        user: &user.record.name,
     };
     let owner = Owner::for_lifetime(spec.lifetime, &user.record.name);
     let forwarded = dispatch::forward(state, &spec, label, &owner, &x).await?;

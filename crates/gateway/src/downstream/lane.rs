@@ -433,11 +433,21 @@ async fn to_app(
         .await;
     let user = match user {
         Ok(u) => u,
-        Err(e) => return Reply::Refused(e),
+        Err(e) => {
+            let app = Some(lane.spec.name.as_str());
+            state
+                .audit
+                .refusal(e.status().as_u16(), None, client.ip, app);
+            return Reply::Refused(e);
+        }
     };
     m.phase("auth", t.elapsed());
     let spec = &lane.spec;
     if let Err(e) = admit(spec, &user) {
+        let (name, app) = (Some(user.record.name.as_str()), Some(spec.name.as_str()));
+        state
+            .audit
+            .refusal(e.status().as_u16(), name, client.ip, app);
         return Reply::Refused(e);
     }
     let label = user.record.clearance.as_str();
@@ -468,6 +478,7 @@ async fn to_app(
         head_only: lane.head_only,
         idempotent: http::Method::from_bytes(method).is_ok_and(|m| m.is_idempotent()),
         pooled: true,
+        user: &user.record.name,
     };
     let owner = Owner::for_lifetime(spec.lifetime, &user.record.name);
     match dispatch::forward(state, spec, label, &owner, &x).await {

@@ -83,7 +83,14 @@ async fn try_login(
     };
     let user = state
         .auth
-        .password(&state.views, &name, password, client.ip, &state.metrics)
+        .password(
+            &state.views,
+            &name,
+            password,
+            client.ip,
+            "form",
+            &state.metrics,
+        )
         .await?;
     let token = warden_core::id::secret_token();
     let key = keys::session(&session::token_hash(&token));

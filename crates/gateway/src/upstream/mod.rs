@@ -162,6 +162,25 @@ pub(crate) struct Exchange<'a> {
     pub idempotent: bool,
     /// Its connection may be reused; not for an instance that serves one request only.
     pub pooled: bool,
+    /// Whom it is for, as the audit records name them.
+    pub user: &'a str,
+}
+
+// === impl Answer ===
+
+impl Answer {
+    /// The body's length as far as it is known now: read whole, or declared; 0 for a body
+    /// whose end only its framing will tell (the audit counts what it knows, never waits).
+    pub(crate) fn body_len(&self) -> u64 {
+        match &self.body {
+            AnswerBody::Whole(b) => b.len() as u64,
+            AnswerBody::Rest {
+                framing: Framing::Length(n),
+                ..
+            } => *n,
+            AnswerBody::Rest { .. } => 0,
+        }
+    }
 }
 
 // === impl Upstream ===

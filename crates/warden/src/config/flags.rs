@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use super::types::{BridgeName, Cgroups, Cidr, Human, Role, Store};
+use super::types::{AuditMode, BridgeName, Cgroups, Cidr, Human, Role, Store};
 use super::{Config, ConfigError};
 
 /// Flags of `warden up`. Each sets the config key of its name ('-' for '_').
@@ -157,6 +157,12 @@ pub struct UpArgs {
     /// Days an audit segment is kept after its last write
     #[arg(long)]
     audit_retain_days: Option<u64>,
+    /// Keep an audit log (on), or record nothing (off: only to measure what it costs)
+    #[arg(long)]
+    audit: Option<AuditMode>,
+    /// How often the gateway writes its summed audit records, in milliseconds
+    #[arg(long)]
+    audit_flush_ms: Option<u64>,
     /// Sandbox limits through cgroups where possible (auto), or rlimits only (off)
     #[arg(long)]
     cgroups: Option<Cgroups>,
@@ -215,7 +221,7 @@ impl UpArgs {
             argon2_memory_kib, argon2_iterations, argon2_parallelism, api_listen,
             api_max_connections, api_header_timeout, api_idle_timeout,
             max_instances, max_log_mb, max_upload_mb, audit_segment_mb, audit_retain_mb,
-            audit_retain_days, build_timeout, cgroups, bridge, bridge_cidr, node_lease_ttl,
+            audit_retain_days, audit, audit_flush_ms, build_timeout, cgroups, bridge, bridge_cidr, node_lease_ttl,
             start_margin, shed_margin,
         );
         if a.load_file.is_some() {

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use flags::{help_with_defaults, UpArgs};
+pub use types::AuditMode;
 use types::{BridgeName, Cgroups, Cidr, Human, Role, Store};
 
 /// Everything `warden up` can be told.
@@ -133,6 +134,11 @@ pub struct Config {
     pub audit_retain_mb: u64,
     /// The audit log's segments last written more than this many days ago are dropped.
     pub audit_retain_days: u64,
+    /// Whether this node keeps an audit log at all (off: only to measure its cost).
+    pub audit: AuditMode,
+    /// How often the gateway writes its summed audit records (sign-ins, accesses, refusals),
+    /// in milliseconds; what a crash can lose is at most this long.
+    pub audit_flush_ms: u64,
     /// Longest a push's build may run, in seconds.
     pub build_timeout: u64,
     /// Sandbox limits through cgroups where warden may write a hierarchy (auto), or through
@@ -216,6 +222,8 @@ impl Default for Config {
             audit_segment_mb: 64,
             audit_retain_mb: 1024,
             audit_retain_days: 365,
+            audit: AuditMode::On,
+            audit_flush_ms: 60_000,
             build_timeout: 900,
             cgroups: Cgroups::Auto,
             bridge: BridgeName("warden0".into()),
@@ -370,6 +378,9 @@ impl Config {
         }
         if !(1..=36_500).contains(&self.audit_retain_days) {
             return invalid("audit_retain_days", "use 1 to 36500 (days)");
+        }
+        if !(100..=3_600_000).contains(&self.audit_flush_ms) {
+            return invalid("audit_flush_ms", "use 100 to 3600000 (ms)");
         }
         if !(1..=65_536).contains(&self.max_upload_mb) {
             return invalid("max_upload_mb", "use 1 to 65536 (MiB)");

@@ -122,6 +122,35 @@ impl fmt::Display for Cgroups {
 
 serde_by_text!(Cgroups);
 
+/// Whether this node keeps an audit log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuditMode {
+    /// Every role records to `<data dir>/audit/`.
+    On,
+    /// Nothing is recorded (for measuring what the trail costs; not for production).
+    Off,
+}
+
+impl FromStr for AuditMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        <Self as clap::ValueEnum>::from_str(s, false)
+            .map_err(|_| format!("{s:?} is not an audit mode; use on or off"))
+    }
+}
+
+impl fmt::Display for AuditMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::On => "on",
+            Self::Off => "off",
+        })
+    }
+}
+
+serde_by_text!(AuditMode);
+
 /// The store backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Store(pub warden_store::Backend);

@@ -67,6 +67,7 @@ mod api_limits;
 mod api_only;
 mod app_contract;
 mod audit;
+mod audit_access;
 mod cli;
 mod cluster;
 mod cluster_routing;

@@ -1,0 +1,352 @@
+//! The gateway's audit records (issue 35): sign-ins, accesses and refusals summed per period
+//! (a minute unless configured) in sharded maps of atomic counters, and taints as they happen.
+//!
+//! The request path pays one hash of the key's strings, a shard's read lock and a few atomic
+//! adds; it allocates only the first time a key is seen in a period. The log gets one record
+//! per distinct key per period, whatever the number of requests: a flood of failed sign-ins
+//! writes one record a minute per (user, address, method, outcome). The sums are flushed each
+//! period and once more when the gateway stops; a crash loses at most the open period, and the
+//! log's start-up `gap` record ("the previous run ended without stopping") says so.
+//!
+//! No record holds a password, token or session id: a sign-in names the user as presented
+//! (cut to [`MAX_USER`] bytes), the client's address and the method.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hash::BuildHasher;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use warden_core::audit::{Audit, Event};
+use warden_core::InstanceRecord;
+
+/// Shards of each tally: enough that two cores rarely meet on one lock.
+const SHARDS: usize = 16;
+/// Distinct keys one tally holds per period; past it, new keys are summed under one
+/// [`MORE`] key, so a flood of made-up user names cannot grow memory or the log.
+const MAX_KEYS: usize = 50_000;
+/// The key parts of what [`MAX_KEYS`] left out.
+const MORE: &str = "(more)";
+/// The longest user name a record keeps, in bytes: a name as presented may be anything.
+pub(crate) const MAX_USER: usize = 64;
+
+/// One key's sums in a period.
+struct Entry<const N: usize> {
+    key: [Box<str>; N],
+    count: AtomicU64,
+    bytes: AtomicU64,
+    first_ms: AtomicU64,
+    last_ms: AtomicU64,
+}
+
+/// What a tally held at a flush.
+struct Sum<const N: usize> {
+    key: [Box<str>; N],
+    count: u64,
+    bytes: u64,
+    first_ms: u64,
+    last_ms: u64,
+}
+
+type Shard<const N: usize> = RwLock<HashMap<u64, Vec<Entry<N>>>>;
+
+/// Sums per key of `N` strings, sharded by the key's hash.
+struct Tally<const N: usize> {
+    hasher: std::hash::RandomState,
+    shards: Vec<Shard<N>>,
+    keys: AtomicUsize,
+}
+
+// === impl Entry ===
+
+impl<const N: usize> Entry<N> {
+    fn is(&self, key: &[&str; N]) -> bool {
+        self.key.iter().zip(key).all(|(a, b)| **a == **b)
+    }
+
+    fn add(&self, bytes: u64, now: u64) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        if bytes > 0 {
+            self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        self.first_ms.fetch_min(now, Ordering::Relaxed);
+        self.last_ms.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+// === impl Tally ===
+
+impl<const N: usize> Tally<N> {
+    fn new() -> Self {
+        Self {
+            hasher: std::hash::RandomState::new(),
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            keys: AtomicUsize::new(0),
+        }
+    }
+
+    fn add(&self, key: [&str; N], bytes: u64, now: u64) {
+        let h = self.hasher.hash_one(key);
+        let shard = &self.shards[(h % SHARDS as u64) as usize];
+        {
+            let map = shard.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(e) = map.get(&h).and_then(|v| v.iter().find(|e| e.is(&key))) {
+                e.add(bytes, now);
+                return;
+            }
+        }
+        if self.keys.load(Ordering::Relaxed) >= MAX_KEYS && key != [MORE; N] {
+            return self.add([MORE; N], bytes, now);
+        }
+        let mut map = shard.write().unwrap_or_else(|p| p.into_inner());
+        let v = map.entry(h).or_default();
+        match v.iter().find(|e| e.is(&key)) {
+            Some(e) => e.add(bytes, now),
+            None => {
+                self.keys.fetch_add(1, Ordering::Relaxed);
+                v.push(Entry {
+                    key: key.map(Box::from),
+                    count: AtomicU64::new(1),
+                    bytes: AtomicU64::new(bytes),
+                    first_ms: AtomicU64::new(now),
+                    last_ms: AtomicU64::new(now),
+                });
+            }
+        }
+    }
+
+    /// Everything summed since the last take; each shard is swapped under its write lock, so
+    /// no add falls between two periods.
+    fn take(&self) -> Vec<Sum<N>> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let map = std::mem::take(&mut *shard.write().unwrap_or_else(|p| p.into_inner()));
+            out.extend(map.into_values().flatten().map(|e| Sum {
+                key: e.key,
+                count: e.count.into_inner(),
+                bytes: e.bytes.into_inner(),
+                first_ms: e.first_ms.into_inner(),
+                last_ms: e.last_ms.into_inner(),
+            }));
+        }
+        self.keys.store(0, Ordering::Relaxed);
+        out
+    }
+}
+
+/// An address written out on the stack: the request path does not allocate for it.
+struct AddrText {
+    buf: [u8; 48],
+    len: usize,
+}
+
+impl AddrText {
+    fn new(ip: IpAddr) -> Self {
+        let mut t = Self {
+            buf: [0; 48],
+            len: 0,
+        };
+        // An IPv6 address is at most 45 bytes, so this never fails.
+        let _ = write!(t, "{ip}");
+        t
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    }
+}
+
+impl std::fmt::Write for AddrText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        let dst = self.buf.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+        dst.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// `name` cut to [`MAX_USER`] bytes at a character boundary.
+fn bounded(name: &str) -> &str {
+    if name.len() <= MAX_USER {
+        return name;
+    }
+    let mut end = MAX_USER;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
+/// What the gateway records, and the sums waiting for the next flush.
+pub(crate) struct Recorder {
+    audit: Arc<dyn Audit>,
+    /// False when the node keeps no log: then nothing is summed at all.
+    on: bool,
+    /// (user, addr, method, outcome).
+    sign_ins: Tally<4>,
+    /// (user, app, label, instance, node).
+    accesses: Tally<5>,
+    /// (status, user, addr, app); user or addr is empty, and so is an unknown app.
+    refusals: Tally<4>,
+}
+
+// === impl Recorder ===
+
+impl Recorder {
+    pub(crate) fn new(audit: Arc<dyn Audit>) -> Self {
+        Self {
+            on: audit.kept(),
+            audit,
+            sign_ins: Tally::new(),
+            accesses: Tally::new(),
+            refusals: Tally::new(),
+        }
+    }
+
+    /// An authentication attempt: `method` is `basic`, `session` or `form`; `outcome` `ok`,
+    /// `failed` or `throttled`.
+    pub(crate) fn sign_in(&self, user: &str, peer: IpAddr, method: &str, outcome: &str) {
+        if !self.on {
+            return;
+        }
+        let addr = AddrText::new(peer);
+        let key = [bounded(user), addr.as_str(), method, outcome];
+        self.sign_ins.add(key, 0, warden_core::model::now_ms());
+    }
+
+    /// A request `instance` answered for `user`; `bytes` as the gateway counted them.
+    pub(crate) fn access(&self, user: &str, instance: &InstanceRecord, label: &str, bytes: u64) {
+        if !self.on {
+            return;
+        }
+        let key = [user, &instance.app, label, &instance.id, &instance.node];
+        self.accesses.add(key, bytes, warden_core::model::now_ms());
+    }
+
+    /// A 401, 403 or 404 the gateway answered (other statuses are not refusals and are not
+    /// recorded): by user when one is known, else by address.
+    pub(crate) fn refusal(&self, status: u16, user: Option<&str>, peer: IpAddr, app: Option<&str>) {
+        let status = match status {
+            401 => "401",
+            403 => "403",
+            404 => "404",
+            _ => return,
+        };
+        if !self.on {
+            return;
+        }
+        let addr = AddrText::new(peer);
+        let (user, addr) = match user {
+            Some(u) => (bounded(u), ""),
+            None => ("", addr.as_str()),
+        };
+        let key = [status, user, addr, app.map_or("", bounded)];
+        self.refusals.add(key, 0, warden_core::model::now_ms());
+    }
+
+    /// An instance relabelled by its taint: recorded at once (it is rare, and it matters).
+    pub(crate) fn taint(&self, instance: &InstanceRecord, to: &str) {
+        self.audit.record(Event::Taint {
+            app: instance.app.clone(),
+            instance: instance.id.clone(),
+            from: instance.label.clone(),
+            to: to.to_owned(),
+        });
+    }
+
+    /// Writes what was summed since the last flush, one record per key.
+    pub(crate) fn flush(&self) {
+        if !self.on {
+            return;
+        }
+        for s in self.sign_ins.take() {
+            let [user, addr, method, outcome] = s.key.map(String::from);
+            self.audit.record(Event::SignIn {
+                user,
+                addr,
+                method,
+                outcome,
+                count: Some(s.count),
+                first_ms: Some(s.first_ms),
+                last_ms: Some(s.last_ms),
+            });
+        }
+        for s in self.accesses.take() {
+            let [user, app, label, instance, node] = s.key.map(String::from);
+            self.audit.record(Event::Access {
+                user,
+                app,
+                label,
+                instance,
+                node,
+                count: s.count,
+                bytes: s.bytes,
+                first_ms: s.first_ms,
+                last_ms: s.last_ms,
+            });
+        }
+        for s in self.refusals.take() {
+            let [status, user, addr, app] = s.key.map(String::from);
+            let some = |s: String| (!s.is_empty()).then_some(s);
+            self.audit.record(Event::Refusal {
+                status: status.parse().unwrap_or(0),
+                user: some(user),
+                addr: some(addr),
+                app: some(app),
+                count: s.count,
+                first_ms: s.first_ms,
+                last_ms: s.last_ms,
+            });
+        }
+    }
+
+    /// Flushes every `period` until `shutdown` turns true, then once more.
+    pub(crate) async fn run(
+        self: Arc<Self>,
+        period: Duration,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.flush(),
+                _ = shutdown.wait_for(|s| *s) => break,
+            }
+        }
+        self.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_summed_once_per_period_and_a_take_starts_afresh() {
+        let t: Tally<2> = Tally::new();
+        t.add(["a", "b"], 10, 5);
+        t.add(["a", "b"], 1, 3);
+        t.add(["a", "c"], 0, 4);
+        let mut got = t.take();
+        got.sort_by(|x, y| x.key.cmp(&y.key));
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].count, got[0].bytes), (2, 11));
+        assert_eq!((got[0].first_ms, got[0].last_ms), (3, 5));
+        assert_eq!(got[1].count, 1);
+        assert!(t.take().is_empty());
+    }
+
+    #[test]
+    fn names_are_cut_at_a_character_boundary() {
+        let long = "é".repeat(MAX_USER);
+        let cut = bounded(&long);
+        assert!(cut.len() <= MAX_USER && long.starts_with(cut));
+        assert_eq!(AddrText::new("::1".parse().unwrap()).as_str(), "::1");
+    }
+}
