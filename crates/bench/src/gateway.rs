@@ -42,6 +42,10 @@ pub(crate) struct Args {
     /// order of the servers rotates between rounds. One round is about 12 minutes at 5 s a run.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
     rounds: u32,
+    /// Extra flags for `warden up` (for example `--warden-arg=--audit --warden-arg=off`),
+    /// repeatable
+    #[arg(long = "warden-arg", allow_hyphen_values = true)]
+    warden_args: Vec<String>,
 }
 
 pub(crate) struct Peer {
@@ -332,11 +336,14 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let work = prepare(&args.warden, &args.out, "gateway-work")?;
 
     // warden's own default log filter, as in production.
-    let w = Launch::new(&args.warden)
+    let mut launch = Launch::new(&args.warden)
         .log("info")
         .arg("--max-connections")
-        .arg("8000")
-        .start();
+        .arg("8000");
+    for a in &args.warden_args {
+        launch = launch.arg(a);
+    }
+    let w = launch.start();
     let pw = w.password("alice");
     crate::apps::demo_as_process(&w, &args.warden)?;
     let admin_spec = json!({"name": "admin", "driver": "process", "command": [warden_test_support::runnable_by_instances(&args.warden).display().to_string(), "demo-app"], "groups": ["admin"]});
