@@ -25,6 +25,20 @@ pub(crate) fn postgres_installed() -> bool {
     there
 }
 
+/// A scratch directory the `postgres` user can enter (0711: warden runs the private server as
+/// that user, which must traverse every parent of the data dir), and the data dir under it.
+/// Keep the directory for as long as the warden runs.
+pub(crate) fn data_dir_postgres_reaches() -> (tempfile::TempDir, PathBuf) {
+    let top = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        top.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .unwrap();
+    let data_dir = top.path().join("data");
+    (top, data_dir)
+}
+
 /// The notes app's script, in a directory instances' uids can read.
 pub(crate) fn notes_app() -> tempfile::TempDir {
     let dir = crate::open_dir();
@@ -143,13 +157,7 @@ fn notes_through(driver: &str) {
         return;
     }
     let app_dir = notes_app();
-    let top = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        top.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o711),
-    )
-    .unwrap();
-    let data_dir = top.path().join("data");
+    let (_top, data_dir) = data_dir_postgres_reaches();
     let mut w = Launch::new(BIN)
         .no_demo()
         .with_data()

@@ -12,11 +12,9 @@ use serde_json::{json, Value};
 use warden_test_support::http::basic;
 use warden_test_support::{request, Launch, Warden};
 
-use crate::data_apps::{admin_sql, postgres_installed};
+use crate::data_apps::{admin_sql, postgres_installed, PASSWORD, PSQL};
 use crate::BIN;
 
-const PSQL: &str = "/usr/lib/postgresql/15/bin/psql";
-const PASSWORD: &str = "correct horse battery";
 const DB: &str = "warden_app_vault";
 
 /// The app's `notes` table, owned by its owner role, as a release migration would make it.
@@ -46,13 +44,7 @@ impl Vault {
         std::fs::write(&script, include_str!("data/attack.py")).unwrap();
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .unwrap();
-        let top = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(
-            top.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o711),
-        )
-        .unwrap();
-        let data_dir = top.path().join("data");
+        let (top, data_dir) = crate::data_apps::data_dir_postgres_reaches();
         let w = Launch::new(BIN)
             .no_demo()
             .with_data()

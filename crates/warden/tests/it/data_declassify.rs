@@ -58,13 +58,7 @@ fn only_a_marked_app_writes_down_and_each_write_is_recorded() {
         return;
     }
     let app_dir = stats_app();
-    let top = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        top.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o711),
-    )
-    .unwrap();
-    let data_dir = top.path().join("data");
+    let (_top, data_dir) = crate::data_apps::data_dir_postgres_reaches();
     let w = Launch::new(BIN)
         .no_demo()
         .with_data()

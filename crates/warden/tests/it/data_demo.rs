@@ -29,13 +29,7 @@ fn the_demo_app_lists_the_notes_each_clearance_reads_seeded_once() {
     if !postgres_installed() {
         return;
     }
-    let top = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        top.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o711),
-    )
-    .unwrap();
-    let data_dir = top.path().join("data");
+    let (_top, data_dir) = crate::data_apps::data_dir_postgres_reaches();
     let mut w = Launch::new(BIN).with_data().data_dir(&data_dir).start();
     assert_eq!(w.api("GET", "/v1/apps/demo", None).json()["data"], true);
 

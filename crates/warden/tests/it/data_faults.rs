@@ -13,21 +13,11 @@ use serde_json::{json, Value};
 use warden_test_support::http::basic;
 use warden_test_support::{request, wait_until, Launch, Response, Warden};
 
+use crate::data_apps::{postgres_installed, PASSWORD, PSQL};
 use crate::BIN;
 
-const PSQL: &str = "/usr/lib/postgresql/15/bin/psql";
-const PASSWORD: &str = "correct horse battery";
 /// What the proxy tells a client while the server is away.
 const UNREACHABLE: &str = "warden cannot reach the app's database";
-
-fn postgres_installed() -> bool {
-    let there =
-        Path::new("/usr/lib/postgresql/15/bin/postgres").exists() && Path::new(PSQL).exists();
-    if !there {
-        eprintln!("skipped: PostgreSQL 15's server programs are not installed");
-    }
-    there
-}
 
 /// A warden with a private PostgreSQL under a data dir the `postgres` user can reach, one
 /// user `ursula` at U, a plain app without data, and data apps `names`, each with a `notes`
@@ -46,13 +36,7 @@ impl Setup {
         std::fs::write(&script, include_str!("data/notes.py")).unwrap();
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .unwrap();
-        let top = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(
-            top.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o711),
-        )
-        .unwrap();
-        let data_dir = top.path().join("data");
+        let (top, data_dir) = crate::data_apps::data_dir_postgres_reaches();
         let w = Launch::new(BIN)
             .no_demo()
             .with_data()

@@ -71,13 +71,7 @@ fn a_flask_app_keeps_labelled_notes_that_each_user_reads_down() {
     if !postgres_installed() {
         return;
     }
-    let top = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        top.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o711),
-    )
-    .unwrap();
-    let data_dir = top.path().join("data");
+    let (_top, data_dir) = crate::data_apps::data_dir_postgres_reaches();
     let w = Launch::new(BIN)
         .no_demo()
         .with_data()
