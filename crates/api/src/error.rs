@@ -17,6 +17,13 @@ pub struct ApiError {
 // === impl ApiError ===
 
 impl ApiError {
+    /// 404 for an app that is not registered, saying how to list those that are.
+    pub(crate) fn no_app(name: &str) -> Self {
+        Self::not_found(format!(
+            "no app named {name:?}; `warden apps list` shows the registered apps"
+        ))
+    }
+
     /// An error with a status and a message that says what to do.
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {

@@ -21,7 +21,7 @@ pub async fn verify_stopped(dir: &Path, json: bool) -> anyhow::Result<()> {
             key_file.display()
         )
     })?;
-    let key = crate::data::decode_key(text.trim()).with_context(|| {
+    let key = crate::keys::decode_key(text.trim()).with_context(|| {
         format!(
             "{} is damaged (it must be 64 hex digits)",
             key_file.display()

@@ -108,43 +108,7 @@ const CLUSTER_DATA_KEY_INFO: &[u8] = b"warden data key v1";
 /// The identity key itself never leaves warden (instances get HMACs of it, never it), so no
 /// instance can derive this key.
 fn cluster_data_key(identity_hex: &str) -> anyhow::Result<DataKey> {
-    cluster_key(identity_hex, CLUSTER_DATA_KEY_INFO, "the data key").map(DataKey)
-}
-
-/// A key of the cluster's own for `what`: HKDF-SHA256 of the cluster's identity key with `info`
-/// (one per use, so no two keys are the same). Every node derives the same key.
-pub(crate) fn cluster_key(identity_hex: &str, info: &[u8], what: &str) -> anyhow::Result<[u8; 32]> {
-    let identity = decode_key(identity_hex.trim()).ok_or_else(|| {
-        anyhow::anyhow!(
-            "the cluster's identity key is damaged (it must be 64 hex digits); this node cannot \
-             derive {what}: start it again with the cluster's join token"
-        )
-    })?;
-    struct Len;
-    impl ring::hkdf::KeyType for Len {
-        fn len(&self) -> usize {
-            32
-        }
-    }
-    let mut key = [0u8; 32];
-    ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, info)
-        .extract(&identity)
-        .expand(&[info], Len)
-        .and_then(|okm| okm.fill(&mut key))
-        .map_err(|_| anyhow::anyhow!("cannot derive {what} from the cluster's secrets"))?;
-    Ok(key)
-}
-
-/// 64 hex digits as 32 bytes.
-pub(crate) fn decode_key(text: &str) -> Option<[u8; 32]> {
-    if text.len() != 64 {
-        return None;
-    }
-    let mut key = [0u8; 32];
-    for (i, b) in key.iter_mut().enumerate() {
-        *b = u8::from_str_radix(text.get(i * 2..i * 2 + 2)?, 16).ok()?;
-    }
-    Some(key)
+    crate::keys::cluster_key(identity_hex, CLUSTER_DATA_KEY_INFO, "the data key").map(DataKey)
 }
 
 /// The data key of one node: made once per data dir, mode 0600. Role passwords derive from
@@ -152,8 +116,8 @@ pub(crate) fn decode_key(text: &str) -> Option<[u8; 32]> {
 /// next use).
 fn data_key(dir: &Path) -> anyhow::Result<DataKey> {
     let path = dir.join(DATA_KEY_FILE);
-    let text = crate::up::load_or_create(&path, warden_core::id::secret_token)?;
-    let key = decode_key(&text).ok_or_else(|| {
+    let text = crate::files::load_or_create(&path, warden_core::id::secret_token)?;
+    let key = crate::keys::decode_key(&text).ok_or_else(|| {
         anyhow::anyhow!(
             "{} is damaged (it must be 64 hex digits); restore it from a backup of the data dir",
             path.display()

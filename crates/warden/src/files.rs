@@ -79,3 +79,17 @@ pub fn read_private(path: &Path) -> anyhow::Result<Option<String>> {
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
 }
+
+/// The secret in the file at `path`, made by `make` and written (mode 0600) when the file is
+/// missing or empty.
+pub(crate) fn load_or_create(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
+    if let Some(v) = read_private(path)? {
+        let v = v.trim().to_owned();
+        if !v.is_empty() {
+            return Ok(v);
+        }
+    }
+    let v = make();
+    write_private(path, v.as_bytes())?;
+    Ok(v)
+}

@@ -16,6 +16,7 @@ mod config;
 mod data;
 mod demo;
 mod files;
+mod keys;
 mod listen;
 mod no_agent;
 mod store_cmd;

@@ -122,7 +122,7 @@ fn fit_to_descriptors(max: usize) -> usize {
 /// that forwards to this node's instances must hold the same key.
 fn identity_key(dir: &Path) -> anyhow::Result<IdentityKey> {
     let path = dir.join("identity-key");
-    let text = load_or_create(&path, warden_core::id::secret_token)?;
+    let text = files::load_or_create(&path, warden_core::id::secret_token)?;
     IdentityKey::from_hex(&text).with_context(|| {
         format!(
             "{} is damaged; remove it and start warden again to make a new one",
@@ -134,23 +134,11 @@ fn identity_key(dir: &Path) -> anyhow::Result<IdentityKey> {
 /// The key this warden seals backups under (`backup-key`, mode 0600), made on first start. The
 /// operator keeps a copy with the backups: `warden store restore` needs it to trust one.
 fn backup_key(dir: &Path) -> anyhow::Result<String> {
-    load_or_create(&dir.join(BACKUP_KEY_FILE), warden_core::id::secret_token)
+    files::load_or_create(&dir.join(BACKUP_KEY_FILE), warden_core::id::secret_token)
 }
 
 /// The file in the data dir that holds the backup key.
 pub const BACKUP_KEY_FILE: &str = "backup-key";
-
-pub(crate) fn load_or_create(path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
-    if let Some(v) = files::read_private(path)? {
-        let v = v.trim().to_owned();
-        if !v.is_empty() {
-            return Ok(v);
-        }
-    }
-    let v = make();
-    files::write_private(path, v.as_bytes())?;
-    Ok(v)
-}
 
 async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -339,10 +327,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             None
         }
     };
-    let token = load_or_create(&dir.join("admin-token"), warden_core::id::secret_token)?;
+    let token = files::load_or_create(&dir.join("admin-token"), warden_core::id::secret_token)?;
     let node = match &cfg.node_name {
         Some(name) => name.clone(),
-        None => load_or_create(&dir.join("node-id"), warden_core::id::short_id)?,
+        None => files::load_or_create(&dir.join("node-id"), warden_core::id::short_id)?,
     };
     let identity = identity_key(dir)?;
 

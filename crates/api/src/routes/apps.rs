@@ -153,7 +153,7 @@ pub async fn show(
     warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&name))
         .await?
         .map(|(s, _)| Json(s))
-        .ok_or_else(|| no_app(&name))
+        .ok_or_else(|| ApiError::no_app(&name))
 }
 
 /// `DELETE /v1/apps/{name}`: agents stop the app's instances when they see the delete.
@@ -191,7 +191,7 @@ pub async fn remove(
             tracing::info!(app = %name, "app removed");
             Ok(StatusCode::NO_CONTENT)
         }
-        None => Err(no_app(&name)),
+        None => Err(ApiError::no_app(&name)),
     }
 }
 
@@ -252,7 +252,7 @@ pub async fn update(
     };
     for _ in 0..8 {
         let Some((spec, rev)) = warden_store::get_json::<AppSpec>(&*api.store, &key).await? else {
-            return Err(no_app(&name));
+            return Err(ApiError::no_app(&name));
         };
         let mut value = serde_json::to_value(&spec).map_err(ApiError::internal)?;
         merge_patch(&mut value, &patch);
@@ -369,7 +369,7 @@ pub async fn scale(
     for _ in 0..8 {
         let Some((mut spec, rev)) = warden_store::get_json::<AppSpec>(&*api.store, &key).await?
         else {
-            return Err(no_app(&name));
+            return Err(ApiError::no_app(&name));
         };
         for (label, n) in &counts {
             if *n == 0 {
@@ -394,10 +394,4 @@ pub async fn scale(
     Err(ApiError::conflict(format!(
         "app {name:?} kept changing while it was scaled; try again"
     )))
-}
-
-pub(crate) fn no_app(name: &str) -> ApiError {
-    ApiError::not_found(format!(
-        "no app named {name:?}; `warden apps list` shows the registered apps"
-    ))
 }

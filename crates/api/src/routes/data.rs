@@ -27,7 +27,7 @@ pub async fn show(
     let Some((spec, _)) =
         warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&name)).await?
     else {
-        return Err(crate::routes::apps::no_app(&name));
+        return Err(ApiError::no_app(&name));
     };
     if !spec.data {
         return Err(ApiError::conflict(format!(

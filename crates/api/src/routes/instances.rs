@@ -44,7 +44,7 @@ pub async fn start(
     let Some((spec, _)) =
         warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&req.app)).await?
     else {
-        return Err(crate::routes::apps::no_app(&req.app));
+        return Err(ApiError::no_app(&req.app));
     };
     let lattice = crate::routes::lattice::current(&api).await?;
     let label = lattice
@@ -52,7 +52,7 @@ pub async fn start(
         .map_err(|e| ApiError::bad_request(format!("label: {e}")))?;
     match source(&api)?.ensure(&spec, &label, &Owner::Shared).await {
         Ok(r) => Ok((StatusCode::CREATED, Json(r))),
-        Err(InstanceError::UnknownApp(a)) => Err(crate::routes::apps::no_app(&a)),
+        Err(InstanceError::UnknownApp(a)) => Err(ApiError::no_app(&a)),
         Err(e @ (InstanceError::StartFailed { .. } | InstanceError::StartTimeout { .. })) => {
             Err(ApiError::new(StatusCode::BAD_GATEWAY, e.to_string()))
         }
@@ -100,7 +100,7 @@ pub async fn app_logs(
         .await?
         .is_none()
     {
-        return Err(crate::routes::apps::no_app(&name));
+        return Err(ApiError::no_app(&name));
     }
     let lines = q.lines.unwrap_or(100).min(10_000);
     let mut out = Vec::new();

@@ -359,7 +359,7 @@ pub async fn config_show(
     get_json::<warden_core::AppSpec>(&*api.store, &keys::app_spec(&name))
         .await?
         .map(|(s, _)| Json(s.env))
-        .ok_or_else(|| crate::routes::apps::no_app(&name))
+        .ok_or_else(|| ApiError::no_app(&name))
 }
 
 /// The release the app runs now, as a slug to reuse.
@@ -371,7 +371,7 @@ async fn current_release(
     let spec = get_json::<warden_core::AppSpec>(&*api.store, &keys::app_spec(app))
         .await?
         .map(|(s, _)| s)
-        .ok_or_else(|| crate::routes::apps::no_app(app))?;
+        .ok_or_else(|| ApiError::no_app(app))?;
     let Some(r) = spec.release else {
         return Err(ApiError::conflict(format!(
             "app {app:?} runs no release yet; push it first (`warden push {app} DIR`), or change its environment with `warden apps update {app} --env K=V`"
@@ -505,7 +505,7 @@ pub(crate) async fn rollback_with(
     let spec = get_json::<warden_core::AppSpec>(&*api.store, &keys::app_spec(&name))
         .await?
         .map(|(s, _)| s)
-        .ok_or_else(|| crate::routes::apps::no_app(&name))?;
+        .ok_or_else(|| ApiError::no_app(&name))?;
     let current = spec.release.as_ref().map(|r| r.number);
     let target = match body.to {
         Some(n) => get_release(&api, &name, n).await?,

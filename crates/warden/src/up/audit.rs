@@ -22,11 +22,11 @@ const CLUSTER_AUDIT_KEY_INFO: &[u8] = b"warden audit anchor v1";
 /// `cluster_identity` is the cluster's identity key (hex) on a cluster, `None` on one node.
 pub(crate) fn audit_key(dir: &Path, cluster_identity: Option<&str>) -> anyhow::Result<[u8; 32]> {
     if let Some(identity) = cluster_identity {
-        return crate::data::cluster_key(identity, CLUSTER_AUDIT_KEY_INFO, "the audit key");
+        return crate::keys::cluster_key(identity, CLUSTER_AUDIT_KEY_INFO, "the audit key");
     }
     let path = dir.join(AUDIT_KEY_FILE);
-    let text = super::load_or_create(&path, warden_core::id::secret_token)?;
-    crate::data::decode_key(&text).ok_or_else(|| {
+    let text = crate::files::load_or_create(&path, warden_core::id::secret_token)?;
+    crate::keys::decode_key(&text).ok_or_else(|| {
         anyhow::anyhow!(
             "{} is damaged (it must be 64 hex digits); restore it from a backup of the data dir (without it, no anchor of this node's audit log can be checked)",
             path.display()
@@ -86,7 +86,7 @@ mod tests {
         let a = audit_key(dir, Some(identity.as_str())).unwrap();
         assert_eq!(a, audit_key(dir, Some(identity.as_str())).unwrap());
         assert_ne!(a, audit_key(dir, Some("12".repeat(32).as_str())).unwrap());
-        let data = crate::data::cluster_key(&identity, b"warden data key v1", "k").unwrap();
+        let data = crate::keys::cluster_key(&identity, b"warden data key v1", "k").unwrap();
         assert_ne!(a, data);
     }
 }

@@ -1,0 +1,38 @@
+//! Keys warden derives or reads: a cluster's own keys (HKDF of its identity key, one per
+//! use) and keys kept as hex in the data dir.
+
+/// A key of the cluster's own for `what`: HKDF-SHA256 of the cluster's identity key with `info`
+/// (one per use, so no two keys are the same). Every node derives the same key.
+pub(crate) fn cluster_key(identity_hex: &str, info: &[u8], what: &str) -> anyhow::Result<[u8; 32]> {
+    let identity = decode_key(identity_hex.trim()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "the cluster's identity key is damaged (it must be 64 hex digits); this node cannot \
+             derive {what}: start it again with the cluster's join token"
+        )
+    })?;
+    struct Len;
+    impl ring::hkdf::KeyType for Len {
+        fn len(&self) -> usize {
+            32
+        }
+    }
+    let mut key = [0u8; 32];
+    ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, info)
+        .extract(&identity)
+        .expand(&[info], Len)
+        .and_then(|okm| okm.fill(&mut key))
+        .map_err(|_| anyhow::anyhow!("cannot derive {what} from the cluster's secrets"))?;
+    Ok(key)
+}
+
+/// 64 hex digits as 32 bytes.
+pub(crate) fn decode_key(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut key = [0u8; 32];
+    for (i, b) in key.iter_mut().enumerate() {
+        *b = u8::from_str_radix(text.get(i * 2..i * 2 + 2)?, 16).ok()?;
+    }
+    Some(key)
+}
