@@ -133,7 +133,7 @@ fn tree(pid: u32) -> Vec<u32> {
     }
 }
 
-fn notes(v: &Value) -> Vec<String> {
+pub(crate) fn notes(v: &Value) -> Vec<String> {
     v["notes"]
         .as_array()
         .unwrap_or_else(|| panic!("{v}"))

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
 use warden_test_support::http::basic;
 use warden_test_support::{request, wait_until, Launch, Response, Warden};
 
-use crate::data_apps::{postgres_installed, PASSWORD, PSQL};
+use crate::data_apps::{notes, postgres_installed, PASSWORD, PSQL};
 use crate::BIN;
 
 /// What the proxy tells a client while the server is away.
@@ -83,7 +83,7 @@ impl Setup {
     fn notes(&self, app: &str, path: &str) -> Vec<String> {
         let r = self.get(app, path);
         assert_eq!(r.status, 200, "{}", r.text());
-        notes_of(&r.json())
+        notes(&r.json())
     }
 
     /// The postmaster's pid, from its lock file.
@@ -113,15 +113,6 @@ fn migrate(data_dir: &Path, db: &str) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn notes_of(v: &Value) -> Vec<String> {
-    v["notes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{v}"))
-        .iter()
-        .map(|n| n.as_str().unwrap().to_owned())
-        .collect()
 }
 
 #[test]
@@ -158,7 +149,7 @@ fn a_killed_private_postgres_comes_back_while_instances_and_other_apps_serve() {
     loop {
         let r = s.get("notes", "");
         if r.status == 200 {
-            assert_eq!(notes_of(&r.json()), vec!["before"]);
+            assert_eq!(notes(&r.json()), vec!["before"]);
             break;
         }
         let text = r.text();
