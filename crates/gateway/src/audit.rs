@@ -1,8 +1,9 @@
 //! The gateway's audit records (issue 35): sign-ins, accesses and refusals summed per period
 //! (a minute unless configured) in sharded maps of atomic counters, and taints as they happen.
 //!
-//! The request path pays one hash of the key's strings, a shard's read lock and a few atomic
-//! adds; it allocates only the first time a key is seen in a period. The log gets one record
+//! The request path pays one hash of the key's bytes, a shard's read lock and a few atomic
+//! adds; it allocates only the first time a key is seen in a period, and a client's address is
+//! keyed by its 4 or 16 bytes (written out as text only at the flush). The log gets one record
 //! per distinct key per period, whatever the number of requests: a flood of failed sign-ins
 //! writes one record a minute per (user, address, method, outcome). The sums are flushed each
 //! period and once more when the gateway stops; a crash loses at most the open period, and the
@@ -12,9 +13,8 @@
 //! (cut to [`MAX_USER`] bytes), the client's address and the method.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::hash::BuildHasher;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -30,12 +30,14 @@ const SHARDS: usize = 16;
 const MAX_KEYS: usize = 50_000;
 /// The key parts of what [`MAX_KEYS`] left out.
 const MORE: &str = "(more)";
+/// [`MORE`] as a key part.
+const MORE_KEY: &[u8] = MORE.as_bytes();
 /// The longest user name a record keeps, in bytes: a name as presented may be anything.
 pub(crate) const MAX_USER: usize = 64;
 
 /// One key's sums in a period.
 struct Entry<const N: usize> {
-    key: [Box<str>; N],
+    key: [Box<[u8]>; N],
     count: AtomicU64,
     bytes: AtomicU64,
     first_ms: AtomicU64,
@@ -44,7 +46,7 @@ struct Entry<const N: usize> {
 
 /// What a tally held at a flush.
 struct Sum<const N: usize> {
-    key: [Box<str>; N],
+    key: [Box<[u8]>; N],
     count: u64,
     bytes: u64,
     first_ms: u64,
@@ -53,7 +55,7 @@ struct Sum<const N: usize> {
 
 type Shard<const N: usize> = RwLock<HashMap<u64, Vec<Entry<N>>>>;
 
-/// Sums per key of `N` strings, sharded by the key's hash.
+/// Sums per key of `N` byte strings, sharded by the key's hash.
 struct Tally<const N: usize> {
     hasher: std::hash::RandomState,
     shards: Vec<Shard<N>>,
@@ -63,7 +65,7 @@ struct Tally<const N: usize> {
 // === impl Entry ===
 
 impl<const N: usize> Entry<N> {
-    fn is(&self, key: &[&str; N]) -> bool {
+    fn is(&self, key: &[&[u8]; N]) -> bool {
         self.key.iter().zip(key).all(|(a, b)| **a == **b)
     }
 
@@ -88,7 +90,7 @@ impl<const N: usize> Tally<N> {
         }
     }
 
-    fn add(&self, key: [&str; N], bytes: u64, now: u64) {
+    fn add(&self, key: [&[u8]; N], bytes: u64, now: u64) {
         let h = self.hasher.hash_one(key);
         let shard = &self.shards[(h % SHARDS as u64) as usize];
         {
@@ -98,8 +100,8 @@ impl<const N: usize> Tally<N> {
                 return;
             }
         }
-        if self.keys.load(Ordering::Relaxed) >= MAX_KEYS && key != [MORE; N] {
-            return self.add([MORE; N], bytes, now);
+        if self.keys.load(Ordering::Relaxed) >= MAX_KEYS && key != [MORE_KEY; N] {
+            return self.add([MORE_KEY; N], bytes, now);
         }
         let mut map = shard.write().unwrap_or_else(|p| p.into_inner());
         let v = map.entry(h).or_default();
@@ -137,36 +139,46 @@ impl<const N: usize> Tally<N> {
     }
 }
 
-/// An address written out on the stack: the request path does not allocate for it.
-struct AddrText {
-    buf: [u8; 48],
+/// A client's address as a key part: its 4 or 16 bytes, on the stack.
+struct AddrKey {
+    buf: [u8; 16],
     len: usize,
 }
 
-impl AddrText {
+impl AddrKey {
     fn new(ip: IpAddr) -> Self {
-        let mut t = Self {
-            buf: [0; 48],
-            len: 0,
-        };
-        // An IPv6 address is at most 45 bytes, so this never fails.
-        let _ = write!(t, "{ip}");
-        t
+        match ip {
+            IpAddr::V4(v4) => {
+                let mut buf = [0; 16];
+                buf[..4].copy_from_slice(&v4.octets());
+                Self { buf, len: 4 }
+            }
+            IpAddr::V6(v6) => Self {
+                buf: v6.octets(),
+                len: 16,
+            },
+        }
     }
 
-    fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
     }
 }
 
-impl std::fmt::Write for AddrText {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let end = self.len + s.len();
-        let dst = self.buf.get_mut(self.len..end).ok_or(std::fmt::Error)?;
-        dst.copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
+/// A key part made by [`AddrKey`] as the record writes it: the address's text, empty for none.
+fn addr_text(part: &[u8]) -> String {
+    if let Ok(v4) = <[u8; 4]>::try_from(part) {
+        return Ipv4Addr::from(v4).to_string();
     }
+    if let Ok(v6) = <[u8; 16]>::try_from(part) {
+        return Ipv6Addr::from(v6).to_string();
+    }
+    text(part)
+}
+
+/// A key part that was a string (or [`MORE`]) as text again.
+fn text(part: &[u8]) -> String {
+    String::from_utf8_lossy(part).into_owned()
 }
 
 /// `name` cut to [`MAX_USER`] bytes at a character boundary.
@@ -213,8 +225,13 @@ impl Recorder {
         if !self.on {
             return;
         }
-        let addr = AddrText::new(peer);
-        let key = [bounded(user), addr.as_str(), method, outcome];
+        let addr = AddrKey::new(peer);
+        let key = [
+            bounded(user).as_bytes(),
+            addr.bytes(),
+            method.as_bytes(),
+            outcome.as_bytes(),
+        ];
         self.sign_ins.add(key, 0, warden_core::model::now_ms());
     }
 
@@ -223,7 +240,13 @@ impl Recorder {
         if !self.on {
             return;
         }
-        let key = [user, &instance.app, label, &instance.id, &instance.node];
+        let key = [
+            user.as_bytes(),
+            instance.app.as_bytes(),
+            label.as_bytes(),
+            instance.id.as_bytes(),
+            instance.node.as_bytes(),
+        ];
         self.accesses.add(key, bytes, warden_core::model::now_ms());
     }
 
@@ -239,12 +262,17 @@ impl Recorder {
         if !self.on {
             return;
         }
-        let addr = AddrText::new(peer);
+        let addr = AddrKey::new(peer);
         let (user, addr) = match user {
-            Some(u) => (bounded(u), ""),
-            None => ("", addr.as_str()),
+            Some(u) => (bounded(u).as_bytes(), &[][..]),
+            None => (&[][..], addr.bytes()),
         };
-        let key = [status, user, addr, app.map_or("", bounded)];
+        let key = [
+            status.as_bytes(),
+            user,
+            addr,
+            app.map_or("", bounded).as_bytes(),
+        ];
         self.refusals.add(key, 0, warden_core::model::now_ms());
     }
 
@@ -264,19 +292,19 @@ impl Recorder {
             return;
         }
         for s in self.sign_ins.take() {
-            let [user, addr, method, outcome] = s.key.map(String::from);
+            let [user, addr, method, outcome] = s.key;
             self.audit.record(Event::SignIn {
-                user,
-                addr,
-                method,
-                outcome,
+                user: text(&user),
+                addr: addr_text(&addr),
+                method: text(&method),
+                outcome: text(&outcome),
                 count: Some(s.count),
                 first_ms: Some(s.first_ms),
                 last_ms: Some(s.last_ms),
             });
         }
         for s in self.accesses.take() {
-            let [user, app, label, instance, node] = s.key.map(String::from);
+            let [user, app, label, instance, node] = s.key.map(|k| text(&k));
             self.audit.record(Event::Access {
                 user,
                 app,
@@ -290,13 +318,13 @@ impl Recorder {
             });
         }
         for s in self.refusals.take() {
-            let [status, user, addr, app] = s.key.map(String::from);
+            let [status, user, addr, app] = s.key;
             let some = |s: String| (!s.is_empty()).then_some(s);
             self.audit.record(Event::Refusal {
-                status: status.parse().unwrap_or(0),
-                user: some(user),
-                addr: some(addr),
-                app: some(app),
+                status: text(&status).parse().unwrap_or(0),
+                user: some(text(&user)),
+                addr: some(addr_text(&addr)),
+                app: some(text(&app)),
                 count: s.count,
                 first_ms: s.first_ms,
                 last_ms: s.last_ms,
@@ -330,9 +358,9 @@ mod tests {
     #[test]
     fn a_key_is_summed_once_per_period_and_a_take_starts_afresh() {
         let t: Tally<2> = Tally::new();
-        t.add(["a", "b"], 10, 5);
-        t.add(["a", "b"], 1, 3);
-        t.add(["a", "c"], 0, 4);
+        t.add([b"a", b"b"], 10, 5);
+        t.add([b"a", b"b"], 1, 3);
+        t.add([b"a", b"c"], 0, 4);
         let mut got = t.take();
         got.sort_by(|x, y| x.key.cmp(&y.key));
         assert_eq!(got.len(), 2);
@@ -347,6 +375,10 @@ mod tests {
         let long = "é".repeat(MAX_USER);
         let cut = bounded(&long);
         assert!(cut.len() <= MAX_USER && long.starts_with(cut));
-        assert_eq!(AddrText::new("::1".parse().unwrap()).as_str(), "::1");
+        for a in ["::1", "127.0.0.1", "fe80::1:2"] {
+            assert_eq!(addr_text(AddrKey::new(a.parse().unwrap()).bytes()), a);
+        }
+        assert_eq!(addr_text(b""), "");
+        assert_eq!(addr_text(MORE_KEY), MORE);
     }
 }
