@@ -18,3 +18,8 @@ target/release/warden-bench gateway --warden target/release/warden --out bench/o
 python3 bench/plot_gateway.py bench/out/gateway.csv bench/out/gateway.png
 python3 bench/report_gateway.py bench/out/gateway.csv > bench/out/gateway.md
 echo "wrote bench/out/gateway.md"
+# With --audit-off-too: what the audit trail costs, per cell and round.
+if grep -q '^[0-9]*,[^,]*,warden-audit-off,' bench/out/gateway-rounds.csv 2>/dev/null; then
+  python3 bench/report_audit.py bench/out/gateway-rounds.csv > bench/out/audit.md
+  echo "wrote bench/out/audit.md"
+fi

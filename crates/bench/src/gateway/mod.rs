@@ -9,15 +9,19 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use anyhow::{bail, Context};
 use serde_json::json;
 use warden_test_support::http::basic;
-use warden_test_support::{request, wait_until, Launch, Warden};
+use warden_test_support::{request, Launch, Warden};
 
 use crate::{cpu, wrk};
+
+mod peers;
+
+use peers::{floor, haproxy, nginx};
+pub(crate) use peers::{free_port, start_nginx, upstream, wait_listening, Peer};
 
 /// Flags of `warden-bench gateway`.
 #[derive(Debug, clap::Args)]
@@ -46,211 +50,49 @@ pub(crate) struct Args {
     /// repeatable
     #[arg(long = "warden-arg", allow_hyphen_values = true)]
     warden_args: Vec<String>,
+    /// Also measure a second warden with `--audit off` as its own server
+    /// (`warden-audit-off`), in the same rotation: what the audit trail costs, in one run
+    #[arg(long)]
+    audit_off_too: bool,
 }
 
-pub(crate) struct Peer {
-    pub name: &'static str,
-    pub child: Child,
+/// A warden under measurement: the demo app and an admin app, and two users signed in.
+struct Measured {
+    w: Warden,
+    password: String,
+    admin_token: String,
+    user_token: String,
 }
 
-impl Drop for Peer {
-    fn drop(&mut self) {
-        // SIGTERM, not SIGKILL: nginx's master stops its workers only when asked politely.
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let _ = self.child.wait();
-    }
-}
-
-pub(crate) fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-pub(crate) fn wait_listening(port: u16, what: &str) {
-    wait_until(what, Duration::from_secs(30), || {
-        std::net::TcpStream::connect(("127.0.0.1", port))
-            .ok()
-            .map(|_| ())
-    });
-}
-
-/// The upstream all three proxies forward to: the demo app binary, run on its own.
-pub(crate) fn upstream(warden: &Path) -> anyhow::Result<(Peer, u16)> {
-    let port = free_port()?;
-    let child = Command::new(warden)
-        .arg("demo-app")
-        .env("PORT", port.to_string())
-        .env("WARDEN_LABEL", "SECRET")
-        .env("WARDEN_INSTANCE", "upstream")
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting the upstream")?;
-    wait_listening(port, "the upstream");
-    Ok((
-        Peer {
-            name: "upstream",
-            child,
-        },
-        port,
-    ))
-}
-
-fn nginx(
-    dir: &Path,
-    upstream: u16,
-    password: &str,
-    admin_token: &str,
-) -> anyhow::Result<(Peer, u16)> {
-    let port = free_port()?;
-    std::fs::write(dir.join("htpasswd"), format!("alice:{{PLAIN}}{password}\n"))?;
-    let conf = format!(
-        r#"worker_processes 2;
-pid {dir}/nginx.pid;
-error_log {dir}/nginx-error.log error;
-worker_rlimit_nofile 20000;
-events {{ worker_connections 16384; multi_accept on; }}
-http {{
-  access_log off;
-  map_hash_bucket_size 128;
-  client_body_temp_path {dir}/nginx-body;
-  proxy_temp_path {dir}/nginx-proxy;
-  upstream app {{ server 127.0.0.1:{upstream}; keepalive 512; }}
-  map $cookie_warden_session $is_admin {{ "{admin_token}" 1; default 0; }}
-  server {{
-    listen 127.0.0.1:{port} backlog=65535;
-    keepalive_requests 1000000;
-    location /auth/ {{
-      auth_basic "bench";
-      auth_basic_user_file {dir}/htpasswd;
-      proxy_pass http://app/;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-    }}
-    location /authz/ {{
-      if ($is_admin = 0) {{ return 403; }}
-      proxy_pass http://app/;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-    }}
-  }}
-}}
-"#,
-        dir = dir.display()
-    );
-    let path = dir.join("nginx.conf");
-    std::fs::write(&path, conf)?;
-    start_nginx(Command::new("nginx"), &path, port)
-}
-
-/// Runs nginx in the foreground with `conf` (through `cmd`, which may be a CPU-pinning
-/// wrapper) and waits until it listens on `port`.
-pub(crate) fn start_nginx(mut cmd: Command, conf: &Path, port: u16) -> anyhow::Result<(Peer, u16)> {
-    let child = cmd
-        .args([
-            "-e",
-            "stderr",
-            "-g",
-            "daemon off; master_process on; user root;",
-            "-c",
-        ])
-        .arg(conf)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting nginx (install it with `apt-get install nginx`)")?;
-    wait_listening(port, "nginx");
-    Ok((
-        Peer {
-            name: "nginx",
-            child,
-        },
-        port,
-    ))
-}
-
-fn haproxy(
-    dir: &Path,
-    upstream: u16,
-    password: &str,
-    admin_token: &str,
-) -> anyhow::Result<(Peer, u16)> {
-    let port = free_port()?;
-    let conf = format!(
-        r#"global
-  maxconn 8000
-  nbthread 2
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 30s
-  timeout server 30s
-  option http-keep-alive
-  http-reuse always
-userlist users
-  user alice insecure-password {password}
-frontend fe
-  bind 127.0.0.1:{port}
-  maxconn 8000
-  acl is_auth path_beg /auth/
-  acl is_authz path_beg /authz/
-  http-request auth realm bench if is_auth !{{ http_auth(users) }}
-  http-request deny deny_status 403 if is_authz !{{ req.cook(warden_session) -m str {admin_token} }}
-  default_backend be
-backend be
-  server app 127.0.0.1:{upstream} maxconn 10000
-"#
-    );
-    let path = dir.join("haproxy.cfg");
-    std::fs::write(&path, conf)?;
-    let child = Command::new("haproxy")
-        .arg("-f")
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting haproxy (install it with `apt-get install haproxy`)")?;
-    wait_listening(port, "haproxy");
-    Ok((
-        Peer {
-            name: "haproxy",
-            child,
-        },
-        port,
-    ))
-}
-
-/// The floor: `warden-bench relay` (this binary) in front of the same upstream, refusing the
-/// reads that hold one of `refusals` (status, needle) without forwarding them.
-fn floor(dir: &Path, upstream: u16, refusals: &[(u16, &str)]) -> anyhow::Result<(Peer, u16)> {
-    let port = free_port()?;
-    let file = dir.join("floor-refusals");
-    let lines: String = refusals
+/// Starts warden with `extra` flags after the bench's own and sets up what the workloads ask.
+fn start_warden(args: &Args, extra: &[&str]) -> anyhow::Result<Measured> {
+    // warden's own default log filter, as in production.
+    let mut launch = Launch::new(&args.warden)
+        .log("info")
+        .arg("--max-connections")
+        .arg("8000");
+    for a in args
+        .warden_args
         .iter()
-        .map(|(status, needle)| format!("{status} {needle}\n"))
-        .collect();
-    std::fs::write(&file, lines)?;
-    let child = Command::new(std::env::current_exe().context("finding warden-bench itself")?)
-        .args(["relay", "--listen", &port.to_string()])
-        .args(["--upstream", &upstream.to_string()])
-        .arg("--refusals")
-        .arg(&file)
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting the floor relay")?;
-    wait_listening(port, "the floor relay");
-    Ok((
-        Peer {
-            name: "floor",
-            child,
-        },
-        port,
-    ))
+        .map(String::as_str)
+        .chain(extra.iter().copied())
+    {
+        launch = launch.arg(a);
+    }
+    let w = launch.start();
+    let password = w.password("alice");
+    crate::apps::demo_as_process(&w, &args.warden)?;
+    let admin_spec = json!({"name": "admin", "driver": "process", "command": [warden_test_support::runnable_by_instances(&args.warden).display().to_string(), "demo-app"], "groups": ["admin"]});
+    if w.api("POST", "/v1/apps", Some(admin_spec)).status != 201 {
+        bail!("could not register the admin app");
+    }
+    let (admin_token, user_token) = (login(&w, "carol")?, login(&w, "alice")?);
+    Ok(Measured {
+        w,
+        password,
+        admin_token,
+        user_token,
+    })
 }
 
 /// CPU time per request of one run, in microseconds.
@@ -280,6 +122,18 @@ struct Target {
     headers: Vec<String>,
     script: Option<PathBuf>,
     expect: u16,
+    /// The valid Basic credentials this server knows (the probe of a scripted workload sends them).
+    good: String,
+}
+
+/// The name of the second warden `--audit-off-too` measures.
+const OFF: &str = "warden-audit-off";
+
+/// What a server accepts: valid Basic credentials, an admin's and a user's session token.
+struct Creds {
+    good: String,
+    admin: String,
+    user: String,
 }
 
 fn mixed_script(
@@ -335,61 +189,77 @@ pub(crate) fn prepare(warden: &Path, out: &Path, name: &str) -> anyhow::Result<P
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     let work = prepare(&args.warden, &args.out, "gateway-work")?;
 
-    // warden's own default log filter, as in production.
-    let mut launch = Launch::new(&args.warden)
-        .log("info")
-        .arg("--max-connections")
-        .arg("8000");
-    for a in &args.warden_args {
-        launch = launch.arg(a);
-    }
-    let w = launch.start();
-    let pw = w.password("alice");
-    crate::apps::demo_as_process(&w, &args.warden)?;
-    let admin_spec = json!({"name": "admin", "driver": "process", "command": [warden_test_support::runnable_by_instances(&args.warden).display().to_string(), "demo-app"], "groups": ["admin"]});
-    if w.api("POST", "/v1/apps", Some(admin_spec)).status != 201 {
-        bail!("could not register the admin app");
-    }
-    let (admin_token, user_token) = (login(&w, "carol")?, login(&w, "alice")?);
+    let m = start_warden(args, &[])?;
+    let off = match args.audit_off_too {
+        true => Some(start_warden(args, &["--audit", "off"])?),
+        false => None,
+    };
+    let (w, pw, admin_token, user_token) = (&m.w, &m.password, &m.admin_token, &m.user_token);
     // The peers compare the cookie with the admin's token; warden looks the session up.
     let (up, up_port) = upstream(&args.warden)?;
-    let (ngx, ngx_port) = nginx(&work, up_port, &pw, &admin_token)?;
-    let (hap, hap_port) = haproxy(&work, up_port, &pw, &admin_token)?;
+    let (ngx, ngx_port) = nginx(&work, up_port, pw, admin_token)?;
+    let (hap, hap_port) = haproxy(&work, up_port, pw, admin_token)?;
     let peers = [ngx.name, hap.name];
 
-    let good = basic("alice", &pw);
     let bad = basic("alice", "not-the-password");
     let user_cookie = format!("warden_session={user_token}");
     let (flo, flo_port) = floor(&work, up_port, &[(401, &bad), (403, &user_cookie)])?;
-    let wg = w.gateway.clone();
     let cookie = |t: &str| format!("Cookie: warden_session={t}");
     let mut targets: Vec<(&str, &str, Target)> = Vec::new();
-    for (server, base, auth_path, authz_path) in [
-        ("warden", wg.clone(), "/apps/demo/", "/apps/admin/"),
+    // Each server with the credentials it knows: the peers and the floor were given the first
+    // warden's; a second warden has its own.
+    let creds = |m: &Measured| Creds {
+        good: basic("alice", &m.password),
+        admin: m.admin_token.clone(),
+        user: m.user_token.clone(),
+    };
+    let mut servers = vec![
+        (
+            "warden",
+            w.gateway.clone(),
+            "/apps/demo/",
+            "/apps/admin/",
+            creds(&m),
+        ),
         (
             "nginx",
             format!("http://127.0.0.1:{ngx_port}"),
             "/auth/",
             "/authz/",
+            creds(&m),
         ),
         (
             "haproxy",
             format!("http://127.0.0.1:{hap_port}"),
             "/auth/",
             "/authz/",
+            creds(&m),
         ),
         (
             "floor",
             format!("http://127.0.0.1:{flo_port}"),
             "/auth/",
             "/authz/",
+            creds(&m),
         ),
-    ] {
+    ];
+    if let Some(o) = &off {
+        servers.push((
+            OFF,
+            o.w.gateway.clone(),
+            "/apps/demo/",
+            "/apps/admin/",
+            creds(o),
+        ));
+    }
+    let server_names: Vec<&str> = servers.iter().map(|s| s.0).collect();
+    for (server, base, auth_path, authz_path, Creds { good, admin, user }) in servers {
         let t = |path: &str, headers: Vec<String>, expect| Target {
             url: format!("{base}{path}"),
             headers,
             script: None,
             expect,
+            good: good.clone(),
         };
         targets.push((
             server,
@@ -407,12 +277,12 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         targets.push((
             server,
             "authz-admin",
-            t(authz_path, vec![cookie(&admin_token)], 200),
+            t(authz_path, vec![cookie(&admin)], 200),
         ));
         targets.push((
             server,
             "authz-user",
-            t(authz_path, vec![cookie(&user_token)], 403),
+            t(authz_path, vec![cookie(&user)], 403),
         ));
     }
     // One probe per target: each server must answer each workload as intended before it is timed.
@@ -430,7 +300,7 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             .map(|(n, v)| (n.as_str(), v.as_str()))
             .collect();
         let hv = if t.script.is_some() {
-            vec![("authorization", good.as_str())]
+            vec![("authorization", t.good.as_str())]
         } else {
             hv
         };
@@ -476,6 +346,10 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         };
         match server {
             "warden" => (vec![w.pid()], cpu::descendants(w.pid())),
+            OFF => {
+                let pid = off.as_ref().map_or(0, |o| o.w.pid());
+                (vec![pid], cpu::descendants(pid))
+            }
             "nginx" => (with_children(ngx.child.id()), vec![up.child.id()]),
             "haproxy" => (with_children(hap.child.id()), vec![up.child.id()]),
             _ => (vec![flo.child.id()], vec![up.child.id()]),
@@ -490,13 +364,15 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             }
             v
         });
-    let servers = ["warden", "nginx", "haproxy", "floor"];
+    let servers = server_names;
     // The servers of a cell run back to back, so they meet the same machine; the order
     // rotates between rounds so none is always first.
     // Outcomes by (workload, server, connections), in the order first measured.
     type Cell<'a> = ((&'a str, &'a str, usize), Vec<(wrk::Outcome, Cost)>);
     let mut seen: Vec<Cell> = Vec::new();
     let mut raw = format!("round,{HEADER}\n");
+    // Requests the first warden answered in all runs: its audit log's size is per these.
+    let mut served: u64 = 0;
     for round in 0..args.rounds as usize {
         for &c in &args.connections {
             for workload in &workloads {
@@ -518,6 +394,9 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
                         o.requests,
                     );
                     eprintln!("round {round} {workload:<13} {server:<8} c={c:<5} {:>10.0} req/s  {:>8.2} ms  non-2xx {:>8}  errors {}  proxy {:>5.1} us/req", o.requests_per_sec, o.mean_latency_ms, o.non_2xx, o.socket_errors, cost.proxy_user_us + cost.proxy_system_us);
+                    if server == "warden" {
+                        served += o.requests;
+                    }
                     let o = (o, cost);
                     let _ = writeln!(raw, "{round},{}", row(workload, server, c, &o));
                     std::fs::write(&rounds_path, &raw)?;
@@ -549,8 +428,29 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         csv_path.display(),
         peers.join(", ")
     );
-    drop((ngx, hap, flo));
+    drop((ngx, hap, flo, off));
+    // Stopped, warden flushes its last sums: the log then holds every record of the run.
+    let mut m = m;
+    m.w.stop();
+    let bytes = dir_bytes(&m.w.dir.join("audit"));
+    println!(
+        "audit log: {bytes} bytes after {served} timed requests (and the set-up's): {:.0} bytes per million requests",
+        bytes as f64 * 1e6 / served.max(1) as f64
+    );
     Ok(())
+}
+
+/// The bytes of the files directly in `dir` (0 if it is missing).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 pub(crate) fn tool_version(tool: &str, args: &[&str]) -> String {
