@@ -30,6 +30,9 @@ const SHARDS: usize = 16;
 const MAX_KEYS: usize = 50_000;
 /// The key parts of what [`MAX_KEYS`] left out.
 const MORE: &str = "(more)";
+/// An access record's instance for the requests of per-request instances, each of which served
+/// one request: their ids would make one record per request.
+pub(crate) const PER_REQUEST: &str = "(per request)";
 /// [`MORE`] as a key part.
 const MORE_KEY: &[u8] = MORE.as_bytes();
 /// The longest user name a record keeps, in bytes: a name as presented may be anything.
@@ -245,6 +248,29 @@ impl Recorder {
             instance.app.as_bytes(),
             label.as_bytes(),
             instance.id.as_bytes(),
+            instance.node.as_bytes(),
+        ];
+        self.accesses.add(key, bytes, warden_core::model::now_ms());
+    }
+
+    /// A request a per-request instance answered (it serves that one request and dies): summed
+    /// under [`PER_REQUEST`] in place of its id, so such an app's accesses are one record per
+    /// (user, app, label, node) a period like every other app's, not one per request.
+    pub(crate) fn access_once(
+        &self,
+        user: &str,
+        instance: &InstanceRecord,
+        label: &str,
+        bytes: u64,
+    ) {
+        if !self.on {
+            return;
+        }
+        let key = [
+            user.as_bytes(),
+            instance.app.as_bytes(),
+            label.as_bytes(),
+            PER_REQUEST.as_bytes(),
             instance.node.as_bytes(),
         ];
         self.accesses.add(key, bytes, warden_core::model::now_ms());

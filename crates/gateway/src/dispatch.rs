@@ -271,7 +271,7 @@ async fn one_off(
         Ok(mut answer) => {
             m.phase("upstream", t.elapsed());
             let bytes = x.bytes.len() as u64 + answer.body_len();
-            state.audit.access(x.user, &r, label, bytes);
+            state.audit.access_once(x.user, &r, label, bytes);
             // Nothing can be tainted beyond this one response: the instance dies with it.
             answer.taint = None;
             Ok(Forwarded {

@@ -141,3 +141,54 @@ fn accesses_at_two_labels_a_failed_sign_in_a_403_and_a_taint_are_recorded() {
     assert_eq!((&taint["from"], &taint["to"]), (&json!(low), &json!(high)));
     assert!(taint["instance"].as_str().is_some_and(|i| !i.is_empty()));
 }
+
+/// A per-request app's instances each serve one request: their accesses are summed per
+/// (user, app, label, node) under one placeholder instance, not one record per request.
+#[test]
+fn a_per_request_apps_accesses_are_one_record_a_period_not_one_per_request() {
+    let w = Launch::new(BIN)
+        .no_demo()
+        .arg("--audit-flush-ms")
+        .arg("60000")
+        .start();
+    let lattice = json!({ "levels": ["LOW"] });
+    assert_eq!(w.api("PUT", "/v1/lattice", Some(lattice)).status, 200);
+    let user = json!({ "name": "ann", "password": PASSWORD, "clearance": "LOW", "groups": [] });
+    let r = w.api("POST", "/v1/users", Some(user));
+    assert_eq!(r.status, 201, "{}", r.text());
+    w.create_demo_app(
+        BIN,
+        "once",
+        json!({ "driver": "process", "lifetime": "per_request" }),
+    );
+    let url = format!("{}/apps/once/", w.gateway);
+    let mut served = Vec::new();
+    for _ in 0..3 {
+        let r = request(
+            "GET",
+            &url,
+            &[("authorization", &basic("ann", PASSWORD))],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        served.push(r.json()["instance"].clone());
+    }
+    served.dedup();
+    assert_eq!(served.len(), 3, "three instances served: {served:?}");
+    let mut w = w;
+    w.stop();
+    // Stopped, warden has flushed the period's sums: read its segment files as they are.
+    let mut text = String::new();
+    for f in std::fs::read_dir(w.dir.join("audit")).unwrap().flatten() {
+        text += &std::fs::read_to_string(f.path()).unwrap_or_default();
+    }
+    let access: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|r| r["event"].clone())
+        .filter(|e| e["kind"] == "access" && e["app"] == "once")
+        .collect();
+    assert_eq!(access.len(), 1, "{access:?}");
+    assert_eq!(access[0]["count"], 3, "{access:?}");
+    assert_eq!(access[0]["instance"], "(per request)", "{access:?}");
+}
