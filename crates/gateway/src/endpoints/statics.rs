@@ -162,10 +162,13 @@ async fn answer(
     let Opened { file, meta, real } = opened;
     let path = real.as_path();
     let len = meta.len();
-    let modified = meta.modified().unwrap_or(UNIX_EPOCH);
+    let modified = changed(&meta);
     let mtime = modified.duration_since(UNIX_EPOCH).unwrap_or_default();
+    // The inode too: a file replaced by another of the same size and time (a pushed slug's
+    // files all carry the archive's fixed time) is another file.
     let etag = format!(
-        "\"{len:x}-{:x}{:08x}\"",
+        "\"{len:x}-{:x}-{:x}{:08x}\"",
+        std::os::unix::fs::MetadataExt::ino(&meta),
         mtime.as_secs(),
         mtime.subsec_nanos()
     );
@@ -238,6 +241,21 @@ async fn answer(
         .map_err(|never: std::convert::Infallible| match never {})
         .boxed();
     Ok(resp)
+}
+
+/// When the file last changed as far as a client can tell: the later of its modification time
+/// and its inode's change time. A pushed slug's files carry the archive's fixed time (0), so
+/// the modification time alone would call a new release's file unmodified; the change time
+/// moves whenever the file is written, replaced or extracted anew.
+fn changed(meta: &std::fs::Metadata) -> SystemTime {
+    use std::os::unix::fs::MetadataExt;
+    let modified = meta.modified().unwrap_or(UNIX_EPOCH);
+    let ctime = u64::try_from(meta.ctime())
+        .ok()
+        .zip(u32::try_from(meta.ctime_nsec()).ok())
+        .map(|(s, ns)| UNIX_EPOCH + std::time::Duration::new(s, ns))
+        .unwrap_or(UNIX_EPOCH);
+    modified.max(ctime)
 }
 
 fn not_modified(headers: &HeaderMap, etag: &str, modified: SystemTime) -> bool {

@@ -247,3 +247,39 @@ fn static_files_are_set_from_the_cli() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.text(), "hello from disk");
 }
+
+/// A file replaced by another of the same size and the same modification time (as a pushed
+/// slug's files are: the archive gives them all time 0) is not "not modified": neither by its
+/// old ETag nor by its old Last-Modified.
+#[test]
+fn a_file_replaced_by_one_of_the_same_size_and_time_is_served_anew() {
+    let w = Warden::demo(BIN);
+    let (auth, root) = site(&w);
+    let replace = |text: &str| {
+        let tmp = root.join("style.css.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        let f = std::fs::File::options().write(true).open(&tmp).unwrap();
+        f.set_modified(std::time::UNIX_EPOCH).unwrap();
+        drop(f);
+        std::fs::rename(&tmp, root.join("style.css")).unwrap();
+    };
+    replace("body { color: red }\n");
+    let url = format!("{}/apps/site/assets/style.css", w.gateway);
+    let r = request("GET", &url, &[("authorization", &auth)], b"");
+    assert_eq!(r.status, 200);
+    let (etag, modified) = (
+        r.header("etag").unwrap().to_owned(),
+        r.header("last-modified").unwrap().to_owned(),
+    );
+    // A second later, so that a clock of whole seconds sees the change too.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    replace("body { color: tan }\n");
+    for validator in [
+        ("if-none-match", etag.as_str()),
+        ("if-modified-since", &modified),
+    ] {
+        let r = request("GET", &url, &[("authorization", &auth), validator], b"");
+        assert_eq!(r.status, 200, "{validator:?}");
+        assert_eq!(r.text(), "body { color: tan }\n");
+    }
+}
