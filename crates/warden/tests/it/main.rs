@@ -91,6 +91,7 @@ mod gateway;
 mod gateway_starts;
 mod healing;
 mod idle_memory;
+mod install;
 mod instance_image;
 mod interrupted;
 mod isolation;
