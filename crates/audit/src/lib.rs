@@ -201,6 +201,7 @@ impl Log {
     pub async fn close(&self) {
         let stopped = Event::Node {
             event: NodeEvent::Stopped,
+            node: None,
         };
         if let Err(e) = self.record_durable(stopped).await {
             tracing::warn!(error = %e, "the audit log did not record its stop");

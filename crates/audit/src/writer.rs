@@ -125,6 +125,7 @@ impl Writer {
                     r.event
                         == Event::Node {
                             event: NodeEvent::Stopped,
+                            node: None,
                         }
                 });
                 if !stopped {
@@ -160,6 +161,7 @@ impl Writer {
         w.publish();
         notes.push(Event::Node {
             event: NodeEvent::Started,
+            node: None,
         });
         let batch = notes.into_iter().map(|e| Msg::Record(e, None)).collect();
         w.write_batch(batch, true);

@@ -4,8 +4,10 @@
 use std::io::Write;
 use std::time::Duration;
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use anyhow::{bail, Context};
-use warden_api_types::{AuditEvent, AuditQuery, AuditRecord, Verified};
+use warden_api_types::{AuditEvent, AuditQuery, AuditRecord, NodeRecord, Verified};
 
 use crate::client::Client;
 use crate::logs::query_value;
@@ -14,6 +16,9 @@ use crate::Output;
 /// Which records (every filter narrows).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct Filter {
+    /// Only records of this node's log (on a cluster; by default every live node's)
+    #[arg(long)]
+    pub node: Option<String>,
     /// Only records about this user
     #[arg(long)]
     pub user: Option<String>,
@@ -55,15 +60,15 @@ pub struct Audit {
 /// What else `warden audit` does.
 #[derive(Debug, clap::Subcommand)]
 pub enum AuditAction {
-    /// Check that this node's log is whole (chain and anchor); exits non-zero naming the first
-    /// bad spot if not
+    /// Check that every node's log is whole (chain and anchor), one line per node; exits
+    /// non-zero naming each bad spot, or each node that could not be checked
     Verify {
         /// Read a stopped single-node warden's data dir (--data-dir) directly, its log files and
         /// embedded store, instead of asking a running API
         #[arg(long)]
         stopped: bool,
     },
-    /// Write the records as JSON lines, oldest first
+    /// Write the records as JSON lines, node by node (every live node's), each oldest first
     Export {
         /// File to write, or - for stdout
         #[arg(long)]
@@ -98,6 +103,7 @@ fn time(s: &str) -> anyhow::Result<u64> {
 
 fn query(f: &Filter, after: Option<u64>, limit: usize) -> anyhow::Result<AuditQuery> {
     Ok(AuditQuery {
+        node: f.node.clone(),
         user: f.user.clone(),
         app: f.app.clone(),
         label: f.label.clone(),
@@ -116,6 +122,7 @@ fn path(q: &AuditQuery) -> String {
             parts.push(format!("{k}={}", query_value(&v)));
         }
     };
+    add("node", q.node.clone());
     add("user", q.user.clone());
     add("app", q.app.clone());
     add("label", q.label.clone());
@@ -158,8 +165,9 @@ fn print(out: &Output, r: &AuditRecord) {
         println!("{}", serde_json::to_string(r).unwrap_or_default());
     } else {
         println!(
-            "{} {:>6} {:<12} {}",
+            "{} {:<12} {:>6} {:<12} {}",
             utc(r.at_ms),
+            r.node,
             r.seq,
             r.event.kind(),
             describe(&r.event)
@@ -174,6 +182,7 @@ pub(crate) async fn run(api: &Client, out: &Output, a: Audit) -> anyhow::Result<
         Some(AuditAction::Export { out: to, filter }) => return export(api, &filter, &to).await,
         None => {}
     }
+    let started = warden_core::model::now_ms();
     let records: Vec<AuditRecord> = api
         .call("GET", &path(&query(&a.filter, None, a.limit)?))
         .await?;
@@ -181,27 +190,92 @@ pub(crate) async fn run(api: &Client, out: &Output, a: Audit) -> anyhow::Result<
         println!("{}", serde_json::to_string_pretty(&records)?);
         return Ok(());
     }
-    let mut last = records.last().map(|r| r.seq);
     for r in &records {
         print(out, r);
     }
     if !a.follow {
         return Ok(());
     }
+    follow(api, out, &a.filter, records, started).await
+}
+
+/// Every live node's id: sequence numbers are per node, so a
+/// follower or an export keeps one cursor per node.
+async fn node_ids(api: &Client) -> anyhow::Result<BTreeSet<String>> {
+    let live: Vec<NodeRecord> = api.call("GET", "/v1/nodes").await?;
+    if live.is_empty() {
+        bail!("no node is live (`warden nodes list` is empty): no log to read");
+    }
+    Ok(live.into_iter().map(|n| n.id).collect())
+}
+
+/// Prints new records as they come, node by node after each node's last seq printed; a node
+/// not seen yet from `started` on (its clock's time: a node whose clock lags the CLI's by more
+/// than the listing took may miss records written meanwhile).
+async fn follow(
+    api: &Client,
+    out: &Output,
+    f: &Filter,
+    printed: Vec<AuditRecord>,
+    started: u64,
+) -> anyhow::Result<()> {
+    let mut cursors = BTreeMap::new();
+    for r in printed {
+        cursors.insert(r.node, r.seq);
+    }
+    let mut unreadable = BTreeSet::new();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let q = query(&a.filter, last.or(Some(0)), 10_000)?;
-        let new: Vec<AuditRecord> = api.call("GET", &path(&q)).await?;
-        for r in &new {
-            print(out, r);
+        let live = node_ids(api).await?;
+        let mut new = Vec::new();
+        for id in live
+            .iter()
+            .filter(|id| f.node.as_ref().is_none_or(|n| n == *id))
+        {
+            let mut q = query(f, cursors.get(id).copied(), 10_000)?;
+            q.node = Some(id.clone());
+            if q.after.is_none() {
+                q.since = Some(q.since.unwrap_or(0).max(started));
+            }
+            match api.call::<Vec<AuditRecord>>("GET", &path(&q)).await {
+                Ok(page) => {
+                    unreadable.remove(id);
+                    new.extend(page);
+                }
+                // Said once, not skipped silently; the follower goes on with the others.
+                Err(e) if unreadable.insert(id.clone()) => eprintln!("node {id}: {e:#}"),
+                Err(_) => {}
+            }
         }
-        last = new.last().map(|r| r.seq).or(last);
+        new.sort_by(|a, b| (a.at_ms, &a.node, a.seq).cmp(&(b.at_ms, &b.node, b.seq)));
+        for r in new {
+            print(out, &r);
+            cursors.insert(r.node, r.seq);
+        }
     }
 }
 
 async fn verify(api: &Client, out: &Output) -> anyhow::Result<()> {
-    let v: Verified = api.call("GET", "/v1/audit/verify").await?;
-    report(&v, out.json)
+    let all: Vec<Verified> = api.call("GET", "/v1/audit/verify").await?;
+    if out.json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+    }
+    let mut bad = Vec::new();
+    for v in &all {
+        match fault(v) {
+            Some(why) => bad.push(why),
+            None if !out.json => println!("{}", whole(v)),
+            None => {}
+        }
+    }
+    match bad.len() {
+        0 => Ok(()),
+        1 => bail!("{}", bad[0]),
+        n => bail!(
+            "{n} nodes' audit logs are not whole:\n  {}",
+            bad.join("\n  ")
+        ),
+    }
 }
 
 /// Prints what verify found (JSON with `json`); an error naming the first bad spot if the log
@@ -210,22 +284,36 @@ pub fn report(v: &Verified, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(v)?);
     }
-    match &v.problem {
-        None => {
-            if !json {
-                println!(
-                    "the audit log of node {} is whole: {} records to seq {}{}",
-                    v.node,
-                    v.records,
-                    v.head_seq,
-                    v.anchor_seq
-                        .map(|s| format!(", anchored at seq {s}"))
-                        .unwrap_or_else(|| ", not anchored yet".into())
-                );
-            }
-            Ok(())
-        }
-        Some(p) => bail!(
+    match fault(v) {
+        None if !json => println!("{}", whole(v)),
+        None => {}
+        Some(why) => bail!("{why}"),
+    }
+    Ok(())
+}
+
+/// A whole log, in words.
+fn whole(v: &Verified) -> String {
+    format!(
+        "the audit log of node {} is whole: {} records to seq {}{}",
+        v.node,
+        v.records,
+        v.head_seq,
+        v.anchor_seq
+            .map(|s| format!(", anchored at seq {s}"))
+            .unwrap_or_else(|| ", not anchored yet".into())
+    )
+}
+
+/// What is wrong with a log (or why it was not checked), in words; none if it is whole.
+fn fault(v: &Verified) -> Option<String> {
+    let p = v.problem.as_ref()?;
+    Some(match p.what.as_str() {
+        "unreachable" | "not live" => format!(
+            "the audit log of node {} was not checked ({}): {}",
+            v.node, p.what, p.detail
+        ),
+        _ => format!(
             "the audit log of node {} is not whole: {} at {} line {} (seq {}): {}",
             v.node,
             p.what,
@@ -234,7 +322,7 @@ pub fn report(v: &Verified, json: bool) -> anyhow::Result<()> {
             p.seq.map_or("-".into(), |s| s.to_string()),
             p.detail
         ),
-    }
+    })
 }
 
 async fn export(api: &Client, f: &Filter, to: &str) -> anyhow::Result<()> {
@@ -244,16 +332,25 @@ async fn export(api: &Client, f: &Filter, to: &str) -> anyhow::Result<()> {
             std::fs::File::create(file).with_context(|| format!("cannot write {file}"))?,
         )),
     };
-    let mut after = Some(0);
-    loop {
-        let page: Vec<AuditRecord> = api.call("GET", &path(&query(f, after, 10_000)?)).await?;
-        for r in &page {
-            writeln!(w, "{}", serde_json::to_string(r)?)
-                .with_context(|| format!("cannot write {to}"))?;
-        }
-        match page.last() {
-            Some(r) if page.len() == 10_000 => after = Some(r.seq),
-            _ => break,
+    // Sequence numbers are per node: each node's records are paged through in turn.
+    let ids = node_ids(api).await?;
+    for id in ids
+        .iter()
+        .filter(|id| f.node.as_ref().is_none_or(|n| n == *id))
+    {
+        let mut after = Some(0);
+        loop {
+            let mut q = query(f, after, 10_000)?;
+            q.node = Some(id.clone());
+            let page: Vec<AuditRecord> = api.call("GET", &path(&q)).await?;
+            for r in &page {
+                writeln!(w, "{}", serde_json::to_string(r)?)
+                    .with_context(|| format!("cannot write {to}"))?;
+            }
+            match page.last() {
+                Some(r) if page.len() == 10_000 => after = Some(r.seq),
+                _ => break,
+            }
         }
     }
     w.flush().with_context(|| format!("cannot write {to}"))

@@ -163,7 +163,7 @@ pub enum ClientCommand {
     /// Show what apps' databases hold
     #[command(subcommand)]
     Data(DataCommand),
-    /// Read this node's audit log (who reached what, who changed what), verify or export it
+    /// Read the audit logs (who reached what, who changed what; every node's on a cluster), verify or export them
     Audit(Audit),
 }
 

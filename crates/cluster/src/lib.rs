@@ -14,6 +14,7 @@
 //! implements them.
 #![forbid(unsafe_code)]
 
+mod audit;
 pub mod certs;
 pub mod checker;
 mod client;
@@ -32,6 +33,7 @@ mod slugs;
 pub mod tickets;
 mod wire;
 
+pub use audit::{watch_nodes, ClusterAudit};
 pub use certs::{new_ca, NodeTls};
 pub use checker::{Checker, CheckerStats};
 pub use client::NodeClient;

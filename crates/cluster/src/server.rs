@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio_rustls::TlsAcceptor;
+use warden_core::audit::Audit;
 use warden_core::builds::slug_files;
 use warden_core::{keys, AppSpec, InstanceAdmin, InstanceError, Releases, Unavailable};
 use warden_store::{get_json, Store};
@@ -191,6 +192,7 @@ pub async fn serve(
     stats: Arc<NodePortStats>,
     slugs: Option<std::path::PathBuf>,
     releases: Option<Arc<dyn Releases>>,
+    audit: Arc<dyn Audit>,
     mut stop: watch::Receiver<bool>,
 ) {
     let slugs = Arc::new(slugs);
@@ -213,7 +215,7 @@ pub async fn serve(
         };
         let (entry, shed) = pending.enter();
         stats.shed.fetch_add(shed as u64, Ordering::Relaxed);
-        let (acceptor, local, store, stats, admitted, slugs, releases) = (
+        let (acceptor, local, store, stats, admitted, slugs, releases, audit) = (
             acceptor.clone(),
             local.clone(),
             store.clone(),
@@ -221,6 +223,7 @@ pub async fn serve(
             admitted.clone(),
             slugs.clone(),
             releases.clone(),
+            audit.clone(),
         );
         tokio::spawn(async move {
             // Shed (`None`) or refused: the connection closes here.
@@ -237,6 +240,7 @@ pub async fn serve(
                 stats: &stats,
                 slugs: slugs.as_deref(),
                 releases: releases.as_ref(),
+                audit: &*audit,
             };
             if let Err(e) = handle(tls, ends).await {
                 tracing::debug!(%peer, error = %e, "node port connection ended");
@@ -292,6 +296,7 @@ struct Ends<'a> {
     stats: &'a NodePortStats,
     slugs: Option<&'a std::path::Path>,
     releases: Option<&'a Arc<dyn Releases>>,
+    audit: &'a dyn Audit,
 }
 
 async fn handle(
@@ -304,6 +309,7 @@ async fn handle(
         stats,
         slugs,
         releases,
+        audit,
     } = ends;
     // A peer's pings share one connection: each is answered, then the next request is read.
     let request = loop {
@@ -392,6 +398,8 @@ async fn handle(
         Request::ReleaseLog { app, number } => {
             return serve_release_log(tls, releases, &app, number).await
         }
+        Request::Audit { query } => return crate::audit::serve_query(tls, audit, query).await,
+        Request::AuditVerify => crate::audit::serve_verify(audit).await,
     };
     wire::write(&mut tls, &reply).await
 }

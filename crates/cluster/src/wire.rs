@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use warden_core::audit::{Query, Verified};
 use warden_core::{AppSpec, InstanceError, InstanceRecord, Owner, ReleaseAsk};
 
 /// Largest message accepted (an app spec is the largest thing sent).
@@ -39,6 +40,11 @@ pub(crate) enum Request {
     Release { ask: ReleaseAsk },
     /// A release's log, kept by this node: `text` pieces until `ok`.
     ReleaseLog { app: String, number: u64 },
+    /// This node's audit records for `query` (at most 10,000): JSON lines in `text` pieces
+    /// until `ok`; `refused` if its log cannot be read.
+    Audit { query: Query },
+    /// This node's audit log checked: `verified`, or `refused` if it keeps none.
+    AuditVerify,
 }
 
 /// What a node answers.
@@ -55,8 +61,11 @@ pub(crate) enum Reply {
     Blob { size: u64 },
     /// It could not be done.
     Err(InstanceError),
-    /// A release was refused before anything ran: the HTTP status and message to answer.
+    /// A release was refused before anything ran, or an audit request cannot be answered: the
+    /// HTTP status and message to answer.
     Refused { status: u16, message: String },
+    /// What this node's audit log's check found.
+    Verified(Box<Verified>),
     /// A release was taken: its progress follows.
     Stream,
 }

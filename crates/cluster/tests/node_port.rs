@@ -67,7 +67,10 @@ async fn node_port(
     let beta = NodeTls::issue(&ca_cert, &ca_key, "beta", &addr).unwrap();
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let stats = Arc::new(NodePortStats::default());
-    tokio::spawn(serve(port, beta, instance, store, stats, None, None, stop));
+    let audit = std::sync::Arc::new(warden_core::audit::NoAudit);
+    tokio::spawn(serve(
+        port, beta, instance, store, stats, None, None, audit, stop,
+    ));
     let alpha =
         NodeClient::new(&NodeTls::issue(&ca_cert, &ca_key, "alpha", "127.0.0.1:1").unwrap());
     (addr, alpha, stop_tx)

@@ -128,6 +128,10 @@ pub enum Event {
     Node {
         /// What happened.
         event: NodeEvent,
+        /// Which node joined or was lost (absent for this node's own start and stop, and in
+        /// records written before it was kept).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
     },
     /// Records that are not in the log, and why.
     Gap {
@@ -241,6 +245,9 @@ pub struct Record {
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "schema", schemars(rename = "AuditQuery"))]
 pub struct Query {
+    /// Only records of this node's log (on a cluster; one node's records all name it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// Only records about this user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
@@ -273,7 +280,8 @@ impl Query {
     /// Whether `r` is one this query wants (all but `limit`).
     pub fn matches(&self, r: &Record) -> bool {
         let e = &r.event;
-        self.user.as_deref().is_none_or(|u| e.user() == Some(u))
+        self.node.as_deref().is_none_or(|n| r.node == n)
+            && self.user.as_deref().is_none_or(|u| e.user() == Some(u))
             && self.app.as_deref().is_none_or(|a| e.app() == Some(a))
             && self
                 .label
@@ -338,6 +346,9 @@ pub enum AuditError {
     /// Reading the log failed.
     #[error("cannot read the audit log: {0}")]
     Read(String),
+    /// The query cannot be answered as asked; the message says what to ask instead.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// Resolves once a durable record is on disk (fsync'd), or says why it is not.
@@ -373,6 +384,12 @@ pub trait Audit: Send + Sync {
     /// Walks the node's log and checks it against its anchor.
     fn verify(&self) -> AuditFuture<'_, Verified> {
         Box::pin(async { Err(AuditError::NotKept) })
+    }
+    /// Every node's log checked: on one node, this node's alone; on a cluster (see
+    /// `warden_cluster::ClusterAudit`) one per node, a node that cannot be checked among them
+    /// as not whole, with why.
+    fn verify_all(&self) -> AuditFuture<'_, Vec<Verified>> {
+        Box::pin(async { self.verify().await.map(|v| vec![v]) })
     }
 }
 

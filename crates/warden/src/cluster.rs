@@ -293,6 +293,8 @@ pub struct PortServes {
     pub slugs: Option<std::path::PathBuf>,
     /// Its releases, for nodes that build nothing.
     pub releases: Option<std::sync::Arc<dyn warden_core::Releases>>,
+    /// Its audit log, read and verified by other nodes' APIs.
+    pub audit: std::sync::Arc<dyn warden_core::audit::Audit>,
 }
 
 /// The cluster's `Instances` for this node: its own agent's directly, other nodes' through
@@ -307,7 +309,11 @@ pub async fn instances(
     serves: PortServes,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<Wired> {
-    let PortServes { slugs, releases } = serves;
+    let PortServes {
+        slugs,
+        releases,
+        audit,
+    } = serves;
     let advertise = port
         .as_ref()
         .map_or_else(|| "127.0.0.1:0".to_owned(), |p| p.advertise.to_string());
@@ -322,6 +328,7 @@ pub async fn instances(
             stats.clone(),
             slugs,
             releases,
+            audit,
             stop.clone(),
         ))),
         _ => None,

@@ -53,7 +53,7 @@ enum Command {
     Logs(LogsCmd),
     /// Show what apps' databases hold
     Data(DataCmd),
-    /// Read this node's audit log (who reached what, who changed what), verify or export it
+    /// Read the audit logs (who reached what, who changed what; every node's on a cluster), verify or export them
     Audit(Box<AuditCmd>),
     /// Push an app's source: build it once, try it, roll it out with no downtime
     Push(PushCmd),

@@ -175,6 +175,8 @@ struct Sources {
     node_releases: Option<Arc<warden_core::LocalReleases>>,
     /// On a cluster node without the agent, where its API has releases made.
     forwarder: Option<Arc<dyn warden_core::Releases>>,
+    /// On a cluster, every node's audit log, for the API to read and verify.
+    cluster_audit: Option<Arc<dyn warden_core::audit::Audit>>,
 }
 
 /// Starts the agent if this node runs one and, on a cluster, the node port, the instances of
@@ -187,6 +189,7 @@ async fn sources(
     joined: Option<&cluster::Joined>,
     node: &str,
     identity: &IdentityKey,
+    audit: &Arc<dyn warden_core::audit::Audit>,
     stop_rx: &watch::Receiver<bool>,
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
 ) -> anyhow::Result<Sources> {
@@ -220,7 +223,7 @@ async fn sources(
     let local: Option<Arc<dyn InstanceAdmin>> =
         agent.clone().map(|a| Arc::new(a) as Arc<dyn InstanceAdmin>);
     let (mut node_port_stats, mut checker_stats, mut peers) = (None, None, None);
-    let (mut node_releases, mut forwarder) = (None, None);
+    let (mut node_releases, mut forwarder, mut cluster_audit) = (None, None, None);
     let instances = match joined {
         Some(j) => {
             let made_here = agent
@@ -237,6 +240,7 @@ async fn sources(
                     releases: made_here
                         .clone()
                         .map(|r| r as Arc<dyn warden_core::Releases>),
+                    audit: audit.clone(),
                 },
                 stop_rx.clone(),
             )
@@ -258,6 +262,21 @@ async fn sources(
                     wired.client.clone(),
                     wired.directory.clone(),
                     node.to_owned(),
+                )));
+            }
+            if audit.kept() {
+                cluster_audit = Some(Arc::new(warden_cluster::ClusterAudit::new(
+                    node.to_owned(),
+                    audit.clone(),
+                    wired.client.clone(),
+                    wired.directory.clone(),
+                    store.clone(),
+                )) as Arc<dyn warden_core::audit::Audit>);
+                tasks.push(tokio::spawn(warden_cluster::watch_nodes(
+                    node.to_owned(),
+                    wired.directory.clone(),
+                    audit.clone(),
+                    stop_rx.clone(),
                 )));
             }
             node_port_stats = Some(wired.stats);
@@ -301,6 +320,7 @@ async fn sources(
         peers,
         node_releases,
         forwarder,
+        cluster_audit,
     })
 }
 
@@ -380,6 +400,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         joined.as_ref(),
         &node,
         &identity,
+        &audit,
         &stop_rx,
         &mut tasks,
     )
@@ -406,8 +427,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     let mut at = Endpoints::default();
     if cfg.runs(Role::Api) || agent.is_some() {
-        let mut releases =
-            api::release_api(&cfg, &store, &token, &sources)?.with_audit(audit.clone());
+        let mut releases = api::release_api(&cfg, &store, &token, &sources)?.with_audit(
+            // On a cluster, the API reads and verifies every node's log; records go to this one.
+            sources
+                .cluster_audit
+                .clone()
+                .unwrap_or_else(|| audit.clone()),
+        );
         if let Some(d) = &data_plane {
             releases = releases.with_data(d.clone());
         }

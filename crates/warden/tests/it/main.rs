@@ -68,6 +68,7 @@ mod api_only;
 mod app_contract;
 mod audit;
 mod audit_access;
+mod audit_cluster;
 mod cli;
 mod cluster;
 mod cluster_routing;

@@ -1,0 +1,174 @@
+//! A cluster's audit logs read and verified together (issue 35), on a real etcd: two nodes each
+//! keep their own log; one node's API lists the records of both, merged by time, and verifies
+//! both logs; a line edited in the other node's log fails verify naming that node, file and
+//! line; a node that stops is recorded as lost by the one that saw it go, and verify says it
+//! cannot be reached rather than skipping it.
+
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use warden_test_support::etcd::EtcdCluster;
+use warden_test_support::http::basic;
+use warden_test_support::{cli, request, wait_until, Warden};
+
+use crate::cluster::{join_token, node, nodes};
+use crate::BIN;
+
+fn run(w: &Warden, args: &[&str]) -> (bool, String, String) {
+    let env = [
+        ("WARDEN_API", w.api.as_str()),
+        ("WARDEN_TOKEN", w.token.as_str()),
+    ];
+    cli(BIN, args, &env)
+}
+
+/// The records `warden audit --json` lists through `w`'s API, with `args` added.
+fn records(w: &Warden, args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["audit", "--json", "--limit", "10000"];
+    all.extend_from_slice(args);
+    let (ok, out, err) = run(w, &all);
+    assert!(ok, "{err}");
+    serde_json::from_str(&out).expect("--json prints JSON")
+}
+
+/// The only segment of the log under data dir `dir`.
+fn segment(dir: &Path) -> PathBuf {
+    let mut segs: Vec<_> = std::fs::read_dir(dir.join("audit"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    assert_eq!(segs.len(), 1, "{segs:?}");
+    segs.pop().unwrap()
+}
+
+/// A failed sign-in through `w`'s gateway, as `user`.
+fn sign_in_fails(w: &Warden, user: &str) {
+    let url = format!("{}/apps/nothing/", w.gateway);
+    let r = request(
+        "GET",
+        &url,
+        &[("authorization", &basic(user, "not the password"))],
+        b"",
+    );
+    assert_eq!(r.status, 401, "{}", r.text());
+}
+
+#[test]
+fn one_api_reads_and_verifies_every_nodes_log_and_a_lost_node_is_recorded_and_not_skipped() {
+    let cluster = EtcdCluster::start(1);
+    let flush = ["--audit-flush-ms", "500"];
+    let alpha = node(&cluster, "alpha", &flush).start();
+    let token = join_token(&alpha);
+    let mut beta = node(
+        &cluster,
+        "beta",
+        &["--join-token-file", &token, "--audit-flush-ms", "500"],
+    )
+    .start();
+    wait_until("both nodes live", Duration::from_secs(20), || {
+        (nodes(&alpha).len() == 2).then_some(())
+    });
+
+    // A request through each node's gateway and a change through each node's API.
+    for (w, name) in [(&alpha, "alpha"), (&beta, "beta")] {
+        sign_in_fails(w, &format!("intruder-{name}"));
+        let app = format!("app-{name}");
+        let (ok, _, err) = run(w, &["apps", "create", &app, "--", BIN, "demo-app"]);
+        assert!(ok, "{err}");
+    }
+
+    // Through alpha's API alone: both nodes' records, each naming its node, merged by time.
+    let listed = wait_until(
+        "both nodes' sign-ins and changes listed through one API",
+        Duration::from_secs(20),
+        || {
+            let all = records(&alpha, &[]);
+            let has = |node: &str, f: &dyn Fn(&Value) -> bool| {
+                all.iter().any(|r| r["node"] == node && f(&r["event"]))
+            };
+            let wanted = ["alpha", "beta"].iter().all(|n| {
+                has(n, &|e| e["user"] == format!("intruder-{n}"))
+                    && has(n, &|e| {
+                        e["target"] == format!("app-{n}") && e["outcome"] == "201"
+                    })
+            });
+            wanted.then_some(all)
+        },
+    );
+    let times: Vec<u64> = listed
+        .iter()
+        .map(|r| r["at_ms"].as_u64().unwrap())
+        .collect();
+    assert!(times.is_sorted(), "records are merged by time: {times:?}");
+    // Alpha saw beta join, in its own log.
+    let alpha_nodes = records(&alpha, &["--node", "alpha", "--kind", "node"]);
+    assert!(
+        alpha_nodes
+            .iter()
+            .any(|r| r["event"]["event"] == "joined" && r["event"]["node"] == "beta"),
+        "{alpha_nodes:#?}"
+    );
+    assert!(alpha_nodes.iter().all(|r| r["node"] == "alpha"));
+    let (ok, out, err) = run(&alpha, &["audit"]);
+    assert!(
+        ok && out.contains(" beta ") && out.contains(" alpha "),
+        "{out}{err}"
+    );
+
+    // Both logs verify through alpha's API.
+    let (ok, out, err) = run(&alpha, &["audit", "verify"]);
+    assert!(ok, "verify fails on untouched logs: {out}{err}");
+    for n in ["alpha", "beta"] {
+        assert!(out.contains(&format!("node {n} is whole")), "{out}");
+    }
+
+    // Someone edits beta's log in place (beta runs on: verify reads the file), same length.
+    let seg = segment(&beta.dir);
+    let text = std::fs::read_to_string(&seg).unwrap();
+    let at = text
+        .lines()
+        .position(|l| l.contains("\"outcome\":\"201\"") && l.contains("\"app-beta\""))
+        .expect("beta's change is in its log");
+    let offset = text.lines().take(at).map(|l| l.len() + 1).sum::<usize>();
+    let line = text.lines().nth(at).unwrap();
+    let name_at = offset + line.find("\"app-beta\"").unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.seek(SeekFrom::Start(name_at as u64)).unwrap();
+    f.write_all(b"\"app-xeta\"").unwrap();
+    drop(f);
+    let file = seg.file_name().unwrap().to_string_lossy().into_owned();
+    let spot = format!("edited at {file} line {}", at + 1);
+    let (ok, out, err) = run(&alpha, &["audit", "verify"]);
+    assert!(!ok, "verify passes with beta's log edited: {out}");
+    assert!(
+        err.contains("node beta") && err.contains(&spot),
+        "verify must name beta and {spot:?}: {err}"
+    );
+    assert!(out.contains("node alpha is whole"), "{out}");
+
+    // Beta stops: alpha records it lost, and verify says beta cannot be reached.
+    beta.stop();
+    wait_until("alpha records beta lost", Duration::from_secs(20), || {
+        records(&alpha, &["--node", "alpha", "--kind", "node"])
+            .iter()
+            .any(|r| r["event"]["event"] == "lost" && r["event"]["node"] == "beta")
+            .then_some(())
+    });
+    let (ok, out, err) = run(&alpha, &["audit", "verify"]);
+    assert!(!ok, "verify passes with beta not live: {out}");
+    assert!(
+        err.contains("node beta was not checked") && err.contains("cannot be reached"),
+        "{err}"
+    );
+    let v = alpha.api("GET", "/v1/audit/verify", None).json();
+    let by_node: Vec<(&str, bool)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["node"].as_str().unwrap(), v["ok"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(by_node, [("alpha", true), ("beta", false)], "{v}");
+}
