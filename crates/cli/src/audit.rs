@@ -220,7 +220,8 @@ async fn follow(
     started: u64,
 ) -> anyhow::Result<()> {
     let mut cursors = BTreeMap::new();
-    for r in printed {
+    // A notice that a node's log could not be read (seq 0) is no cursor.
+    for r in printed.into_iter().filter(|r| r.seq > 0) {
         cursors.insert(r.node, r.seq);
     }
     let mut unreadable = BTreeSet::new();
@@ -332,8 +333,10 @@ async fn export(api: &Client, f: &Filter, to: &str) -> anyhow::Result<()> {
             std::fs::File::create(file).with_context(|| format!("cannot write {file}"))?,
         )),
     };
-    // Sequence numbers are per node: each node's records are paged through in turn.
+    // Sequence numbers are per node: each node's records are paged through in turn. A node
+    // whose log cannot be read does not stop the others', but fails the export at its end.
     let ids = node_ids(api).await?;
+    let mut unread = Vec::new();
     for id in ids
         .iter()
         .filter(|id| f.node.as_ref().is_none_or(|n| n == *id))
@@ -342,7 +345,13 @@ async fn export(api: &Client, f: &Filter, to: &str) -> anyhow::Result<()> {
         loop {
             let mut q = query(f, after, 10_000)?;
             q.node = Some(id.clone());
-            let page: Vec<AuditRecord> = api.call("GET", &path(&q)).await?;
+            let page: Vec<AuditRecord> = match api.call("GET", &path(&q)).await {
+                Ok(p) => p,
+                Err(e) => {
+                    unread.push(format!("node {id}: {e:#}"));
+                    break;
+                }
+            };
             for r in &page {
                 writeln!(w, "{}", serde_json::to_string(r)?)
                     .with_context(|| format!("cannot write {to}"))?;
@@ -353,5 +362,12 @@ async fn export(api: &Client, f: &Filter, to: &str) -> anyhow::Result<()> {
             }
         }
     }
-    w.flush().with_context(|| format!("cannot write {to}"))
+    w.flush().with_context(|| format!("cannot write {to}"))?;
+    if !unread.is_empty() {
+        bail!(
+            "{to} lacks these nodes' records (their logs could not be read):\n  {}",
+            unread.join("\n  ")
+        );
+    }
+    Ok(())
 }

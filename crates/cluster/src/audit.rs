@@ -86,11 +86,8 @@ impl ClusterAudit {
         if id == self.me {
             return self.local.query(q).await;
         }
-        let unreachable = |why: String| {
-            AuditError::Read(format!(
-                "node {id}'s log cannot be read: {why}; ask for the other nodes' records with node=<name>"
-            ))
-        };
+        let unreachable =
+            |why: String| AuditError::Read(format!("node {id}'s log cannot be read: {why}"));
         let addr = self.addr(id).map_err(unreachable)?;
         let limit = q.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT);
         let exchange = async {
@@ -123,8 +120,8 @@ impl ClusterAudit {
         }
     }
 
-    /// Every live node's records for `q`, merged by time; the newest `limit` (none of them
-    /// skipped: a node that cannot be read fails the whole answer, naming it).
+    /// Every live node's records for `q`, merged by time; the newest `limit`, then for each
+    /// live node whose log could not be read a notice saying so (none skipped silently).
     async fn query_all(&self, q: Query) -> Result<Vec<Record>, AuditError> {
         if q.after.is_some() {
             // Sequence numbers are per node: a cursor means nothing across nodes.
@@ -135,13 +132,20 @@ impl ClusterAudit {
         let limit = q.limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT);
         let ids = self.live_ids();
         let asks = ids.iter().map(|id| self.query_node(id, q.clone()));
-        let mut all = Vec::new();
-        for answer in futures_util::future::join_all(asks).await {
-            all.extend(answer?);
+        let (mut all, mut unread) = (Vec::new(), Vec::new());
+        for (id, answer) in ids.iter().zip(futures_util::future::join_all(asks).await) {
+            match answer {
+                Ok(records) => all.extend(records),
+                // This node's own log unreadable is the answer's failure.
+                Err(e) if *id == self.me => return Err(e),
+                Err(e) => unread.push(unread_notice(id, &self.me, &e)),
+            }
         }
         all.sort_by(|a, b| (a.at_ms, &a.node, a.seq).cmp(&(b.at_ms, &b.node, b.seq)));
         let skip = all.len().saturating_sub(limit);
         all.drain(..skip);
+        // Last, whatever the filter: the answer says which logs it lacks, never silently.
+        all.extend(unread);
         Ok(all)
     }
 
@@ -218,6 +222,23 @@ impl ClusterAudit {
         }
         out.sort_by(|a, b| a.node.cmp(&b.node));
         Ok(out)
+    }
+}
+
+/// Said in a merged answer for live node `id` whose log `me` could not read: a `gap` record
+/// of `id` with seq 0 (no record of a log has it) and no hash, so no reader takes it for one of
+/// the log's own.
+fn unread_notice(id: &str, me: &str, e: &AuditError) -> Record {
+    Record {
+        seq: 0,
+        at_ms: warden_core::model::now_ms(),
+        node: id.to_owned(),
+        event: Event::Gap {
+            why: format!("not in this answer (read through node {me}): {e}"),
+            lost: None,
+        },
+        prev: String::new(),
+        hash: String::new(),
     }
 }
 

@@ -1,12 +1,15 @@
 //! A cluster's audit logs read and verified together (issue 35), on a real etcd: two nodes each
 //! keep their own log; one node's API lists the records of both, merged by time, and verifies
 //! both logs; a line edited in the other node's log fails verify naming that node, file and
-//! line; a node that stops is recorded as lost by the one that saw it go, and verify says it
-//! cannot be reached rather than skipping it.
+//! line; `--follow` through one node prints another's new records; a node that stops is
+//! recorded as lost by the one that saw it go, and verify says it cannot be reached rather than
+//! skipping it; a node whose log no other node can read (gateway only) is said, not skipped.
 
-use std::io::{Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use warden_test_support::etcd::EtcdCluster;
@@ -31,6 +34,59 @@ fn records(w: &Warden, args: &[&str]) -> Vec<Value> {
     let (ok, out, err) = run(w, &all);
     assert!(ok, "{err}");
     serde_json::from_str(&out).expect("--json prints JSON")
+}
+
+/// `warden audit --follow --json` through `w`'s API, its lines as they come (the child is
+/// killed when the guard drops).
+fn follow(w: &Warden) -> (ChildGuard, mpsc::Receiver<String>) {
+    let mut child = Command::new(BIN)
+        .args(["audit", "--follow", "--json", "--limit", "1"])
+        .env_remove("WARDEN_CONFIG")
+        .env_remove("WARDEN_DATA_DIR")
+        .env("XDG_CONFIG_HOME", "/nonexistent-warden-test")
+        .env("WARDEN_API", &w.api)
+        .env("WARDEN_TOKEN", &w.token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("warden audit --follow runs");
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (ChildGuard(child), rx)
+}
+
+/// The first line `lines` brings that is the `201` change of `app`.
+fn printed_change(lines: &mpsc::Receiver<String>, app: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(line) = lines.recv_timeout(left) else {
+            panic!("--follow never printed the change of {app}: {seen:#?}");
+        };
+        let r: Value = serde_json::from_str(&line).expect("--follow --json prints JSON lines");
+        if r["event"]["target"] == app && r["event"]["outcome"] == "201" {
+            return r;
+        }
+        seen.push(r);
+    }
+}
+
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The only segment of the log under data dir `dir`.
@@ -118,6 +174,17 @@ fn one_api_reads_and_verifies_every_nodes_log_and_a_lost_node_is_recorded_and_no
         "{out}{err}"
     );
 
+    // Following through alpha's API: changes made through beta's come as they are made, the
+    // first from where the follower began, the next after beta's last record printed.
+    let (following, lines) = follow(&alpha);
+    for app in ["app-followed", "app-followed-next"] {
+        let (ok, _, err) = run(&beta, &["apps", "create", app, "--", BIN, "demo-app"]);
+        assert!(ok, "{err}");
+        let followed = printed_change(&lines, app);
+        assert_eq!(followed["node"], "beta", "{followed}");
+    }
+    drop(following);
+
     // Both logs verify through alpha's API.
     let (ok, out, err) = run(&alpha, &["audit", "verify"]);
     assert!(ok, "verify fails on untouched logs: {out}{err}");
@@ -163,6 +230,31 @@ fn one_api_reads_and_verifies_every_nodes_log_and_a_lost_node_is_recorded_and_no
         err.contains("node beta was not checked") && err.contains("cannot be reached"),
         "{err}"
     );
+
+    // A node without a node port (gateway only) keeps a log no other node can read: the
+    // merged answer says so for it, and verify lists it as not checked.
+    let _gamma = node(
+        &cluster,
+        "gamma",
+        &["--roles", "gateway", "--join-token-file", &token],
+    )
+    .start();
+    wait_until("gamma live", Duration::from_secs(20), || {
+        nodes(&alpha).contains_key("gamma").then_some(())
+    });
+    let notices: Vec<Value> = records(&alpha, &["--kind", "change"])
+        .into_iter()
+        .filter(|r| r["node"] == "gamma")
+        .collect();
+    assert!(
+        notices.len() == 1
+            && notices[0]["seq"] == 0
+            && notices[0]["event"]["kind"] == "gap"
+            && notices[0]["event"]["why"]
+                .as_str()
+                .is_some_and(|w| w.contains("serves no node port")),
+        "{notices:#?}"
+    );
     let v = alpha.api("GET", "/v1/audit/verify", None).json();
     let by_node: Vec<(&str, bool)> = v
         .as_array()
@@ -170,5 +262,10 @@ fn one_api_reads_and_verifies_every_nodes_log_and_a_lost_node_is_recorded_and_no
         .iter()
         .map(|v| (v["node"].as_str().unwrap(), v["ok"].as_bool().unwrap()))
         .collect();
-    assert_eq!(by_node, [("alpha", true), ("beta", false)], "{v}");
+    assert_eq!(
+        by_node,
+        [("alpha", true), ("beta", false), ("gamma", false)],
+        "{v}"
+    );
+    assert_eq!(v[2]["problem"]["what"], "unreachable", "{v}");
 }
