@@ -63,8 +63,13 @@ fn follow(w: &Warden) -> (ChildGuard, mpsc::Receiver<String>) {
     (ChildGuard(child), rx)
 }
 
-/// The first line `lines` brings that is the `201` change of `app`.
-fn printed_change(lines: &mpsc::Receiver<String>, app: &str) -> Value {
+/// The first line `lines` brings that is the `201` change of `app`; each record printed once
+/// (`printed`: those so far, by node and seq).
+fn printed_change(
+    lines: &mpsc::Receiver<String>,
+    app: &str,
+    printed: &mut std::collections::BTreeSet<(String, u64)>,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut seen = Vec::new();
     loop {
@@ -73,6 +78,11 @@ fn printed_change(lines: &mpsc::Receiver<String>, app: &str) -> Value {
             panic!("--follow never printed the change of {app}: {seen:#?}");
         };
         let r: Value = serde_json::from_str(&line).expect("--follow --json prints JSON lines");
+        let at = (
+            r["node"].as_str().unwrap().to_owned(),
+            r["seq"].as_u64().unwrap(),
+        );
+        assert!(printed.insert(at), "--follow printed a record twice: {r}");
         if r["event"]["target"] == app && r["event"]["outcome"] == "201" {
             return r;
         }
@@ -177,10 +187,11 @@ fn one_api_reads_and_verifies_every_nodes_log_and_a_lost_node_is_recorded_and_no
     // Following through alpha's API: changes made through beta's come as they are made, the
     // first from where the follower began, the next after beta's last record printed.
     let (following, lines) = follow(&alpha);
+    let mut printed = std::collections::BTreeSet::new();
     for app in ["app-followed", "app-followed-next"] {
         let (ok, _, err) = run(&beta, &["apps", "create", app, "--", BIN, "demo-app"]);
         assert!(ok, "{err}");
-        let followed = printed_change(&lines, app);
+        let followed = printed_change(&lines, app, &mut printed);
         assert_eq!(followed["node"], "beta", "{followed}");
     }
     drop(following);
