@@ -16,8 +16,11 @@ use warden_test_support::etcd::EtcdCluster;
 use warden_test_support::http::basic;
 use warden_test_support::{cli, request, wait_until, Warden};
 
-use crate::cluster::{join_token, node, nodes};
+use crate::cluster::{join_token, leased_node, nodes};
 use crate::BIN;
+
+/// Every node's lease.
+const LEASE: &str = "10s";
 
 fn run(w: &Warden, args: &[&str]) -> (bool, String, String) {
     let env = [
@@ -126,11 +129,14 @@ fn sign_in_fails(w: &Warden, user: &str) {
 fn one_api_reads_and_verifies_every_nodes_log_and_a_lost_node_is_recorded_and_not_skipped() {
     let cluster = EtcdCluster::start(1);
     let flush = ["--audit-flush-ms", "500"];
-    let alpha = node(&cluster, "alpha", &flush).start();
+    // Leases long enough that a loaded machine's late heartbeat loses no node; a clean stop
+    // deregisters at once anyway.
+    let alpha = leased_node(&cluster, "alpha", LEASE, &flush).start();
     let token = join_token(&alpha);
-    let mut beta = node(
+    let mut beta = leased_node(
         &cluster,
         "beta",
+        LEASE,
         &["--join-token-file", &token, "--audit-flush-ms", "500"],
     )
     .start();
@@ -138,20 +144,51 @@ fn one_api_reads_and_verifies_every_nodes_log_and_a_lost_node_is_recorded_and_no
         (nodes(&alpha).len() == 2).then_some(())
     });
 
+    both_nodes_records_through_one_api(&alpha, &beta);
+    follow_through_one_api(&alpha, &beta);
+    // Both logs verify through alpha's API.
+    let (ok, out, err) = run(&alpha, &["audit", "verify"]);
+    assert!(ok, "verify fails on untouched logs: {out}{err}");
+    for n in ["alpha", "beta"] {
+        assert!(out.contains(&format!("node {n} is whole")), "{out}");
+    }
+
+    an_edit_in_the_other_nodes_log_fails_verify(&alpha, &beta);
+
+    // Beta stops: alpha records it lost, and verify says beta cannot be reached.
+    beta.stop();
+    wait_until("alpha records beta lost", Duration::from_secs(20), || {
+        records(&alpha, &["--node", "alpha", "--kind", "node"])
+            .iter()
+            .any(|r| r["event"]["event"] == "lost" && r["event"]["node"] == "beta")
+            .then_some(())
+    });
+    let (ok, out, err) = run(&alpha, &["audit", "verify"]);
+    assert!(!ok, "verify passes with beta not live: {out}");
+    assert!(
+        err.contains("node beta was not checked") && err.contains("cannot be reached"),
+        "{err}"
+    );
+
+    a_node_without_a_node_port_is_said_not_skipped(&cluster, &alpha, &token);
+}
+
+/// A request through each node's gateway and a change through each node's API; through
+/// alpha's API alone, both nodes' records, each naming its node, merged by time.
+fn both_nodes_records_through_one_api(alpha: &Warden, beta: &Warden) {
     // A request through each node's gateway and a change through each node's API.
-    for (w, name) in [(&alpha, "alpha"), (&beta, "beta")] {
+    for (w, name) in [(alpha, "alpha"), (beta, "beta")] {
         sign_in_fails(w, &format!("intruder-{name}"));
         let app = format!("app-{name}");
         let (ok, _, err) = run(w, &["apps", "create", &app, "--", BIN, "demo-app"]);
         assert!(ok, "{err}");
     }
 
-    // Through alpha's API alone: both nodes' records, each naming its node, merged by time.
     let listed = wait_until(
         "both nodes' sign-ins and changes listed through one API",
         Duration::from_secs(20),
         || {
-            let all = records(&alpha, &[]);
+            let all = records(alpha, &[]);
             let has = |node: &str, f: &dyn Fn(&Value) -> bool| {
                 all.iter().any(|r| r["node"] == node && f(&r["event"]))
             };
@@ -170,7 +207,7 @@ fn one_api_reads_and_verifies_every_nodes_log_and_a_lost_node_is_recorded_and_no
         .collect();
     assert!(times.is_sorted(), "records are merged by time: {times:?}");
     // Alpha saw beta join, in its own log.
-    let alpha_nodes = records(&alpha, &["--node", "alpha", "--kind", "node"]);
+    let alpha_nodes = records(alpha, &["--node", "alpha", "--kind", "node"]);
     assert!(
         alpha_nodes
             .iter()
@@ -178,32 +215,31 @@ fn one_api_reads_and_verifies_every_nodes_log_and_a_lost_node_is_recorded_and_no
         "{alpha_nodes:#?}"
     );
     assert!(alpha_nodes.iter().all(|r| r["node"] == "alpha"));
-    let (ok, out, err) = run(&alpha, &["audit"]);
+    let (ok, out, err) = run(alpha, &["audit"]);
     assert!(
         ok && out.contains(" beta ") && out.contains(" alpha "),
         "{out}{err}"
     );
+}
 
-    // Following through alpha's API: changes made through beta's come as they are made, the
-    // first from where the follower began, the next after beta's last record printed.
-    let (following, lines) = follow(&alpha);
+/// Following through alpha's API: changes made through beta's come as they are made, the
+/// first from where the follower began, the next after beta's last record printed; each
+/// record printed once.
+fn follow_through_one_api(alpha: &Warden, beta: &Warden) {
+    let (following, lines) = follow(alpha);
     let mut printed = std::collections::BTreeSet::new();
     for app in ["app-followed", "app-followed-next"] {
-        let (ok, _, err) = run(&beta, &["apps", "create", app, "--", BIN, "demo-app"]);
+        let (ok, _, err) = run(beta, &["apps", "create", app, "--", BIN, "demo-app"]);
         assert!(ok, "{err}");
         let followed = printed_change(&lines, app, &mut printed);
         assert_eq!(followed["node"], "beta", "{followed}");
     }
     drop(following);
+}
 
-    // Both logs verify through alpha's API.
-    let (ok, out, err) = run(&alpha, &["audit", "verify"]);
-    assert!(ok, "verify fails on untouched logs: {out}{err}");
-    for n in ["alpha", "beta"] {
-        assert!(out.contains(&format!("node {n} is whole")), "{out}");
-    }
-
-    // Someone edits beta's log in place (beta runs on: verify reads the file), same length.
+/// Someone edits beta's log in place (beta runs on: verify reads the file), same length:
+/// verify through alpha fails naming beta, the file and the line.
+fn an_edit_in_the_other_nodes_log_fails_verify(alpha: &Warden, beta: &Warden) {
     let seg = segment(&beta.dir);
     let text = std::fs::read_to_string(&seg).unwrap();
     let at = text
@@ -219,41 +255,33 @@ fn one_api_reads_and_verifies_every_nodes_log_and_a_lost_node_is_recorded_and_no
     drop(f);
     let file = seg.file_name().unwrap().to_string_lossy().into_owned();
     let spot = format!("edited at {file} line {}", at + 1);
-    let (ok, out, err) = run(&alpha, &["audit", "verify"]);
+    let (ok, out, err) = run(alpha, &["audit", "verify"]);
     assert!(!ok, "verify passes with beta's log edited: {out}");
     assert!(
         err.contains("node beta") && err.contains(&spot),
         "verify must name beta and {spot:?}: {err}"
     );
     assert!(out.contains("node alpha is whole"), "{out}");
+}
 
-    // Beta stops: alpha records it lost, and verify says beta cannot be reached.
-    beta.stop();
-    wait_until("alpha records beta lost", Duration::from_secs(20), || {
-        records(&alpha, &["--node", "alpha", "--kind", "node"])
-            .iter()
-            .any(|r| r["event"]["event"] == "lost" && r["event"]["node"] == "beta")
-            .then_some(())
-    });
-    let (ok, out, err) = run(&alpha, &["audit", "verify"]);
-    assert!(!ok, "verify passes with beta not live: {out}");
-    assert!(
-        err.contains("node beta was not checked") && err.contains("cannot be reached"),
-        "{err}"
-    );
-
-    // A node without a node port (gateway only) keeps a log no other node can read: the
-    // merged answer says so for it, and verify lists it as not checked.
-    let _gamma = node(
-        &cluster,
+/// A node without a node port (gateway only) keeps a log no other node can read: the merged
+/// answer says so for it, and verify lists it as not checked.
+fn a_node_without_a_node_port_is_said_not_skipped(
+    cluster: &EtcdCluster,
+    alpha: &Warden,
+    token: &str,
+) {
+    let _gamma = leased_node(
+        cluster,
         "gamma",
-        &["--roles", "gateway", "--join-token-file", &token],
+        LEASE,
+        &["--roles", "gateway", "--join-token-file", token],
     )
     .start();
     wait_until("gamma live", Duration::from_secs(20), || {
-        nodes(&alpha).contains_key("gamma").then_some(())
+        nodes(alpha).contains_key("gamma").then_some(())
     });
-    let notices: Vec<Value> = records(&alpha, &["--kind", "change"])
+    let notices: Vec<Value> = records(alpha, &["--kind", "change"])
         .into_iter()
         .filter(|r| r["node"] == "gamma")
         .collect();
