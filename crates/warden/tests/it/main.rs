@@ -69,6 +69,7 @@ mod app_contract;
 mod audit;
 mod audit_access;
 mod audit_cluster;
+mod audit_crash;
 mod cli;
 mod cluster;
 mod cluster_routing;
