@@ -148,6 +148,14 @@ impl Data {
         Admin::new(&self.server, self.key.clone(), lattice)
     }
 
+    /// `app`'s declassified rows no audit record names yet (see [`schema::Claim`]).
+    pub async fn claim_declassified(
+        &self,
+        app: &str,
+    ) -> Result<Option<schema::Claim>, SchemaError> {
+        self.admin().claim_declassified(app).await
+    }
+
     /// Ranks labels under `lattice` from now on, and re-ranks every app's labels.
     pub async fn set_lattice(&self, lattice: Lattice) {
         *self.lattice.write().unwrap_or_else(|e| e.into_inner()) = lattice.clone();

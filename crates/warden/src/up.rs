@@ -16,6 +16,7 @@ use crate::{cluster, demo, files, no_agent};
 
 mod api;
 pub(crate) mod audit;
+mod declassified;
 mod tls;
 
 fn gateway_config(
@@ -382,6 +383,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         }
         Err(why) => Err(why),
     };
+    if let (Ok(d), true) = (&data, audit.kept()) {
+        tasks.push(tokio::spawn(declassified::follow(
+            store.clone(),
+            d.clone(),
+            audit.clone(),
+            Duration::from_millis(cfg.audit_flush_ms),
+            stop_rx.clone(),
+        )));
+    }
     // After the data server: the demo app gets data where the node has it.
     let demo_users = if cfg.demo {
         let data = data.as_ref().ok().map(|d| &**d);

@@ -21,6 +21,7 @@ use warden_auth::lattice::{Lattice, LatticeError};
 use crate::server::{Endpoint, Server, ServerError};
 
 mod conns;
+mod declassified;
 mod label;
 mod names;
 mod sql;
@@ -28,6 +29,7 @@ mod sql;
 use names::{check_name, check_user, hex, is_warden_role, quote_literal};
 pub use names::{db_name, label_role_name, owner_role_name, quote_ident};
 
+pub use declassified::{Claim, Declassified};
 pub use label::{AppData, TableData};
 
 /// The 32-byte key every role password is derived from.
@@ -179,6 +181,9 @@ impl<'a> Admin<'a> {
         c.batch_execute(sql::REVOKE_FUNCTIONS)
             .await
             .map_err(sql("revoking functions from PUBLIC"))?;
+        c.batch_execute(sql::DECLASSIFIED_AUDIT).await.map_err(sql(
+            "making warden.declassified readable by the audit trail",
+        ))?;
         let q = quote_ident(&owner);
         c.batch_execute(&format!(
             "ALTER SCHEMA public OWNER TO {q};\

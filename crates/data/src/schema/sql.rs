@@ -349,6 +349,44 @@ END
 $$;
 "#;
 
+/// What the audit trail reads `warden.declassified` by (idempotent; run at `create_app` and
+/// before the first read, so databases made before it get it too): an id in write order and
+/// whether the row is recorded yet. Rows older than these columns count as not recorded, so
+/// the first read after an upgrade records them. The stamping trigger's definer needs the
+/// id's sequence. One implicit transaction: two nodes running it at once leave one column.
+pub const DECLASSIFIED_AUDIT: &str = r#"
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'warden.declassified'::regclass
+                   AND attname = 'audited' AND NOT attisdropped) THEN
+        ALTER TABLE warden.declassified ADD COLUMN IF NOT EXISTS id bigserial,
+            ADD COLUMN IF NOT EXISTS audited boolean NOT NULL DEFAULT false;
+    END IF;
+END
+$$;
+CREATE INDEX IF NOT EXISTS declassified_unaudited ON warden.declassified (id) WHERE NOT audited;
+REVOKE ALL ON SEQUENCE warden.declassified_id_seq FROM PUBLIC;
+GRANT USAGE ON SEQUENCE warden.declassified_id_seq TO warden_definer;
+"#;
+
+/// Claims the rows of `warden.declassified` no record names yet (at most 100,000, oldest
+/// first; the rest wait for the next read), marks them recorded and sums them per (from, to)
+/// label name. Run inside a transaction committed only once the records are durable: rows
+/// another node's open claim holds are skipped, not read twice.
+pub const CLAIM_DECLASSIFIED: &str = r#"
+WITH done AS (
+    UPDATE warden.declassified SET audited = true
+    WHERE id IN (SELECT id FROM warden.declassified WHERE NOT audited
+                 ORDER BY id LIMIT 100000 FOR UPDATE SKIP LOCKED)
+    RETURNING from_label, to_label
+)
+SELECT coalesce(f.label, '#' || d.from_label), coalesce(t.label, '#' || d.to_label), count(*)
+FROM done d
+LEFT JOIN warden.labels f ON f.id = d.from_label
+LEFT JOIN warden.labels t ON t.id = d.to_label
+GROUP BY 1, 2 ORDER BY 1, 2
+"#;
+
 /// The NOLOGIN, non-superuser role that owns every SECURITY DEFINER function of the `warden`
 /// schema, with only the rights they need: whatever runs inside them (an app's domain check,
 /// say, if one ever got past labelling) has these rights, never a superuser's. Global, made

@@ -17,7 +17,7 @@ const LOW: &str = "UNCLASSIFIED";
 const HIGH: &str = "SECRET";
 
 /// The stats app's script, in a directory instances' uids can read.
-fn stats_app() -> tempfile::TempDir {
+pub(crate) fn stats_app() -> tempfile::TempDir {
     let dir = crate::open_dir();
     let script = dir.path().join("stats.py");
     std::fs::write(&script, include_str!("data/stats.py")).unwrap();

@@ -70,6 +70,7 @@ mod audit;
 mod audit_access;
 mod audit_cluster;
 mod audit_crash;
+mod audit_declassified;
 mod cli;
 mod cluster;
 mod cluster_routing;
