@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use warden_auth::lattice::Lattice;
-use warden_data::schema::{Admin, SchemaError};
+use warden_data::schema::{Admin, Claim, SchemaError};
 use warden_data::server::{Endpoint, Server};
 
 const LABELS: [&str; 5] = ["U", "S", "S:{A}", "S:{B}", "S:{A,B}"];
@@ -260,6 +260,63 @@ async fn a_declassifier_writes_down_and_is_recorded() {
         .unwrap()
         .get(0);
     assert_eq!(n, 1);
+}
+
+/// The audit trail's claims on declassified rows: summed per (from, to) label name; a claim
+/// dropped before commit (warden crashed before its records were durable) leaves its rows to
+/// the next; rows an open claim holds are skipped by another (a second node); a committed
+/// claim's rows are never claimed again.
+#[tokio::test]
+async fn declassified_rows_are_claimed_once_and_a_dropped_claim_loses_none() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "stats").await;
+    admin.declassifier("stats", Some("U")).await.unwrap();
+    let s = connect(&admin.label_role("stats", "S", None).await.unwrap())
+        .await
+        .unwrap();
+    let down = "INSERT INTO notes (body, warden_label) VALUES ($1, warden.declassify_to())";
+    let write = |n: usize| {
+        let s = &s;
+        async move {
+            for i in 0..n {
+                s.execute(down, &[&format!("row {i}")]).await.unwrap();
+            }
+        }
+    };
+    write(3).await;
+    let sums = |c: &Claim| {
+        c.writes
+            .iter()
+            .map(|w| (w.from.clone(), w.to.clone(), w.count))
+            .collect::<Vec<_>>()
+    };
+    // Labels as warden names them in the database: canonical, with their categories.
+    let three = vec![("S:{}".to_owned(), "U:{}".to_owned(), 3)];
+    let claim = admin.claim_declassified("stats").await.unwrap().unwrap();
+    assert_eq!(sums(&claim), three);
+    // Held by an open claim: another reader gets nothing of it.
+    assert!(admin.claim_declassified("stats").await.unwrap().is_none());
+    drop(claim);
+    // Dropped uncommitted: the same rows again (its connection's end rolled it back).
+    let claim = wait_claim(&admin).await;
+    assert_eq!(sums(&claim), three);
+    claim.commit().await.unwrap();
+    assert!(admin.claim_declassified("stats").await.unwrap().is_none());
+    write(2).await;
+    let claim = admin.claim_declassified("stats").await.unwrap().unwrap();
+    assert_eq!(sums(&claim), [("S:{}".to_owned(), "U:{}".to_owned(), 2)]);
+}
+
+/// The next claim, once the server has ended a dropped one's session.
+async fn wait_claim(admin: &Admin<'_>) -> Claim {
+    for _ in 0..100 {
+        if let Some(c) = admin.claim_declassified("stats").await.unwrap() {
+            return c;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("a dropped claim's rows never came back");
 }
 
 /// `warden.declassify_to()` names the granted label only to a session that dominates it, in
