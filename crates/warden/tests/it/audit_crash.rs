@@ -53,8 +53,8 @@ fn try_request(url: &str, method: &str, headers: &[(&str, &str)], body: &str) ->
 /// An acknowledged change: the app's name and the method (`POST`: its create, `DELETE`).
 type Acked = Mutex<Vec<(String, &'static str)>>;
 
-/// Creates and deletes apps `c<t>-<i>` until `stop`, adding each acknowledged one to `acked`.
-fn api_load(w: &Warden, t: usize, stop: &AtomicBool, acked: &Acked) {
+/// Creates and deletes apps `<prefix>-<i>` until `stop`, adding each acknowledged one to `acked`.
+fn api_load(w: &Warden, prefix: &str, stop: &AtomicBool, acked: &Acked) {
     let bearer = format!("Bearer {}", w.token);
     let headers = [
         ("authorization", bearer.as_str()),
@@ -65,7 +65,7 @@ fn api_load(w: &Warden, t: usize, stop: &AtomicBool, acked: &Acked) {
         if stop.load(Ordering::Relaxed) || start.elapsed() > LOAD_LIMIT {
             break;
         }
-        let name = format!("c{t}-{i}");
+        let name = format!("{prefix}-{i}");
         let spec = json!({ "name": name, "command": ["/bin/true"] }).to_string();
         match try_request(&format!("{}/v1/apps", w.api), "POST", &headers, &spec) {
             Some(s) if (200..300).contains(&s) => {
@@ -107,50 +107,42 @@ fn kind(kind: &str) -> impl Fn(&&Value) -> bool + '_ {
     move |r: &&Value| r["event"]["kind"] == kind
 }
 
-#[test]
-fn kill_9_under_load_loses_no_acknowledged_record_and_the_log_verifies_across_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let launch = || {
-        Launch::new(BIN)
-            .data_dir(&data)
-            .no_demo()
-            .arg("--audit-flush-ms")
-            .arg("200")
-    };
-    let mut w = launch().start();
-    assert_eq!(
-        w.api("PUT", "/v1/lattice", Some(json!({ "levels": ["LOW"] })))
-            .status,
-        200
-    );
-    let ann =
-        json!({ "name": "ann", "password": PASSWORD, "clearance": "LOW", "groups": ["staff"] });
-    assert_eq!(w.api("POST", "/v1/users", Some(ann)).status, 201);
-    w.create_demo_app(BIN, "labs", json!({ "groups": ["staff"] }));
-    let first = w.get_as("ann", PASSWORD, "/apps/labs/");
-    assert_eq!(first.status, 200, "{}", first.text());
+/// What a round saw before its kill.
+struct Round {
+    acked: Vec<(String, &'static str)>,
+    seen_access: Vec<Value>,
+    killed_ms: u64,
+}
 
+/// Drives load on `w` and SIGKILLs it mid-load, once a few more periods of accesses are
+/// flushed and many changes acknowledged, while more keep coming.
+fn load_and_kill(w: &mut Warden, round: usize) -> Round {
+    let access_before = records(w).iter().filter(kind("access")).count();
     let stop = AtomicBool::new(false);
     let acked: Acked = Mutex::new(Vec::new());
     let served = Mutex::new(0u64);
     let mut seen_access = Vec::new();
     let killed_ms = std::thread::scope(|s| {
         for t in 0..2 {
-            let (w, stop, acked) = (&w, &stop, &acked);
-            s.spawn(move || api_load(w, t, stop, acked));
+            let (w, stop, acked) = (&*w, &stop, &acked);
+            s.spawn(move || api_load(w, &format!("c{round}-{t}"), stop, acked));
         }
         for _ in 0..2 {
-            let (w, stop, served) = (&w, &stop, &served);
+            let (w, stop, served) = (&*w, &stop, &served);
             s.spawn(move || *served.lock().unwrap() += gateway_load(w, stop));
         }
-        // Mid-load: once a few periods of accesses are flushed and many changes acknowledged,
-        // while more keep coming.
         seen_access = wait_until("access records under load", LOAD_LIMIT, || {
-            let access: Vec<Value> = records(&w).iter().filter(kind("access")).cloned().collect();
-            (access.len() >= 3 && acked.lock().unwrap().len() >= 60).then_some(access)
+            let access: Vec<Value> = records(w).iter().filter(kind("access")).cloned().collect();
+            (access.len() >= access_before + 3 && acked.lock().unwrap().len() >= 60)
+                .then_some(access)
         });
         std::thread::sleep(Duration::from_millis(200));
+        // Right after an acknowledgement: where a record still waiting to be written would be
+        // one the client was already told is done.
+        let n = acked.lock().unwrap().len();
+        wait_until("one more acknowledged change", LOAD_LIMIT, || {
+            (acked.lock().unwrap().len() > n).then_some(())
+        });
         let killed_ms = warden_core::model::now_ms();
         let pid = nix::unistd::Pid::from_raw(w.pid() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
@@ -162,7 +154,7 @@ fn kill_9_under_load_loses_no_acknowledged_record_and_the_log_verifies_across_it
     let acked = acked.into_inner().unwrap();
     let served = served.into_inner().unwrap();
     eprintln!(
-        "{} changes acknowledged, {served} requests served before the kill",
+        "round {round}: {} changes acknowledged, {served} requests served before the kill",
         acked.len()
     );
     assert!(
@@ -170,13 +162,21 @@ fn kill_9_under_load_loses_no_acknowledged_record_and_the_log_verifies_across_it
         "too little API load to mean anything: {acked:?}"
     );
     assert!(served >= 10, "too little gateway load: {served}");
+    Round {
+        acked,
+        seen_access,
+        killed_ms,
+    }
+}
 
-    let w = launch().start();
-    let all = records(&w);
+/// What the restarted `w` must hold of the killed run `r`.
+fn check(w: &Warden, r: &Round) {
+    let all = records(w);
 
     // Every acknowledged change is there, at least as its durable `pending` record.
     let changes: Vec<&Value> = all.iter().filter(kind("change")).collect();
-    let missing: Vec<_> = acked
+    let missing: Vec<_> = r
+        .acked
         .iter()
         .filter(|(name, method)| {
             let route = match *method {
@@ -193,11 +193,11 @@ fn kill_9_under_load_loses_no_acknowledged_record_and_the_log_verifies_across_it
         missing.is_empty(),
         "{} of {} acknowledged changes have no record: {missing:?}",
         missing.len(),
-        acked.len()
+        r.acked.len()
     );
 
     // Every access period flushed before the kill is still there, as it was.
-    for a in &seen_access {
+    for a in &r.seen_access {
         assert!(
             all.contains(a),
             "an access record read before the kill is gone: {a}"
@@ -207,7 +207,7 @@ fn kill_9_under_load_loses_no_acknowledged_record_and_the_log_verifies_across_it
     // The new run begins with a gap that says the previous run did not stop.
     let new_run = all
         .iter()
-        .position(|r| r["at_ms"].as_u64().unwrap() > killed_ms)
+        .position(|x| x["at_ms"].as_u64().unwrap() > r.killed_ms)
         .expect("the new run wrote records");
     assert!(new_run > 0);
     let first = &all[new_run];
@@ -242,4 +242,38 @@ fn kill_9_under_load_loses_no_acknowledged_record_and_the_log_verifies_across_it
         ok && out.contains("is whole"),
         "verify fails across the crash: {out}{err}"
     );
+}
+
+/// Three rounds of load and kill on one data dir: each round's restart must hold all of it.
+#[test]
+fn kill_9_under_load_loses_no_acknowledged_record_and_the_log_verifies_across_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let launch = || {
+        Launch::new(BIN)
+            .data_dir(&data)
+            .no_demo()
+            .arg("--audit-flush-ms")
+            .arg("200")
+            .start()
+    };
+    let mut w = launch();
+    assert_eq!(
+        w.api("PUT", "/v1/lattice", Some(json!({ "levels": ["LOW"] })))
+            .status,
+        200
+    );
+    let ann =
+        json!({ "name": "ann", "password": PASSWORD, "clearance": "LOW", "groups": ["staff"] });
+    assert_eq!(w.api("POST", "/v1/users", Some(ann)).status, 201);
+    w.create_demo_app(BIN, "labs", json!({ "groups": ["staff"] }));
+    let first = w.get_as("ann", PASSWORD, "/apps/labs/");
+    assert_eq!(first.status, 200, "{}", first.text());
+    // A kill must land while a record waits to be written for a lost one to show: each round
+    // is another chance for a broken promise to be caught.
+    for round in 0..3 {
+        let r = load_and_kill(&mut w, round);
+        w = launch();
+        check(&w, &r);
+    }
 }
