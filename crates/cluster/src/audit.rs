@@ -76,7 +76,7 @@ impl ClusterAudit {
                 advertise: Some(a), ..
             }) => Ok(a),
             Some(_) => Err(
-                "it serves no node port (a node without the agent role): ask its own API".into(),
+                "it advertises no node port (a node of an older warden): ask its own API, or upgrade it".into(),
             ),
         }
     }

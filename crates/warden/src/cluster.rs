@@ -287,7 +287,7 @@ pub struct Wired {
     pub peers: std::sync::Arc<warden_core::Peers>,
 }
 
-/// What an agent node's port serves besides its instances.
+/// What a node's port serves besides its agent's instances.
 pub struct PortServes {
     /// Where its slugs are, for nodes that fetch them.
     pub slugs: Option<std::path::PathBuf>,
@@ -298,8 +298,8 @@ pub struct PortServes {
 }
 
 /// The cluster's `Instances` for this node: its own agent's directly, other nodes' through
-/// their node ports; and this node's port serving its agent's instances (and `serves`), until
-/// `stop`.
+/// their node ports; and this node's port serving its agent's instances, if it runs one, and
+/// `serves`, until `stop`.
 pub async fn instances(
     store: std::sync::Arc<dyn Store>,
     secrets: &Secrets,
@@ -319,11 +319,15 @@ pub async fn instances(
         .map_or_else(|| "127.0.0.1:0".to_owned(), |p| p.advertise.to_string());
     let tls = warden_cluster::NodeTls::issue(&secrets.ca_cert, &secrets.ca_key, node, &advertise)?;
     let stats = std::sync::Arc::new(warden_cluster::NodePortStats::default());
-    let served = match (port, &agent) {
-        (Some(p), Some(local)) => Some(tokio::spawn(warden_cluster::serve(
+    // A node without an agent serves its port too (its audit log, pings); it holds no
+    // instance, so every instance request there is answered "no agent".
+    let served = match port {
+        Some(p) => Some(tokio::spawn(warden_cluster::serve(
             p.listener,
             tls.clone(),
-            local.clone(),
+            agent
+                .clone()
+                .unwrap_or_else(|| std::sync::Arc::new(crate::no_agent::NoAgent)),
             store.clone(),
             stats.clone(),
             slugs,
@@ -331,7 +335,7 @@ pub async fn instances(
             audit,
             stop.clone(),
         ))),
-        _ => None,
+        None => None,
     };
     let directory = warden_cluster::Directory::start(store.clone())
         .await

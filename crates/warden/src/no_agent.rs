@@ -1,11 +1,14 @@
 //! The instances source of a process that runs no agent (`warden up --roles gateway,api`):
 //! it reaches instances whose records name a TCP address, and says plainly that it can start
-//! none. It is the gateway's data path only: with no agent, the API has no instances source
-//! at all ([`warden_core::InstanceAdmin`] is not implemented here).
+//! none. It is the gateway's data path; with no agent, the API has no instances source at all.
+//! Its [`warden_core::InstanceAdmin`] (no instance is ever here) is for the node port a node
+//! without an agent serves on a cluster, for its audit log: an instance request there finds
+//! nothing.
 
 use async_trait::async_trait;
 use warden_core::{
-    AppSpec, InstanceError, InstanceRecord, InstanceStream, Instances, Owner, Unavailable,
+    AppSpec, InstanceAdmin, InstanceError, InstanceRecord, InstanceStream, Instances, Owner,
+    Unavailable,
 };
 
 /// No agent in this process.
@@ -41,6 +44,17 @@ impl Instances for NoAgent {
     fn relabel(&self, _id: &str, _label: &str) {}
 
     async fn kill(&self, _id: &str) -> Result<(), InstanceError> {
+        Err(no_agent())
+    }
+}
+
+/// No instance runs here: a node port's requests for one find none.
+impl InstanceAdmin for NoAgent {
+    fn record(&self, _id: &str) -> Option<InstanceRecord> {
+        None
+    }
+
+    fn logs(&self, _id: &str, _lines: usize) -> Result<String, InstanceError> {
         Err(no_agent())
     }
 }

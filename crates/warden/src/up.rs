@@ -194,16 +194,19 @@ async fn sources(
     stop_rx: &watch::Receiver<bool>,
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
 ) -> anyhow::Result<Sources> {
-    // On a cluster, an agent node serves its instances to the other nodes on its node port.
-    let node_port = match joined.is_some() && cfg.runs(Role::Agent) {
+    // On a cluster every node serves a node port: an agent node its instances, and every node
+    // its audit log to the others' APIs (a gateway-only node's log holds the sign-ins and
+    // accesses it decided, and must be read and verified with the rest).
+    let node_port = match joined.is_some() {
         true => Some(cluster::bind_node_port(cfg.advertise()).await?),
         false => None,
     };
+    let advertise = node_port.as_ref().map(|p| p.advertise.to_string());
     let agent = match cfg.runs(Role::Agent) {
         true => {
             let mut config = agent_config(cfg, node, identity);
             config.data = data;
-            config.advertise = node_port.as_ref().map(|p| p.advertise.to_string());
+            config.advertise = advertise.clone();
             let instance_dir = config.instance_dir.clone();
             let agent = warden_agent::Agent::start(store.clone(), config)
                 .await
@@ -302,6 +305,7 @@ async fn sources(
         let info = warden_cluster::node::NodeInfo {
             id: node.to_owned(),
             roles: role_names(cfg),
+            advertise,
             ..Default::default()
         };
         let me = warden_cluster::node::Node::register(store.clone(), info, cfg.node_lease_ttl.0)
