@@ -51,6 +51,9 @@ pub struct Settings {
     pub queue: usize,
     /// How often the head is anchored in the store while it moves.
     pub anchor_every: Duration,
+    /// Fail closed (`--audit required`): while the log cannot record, [`Audit::refusing`] says
+    /// why and the roles refuse access; else they serve on with the alarm.
+    pub required: bool,
 }
 
 impl Default for Settings {
@@ -61,6 +64,7 @@ impl Default for Settings {
             retain_age: Duration::from_secs(365 * 24 * 3600),
             queue: 65_536,
             anchor_every: Duration::from_secs(2),
+            required: false,
         }
     }
 }
@@ -93,7 +97,8 @@ impl LogError {
 /// What the writer thread and the handles share.
 #[derive(Default)]
 pub(crate) struct Shared {
-    /// Records that could not be written since the last gap record.
+    /// Records that could not be written and are not yet counted into a written gap record:
+    /// while it is not 0, the log does not hold everything recorded (what `refusing` loads).
     dropped: AtomicU64,
     /// Records that could not be written since start.
     lost_total: AtomicU64,
@@ -105,6 +110,12 @@ pub(crate) struct Shared {
     overflowed_ms: AtomicU64,
     /// The last record written: seq and hash.
     head: Mutex<(u64, String)>,
+    /// Tests hold this to stop the writer with the first record of its next batch taken.
+    #[cfg(test)]
+    hold: Mutex<()>,
+    /// The writer waits on `hold`.
+    #[cfg(test)]
+    held: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -116,11 +127,11 @@ impl Shared {
         }
     }
 
-    fn take_lost_why(&self) -> String {
+    fn why_lost(&self) -> String {
         self.lost_why
             .lock()
             .ok()
-            .and_then(|mut w| w.take())
+            .and_then(|w| w.clone())
             .unwrap_or_else(|| "records were lost".into())
     }
 
@@ -146,6 +157,7 @@ pub struct Log {
     tx: SyncSender<Msg>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     anchor_every: Duration,
+    required: bool,
 }
 
 // === impl Log ===
@@ -163,7 +175,7 @@ impl Log {
     ) -> Result<Arc<Log>, LogError> {
         let shared = Arc::new(Shared::default());
         let (tx, rx) = sync_channel(settings.queue.max(1));
-        let anchor_every = settings.anchor_every;
+        let (anchor_every, required) = (settings.anchor_every, settings.required);
         let w = Writer::open(dir, node, settings, shared.clone())?;
         let thread = std::thread::Builder::new()
             .name("audit-writer".into())
@@ -178,6 +190,7 @@ impl Log {
             tx,
             writer: Mutex::new(Some(thread)),
             anchor_every,
+            required,
         }))
     }
 
@@ -199,17 +212,30 @@ impl Log {
 
     /// Records `stopped` (fsync'd), stops the writer and anchors the final head.
     pub async fn close(&self) {
+        let (done_tx, done_rx) = oneshot::channel();
         let stopped = Event::Node {
             event: NodeEvent::Stopped,
             node: None,
         };
-        if let Err(e) = self.record_durable(stopped).await {
-            tracing::warn!(error = %e, "the audit log did not record its stop");
-        }
-        let _ = self.tx.try_send(Msg::Stop);
+        let tx = self.tx.clone();
         let thread = self.writer.lock().ok().and_then(|mut t| t.take());
-        if let Some(t) = thread {
-            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        // Sent blocking, off the runtime: the writer drains the queue, and a full one must
+        // neither lose the stop record nor keep the writer from ever hearing `Stop` (which a
+        // `try_send` did, and `close` then waited for the thread forever).
+        let _ = tokio::task::spawn_blocking(move || {
+            let _ = tx.send(Msg::Record(stopped, Some(done_tx)));
+            let _ = tx.send(Msg::Stop);
+            if let Some(t) = thread {
+                let _ = t.join();
+            }
+        })
+        .await;
+        match done_rx.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "the audit log did not record its stop"),
+            Err(_) => {
+                tracing::warn!("the audit log did not record its stop: its writer had stopped")
+            }
         }
         anchor::publish(&*self.store, &self.shared, &self.key, &self.node, 0).await;
     }
@@ -321,6 +347,24 @@ impl Audit for Log {
             return Err("the audit queue overflowed in the last 5 minutes: records were lost (a gap record says how many)".into());
         }
         Ok(())
+    }
+
+    fn required(&self) -> bool {
+        self.required
+    }
+
+    fn refusing(&self) -> Option<String> {
+        if !self.required || self.shared.dropped.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let why = self
+            .shared
+            .error()
+            .unwrap_or_else(|| self.shared.why_lost());
+        Some(format!(
+            "the audit log cannot write ({why}); this node refuses access until it can: free space under {}",
+            self.dir.display()
+        ))
     }
 
     fn stats(&self) -> AuditStats {

@@ -238,3 +238,127 @@ async fn rotation_and_retention_drop_old_segments_and_verify_starts_where_they_e
     std::fs::remove_file(&segs[0]).unwrap();
     assert_eq!(what(&check(&audit, &s).await).0, "missing");
 }
+
+#[tokio::test]
+async fn an_overflowing_queue_never_blocks_and_what_it_dropped_is_a_gap_with_its_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = dir.path().join("audit");
+    let tiny = Settings {
+        queue: 4,
+        required: true,
+        ..Settings::default()
+    };
+    let log = Log::open(&audit, "n1", KEY, s.clone(), tiny).unwrap();
+    // The writer held with a probe taken: the queue is empty, and stays so but for the burst.
+    let hold = log.shared.hold.lock().unwrap();
+    log.record(change("probe"));
+    for _ in 0..1000 {
+        if log.shared.held.load(Ordering::Acquire) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        log.shared.held.load(Ordering::Acquire),
+        "the writer took the probe"
+    );
+    assert!(log.health().is_ok() && log.refusing().is_none());
+    // 4 fit in the queue, 10 do not; a `record` that waited for room would never return here
+    // (the writer is held), so the burst runs on a thread the test waits for, bounded.
+    let burst = {
+        let log = log.clone();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for i in 0..14 {
+                log.record(change(&format!("burst{i}")));
+            }
+            let _ = done_tx.send(());
+        });
+        done_rx.recv_timeout(std::time::Duration::from_secs(30))
+    };
+    assert!(burst.is_ok(), "record() blocked on a full queue");
+    assert_eq!(log.stats().lost, 10);
+    let alarm = log.health().expect_err("an overflow is an alarm");
+    assert!(alarm.contains("overflowed"), "{alarm}");
+    let refusal = log
+        .refusing()
+        .expect("a required log refuses while records are lost");
+    assert!(refusal.contains("the audit queue was full"), "{refusal}");
+    drop(hold);
+    log.close().await;
+    assert!(
+        log.refusing().is_none(),
+        "the gap is written: access resumes"
+    );
+    let gaps = read(
+        &audit,
+        &Query {
+            kind: Some("gap".into()),
+            ..Query::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    let Event::Gap { why, lost } = &gaps[0].event else {
+        unreachable!()
+    };
+    assert_eq!(*lost, Some(10), "{why}");
+    assert!(why.contains("queue was full"), "{why}");
+    let written = read(
+        &audit,
+        &Query {
+            kind: Some("change".into()),
+            ..Query::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(written.len(), 5, "the probe and the 4 queued: {written:?}");
+    assert!(check(&audit, &s).await.ok);
+}
+
+#[tokio::test]
+async fn a_required_log_that_stopped_writing_refuses_until_its_gap_is_written_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = dir.path().join("audit");
+    let required = Settings {
+        required: true,
+        ..Settings::default()
+    };
+    let log = Log::open(&audit, "n1", KEY, s.clone(), required).unwrap();
+    // As a failed write leaves it: records counted, nothing queued after them.
+    log.shared
+        .lost(3, "cannot write the segment: No space left on device");
+    log.shared.set_error(Some(
+        "cannot write the segment: No space left on device".into(),
+    ));
+    let refusal = log
+        .refusing()
+        .expect("refuses while records are not in the log");
+    assert!(refusal.contains("No space left"), "{refusal}");
+    assert!(refusal.contains(&audit.display().to_string()), "{refusal}");
+    // Nothing more is recorded: the writer retries by itself.
+    for _ in 0..1000 {
+        if log.refusing().is_none() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        log.refusing().is_none(),
+        "the writer never wrote the gap by itself"
+    );
+    assert!(log.health().is_ok());
+    log.close().await;
+    let gaps = read(
+        &audit,
+        &Query {
+            kind: Some("gap".into()),
+            ..Query::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    assert!(matches!(gaps[0].event, Event::Gap { lost: Some(3), .. }));
+}

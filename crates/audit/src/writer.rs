@@ -9,8 +9,9 @@ use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use warden_core::audit::{AuditError, Event, NodeEvent, Record};
@@ -20,6 +21,11 @@ use crate::{retain, segments, LogError, Settings, Shared};
 
 /// Most records written in one batch.
 const BATCH: usize = 1024;
+
+/// How often an idle writer tries again to write the gap of records it could not write (a
+/// full disk freed, an overflow with nothing queued after it): the log heals, and a node that
+/// refuses access while it cannot record serves again, without waiting for a record to come.
+const RETRY: Duration = Duration::from_secs(1);
 
 /// What the queue carries.
 pub(crate) enum Msg {
@@ -173,7 +179,23 @@ impl Writer {
 
     /// Takes batches from `rx` until it closes or says stop.
     pub(crate) fn run(mut self, rx: Receiver<Msg>) {
-        while let Ok(first) = rx.recv() {
+        loop {
+            let first = match rx.recv_timeout(RETRY) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => {
+                    if self.shared.dropped.load(Ordering::Acquire) > 0 {
+                        self.write_batch(Vec::new(), true);
+                    }
+                    continue;
+                }
+            };
+            #[cfg(test)]
+            {
+                self.shared.held.store(true, Ordering::Release);
+                drop(self.shared.hold.lock());
+                self.shared.held.store(false, Ordering::Release);
+            }
             let mut batch = vec![first];
             while batch.len() < BATCH {
                 match rx.try_recv() {
@@ -209,9 +231,11 @@ impl Writer {
     fn write_batch(&mut self, batch: Vec<Msg>, sync: bool) {
         let (seq0, hash0) = (self.seq, self.hash.clone());
         let mut buf = String::new();
-        let lost = self.shared.dropped.swap(0, Ordering::Relaxed);
+        // Counted out of `dropped` only once its gap is written: until then the node that
+        // requires its log refuses access.
+        let lost = self.shared.dropped.load(Ordering::Acquire);
         if lost > 0 {
-            let why = self.shared.take_lost_why();
+            let why = self.shared.why_lost();
             self.push(
                 &mut buf,
                 &Event::Gap {
@@ -240,6 +264,11 @@ impl Writer {
             Ok(()) => {
                 self.len += buf.len() as u64;
                 self.shared.set_error(None);
+                if lost > 0 && self.shared.dropped.fetch_sub(lost, Ordering::AcqRel) == lost {
+                    if let Ok(mut w) = self.shared.lost_why.lock() {
+                        *w = None;
+                    }
+                }
                 self.publish();
                 for w in waiters {
                     let _ = w.send(Ok(()));
@@ -254,7 +283,8 @@ impl Writer {
                 (self.seq, self.hash) = (seq0, hash0);
                 let why = format!("cannot write {}: {e}", self.path.display());
                 tracing::error!(error = %why, "the audit log cannot write; the gap is recorded once it can");
-                self.shared.lost(lost + count, &why);
+                // `lost` is still in `dropped`; this batch's records join it.
+                self.shared.lost(count, &why);
                 self.shared.set_error(Some(why.clone()));
                 for w in waiters {
                     let _ = w.send(Err(AuditError::Unavailable(why.clone())));

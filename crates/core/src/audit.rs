@@ -61,7 +61,8 @@ pub enum Event {
         /// When the last began.
         last_ms: u64,
     },
-    /// Requests refused (401, 403, 404), aggregated by user or address.
+    /// Requests refused (401, 403, 404), aggregated by user or address: the gateway's, and the
+    /// API's refusals of its token (by address and route).
     Refusal {
         /// The status answered.
         status: u16,
@@ -74,6 +75,9 @@ pub enum Event {
         /// The app asked for, when known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         app: Option<String>,
+        /// The API route's template (e.g. `/v1/apps`), for a refusal of the API.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        route: Option<String>,
         /// How many requests.
         count: u64,
         /// When the first came.
@@ -371,6 +375,17 @@ pub trait Audit: Send + Sync {
     /// `Ok` while the log writes; else why not (shown in `/readyz` and `warden status`).
     fn health(&self) -> Result<(), String> {
         Ok(())
+    }
+    /// Whether this node refuses access while the log cannot write (`--audit required`).
+    fn required(&self) -> bool {
+        false
+    }
+    /// While the log is [`required`](Audit::required) and cannot record (a write failing, the
+    /// writer stopped, lost records not yet counted into a `gap`): why, in words a client may
+    /// read (no secret; no path outside the log's directory). `None` otherwise, after one atomic
+    /// load: it is asked on every request that would reach an instance, sign in or change.
+    fn refusing(&self) -> Option<String> {
+        None
     }
     /// Counts for metrics.
     fn stats(&self) -> AuditStats {

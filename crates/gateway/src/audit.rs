@@ -351,6 +351,7 @@ impl Recorder {
                 user: some(text(&user)),
                 addr: some(addr_text(&addr)),
                 app: some(text(&app)),
+                route: None,
                 count: s.count,
                 first_ms: s.first_ms,
                 last_ms: s.last_ms,
