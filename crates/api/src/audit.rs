@@ -2,14 +2,28 @@
 //! made durable BEFORE the handler acts, then again with the status it ended with. Only requests
 //! that passed the admin token get here (this layer runs inside `require_admin`). The body is
 //! recorded as its SHA-256, never as itself: it may hold passwords or config values.
+//!
+//! With `--audit required`, a change the log cannot record first is refused (503), and so is
+//! every change while the log cannot write; with `on` (the default) it goes ahead, the alarm is
+//! in `/readyz`, and the `gap` record counts it. Reads are never refused: they show why.
+//!
+//! The API's refusals of its token (401) are [`Refusals`], summed per period by status,
+//! address and route like the gateway's: a flood of wrong tokens writes one record a period
+//! per address, and never the token.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::Method;
+use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
-use warden_core::audit::Event;
+use tokio::sync::watch;
+use warden_core::audit::{Audit, Event};
 
 use crate::error::ApiError;
 use crate::Api;
@@ -21,6 +35,76 @@ pub const ACTOR: &str = "admin token";
 /// own limit anyway (pushes, which stream, are digested by nothing: their release records the
 /// upload's digest).
 const MAX_DIGESTED: usize = 1024 * 1024;
+
+/// Distinct (status, address, route) keys summed per period; past it, new addresses are summed
+/// under [`MORE`], so a flood from many addresses cannot grow memory or the log.
+const MAX_KEYS: usize = 10_000;
+/// The address of what [`MAX_KEYS`] left out.
+const MORE: &str = "(more)";
+
+/// One key's sums in a period: count, first and last time (ms since the epoch).
+type Sum = (u64, u64, u64);
+
+/// The API's refusals waiting for the next flush. Not on a hot path (a refused request), so a
+/// plain lock.
+#[derive(Default)]
+pub(crate) struct Refusals {
+    sums: Mutex<HashMap<(u16, String, String), Sum>>,
+}
+
+// === impl Refusals ===
+
+impl Refusals {
+    /// A request refused with `status` from `addr` on `route` (a template).
+    pub(crate) fn add(&self, status: u16, addr: Option<IpAddr>, route: &str) {
+        let now = warden_core::model::now_ms();
+        let addr = addr.map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+        let mut sums = self.sums.lock().unwrap_or_else(|p| p.into_inner());
+        let mut key = (status, addr, route.to_owned());
+        if sums.len() >= MAX_KEYS && !sums.contains_key(&key) {
+            key.1 = MORE.to_owned();
+        }
+        let s = sums.entry(key).or_insert((0, now, now));
+        s.0 += 1;
+        s.2 = now;
+    }
+
+    /// Writes what was summed since the last flush, one record per key.
+    pub(crate) fn flush(&self, audit: &dyn Audit) {
+        let sums = std::mem::take(&mut *self.sums.lock().unwrap_or_else(|p| p.into_inner()));
+        for ((status, addr, route), (count, first_ms, last_ms)) in sums {
+            audit.record(Event::Refusal {
+                status,
+                user: None,
+                addr: Some(addr),
+                app: None,
+                route: Some(route),
+                count,
+                first_ms,
+                last_ms,
+            });
+        }
+    }
+
+    /// Flushes into `audit` every `period` until `shutdown` turns true, then once more.
+    pub(crate) async fn run(
+        self: Arc<Self>,
+        audit: Arc<dyn Audit>,
+        period: Duration,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.flush(&*audit),
+                _ = shutdown.wait_for(|s| *s) => break,
+            }
+        }
+        self.flush(&*audit);
+    }
+}
 
 /// The path parameter of `path` where `template` has one (`{name}`, `{id}`): the first.
 fn target(template: &str, path: &str) -> Option<String> {
@@ -48,6 +132,9 @@ fn hex(bytes: &[u8]) -> String {
 pub(crate) async fn record_change(State(api): State<Api>, req: Request, next: Next) -> Response {
     if matches!(*req.method(), Method::GET | Method::HEAD) {
         return next.run(req).await;
+    }
+    if let Some(why) = api.audit.refusing() {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, why).into_response();
     }
     let route = req
         .extensions()
@@ -82,9 +169,15 @@ pub(crate) async fn record_change(State(api): State<Api>, req: Request, next: Ne
         before: None,
         after: after.clone(),
     };
-    // Serve with an alarm when the log cannot write (the default; `/readyz` and `warden status`
-    // say so): a refusal mode for those who must is not built yet.
+    // Unrecorded, a change goes ahead only when the log is not required: then with the alarm
+    // (`/readyz`, `warden status`), and the gap record counts it.
     if let Err(e) = api.audit.record_durable(change("pending".into())).await {
+        if api.audit.required() {
+            let why = api.audit.refusing().unwrap_or_else(|| {
+                format!("{e}; this node refuses changes until its audit log can record them")
+            });
+            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+        }
         warden_core::log_limited!(error, error = %e, "an API change goes ahead unrecorded");
     }
     let resp = next.run(req).await;

@@ -147,6 +147,10 @@ pub struct Api {
     metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
     /// This node's audit log: every change through the API is recorded in it.
     pub audit: Arc<dyn warden_core::audit::Audit>,
+    /// Refusals of the admin token, summed until the next flush.
+    pub(crate) refusals: Arc<audit::Refusals>,
+    /// How often `refusals` are written to the log.
+    audit_flush: std::time::Duration,
 }
 
 // === impl Api ===
@@ -174,6 +178,8 @@ impl Api {
             sync: None,
             metrics: None,
             audit: Arc::new(warden_core::audit::NoAudit),
+            refusals: Arc::default(),
+            audit_flush: std::time::Duration::from_secs(60),
         }
     }
 
@@ -181,6 +187,21 @@ impl Api {
     pub fn with_audit(mut self, audit: Arc<dyn warden_core::audit::Audit>) -> Self {
         self.audit = audit;
         self
+    }
+
+    /// Writes the refusals of the admin token summed over each `period` to the audit log.
+    pub fn with_audit_flush(mut self, period: std::time::Duration) -> Self {
+        self.audit_flush = period;
+        self
+    }
+
+    /// Flushes the summed refusals every period until `shutdown` turns true, then once more.
+    pub(crate) fn refusals_task(
+        &self,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> impl std::future::Future<Output = ()> {
+        let refusals = self.refusals.clone();
+        refusals.run(self.audit.clone(), self.audit_flush, shutdown)
     }
 
     /// Keeps apps from serving `dir` (warden's data directory), or any part of it, as static
@@ -366,6 +387,17 @@ async fn require_admin(State(api): State<Api>, req: Request, next: Next) -> Resp
         .unwrap_or("");
     if bool::from(presented.as_bytes().ct_eq(api.token.as_bytes())) {
         return next.run(req).await;
+    }
+    if api.audit.kept() {
+        let peer = req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0.ip());
+        let route = req
+            .extensions()
+            .get::<axum::extract::MatchedPath>()
+            .map_or("", |m| m.as_str());
+        api.refusals.add(401, peer, route);
     }
     let mut resp = ApiError::new(
         StatusCode::UNAUTHORIZED,

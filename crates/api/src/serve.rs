@@ -47,6 +47,8 @@ pub async fn serve(
     limits: Limits,
     mut shutdown: watch::Receiver<bool>,
 ) -> io::Result<()> {
+    let flush = tokio::spawn(api.refusals_task(shutdown.clone()));
+    let (refusals, audit) = (api.refusals.clone(), api.audit.clone());
     let router = api.router();
     let max = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
     let slots = Arc::new(Semaphore::new(max));
@@ -70,7 +72,7 @@ pub async fn serve(
         let router = router.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            connection(stream, router, limits, shutdown).await;
+            connection(stream, peer, router, limits, shutdown).await;
             tracing::trace!(%peer, "api connection closed");
             drop(slot);
         });
@@ -80,6 +82,9 @@ pub async fn serve(
     let _ = slots
         .acquire_many(u32::try_from(max).unwrap_or(u32::MAX))
         .await;
+    // Once more after the last request: refusals of requests still in flight at the stop.
+    let _ = flush.await;
+    refusals.flush(&*audit);
     Ok(())
 }
 
@@ -113,6 +118,7 @@ fn refuse(stream: &TcpStream, answer: &[u8]) {
 
 async fn connection(
     stream: TcpStream,
+    peer: std::net::SocketAddr,
     router: axum::Router,
     limits: Limits,
     mut shutdown: watch::Receiver<bool>,
@@ -121,7 +127,10 @@ async fn connection(
     let idle = limits.idle_timeout;
     let svc = TowerToHyperService::new(router);
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let req = req.map(|b| axum::body::Body::new(Stalling::new(b, idle)));
+        let mut req = req.map(|b| axum::body::Body::new(Stalling::new(b, idle)));
+        // The client's address, for the audit records of refused tokens.
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
         hyper::service::Service::call(&svc, req)
     });
     let io = TokioIo::new(WriteStall::new(stream, idle));

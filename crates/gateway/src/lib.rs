@@ -133,6 +133,7 @@ impl Gateway {
         })));
         views::follow_all(store.clone(), views.clone()).await;
         let metrics = Arc::new(Metrics::new()?);
+        let log = audit.clone();
         let audit = Arc::new(audit::Recorder::new(audit));
         let auth = auth::Authenticator::new(&config.auth, audit.clone());
         let state = Arc::new(State {
@@ -145,6 +146,7 @@ impl Gateway {
             metrics,
             tls,
             audit,
+            log,
         });
         Ok(Self {
             listener,

@@ -25,4 +25,20 @@ pub(crate) struct State {
     pub tls: Option<tls::Tls>,
     /// The audit records' sums, flushed each period.
     pub audit: Arc<audit::Recorder>,
+    /// The node's audit log itself: asked, on every request that would reach an instance or
+    /// sign in, whether it refuses access (`--audit required` and it cannot record).
+    pub log: Arc<dyn warden_core::audit::Audit>,
+}
+
+// === impl State ===
+
+impl State {
+    /// `Err` while the node refuses access because its audit log cannot record: one atomic
+    /// load otherwise.
+    pub fn audit_gate(&self) -> Result<(), crate::error::GatewayError> {
+        match self.log.refusing() {
+            None => Ok(()),
+            Some(why) => Err(crate::error::GatewayError::AuditRefused(why)),
+        }
+    }
 }

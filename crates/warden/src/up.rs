@@ -363,7 +363,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let mut tasks = Vec::new();
     // Before every role, so each records from its first request.
     let audit_log = match cfg.audit {
-        crate::config::AuditMode::On => {
+        crate::config::AuditMode::On | crate::config::AuditMode::Required => {
             let secrets = joined.as_ref().map(|j| &j.secrets);
             Some(audit::open(&cfg, &node, &store, secrets)?)
         }

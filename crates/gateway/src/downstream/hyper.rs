@@ -206,6 +206,8 @@ async fn to_app(
     path_and_query: &str,
 ) -> Result<Response<Body>, GatewayError> {
     let m = &state.metrics;
+    // Before anything is signed in or served: nothing of it could be recorded.
+    state.audit_gate()?;
     // Authenticate before saying whether the app exists, so strangers learn nothing.
     let t = Instant::now();
     let refused = |e: GatewayError, user: Option<&str>| {

@@ -415,6 +415,10 @@ async fn to_app(
     request: &mut Vec<u8>,
 ) -> Reply {
     let m = &state.metrics;
+    // Before anything is signed in or served: nothing of it could be recorded.
+    if let Err(e) = state.audit_gate() {
+        return Reply::Refused(e);
+    }
     let named = |n: &'static str| {
         fields
             .iter()

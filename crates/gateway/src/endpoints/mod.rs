@@ -28,7 +28,11 @@ pub(crate) async fn answer(
                 &serde_json::json!({ "status": "not ready", "error": e.to_string() }),
             ),
         },
-        "/login" => login::login(state, req, client).await,
+        // A sign-in the log could not record is refused like a request to an app.
+        "/login" => match state.audit_gate() {
+            Ok(()) => login::login(state, req, client).await,
+            Err(e) => e.into_response(),
+        },
         "/logout" => login::logout(state, req, client.https).await,
         path => GatewayError::NotFound(format!(
             "nothing is served at {path}; apps are under /apps/<name>/ or at their host names"

@@ -157,10 +157,11 @@ pub struct UpArgs {
     /// Days an audit segment is kept after its last write
     #[arg(long)]
     audit_retain_days: Option<u64>,
-    /// Keep an audit log (on), or record nothing (off: only to measure what it costs)
+    /// Keep an audit log and serve with an alarm when it cannot write (on), refuse access and
+    /// changes while it cannot (required), or record nothing (off: only to measure its cost)
     #[arg(long)]
     audit: Option<AuditMode>,
-    /// How often the gateway writes its summed audit records, in milliseconds
+    /// How often the gateway and the API write their summed audit records, in milliseconds
     #[arg(long)]
     audit_flush_ms: Option<u64>,
     /// Sandbox limits through cgroups where possible (auto), or rlimits only (off)

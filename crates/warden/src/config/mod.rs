@@ -134,7 +134,8 @@ pub struct Config {
     pub audit_retain_mb: u64,
     /// The audit log's segments last written more than this many days ago are dropped.
     pub audit_retain_days: u64,
-    /// Whether this node keeps an audit log at all (off: only to measure its cost).
+    /// Whether this node keeps an audit log (on), refuses access while it cannot write
+    /// (required), or keeps none (off: only to measure its cost).
     pub audit: AuditMode,
     /// How often the gateway writes its summed audit records (sign-ins, accesses, refusals),
     /// in milliseconds; what a crash can lose is at most this long.

@@ -125,8 +125,12 @@ serde_by_text!(Cgroups);
 /// Whether this node keeps an audit log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum AuditMode {
-    /// Every role records to `<data dir>/audit/`.
+    /// Every role records to `<data dir>/audit/`; while the log cannot write, warden serves on
+    /// with an alarm (`/readyz`, `warden status`, metrics).
     On,
+    /// As `on`, but while the log cannot write, every request that would reach an app or sign
+    /// in and every API change is refused (503) until it can (fail closed).
+    Required,
     /// Nothing is recorded (for measuring what the trail costs; not for production).
     Off,
 }
@@ -136,7 +140,7 @@ impl FromStr for AuditMode {
 
     fn from_str(s: &str) -> Result<Self, String> {
         <Self as clap::ValueEnum>::from_str(s, false)
-            .map_err(|_| format!("{s:?} is not an audit mode; use on or off"))
+            .map_err(|_| format!("{s:?} is not an audit mode; use on, required or off"))
     }
 }
 
@@ -144,6 +148,7 @@ impl fmt::Display for AuditMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::On => "on",
+            Self::Required => "required",
             Self::Off => "off",
         })
     }

@@ -78,6 +78,7 @@ pub(super) async fn serve_api(
         }
         text
     }));
+    api = api.with_audit_flush(std::time::Duration::from_millis(cfg.audit_flush_ms));
     let limits = warden_api::Limits {
         max_connections: cfg.api_max_connections,
         header_timeout: cfg.api_header_timeout.0,

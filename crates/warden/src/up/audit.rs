@@ -40,6 +40,7 @@ fn settings(cfg: &Config) -> warden_audit::Settings {
         segment_bytes: cfg.audit_segment_mb * 1024 * 1024,
         retain_bytes: cfg.audit_retain_mb * 1024 * 1024,
         retain_age: Duration::from_secs(cfg.audit_retain_days * 24 * 3600),
+        required: cfg.audit == crate::config::AuditMode::Required,
         ..warden_audit::Settings::default()
     }
 }

@@ -71,6 +71,7 @@ mod audit_access;
 mod audit_cluster;
 mod audit_crash;
 mod audit_declassified;
+mod audit_closed;
 mod cli;
 mod cluster;
 mod cluster_routing;
