@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use warden_test_support::http::basic;
+use warden_test_support::http::{basic, h2c_get};
 use warden_test_support::{cli, request, wait_until, Launch, Warden};
 
 use crate::store_durability::SmallDisk;
@@ -179,11 +179,20 @@ fn with_audit_required_a_full_disk_refuses_access_and_changes_until_space_is_bac
         r.text()
     );
     assert!(r.text().contains("audit log cannot write"), "{}", r.text());
+    // The same over HTTP/2, which hyper serves, not the lane.
+    let auth = basic("ann", PASSWORD);
+    let (_, h2) = h2c_get(
+        &format!("{}/apps/web/", w.gateway),
+        &[("authorization", auth.as_str())],
+    );
+    assert_eq!(h2.status, 503, "served over HTTP/2: {}", h2.text());
     let login = request(
         "POST",
         &format!("{}/login", w.gateway),
-        &[("content-type", "application/x-www-form-urlencoded")],
-        format!("user=ann&password={PASSWORD}").as_bytes(),
+        &[("content-type", "application/json")],
+        json!({ "name": "ann", "password": PASSWORD })
+            .to_string()
+            .as_bytes(),
     );
     assert_eq!(login.status, 503, "{}", login.text());
     // Any API change is refused; reads still answer, so the operator sees why.
