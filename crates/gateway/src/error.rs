@@ -181,9 +181,15 @@ pub enum GatewayError {
     /// The password verification queue is full.
     #[error("the gateway is busy verifying passwords; try again shortly")]
     Busy,
-    /// The node requires its audit log (`--audit required`) and the log cannot record: why.
-    #[error("{0}")]
-    AuditRefused(String),
+    /// The node requires its audit log (`--audit required`) and the log cannot record: why,
+    /// and whether to say it as plain text (a browser) rather than JSON.
+    #[error("{why}")]
+    AuditRefused {
+        /// Why, for a person.
+        why: String,
+        /// Answer `text/plain`: the client accepts HTML, so a person reads it.
+        text: bool,
+    },
     /// The body is larger than allowed.
     #[error("request body is larger than {limit} bytes")]
     PayloadTooLarge {
@@ -227,9 +233,10 @@ impl GatewayError {
             | Self::PayloadTooLarge { .. }
             | Self::MethodNotAllowed(_)
             | Self::HeadTooLarge { .. } => Origin::Client,
-            Self::Busy | Self::Unavailable { .. } | Self::NoSessions(_) | Self::AuditRefused(_) => {
-                Origin::Gateway
-            }
+            Self::Busy
+            | Self::Unavailable { .. }
+            | Self::NoSessions(_)
+            | Self::AuditRefused { .. } => Origin::Gateway,
             Self::StartFailed { .. }
             | Self::CrashLoop { .. }
             | Self::StartTimeout { .. }
@@ -270,7 +277,7 @@ impl GatewayError {
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::BadRequest(_) | Self::TwoUsers => StatusCode::BAD_REQUEST,
             Self::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::Busy | Self::AuditRefused(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Busy | Self::AuditRefused { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
         }
@@ -290,7 +297,7 @@ impl GatewayError {
             | Self::Refused(_)
             | Self::Unsent(_)
             | Self::Busy => Some((header::RETRY_AFTER, header::HeaderValue::from_static("1"))),
-            Self::AuditRefused(_) => {
+            Self::AuditRefused { .. } => {
                 Some((header::RETRY_AFTER, header::HeaderValue::from_static("5")))
             }
             // The rest of an oversized head is still on the connection: it cannot go on.

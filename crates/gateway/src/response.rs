@@ -21,10 +21,13 @@ pub type Body = BoxBody<Bytes, BoxError>;
 impl GatewayError {
     /// The response: a JSON body `{"error": "..."}` plus the headers the status calls for.
     pub fn into_response(self) -> Response<Body> {
-        let mut resp = json(
-            self.status(),
-            &serde_json::json!({ "error": self.to_string() }),
-        );
+        let mut resp = match self.plain_text() {
+            true => text(self.status(), &self.to_string()),
+            false => json(
+                self.status(),
+                &serde_json::json!({ "error": self.to_string() }),
+            ),
+        };
         if let Some((name, value)) = self.extra_header() {
             resp.headers_mut().insert(name, value);
         }
@@ -37,13 +40,20 @@ impl GatewayError {
     /// `close` adds `connection: close`, for a client that asked for it.
     pub(crate) fn write_http1(&self, head_only: bool, close: bool, out: &mut Vec<u8>) {
         let status = self.status();
-        let message = serde_json::Value::String(self.to_string());
-        let body = format!("{{\"error\":{message}}}\n");
+        let (body, kind) = match self.plain_text() {
+            true => (format!("{self}\n"), TEXT),
+            false => {
+                let message = serde_json::Value::String(self.to_string());
+                (format!("{{\"error\":{message}}}\n"), "application/json")
+            }
+        };
         out.extend_from_slice(b"HTTP/1.1 ");
         out.extend_from_slice(status.as_str().as_bytes());
         out.push(b' ');
         out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-        out.extend_from_slice(b"\r\ncontent-type: application/json\r\n");
+        out.extend_from_slice(b"\r\ncontent-type: ");
+        out.extend_from_slice(kind.as_bytes());
+        out.extend_from_slice(b"\r\n");
         if let Some((name, value)) = self.extra_header() {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
@@ -59,6 +69,25 @@ impl GatewayError {
             out.extend_from_slice(body.as_bytes());
         }
     }
+}
+
+/// The content type of the answers a person reads.
+const TEXT: &str = "text/plain; charset=utf-8";
+
+impl GatewayError {
+    /// Whether this error is answered as plain text rather than JSON.
+    fn plain_text(&self) -> bool {
+        matches!(self, Self::AuditRefused { text: true, .. })
+    }
+}
+
+/// A plain text response: `message` and a newline.
+fn text(status: StatusCode, message: &str) -> Response<Body> {
+    let mut resp = Response::new(full(Bytes::from(format!("{message}\n"))));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(TEXT));
+    resp
 }
 
 /// A JSON response.

@@ -34,11 +34,15 @@ pub(crate) struct State {
 
 impl State {
     /// `Err` while the node refuses access because its audit log cannot record: one atomic
-    /// load otherwise.
-    pub fn audit_gate(&self) -> Result<(), crate::error::GatewayError> {
+    /// load otherwise. `accept` (the request's `Accept`) decides between JSON for programs and
+    /// plain text for a browser (one that accepts `text/html`).
+    pub fn audit_gate(&self, accept: Option<&[u8]>) -> Result<(), crate::error::GatewayError> {
         match self.log.refusing() {
             None => Ok(()),
-            Some(why) => Err(crate::error::GatewayError::AuditRefused(why)),
+            Some(why) => Err(crate::error::GatewayError::AuditRefused {
+                why,
+                text: accept.is_some_and(|a| a.windows(9).any(|w| w == b"text/html")),
+            }),
         }
     }
 }

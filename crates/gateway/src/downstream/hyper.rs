@@ -207,7 +207,8 @@ async fn to_app(
 ) -> Result<Response<Body>, GatewayError> {
     let m = &state.metrics;
     // Before anything is signed in or served: nothing of it could be recorded.
-    state.audit_gate()?;
+    let accept = req.headers().get(header::ACCEPT).map(|v| v.as_bytes());
+    state.audit_gate(accept)?;
     // Authenticate before saying whether the app exists, so strangers learn nothing.
     let t = Instant::now();
     let refused = |e: GatewayError, user: Option<&str>| {

@@ -416,15 +416,15 @@ async fn to_app(
 ) -> Reply {
     let m = &state.metrics;
     // Before anything is signed in or served: nothing of it could be recorded.
-    if let Err(e) = state.audit_gate() {
-        return Reply::Refused(e);
-    }
     let named = |n: &'static str| {
         fields
             .iter()
             .filter(move |f| msg[f.name.clone()].eq_ignore_ascii_case(n.as_bytes()))
             .map(|f| &msg[f.value.clone()])
     };
+    if let Err(e) = state.audit_gate(named("accept").next()) {
+        return Reply::Refused(e);
+    }
     let t = Instant::now();
     let mut authorizations = named("authorization");
     let authorization = authorizations.next();

@@ -29,7 +29,11 @@ pub(crate) async fn answer(
             ),
         },
         // A sign-in the log could not record is refused like a request to an app.
-        "/login" => match state.audit_gate() {
+        "/login" => match state.audit_gate(
+            req.headers()
+                .get(http::header::ACCEPT)
+                .map(|v| v.as_bytes()),
+        ) {
             Ok(()) => login::login(state, req, client).await,
             Err(e) => e.into_response(),
         },

@@ -179,6 +179,27 @@ fn with_audit_required_a_full_disk_refuses_access_and_changes_until_space_is_bac
         r.text()
     );
     assert!(r.text().contains("audit log cannot write"), "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    // A browser gets it as text to read.
+    let page = request(
+        "GET",
+        &format!("{}/apps/web/", w.gateway),
+        &[
+            ("authorization", &basic("ann", PASSWORD)),
+            ("accept", "text/html,application/xhtml+xml,*/*;q=0.8"),
+        ],
+        b"",
+    );
+    assert_eq!(page.status, 503);
+    assert_eq!(
+        page.header("content-type"),
+        Some("text/plain; charset=utf-8")
+    );
+    assert!(
+        page.text().starts_with("the audit log cannot write ("),
+        "{}",
+        page.text()
+    );
     // The same over HTTP/2, which hyper serves, not the lane.
     let auth = basic("ann", PASSWORD);
     let (_, h2) = h2c_get(
