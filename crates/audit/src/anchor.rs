@@ -83,7 +83,12 @@ pub(crate) async fn publish(
     }
     let anchor = make(key, node, seq, &hash);
     match warden_store::put_json(store, &keys::audit_anchor(node), &anchor, None).await {
-        Ok(_) => seq,
+        Ok(_) => {
+            shared
+                .anchored
+                .store(seq, std::sync::atomic::Ordering::Release);
+            seq
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot anchor the audit log in the store; trying again");
             last

@@ -110,6 +110,11 @@ pub(crate) struct Shared {
     overflowed_ms: AtomicU64,
     /// The last record written: seq and hash.
     head: Mutex<(u64, String)>,
+    /// The sequence number last anchored in the store by this run (0: none yet). Retention
+    /// never drops a segment holding it or anything after it, so the store's anchor always
+    /// names a record the log keeps, and verify may call an anchor before the oldest record
+    /// kept a replaced log.
+    anchored: AtomicU64,
     /// Tests hold this to stop the writer with the first record of its next batch taken.
     #[cfg(test)]
     hold: Mutex<()>,

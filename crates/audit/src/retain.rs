@@ -1,6 +1,7 @@
 //! Retention: the oldest segments go once the log is past its size or they are past their
 //! age. Each drop becomes a `pruned` record naming the last record dropped and its hash, so
-//! verify starts the chain there rather than calling the missing start tampering.
+//! verify starts the chain there rather than calling the missing start tampering. No segment
+//! holding the record anchored in the store, or any after it, is dropped.
 
 use std::path::Path;
 use std::time::SystemTime;
@@ -18,8 +19,10 @@ fn last_links(path: &Path) -> Option<Links> {
         .find_map(|l| serde_json::from_str::<Links>(l).ok())
 }
 
-/// Drops segments older than `current` past retention; the `pruned` records to write.
-pub(crate) fn prune(dir: &Path, current: &Path, settings: &Settings) -> Vec<Event> {
+/// Drops segments older than `current` past retention, each only if it ends before record
+/// `anchored` (the one the store's anchor names: a segment holding it stays until a later
+/// anchor, so the anchor always names a record the log keeps); the `pruned` records to write.
+pub(crate) fn prune(dir: &Path, current: &Path, settings: &Settings, anchored: u64) -> Vec<Event> {
     let Ok(segs) = segments::list(dir) else {
         return Vec::new();
     };
@@ -44,6 +47,9 @@ pub(crate) fn prune(dir: &Path, current: &Path, settings: &Settings) -> Vec<Even
         let Some(links) = last_links(&path) else {
             break;
         };
+        if links.seq >= anchored {
+            break;
+        }
         if let Err(e) = std::fs::remove_file(&path) {
             tracing::warn!(error = %e, file = %path.display(), "cannot drop an old audit segment");
             break;

@@ -210,14 +210,21 @@ async fn rotation_and_retention_drop_old_segments_and_verify_starts_where_they_e
     let small = Settings {
         segment_bytes: 2_000,
         retain_bytes: 4_000,
+        anchor_every: std::time::Duration::from_millis(1),
         ..Settings::default()
     };
     let log = Log::open(&audit, "n1", KEY, s.clone(), small).unwrap();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let anchors = tokio::spawn(log.anchor_task(stopped));
     for i in 0..100 {
         log.record_durable(change(&format!("app{i}")))
             .await
             .unwrap();
+        // Anchors move while records are written, and retention follows them.
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
+    let _ = stop.send(true);
+    anchors.await.unwrap();
     log.close().await;
     let segs = segments::list(&audit).unwrap();
     assert!(segs.len() >= 2, "rotated: {segs:?}");
@@ -361,4 +368,58 @@ async fn a_required_log_that_stopped_writing_refuses_until_its_gap_is_written_by
     .unwrap();
     assert_eq!(gaps.len(), 1, "{gaps:?}");
     assert!(matches!(gaps[0].event, Event::Gap { lost: Some(3), .. }));
+}
+
+/// Whoever can write the log's files but not the store puts a fresh chain in its place that
+/// starts far past the anchored record, with a forged `pruned` record to explain the start:
+/// retention never drops the anchored record, so verify names the replacement.
+#[tokio::test]
+async fn a_replacing_chain_that_starts_after_the_anchor_fails_whatever_it_says_was_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = written(dir.path(), &s, 3).await;
+    for seg in segments::list(&audit).unwrap() {
+        std::fs::remove_file(seg).unwrap();
+    }
+    let first = 1_000_000_u64;
+    let dropped = "ab".repeat(32);
+    let pruned = Event::Pruned {
+        up_to_seq: first - 1,
+        hash: dropped.clone(),
+    };
+    let (l1, h1) = chain::seal(first, 1, "n1", &pruned, &dropped);
+    let (l2, _) = chain::seal(first + 1, 2, "n1", &change("forged"), &h1);
+    std::fs::write(audit.join(segments::name(first)), format!("{l1}\n{l2}\n")).unwrap();
+    let v = check(&audit, &s).await;
+    assert!(!v.ok, "a replaced log passed: {v:?}");
+    assert_eq!(what(&v).0, "anchor", "{v:?}");
+}
+
+/// Retention keeps every segment from the one holding the anchored record on: with no anchor
+/// yet, nothing is dropped, however far past its size the log is (and verify passes).
+#[tokio::test]
+async fn retention_never_drops_what_is_not_anchored_yet() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path()).await;
+    let audit = dir.path().join("audit");
+    let small = Settings {
+        segment_bytes: 2_000,
+        retain_bytes: 4_000,
+        ..Settings::default()
+    };
+    let log = Log::open(&audit, "n1", KEY, s.clone(), small).unwrap();
+    for i in 0..100 {
+        log.record_durable(change(&format!("app{i}")))
+            .await
+            .unwrap();
+    }
+    log.close().await;
+    let segs = segments::list(&audit).unwrap();
+    assert!(segs.len() > 3, "rotated: {segs:?}");
+    assert_eq!(
+        segs[0].file_name().unwrap().to_string_lossy(),
+        segments::name(1),
+        "a segment after the (absent) anchor was dropped"
+    );
+    assert!(check(&audit, &s).await.ok);
 }

@@ -166,13 +166,11 @@ impl Walk {
             return Some(problem(last_file, 0, Some(head + 1), "truncated tail",
                 format!("the log ends at record {head}, but record {} was written (the store's anchor names it)", a.seq)));
         }
-        if self
-            .start
-            .as_ref()
-            .is_some_and(|(_, first, _)| a.seq < *first)
-        {
-            // Anchored before the oldest segment kept: retention dropped it.
-            return None;
+        if let Some((file, first, _)) = self.start.as_ref().filter(|(_, f, _)| a.seq < *f) {
+            // Retention never drops the anchored record (nor any after it): a log that starts
+            // after it is another chain put in its place, whatever `pruned` record it carries.
+            return Some(problem(file, 1, Some(*first), "anchor",
+                format!("the log starts at record {first}, after record {} anchored in the store: retention never drops an anchored record, so the log was replaced", a.seq)));
         }
         match &self.at_anchor {
             Some((_, _, hash)) if *hash == a.hash => None,

@@ -306,7 +306,8 @@ impl Writer {
                 return;
             }
         }
-        let pruned = retain::prune(&self.dir, &self.path, &self.settings);
+        let anchored = self.shared.anchored.load(Ordering::Acquire);
+        let pruned = retain::prune(&self.dir, &self.path, &self.settings, anchored);
         if !pruned.is_empty() {
             let batch = pruned.into_iter().map(|e| Msg::Record(e, None)).collect();
             self.write_batch(batch, true);
