@@ -273,6 +273,12 @@ impl Audit for ClusterAudit {
     fn health(&self) -> Result<(), String> {
         self.local.health()
     }
+    fn required(&self) -> bool {
+        self.local.required()
+    }
+    fn refusing(&self) -> Option<String> {
+        self.local.refusing()
+    }
     fn stats(&self) -> AuditStats {
         self.local.stats()
     }

@@ -368,25 +368,19 @@ pub trait Audit: Send + Sync {
     fn record(&self, e: Event);
     /// Queues `e` and resolves once it is fsync'd: for decisions acted on after (API changes).
     fn record_durable(&self, e: Event) -> DurableFuture;
+    // `kept`, `health`, `required` and `refusing` have no default: a wrapper that forgot to
+    // pass one on would switch the alarm or fail-closed mode off without a word (it once did).
     /// Whether this is a log at all ([`NoAudit`] is not).
-    fn kept(&self) -> bool {
-        false
-    }
+    fn kept(&self) -> bool;
     /// `Ok` while the log writes; else why not (shown in `/readyz` and `warden status`).
-    fn health(&self) -> Result<(), String> {
-        Ok(())
-    }
+    fn health(&self) -> Result<(), String>;
     /// Whether this node refuses access while the log cannot write (`--audit required`).
-    fn required(&self) -> bool {
-        false
-    }
+    fn required(&self) -> bool;
     /// While the log is [`required`](Audit::required) and cannot record (a write failing, the
     /// writer stopped, lost records not yet counted into a `gap`): why, in words a client may
     /// read (no secret; no path outside the log's directory). `None` otherwise, after one atomic
     /// load: it is asked on every request that would reach an instance, sign in or change.
-    fn refusing(&self) -> Option<String> {
-        None
-    }
+    fn refusing(&self) -> Option<String>;
     /// Counts for metrics.
     fn stats(&self) -> AuditStats {
         AuditStats::default()
@@ -423,6 +417,18 @@ pub struct NoAudit;
 
 impl Audit for NoAudit {
     fn record(&self, _: Event) {}
+    fn kept(&self) -> bool {
+        false
+    }
+    fn health(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn required(&self) -> bool {
+        false
+    }
+    fn refusing(&self) -> Option<String> {
+        None
+    }
     fn record_durable(&self, _: Event) -> DurableFuture {
         Box::pin(async { Ok(()) })
     }
