@@ -21,7 +21,6 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use warden_core::audit::{Audit, Event};
 
@@ -124,10 +123,6 @@ fn named(body: &[u8]) -> Option<String> {
     serde_json::from_slice::<Named>(body).ok().map(|n| n.name)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Records a mutating request before and after its handler.
 pub(crate) async fn record_change(State(api): State<Api>, req: Request, next: Next) -> Response {
     if matches!(*req.method(), Method::GET | Method::HEAD) {
@@ -155,7 +150,7 @@ pub(crate) async fn record_change(State(api): State<Api>, req: Request, next: Ne
             )
             .into_response();
         };
-        let digest = (!bytes.is_empty()).then(|| hex(&Sha256::digest(&bytes)));
+        let digest = (!bytes.is_empty()).then(|| api.audit.digest(&bytes));
         // A create names its target in the body (`{"name": …}`): a name is no secret.
         target = target.or_else(|| named(&bytes));
         (Request::from_parts(parts, Body::from(bytes)), digest)

@@ -163,6 +163,8 @@ pub struct Log {
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     anchor_every: Duration,
     required: bool,
+    /// The key of change bodies' digests: derived from the audit key, apart from the anchors'.
+    body_key: [u8; 32],
 }
 
 // === impl Log ===
@@ -196,6 +198,7 @@ impl Log {
             writer: Mutex::new(Some(thread)),
             anchor_every,
             required,
+            body_key: anchor::body_key(&key),
         }))
     }
 
@@ -356,6 +359,10 @@ impl Audit for Log {
 
     fn required(&self) -> bool {
         self.required
+    }
+
+    fn digest(&self, body: &[u8]) -> String {
+        anchor::body_digest(&self.body_key, body)
     }
 
     fn refusing(&self) -> Option<String> {

@@ -279,6 +279,9 @@ impl Audit for ClusterAudit {
     fn refusing(&self) -> Option<String> {
         self.local.refusing()
     }
+    fn digest(&self, body: &[u8]) -> String {
+        self.local.digest(body)
+    }
     fn stats(&self) -> AuditStats {
         self.local.stats()
     }

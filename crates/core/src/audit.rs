@@ -124,7 +124,8 @@ pub enum Event {
         /// SHA-256 (hex) of what was there before, when known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         before: Option<String>,
-        /// SHA-256 (hex) of the request's body: never the body, which may hold secrets.
+        /// HMAC-SHA256 (hex) of the request's body under the log's key ([`Audit::digest`]):
+        /// never the body, which may hold secrets, nor a plain hash a guess can be tested on.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         after: Option<String>,
     },
@@ -381,6 +382,11 @@ pub trait Audit: Send + Sync {
     /// read (no secret; no path outside the log's directory). `None` otherwise, after one atomic
     /// load: it is asked on every request that would reach an instance, sign in or change.
     fn refusing(&self) -> Option<String>;
+    /// A digest of a change's body for its record: HMAC-SHA256 (hex) under a key of the log's,
+    /// so that equal bodies give equal digests (on a cluster, on every node) while no one
+    /// without the key can test a guess of a password or a config value against it (a plain
+    /// SHA-256 of a body of known shape can be searched offline).
+    fn digest(&self, body: &[u8]) -> String;
     /// Counts for metrics.
     fn stats(&self) -> AuditStats {
         AuditStats::default()
@@ -428,6 +434,9 @@ impl Audit for NoAudit {
     }
     fn refusing(&self) -> Option<String> {
         None
+    }
+    fn digest(&self, _: &[u8]) -> String {
+        String::new()
     }
     fn record_durable(&self, _: Event) -> DurableFuture {
         Box::pin(async { Ok(()) })

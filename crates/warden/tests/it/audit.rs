@@ -8,6 +8,8 @@ use std::path::Path;
 
 use warden_test_support::{cli, Launch, Warden};
 
+use sha2::Digest as _;
+
 use crate::BIN;
 
 fn run(w: &Warden, args: &[&str]) -> (bool, String, String) {
@@ -65,6 +67,24 @@ fn an_api_change_is_recorded_with_its_actor_route_and_target_and_the_log_verifie
         // The body as a digest, never as itself.
         assert_eq!(e["after"].as_str().map(str::len), Some(64), "{r}");
     }
+    // Keyed: a body of known shape (a new user's password, a config value) cannot be guessed
+    // offline against a plain SHA-256 of it.
+    let body = serde_json::json!({"name": "keyed", "command": ["/bin/true"]});
+    assert_eq!(w.api("POST", "/v1/apps", Some(body.clone())).status, 201);
+    let plain = sha2::Sha256::digest(body.to_string().as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>();
+    let keyed = changes(&w)
+        .into_iter()
+        .find(|r| r["event"]["target"] == "keyed")
+        .expect("the change is recorded");
+    let after = keyed["event"]["after"].as_str().unwrap_or("");
+    assert_eq!(after.len(), 64, "{keyed}");
+    assert_ne!(
+        after, plain,
+        "the body's digest is a plain SHA-256: {keyed}"
+    );
     let log = std::fs::read_to_string(segment(&w.dir)).unwrap();
     assert!(
         !log.contains("demo-app"),
