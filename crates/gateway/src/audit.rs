@@ -30,6 +30,10 @@ const SHARDS: usize = 16;
 const MAX_KEYS: usize = 50_000;
 /// The key parts of what [`MAX_KEYS`] left out.
 const MORE: &str = "(more)";
+/// The user or app of a record when the name given is none the gateway knows: such names may
+/// be anything (a password typed in the user field), and one key for all of them keeps a
+/// stranger from filling the period's tally with made-up names.
+pub(crate) const UNKNOWN: &str = "(unknown)";
 /// An access record's instance for the requests of per-request instances, each of which served
 /// one request: their ids would make one record per request.
 pub(crate) const PER_REQUEST: &str = "(per request)";

@@ -160,7 +160,8 @@ impl Authenticator {
             (None, None) => {
                 // A token no session has: the user it was for is unknown, so none is named.
                 if presented {
-                    self.audit.sign_in("", peer, "session", "failed");
+                    self.audit
+                        .sign_in(crate::audit::UNKNOWN, peer, "session", "failed");
                 }
                 Err(GatewayError::Unauthenticated)
             }
@@ -178,25 +179,32 @@ impl Authenticator {
         m: &Metrics,
     ) -> Result<Arc<User>, GatewayError> {
         let user = views.read().users.get(name).cloned();
+        // The audit trail names only users that exist: a name no user has may be a password
+        // typed in the wrong field, and made-up names must not fill the period's tally.
+        let shown = if user.is_some() {
+            name
+        } else {
+            crate::audit::UNKNOWN
+        };
         let fingerprint = user.as_ref().map_or([0; 32], |u| u.fingerprint);
         let key = self.cache.key(name, &password);
         let cached = self.cache.lookup(&key, &fingerprint);
         if cached == Some(true) {
             m.cache("hit");
             let outcome = if user.is_some() { "ok" } else { "failed" };
-            self.audit.sign_in(name, peer, method, outcome);
+            self.audit.sign_in(shown, peer, method, outcome);
             return user.ok_or(GatewayError::Unauthenticated);
         }
         if let Err(wait) = self.throttle.check(name, peer) {
             m.throttled.inc();
-            self.audit.sign_in(name, peer, method, "throttled");
+            self.audit.sign_in(shown, peer, method, "throttled");
             return Err(GatewayError::Throttled {
                 retry_after: wait.as_secs().max(1),
             });
         }
         if cached == Some(false) {
             m.cache("negative");
-            self.audit.sign_in(name, peer, method, "failed");
+            self.audit.sign_in(shown, peer, method, "failed");
             self.throttle.fail(name, peer);
             return Err(GatewayError::Unauthenticated);
         }
@@ -219,11 +227,11 @@ impl Authenticator {
         match (verdict, user) {
             (Verdict::Busy, _) => Err(GatewayError::Busy),
             (Verdict::Valid, Some(u)) => {
-                self.audit.sign_in(name, peer, method, "ok");
+                self.audit.sign_in(shown, peer, method, "ok");
                 Ok(u)
             }
             _ => {
-                self.audit.sign_in(name, peer, method, "failed");
+                self.audit.sign_in(shown, peer, method, "failed");
                 self.throttle.fail(name, peer);
                 warden_core::log_limited!(info, user = %name, %peer, "sign-in refused");
                 Err(GatewayError::Unauthenticated)

@@ -212,6 +212,9 @@ async fn to_app(
     // Authenticate before saying whether the app exists, so strangers learn nothing.
     let t = Instant::now();
     let refused = |e: GatewayError, user: Option<&str>| {
+        // An app name from the path that no app has is recorded as one name (see UNKNOWN).
+        let known = state.views.read().apps.contains_key(app);
+        let app = if known { app } else { crate::audit::UNKNOWN };
         state
             .audit
             .refusal(e.status().as_u16(), user, client.ip, Some(app));

@@ -118,6 +118,31 @@ fn accesses_at_two_labels_a_failed_sign_in_a_403_and_a_taint_are_recorded() {
             Some((failed, refused))
         },
     );
+    // A name no user has (perhaps a password typed in the wrong field) and an app no one has
+    // are recorded as "(unknown)": never as given, and never one key per made-up name.
+    let url = format!("{}/apps/no-such-app-q7/", w.gateway);
+    let r = request(
+        "GET",
+        &url,
+        &[("authorization", &basic("hunter2-typed", "x"))],
+        b"",
+    );
+    assert_eq!(r.status, 401);
+    wait_until("the unknown sign-in", Duration::from_secs(30), || {
+        let signed = events(&w, "sign_in").into_iter().any(|e| {
+            e["user"] == "(unknown)" && e["outcome"] == "failed" && e["method"] == "basic"
+        });
+        let refused = events(&w, "refusal")
+            .into_iter()
+            .any(|e| e["status"] == 401 && e["app"] == "(unknown)");
+        (signed && refused).then_some(())
+    });
+    let all = w.api("GET", "/v1/audit?limit=10000", None).text();
+    assert!(
+        !all.contains("hunter2") && !all.contains("no-such-app-q7"),
+        "{all}"
+    );
+
     // ann's three good requests, summed over however many periods they fell in.
     let signed_in = events(&w, "sign_in");
     let ok: u64 = signed_in
