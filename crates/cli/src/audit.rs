@@ -308,7 +308,15 @@ fn whole(v: &Verified) -> String {
 
 /// What is wrong with a log (or why it was not checked), in words; none if it is whole.
 fn fault(v: &Verified) -> Option<String> {
-    let p = v.problem.as_ref()?;
+    // `ok` decides: an answer that says not ok without saying why is no whole log.
+    let Some(p) = v.problem.as_ref() else {
+        return (!v.ok).then(|| {
+            format!(
+                "the audit log of node {} is not whole, and its answer did not say where",
+                v.node
+            )
+        });
+    };
     Some(match p.what.as_str() {
         "unreachable" | "not live" => format!(
             "the audit log of node {} was not checked ({}): {}",
@@ -370,4 +378,24 @@ async fn export(api: &Client, f: &Filter, to: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_not_ok_is_a_fault_even_without_a_problem() {
+        let v = Verified {
+            node: "n1".into(),
+            ok: false,
+            records: 3,
+            head_seq: 3,
+            anchor_seq: Some(3),
+            problem: None,
+        };
+        assert!(fault(&v).is_some_and(|f| f.contains("n1")));
+        let whole = Verified { ok: true, ..v };
+        assert_eq!(fault(&whole), None);
+    }
 }
