@@ -90,18 +90,9 @@ impl Refusals {
         self: Arc<Self>,
         audit: Arc<dyn Audit>,
         period: Duration,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
     ) {
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => self.flush(&*audit),
-                _ = shutdown.wait_for(|s| *s) => break,
-            }
-        }
-        self.flush(&*audit);
+        warden_core::audit::flush_every(period, shutdown, || self.flush(&*audit)).await;
     }
 }
 

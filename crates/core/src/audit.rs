@@ -417,6 +417,25 @@ pub struct AuditStats {
     pub lost: u64,
 }
 
+/// Calls `flush` every `period` (the first time one period from now) until `shutdown` turns
+/// true, then once more: how a role's per-period sums reach the log, the last of them at stop.
+pub async fn flush_every(
+    period: std::time::Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    flush: impl Fn(),
+) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => flush(),
+            _ = shutdown.wait_for(|s| *s) => break,
+        }
+    }
+    flush();
+}
+
 /// Records nothing: for tests and processes that keep no log.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoAudit;

@@ -77,12 +77,19 @@ impl<const N: usize> Entry<N> {
     }
 
     fn add(&self, bytes: u64, now: u64) {
+        // One read-modify-write per request: every request of one user hits the same entry
+        // from every core, and each such write moves the cache line. The times change at most
+        // once a millisecond, so they are read first and written only when they move.
         self.count.fetch_add(1, Ordering::Relaxed);
         if bytes > 0 {
             self.bytes.fetch_add(bytes, Ordering::Relaxed);
         }
-        self.first_ms.fetch_min(now, Ordering::Relaxed);
-        self.last_ms.fetch_max(now, Ordering::Relaxed);
+        if now < self.first_ms.load(Ordering::Relaxed) {
+            self.first_ms.fetch_min(now, Ordering::Relaxed);
+        }
+        if now > self.last_ms.load(Ordering::Relaxed) {
+            self.last_ms.fetch_max(now, Ordering::Relaxed);
+        }
     }
 }
 
@@ -244,17 +251,7 @@ impl Recorder {
 
     /// A request `instance` answered for `user`; `bytes` as the gateway counted them.
     pub(crate) fn access(&self, user: &str, instance: &InstanceRecord, label: &str, bytes: u64) {
-        if !self.on {
-            return;
-        }
-        let key = [
-            user.as_bytes(),
-            instance.app.as_bytes(),
-            label.as_bytes(),
-            instance.id.as_bytes(),
-            instance.node.as_bytes(),
-        ];
-        self.accesses.add(key, bytes, warden_core::model::now_ms());
+        self.sum_access(user, instance, label, &instance.id, bytes);
     }
 
     /// A request a per-request instance answered (it serves that one request and dies): summed
@@ -267,6 +264,11 @@ impl Recorder {
         label: &str,
         bytes: u64,
     ) {
+        self.sum_access(user, instance, label, PER_REQUEST, bytes);
+    }
+
+    /// Sums a request of `instance` under the instance name `id`.
+    fn sum_access(&self, user: &str, instance: &InstanceRecord, label: &str, id: &str, bytes: u64) {
         if !self.on {
             return;
         }
@@ -274,7 +276,7 @@ impl Recorder {
             user.as_bytes(),
             instance.app.as_bytes(),
             label.as_bytes(),
-            PER_REQUEST.as_bytes(),
+            id.as_bytes(),
             instance.node.as_bytes(),
         ];
         self.accesses.add(key, bytes, warden_core::model::now_ms());
@@ -364,21 +366,8 @@ impl Recorder {
     }
 
     /// Flushes every `period` until `shutdown` turns true, then once more.
-    pub(crate) async fn run(
-        self: Arc<Self>,
-        period: Duration,
-        mut shutdown: watch::Receiver<bool>,
-    ) {
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => self.flush(),
-                _ = shutdown.wait_for(|s| *s) => break,
-            }
-        }
-        self.flush();
+    pub(crate) async fn run(self: Arc<Self>, period: Duration, shutdown: watch::Receiver<bool>) {
+        warden_core::audit::flush_every(period, shutdown, || self.flush()).await;
     }
 }
 
