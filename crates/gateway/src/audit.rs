@@ -23,6 +23,15 @@ use tokio::sync::watch;
 use warden_core::audit::{Audit, Event};
 use warden_core::InstanceRecord;
 
+/// The next thread's slot (see [`SLOT`]).
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's slot: moves the shard of every key it sums, so no two threads (of up to
+    /// [`SHARDS`]) sum a key in the same shard.
+    static SLOT: usize = NEXT_SLOT.fetch_add(1, Ordering::Relaxed);
+}
+
 /// Shards of each tally: enough that two cores rarely meet on one lock.
 const SHARDS: usize = 16;
 /// Distinct keys one tally holds per period; past it, new keys are summed under one
@@ -106,7 +115,11 @@ impl<const N: usize> Tally<N> {
 
     fn add(&self, key: [&[u8]; N], bytes: u64, now: u64) {
         let h = self.hasher.hash_one(key);
-        let shard = &self.shards[(h % SHARDS as u64) as usize];
+        // Each thread sums a key in a shard of its own (the hash moved by the thread's slot),
+        // so threads serving the same user never write the same counters or lock: `take`
+        // merges them.
+        let slot = SLOT.with(|s| *s);
+        let shard = &self.shards[(h as usize).wrapping_add(slot) % SHARDS];
         {
             let map = shard.read().unwrap_or_else(|p| p.into_inner());
             if let Some(e) = map.get(&h).and_then(|v| v.iter().find(|e| e.is(&key))) {
@@ -137,19 +150,36 @@ impl<const N: usize> Tally<N> {
     /// Everything summed since the last take; each shard is swapped under its write lock, so
     /// no add falls between two periods.
     fn take(&self) -> Vec<Sum<N>> {
-        let mut out = Vec::new();
+        // One sum per key, however many threads' shards held it.
+        let mut merged: HashMap<[Box<[u8]>; N], Sum<N>> = HashMap::new();
         for shard in &self.shards {
             let map = std::mem::take(&mut *shard.write().unwrap_or_else(|p| p.into_inner()));
-            out.extend(map.into_values().flatten().map(|e| Sum {
-                key: e.key,
-                count: e.count.into_inner(),
-                bytes: e.bytes.into_inner(),
-                first_ms: e.first_ms.into_inner(),
-                last_ms: e.last_ms.into_inner(),
-            }));
+            for e in map.into_values().flatten() {
+                let (count, bytes) = (e.count.into_inner(), e.bytes.into_inner());
+                let (first_ms, last_ms) = (e.first_ms.into_inner(), e.last_ms.into_inner());
+                match merged.entry(e.key) {
+                    std::collections::hash_map::Entry::Occupied(mut o) => {
+                        let s = o.get_mut();
+                        s.count += count;
+                        s.bytes += bytes;
+                        s.first_ms = s.first_ms.min(first_ms);
+                        s.last_ms = s.last_ms.max(last_ms);
+                    }
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        let key = v.key().clone();
+                        v.insert(Sum {
+                            key,
+                            count,
+                            bytes,
+                            first_ms,
+                            last_ms,
+                        });
+                    }
+                }
+            }
         }
         self.keys.store(0, Ordering::Relaxed);
-        out
+        merged.into_values().collect()
     }
 }
 
@@ -388,6 +418,25 @@ mod tests {
         assert_eq!((got[0].first_ms, got[0].last_ms), (3, 5));
         assert_eq!(got[1].count, 1);
         assert!(t.take().is_empty());
+    }
+
+    #[test]
+    fn a_key_summed_on_several_threads_is_one_sum() {
+        let t: Tally<1> = Tally::new();
+        std::thread::scope(|s| {
+            for i in 0..4u64 {
+                let t = &t;
+                s.spawn(move || {
+                    for _ in 0..100 {
+                        t.add([b"ann"], 1, 10 + i);
+                    }
+                });
+            }
+        });
+        let got = t.take();
+        assert_eq!(got.len(), 1, "one sum per key");
+        assert_eq!((got[0].count, got[0].bytes), (400, 400));
+        assert_eq!((got[0].first_ms, got[0].last_ms), (10, 13));
     }
 
     #[test]
