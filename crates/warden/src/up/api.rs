@@ -8,7 +8,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::sync::watch;
 
-use super::{backup_key, Sources};
+use super::backup_key;
+use super::sources::Sources;
 use crate::config::Config;
 
 /// The API's state as releases need it: this node's builds if it runs the agent, else (on a
