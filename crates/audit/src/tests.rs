@@ -55,6 +55,25 @@ fn edit_lines(path: &Path, f: impl FnOnce(&mut Vec<String>)) {
     std::fs::write(path, lines.join("\n") + "\n").unwrap();
 }
 
+/// Opens and closes the log in `audit` again; the one `gap` record it holds, in words.
+async fn reopened_gap(audit: &Path, s: &Arc<dyn Store>) -> String {
+    let log = Log::open(audit, "n1", KEY, s.clone(), Settings::default()).unwrap();
+    log.close().await;
+    let gaps = read(
+        audit,
+        &Query {
+            kind: Some("gap".into()),
+            ..Query::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    let Event::Gap { why, .. } = &gaps[0].event else {
+        unreachable!()
+    };
+    why.clone()
+}
+
 async fn check(audit: &Path, store: &Arc<dyn Store>) -> Verified {
     verify_dir(audit, "n1", &KEY, &**store).await.unwrap()
 }
@@ -147,20 +166,7 @@ async fn a_torn_last_line_is_cut_at_start_and_recorded_as_a_gap() {
     let mut bytes = std::fs::read(&seg).unwrap();
     bytes.extend_from_slice(b"{\"seq\":5,\"at_ms\":1,\"no");
     std::fs::write(&seg, bytes).unwrap();
-    let log = Log::open(&audit, "n1", KEY, s.clone(), Settings::default()).unwrap();
-    log.close().await;
-    let gaps = read(
-        &audit,
-        &Query {
-            kind: Some("gap".into()),
-            ..Query::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(gaps.len(), 1, "{gaps:?}");
-    let Event::Gap { why, .. } = &gaps[0].event else {
-        unreachable!()
-    };
+    let why = reopened_gap(&audit, &s).await;
     assert!(why.contains("torn"), "{why}");
     assert!(check(&audit, &s).await.ok);
 }
@@ -174,20 +180,7 @@ async fn a_run_that_did_not_stop_is_recorded_as_a_gap() {
     edit_lines(&segment(&audit), |l| {
         l.pop();
     });
-    let log = Log::open(&audit, "n1", KEY, s.clone(), Settings::default()).unwrap();
-    log.close().await;
-    let gaps = read(
-        &audit,
-        &Query {
-            kind: Some("gap".into()),
-            ..Query::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(gaps.len(), 1, "{gaps:?}");
-    let Event::Gap { why, .. } = &gaps[0].event else {
-        unreachable!()
-    };
+    let why = reopened_gap(&audit, &s).await;
     assert!(why.contains("without stopping at seq 2"), "{why}");
 }
 
