@@ -142,6 +142,11 @@ fn exchange(mut s: TcpStream, host: &str, wire: &[u8]) -> Response {
     parse(&buf)
 }
 
+/// A whole response's bytes parsed (chunked bodies joined).
+pub fn parse_response(buf: &[u8]) -> Response {
+    parse(buf)
+}
+
 fn parse(buf: &[u8]) -> Response {
     let end = buf
         .windows(4)

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+pub mod browser;
 pub mod etcd;
 pub mod http;
 
