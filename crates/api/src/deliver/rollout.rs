@@ -35,7 +35,16 @@ pub(super) async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) -> bool {
                     .iter()
                     .filter_map(|e| Some((e.key.clone(), serde_json::from_slice(&e.value).ok()?)))
                     .collect();
-                listing.revision
+                // What the gateway must have applied is the last change to these records, not
+                // the store's revision now: other keys moved it on (the release's own record),
+                // which the gateway's view of instances never sees, so waiting for it would
+                // wait out the sync's bound on every release that replaces no instance.
+                listing
+                    .entries
+                    .iter()
+                    .map(|e| e.mod_revision)
+                    .max()
+                    .unwrap_or(0)
             }
             Some(Update::Changes { events, revision }) => {
                 for ev in events {

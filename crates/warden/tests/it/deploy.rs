@@ -521,6 +521,13 @@ fn an_app_made_again_under_a_removed_ones_name_has_only_its_own_release_logs() {
         second.contains("reusing its slug") && !second.contains("nothing to build"),
         "release 1 of the new app logs its own delivery only:\n{second}"
     );
+    // Neither push replaced an instance (a static site has none): neither waited for the
+    // gateway to apply a revision its view of instances never sees.
+    assert!(
+        !w.stderr().contains("has not applied a write yet"),
+        "a push waited out the sync's bound:\n{}",
+        w.stderr()
+    );
 }
 
 #[test]
