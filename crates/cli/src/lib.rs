@@ -471,7 +471,8 @@ fn print_status(v: &Status, gateway: Option<&Value>) {
                 .map(|(app, labels)| format!("{app}: {}", by_label(labels)))
                 .collect();
             let name = if n.draining {
-                format!("{} (draining)", n.name)
+                let left = n.instances.values().flat_map(|l| l.values()).sum();
+                format!("{} ({})", n.name, nodes::drain_state(true, left))
             } else {
                 n.name.clone()
             };

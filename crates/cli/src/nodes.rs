@@ -49,11 +49,7 @@ pub(crate) async fn run(
                         pct(n.load.cpu_busy),
                         pct(n.load.memory_used),
                         n.load.instances.to_string(),
-                        if n.draining {
-                            "draining".to_owned()
-                        } else {
-                            "ready".to_owned()
-                        },
+                        drain_state(n.draining, n.load.instances as usize),
                     ]
                 });
                 table::print(
@@ -117,5 +113,15 @@ async fn wait_empty(
             );
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// A node's state as the lists show it: a drain that has moved every instance away is
+/// `drained`, one still moving them says how many are left.
+pub(crate) fn drain_state(draining: bool, instances: usize) -> String {
+    match (draining, instances) {
+        (false, _) => "ready".to_owned(),
+        (true, 0) => "drained".to_owned(),
+        (true, n) => format!("draining ({n} left)"),
     }
 }
