@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use super::types::{AuditMode, BridgeName, Cgroups, Cidr, Human, Role, Store};
+use super::types::{AuditMode, BridgeName, Cgroups, Cidr, Human, HumanOrSecs, Role, Store};
 use super::{Config, ConfigError};
 
 /// Flags of `warden up`. Each sets the config key of its name ('-' for '_').
@@ -145,9 +145,9 @@ pub struct UpArgs {
     /// Largest upload `warden push` may send to this API, in MiB
     #[arg(long)]
     max_upload_mb: Option<u64>,
-    /// Longest a push's build may run, in seconds
+    /// Longest a push's build may run, like 15m (a bare number is seconds)
     #[arg(long)]
-    build_timeout: Option<u64>,
+    build_timeout: Option<HumanOrSecs>,
     /// Size in MiB at which the audit log begins a new segment
     #[arg(long)]
     audit_segment_mb: Option<u64>,

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 pub use flags::{help_with_defaults, UpArgs};
 pub use types::AuditMode;
-use types::{BridgeName, Cgroups, Cidr, Human, Role, Store};
+use types::{BridgeName, Cgroups, Cidr, Human, HumanOrSecs, Role, Store};
 
 /// Everything `warden up` can be told.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -140,8 +140,8 @@ pub struct Config {
     /// How often the gateway writes its summed audit records (sign-ins, accesses, refusals),
     /// in milliseconds; what a crash can lose is at most this long.
     pub audit_flush_ms: u64,
-    /// Longest a push's build may run, in seconds.
-    pub build_timeout: u64,
+    /// Longest a push's build may run (`"15m"`; a bare number is seconds).
+    pub build_timeout: HumanOrSecs,
     /// Sandbox limits through cgroups where warden may write a hierarchy (auto), or through
     /// rlimits only (off).
     pub cgroups: Cgroups,
@@ -225,7 +225,7 @@ impl Default for Config {
             audit_retain_days: 365,
             audit: AuditMode::On,
             audit_flush_ms: 60_000,
-            build_timeout: 900,
+            build_timeout: HumanOrSecs(std::time::Duration::from_secs(900)),
             cgroups: Cgroups::Auto,
             bridge: BridgeName("warden0".into()),
             bridge_cidr: Cidr(Ipv4Addr::new(10, 213, 0, 0), 16),
@@ -386,8 +386,8 @@ impl Config {
         if !(1..=65_536).contains(&self.max_upload_mb) {
             return invalid("max_upload_mb", "use 1 to 65536 (MiB)");
         }
-        if !(1..=86_400).contains(&self.build_timeout) {
-            return invalid("build_timeout", "use 1 to 86400 (seconds)");
+        if self.build_timeout.0 > std::time::Duration::from_secs(86_400) {
+            return invalid("build_timeout", "use at most 24h");
         }
         if self.tls_cert.len() != self.tls_key.len() {
             return Err(ConfigError::Invalid {

@@ -137,3 +137,34 @@ fn the_data_url_is_a_flag_and_a_key_and_its_password_is_never_shown() {
     assert_eq!(cfg.data.map(|d| d.0).as_deref(), Some("none"));
     assert!(Config::default().data.is_none());
 }
+
+#[test]
+fn build_timeout_is_a_duration_like_the_others_and_bare_seconds_still_read() {
+    let secs = |c: Config| c.build_timeout.0;
+    assert_eq!(
+        secs(Config::parse("build_timeout = \"15m\"").unwrap()),
+        Duration::from_secs(900)
+    );
+    assert_eq!(
+        secs(Config::parse("build_timeout = 30").unwrap()),
+        Duration::from_secs(30)
+    );
+    assert_eq!(
+        secs(flags(&["--build-timeout", "2"]).unwrap()),
+        Duration::from_secs(2)
+    );
+    assert_eq!(
+        secs(flags(&["--build-timeout", "1m"]).unwrap()),
+        Duration::from_secs(60)
+    );
+    for bad in ["build_timeout = 0", "build_timeout = \"0s\""] {
+        let e = Config::parse(bad).unwrap_err();
+        assert!(e.contains("zero"), "{bad}: {e}");
+    }
+    let e = Config::parse("build_timeout = \"soon\"").unwrap_err();
+    assert!(e.contains("not a duration like"), "{e}");
+    let e = Config::parse("build_timeout = true").unwrap_err();
+    assert!(e.contains("expected a duration like"), "{e}");
+    let long = Config::parse("build_timeout = \"2d\"").unwrap();
+    assert!(long.validate().unwrap_err().to_string().contains("24h"));
+}

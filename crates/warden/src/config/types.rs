@@ -51,6 +51,54 @@ impl fmt::Display for Human {
 
 serde_by_text!(Human);
 
+/// A duration as [`Human`] writes it (`"15m"`), or a bare number of seconds, which
+/// `build_timeout` took before it was written like every other duration (`900`, `"900"`): old
+/// config files and scripts keep working.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanOrSecs(pub Duration);
+
+impl FromStr for HumanOrSecs {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().parse::<u64>() {
+            Ok(0) => Err(format!("{s:?} is zero; give a duration above zero")),
+            Ok(n) => Ok(Self(Duration::from_secs(n))),
+            Err(_) => s.parse::<Human>().map(|h| Self(h.0)),
+        }
+    }
+}
+
+impl fmt::Display for HumanOrSecs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Human(self.0).fmt(f)
+    }
+}
+
+impl Serialize for HumanOrSecs {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanOrSecs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Secs(u64),
+            Text(String),
+        }
+        match Written::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("expected a duration like \"30s\", \"15m\" or \"1h\"")
+        })? {
+            Written::Secs(n) => n.to_string().parse(),
+            Written::Text(t) => t.parse(),
+        }
+        .map_err(serde::de::Error::custom)
+    }
+}
+
 /// A role a `warden up` process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum Role {

@@ -26,7 +26,7 @@ pub(super) fn release_api(
             .with_backup_key(&backup_key(&cfg.data_dir)?);
     let max = cfg.max_upload_mb * 1024 * 1024;
     if let Some(agent) = &m.agent {
-        let builder = agent.builder(std::time::Duration::from_secs(cfg.build_timeout), max * 4);
+        let builder = agent.builder(cfg.build_timeout.0, max * 4);
         api = api.with_builds(Arc::new(builder), max, agent.node());
     } else {
         // Uploads an earlier run with the agent left: nothing here will ever build them.
