@@ -346,9 +346,14 @@ fn a_failing_start_or_build_leaves_the_serving_release() {
         "-e /nonexistent-warden-package\n",
     )
     .unwrap();
-    let (ok, _, err) = push(&w, "app", bad.path(), &[]);
+    let (ok, out, err) = push(&w, "app", bad.path(), &[]);
     assert!(
-        !ok && err.contains("the build failed") && err.contains("nonexistent-warden-package"),
+        !ok && err.contains("the build failed") && out.contains("nonexistent-warden-package"),
+        "{out}{err}"
+    );
+    // Its output streamed above the error; the error does not print it again.
+    assert!(
+        !err.contains("nonexistent-warden-package") && err.contains("last lines are above"),
         "{err}"
     );
     assert_eq!(answer(&w, "alice", "app")["answer"], "hello from plain");
