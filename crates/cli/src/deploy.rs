@@ -192,7 +192,11 @@ pub(crate) async fn push(
         }
         None => {
             let dir = p.dir.clone().unwrap_or_else(|| PathBuf::from("."));
-            let abs = std::path::absolute(&dir).unwrap_or_else(|_| dir.clone());
+            // As the kernel resolves it (`..`, `.` and links gone), so `releases` shows one
+            // name per directory however the pusher wrote it.
+            let abs = std::fs::canonicalize(&dir)
+                .or_else(|_| std::path::absolute(&dir))
+                .unwrap_or_else(|_| dir.clone());
             (None, dir, abs.display().to_string())
         }
     };
