@@ -374,7 +374,7 @@ pub(crate) async fn run(
                     println!("app {name} keeps no instance running when idle");
                 } else {
                     println!(
-                        "app {name} keeps {} running; `warden status` shows them converging",
+                        "app {name} keeps {} running (instances that requests start come on top, until its lifetime ends them); `warden status` shows them converging",
                         counts.join(" ")
                     );
                 }

@@ -445,6 +445,18 @@ fn print_status(v: &Status, gateway: Option<&Value>) {
                 by_label(nodes)
             );
         }
+        // Instances requests started are on top of the kept ones: say so, or RUNNING looks
+        // like more than was asked for.
+        for (label, &running) in &a.instances {
+            let kept = a.ready.get(label).copied().unwrap_or(0);
+            if running > kept {
+                println!(
+                    "  {} {label}: {} of {running} running were started by requests, beside the {kept} kept; the app's lifetime ends them",
+                    a.name,
+                    running - kept
+                );
+            }
+        }
         if a.outdated > 0 {
             println!(
                 "  {}: rolling out, {} instance(s) of the old spec still serving",

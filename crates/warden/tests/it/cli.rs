@@ -204,6 +204,13 @@ fn instances_and_status() {
         ok && out.contains("nodes: 1") && out.contains("CONFIDENTIAL=1"),
         "{out}"
     );
+    // Bob's instance was started by his request, not kept: the status says why it runs.
+    assert!(
+        out.contains(
+            "demo CONFIDENTIAL: 1 of 1 running were started by requests, beside the 0 kept"
+        ),
+        "{out}"
+    );
     assert!(run(&w, &["instances", "kill", &id]).0);
     let (ok, _, err) = run(&w, &["instances", "kill", &id]);
     assert!(!ok && err.contains("no instance"), "{err}");
