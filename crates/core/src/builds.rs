@@ -200,4 +200,7 @@ pub struct Prepared {
     pub built: Option<Built>,
     /// Where the source was unpacked, when it still has to be built.
     pub tree: Option<PathBuf>,
+    /// The slug of the app's serving release, whose installed dependencies the build may
+    /// start from (set by the API; never another app's).
+    pub previous: Option<String>,
 }

@@ -186,7 +186,10 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
             Recipe {
                 kind,
                 script: Some(format!(
-                    "set -e\n{PYTHON} -m venv .venv\n.venv/bin/pip install --disable-pip-version-check --no-input --no-cache-dir {install}\n"
+                    // A venv copied from the serving release (`reuse`) is installed into,
+                    // through its own Python: its scripts' shebangs were made to find
+                    // `python3` on the PATH, which in a build is the system's.
+                    "set -e\n[ -x .venv/bin/python ] || {PYTHON} -m venv .venv\n.venv/bin/python -m pip install --disable-pip-version-check --no-input --no-cache-dir {install}\n"
                 )),
                 command: run(web),
                 release: Vec::new(),
@@ -200,16 +203,18 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
                 Some(w) => w,
                 None => node_start(&root)?,
             };
+            // `npm ci` empties node_modules first; with a lock file and the serving release's
+            // node_modules copied in (`reuse`), `npm install` keeps to the lock, installs what
+            // changed and removes what is no longer in it.
             let install = if has("package-lock.json") {
-                "ci"
+                "if [ -d node_modules ]; then npm install --no-save --prefer-offline {flags}; else npm ci {flags}; fi"
             } else {
-                "install"
-            };
+                "npm install {flags}"
+            }
+            .replace("{flags}", "--omit=dev --no-audit --no-fund --no-update-notifier");
             Recipe {
                 kind,
-                script: Some(format!(
-                    "set -e\nnpm {install} --omit=dev --no-audit --no-fund --no-update-notifier\n"
-                )),
+                script: Some(format!("set -e\n{install}\n")),
                 command: run(web),
                 release: Vec::new(),
             }

@@ -23,6 +23,7 @@ mod archive;
 mod beneath;
 mod detect;
 mod relocate;
+mod reuse;
 mod store;
 mod unpack;
 
@@ -33,6 +34,7 @@ use warden_core::builds::{BuildError, Built, Prepared};
 use warden_core::BuildKind;
 
 pub use detect::Recipe;
+pub use reuse::{reuse, Reuse};
 pub use store::{run_spec, sweep, tree, FetchError, Fetcher, SlugError};
 
 fn node_error(what: &str, e: impl std::fmt::Display) -> BuildError {
@@ -98,6 +100,7 @@ pub fn unpack_pushed(
         data: asked.data,
         built: None,
         tree: Some(scratch),
+        previous: None,
     })
 }
 
@@ -143,6 +146,7 @@ pub fn complete_build(slugs: &Path, id: &str, recipe: &Recipe) -> Result<Built, 
         kind: recipe.kind,
         command: recipe.command.clone(),
         release: recipe.release.clone(),
+        built_with: reuse::interpreter(recipe.kind),
     };
     let bytes = serde_json::to_vec(&mark).map_err(|e| node_error("encode the slug's mark", e))?;
     std::fs::write(home.join(store::MARK), bytes)

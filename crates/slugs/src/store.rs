@@ -23,6 +23,10 @@ pub(crate) struct Mark {
     /// The release phase's command; absent from slugs built before it was kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub release: Vec<String>,
+    /// The interpreter its dependencies were installed for (see [`crate::reuse`]); absent
+    /// from slugs built before it was kept, and for kinds without dependencies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub built_with: Option<String>,
 }
 
 /// The tree of slug `id` under `slugs`.
@@ -283,6 +287,7 @@ mod tests {
             kind: BuildKind::Procfile,
             command: vec!["python3".into(), "server.py".into()],
             release: Vec::new(),
+            built_with: None,
         };
         std::fs::write(
             home.path().join(MARK),

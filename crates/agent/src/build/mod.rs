@@ -117,7 +117,10 @@ impl Builds for Builder {
         let id = prepared.slug.clone();
         let gate = self.locks.gate(&id);
         let _building = gate.lock().await;
-        let result = self.build_locked(&id, &scratch, prepared.kind, &out).await;
+        let previous = prepared.previous.filter(|p| *p != id);
+        let result = self
+            .build_locked(&id, &scratch, prepared.kind, previous, &out)
+            .await;
         let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&scratch)).await;
         result
     }
@@ -159,6 +162,7 @@ impl Builder {
         id: &str,
         scratch: &Path,
         kind: BuildKind,
+        previous: Option<String>,
         out: &Output,
     ) -> Result<Built, BuildError> {
         if let Some(b) = self.complete(id, true) {
@@ -166,7 +170,21 @@ impl Builder {
         }
         let slugs = self.paths.slugs.clone();
         let (tree, recipe) = warden_slugs::place(&slugs, id, scratch, kind)?;
-        if let Err(e) = self.run_recipe(&recipe, &tree, out).await {
+        let reused = match previous {
+            Some(p) => {
+                let (slugs, tree, kind) = (slugs.clone(), tree.clone(), recipe.kind);
+                // A complete slug is sealed and never written again, and the serving
+                // release's is never swept; its gate is not taken (two builds each holding
+                // their own and waiting for the other's would never end). A copy that fails
+                // leaves a build from nothing.
+                tokio::task::spawn_blocking(move || warden_slugs::reuse(&slugs, &p, &tree, kind))
+                    .await
+                    .ok()
+                    .flatten()
+            }
+            None => None,
+        };
+        if let Err(e) = self.run_recipe(&recipe, &tree, reused, out).await {
             warden_slugs::discard(&slugs, id);
             return Err(e);
         }
@@ -180,9 +198,23 @@ impl Builder {
         &self,
         recipe: &warden_slugs::Recipe,
         tree: &Path,
+        reused: Option<warden_slugs::Reuse>,
         out: &Output,
     ) -> Result<(), BuildError> {
-        if let Some(script) = &recipe.script {
+        match reused {
+            Some(warden_slugs::Reuse::Unchanged) => out(
+                "-----> the dependencies are those of the serving release (the files naming them are unchanged): nothing to install",
+            ),
+            Some(warden_slugs::Reuse::Changed) => out(
+                "-----> starting from the serving release's dependencies: installing what changed",
+            ),
+            None => {}
+        }
+        let script = match reused {
+            Some(warden_slugs::Reuse::Unchanged) => None,
+            _ => recipe.script.as_ref(),
+        };
+        if let Some(script) = script {
             out(&format!("-----> building a {} app", recipe.kind.name()));
             run::run_script(
                 &self.drivers,
@@ -194,7 +226,7 @@ impl Builder {
                 out,
             )
             .await?;
-        } else {
+        } else if reused.is_none() {
             out(&format!(
                 "-----> a {} app: nothing to build",
                 recipe.kind.name()

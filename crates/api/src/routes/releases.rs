@@ -137,7 +137,7 @@ pub(crate) async fn push_received(
         by,
     } = p;
     let prepared = builds.prepare(&name, &upload.path, &digest, kind).await;
-    let prepared = prepared.map_err(|e| match e {
+    let mut prepared = prepared.map_err(|e| match e {
         BuildError::BadArchive(m) | BuildError::Detect(m) => ApiError::bad_request(m),
         BuildError::Failed(m) | BuildError::Node(m) => ApiError::internal(m),
     })?;
@@ -145,6 +145,11 @@ pub(crate) async fn push_received(
     let recorded = async {
         let current = get_json::<warden_core::AppSpec>(&*api.store, &keys::app_spec(&name)).await?;
         let existed = current.is_some();
+        // The build may start from the dependencies of what serves now: this app's own.
+        prepared.previous = current
+            .as_ref()
+            .and_then(|(s, _)| s.release.as_ref())
+            .map(|r| r.slug.clone());
         data_asked(&api, &name, current.as_ref().map(|(s, _)| s), prepared.data).await?;
         let config = current.map(|(s, _)| s.env).unwrap_or_default();
         let mut release = deliver::fresh(&api, &name, source, config, by, ReleaseStatus::Received);

@@ -46,7 +46,7 @@ fn run(w: &Warden, args: &[&str]) -> (bool, String, String) {
     cli(BIN, &all, &[])
 }
 
-fn push(w: &Warden, app: &str, dir: &Path, extra: &[&str]) -> (bool, String, String) {
+pub(crate) fn push(w: &Warden, app: &str, dir: &Path, extra: &[&str]) -> (bool, String, String) {
     let d = dir.display().to_string();
     let mut args = vec!["push", app, &d];
     args.extend_from_slice(extra);
@@ -54,7 +54,7 @@ fn push(w: &Warden, app: &str, dir: &Path, extra: &[&str]) -> (bool, String, Str
 }
 
 /// Pushes and expects the release to serve; returns the CLI's output.
-fn push_ok(w: &Warden, app: &str, dir: &Path) -> String {
+pub(crate) fn push_ok(w: &Warden, app: &str, dir: &Path) -> String {
     let (ok, out, err) = push(w, app, dir, &[]);
     assert!(ok, "push of {app} failed:\n{out}\n{err}");
     assert!(out.contains(&format!("of {app} serves")), "{out}");
@@ -62,7 +62,7 @@ fn push_ok(w: &Warden, app: &str, dir: &Path) -> String {
 }
 
 /// What `app` answers `user`.
-fn answer(w: &Warden, user: &str, app: &str) -> Value {
+pub(crate) fn answer(w: &Warden, user: &str, app: &str) -> Value {
     let r = w.get_as(user, &w.password(user), &format!("/apps/{app}/"));
     assert_eq!(r.status, 200, "{}", r.text());
     r.json()
