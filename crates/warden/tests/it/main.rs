@@ -104,6 +104,7 @@ mod lattice;
 mod lifetimes;
 mod node_port_flood;
 mod orphans;
+mod packaging;
 mod pools;
 mod procfile;
 mod rollout;
