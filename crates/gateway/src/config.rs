@@ -38,4 +38,18 @@ pub struct GatewayConfig {
     /// How often the audit records' sums (sign-ins, accesses, refusals) are written: a
     /// minute, shorter in tests.
     pub audit_flush: Duration,
+    /// The key the sign-in and sign-out forms' CSRF fields are HMACs under: the same on every
+    /// gateway of a cluster, so a form from one is taken by another (`endpoints/csrf.rs`).
+    pub csrf_key: [u8; 32],
+    /// A button per identity provider on the sign-in page (empty: none).
+    pub providers: Vec<SignInButton>,
+}
+
+/// An identity provider's button on the sign-in page: a link to `/login/oidc/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignInButton {
+    /// The provider's id, as in its sign-in path.
+    pub id: String,
+    /// What the button says.
+    pub label: String,
 }

@@ -112,6 +112,12 @@ pub enum GatewayError {
         /// App name.
         app: String,
     },
+    /// Password sign-in is turned off on this gateway (`password_sign_in = false`).
+    #[error("password sign-in is turned off on this gateway; sign in with an identity provider")]
+    PasswordsOff,
+    /// A form POST failed its cross-site request forgery check: why.
+    #[error("this form could not be accepted: {0}; reload the sign-in page and try again")]
+    Csrf(String),
     /// No app by that name or host.
     #[error("{0}")]
     NotFound(String),
@@ -226,6 +232,8 @@ impl GatewayError {
         match self {
             Self::Unauthenticated
             | Self::Forbidden { .. }
+            | Self::PasswordsOff
+            | Self::Csrf(_)
             | Self::NotFound(_)
             | Self::BadRequest(_)
             | Self::TwoUsers
@@ -261,7 +269,7 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
-            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::Forbidden { .. } | Self::PasswordsOff | Self::Csrf(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             // No instance runs and none could be started: the client may try again later.
             Self::Unavailable { .. }

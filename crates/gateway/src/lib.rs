@@ -54,7 +54,8 @@ use warden_core::Instances;
 use warden_store::Store;
 
 pub use auth::AuthConfig;
-pub use config::GatewayConfig;
+pub use config::{GatewayConfig, SignInButton};
+pub use endpoints::next::safe_next;
 pub use endpoints::statics::PrivateData;
 pub use error::{GatewayError, Origin, Retry};
 pub use metrics::Metrics;

@@ -41,7 +41,7 @@ impl State {
             None => Ok(()),
             Some(why) => Err(crate::error::GatewayError::AuditRefused {
                 why,
-                text: accept.is_some_and(|a| a.windows(9).any(|w| w == b"text/html")),
+                text: crate::response::wants_html(accept),
             }),
         }
     }

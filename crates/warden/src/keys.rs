@@ -36,3 +36,29 @@ pub(crate) fn decode_key(text: &str) -> Option<[u8; 32]> {
     }
     Some(key)
 }
+
+/// HKDF's info for the gateways' CSRF key on a cluster.
+const CLUSTER_CSRF_KEY_INFO: &[u8] = b"warden gateway csrf v1";
+
+/// The file in the data dir that holds a single node's CSRF key.
+pub const CSRF_KEY_FILE: &str = "csrf-key";
+
+/// The key the gateway's sign-in and sign-out forms are protected under: on a cluster derived
+/// from the cluster's identity key (hex, `cluster_identity`), so a form one gateway served is
+/// taken by any other; on one node `<data dir>/csrf-key` (0600, made once).
+pub(crate) fn csrf_key(
+    dir: &std::path::Path,
+    cluster_identity: Option<&str>,
+) -> anyhow::Result<[u8; 32]> {
+    if let Some(identity) = cluster_identity {
+        return cluster_key(identity, CLUSTER_CSRF_KEY_INFO, "the gateway's CSRF key");
+    }
+    let path = dir.join(CSRF_KEY_FILE);
+    let text = crate::files::load_or_create(&path, warden_core::id::secret_token)?;
+    decode_key(&text).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} is damaged (it must be 64 hex digits); remove it and start warden again (open sign-in pages will need a reload)",
+            path.display()
+        )
+    })
+}

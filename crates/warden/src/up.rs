@@ -23,6 +23,7 @@ mod tls;
 fn gateway_config(
     cfg: &Config,
     identity: &IdentityKey,
+    cluster_identity: Option<&str>,
 ) -> anyhow::Result<warden_gateway::GatewayConfig> {
     Ok(warden_gateway::GatewayConfig {
         listen: cfg.listen,
@@ -38,6 +39,8 @@ fn gateway_config(
         private: warden_gateway::PrivateData::data_dir(&cfg.data_dir),
         peers: None,
         audit_flush: Duration::from_millis(cfg.audit_flush_ms),
+        csrf_key: crate::keys::csrf_key(&cfg.data_dir, cluster_identity)?,
+        providers: Vec::new(),
     })
 }
 
@@ -228,7 +231,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 Some(i) => i,
                 None => Arc::new(no_agent::NoAgent),
             };
-            let mut config = gateway_config(&cfg, &identity)?;
+            let cluster_identity = joined.as_ref().map(|j| j.secrets.identity_key.as_str());
+            let mut config = gateway_config(&cfg, &identity, cluster_identity)?;
             config.peers = sources.peers.clone();
             if let (Some(tls), Some(j)) = (config.tls.as_mut(), &joined) {
                 tls.tickets = Some(cluster::shared_tickets(store.clone(), &j.secrets).await?);

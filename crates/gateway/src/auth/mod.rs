@@ -53,10 +53,15 @@ pub struct AuthConfig {
     /// The cost of new passwords: an unknown user's sign-in is checked against a dummy hash of
     /// this cost, so it takes as long as a real one.
     pub argon2: warden_auth::Argon2Cost,
+    /// Whether names and passwords are taken at all (Basic, the sign-in form, JSON); off,
+    /// each is refused with 403 and only identity providers sign people in.
+    pub password_sign_in: bool,
 }
 
 pub(crate) struct Authenticator {
     argon2: warden_auth::Argon2Cost,
+    /// [`AuthConfig::password_sign_in`].
+    passwords: bool,
     cache: cache::CredentialCache,
     throttle: throttle::Throttle,
     /// One verification per core at a time, 64 per core waiting, fairly between networks.
@@ -83,6 +88,7 @@ impl Authenticator {
             .unwrap_or(1);
         Self {
             argon2: config.argon2,
+            passwords: config.password_sign_in,
             cache: cache::CredentialCache::new(config.cache_ttl, config.negative_ttl, 100_000),
             throttle: throttle::Throttle::new(
                 config.window,
@@ -168,7 +174,13 @@ impl Authenticator {
         }
     }
 
-    /// Checks a name and password sent by `method` (`basic`, `form`), and records the attempt.
+    /// Whether names and passwords are taken at all.
+    pub fn passwords(&self) -> bool {
+        self.passwords
+    }
+
+    /// Checks a name and password sent by `method` (`basic`, `form`), and records the attempt;
+    /// refused at once while password sign-in is off.
     pub async fn password(
         &self,
         views: &Shared,
@@ -178,6 +190,9 @@ impl Authenticator {
         method: &str,
         m: &Metrics,
     ) -> Result<Arc<User>, GatewayError> {
+        if !self.passwords {
+            return Err(GatewayError::PasswordsOff);
+        }
         let user = views.read().users.get(name).cloned();
         // The audit trail names only users that exist: a name no user has may be a password
         // typed in the wrong field, and made-up names must not fill the period's tally.

@@ -19,8 +19,7 @@ use crate::dispatch;
 use crate::error::GatewayError;
 use crate::hygiene::{self, Identity, Signed};
 use crate::phases::{Clock, Timed};
-use crate::response::Body;
-use crate::response::TIMEOUT_408;
+use crate::response::{Ask, Body, TIMEOUT_408};
 use crate::route::{admit, app_route, static_path};
 use crate::shared::SharedTcp;
 use crate::state::State;
@@ -164,7 +163,8 @@ async fn handle(state: &State, req: Request<Incoming>, client: &Client) -> Respo
     let started = Instant::now();
     if let Some(e) = malformed(state, &req) {
         state.metrics.request("-", e.status().as_u16());
-        return e.into_response();
+        let accept = req.headers().get(header::ACCEPT).map(|v| v.as_bytes());
+        return e.respond(&Ask::new(accept, req.method().as_str().as_bytes(), None));
     }
     let (app, resp) = match route(&state.views, &req) {
         Route::App {
@@ -173,12 +173,23 @@ async fn handle(state: &State, req: Request<Incoming>, client: &Client) -> Respo
             path_and_query,
         } => {
             let span = tracing::debug_span!("request", app = %app, label = tracing::field::Empty);
+            // Kept for a refusal, which answers a browser otherwise than a program.
+            let (accept, method) = (
+                req.headers().get(header::ACCEPT).cloned(),
+                req.method().clone(),
+            );
             let resp = match to_app(state, req, client, &app, &prefix, &path_and_query)
                 .instrument(span)
                 .await
             {
                 Ok(r) => r,
-                Err(e) => e.into_response(),
+                Err(e) => {
+                    // The sign-in page is on this host only when the app is reached by path.
+                    let target = format!("{prefix}{path_and_query}");
+                    let target = (!prefix.is_empty()).then_some(target.as_str());
+                    let accept = accept.as_ref().map(|v| v.as_bytes());
+                    e.respond(&Ask::new(accept, method.as_str().as_bytes(), target))
+                }
             };
             // Metric labels come from bounded sets: registered apps, else one name for the rest.
             let known = state.views.read().apps.contains_key(&app);

@@ -36,7 +36,7 @@ use crate::dispatch::{self, Forwarded};
 use crate::error::GatewayError;
 use crate::hygiene::{self, Identity};
 use crate::phases::Clock;
-use crate::response::TIMEOUT_408;
+use crate::response::{Ask, TIMEOUT_408};
 use crate::route::{admit, app_route, static_path};
 use crate::shared::SharedTcp;
 use crate::state::State;
@@ -281,12 +281,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         true
     }
 
-    /// Writes the reply; returns whether the connection can carry another request.
-    async fn reply(&mut self, state: &State, lane: &Lane, reply: Reply) -> bool {
+    /// Writes the reply (a refusal as `ask` wants it); returns whether the connection can carry
+    /// another request.
+    async fn reply(&mut self, state: &State, lane: &Lane, ask: &Ask<'_>, reply: Reply) -> bool {
         let kept = match reply {
             Reply::Refused(e) => {
                 self.out.clear();
-                e.write_http1(lane.head_only, lane.close, &mut self.out);
+                e.write_http1(ask, lane.head_only, lane.close, &mut self.out);
                 write_flushed(&mut self.stream, &self.out).await.is_ok()
             }
             Reply::App(Forwarded { answer, retire }) => {
@@ -378,7 +379,12 @@ pub(super) async fn serve<S>(
             .request_seconds
             .observe(started.elapsed().as_secs_f64());
         c.clock.service_end();
-        if !c.reply(&state, &lane, reply).await || lane.close {
+        // Only a refusal depends on who asks: an answer from the app goes back as it is.
+        let ask = match &reply {
+            Reply::Refused(_) => refusal_ask(&msg, &head, &c.fields, &lane),
+            Reply::App(_) => Ask::API,
+        };
+        if !c.reply(&state, &lane, &ask, reply).await || lane.close {
             break;
         }
         c.shrink();
@@ -393,6 +399,20 @@ pub(super) async fn serve<S>(
 async fn write_flushed<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) -> std::io::Result<()> {
     stream.write_all(bytes).await?;
     stream.flush().await
+}
+
+/// Who asked for a refused request ([`Ask`]): its `Accept`, its method, and its target when
+/// the app is reached by path (the gateway's sign-in page is then on the same host).
+fn refusal_ask<'m>(msg: &'m [u8], head: &RequestHead, fields: &[Field], lane: &Lane) -> Ask<'m> {
+    let accept = fields
+        .iter()
+        .find(|f| msg[f.name.clone()].eq_ignore_ascii_case(b"accept"))
+        .map(|f| &msg[f.value.clone()]);
+    let target = match lane.prefix.is_empty() {
+        true => None,
+        false => std::str::from_utf8(&msg[head.target.clone()]).ok(),
+    };
+    Ask::new(accept, &msg[head.method.clone()], target)
 }
 
 /// What the lane answers a request with.

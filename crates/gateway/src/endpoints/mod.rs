@@ -1,15 +1,21 @@
-//! The gateway's own answers: `/healthz`, `/readyz`, `/login` and `/logout` ([`login`]), the redirect that
-//! adds a trailing slash to an app's root, and apps' static files ([`statics`]).
+//! The gateway's own answers: `/healthz`, `/readyz`, `/login` and `/logout` ([`login`], with
+//! the sign-in page from [`pages`], forms checked by [`csrf`], `next` by [`next`]), `/whoami`
+//! ([`whoami`]), the redirect that adds a trailing slash to an app's root, and apps' static
+//! files ([`statics`]).
 
+pub(crate) mod csrf;
 pub(crate) mod login;
+pub mod next;
+pub mod pages;
 pub mod statics;
+pub(crate) mod whoami;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
 use crate::client::Client;
 use crate::error::GatewayError;
-use crate::response::{self, Body};
+use crate::response::{self, Ask, Body};
 use crate::state::State;
 
 /// Answers a request that no app route matched.
@@ -29,20 +35,32 @@ pub(crate) async fn answer(
             ),
         },
         // A sign-in the log could not record is refused like a request to an app.
-        "/login" => match state.audit_gate(
-            req.headers()
-                .get(http::header::ACCEPT)
-                .map(|v| v.as_bytes()),
-        ) {
+        "/login" => match state.audit_gate(accept(&req)) {
             Ok(()) => login::login(state, req, client).await,
-            Err(e) => e.into_response(),
+            Err(e) => e.respond(&Ask::new(
+                accept(&req),
+                req.method().as_str().as_bytes(),
+                None,
+            )),
         },
-        "/logout" => login::logout(state, req, client.https).await,
+        "/logout" => login::logout(state, req, client).await,
+        "/whoami" => whoami::whoami(state, req, client).await,
         path => GatewayError::NotFound(format!(
             "nothing is served at {path}; apps are under /apps/<name>/ or at their host names"
         ))
-        .into_response(),
+        .respond(&Ask::new(
+            accept(&req),
+            req.method().as_str().as_bytes(),
+            None,
+        )),
     }
+}
+
+/// The request's `Accept`.
+fn accept(req: &Request<Incoming>) -> Option<&[u8]> {
+    req.headers()
+        .get(http::header::ACCEPT)
+        .map(|v| v.as_bytes())
 }
 
 /// A permanent redirect to `location`.

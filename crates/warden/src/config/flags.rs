@@ -115,6 +115,10 @@ pub struct UpArgs {
     /// The window of sign-in throttling
     #[arg(long)]
     auth_window: Option<Human>,
+    /// Refuse names and passwords (Basic, the sign-in form, JSON) with 403: people sign in
+    /// only through identity providers (password_sign_in = false)
+    #[arg(long)]
+    no_password_sign_in: bool,
     /// Argon2id memory of new password hashes, in KiB
     #[arg(long)]
     argon2_memory_kib: Option<u32>,
@@ -271,6 +275,9 @@ impl UpArgs {
         }
         if a.no_tls_admission {
             cfg.tls_admission = false;
+        }
+        if a.no_password_sign_in {
+            cfg.password_sign_in = false;
         }
         if !a.tls_cert.is_empty() || !a.tls_key.is_empty() {
             cfg.tls_cert = a.tls_cert;

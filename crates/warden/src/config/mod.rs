@@ -100,6 +100,9 @@ pub struct Config {
     pub auth_failures_per_user: u32,
     /// The window of sign-in throttling.
     pub auth_window: Human,
+    /// Whether people may sign in with a name and password (Basic, the sign-in page's form,
+    /// JSON to `/login`); off, those are refused with 403 and only identity providers sign in.
+    pub password_sign_in: bool,
     /// Argon2id memory of new password hashes, in KiB.
     pub argon2_memory_kib: u32,
     /// Argon2id passes of new password hashes.
@@ -210,6 +213,7 @@ impl Default for Config {
             auth_failures_per_addr_user: 10,
             auth_failures_per_user: 100,
             auth_window: secs(60),
+            password_sign_in: true,
             argon2_memory_kib: cost.memory_kib,
             argon2_iterations: cost.iterations,
             argon2_parallelism: cost.parallelism,
@@ -494,6 +498,7 @@ impl Config {
             failures_per_addr_user: self.auth_failures_per_addr_user,
             window: self.auth_window.0,
             argon2: self.argon2_cost(),
+            password_sign_in: self.password_sign_in,
         }
     }
 

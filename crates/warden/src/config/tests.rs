@@ -66,6 +66,19 @@ fn flags_override_the_file_and_the_file_overrides_defaults() {
     .unwrap();
     assert_eq!(cfg.roles, vec![Role::Api, Role::Agent]);
     assert!(!cfg.tls_admission);
+    assert!(cfg.password_sign_in, "on unless turned off");
+    let off = file("password_sign_in = false\n");
+    assert!(
+        !flags(&["--config", off.path().to_str().unwrap()])
+            .unwrap()
+            .password_sign_in
+    );
+    assert!(
+        !flags(&["--no-password-sign-in"])
+            .unwrap()
+            .auth()
+            .password_sign_in
+    );
 }
 
 #[test]

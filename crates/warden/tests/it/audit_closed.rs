@@ -180,7 +180,7 @@ fn with_audit_required_a_full_disk_refuses_access_and_changes_until_space_is_bac
     );
     assert!(r.text().contains("audit log cannot write"), "{}", r.text());
     assert_eq!(r.header("content-type"), Some("application/json"));
-    // A browser gets it as text to read.
+    // A browser gets it as a page to read.
     let page = request(
         "GET",
         &format!("{}/apps/web/", w.gateway),
@@ -193,10 +193,10 @@ fn with_audit_required_a_full_disk_refuses_access_and_changes_until_space_is_bac
     assert_eq!(page.status, 503);
     assert_eq!(
         page.header("content-type"),
-        Some("text/plain; charset=utf-8")
+        Some("text/html; charset=utf-8")
     );
     assert!(
-        page.text().starts_with("the audit log cannot write ("),
+        page.text().contains("the audit log cannot write ("),
         "{}",
         page.text()
     );

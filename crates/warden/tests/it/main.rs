@@ -114,6 +114,7 @@ mod seccomp;
 mod security;
 mod settings;
 mod sign_in_floods;
+mod sign_in_page;
 mod statics;
 mod stdio;
 mod stopping;
