@@ -105,12 +105,14 @@ pub enum GatewayError {
     #[error("authentication required: send valid HTTP Basic credentials")]
     Unauthenticated,
     /// Authenticated, but the app does not admit the user's groups.
-    #[error("user {user:?} is not in a group allowed to use app {app:?}")]
+    #[error("user {user:?} is not in a group allowed to use app {app:?} (it admits members of: {}); ask an operator to add you to one of them", groups.join(", "))]
     Forbidden {
         /// User name.
         user: String,
         /// App name.
         app: String,
+        /// The groups the app admits.
+        groups: Vec<String>,
     },
     /// Password sign-in is turned off on this gateway (`password_sign_in = false`).
     #[error("password sign-in is turned off on this gateway; sign in with an identity provider")]

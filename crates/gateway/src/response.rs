@@ -262,6 +262,7 @@ mod tests {
                 || GatewayError::Forbidden {
                     user: "dave".into(),
                     app: "admin \"x\"".into(),
+                    groups: vec!["<b>".into()],
                 },
             ] {
                 same_on_both(&ask, e).await;

@@ -49,6 +49,7 @@ pub(crate) fn admit(spec: &AppSpec, user: &User) -> Result<(), GatewayError> {
     Err(GatewayError::Forbidden {
         user: user.record.name.clone(),
         app: spec.name.clone(),
+        groups: spec.groups.clone(),
     })
 }
 

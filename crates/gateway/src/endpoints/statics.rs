@@ -66,9 +66,12 @@ pub(crate) async fn file(
     method: &Method,
     headers: &HeaderMap,
 ) -> Response<Body> {
+    // A browser reads a missing file as a page, a program as JSON.
+    let accept = headers.get(header::ACCEPT).map(HeaderValue::as_bytes);
+    let ask = crate::response::Ask::new(accept, method.as_str().as_bytes(), None);
     if method != Method::GET && method != Method::HEAD {
         let mut r =
-            GatewayError::MethodNotAllowed("static files answer GET and HEAD only").into_response();
+            GatewayError::MethodNotAllowed("static files answer GET and HEAD only").respond(&ask);
         r.headers_mut()
             .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return r;
@@ -79,13 +82,13 @@ pub(crate) async fn file(
         .ok()
         .flatten();
     let Some(opened) = opened else {
-        return GatewayError::NotFound("no such file".into()).into_response();
+        return GatewayError::NotFound("no such file".into()).respond(&ask);
     };
     match answer(opened, method, headers).await {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "reading a static file failed");
-            GatewayError::NotFound("no such file".into()).into_response()
+            GatewayError::NotFound("no such file".into()).respond(&ask)
         }
     }
 }

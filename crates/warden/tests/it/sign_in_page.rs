@@ -437,7 +437,11 @@ fn errors_are_pages_for_browsers_and_json_for_programs() {
     let dave = basic("dave", &w.password("dave"));
     for (path, status, says) in [
         ("/nowhere", 404, "nothing is served at /nowhere"),
-        ("/apps/admins/", 403, "is not in a group allowed to use app"),
+        (
+            "/apps/admins/",
+            403,
+            "a group allowed to use app &quot;admins&quot; (it admits members of: admin)",
+        ),
     ] {
         let page = get(&w, path, &[("accept", HTML), ("authorization", &dave)]);
         assert_eq!(page.status, status, "{}", page.text());
@@ -454,7 +458,8 @@ fn errors_are_pages_for_browsers_and_json_for_programs() {
             &[("accept", "application/json"), ("authorization", &dave)],
         );
         assert_eq!(program.status, status);
-        assert!(program.json()["error"].as_str().unwrap().contains(says));
+        let error = program.json()["error"].as_str().unwrap().to_owned();
+        assert!(error.contains(&says.replace("&quot;", "\"")), "{error}");
     }
     // A throttled browser reads why, with Retry-After.
     for i in 0..12 {
