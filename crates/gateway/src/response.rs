@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::{header, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 
-use crate::endpoints::{next, pages};
+use crate::endpoints::pages;
 use crate::error::GatewayError;
 
 /// The answer to a request head that did not arrive in time.
@@ -147,13 +147,23 @@ impl GatewayError {
                     )),
                 };
             }
-            (Self::Unauthenticated, target) => {
+            (Self::Unauthenticated, Some(target)) => {
                 headers.push(form_challenge());
-                let to = pages::sign_in_url(target.unwrap_or(next::DEFAULT_NEXT));
                 pages::error(
                     status,
                     "You are not signed in, or your session has ended. Sign in, then try again.",
-                    Some(&to),
+                    Some(&pages::sign_in_url(target)),
+                )
+            }
+            // An app reached by its own host name owns every path there, `/login` too, and a
+            // session cookie is the host's alone: the browser's own prompt (Basic) is the way
+            // to sign in on that host.
+            (Self::Unauthenticated, None) => {
+                headers.extend(self.extra_header());
+                pages::error(
+                    status,
+                    "You are not signed in: give your name and password when your browser asks, then try again.",
+                    None,
                 )
             }
             _ => {
@@ -339,6 +349,14 @@ mod tests {
             assert_eq!(r.headers[0].1, "application/json");
         }
         assert!(!wants_html(Some(b"text/html;q=0")));
+        // An app on a host of its own owns /login there: the browser's prompt instead.
+        let r = GatewayError::Unauthenticated.render(&Ask::new(Some(b"text/html"), b"GET", None));
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+        let challenge = r
+            .headers
+            .iter()
+            .find(|(n, _)| n == header::WWW_AUTHENTICATE);
+        assert!(challenge.unwrap().1.to_str().unwrap().starts_with("Basic"));
         assert!(wants_html(Some(
             b"Text/HTML; q=0.9, application/json;q=0.8"
         )));

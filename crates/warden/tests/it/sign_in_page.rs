@@ -169,6 +169,22 @@ fn a_browser_is_sent_to_sign_in_and_a_program_gets_401() {
         "{}",
         post.text()
     );
+    // An app on a host of its own owns /login there: the browser's prompt, on a readable page.
+    w.create_demo_app(
+        &crate::app_bin(),
+        "hosted",
+        json!({ "hosts": ["hosted.localhost"] }),
+    );
+    let hosted = get(&w, "/x", &[("host", "hosted.localhost"), ("accept", HTML)]);
+    assert_eq!((hosted.status, hosted.header("location")), (401, None));
+    assert!(hosted
+        .header("www-authenticate")
+        .unwrap()
+        .starts_with("Basic"));
+    assert!(hosted
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/html"));
 }
 
 #[test]
