@@ -271,6 +271,27 @@ mod tests {
     }
 
     #[test]
+    fn each_provider_is_a_link_that_carries_next_and_no_password_form_when_off() {
+        let buttons = [SignInButton {
+            id: "corp".into(),
+            label: "Corp SSO".into(),
+        }];
+        let page = sign_in(&SignIn {
+            next: "/apps/demo/?a=1",
+            csrf: "f",
+            message: None,
+            providers: &buttons,
+            passwords: false,
+        });
+        assert!(
+            page.contains("<a class=\"button\" href=\"/login/oidc/corp?next=/apps/demo/%3Fa%3D1\">Corp SSO</a>"),
+            "{page}"
+        );
+        assert!(!page.contains("type=\"password\""), "{page}");
+        assert!(page.contains("Password sign-in is turned off"), "{page}");
+    }
+
+    #[test]
     fn the_policy_allows_the_style_and_nothing_else() {
         let csp = CSP.to_str().unwrap().to_owned();
         assert!(
