@@ -109,11 +109,22 @@ pub(crate) fn form_challenge() -> (header::HeaderName, header::HeaderValue) {
 }
 
 impl GatewayError {
+    /// The status [`Self::render`] answers `ask` with: [`Self::status`], but `303` for a
+    /// browser's navigation that is sent to sign in.
+    pub(crate) fn status_for(&self, ask: &Ask<'_>) -> StatusCode {
+        match self {
+            Self::Unauthenticated if ask.html && ask.navigation && ask.target.is_some() => {
+                StatusCode::SEE_OTHER
+            }
+            _ => self.status(),
+        }
+    }
+
     /// The answer to this failure for `ask`: JSON `{"error": "..."}` for a program; for a
     /// browser an HTML page, or a redirect to the sign-in page for a navigation without a
     /// session; with the headers the status calls for.
     pub(crate) fn render(&self, ask: &Ask<'_>) -> Rendered {
-        let status = self.status();
+        let status = self.status_for(ask);
         if !ask.html {
             let (body, kind) = match self.plain_text() {
                 true => (format!("{self}\n"), TEXT),
@@ -132,19 +143,15 @@ impl GatewayError {
         }
         let mut headers: Vec<_> = pages::html_headers().into();
         let body = match (self, ask.target) {
-            (Self::Unauthenticated, Some(target)) if ask.navigation => {
+            (Self::Unauthenticated, Some(target)) if status == StatusCode::SEE_OTHER => {
                 let to = pages::sign_in_url(target);
                 if let Ok(v) = header::HeaderValue::from_str(&to) {
                     headers.push((header::LOCATION, v));
                 }
                 return Rendered {
-                    status: StatusCode::SEE_OTHER,
+                    status,
                     headers,
-                    body: Bytes::from(pages::error(
-                        StatusCode::SEE_OTHER,
-                        "Sign in to continue.",
-                        Some(&to),
-                    )),
+                    body: Bytes::from(pages::error(status, "Sign in to continue.", Some(&to))),
                 };
             }
             (Self::Unauthenticated, Some(target)) => {

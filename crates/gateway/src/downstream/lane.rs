@@ -369,8 +369,13 @@ pub(super) async fn serve<S>(
         )
         .instrument(span)
         .await;
+        // Only a refusal depends on who asks: an answer from the app goes back as it is.
+        let ask = match &reply {
+            Reply::Refused(_) => refusal_ask(&msg, &head, &c.fields, &lane),
+            Reply::App(_) => Ask::API,
+        };
         let status = match &reply {
-            Reply::Refused(e) => e.status().as_u16(),
+            Reply::Refused(e) => e.status_for(&ask).as_u16(),
             Reply::App(f) => f.answer.status,
         };
         state.metrics.request(&lane.spec.name, status);
@@ -379,11 +384,6 @@ pub(super) async fn serve<S>(
             .request_seconds
             .observe(started.elapsed().as_secs_f64());
         c.clock.service_end();
-        // Only a refusal depends on who asks: an answer from the app goes back as it is.
-        let ask = match &reply {
-            Reply::Refused(_) => refusal_ask(&msg, &head, &c.fields, &lane),
-            Reply::App(_) => Ask::API,
-        };
         if !c.reply(&state, &lane, &ask, reply).await || lane.close {
             break;
         }

@@ -135,6 +135,12 @@ fn a_browser_is_sent_to_sign_in_and_a_program_gets_401() {
         &[("accept", HTML)],
     );
     assert_eq!((h2.status, h2.header("location")), (303, Some(want)));
+    // Both downstreams count what they answered.
+    let counted = crate::metric(
+        &w,
+        "warden_gateway_requests_total{app=\"demo\",status=\"303\"}",
+    );
+    assert_eq!(counted, 3.0);
     // Programs: 401 and the Basic challenge, as before.
     for accept in [None, Some("application/json"), Some("*/*")] {
         let headers: Vec<(&str, &str)> = accept.map(|a| ("accept", a)).into_iter().collect();
