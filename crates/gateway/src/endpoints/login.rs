@@ -49,7 +49,8 @@ struct LoginBody {
 /// The session cookie; `Secure` when the client came over TLS, so a browser never sends it back
 /// over plain HTTP. `SameSite=Lax`: an identity provider's redirect back is a cross-site
 /// top-level GET, which `Strict` would strip; cross-site POSTs still go without it.
-fn cookie(value: &str, max_age: u64, https: bool) -> header::HeaderValue {
+/// Every sign-in method sets it through here (the provider sign-in too).
+pub(crate) fn cookie(value: &str, max_age: u64, https: bool) -> header::HeaderValue {
     let secure = if https { "; Secure" } else { "" };
     let c = format!(
         "{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Lax; Max-Age={max_age}{secure}"
@@ -249,7 +250,7 @@ async fn form_login(state: &State, req: Request<Incoming>, client: &Client) -> R
 }
 
 /// `303 See Other` to `location` (a path this gateway chose or checked).
-fn see_other(location: &str) -> Response<Body> {
+pub(crate) fn see_other(location: &str) -> Response<Body> {
     let mut resp = pages::respond(StatusCode::SEE_OTHER, String::new());
     if let Ok(v) = header::HeaderValue::from_str(location) {
         resp.headers_mut().insert(header::LOCATION, v);
@@ -317,8 +318,8 @@ async fn try_login(
 }
 
 /// Records a new session for `user` and waits (briefly) until this gateway's view has it;
-/// the token and the record.
-async fn start_session(
+/// the token and the record. Every sign-in method starts its session here.
+pub(crate) async fn start_session(
     state: &State,
     user: &warden_core::UserRecord,
 ) -> Result<(String, SessionRecord), GatewayError> {
