@@ -62,3 +62,33 @@ pub(crate) fn csrf_key(
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_csrf_key_is_a_private_file_on_one_node_and_derived_on_a_cluster() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = csrf_key(dir.path(), None).unwrap();
+        assert_eq!(csrf_key(dir.path(), None).unwrap(), first, "made once");
+        let mode = std::fs::metadata(dir.path().join(CSRF_KEY_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+
+        let identity = "ab".repeat(32);
+        let other = tempfile::tempdir().unwrap();
+        let derived = csrf_key(other.path(), Some(&identity)).unwrap();
+        assert_eq!(
+            csrf_key(dir.path(), Some(&identity)).unwrap(),
+            derived,
+            "every node alike"
+        );
+        assert!(!other.path().join(CSRF_KEY_FILE).exists(), "nothing stored");
+        let audit = cluster_key(&identity, b"warden audit anchor v1", "k").unwrap();
+        assert_ne!(derived, audit, "a key of its own");
+    }
+}
