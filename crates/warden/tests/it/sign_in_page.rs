@@ -338,6 +338,29 @@ fn forms_without_their_token_or_from_another_site_are_refused() {
         );
         assert_eq!(set_cookie(&r, "warden_session"), None, "{what}");
     }
+    // A page of another site can POST text/plain that reads as JSON, or JSON from its own
+    // origin: neither signs anyone in.
+    let body = json!({"name": "bob", "password": pw}).to_string();
+    for (kind, origin) in [
+        ("text/plain", None),
+        ("application/json", Some("http://evil.example")),
+    ] {
+        let mut headers = vec![("content-type", kind)];
+        headers.extend(origin.map(|o| ("origin", o)));
+        let r = request(
+            "POST",
+            &format!("{}/login", w.gateway),
+            &headers,
+            body.as_bytes(),
+        );
+        assert!(
+            matches!(r.status, 400 | 403),
+            "{kind}: {} {}",
+            r.status,
+            r.text()
+        );
+        assert_eq!(set_cookie(&r, "warden_session"), None, "{kind}");
+    }
     // The same form from this gateway's own origin goes through.
     let ok = post_form(
         &w,
