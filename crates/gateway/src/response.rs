@@ -185,7 +185,8 @@ impl GatewayError {
         }
     }
 
-    /// The response for a program (JSON): see [`Self::render`].
+    /// The response for a program: a JSON body `{"error": "..."}` and the headers the status
+    /// calls for.
     pub fn into_response(self) -> Response<Body> {
         self.render(&Ask::API).into_response()
     }

@@ -19,7 +19,7 @@ const DECODE_ROUNDS: usize = 3;
 
 /// `next` if it is a path of this gateway that no browser or app can read as another site:
 /// it begins with exactly one `/`, holds no `//`, no `/\`, no backslash, control character,
-/// whitespace or byte outside printable ASCII, is at most [`MAX_NEXT`] bytes, and none of that
+/// whitespace or byte outside printable ASCII, is at most 2048 bytes, and none of that
 /// changes when it is percent-decoded (up to three times). `None` otherwise.
 pub fn safe_next(next: &str) -> Option<String> {
     if next.len() > MAX_NEXT {
