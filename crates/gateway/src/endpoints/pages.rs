@@ -45,9 +45,12 @@ pub(crate) fn html_headers() -> [(HeaderName, HeaderValue); 6] {
         (header::CONTENT_SECURITY_POLICY, CSP.clone()),
         (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
         (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+        // `same-origin`, not `no-referrer`: under `no-referrer` a browser sends
+        // `Origin: null` with the page's own form POSTs (Fetch: serializing a request origin),
+        // which the forms' origin check refuses. Other sites still get no referrer.
         (
             header::REFERRER_POLICY,
-            HeaderValue::from_static("no-referrer"),
+            HeaderValue::from_static("same-origin"),
         ),
         (
             header::X_CONTENT_TYPE_OPTIONS,
@@ -106,7 +109,7 @@ fn document(title: &str, main: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <meta name=\"referrer\" content=\"no-referrer\">\
+         <meta name=\"referrer\" content=\"same-origin\">\
          <title>{title} · warden</title><style>{STYLE}</style></head>\
          <body><main>\n{main}\n</main></body></html>\n",
         title = escape_html(title),

@@ -72,6 +72,7 @@ mod audit_closed;
 mod audit_cluster;
 mod audit_crash;
 mod audit_declassified;
+mod browser;
 mod build_reuse;
 mod cli;
 mod cluster;

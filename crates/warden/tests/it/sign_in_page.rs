@@ -209,7 +209,7 @@ fn the_sign_in_page_has_its_headers_and_escapes_what_it_shows() {
     );
     assert_eq!(p.header("x-frame-options"), Some("DENY"));
     assert_eq!(p.header("cache-control"), Some("no-store"));
-    assert_eq!(p.header("referrer-policy"), Some("no-referrer"));
+    assert_eq!(p.header("referrer-policy"), Some("same-origin"));
     let set = p.header("set-cookie").unwrap();
     assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict") && set.contains("Path=/"));
     let text = p.text();
