@@ -49,7 +49,8 @@ pub struct Rollback {
 }
 
 /// One line of the answer of a push, a config change or a rollback (newline-delimited JSON):
-/// progress lines, then exactly one `Done`, `Failed` or `Lost`.
+/// progress lines, then exactly one `Done`, `Failed`, `Lost` or (a config change of an app
+/// with no release yet) `Saved`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(untagged)]
@@ -78,5 +79,11 @@ pub enum ReleaseEvent {
     Lost {
         /// What happened and what to do.
         lost: String,
+    },
+    /// The config of an app that has no release yet was saved (the app made if it did not
+    /// exist): its first push runs with it. No release was made.
+    Saved {
+        /// What was saved, for a person.
+        saved: String,
     },
 }

@@ -319,6 +319,12 @@ async fn follow(
                 .join("\n")
         ),
         Some(ReleaseEvent::Lost { lost }) => bail!("{}", printable(&lost)),
+        Some(ReleaseEvent::Saved { saved }) => {
+            if !out.json {
+                println!("{}", printable(&saved));
+            }
+            return Ok(());
+        }
         _ => bail!("the API stopped answering before the release ended; `warden releases {app}` shows how it ended"),
     };
     if !out.json {

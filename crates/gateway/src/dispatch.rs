@@ -45,6 +45,11 @@ pub(crate) async fn forward(
     owner: &Owner,
     x: &Exchange<'_>,
 ) -> Result<Forwarded, GatewayError> {
+    if spec.awaits_release() {
+        return Err(GatewayError::NoRelease {
+            app: spec.name.clone(),
+        });
+    }
     if *owner == Owner::Request {
         return one_off(state, spec, label, x).await;
     }

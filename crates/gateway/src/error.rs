@@ -123,6 +123,12 @@ pub enum GatewayError {
     /// No app by that name or host.
     #[error("{0}")]
     NotFound(String),
+    /// The app awaits its first release: there is nothing to run yet.
+    #[error("app {app:?} has no release yet: an operator pushes one (`warden push {app} DIR`)")]
+    NoRelease {
+        /// App name.
+        app: String,
+    },
     /// No instance took the connection and none could be started, or a limit was reached.
     #[error("app {app:?} has no instance available: {reason}")]
     Unavailable {
@@ -245,6 +251,7 @@ impl GatewayError {
             | Self::HeadTooLarge { .. } => Origin::Client,
             Self::Busy
             | Self::Unavailable { .. }
+            | Self::NoRelease { .. }
             | Self::NoSessions(_)
             | Self::AuditRefused { .. } => Origin::Gateway,
             Self::StartFailed { .. }
@@ -275,6 +282,7 @@ impl GatewayError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             // No instance runs and none could be started: the client may try again later.
             Self::Unavailable { .. }
+            | Self::NoRelease { .. }
             | Self::NoSessions(_)
             | Self::StartFailed { .. }
             | Self::CrashLoop { .. }

@@ -66,7 +66,11 @@ impl Supervisor {
             return;
         };
         let me = self.node.id();
-        for spec in apps.iter().filter(|a| a.lifetime == Lifetime::Shared) {
+        // An app awaiting its first push has nothing to run.
+        for spec in apps
+            .iter()
+            .filter(|a| a.lifetime == Lifetime::Shared && !a.awaits_release())
+        {
             for (label, &want) in placement
                 .nodes
                 .get(me)

@@ -59,6 +59,10 @@ impl Supervisor {
         if self.stopping() || self.node.draining() || self.pools.deletions_seen() != seen {
             return;
         }
+        // An app awaiting its first push has nothing to start a pool of.
+        if spec.awaits_release() {
+            return;
+        }
         match spec.start {
             StartPath::Jit => {}
             StartPath::Slot => self.pools.refill_slots(spec),

@@ -213,6 +213,11 @@ fn compose(
             spec
         }
     };
+    // An app awaiting its first release (made by a config change or by this push) takes the
+    // data its release asks for: its database was made when the push was taken.
+    if spec.awaits_release() && release.data == Some(true) {
+        spec.data = true;
+    }
     // Checked when the push was taken too; an app made or remade meanwhile is checked here.
     if release.data.is_some_and(|d| d != spec.data) {
         return Err(Failure::new(

@@ -354,13 +354,24 @@ impl AppSpec {
         }
     }
 
+    /// Whether the app has nothing to run or serve yet: no command, no static files and no
+    /// release. Such an app exists (its config can be set, a failed first push leaves it, it
+    /// can be removed) and awaits its first push; the gateway answers 503 saying so and no
+    /// agent starts an instance of it.
+    pub fn awaits_release(&self) -> bool {
+        self.command.is_empty() && self.static_dir.is_none() && self.release.is_none()
+    }
+
     /// Checks the invariants serde cannot express.
     pub fn validate(&self) -> Result<(), SpecError> {
         validate_name("app", &self.name)?;
         // A static site runs nothing: every path is a file the gateway serves.
         let static_only =
             self.command.is_empty() && self.static_dir.is_some() && self.static_prefix == "/";
-        if !static_only && self.command.first().is_none_or(|c| c.is_empty()) {
+        if !static_only
+            && !self.awaits_release()
+            && self.command.first().is_none_or(|c| c.is_empty())
+        {
             return Err(SpecError::EmptyCommand);
         }
         if let Some(i) = self.command.iter().position(|a| a.contains('\0')) {
@@ -547,8 +558,12 @@ mod tests {
         let s = spec();
         assert_eq!(s.start_timeout_ms, DEFAULT_START_TIMEOUT_MS);
         assert!(s.validate().is_ok());
+        // No command at all: an app awaiting its first push. An empty program is refused.
+        let mut awaiting = s.clone();
+        awaiting.command.clear();
+        assert!(awaiting.awaits_release() && awaiting.validate().is_ok());
         let mut bad = s.clone();
-        bad.command.clear();
+        bad.command = vec![String::new()];
         assert_eq!(bad.validate(), Err(SpecError::EmptyCommand));
         let mut bad = s.clone();
         bad.start_timeout_ms = 0;

@@ -37,7 +37,7 @@ pub(crate) fn fixture(name: &str) -> tempfile::TempDir {
 }
 
 /// Runs a deploy command of the CLI against `w`.
-fn run(w: &Warden, args: &[&str]) -> (bool, String, String) {
+pub(crate) fn run(w: &Warden, args: &[&str]) -> (bool, String, String) {
     let dir = w.dir.display().to_string();
     let mut all = args.to_vec();
     // Before a `--`, after which the app's own command starts.
@@ -68,7 +68,7 @@ pub(crate) fn answer(w: &Warden, user: &str, app: &str) -> Value {
     r.json()
 }
 
-fn releases(w: &Warden, app: &str) -> Vec<Value> {
+pub(crate) fn releases(w: &Warden, app: &str) -> Vec<Value> {
     w.api("GET", &format!("/v1/apps/{app}/releases"), None)
         .json()
         .as_array()

@@ -176,18 +176,20 @@ fn a_release_killed_during_its_build_is_built_again_from_its_kept_upload() {
 }
 
 #[test]
-fn the_first_release_of_an_app_resumed_after_a_failed_one_makes_the_app() {
+fn the_first_release_of_an_app_resumed_after_a_failed_one_serves() {
     let tmp = tempfile::tempdir().unwrap();
     let w = Launch::new(BIN).data_dir(data_dir(&tmp)).start();
-    // Release 1 fails its trial, so the app is never made.
+    // Release 1 fails its trial: the app exists, awaiting a release that serves.
     let failing = tree("never serves", "exit 1");
     let data = w.dir.display().to_string();
     let src = failing.path().display().to_string();
     let (ok, _, _) = cli(BIN, &["push", "fresh", &src, "--data-dir", &data], &[]);
     assert!(!ok, "release 1 fails its trial");
-    assert_eq!(w.api("GET", "/v1/apps/fresh", None).status, 404);
-    // Release 2 is the one that makes it: killed in its build, it must still make it after
-    // the restart, not fail as if the app had been removed meanwhile.
+    let spec = w.api("GET", "/v1/apps/fresh", None);
+    assert_eq!(spec.status, 200, "{}", spec.text());
+    assert!(spec.json()["release"].is_null(), "{}", spec.text());
+    // Release 2 is the one that gives it a release: killed in its build, it must still do so
+    // after the restart, not fail as if the app had been removed meanwhile.
     killed_in_its_build_then_resumed(w, "fresh", 2, "made after a kill");
 }
 

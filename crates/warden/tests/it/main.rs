@@ -92,6 +92,7 @@ mod data_sockets;
 mod deploy;
 mod ends;
 mod env_rules;
+mod first_release;
 mod frozen_node;
 mod gateway;
 mod gateway_starts;
