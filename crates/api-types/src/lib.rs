@@ -17,6 +17,7 @@ pub mod instances;
 pub mod nodes;
 #[cfg(feature = "schema")]
 pub mod openapi;
+pub mod operators;
 pub mod releases;
 pub mod status;
 pub mod users;
@@ -24,6 +25,9 @@ pub mod users;
 pub use health::{ErrorBody, Health, Ok};
 pub use instances::{AppLogEntry, AppLogsQuery, LogsQuery, StartRequest};
 pub use nodes::DrainQuery;
+pub use operators::{
+    IssuedToken, Login, NewOperator, NewToken, OperatorChange, OperatorView, TokenView,
+};
 pub use releases::{ConfigChange, PushQuery, ReleaseEvent, Rollback, UploadLimits};
 pub use status::{AppStatus, BackupHead, BackupRecord, CrashReport, Damaged, NodeStatus, Status};
 pub use users::{NewUser, UserChange, UserView};
@@ -36,8 +40,8 @@ pub use warden_core::audit::{
 };
 pub use warden_core::data::{AppData, TableRows};
 pub use warden_core::{
-    AppSpec, DrainOrder, InstanceRecord, InstanceState, LabelHealth, Move, NodeRecord, Release,
-    ReleaseSource, ReleaseStatus,
+    AppSpec, DrainOrder, InstanceRecord, InstanceState, LabelHealth, Move, NodeRecord,
+    OperatorSource, Release, ReleaseSource, ReleaseStatus, Role, TokenKind,
 };
 
 /// Body of `POST /v1/apps/{name}/scale`.

@@ -40,6 +40,13 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         generator.subschema_for::<AppData>(),
         generator.subschema_for::<AuditRecord>(),
         generator.subschema_for::<Verified>(),
+        generator.subschema_for::<NewOperator>(),
+        generator.subschema_for::<OperatorChange>(),
+        generator.subschema_for::<OperatorView>(),
+        generator.subschema_for::<Login>(),
+        generator.subschema_for::<IssuedToken>(),
+        generator.subschema_for::<NewToken>(),
+        generator.subschema_for::<TokenView>(),
     );
     generator.take_definitions(true)
 }

@@ -1,13 +1,14 @@
 //! The API's audit records: every mutating request (not GET or HEAD) is recorded as a `change`,
 //! made durable BEFORE the handler acts, then again with the status it ended with. Only requests
-//! that passed the admin token get here (this layer runs inside `require_admin`). The body is
+//! that passed the token check get here (this layer runs inside `authz::authorize`), and
+//! each is recorded with its principal as the actor. The body is
 //! recorded as its SHA-256, never as itself: it may hold passwords or config values.
 //!
 //! With `--audit required`, a change the log cannot record first is refused (503), and so is
 //! every change while the log cannot write; with `on` (the default) it goes ahead, the alarm is
 //! in `/readyz`, and the `gap` record counts it. Reads are never refused: they show why.
 //!
-//! The API's refusals of its token (401) are [`Refusals`], summed per period by status,
+//! The API's refusals of tokens (401), of roles (403) and of logins (401, 429) are [`Refusals`], summed per period by status,
 //! address and route like the gateway's: a flood of wrong tokens writes one record a period
 //! per address, and never the token.
 
@@ -27,7 +28,8 @@ use warden_core::audit::{Audit, Event};
 use crate::error::ApiError;
 use crate::Api;
 
-/// Who a change through the API is recorded as: the admin token, the only API credential.
+/// Who a change made with the break-glass admin token is recorded as; an operator's changes
+/// are recorded as `operator:<name>`.
 pub const ACTOR: &str = "admin token";
 
 /// Largest body digested before the handler runs; bigger ones are refused by the handlers'
@@ -97,7 +99,7 @@ impl Refusals {
 }
 
 /// The path parameter of `path` where `template` has one (`{name}`, `{id}`): the first.
-fn target(template: &str, path: &str) -> Option<String> {
+pub(crate) fn target(template: &str, path: &str) -> Option<String> {
     template
         .split('/')
         .zip(path.split('/'))
@@ -128,6 +130,10 @@ pub(crate) async fn record_change(State(api): State<Api>, req: Request, next: Ne
         .map(|m| m.as_str().to_owned())
         .unwrap_or_else(|| req.uri().path().to_owned());
     let method = req.method().to_string();
+    let actor = req
+        .extensions()
+        .get::<crate::authz::Principal>()
+        .map_or_else(|| ACTOR.to_owned(), |p| p.actor());
     let mut target = target(&route, req.uri().path());
     let streamed = route == "/v1/apps/{name}/releases";
     let (req, after) = if streamed {
@@ -147,7 +153,7 @@ pub(crate) async fn record_change(State(api): State<Api>, req: Request, next: Ne
         (Request::from_parts(parts, Body::from(bytes)), digest)
     };
     let change = |outcome: String| Event::Change {
-        actor: ACTOR.into(),
+        actor: actor.clone(),
         method: method.clone(),
         route: route.clone(),
         target: target.clone(),

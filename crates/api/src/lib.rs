@@ -6,11 +6,14 @@
 //! start or kill instances; it never serves app traffic. Pushes are built and tried by the
 //! local agent too (through [`warden_core::builds::Builds`]); `deliver` makes a release serve.
 //!
-//! Access needs the admin token (`Authorization: Bearer …`), compared in constant time. Request
-//! bodies may hold passwords: they are hashed at once and never logged or returned.
+//! Access needs a token (`Authorization: Bearer …`): an operator's (from `POST /v1/login` or
+//! `POST /v1/tokens`), checked against their roles route by route (`authz`), or the break-glass
+//! admin token, compared in constant time, unless it is turned off. Request bodies may hold
+//! passwords: they are hashed at once and never logged or returned.
 #![forbid(unsafe_code)]
 
 mod audit;
+mod authz;
 mod deliver;
 pub mod error;
 pub mod routes;
@@ -18,13 +21,11 @@ mod serve;
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use subtle::ConstantTimeEq;
 use warden_api_types::Health;
 use warden_core::InstanceAdmin;
 use warden_store::Store;
@@ -80,7 +81,20 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/store/backup"),
     ("get", "/v1/audit"),
     ("get", "/v1/audit/verify"),
+    ("get", "/v1/operators"),
+    ("post", "/v1/operators"),
+    ("get", "/v1/operators/{name}"),
+    ("patch", "/v1/operators/{name}"),
+    ("delete", "/v1/operators/{name}"),
+    ("post", "/v1/login"),
+    ("post", "/v1/logout"),
+    ("get", "/v1/tokens"),
+    ("post", "/v1/tokens"),
+    ("delete", "/v1/tokens/{id}"),
 ];
+
+/// What an operator's session (`POST /v1/login`) lasts unless configured otherwise: 12 hours.
+pub const DEFAULT_SESSION_TTL: std::time::Duration = std::time::Duration::from_secs(12 * 3600);
 
 /// Ready when the store can commit: 200, else 503 saying why (a full disk, an I/O error).
 /// `/healthz` only says the process answers.
@@ -138,7 +152,12 @@ pub struct Api {
     pub max_upload: u64,
     /// Where releases are made when this node builds nothing (another node of the cluster).
     pub releases: Option<Arc<dyn warden_core::Releases>>,
-    token: Arc<str>,
+    /// The break-glass admin token; `None`: turned off.
+    token: Option<Arc<str>>,
+    /// What an operator's session lasts.
+    pub(crate) session_ttl: std::time::Duration,
+    /// Failed logins, throttled per name and address.
+    pub(crate) throttle: Arc<authz::throttle::Throttle>,
     /// The key backups are sealed under (the data dir's `backup-key`); `None`: no backups.
     backup_key: Option<Arc<str>>,
     /// Apps' databases, when warden has a data server (`None`: apps with `data` are refused).
@@ -156,11 +175,12 @@ pub struct Api {
 // === impl Api ===
 
 impl Api {
-    /// API state guarded by `admin_token`; new passwords are hashed at `argon2`.
+    /// API state guarded by operators' tokens and the break-glass `admin_token` (`None`: off);
+    /// new passwords are hashed at `argon2`.
     pub fn new(
         store: Arc<dyn Store>,
         instances: Option<Arc<dyn InstanceAdmin>>,
-        admin_token: &str,
+        admin_token: Option<&str>,
         argon2: warden_auth::Argon2Cost,
     ) -> Self {
         Self {
@@ -172,7 +192,9 @@ impl Api {
             node: None,
             max_upload: DEFAULT_MAX_UPLOAD,
             releases: None,
-            token: admin_token.into(),
+            token: admin_token.map(Into::into),
+            session_ttl: DEFAULT_SESSION_TTL,
+            throttle: Arc::default(),
             backup_key: None,
             data: None,
             sync: None,
@@ -181,6 +203,17 @@ impl Api {
             refusals: Arc::default(),
             audit_flush: std::time::Duration::from_secs(60),
         }
+    }
+
+    /// Operators' sessions (`POST /v1/login`) last `ttl`.
+    pub fn with_session_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.session_ttl = ttl;
+        self
+    }
+
+    /// The break-glass admin token, unless turned off.
+    pub(crate) fn admin_token(&self) -> Option<&str> {
+        self.token.as_deref()
     }
 
     /// Records changes in `audit` and reads it back through `/v1/audit`.
@@ -327,14 +360,28 @@ impl Api {
             .route("/v1/store/backup", get(store::backup))
             .route("/v1/audit", get(audit::list))
             .route("/v1/audit/verify", get(audit::verify))
-            // Inside the token check: only changes the token allowed are recorded here.
+            .route(
+                "/v1/operators",
+                get(operators::list).post(operators::create),
+            )
+            .route(
+                "/v1/operators/{name}",
+                get(operators::show)
+                    .patch(operators::change)
+                    .delete(operators::remove),
+            )
+            .route("/v1/logout", post(tokens::logout))
+            .route("/v1/tokens", get(tokens::list).post(tokens::create))
+            .route("/v1/tokens/{id}", delete(tokens::revoke))
+            // Inside the token check: only changes it allowed are recorded here, with their
+            // principal as the actor.
             .route_layer(axum::middleware::from_fn_with_state(
                 self.clone(),
                 crate::audit::record_change,
             ))
             .route_layer(axum::middleware::from_fn_with_state(
                 self.clone(),
-                require_admin,
+                authz::authorize,
             ));
         Router::new()
             .route(
@@ -353,6 +400,8 @@ impl Api {
                 get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }),
             )
             .route("/metrics", get(metrics))
+            // Outside the token check: it makes tokens; throttled on its own.
+            .route("/v1/login", post(routes::tokens::login))
             .merge(admin)
             .fallback(|| async {
                 ApiError::not_found("no such route; GET /v1/openapi.json lists the API")
@@ -376,39 +425,6 @@ async fn metrics(State(api): State<Api>) -> Response {
         .map(|render| render())
         .unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
-}
-
-async fn require_admin(State(api): State<Api>, req: Request, next: Next) -> Response {
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if bool::from(presented.as_bytes().ct_eq(api.token.as_bytes())) {
-        return next.run(req).await;
-    }
-    if api.audit.kept() {
-        let peer = req
-            .extensions()
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .map(|c| c.0.ip());
-        let route = req
-            .extensions()
-            .get::<axum::extract::MatchedPath>()
-            .map_or("", |m| m.as_str());
-        api.refusals.add(401, peer, route);
-    }
-    let mut resp = ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        "admin token required: send `Authorization: Bearer <token>` (the token is in DATA_DIR/admin-token)",
-    )
-    .into_response();
-    resp.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        header::HeaderValue::from_static("Bearer"),
-    );
-    resp
 }
 
 #[cfg(test)]

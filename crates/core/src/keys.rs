@@ -22,6 +22,22 @@ pub fn user(name: &str) -> String {
 /// Prefix of all users.
 pub const USERS: &str = "users";
 
+/// Key of an operator record (an API principal; not an app user).
+pub fn operator(name: &str) -> String {
+    format!("operators/{name}")
+}
+
+/// Prefix of all operators.
+pub const OPERATORS: &str = "operators";
+
+/// Key of an operator's token, by the SHA-256 (hex) of the token; the token is never stored.
+pub fn api_token(token_hash: &str) -> String {
+    format!("api-tokens/{token_hash}")
+}
+
+/// Prefix of all operators' tokens.
+pub const API_TOKENS: &str = "api-tokens";
+
 /// Key of a node record.
 pub fn node(id: &str) -> String {
     format!("nodes/{id}")

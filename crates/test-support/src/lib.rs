@@ -292,10 +292,10 @@ impl Launch {
                 .contains("stop with Ctrl-C")
                 .then_some(())
         });
+        // Empty when the break-glass admin token is off (`--admin-token off`).
         let token = std::fs::read_to_string(dir.join("admin-token"))
-            .unwrap()
-            .trim()
-            .to_owned();
+            .map(|t| t.trim().to_owned())
+            .unwrap_or_default();
         Warden {
             child: Some(child),
             dir,

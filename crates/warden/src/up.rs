@@ -44,11 +44,11 @@ fn gateway_config(
     })
 }
 
-/// A data dir that was set up before (it has an admin token) whose store file is missing or
+/// A data dir that was set up before (it has an admin token or an identity key) whose store file is missing or
 /// empty has lost its state: starting afresh would silently drop every app and user.
 fn refuse_lost_store(dir: &Path) -> anyhow::Result<()> {
     let file = dir.join("store.redb");
-    if !dir.join("admin-token").exists() {
+    if !dir.join("admin-token").exists() && !dir.join("identity-key").exists() {
         return Ok(());
     }
     let lost = match std::fs::metadata(&file) {
@@ -60,7 +60,7 @@ fn refuse_lost_store(dir: &Path) -> anyhow::Result<()> {
         }
     };
     anyhow::bail!(
-        "the store file {} {lost}, but this data dir was set up before (it has an admin token): its apps and users would be lost. Restore the store from a backup (`warden store restore BACKUP --data-dir {}`), or move the data dir away to start afresh",
+        "the store file {} {lost}, but this data dir was set up before (it has an admin token or identity key): its apps and users would be lost. Restore the store from a backup (`warden store restore BACKUP --data-dir {}`), or move the data dir away to start afresh",
         file.display(),
         dir.display()
     )
@@ -157,7 +157,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             None
         }
     };
-    let token = files::load_or_create(&dir.join("admin-token"), warden_core::id::secret_token)?;
+    let token = api::admin_token(&cfg, &*store).await?;
     let node = match &cfg.node_name {
         Some(name) => name.clone(),
         None => files::load_or_create(&dir.join("node-id"), warden_core::id::short_id)?,
@@ -247,7 +247,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     let mut at = Endpoints::default();
     if cfg.runs(Role::Api) || agent.is_some() {
-        let mut releases = api::release_api(&cfg, &store, &token, &sources)?.with_audit(
+        let mut releases = api::release_api(&cfg, &store, token.as_deref(), &sources)?.with_audit(
             // On a cluster, the API reads and verifies every node's log; records go to this one.
             sources
                 .cluster_audit
@@ -370,7 +370,14 @@ fn welcome(
     }
     if let Some(api) = at.api {
         println!("  api          http://{api}/v1/   (OpenAPI: /v1/openapi.json)");
-        println!("  admin token  {}", dir.join("admin-token").display());
+        match cfg.admin_token {
+            crate::config::AdminToken::On => {
+                println!("  admin token  {}", dir.join("admin-token").display())
+            }
+            crate::config::AdminToken::Off => {
+                println!("  admin token  off (operators sign in with `warden login`)")
+            }
+        }
     }
     if let Some(d) = driver {
         println!("  apps run in  {d}");

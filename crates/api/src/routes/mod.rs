@@ -8,9 +8,11 @@ pub mod instances;
 pub mod lattice;
 pub mod node_releases;
 pub mod nodes;
+pub mod operators;
 pub mod releases;
 pub mod status;
 pub mod store;
+pub mod tokens;
 pub mod users;
 
 /// A record that decodes, or `None` for a damaged one, which is logged (rate-limited) and left

@@ -166,7 +166,7 @@ async fn canonical_clearance(api: &Api, clearance: &str) -> Result<String, ApiEr
 }
 
 /// The Argon2id hash of a new password, made off the executor.
-async fn hash(api: &Api, password: String) -> Result<String, ApiError> {
+pub(crate) async fn hash(api: &Api, password: String) -> Result<String, ApiError> {
     let cost = api.argon2;
     tokio::task::spawn_blocking(move || warden_auth::hash_password(&password, &cost))
         .await

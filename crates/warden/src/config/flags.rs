@@ -72,6 +72,13 @@ pub struct UpArgs {
     /// Lifetime of a login session
     #[arg(long)]
     session_ttl: Option<Human>,
+    /// Lifetime of an operator's API session (`warden login`)
+    #[arg(long)]
+    operator_session_ttl: Option<Human>,
+    /// The shared break-glass admin token: on, or off (only operators' tokens open the API;
+    /// needs an owner operator first)
+    #[arg(long)]
+    admin_token: Option<super::types::AdminToken>,
     /// TLS listen address (with --demo: beside the gateway, its port + 2)
     #[arg(long)]
     tls_listen: Option<SocketAddr>,
@@ -219,7 +226,8 @@ impl UpArgs {
         let a = self;
         overlay!(a, cfg:
             data_dir, roles, store, listen, max_connections, max_header_bytes, max_body_bytes,
-            header_timeout, upstream_timeout, session_ttl, tls_queue_wait,
+            header_timeout, upstream_timeout, session_ttl, operator_session_ttl, admin_token,
+            tls_queue_wait,
             tls_handshake_timeout, auth_cache_ttl,
             auth_negative_ttl, auth_failures_per_user, auth_failures_per_addr,
             auth_failures_per_addr_user, auth_window,

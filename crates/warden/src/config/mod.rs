@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use flags::{help_with_defaults, UpArgs};
-pub use types::AuditMode;
+pub use types::{AdminToken, AuditMode};
 use types::{BridgeName, Cgroups, Cidr, Human, HumanOrSecs, Role, Store};
 
 /// Everything `warden up` can be told.
@@ -64,6 +64,10 @@ pub struct Config {
     pub upstream_timeout: Human,
     /// Lifetime of a login session.
     pub session_ttl: Human,
+    /// Lifetime of an operator's API session (`warden login`).
+    pub operator_session_ttl: Human,
+    /// The shared break-glass admin token: on (written to the data dir and accepted) or off.
+    pub admin_token: AdminToken,
 
     /// TLS listen address [with --demo and no certificate: beside the gateway, its port + 2,
     /// with a self-signed certificate].
@@ -199,6 +203,8 @@ impl Default for Config {
             header_timeout: secs(15),
             upstream_timeout: secs(60),
             session_ttl: secs(12 * 3600),
+            operator_session_ttl: secs(12 * 3600),
+            admin_token: AdminToken::On,
             tls_listen: None,
             tls_cert: Vec::new(),
             tls_key: Vec::new(),

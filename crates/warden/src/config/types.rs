@@ -204,6 +204,36 @@ impl fmt::Display for AuditMode {
 
 serde_by_text!(AuditMode);
 
+/// Whether the shared break-glass admin token is written and accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AdminToken {
+    /// Written to `<data dir>/admin-token` and accepted as the owner.
+    On,
+    /// Neither written nor accepted (an existing file is removed): only operators' tokens
+    /// open the API. Refused at start while no owner operator exists.
+    Off,
+}
+
+impl FromStr for AdminToken {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        <Self as clap::ValueEnum>::from_str(s, false)
+            .map_err(|_| format!("{s:?} is no admin-token setting; use on or off"))
+    }
+}
+
+impl fmt::Display for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::On => "on",
+            Self::Off => "off",
+        })
+    }
+}
+
+serde_by_text!(AdminToken);
+
 /// The store backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Store(pub warden_store::Backend);

@@ -17,11 +17,12 @@ use crate::config::Config;
 pub(super) fn release_api(
     cfg: &Config,
     store: &Arc<dyn warden_store::Store>,
-    token: &str,
+    token: Option<&str>,
     m: &Sources,
 ) -> anyhow::Result<warden_api::Api> {
     let mut api =
         warden_api::Api::new(store.clone(), m.instances.clone(), token, cfg.argon2_cost())
+            .with_session_ttl(cfg.operator_session_ttl.0)
             .protecting(cfg.data_dir.clone())
             .with_backup_key(&backup_key(&cfg.data_dir)?);
     let max = cfg.max_upload_mb * 1024 * 1024;
@@ -36,6 +37,42 @@ pub(super) fn release_api(
         }
     }
     Ok(api)
+}
+
+/// The break-glass admin token: made on first start and kept in `DATA_DIR/admin-token`, or,
+/// with `admin_token = "off"`, `None` and no such file (one left from before is removed, so a
+/// copy of it opens nothing). Off is refused while no owner operator exists: nobody could
+/// change anything, nor make the first owner.
+pub(super) async fn admin_token(
+    cfg: &Config,
+    store: &dyn warden_store::Store,
+) -> anyhow::Result<Option<String>> {
+    let path = cfg.data_dir.join("admin-token");
+    if cfg.admin_token == crate::config::AdminToken::On {
+        return Ok(Some(crate::files::load_or_create(
+            &path,
+            warden_core::id::secret_token,
+        )?));
+    }
+    let listing = store
+        .list(warden_core::keys::OPERATORS)
+        .await
+        .context("cannot list the operators")?;
+    let owner = listing.entries.iter().any(|e| {
+        warden_store::decode::<warden_core::OperatorRecord>(&e.key, &e.value)
+            .is_ok_and(|o| o.roles.contains(&warden_core::Role::Owner))
+    });
+    if !owner {
+        anyhow::bail!(
+            "--admin-token off would leave nobody able to change warden: no operator has the owner role. Start with the admin token on, make an owner (`warden operators add NAME --role owner --password-stdin`), then start again with --admin-token off"
+        );
+    }
+    match std::fs::remove_file(&path) {
+        Ok(()) => tracing::info!("the admin token is off; removed {}", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot remove {}", path.display())),
+    }
+    Ok(None)
 }
 
 /// Serves the API (`api`, from [`release_api`]) on `cfg.api_listen` until `stop_rx` turns

@@ -46,6 +46,30 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
     let id = started.json()["id"].as_str().unwrap_or("").to_owned();
     let app = json!({"name": "doc-app", "command": [BIN, "demo-app"]});
     let user = json!({"name": "doc-user", "password": "doc-password-1", "clearance": "SECRET"});
+    // An operator's own routes (`/v1/logout`, `/v1/tokens`) are called with their session.
+    let operator =
+        json!({"name": "doc-op", "password": "doc-password-1", "roles": [{"role": "owner"}]});
+    let session =
+        json!({"name": "doc-session", "password": "doc-password-1", "roles": [{"role": "viewer"}]});
+    assert_eq!(w.api("POST", "/v1/operators", Some(session)).status, 201);
+    let login = json!({"name": "doc-session", "password": "doc-password-1"});
+    let own = w.api("POST", "/v1/login", Some(login.clone())).json()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let own_call = |method: &str, path: &str, body: Option<serde_json::Value>| {
+        request(
+            method,
+            &format!("{}{path}", w.api),
+            &[
+                ("authorization", &format!("Bearer {own}")),
+                ("content-type", "application/json"),
+            ],
+            body.map(|b| b.to_string()).unwrap_or_default().as_bytes(),
+        )
+    };
+    let made = own_call("POST", "/v1/tokens", Some(json!({"label": "doc"}))).json();
+    let token_id = made["id"].as_str().unwrap().to_owned();
     // In an order in which each request is valid; deletions last.
     let calls: Vec<(&str, &str, String, Option<serde_json::Value>)> = vec![
         ("get", "/healthz", "/healthz".into(), None),
@@ -153,6 +177,46 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
         ("get", "/v1/audit", "/v1/audit?kind=change".into(), None),
         ("get", "/v1/audit/verify", "/v1/audit/verify".into(), None),
         (
+            "post",
+            "/v1/operators",
+            "/v1/operators".into(),
+            Some(operator),
+        ),
+        ("get", "/v1/operators", "/v1/operators".into(), None),
+        (
+            "get",
+            "/v1/operators/{name}",
+            "/v1/operators/doc-op".into(),
+            None,
+        ),
+        (
+            "patch",
+            "/v1/operators/{name}",
+            "/v1/operators/doc-op".into(),
+            Some(json!({"roles": [{"role": "viewer"}]})),
+        ),
+        ("post", "/v1/login", "/v1/login".into(), Some(login)),
+        (
+            "post",
+            "/v1/tokens",
+            "/v1/tokens".into(),
+            Some(json!({"label": "doc2"})),
+        ),
+        ("get", "/v1/tokens", "/v1/tokens".into(), None),
+        (
+            "delete",
+            "/v1/tokens/{id}",
+            format!("/v1/tokens/{token_id}"),
+            None,
+        ),
+        ("post", "/v1/logout", "/v1/logout".into(), None),
+        (
+            "delete",
+            "/v1/operators/{name}",
+            "/v1/operators/doc-op".into(),
+            None,
+        ),
+        (
             "delete",
             "/v1/instances/{id}",
             format!("/v1/instances/{id}"),
@@ -204,6 +268,8 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
                 &[("authorization", &format!("Bearer {}", w.token))],
                 &site_archive(),
             )
+        } else if path.starts_with("/v1/tokens") || *path == "/v1/logout" {
+            own_call(&method.to_uppercase(), concrete, body.clone())
         } else {
             w.api(&method.to_uppercase(), concrete, body.clone())
         };

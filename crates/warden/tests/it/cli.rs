@@ -234,7 +234,7 @@ fn the_api_and_token_are_found_from_flags_config_or_data_dir() {
     assert!(cli(BIN, &["status", "--config", cfg.to_str().unwrap()], &[]).0);
     // A wrong token is refused with a hint.
     let (ok, _, err) = cli(BIN, &["status", "--api", &w.api, "--token", "nope"], &[]);
-    assert!(!ok && err.contains("admin token required"), "{err}");
+    assert!(!ok && err.contains("`warden login`"), "{err}");
     // The token never appears in what the CLI prints.
     let (_, out, err) = cli(
         BIN,

@@ -151,7 +151,7 @@ fn non_admins_cannot_mark(w: &Warden, env: &[(&str, &str); 2]) {
         &["apps", "update", "plain", "--declassify-to", LOW],
         &user_env,
     );
-    assert!(!ok && err.contains("admin token required"), "{err}");
+    assert!(!ok && err.contains("`warden login`"), "{err}");
     let spec = w.api("GET", "/v1/apps/plain", None).json();
     assert_eq!(spec["declassify_to"], Value::Null, "{spec}");
     let r = as_user(w, "sam", "plain", "?down=leak-again");

@@ -105,6 +105,7 @@ mod isolation;
 mod lattice;
 mod lifetimes;
 mod node_port_flood;
+mod operators;
 mod orphans;
 mod packaging;
 mod pools;

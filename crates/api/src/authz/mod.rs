@@ -1,0 +1,193 @@
+//! Who calls the API and what they may do. Every guarded route passes [`authorize`]: it finds
+//! the principal (the break-glass admin token, compared in constant time, or an operator's
+//! token, found by its SHA-256) and checks its roles against the route in one table
+//! ([`table::check`]). A request that passes carries its [`Principal`], which the audit
+//! records as the change's actor and a release as its `by`.
+
+pub(crate) mod table;
+pub(crate) mod throttle;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::Digest as _;
+use subtle::ConstantTimeEq;
+use warden_core::{keys, OperatorRecord, Role, TokenKind, TokenRecord};
+
+use crate::error::ApiError;
+use crate::Api;
+
+/// Who made a request.
+#[derive(Debug, Clone)]
+pub(crate) enum Principal {
+    /// The shared break-glass admin token: every role.
+    Admin,
+    /// An operator, through one of their tokens.
+    Operator {
+        /// Operator name.
+        name: String,
+        /// Their roles now.
+        roles: Vec<Role>,
+        /// The SHA-256 (hex) of the token presented: its record's key.
+        token_hash: String,
+    },
+}
+
+impl Principal {
+    /// As the audit trail and releases name it.
+    pub(crate) fn actor(&self) -> String {
+        match self {
+            Self::Admin => crate::audit::ACTOR.to_owned(),
+            Self::Operator { name, .. } => format!("operator:{name}"),
+        }
+    }
+
+    /// Whether it holds the owner role.
+    pub(crate) fn owner(&self) -> bool {
+        match self {
+            Self::Admin => true,
+            Self::Operator { roles, .. } => roles.contains(&Role::Owner),
+        }
+    }
+}
+
+/// The SHA-256 (hex) of a token: how its record is keyed.
+pub(crate) fn token_hash(token: &str) -> String {
+    warden_core::id::hex(&sha2::Sha256::digest(token.as_bytes()))
+}
+
+/// Makes and stores a token for `op` that lasts `ttl`; returns (token, record).
+pub(crate) async fn issue(
+    api: &Api,
+    op: &OperatorRecord,
+    kind: TokenKind,
+    label: String,
+    ttl: std::time::Duration,
+) -> Result<(String, TokenRecord), ApiError> {
+    let token = warden_core::id::secret_token();
+    let now = warden_core::model::now_ms();
+    let record = TokenRecord {
+        id: warden_core::id::short_id(),
+        operator: op.name.clone(),
+        generation: op.generation.clone(),
+        kind,
+        label,
+        created_ms: now,
+        expires_ms: now.saturating_add(ttl.as_millis() as u64),
+    };
+    let bytes = serde_json::to_vec(&record).map_err(ApiError::internal)?;
+    api.store
+        .put(&keys::api_token(&token_hash(&token)), bytes, None)
+        .await?;
+    Ok((token, record))
+}
+
+/// The peer's address, if the server gave it.
+pub(crate) fn peer(req: &Request) -> Option<std::net::IpAddr> {
+    req.extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip())
+}
+
+/// 401 with `WWW-Authenticate: Bearer`, saying `why`.
+pub(crate) fn unauthorized(why: impl Into<String>) -> Response {
+    let mut resp = ApiError::new(StatusCode::UNAUTHORIZED, why).into_response();
+    resp.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    resp
+}
+
+/// The principal `presented` names, or why none.
+async fn identify(api: &Api, presented: &str) -> Result<Principal, Response> {
+    if presented.is_empty() {
+        return Err(unauthorized(if api.admin_token().is_some() {
+            "a token is required: `warden login`, or send `Authorization: Bearer <token>` (the break-glass admin token is in DATA_DIR/admin-token)"
+        } else {
+            "a token is required: `warden login`, or send `Authorization: Bearer <token>`"
+        }));
+    }
+    if let Some(admin) = api.admin_token() {
+        if bool::from(presented.as_bytes().ct_eq(admin.as_bytes())) {
+            return Ok(Principal::Admin);
+        }
+    }
+    let hash = token_hash(presented);
+    let stored = warden_store::get_json::<TokenRecord>(&*api.store, &keys::api_token(&hash))
+        .await
+        .map_err(|e| ApiError::from(e).into_response())?;
+    let Some((token, _)) = stored else {
+        return Err(unauthorized(
+            "this token is unknown, revoked or logged out; `warden login` for a new one",
+        ));
+    };
+    if warden_core::model::now_ms() >= token.expires_ms {
+        return Err(unauthorized(
+            "this token has expired; `warden login` again (or make a new API token with `warden tokens create`)",
+        ));
+    }
+    let op =
+        warden_store::get_json::<OperatorRecord>(&*api.store, &keys::operator(&token.operator))
+            .await
+            .map_err(|e| ApiError::from(e).into_response())?;
+    let Some((op, _)) = op else {
+        return Err(unauthorized(format!(
+            "operator {:?} of this token was removed; an owner can add them again with `warden operators add`",
+            token.operator
+        )));
+    };
+    if op.generation != token.generation {
+        return Err(unauthorized(
+            "this token was issued before the operator's password or roles changed; `warden login` again",
+        ));
+    }
+    Ok(Principal::Operator {
+        name: op.name,
+        roles: op.roles,
+        token_hash: hash,
+    })
+}
+
+/// Finds the principal and checks the route against its roles; refusals are summed in the
+/// audit trail.
+pub(crate) async fn authorize(State(api): State<Api>, mut req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+        .to_owned();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("", |m| m.as_str())
+        .to_owned();
+    // Not `&req` in the closure: a request body is not `Sync`, and this future must be `Send`.
+    let from = peer(&req);
+    let refused = |status: u16| {
+        if api.audit.kept() {
+            api.refusals.add(status, from, &route);
+        }
+    };
+    let principal = match identify(&api, &presented).await {
+        Ok(p) => p,
+        Err(resp) => {
+            refused(resp.status().as_u16());
+            return resp;
+        }
+    };
+    if let Principal::Operator { roles, .. } = &principal {
+        let app = crate::audit::target(&route, req.uri().path());
+        if let Err(why) = table::check(roles, req.method().as_str(), &route, app.as_deref()) {
+            refused(403);
+            return ApiError::new(StatusCode::FORBIDDEN, why).into_response();
+        }
+    }
+    // A release's `by` is who authenticated, never what the client claims.
+    if let Ok(v) = HeaderValue::from_str(&principal.actor()) {
+        req.headers_mut().insert("x-warden-by", v);
+    }
+    req.extensions_mut().insert(principal);
+    next.run(req).await
+}
