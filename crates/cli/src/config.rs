@@ -1,5 +1,7 @@
-//! Where the API is and which token to present: flag, then env (both through clap), then the
-//! config file, then the data directory of a local `warden up`.
+//! Where the API is and which token to present. The API: flag, then env (both through clap),
+//! then the config file, then the data directory of a local `warden up`, then the session of
+//! `warden login`. The token: flag or env, then the session `warden login` stored for that API,
+//! then the config file, then the break-glass admin token in the data directory.
 
 use std::path::{Path, PathBuf};
 
@@ -13,7 +15,7 @@ use crate::ClientArgs;
 pub struct Endpoint {
     /// Base URL without a trailing slash.
     pub api: String,
-    /// Admin token.
+    /// The token presented: an operator's or the admin token.
     pub token: String,
 }
 
@@ -38,11 +40,16 @@ struct FileConfig {
     token_file: Option<PathBuf>,
 }
 
-fn default_config_path() -> Option<PathBuf> {
+/// The user's warden config directory: `$XDG_CONFIG_HOME/warden` or `~/.config/warden`.
+pub(crate) fn config_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CONFIG_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
-    Some(base.join("warden").join("cli.toml"))
+    Some(base.join("warden"))
+}
+
+fn default_config_path() -> Option<PathBuf> {
+    Some(config_dir()?.join("cli.toml"))
 }
 
 fn read_file_config(args: &ClientArgs) -> anyhow::Result<FileConfig> {
@@ -70,11 +77,10 @@ fn read_token(path: &Path) -> anyhow::Result<String> {
         .to_owned())
 }
 
-/// Resolves the endpoint or explains how to name one.
-pub(crate) fn resolve(args: &ClientArgs) -> anyhow::Result<Endpoint> {
-    let file = read_file_config(args)?;
+/// Where the API is, or how to name it, and the config file read on the way.
+fn resolve_api(args: &ClientArgs, file: &FileConfig) -> anyhow::Result<String> {
     let endpoints = args.data_dir.join("endpoints.json");
-    let api = match args.api.clone().or(file.api) {
+    let api = match args.api.clone().or(file.api.clone()) {
         Some(a) => a,
         None => match std::fs::read_to_string(&endpoints) {
             Ok(text) => {
@@ -82,29 +88,50 @@ pub(crate) fn resolve(args: &ClientArgs) -> anyhow::Result<Endpoint> {
                     .with_context(|| format!("{} is not valid JSON", endpoints.display()))?;
                 v["api"].as_str().map(str::to_owned).with_context(|| format!("{} names no api", endpoints.display()))?
             }
-            Err(_) => bail!(
-                "cannot tell where the warden API is: pass --api URL, set WARDEN_API, write `api = \"...\"` in {}, or run from the directory holding the data dir of `warden up` ({})",
-                default_config_path().map(|p| p.display().to_string()).unwrap_or_else(|| "the config file".into()),
-                args.data_dir.display()
-            ),
+            Err(_) => match crate::login::Session::load()? {
+                Some(s) => s.api,
+                None => bail!(
+                    "cannot tell where the warden API is: pass --api URL, set WARDEN_API, write `api = \"...\"` in {}, or run from the directory holding the data dir of `warden up` ({})",
+                    default_config_path().map(|p| p.display().to_string()).unwrap_or_else(|| "the config file".into()),
+                    args.data_dir.display()
+                ),
+            },
         },
     };
-    let token = match (args.token.clone(), file.token, file.token_file) {
-        (Some(t), _, _) | (None, Some(t), _) => t,
-        (None, None, Some(p)) => read_token(&p)?,
-        (None, None, None) => {
+    Ok(api.trim_end_matches('/').to_owned())
+}
+
+/// The API's address alone, for `warden login`, which needs no token yet.
+pub(crate) fn api_only(args: &ClientArgs) -> anyhow::Result<String> {
+    resolve_api(args, &read_file_config(args)?)
+}
+
+/// Resolves the endpoint or explains how to name one.
+pub(crate) fn resolve(args: &ClientArgs) -> anyhow::Result<Endpoint> {
+    let file = read_file_config(args)?;
+    let api = resolve_api(args, &file)?;
+    if let Some(t) = args.token.clone() {
+        return Ok(Endpoint { api, token: t });
+    }
+    if let Some(session) = crate::login::Session::load()?.filter(|s| s.api == api) {
+        return Ok(Endpoint {
+            api,
+            token: session.token_if_live()?,
+        });
+    }
+    let token = match (file.token, file.token_file) {
+        (Some(t), _) => t,
+        (None, Some(p)) => read_token(&p)?,
+        (None, None) => {
             let p = args.data_dir.join("admin-token");
             if !p.exists() {
                 bail!(
-                    "no admin token: pass --token, set WARDEN_TOKEN, or set token_file in the config file (a local `warden up` writes it to {})",
+                    "no token: `warden login` as an operator, pass --token, set WARDEN_TOKEN, or set token_file in the config file (a local `warden up` with the admin token on writes it to {})",
                     p.display()
                 );
             }
             read_token(&p)?
         }
     };
-    Ok(Endpoint {
-        api: api.trim_end_matches('/').to_owned(),
-        token,
-    })
+    Ok(Endpoint { api, token })
 }

@@ -2,8 +2,8 @@
 //!
 //! It talks to the api role over HTTP and owns only presentation: tables for people, `--json`
 //! for scripts, and errors that say what to do next. It never touches the store directly. The
-//! admin token is read from a flag, the environment, a config file or the data directory, and is
-//! never printed.
+//! token is read from a flag, the environment, the session of `warden login`, a config file or
+//! (the break-glass admin token) the data directory, and is never printed.
 #![forbid(unsafe_code)]
 
 mod apps;
@@ -13,8 +13,10 @@ mod config;
 mod data;
 mod deploy;
 mod instances;
+mod login;
 mod logs;
 pub mod nodes;
+mod operators;
 mod pack;
 mod phases;
 mod show;
@@ -34,7 +36,9 @@ pub use config::Endpoint;
 pub use data::DataCommand;
 pub use deploy::{ConfigCommand, Push};
 pub use instances::InstancesCommand;
+pub use login::LoginArgs;
 pub use logs::Logs;
+pub use operators::{OperatorsCommand, TokensCommand};
 
 /// How to reach the API.
 #[derive(Debug, Clone, Args)]
@@ -42,7 +46,7 @@ pub struct ClientArgs {
     /// API base URL, e.g. http://127.0.0.1:7701 [default: from the config file or DATA_DIR/endpoints.json]
     #[arg(long, env = "WARDEN_API", global = true)]
     pub api: Option<String>,
-    /// Admin token [default: from the config file or DATA_DIR/admin-token]
+    /// Token [default: the session of `warden login`, the config file, or DATA_DIR/admin-token]
     #[arg(long, env = "WARDEN_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
     /// Config file with `api = "..."` and `token = "..."` or `token_file = "..."`
@@ -165,10 +169,26 @@ pub enum ClientCommand {
     Data(DataCommand),
     /// Read the audit logs (who reached what, who changed what; every node's on a cluster), verify or export them
     Audit(Audit),
+    /// Log in as an operator; the session is kept for the next commands
+    Login(LoginArgs),
+    /// End the session of `warden login`
+    Logout,
+    /// Manage operators: who may change warden, with which roles
+    #[command(subcommand)]
+    Operators(OperatorsCommand),
+    /// Your personal API tokens for automation
+    #[command(subcommand)]
+    Tokens(TokensCommand),
 }
 
 /// Runs a client command.
 pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
+    // Neither needs (nor may need) a token from the usual places.
+    match cmd {
+        ClientCommand::Login(l) => return login::login(args, l).await,
+        ClientCommand::Logout => return login::logout(args).await,
+        _ => {}
+    }
     let endpoint = config::resolve(args)?;
     let api = client::Client::new(endpoint);
     let out = Output { json: args.json };
@@ -188,6 +208,9 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
         ClientCommand::Logs(l) => logs::run(&api, &out, l).await,
         ClientCommand::Data(c) => data::run(&api, &out, c).await,
         ClientCommand::Audit(a) => audit::run(&api, &out, a).await,
+        ClientCommand::Operators(c) => operators::operators(&api, &out, c).await,
+        ClientCommand::Tokens(c) => operators::tokens(&api, &out, c).await,
+        ClientCommand::Login(_) | ClientCommand::Logout => Ok(()),
     }
 }
 

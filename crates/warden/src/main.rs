@@ -63,6 +63,14 @@ enum Command {
     Config(ConfigCmd),
     /// Run an earlier release of an app again, without rebuilding
     Rollback(RollbackCmd),
+    /// Log in as an operator (a local password); the session is kept for the next commands
+    Login(LoginCmd),
+    /// End the session of `warden login`
+    Logout(ClientArgs),
+    /// Manage operators: who may change warden through the API, with which roles
+    Operators(OperatorsCmd),
+    /// Your personal API tokens for automation: list, create, revoke
+    Tokens(TokensCmd),
     /// Back up a running warden's store, or restore a backup into a stopped one's data dir
     #[command(subcommand)]
     Store(store_cmd::StoreCommand),
@@ -86,6 +94,30 @@ enum Command {
 struct AppsCmd {
     #[command(subcommand)]
     command: warden_cli::AppsCommand,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct LoginCmd {
+    #[command(flatten)]
+    login: warden_cli::LoginArgs,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct OperatorsCmd {
+    #[command(subcommand)]
+    command: warden_cli::OperatorsCommand,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct TokensCmd {
+    #[command(subcommand)]
+    command: warden_cli::TokensCommand,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -195,8 +227,12 @@ fn init_logs() {
 /// list`) move after its name, where the client commands take them; anything else is left for
 /// clap to judge.
 fn client_options_after_command(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const COMMANDS: [&str; 13] = [
+    const COMMANDS: [&str; 17] = [
         "apps",
+        "login",
+        "logout",
+        "operators",
+        "tokens",
         "users",
         "instances",
         "nodes",
@@ -390,6 +426,12 @@ async fn run(cli: Cli) -> std::process::ExitCode {
             };
             warden_cli::run(&c.client, cmd).await
         }
+        Command::Login(c) => warden_cli::run(&c.client, ClientCommand::Login(c.login)).await,
+        Command::Logout(c) => warden_cli::run(&c, ClientCommand::Logout).await,
+        Command::Operators(c) => {
+            warden_cli::run(&c.client, ClientCommand::Operators(c.command)).await
+        }
+        Command::Tokens(c) => warden_cli::run(&c.client, ClientCommand::Tokens(c.command)).await,
         Command::Store(c) => store_cmd::run(c).await,
         Command::DemoApp => demo::run_app().await,
         Command::SandboxInit | Command::Reaper { .. } => Ok(()),

@@ -316,3 +316,168 @@ fn with_the_admin_token_off_only_operators_get_in() {
         "{actor:?}"
     );
 }
+
+/// Runs the CLI with `env` (and no other WARDEN_ setting), `stdin` on its standard input.
+fn run_cli(args: &[&str], env: &[(&str, &str)], stdin: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(BIN)
+        .args(args)
+        .env_remove("WARDEN_API")
+        .env_remove("WARDEN_TOKEN")
+        .env_remove("WARDEN_CONFIG")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn warden_login_then_a_push_and_a_scale_through_the_cli_name_the_operator() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = Warden::demo(BIN);
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().display().to_string();
+    // No data dir to fall back on: only the session opens the API.
+    let nowhere = home.path().join("no-data-dir").display().to_string();
+    let admin = [
+        ("WARDEN_API", w.api.as_str()),
+        ("WARDEN_TOKEN", w.token.as_str()),
+    ];
+    let (ok, out, err) = run_cli(
+        &["operators", "add", "dev", "--deploys", "plain"],
+        &admin,
+        "",
+    );
+    assert!(
+        ok && out.contains("operator dev added (deployer of plain)"),
+        "{out}{err}"
+    );
+    let (ok, _, err) = run_cli(
+        &[
+            "operators",
+            "change",
+            "dev",
+            "--deploys",
+            "plain",
+            "--password-stdin",
+        ],
+        &admin,
+        "dev-password-1\n",
+    );
+    assert!(ok, "{err}");
+
+    let me = [
+        ("WARDEN_API", w.api.as_str()),
+        ("XDG_CONFIG_HOME", config.as_str()),
+        ("WARDEN_DATA_DIR", nowhere.as_str()),
+    ];
+    let (ok, out, err) = run_cli(
+        &["login", "--name", "dev", "--password-stdin"],
+        &me,
+        "wrong\n",
+    );
+    assert!(
+        !ok && err.contains("wrong operator name or password"),
+        "{out}{err}"
+    );
+    let (ok, out, err) = run_cli(
+        &["login", "--name", "dev", "--password-stdin"],
+        &me,
+        "dev-password-1\n",
+    );
+    assert!(
+        ok && out.contains("logged in as operator dev"),
+        "{out}{err}"
+    );
+    let session = home.path().join("warden/session.json");
+    let mode = std::fs::metadata(&session).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+
+    let src = crate::deploy::fixture("plain");
+    let (ok, out, err) = run_cli(
+        &["push", "plain", &src.path().display().to_string()],
+        &me,
+        "",
+    );
+    assert!(ok && out.contains("of plain serves"), "{out}{err}");
+    let (ok, out, err) = run_cli(&["apps", "scale", "plain", "SECRET=1"], &me, "");
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = run_cli(&["apps", "scale", "demo", "SECRET=1"], &me, "");
+    assert!(
+        !ok && err.contains("deployer role of app \"demo\""),
+        "{out}{err}"
+    );
+
+    // The release's `by` and the audit trail's actor are the operator, whatever the CLI said.
+    let releases = w.api("GET", "/v1/apps/plain/releases", None).json();
+    assert_eq!(releases[0]["by"], "operator:dev", "{releases}");
+    assert_eq!(
+        actors(&w, "/v1/apps/{name}/scale", "plain"),
+        ["operator:dev"]
+    );
+    assert_eq!(
+        actors(&w, "/v1/apps/{name}/releases", "plain"),
+        ["operator:dev"]
+    );
+
+    // Personal tokens through the CLI.
+    let (ok, out, err) = run_cli(&["tokens", "create", "--label", "ci", "--json"], &me, "");
+    assert!(ok, "{err}");
+    let made: Value = serde_json::from_str(&out).unwrap();
+    let (ok, out, _) = run_cli(&["tokens", "list"], &me, "");
+    assert!(
+        ok && out.contains(made["id"].as_str().unwrap()) && out.contains("ci"),
+        "{out}"
+    );
+    let id = made["id"].as_str().unwrap();
+    let (ok, _, err) = run_cli(&["tokens", "revoke", id], &me, "");
+    assert!(ok, "{err}");
+    let r = call(
+        &w,
+        made["token"].as_str().unwrap(),
+        "GET",
+        "/v1/status",
+        None,
+    );
+    assert_eq!(r.status, 401);
+
+    // Logged out: the session is gone here and at the API.
+    let token: Value = serde_json::from_str(&std::fs::read_to_string(&session).unwrap()).unwrap();
+    let (ok, out, err) = run_cli(&["logout"], &me, "");
+    assert!(ok && out.contains("logged out"), "{out}{err}");
+    assert!(!session.exists());
+    let r = call(
+        &w,
+        token["token"].as_str().unwrap(),
+        "GET",
+        "/v1/status",
+        None,
+    );
+    assert_eq!(r.status, 401);
+    let (ok, _, err) = run_cli(&["status"], &me, "");
+    assert!(!ok && err.contains("warden login"), "{err}");
+
+    // A stored session that expired: the CLI says to log in again.
+    let mut stale = token.clone();
+    stale["expires_ms"] = json!(1);
+    std::fs::write(&session, stale.to_string()).unwrap();
+    let (ok, _, err) = run_cli(&["status"], &me, "");
+    assert!(
+        !ok && err.contains("expired") && err.contains("warden login"),
+        "{err}"
+    );
+}

@@ -1,0 +1,204 @@
+//! `warden login` and `warden logout`: an operator's session token, kept with the API's URL in
+//! a file only its owner reads (`$XDG_CONFIG_HOME/warden/session.json`, else
+//! `~/.config/warden/session.json`, mode 0600). Other commands present it when no --token or
+//! WARDEN_TOKEN is given and the API is the one it was made for.
+//!
+//! Local operators log in with a password, asked without echo or read from standard input.
+//! A sign-in against an identity provider (device code) is a later way in: another
+//! [`LoginArgs`] flag choosing how the token is got, the same [`Session`] kept.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use warden_api_types::{IssuedToken, Login};
+
+use crate::client::Client;
+use crate::{ClientArgs, Endpoint};
+
+/// `warden login`
+#[derive(Debug, Clone, Args)]
+pub struct LoginArgs {
+    /// Operator name [default: $USER]
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Read the password from standard input (first line) instead of asking
+    #[arg(long)]
+    pub password_stdin: bool,
+}
+
+/// A stored session.
+#[derive(Clone, Serialize, Deserialize)]
+pub(crate) struct Session {
+    /// The API it was made by, without a trailing slash.
+    pub api: String,
+    /// Operator name.
+    pub operator: String,
+    /// The token.
+    pub token: String,
+    /// Expiry, milliseconds since the Unix epoch.
+    pub expires_ms: u64,
+}
+
+impl Session {
+    fn path() -> Option<PathBuf> {
+        Some(crate::config::config_dir()?.join("session.json"))
+    }
+
+    /// The stored session, if any.
+    pub(crate) fn load() -> anyhow::Result<Option<Self>> {
+        let Some(path) = Self::path() else {
+            return Ok(None);
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text).map(Some).with_context(|| {
+                format!(
+                    "{} is damaged; remove it and `warden login` again",
+                    path.display()
+                )
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+
+    /// Its token, unless it has expired.
+    pub(crate) fn token_if_live(self) -> anyhow::Result<String> {
+        if warden_core::model::now_ms() >= self.expires_ms {
+            bail!(
+                "your session as operator {} at {} has expired; run `warden login` again",
+                self.operator,
+                self.api
+            );
+        }
+        Ok(self.token)
+    }
+
+    /// Writes it through a temporary file (mode 0600) and a rename, in a directory only its
+    /// owner enters.
+    fn save(&self) -> anyhow::Result<PathBuf> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let path = Self::path()
+            .context("cannot tell where to keep the session: set HOME or XDG_CONFIG_HOME")?;
+        let dir = path.parent().context("the session file has no directory")?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let tmp = path.with_extension("partial");
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .with_context(|| format!("cannot create {}", tmp.display()))?;
+        f.write_all(&serde_json::to_vec(self)?)
+            .and_then(|()| f.sync_all())
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(path)
+    }
+}
+
+/// Asks for a password on the terminal without echoing it.
+fn ask_password(prompt: &str) -> anyhow::Result<String> {
+    use nix::sys::termios::{tcgetattr, tcsetattr, LocalFlags, SetArg};
+    let tty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+        .context("no terminal to ask the password on; pass it with --password-stdin")?;
+    let saved = tcgetattr(&tty).context("cannot read the terminal's settings")?;
+    let mut quiet = saved.clone();
+    quiet.local_flags.remove(LocalFlags::ECHO);
+    quiet.local_flags.insert(LocalFlags::ECHONL);
+    tcsetattr(&tty, SetArg::TCSANOW, &quiet).context("cannot turn the terminal's echo off")?;
+    let read = (|| {
+        let mut out = &tty;
+        out.write_all(prompt.as_bytes())?;
+        out.flush()?;
+        let mut line = String::new();
+        std::io::BufReader::new(&tty).read_line(&mut line)?;
+        Ok::<_, std::io::Error>(line)
+    })();
+    // Echo back on whatever happened.
+    let _ = tcsetattr(&tty, SetArg::TCSANOW, &saved);
+    let line = read.context("cannot read the password from the terminal")?;
+    Ok(line.trim_end_matches(['\r', '\n']).to_owned())
+}
+
+/// `warden login`: a session token for a local operator, kept for the next commands.
+pub async fn login(args: &ClientArgs, l: LoginArgs) -> anyhow::Result<()> {
+    let api = crate::config::api_only(args)?;
+    let name = match l.name {
+        Some(n) => n,
+        None => std::env::var("USER").context("say who logs in with --name")?,
+    };
+    let password = if l.password_stdin {
+        crate::password_from_stdin()?
+    } else {
+        ask_password(&format!("password of operator {name} at {api}: "))?
+    };
+    let client = Client::new(Endpoint {
+        api: api.clone(),
+        token: String::new(),
+    });
+    let issued: IssuedToken = client
+        .call_with("POST", "/v1/login", &Login { name, password })
+        .await?;
+    let session = Session {
+        api,
+        operator: issued.operator,
+        token: issued.token,
+        expires_ms: issued.expires_ms,
+    };
+    let path = session.save()?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"operator": session.operator, "api": session.api, "expires_ms": session.expires_ms})
+        );
+    } else {
+        println!(
+            "logged in as operator {} at {} until {} UTC (session kept in {})",
+            session.operator,
+            session.api,
+            crate::deploy::when(session.expires_ms),
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// `warden logout`: ends the stored session at the API and forgets it.
+pub async fn logout(args: &ClientArgs) -> anyhow::Result<()> {
+    let Some(session) = Session::load()? else {
+        println!("not logged in");
+        return Ok(());
+    };
+    let client = Client::new(Endpoint {
+        api: session.api.clone(),
+        token: session.token.clone(),
+    });
+    // Forgotten here whatever the API says: an expired or revoked session ends anyway.
+    let ended = client.act("POST", "/v1/logout").await;
+    if let Some(path) = Session::path() {
+        let _ = std::fs::remove_file(path);
+    }
+    let _ = args;
+    match ended {
+        Ok(()) => println!(
+            "logged out of {} (operator {})",
+            session.api, session.operator
+        ),
+        Err(e) => println!(
+            "forgot the session of operator {} at {} (the API said: {e:#})",
+            session.operator, session.api
+        ),
+    }
+    Ok(())
+}
