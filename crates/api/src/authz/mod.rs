@@ -65,8 +65,9 @@ pub(crate) async fn issue(
     label: String,
     ttl: std::time::Duration,
 ) -> Result<(String, TokenRecord), ApiError> {
-    let token = warden_core::id::secret_token();
     let now = warden_core::model::now_ms();
+    sweep_expired(api, now).await?;
+    let token = warden_core::id::secret_token();
     let record = TokenRecord {
         id: warden_core::id::short_id(),
         operator: op.name.clone(),
@@ -81,6 +82,21 @@ pub(crate) async fn issue(
         .put(&keys::api_token(&token_hash(&token)), bytes, None)
         .await?;
     Ok((token, record))
+}
+
+/// Deletes the records of tokens expired by `now`: they are refused already, and tokens carry
+/// no lease, so without this every login would leave one behind for good. Done when a token
+/// is made, which is as often as they can pile up.
+async fn sweep_expired(api: &Api, now: u64) -> Result<(), ApiError> {
+    let listing = api.store.list(keys::API_TOKENS).await?;
+    for e in listing.entries {
+        if let Ok(t) = warden_store::decode::<TokenRecord>(&e.key, &e.value) {
+            if now >= t.expires_ms {
+                api.store.delete(&e.key).await?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The peer's address, if the server gave it.

@@ -83,6 +83,9 @@ pub async fn change(
         .ok_or_else(|| no_operator(&name))?;
     if let Some(roles) = change.roles {
         check_roles(&roles)?;
+        if !roles.contains(&Role::Owner) {
+            keep_an_owner(&api, &name).await?;
+        }
         record.roles = roles;
     }
     if let Some(password) = change.password {
@@ -111,6 +114,7 @@ pub async fn remove(
     State(api): State<Api>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    keep_an_owner(&api, &name).await?;
     match api.store.delete(&keys::operator(&name)).await? {
         Some(_) => {
             end_tokens(&api, &name).await?;
@@ -134,6 +138,25 @@ async fn end_tokens(api: &Api, operator: &str) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// With the admin token off, refuses to take the owner role from `name` (removed or changed)
+/// when no other operator has it: nobody could change warden any more.
+async fn keep_an_owner(api: &Api, name: &str) -> Result<(), ApiError> {
+    if api.admin_token().is_some() {
+        return Ok(());
+    }
+    let listing = api.store.list(keys::OPERATORS).await?;
+    let other = listing.entries.iter().any(|e| {
+        decode::<OperatorRecord>(&e.key, &e.value)
+            .is_ok_and(|o| o.name != name && o.roles.contains(&Role::Owner))
+    });
+    if other {
+        return Ok(());
+    }
+    Err(ApiError::conflict(format!(
+        "with the admin token off, {name:?} may be the last owner: make another owner first (`warden operators add NAME --role owner`)"
+    )))
 }
 
 fn check_roles(roles: &[Role]) -> Result<(), ApiError> {

@@ -209,6 +209,7 @@ fn logins_are_throttled_and_expired_revoked_or_stale_tokens_are_refused() {
     );
     assert_eq!(r.status, 201, "{}", r.text());
     let brief = r.json()["token"].as_str().unwrap().to_owned();
+    let brief_id = r.json()["id"].as_str().unwrap().to_owned();
     std::thread::sleep(std::time::Duration::from_millis(2500));
     let r = call(&w, &brief, "GET", "/v1/status", None);
     assert_eq!(r.status, 401, "{}", r.text());
@@ -254,6 +255,9 @@ fn logins_are_throttled_and_expired_revoked_or_stale_tokens_are_refused() {
     assert_eq!(call(&w, &session, "GET", "/v1/status", None).status, 401);
     let fresh = login(&w, "bob", "bob-password-2");
     assert_eq!(call(&w, &fresh, "GET", "/v1/status", None).status, 200);
+    // Expired tokens do not pile up in the store: making a token sweeps them.
+    let all = w.api("GET", "/v1/tokens", None).text();
+    assert!(!all.contains(&brief_id), "{all}");
     // Logged out, the session is refused.
     assert_eq!(call(&w, &fresh, "POST", "/v1/logout", None).status, 204);
     assert_eq!(call(&w, &fresh, "GET", "/v1/status", None).status, 401);
@@ -315,6 +319,13 @@ fn with_the_admin_token_off_only_operators_get_in() {
         !actor.is_empty() && actor.iter().all(|a| *a == "operator:root"),
         "{actor:?}"
     );
+    // The last owner stays one: nobody could change warden any more.
+    let r = call(&w, &root, "DELETE", "/v1/operators/root", None);
+    assert_eq!(r.status, 409, "{}", r.text());
+    let demote = json!({"roles": [{"role": "viewer"}]});
+    let r = call(&w, &root, "PATCH", "/v1/operators/root", Some(demote));
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.text().contains("last owner"), "{}", r.text());
 }
 
 /// Runs the CLI with `env` (and no other WARDEN_ setting), `stdin` on its standard input.
