@@ -183,7 +183,8 @@ pub struct Release {
     /// rollback restores them.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
-    /// Who made it, as the client said (user@host); informational only.
+    /// Who made it: the principal the API authenticated (`operator:<name>`, or `admin token`
+    /// for the break-glass token). Older releases hold what the client said (user@host).
     pub by: String,
     /// When it was made, in ms since the epoch.
     pub at_ms: u64,
