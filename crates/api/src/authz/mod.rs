@@ -164,6 +164,59 @@ async fn identify(api: &Api, presented: &str) -> Result<Principal, Response> {
     })
 }
 
+/// The app a request is about, for the roles that hold apps: the path's `{name}` on
+/// `/v1/apps/{name}/…`; the app of the instance `{id}` names; the `app` of the body that
+/// starts an instance (read here, then handed on whole).
+async fn app_of(
+    api: &Api,
+    req: Request,
+    route: &str,
+) -> Result<(Request, Option<String>), Response> {
+    match route {
+        "/v1/instances/{id}" | "/v1/instances/{id}/logs" => {
+            let id = crate::audit::target(route, req.uri().path()).unwrap_or_default();
+            let listing = api
+                .store
+                .list(keys::INSTANCES)
+                .await
+                .map_err(|e| ApiError::from(e).into_response())?;
+            // `instances/<app>/<id>`
+            let app = listing.entries.iter().find_map(|e| {
+                let mut parts = e.key.splitn(3, '/').skip(1);
+                let (app, this) = (parts.next()?, parts.next()?);
+                (this == id).then(|| app.to_owned())
+            });
+            Ok((req, app))
+        }
+        "/v1/instances" if req.method() == axum::http::Method::POST => {
+            #[derive(serde::Deserialize)]
+            struct Named {
+                app: String,
+            }
+            let (parts, body) = req.into_parts();
+            let bytes = axum::body::to_bytes(body, 64 * 1024).await.map_err(|_| {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "the body is over 64 KiB or was cut off; send {\"app\": …, \"label\": …}",
+                )
+                .into_response()
+            })?;
+            let app = serde_json::from_slice::<Named>(&bytes).ok().map(|n| n.app);
+            Ok((
+                Request::from_parts(parts, axum::body::Body::from(bytes)),
+                app,
+            ))
+        }
+        _ => {
+            let app = route
+                .starts_with("/v1/apps/{name}")
+                .then(|| crate::audit::target(route, req.uri().path()))
+                .flatten();
+            Ok((req, app))
+        }
+    }
+}
+
 /// Finds the principal and checks the route against its roles; refusals are summed in the
 /// audit trail.
 pub(crate) async fn authorize(State(api): State<Api>, mut req: Request, next: Next) -> Response {
@@ -194,7 +247,11 @@ pub(crate) async fn authorize(State(api): State<Api>, mut req: Request, next: Ne
         }
     };
     if let Principal::Operator { roles, .. } = &principal {
-        let app = crate::audit::target(&route, req.uri().path());
+        let app;
+        (req, app) = match app_of(&api, req, &route).await {
+            Ok(found) => found,
+            Err(resp) => return resp,
+        };
         if let Err(why) = table::check(roles, req.method().as_str(), &route, app.as_deref()) {
             refused(403);
             return ApiError::new(StatusCode::FORBIDDEN, why).into_response();

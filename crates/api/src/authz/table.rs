@@ -3,7 +3,9 @@
 
 use warden_core::Role;
 
-/// What a route needs, beyond a valid principal.
+/// What a route needs, beyond a valid principal. "The app" is the path's `{name}` under
+/// `/v1/apps/{name}`, the app of the instance `/v1/instances/{id}` names, or the `app` of the
+/// body that starts an instance (found by `authz::app_of`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Need {
     /// The owner role (everything not in the table).
@@ -49,7 +51,9 @@ const TABLE: &[(&str, &str, Need)] = &[
     ("GET", "/v1/users/{name}", Need::Viewer),
     ("GET", "/v1/audit", Need::Viewer),
     ("GET", "/v1/audit/verify", Need::Viewer),
-    ("GET", "/v1/instances/{id}/logs", Need::Viewer),
+    ("GET", "/v1/instances/{id}/logs", Need::ReadApp),
+    ("POST", "/v1/instances", Need::DeployApp),
+    ("DELETE", "/v1/instances/{id}", Need::DeployApp),
     ("POST", "/v1/logout", Need::Any),
     ("GET", "/v1/tokens", Need::Any),
     ("POST", "/v1/tokens", Need::Any),
@@ -138,7 +142,9 @@ mod tests {
         let dep = deployer(&["a"]);
         for (method, route) in ROUTES.iter().filter(|(_, r)| !OPEN.contains(r)) {
             let m = method.to_uppercase();
-            let app_scoped = route.starts_with("/v1/apps/{name}");
+            let app_scoped = route.starts_with("/v1/apps/{name}")
+                || route.starts_with("/v1/instances/{id}")
+                || (m == "POST" && *route == "/v1/instances");
             let (a, b) = if app_scoped {
                 (Some("a"), Some("b"))
             } else {
@@ -159,6 +165,7 @@ mod tests {
             let deploy_ok = self_service
                 || (app_scoped
                     && (m == "GET"
+                        || route.starts_with("/v1/instances")
                         || ["/scale", "/releases", "/config", "/rollback"]
                             .iter()
                             .any(|s| route.ends_with(s))

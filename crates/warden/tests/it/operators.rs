@@ -122,6 +122,27 @@ fn a_deployer_changes_only_their_apps_and_a_viewer_changes_nothing() {
         let r = call(&w, &dep, method, path, body);
         assert_eq!(r.status, 403, "deployer {method} {path}: {}", r.text());
     }
+    // Instances of a, started, read and killed; not of b.
+    let start = |app: &str| json!({"app": app, "label": "SECRET"});
+    let r = call(&w, &dep, "POST", "/v1/instances", Some(start("b")));
+    assert_eq!(r.status, 403, "{}", r.text());
+    let r = call(&w, &dep, "POST", "/v1/instances", Some(start("a")));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mine = r.json()["id"].as_str().unwrap().to_owned();
+    let r = w.api("POST", "/v1/instances", Some(start("b")));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let theirs = r.json()["id"].as_str().unwrap().to_owned();
+    for (method, path) in [
+        ("GET", format!("/v1/instances/{theirs}/logs")),
+        ("DELETE", format!("/v1/instances/{theirs}")),
+    ] {
+        let r = call(&w, &dep, method, &path, None);
+        assert_eq!(r.status, 403, "deployer {method} {path}: {}", r.text());
+    }
+    let r = call(&w, &dep, "GET", &format!("/v1/instances/{mine}/logs"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = call(&w, &dep, "DELETE", &format!("/v1/instances/{mine}"), None);
+    assert!(r.status < 300, "{}", r.text());
     // The change is recorded as the operator's, not the admin token's.
     assert_eq!(actors(&w, "/v1/apps/{name}/scale", "a"), ["operator:dep"]);
 
