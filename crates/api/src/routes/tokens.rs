@@ -35,6 +35,10 @@ pub async fn login(State(api): State<Api>, req: Request) -> Response {
             api.refusals.add(status, Some(addr), "/v1/login");
         }
     };
+    // Like a sign-in at the gateway: none while `--audit required` cannot record it.
+    if let Some(why) = api.audit.refusing() {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+    }
     if let Err(wait) = api.throttle.check(&name, addr) {
         refused(429);
         let mut resp = ApiError::new(
