@@ -189,8 +189,8 @@ pub async fn logout(args: &ClientArgs) -> anyhow::Result<()> {
     if let Some(path) = Session::path() {
         let _ = std::fs::remove_file(path);
     }
-    let _ = args;
     match ended {
+        _ if args.json => println!("{}", serde_json::json!({ "ok": true })),
         Ok(()) => println!(
             "logged out of {} (operator {})",
             session.api, session.operator
