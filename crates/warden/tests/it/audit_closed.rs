@@ -160,6 +160,8 @@ fn with_audit_required_a_full_disk_refuses_access_and_changes_until_space_is_bac
     let Some((w, _data, disk)) = on_small_disk("required") else {
         return;
     };
+    let operator = json!({"name": "op", "password": PASSWORD, "roles": [{"role": "owner"}]});
+    assert_eq!(w.api("POST", "/v1/operators", Some(operator)).status, 201);
     let filler = disk.fill();
     let (refused_app, status, body, made) = until_the_log_fails(&w, true);
     assert_eq!(status, 503, "{body}");
@@ -212,6 +214,16 @@ fn with_audit_required_a_full_disk_refuses_access_and_changes_until_space_is_bac
         &format!("{}/login", w.gateway),
         &[("content-type", "application/json")],
         json!({ "name": "ann", "password": PASSWORD })
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(login.status, 503, "{}", login.text());
+    // So is an operator's login at the API.
+    let login = request(
+        "POST",
+        &format!("{}/v1/login", w.api),
+        &[("content-type", "application/json")],
+        json!({ "name": "op", "password": PASSWORD })
             .to_string()
             .as_bytes(),
     );
