@@ -132,13 +132,13 @@ fn named_by_connection<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<&'a [u
     named
 }
 
-/// The pairs of one Cookie header other than the gateway's session cookie (its name in any
-/// case, as the gateway reads it).
+/// The pairs of one Cookie header other than the gateway's own cookies (the session and the
+/// CSRF cookie; their names in any case).
 pub(crate) fn app_cookies(header: &str) -> impl Iterator<Item = &str> {
     header.split(';').map(str::trim).filter(|p| {
         !p.is_empty()
             && p.split_once('=')
-                .is_none_or(|(n, _)| !crate::auth::session::is_session_cookie(n))
+                .is_none_or(|(n, _)| !crate::auth::session::is_gateway_cookie(n))
     })
 }
 
@@ -365,7 +365,7 @@ fn sets_session_cookie(value: &[u8]) -> bool {
         _ => pair,
     };
     let name = sent.split_once('=').map_or(sent, |(n, _)| n);
-    crate::auth::session::is_session_cookie(name)
+    crate::auth::session::is_gateway_cookie(name)
 }
 
 /// Whether a `Clear-Site-Data` response header stays away from the client: always. Every app
@@ -387,6 +387,9 @@ pub(crate) fn response_drops(name: &[u8], value: &[u8], framing: &ResponseFramin
         || is(name, "set-cookie2")
         || (is(name, "set-cookie") && sets_session_cookie(value))
         || clears_site_data(name)
+        // An app's service worker may only control its own path (its script's directory): a
+        // wider scope would put the sign-in page, and every other app, under its script.
+        || is(name, "service-worker-allowed")
         || framing.named.iter().any(|n| n.eq_ignore_ascii_case(name))
         || (framing.transfer_encoded && is(name, "content-length"))
 }

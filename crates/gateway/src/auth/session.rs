@@ -52,6 +52,16 @@ pub(crate) fn is_session_cookie(name: &str) -> bool {
     name.trim().eq_ignore_ascii_case(SESSION_COOKIE)
 }
 
+/// Whether `name` (in any case) is a cookie the gateway owns: the session, and the sign-in
+/// forms' CSRF cookie. No app gets them with a request or may set them: an app's page holding
+/// the CSRF pair, or planting its own, would leave the forms only their origin check.
+pub(crate) fn is_gateway_cookie(name: &str) -> bool {
+    let name = name.trim();
+    [SESSION_COOKIE, crate::endpoints::csrf::CSRF_COOKIE]
+        .iter()
+        .any(|c| name.eq_ignore_ascii_case(c))
+}
+
 /// The stored name of a token: hex SHA-256.
 pub(crate) fn token_hash(token: &str) -> String {
     warden_core::id::hex(&Sha256::digest(token.as_bytes()))

@@ -271,10 +271,13 @@ async fn try_login(
     let (name, password) = match basic::basic(&parts.headers) {
         Some(b) => (b.user, b.password),
         None => {
-            // A page of another site can POST text/plain that reads as JSON; a program that
-            // sends JSON says so, or sends no type at all.
-            let typed = parts.headers.get(header::CONTENT_TYPE);
-            if typed.is_some_and(|t| !t.as_bytes().starts_with(b"application/json")) {
+            // A page of another site can POST text/plain that reads as JSON, or a body with no
+            // type at all (a `no-cors` fetch of a Blob); a program that sends JSON says so.
+            let json = parts.headers.get(header::CONTENT_TYPE).is_some_and(|t| {
+                let t = t.as_bytes();
+                t.len() >= 16 && t[..16].eq_ignore_ascii_case(b"application/json")
+            });
+            if !json {
                 return Err(GatewayError::BadRequest(
                     "login needs Basic credentials, a JSON body {\"name\", \"password\"} (content-type application/json) or the sign-in form".into(),
                 ));

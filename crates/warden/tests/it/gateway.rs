@@ -68,12 +68,22 @@ fn login_gives_a_cookie_and_a_bearer_token_and_logout_revokes_it() {
     let bad = request(
         "POST",
         &format!("{}/login", w.gateway),
-        &[],
+        &[("content-type", "Application/JSON; charset=utf-8")],
         json!({"name": "bob", "password": "nope-nope"})
             .to_string()
             .as_bytes(),
     );
     assert_eq!(bad.status, 401);
+    // A JSON body without its type is what a page of another site can send: refused.
+    let untyped = request(
+        "POST",
+        &format!("{}/login", w.gateway),
+        &[],
+        json!({"name": "bob", "password": pw})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(untyped.status, 400, "{}", untyped.text());
     assert_eq!(
         request("PUT", &format!("{}/login", w.gateway), &[], b"").status,
         405
