@@ -23,6 +23,10 @@ pub struct PushQuery {
     pub kind: Option<String>,
     /// Where the source came from (a directory, a git URL and commit).
     pub from: Option<String>,
+    /// The groups whose users may reach the app, comma-separated (`staff,ops`); the app's
+    /// groups become these when the release serves. Absent: they stay as they are (a new app:
+    /// every signed-in user, at their clearance).
+    pub groups: Option<String>,
 }
 
 /// Body of `POST /v1/apps/{name}/config`.

@@ -57,6 +57,10 @@ pub struct Push {
     /// How to build, instead of telling from the files
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(warden_core::BuildKind::NAMES))]
     pub kind: Option<String>,
+    /// Only users in this group may reach the app (repeatable); without it the app's groups
+    /// stay as they are (a new app: every signed-in user, at their clearance)
+    #[arg(long = "group", value_name = "GROUP")]
+    pub groups: Vec<String>,
 }
 
 /// Who is deploying, for the release record.
@@ -224,6 +228,9 @@ pub(crate) async fn push(
     if let Some(k) = &p.kind {
         query += &format!("&kind={k}");
     }
+    if !p.groups.is_empty() {
+        query += &format!("&groups={}", encode(&p.groups.join(",")));
+    }
     let tty = !out.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let body = api
         .stream(
@@ -335,6 +342,24 @@ async fn follow(
             );
         } else {
             println!("release {} of {app} serves", r.number);
+        }
+        // Who may reach it, so that an app open to every signed-in user is never a surprise.
+        if let Ok(spec) = api.call::<AppSpec>("GET", &format!("/v1/apps/{app}")).await {
+            if spec.groups.is_empty() {
+                println!(
+                    "reachable by every signed-in user, each at their clearance; `warden push {app} --group GROUP` or `warden apps update {app} --group GROUP` limits it"
+                );
+            } else {
+                println!(
+                    "reachable by users in {} {}, each at their clearance",
+                    if spec.groups.len() == 1 {
+                        "group"
+                    } else {
+                        "groups"
+                    },
+                    spec.groups.join(", ")
+                );
+            }
         }
         match gateway(data_dir) {
             Some(g) => println!("try: curl -u USER:PASSWORD {g}{path}"),

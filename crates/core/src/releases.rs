@@ -29,6 +29,9 @@ pub enum ReleaseAsk {
         by: String,
         /// Where the source came from, as the client said.
         from: Option<String>,
+        /// The groups the app is to admit, as the client asked (checked by the building node).
+        #[serde(default)]
+        groups: Option<String>,
     },
     /// A config change: vars to set and to unset.
     Config {

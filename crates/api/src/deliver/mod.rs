@@ -358,6 +358,7 @@ pub(crate) fn fresh(
         node: api.node.as_deref().map(str::to_owned),
         upload: None,
         new_app: false,
+        groups: None,
         data: None,
     }
 }

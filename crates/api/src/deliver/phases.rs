@@ -242,6 +242,9 @@ fn compose(
     });
     spec.workdir = None;
     spec.command = built.command.clone();
+    if let Some(groups) = &release.groups {
+        spec.groups = groups.clone();
+    }
     match &release.source {
         ReleaseSource::Push { .. } => {}
         // Only the keys it changed: a change made to the others since it was asked for (an
@@ -335,6 +338,7 @@ mod tests {
             node: None,
             upload: None,
             new_app: false,
+            groups: None,
             data: None,
         }
     }

@@ -37,6 +37,7 @@ pub(crate) async fn push(
         digest,
         by,
         from: q.from,
+        groups: q.groups,
     };
     forward(api, ask, Some(Box::new(file)), None).await
 }

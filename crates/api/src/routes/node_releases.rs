@@ -84,9 +84,11 @@ async fn make(
             digest,
             by,
             from,
+            groups,
         } => {
             validate_name("app", &app).map_err(|e| ApiError::bad_request(e.to_string()))?;
             let kind = local::kind(kind.as_deref())?;
+            let groups = local::groups(groups.as_deref())?;
             if size > api.max_upload {
                 return Err(local::too_large(api.max_upload));
             }
@@ -107,6 +109,7 @@ async fn make(
                 digest,
                 from,
                 by: local::note(&by),
+                groups,
             };
             local::push_received(api, builds, pushed).await
         }

@@ -91,6 +91,8 @@ pub async fn push(
     if declared.is_some_and(|n| n > api.max_upload) {
         return Err(too_large(api.max_upload));
     }
+    // Checked before the upload is taken: a bad name refuses the push at once.
+    let groups = groups(q.groups.as_deref())?;
     let (upload, digest) = receive(&api, body).await?;
     let Some(builds) = maker else {
         return super::forward::push(&api, name, q, by(&headers), upload.path.clone(), digest)
@@ -107,9 +109,33 @@ pub async fn push(
             digest,
             from,
             by: by(&headers),
+            groups,
         },
     )
     .await
+}
+
+/// The groups a push asks the app to admit, from `a,b`: each a valid group name, at least
+/// one.
+pub(crate) fn groups(asked: Option<&str>) -> Result<Option<Vec<String>>, ApiError> {
+    let Some(asked) = asked else { return Ok(None) };
+    let mut groups: Vec<String> = asked
+        .split(',')
+        .map(str::trim)
+        .filter(|g| !g.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if groups.is_empty() {
+        return Err(ApiError::bad_request(
+            "groups names no group; leave it out to keep the app's groups as they are",
+        ));
+    }
+    for g in &groups {
+        validate_name("group", g).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    }
+    groups.sort();
+    groups.dedup();
+    Ok(Some(groups))
 }
 
 /// A push whose upload is on this node's disk.
@@ -120,6 +146,7 @@ pub(crate) struct Pushed {
     pub(crate) digest: String,
     pub(crate) from: String,
     pub(crate) by: String,
+    pub(crate) groups: Option<Vec<String>>,
 }
 
 /// Prepares the pushed source, records its release and delivers it on this node.
@@ -135,6 +162,7 @@ pub(crate) async fn push_received(
         digest,
         from,
         by,
+        groups,
     } = p;
     let prepared = builds.prepare(&name, &upload.path, &digest, kind).await;
     let mut prepared = prepared.map_err(|e| match e {
@@ -152,7 +180,7 @@ pub(crate) async fn push_received(
             .map(|r| r.slug.clone());
         data_asked(&api, &name, current.as_ref().map(|(s, _)| s), prepared.data).await?;
         if !existed {
-            made_by_push(&api, &name, prepared.data.unwrap_or(false)).await?;
+            made_by_push(&api, &name, prepared.data.unwrap_or(false), groups.clone()).await?;
         }
         let config = current.map(|(s, _)| s.env).unwrap_or_default();
         let mut release = deliver::fresh(&api, &name, source, config, by, ReleaseStatus::Received);
@@ -162,6 +190,7 @@ pub(crate) async fn push_received(
         release.release_command = prepared.release.clone();
         release.upload = Some(upload.name());
         release.new_app = !existed;
+        release.groups = groups.clone();
         release.data = prepared.data;
         let (release, revision) = deliver::record(&api, release).await?;
         Ok::<_, ApiError>(deliver::Delivery::new(release, revision, existed))
@@ -187,9 +216,15 @@ pub(crate) async fn push_received(
 /// Makes the app a first push is for, awaiting its release: from here on it exists, so a
 /// first push that fails leaves an app whose failed release is listed, whose config can be set
 /// and which can be removed (its database with it), rather than releases of no app.
-async fn made_by_push(api: &Api, name: &str, data: bool) -> Result<(), ApiError> {
+async fn made_by_push(
+    api: &Api,
+    name: &str,
+    data: bool,
+    groups: Option<Vec<String>>,
+) -> Result<(), ApiError> {
     let mut spec = warden_core::AppSpec::new(name, Vec::new());
     spec.data = data;
+    spec.groups = groups.unwrap_or_default();
     let key = keys::app_spec(name);
     let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
     // Made meanwhile (by `apps create`, a config change, another push): that one stays.

@@ -195,6 +195,10 @@ pub struct Release {
     /// back; a release resumed after a restart knows which it is from this.)
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub new_app: bool,
+    /// The groups the push asked the app to admit (`warden push --group`), set on the app's
+    /// spec when the release serves; `None`: the app's groups stay as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<Vec<String>>,
     /// Whether the app has data, as the pushed tree's `app.toml` said (absent when it said
     /// nothing): a release that makes its app makes it so; any other must find the app so.
     #[serde(default, skip_serializing_if = "Option::is_none")]

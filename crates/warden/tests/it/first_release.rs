@@ -66,3 +66,33 @@ fn a_failed_first_push_leaves_an_app_to_fix_or_remove() {
     assert!(ok, "{out}{err}");
     assert_eq!(w.api("GET", "/v1/apps/gone", None).status, 404);
 }
+
+#[test]
+fn push_group_limits_who_reaches_the_app_and_the_push_says_who_can() {
+    let w = Warden::demo(BIN);
+    // Open to every signed-in user, and the push says so.
+    let out = push_ok(&w, "open", fixture("plain").path());
+    assert!(out.contains("reachable by every signed-in user"), "{out}");
+    assert_eq!(answer(&w, "dave", "open")["answer"], "hello from plain");
+
+    // carol is in `admin`, alice only in `staff`: --group admin keeps alice out.
+    let (ok, out, err) = push(&w, "closed", fixture("plain").path(), &["--group", "admin"]);
+    assert!(
+        ok && out.contains("reachable by users in group admin"),
+        "{out}{err}"
+    );
+    assert_eq!(answer(&w, "carol", "closed")["answer"], "hello from plain");
+    let r = w.get_as("alice", &w.password("alice"), "/apps/closed/");
+    assert_eq!(r.status, 403, "{}", r.text());
+    // An existing app's groups change with the push that names them.
+    let (ok, out, err) = push(&w, "open", fixture("plain").path(), &["--group", "staff"]);
+    assert!(ok && out.contains("group staff"), "{out}{err}");
+    assert_eq!(
+        w.get_as("dave", &w.password("dave"), "/apps/open/").status,
+        403
+    );
+    // A bad group name is refused before anything is uploaded or released.
+    let (ok, _, err) = push(&w, "open", fixture("plain").path(), &["--group", "no such"]);
+    assert!(!ok && err.contains("group"), "{err}");
+    assert_eq!(releases(&w, "open").len(), 2);
+}
