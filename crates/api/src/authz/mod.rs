@@ -31,6 +31,10 @@ pub(crate) enum Principal {
         roles: Vec<Role>,
         /// The SHA-256 (hex) of the token presented: its record's key.
         token_hash: String,
+        /// The operator's generation the token was issued for (their password and roles then):
+        /// a token made with this one must be for the same, or a request authenticated just
+        /// before a password change could mint one for after it.
+        generation: String,
     },
 }
 
@@ -43,11 +47,41 @@ impl Principal {
         }
     }
 
+    /// Whether it may see the secrets of `app` (its config values): the owner, and deployers
+    /// of that app. Viewers and deployers of other apps see the names of config vars only.
+    pub(crate) fn sees_secrets_of(&self, app: &str) -> bool {
+        match self {
+            Self::Admin => true,
+            Self::Operator { roles, .. } => roles.iter().any(|r| match r {
+                Role::Owner => true,
+                Role::Deployer { apps } => apps.iter().any(|a| a == app),
+                Role::Viewer => false,
+            }),
+        }
+    }
+
     /// Whether it holds the owner role.
     pub(crate) fn owner(&self) -> bool {
         match self {
             Self::Admin => true,
             Self::Operator { roles, .. } => roles.contains(&Role::Owner),
+        }
+    }
+}
+
+/// What stands for a config value a caller may not see.
+pub(crate) const HIDDEN: &str = "(hidden: needs the deployer role of this app or the owner role)";
+
+/// `env` with every value hidden unless `who` may see `app`'s secrets: the names of config vars
+/// are no secret, their values (API keys, passwords) are.
+pub(crate) fn redact_env(
+    who: &Principal,
+    app: &str,
+    env: &mut std::collections::BTreeMap<String, String>,
+) {
+    if !who.sees_secrets_of(app) {
+        for v in env.values_mut() {
+            HIDDEN.clone_into(v);
         }
     }
 }
@@ -161,6 +195,7 @@ async fn identify(api: &Api, presented: &str) -> Result<Principal, Response> {
         name: op.name,
         roles: op.roles,
         token_hash: hash,
+        generation: token.generation,
     })
 }
 

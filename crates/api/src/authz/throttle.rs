@@ -27,6 +27,19 @@ enum Key {
     Name(String),
 }
 
+/// The address a client's failures are counted under: an IPv4 address as it is, an IPv6
+/// address by its /64 (the least a network hands one host, so a host cannot get a fresh
+/// count from each of its addresses).
+pub(crate) fn network(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V4(_) => addr,
+        IpAddr::V6(a) => {
+            let s = a.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+    }
+}
+
 /// Failed logins per window.
 #[derive(Default)]
 pub(crate) struct Throttle {
@@ -94,5 +107,16 @@ mod tests {
         assert!(t.check("ann", a).is_err());
         assert!(t.check("ann", b).is_ok());
         assert!(t.check("bob", a).is_ok());
+    }
+
+    #[test]
+    fn an_ipv6_host_is_counted_by_its_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::7".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(network(a), network(b));
+        assert_ne!(network(a), network(c));
+        let v4: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(network(v4), v4);
     }
 }

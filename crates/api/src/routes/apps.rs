@@ -2,12 +2,14 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::Extension;
 use axum::Json;
 use warden_core::{keys, AppSpec};
 use warden_store::{decode, CasOutcome};
 
 pub use warden_api_types::Scale;
 
+use crate::authz::Principal;
 use crate::error::{ApiError, ApiJson};
 use crate::Api;
 
@@ -64,13 +66,20 @@ async fn canonical_counts(api: &Api, spec: &mut AppSpec) -> Result<(), ApiError>
 
 /// `GET /v1/apps`: every app whose record reads; a damaged one is left out (`GET /v1/status`
 /// lists it) rather than hiding every other.
-pub async fn list(State(api): State<Api>) -> Result<Json<Vec<AppSpec>>, ApiError> {
+pub(crate) async fn list(
+    State(api): State<Api>,
+    Extension(who): Extension<Principal>,
+) -> Result<Json<Vec<AppSpec>>, ApiError> {
     let listing = api.store.list(keys::APPS).await?;
     let apps = listing
         .entries
         .iter()
         .filter(|e| e.key.ends_with("/spec"))
         .filter_map(|e| crate::routes::readable(decode::<AppSpec>(&e.key, &e.value)))
+        .map(|mut s: AppSpec| {
+            crate::authz::redact_env(&who, &s.name.clone(), &mut s.env);
+            s
+        })
         .collect();
     Ok(Json(apps))
 }
@@ -146,14 +155,17 @@ pub async fn create(
 }
 
 /// `GET /v1/apps/{name}`
-pub async fn show(
+pub(crate) async fn show(
     State(api): State<Api>,
+    Extension(who): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Result<Json<AppSpec>, ApiError> {
-    warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&name))
+    let mut spec = warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&name))
         .await?
-        .map(|(s, _)| Json(s))
-        .ok_or_else(|| ApiError::no_app(&name))
+        .map(|(s, _)| s)
+        .ok_or_else(|| ApiError::no_app(&name))?;
+    crate::authz::redact_env(&who, &name, &mut spec.env);
+    Ok(Json(spec))
 }
 
 /// `DELETE /v1/apps/{name}`: agents stop the app's instances when they see the delete.

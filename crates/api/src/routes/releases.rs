@@ -367,8 +367,9 @@ pub(crate) async fn receive(api: &Api, body: Body) -> Result<(Upload, String), A
 }
 
 /// `GET /v1/apps/{name}/releases`: every release, newest last.
-pub async fn list(
+pub(crate) async fn list(
     State(api): State<Api>,
+    axum::Extension(who): axum::Extension<crate::authz::Principal>,
     Path(name): Path<String>,
 ) -> Result<Json<Vec<Release>>, ApiError> {
     let listing = api.store.list(&keys::releases(&name)).await?;
@@ -376,6 +377,10 @@ pub async fn list(
         .entries
         .iter()
         .filter_map(|e| crate::routes::readable(decode::<Release>(&e.key, &e.value)))
+        .map(|mut r: Release| {
+            crate::authz::redact_env(&who, &name, &mut r.config);
+            r
+        })
         .collect();
     Ok(Json(releases))
 }

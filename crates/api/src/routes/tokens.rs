@@ -39,6 +39,14 @@ pub async fn login(State(api): State<Api>, req: Request) -> Response {
     if let Some(why) = api.audit.refusing() {
         return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, why).into_response();
     }
+    // A name no operator can have is refused before it is counted: the throttle's table keeps
+    // names, and a megabyte of one per failure would fill memory.
+    if let Err(e) = warden_core::validate_name("operator", &name) {
+        refused(401);
+        return ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()).into_response();
+    }
+    // An IPv6 client holds a /64 at least: its addresses are counted as one.
+    let addr = authz::throttle::network(addr);
     if let Err(wait) = api.throttle.check(&name, addr) {
         refused(429);
         let mut resp = ApiError::new(
@@ -120,7 +128,10 @@ pub(crate) async fn create(
     Extension(who): Extension<Principal>,
     ApiJson(new): ApiJson<NewToken>,
 ) -> Result<(StatusCode, Json<IssuedToken>), ApiError> {
-    let Principal::Operator { name, .. } = &who else {
+    let Principal::Operator {
+        name, generation, ..
+    } = &who
+    else {
         return Err(ApiError::bad_request(
             "the break-glass admin token acts as no operator: `warden login` as one to make their tokens",
         ));
@@ -138,6 +149,14 @@ pub(crate) async fn create(
         .await?
         .map(|(o, _)| o)
         .ok_or_else(|| ApiError::not_found("this operator was removed meanwhile"))?;
+    // The token presented was for the operator as they were; if their password or roles
+    // changed since, it must mint nothing that outlives the change.
+    if &op.generation != generation {
+        return Err(ApiError::new(
+            axum::http::StatusCode::UNAUTHORIZED,
+            "this token was issued before the operator's password or roles changed; `warden login` again",
+        ));
+    }
     let (token, record) = authz::issue(
         &api,
         &op,

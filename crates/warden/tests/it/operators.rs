@@ -192,6 +192,38 @@ fn a_deployer_changes_only_their_apps_and_a_viewer_changes_nothing() {
             "viewer GET {path}"
         );
     }
+    // Config values are secrets: only b's deployers and owners see them; the names show.
+    let r = w.api(
+        "PATCH",
+        "/v1/apps/b",
+        Some(json!({"env": {"API_KEY": "b-key-123"}})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // (A deployer of a reads b only in the list of apps; a viewer reads it everywhere.)
+    let reads: [(&str, &String, &[&str]); 2] = [
+        (
+            "viewer",
+            &view,
+            &["/v1/apps", "/v1/apps/b", "/v1/apps/b/releases"],
+        ),
+        ("deployer of a", &dep, &["/v1/apps"]),
+    ];
+    for (who, token, paths) in reads {
+        for path in paths {
+            let r = call(&w, token, "GET", path, None);
+            assert_eq!(r.status, 200, "{who} GET {path}: {}", r.text());
+            assert!(
+                !r.text().contains("b-key-123")
+                    && (path.ends_with("releases") || r.text().contains("API_KEY")),
+                "{who} GET {path}: {}",
+                r.text()
+            );
+        }
+    }
+    assert_eq!(
+        w.api("GET", "/v1/apps/b", None).json()["env"]["API_KEY"],
+        "b-key-123"
+    );
     // Nothing shows a hash.
     let ops = w.api("GET", "/v1/operators", None).text();
     assert!(!ops.contains("argon2") && !ops.contains("hash"), "{ops}");
