@@ -201,6 +201,9 @@ impl Builder {
         reused: Option<warden_slugs::Reuse>,
         out: &Output,
     ) -> Result<(), BuildError> {
+        if recipe.script.is_some() {
+            out(&format!("-----> building a {} app", recipe.kind.name()));
+        }
         match reused {
             Some(warden_slugs::Reuse::Unchanged) => out(
                 "-----> the dependencies are those of the serving release (the files naming them are unchanged): nothing to install",
@@ -215,7 +218,6 @@ impl Builder {
             _ => recipe.script.as_ref(),
         };
         if let Some(script) = script {
-            out(&format!("-----> building a {} app", recipe.kind.name()));
             run::run_script(
                 &self.drivers,
                 &self.paths,
