@@ -67,6 +67,16 @@ pub fn session(token_hash: &str) -> String {
 /// Prefix of all sessions.
 pub const SESSIONS: &str = "sessions";
 
+/// Key of an OpenID Connect sign-in in flight, by the SHA-256 (hex) of its `state`; the state
+/// itself is never stored. Any gateway can finish the sign-in another started.
+pub fn oidc_flow(state_hash: &str) -> String {
+    format!("{OIDC_FLOWS}/{state_hash}")
+}
+
+/// Prefix of the OpenID Connect sign-ins in flight (no view watches it: a callback reads its
+/// one record and deletes it).
+pub const OIDC_FLOWS: &str = "oidc/flows";
+
 /// Key of the restart state of an app's kept instances on one node.
 pub fn health(app: &str, node: &str) -> String {
     format!("health/{app}/{node}")

@@ -27,9 +27,9 @@ pub use instances::{
 pub use model::{
     AddrError, AppHealth, AppSpec, BuildKind, DrainOrder, DriverKind, FailReason, HostLoad,
     InstanceAddr, InstanceRecord, InstanceState, LabelHealth, Lifetime, Limits, Move, MoveReason,
-    NetworkMode, NodeRecord, OperatorRecord, OperatorSource, Placement, Release, ReleaseSource,
-    ReleaseStatus, Role, SchedulerRecord, SessionRecord, SpecRelease, StartPath, TokenKind,
-    TokenRecord, UserRecord, MAX_POOL,
+    NetworkMode, NodeRecord, OidcFlowRecord, OperatorRecord, OperatorSource, Placement,
+    ProviderMark, ProviderSession, Release, ReleaseSource, ReleaseStatus, Role, SchedulerRecord,
+    SessionRecord, SpecRelease, StartPath, TokenKind, TokenRecord, UserRecord, MAX_POOL,
 };
 pub use name::{validate_name, NameError};
 pub use peers::Peers;

@@ -38,6 +38,8 @@ pub struct GatewayConfig {
     /// How often the audit records' sums (sign-ins, accesses, refusals) are written: a
     /// minute, shorter in tests.
     pub audit_flush: Duration,
+    /// OpenID Connect providers people may sign in with (none: password sign-in only).
+    pub oidc: Option<std::sync::Arc<crate::oidc::OidcConfig>>,
     /// The key the sign-in and sign-out forms' CSRF fields are HMACs under: the same on every
     /// gateway of a cluster, so a form from one is taken by another (`endpoints/csrf.rs`).
     pub csrf_key: [u8; 32],

@@ -35,6 +35,7 @@ mod endpoints;
 mod error;
 mod hygiene;
 mod metrics;
+mod oidc;
 mod phases;
 mod prefixed;
 mod response;
@@ -59,6 +60,7 @@ pub use endpoints::next::safe_next;
 pub use endpoints::statics::PrivateData;
 pub use error::{GatewayError, Origin, Retry};
 pub use metrics::Metrics;
+pub use oidc::{OidcConfig, OidcProvider};
 pub use response::Body;
 pub use tls::{AdmissionConfig, CertFiles, TlsError, TlsSettings};
 
@@ -136,7 +138,15 @@ impl Gateway {
         let metrics = Arc::new(Metrics::new()?);
         let log = audit.clone();
         let audit = Arc::new(audit::Recorder::new(audit));
-        let auth = auth::Authenticator::new(&config.auth, audit.clone());
+        let mut auth = auth::Authenticator::new(&config.auth, audit.clone());
+        if let Some(o) = &config.oidc {
+            auth.refresher = Some(oidc::refresh::Refresher::new(
+                store.clone(),
+                o.clone(),
+                config.session_ttl,
+                audit.clone(),
+            ));
+        }
         let state = Arc::new(State {
             config,
             store,

@@ -1,7 +1,8 @@
 //! The provider's signing keys: fetched once, fetched again when a token names a key not in
-//! the set (rotation works without a restart), at most once per [`crate::JWKS_REFETCH`].
+//! the set (rotation works without a restart), at most once per
+//! `ProviderConfig::jwks_refetch` ([`crate::JWKS_REFETCH`] by default).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use jsonwebtoken::jwk::{Jwk, JwkSet, PublicKeyUse};
 use jsonwebtoken::DecodingKey;
@@ -36,9 +37,8 @@ impl JwksCache {
     }
 
     /// True when a refetch for an unknown key is allowed now.
-    pub(crate) fn may_refetch(&self, now: Instant) -> bool {
-        self.fetched
-            .is_none_or(|t| now.duration_since(t) >= crate::JWKS_REFETCH)
+    pub(crate) fn may_refetch(&self, now: Instant, every: Duration) -> bool {
+        self.fetched.is_none_or(|t| now.duration_since(t) >= every)
     }
 }
 

@@ -38,6 +38,9 @@ pub struct ProviderConfig {
     pub redirect_url: String,
     /// PEM trust roots for the provider's TLS; the system's when absent.
     pub ca_file: Option<PathBuf>,
+    /// Shortest time between two key fetches caused by an unknown `kid`
+    /// ([`crate::JWKS_REFETCH`] unless a test wants rotation seen at once).
+    pub jwks_refetch: std::time::Duration,
 }
 
 impl fmt::Debug for ProviderConfig {
@@ -323,7 +326,7 @@ impl Provider {
             return Ok(k);
         }
         let now = Instant::now();
-        if cache.may_refetch(now) {
+        if cache.may_refetch(now, self.config.jwks_refetch) {
             let meta = self.metadata().await?;
             let set: JwkSet = self.get_json(&meta.jwks_uri).await?;
             cache.set = Some(set);

@@ -107,6 +107,7 @@ pub async fn setup(
             clearance: u.clearance.clone(),
             groups: u.groups.clone(),
             generation: warden_core::id::short_id(),
+            provider: None,
         };
         warden_store::put_json(store, &keys::user(&u.name), &record, None).await?;
     }

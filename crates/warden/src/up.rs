@@ -17,6 +17,7 @@ use crate::{cluster, demo, files, no_agent};
 mod api;
 pub(crate) mod audit;
 mod declassified;
+mod oidc;
 mod sources;
 mod tls;
 
@@ -41,6 +42,7 @@ fn gateway_config(
         audit_flush: Duration::from_millis(cfg.audit_flush_ms),
         csrf_key: crate::keys::csrf_key(&cfg.data_dir, cluster_identity)?,
         providers: Vec::new(),
+        oidc: None,
     })
 }
 
@@ -234,6 +236,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             let cluster_identity = joined.as_ref().map(|j| j.secrets.identity_key.as_str());
             let mut config = gateway_config(&cfg, &identity, cluster_identity)?;
             config.peers = sources.peers.clone();
+            config.oidc = oidc::providers(&cfg, joined.as_ref().map(|j| &j.secrets))?;
             if let (Some(tls), Some(j)) = (config.tls.as_mut(), &joined) {
                 tls.tickets = Some(cluster::shared_tickets(store.clone(), &j.secrets).await?);
             }

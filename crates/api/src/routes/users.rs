@@ -37,6 +37,7 @@ pub async fn create(
         clearance,
         groups: new.groups,
         generation: warden_core::id::short_id(),
+        provider: None,
     };
     let bytes = serde_json::to_vec(&record).map_err(ApiError::internal)?;
     match api

@@ -27,6 +27,31 @@ pub struct UserRecord {
     /// account starts with none.
     #[serde(default)]
     pub generation: String,
+    /// Set for a person who signs in through an identity provider: which one, and what decided
+    /// the clearance. Such a user has no password that can sign in (`password_hash` is empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderMark>,
+}
+
+/// What an identity provider said about a provider user at their last sign-in or refresh.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ProviderMark {
+    /// The provider's id in warden's config.
+    pub id: String,
+    /// The person's subject (`sub`) at the provider: another person whose name maps to the same
+    /// user name is refused, never merged.
+    pub subject: String,
+    /// The claims the mapping rules consulted, with the values the provider sent.
+    #[serde(default)]
+    pub claims: BTreeMap<String, Vec<String>>,
+    /// The rules that matched (`claim=value`).
+    #[serde(default)]
+    pub rules: Vec<String>,
+    /// When the provider last said so, milliseconds since the Unix epoch.
+    #[serde(default)]
+    pub updated_ms: u64,
 }
 
 impl fmt::Debug for UserRecord {
@@ -38,6 +63,7 @@ impl fmt::Debug for UserRecord {
             .field("clearance", &self.clearance)
             .field("groups", &self.groups)
             .field("generation", &self.generation)
+            .field("provider", &self.provider)
             .finish()
     }
 }
@@ -227,6 +253,47 @@ pub struct SessionRecord {
     pub created_ms: u64,
     /// Expiry time, milliseconds since the Unix epoch.
     pub expires_ms: u64,
+    /// For a session from an identity provider: what keeps it in step with the provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderSession>,
+}
+
+/// The provider side of a session that began with an OpenID Connect sign-in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSession {
+    /// The provider's id in warden's config.
+    pub id: String,
+    /// The person's subject at the provider: a refresh must name the same one.
+    pub subject: String,
+    /// The refresh token, sealed (ChaCha20-Poly1305 under the gateway's OIDC key, bound to
+    /// this session's key); absent when the provider gave none, and the session then ends at
+    /// `refresh_at_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_sealed: Option<String>,
+    /// When the provider's word runs out (the ID or access token's expiry): the next request
+    /// after it refreshes first.
+    pub refresh_at_ms: u64,
+}
+
+/// An OpenID Connect sign-in in flight, at [`crate::keys::oidc_flow`], under a lease of a
+/// few minutes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OidcFlowRecord {
+    /// The provider's id.
+    pub provider: String,
+    /// The PKCE verifier and nonce, sealed together, bound to this record's key.
+    pub sealed: String,
+    /// SHA-256 (hex) of the flow cookie set on the browser that began it: another browser
+    /// cannot finish it.
+    pub binding: String,
+    /// Where to go after signing in (already checked to be this gateway's own path).
+    pub next: String,
+    /// When it began, milliseconds since the Unix epoch; the callback refuses it after the
+    /// flow's time even if the lease has not yet cleared it.
+    pub created_ms: u64,
 }
 
 /// Milliseconds since the Unix epoch, for record timestamps.
@@ -249,6 +316,7 @@ mod tests {
             clearance: "SECRET".into(),
             groups: vec![],
             generation: String::new(),
+            provider: None,
         };
         assert!(!format!("{u:?}").contains("argon2id"));
     }

@@ -71,6 +71,8 @@ pub(crate) struct Authenticator {
     inflight: Mutex<HashMap<cache::CredKey, Arc<OnceCell<Verdict>>>>,
     /// Where every attempt's outcome is summed for the audit log.
     audit: Arc<Recorder>,
+    /// Refreshes provider sessions past their provider's word (none without providers).
+    pub refresher: Option<crate::oidc::refresh::Refresher>,
 }
 
 /// The outcome of one verification, shared by every request that waited for it.
@@ -101,6 +103,7 @@ impl Authenticator {
             pool: fair::FairPool::new(cores, 64 * cores),
             inflight: Mutex::new(HashMap::new()),
             audit,
+            refresher: None,
         }
     }
 
@@ -142,8 +145,21 @@ impl Authenticator {
         let mut presented = false;
         for token in session::tokens(authorization, cookies) {
             presented = true;
-            let Some(u) = session_user(views, token) else {
+            let Some((u, stale)) = session_user(views, token) else {
                 continue;
+            };
+            // A provider session past its provider's word is refreshed before it counts; one
+            // that ended counts as no session.
+            let u = match (stale, &self.refresher) {
+                (false, _) => u,
+                (true, None) => continue,
+                (true, Some(r)) => {
+                    match r.refresh(views, &session::token_hash(token), peer).await {
+                        Ok(u) => u,
+                        Err(GatewayError::Unauthenticated) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
             };
             match &by_session {
                 Some(prev) if prev.record.name != u.record.name => {
@@ -302,16 +318,19 @@ pub(crate) fn two_authorizations() -> GatewayError {
 
 /// The user of a live session: known, not expired by the gateway's own clock (the store's lease
 /// may delete it later), and issued for the account as it is now (a changed or re-created
-/// account has another generation).
-fn session_user(views: &Shared, token: &str) -> Option<Arc<User>> {
+/// account has another generation). `true` beside it when the session is a provider's whose
+/// word has run out: it must be refreshed before it counts.
+fn session_user(views: &Shared, token: &str) -> Option<(Arc<User>, bool)> {
     let hash = session::token_hash(token);
     let v = views.read();
     let s = v.sessions.get(&hash)?;
-    if s.expires_ms <= warden_core::model::now_ms() {
+    let now = warden_core::model::now_ms();
+    if s.expires_ms <= now {
         return None;
     }
+    let stale = s.provider.as_ref().is_some_and(|p| p.refresh_at_ms <= now);
     v.users
         .get(&s.user)
         .filter(|u| u.record.generation == s.generation)
-        .cloned()
+        .map(|u| (u.clone(), stale))
 }

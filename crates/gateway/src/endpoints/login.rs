@@ -344,6 +344,7 @@ pub(crate) async fn start_session(
         generation: user.generation.clone(),
         created_ms: now,
         expires_ms: now + ttl.as_millis() as u64,
+        provider: None,
     };
     let rev = warden_store::put_json(&*state.store, &key, &record, Some(lease))
         .await

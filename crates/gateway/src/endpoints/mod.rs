@@ -45,6 +45,12 @@ pub(crate) async fn answer(
         },
         "/logout" => login::logout(state, req, client).await,
         "/whoami" => whoami::whoami(state, req, client).await,
+        path if path.starts_with("/login/oidc/") => {
+            match crate::oidc::answer(state, req, client).await {
+                Some(r) => r,
+                None => GatewayError::NotFound("no such sign-in path".into()).into_response(),
+            }
+        }
         path => GatewayError::NotFound(format!(
             "nothing is served at {path}; apps are under /apps/<name>/ or at their host names"
         ))

@@ -173,6 +173,9 @@ pub struct Config {
     /// password may come from `PGPASSWORD` instead). Unset: a private PostgreSQL under the data
     /// dir when its server programs are installed, else no data; `none`: no data.
     pub data: Option<types::DataUrl>,
+    /// OpenID Connect providers people may sign in with at the gateway (`[[oidc]]` tables; in
+    /// the file only: a table per provider does not fit a flag).
+    pub oidc: Vec<types::OidcTable>,
 }
 
 /// A default duration; never zero.
@@ -244,6 +247,7 @@ impl Default for Config {
             shed_margin: 0.2,
             load_file: None,
             data: None,
+            oidc: Vec::new(),
         }
     }
 }

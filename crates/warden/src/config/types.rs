@@ -2,6 +2,7 @@
 //! same text on the command line and in the config file.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -318,4 +319,52 @@ impl std::str::FromStr for DataUrl {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Ok(DataUrl(s.to_owned()))
     }
+}
+
+/// One OpenID Connect provider (`[[oidc]]` in the config file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OidcTable {
+    /// The provider's id in warden: in the sign-in paths (`/login/oidc/<id>`), provider users'
+    /// names (`alice_<id>`) and the audit trail (`oidc:<id>`); a valid name.
+    pub id: String,
+    /// The sign-in page's button text [absent: the id].
+    #[serde(default)]
+    pub label: Option<String>,
+    /// The issuer URL; discovery must name exactly it. https, or http to a loopback address.
+    pub issuer: String,
+    /// warden's client id at the provider.
+    pub client_id: String,
+    /// A file holding warden's client secret (never the secret itself: it would show in `ps`
+    /// and in copies of the config).
+    pub client_secret_file: PathBuf,
+    /// Scopes asked for besides `openid`.
+    #[serde(default = "default_scopes")]
+    pub scopes: Vec<String>,
+    /// The exact redirect URL registered at the provider: this gateway's
+    /// `/login/oidc/<id>/callback` as browsers reach it.
+    pub redirect_url: String,
+    /// The claim that names the person [`preferred_username`; `sub` where absent].
+    #[serde(default = "default_username_claim")]
+    pub username_claim: String,
+    /// PEM trust roots for the provider's TLS [absent: the system's].
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Shortest time between two fetches of the provider's keys caused by a token naming an
+    /// unknown key [10s].
+    #[serde(default)]
+    pub jwks_refetch: Option<Human>,
+    /// Claims → clearance rules: `{ claim, value, level, categories, groups }`; the lowest
+    /// level of the matching rules, the union of their categories and groups; no rule giving a
+    /// level matched, no access.
+    #[serde(default)]
+    pub rules: Vec<warden_oidc::ClaimRule>,
+}
+
+fn default_scopes() -> Vec<String> {
+    vec!["profile".into(), "groups".into()]
+}
+
+fn default_username_claim() -> String {
+    "preferred_username".into()
 }
