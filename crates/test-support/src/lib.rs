@@ -9,6 +9,7 @@
 pub mod browser;
 pub mod etcd;
 pub mod http;
+pub mod oidc;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -142,6 +143,7 @@ pub struct Launch {
     extra: Vec<String>,
     wrapper: Vec<String>,
     log: String,
+    listen: String,
 }
 
 impl Launch {
@@ -155,7 +157,15 @@ impl Launch {
             extra: vec![],
             wrapper: vec![],
             log: "info,warden=debug".into(),
+            listen: "127.0.0.1:0".into(),
         }
+    }
+
+    /// The gateway's address, instead of a free port picked at bind (for a test that must
+    /// know it before warden starts, such as an OpenID provider's redirect URL).
+    pub fn listen(mut self, addr: &str) -> Self {
+        addr.clone_into(&mut self.listen);
+        self
     }
 
     /// The log filter (`WARDEN_LOG`), instead of `info,warden=debug`.
@@ -222,7 +232,7 @@ impl Launch {
         cmd.args([
             "up",
             "--listen",
-            "127.0.0.1:0",
+            &self.listen,
             "--api-listen",
             "127.0.0.1:0",
             "--data-dir",
@@ -311,7 +321,7 @@ impl Launch {
     }
 }
 
-fn capture(r: impl std::io::Read + Send + 'static) -> Arc<Mutex<String>> {
+pub(crate) fn capture(r: impl std::io::Read + Send + 'static) -> Arc<Mutex<String>> {
     let buf = Arc::new(Mutex::new(String::new()));
     let b = buf.clone();
     std::thread::spawn(move || {
@@ -466,4 +476,14 @@ pub fn cli(bin: impl AsRef<Path>, args: &[&str], env: &[(&str, &str)]) -> (bool,
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// A loopback port free now (the OS's pick, released at once): for a listener whose address a
+/// test must name before the process that binds it starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }

@@ -106,6 +106,7 @@ mod lattice;
 mod lifetimes;
 mod node_port_flood;
 mod operators;
+mod oidc;
 mod orphans;
 mod packaging;
 mod pools;

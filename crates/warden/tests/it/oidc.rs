@@ -1,0 +1,252 @@
+//! Sign-in through an OpenID Connect provider (issue 36), against a real one: panva's certified
+//! `oidc-provider` (tests/oidc-provider), with people in groups, short token lifetimes where a
+//! test needs refreshes, and test-only hooks to rotate its keys or forge its next ID token.
+
+use warden_test_support::http::{self, Response};
+use warden_test_support::oidc::{Browser, OidcProvider, Person, Ttls};
+use warden_test_support::{free_port, wait_until, Launch, Warden};
+
+use crate::BIN;
+
+/// A gateway with provider `corp` in front of the demo, and the provider.
+struct Setup {
+    idp: OidcProvider,
+    w: Warden,
+    gw: String,
+    _dir: tempfile::TempDir,
+}
+
+/// The demo's lattice: engineering gives SECRET, interns UNCLASSIFIED, finance only a group.
+const RULES: &str = r#"rules = [
+  { claim = "groups", value = "engineering", level = "SECRET", groups = ["staff"] },
+  { claim = "groups", value = "interns", level = "UNCLASSIFIED" },
+  { claim = "groups", value = "finance", groups = ["finance"] },
+]"#;
+
+fn setup(people: &[Person], ttls: Ttls) -> Setup {
+    let idp = OidcProvider::start(people, ttls);
+    let port = free_port();
+    let gw = format!("http://127.0.0.1:{port}");
+    let redirect = format!("{gw}/login/oidc/corp/callback");
+    idp.register("warden", "s3cret", &redirect);
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "s3cret\n").unwrap();
+    let config = dir.path().join("warden.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[oidc]]\nid = \"corp\"\nlabel = \"Corp\"\nissuer = \"{}\"\nclient_id = \"warden\"\n\
+             client_secret_file = \"{}\"\nredirect_url = \"{redirect}\"\njwks_refetch = \"1ms\"\n{RULES}\n",
+            idp.issuer,
+            secret.display()
+        ),
+    )
+    .unwrap();
+    let w = Launch::new(BIN)
+        .listen(&format!("127.0.0.1:{port}"))
+        .arg("--config")
+        .arg(config.to_str().unwrap())
+        .start();
+    assert_eq!(w.gateway, gw);
+    Setup {
+        idp,
+        w,
+        gw,
+        _dir: dir,
+    }
+}
+
+fn alice() -> Person {
+    Person::new("alice", "wonderland", &["engineering"])
+}
+
+/// The demo app's answer `r` as JSON, asserting it is one.
+fn demo(r: &Response) -> serde_json::Value {
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+fn host(gw: &str) -> &str {
+    gw.strip_prefix("http://").unwrap()
+}
+
+#[test]
+fn groups_give_the_clearance_the_strictest_rule_gives_and_the_demo_serves_it() {
+    let bob = Person::new("bob", "builder", &["engineering", "interns"]);
+    let s = setup(&[alice(), bob.clone()], Ttls::default());
+    let mut b = Browser::new();
+    let (r, url) = b.sign_in(&s.gw, "corp", "/apps/demo/hello", &alice());
+    assert_eq!(
+        url,
+        format!("{}/apps/demo/hello", s.gw),
+        "back where she asked"
+    );
+    let a = demo(&r);
+    assert_eq!(a["label"], "SECRET");
+    assert_eq!(a["user"], "alice_corp");
+    assert!(b.cookie(host(&s.gw), "warden_session").is_some());
+    // Two matching rules: the lower level wins.
+    let mut b2 = Browser::new();
+    let (r, _) = b2.sign_in(&s.gw, "corp", "/apps/demo/", &bob);
+    assert_eq!(demo(&r)["label"], "UNCLASSIFIED");
+    // The user record names its provider and what decided, and has no usable password.
+    let u = s.w.api("GET", "/v1/users/alice_corp", None);
+    assert_eq!(u.status, 200, "{}", u.text());
+    let basic = s.w.get_as("alice_corp", "", "/apps/demo/");
+    assert_eq!(basic.status, 401, "a provider user has no password");
+}
+
+#[test]
+fn no_matching_rule_is_a_403_page_naming_the_claims_seen() {
+    let eve = Person::new("eve", "pw", &["finance", "marketing"]);
+    let s = setup(std::slice::from_ref(&eve), Ttls::default());
+    let mut b = Browser::new();
+    let (r, _) = b.sign_in(&s.gw, "corp", "/apps/demo/", &eve);
+    assert_eq!(r.status, 403, "{}", r.text());
+    let page = r.text();
+    assert!(page.contains("no mapping rule matched"), "{page}");
+    assert!(
+        page.contains("finance") && page.contains("marketing"),
+        "{page}"
+    );
+    assert!(b.cookie(host(&s.gw), "warden_session").is_none());
+}
+
+#[test]
+fn forged_expired_and_wrong_audience_id_tokens_are_refused() {
+    let s = setup(&[alice()], Ttls::default());
+    for kind in ["key", "exp", "aud"] {
+        s.idp.tamper(kind);
+        let mut b = Browser::new();
+        let (r, _) = b.sign_in(&s.gw, "corp", "/apps/demo/", &alice());
+        assert_eq!(r.status, 401, "{kind}: {}", r.text());
+        assert!(r.text().contains("was refused"), "{kind}: {}", r.text());
+        assert!(
+            b.cookie(host(&s.gw), "warden_session").is_none(),
+            "{kind}: no session"
+        );
+    }
+    // And untampered, the same person signs in.
+    let (r, _) = Browser::new().sign_in(&s.gw, "corp", "/apps/demo/", &alice());
+    assert_eq!(demo(&r)["label"], "SECRET");
+}
+
+#[test]
+fn a_replayed_state_or_a_missing_or_foreign_flow_cookie_is_refused() {
+    let s = setup(&[alice()], Ttls::default());
+    let h = host(&s.gw).to_owned();
+    // The flow cookie gone (another browser finishing the sign-in).
+    let mut b = Browser::new();
+    let cb = b.sign_in_until_callback(&s.gw, "corp", "/apps/demo/", &alice());
+    b.set_cookie(&h, "warden_oidc", None);
+    let r = b.send("GET", &cb, None);
+    assert_eq!(r.status, 400, "{}", r.text());
+    // Another browser's flow cookie.
+    let mut b = Browser::new();
+    let cb = b.sign_in_until_callback(&s.gw, "corp", "/apps/demo/", &alice());
+    b.set_cookie(&h, "warden_oidc", Some("somebody-elses"));
+    assert_eq!(b.send("GET", &cb, None).status, 400);
+    // The right browser signs in once; the same callback again is a replay.
+    let mut b = Browser::new();
+    let cb = b.sign_in_until_callback(&s.gw, "corp", "/apps/demo/", &alice());
+    let flow = b.cookie(&h, "warden_oidc").unwrap();
+    let r = b.send("GET", &cb, None);
+    assert_eq!(r.status, 303, "{}", r.text());
+    assert_eq!(r.header("location"), Some("/apps/demo/"));
+    b.set_cookie(&h, "warden_oidc", Some(&flow));
+    let again = b.send("GET", &cb, None);
+    assert_eq!(again.status, 400, "{}", again.text());
+    assert!(
+        again.text().contains("already finished"),
+        "{}",
+        again.text()
+    );
+}
+
+#[test]
+fn next_never_leaves_the_gateway() {
+    let s = setup(&[alice()], Ttls::default());
+    for next in [
+        "https%3A%2F%2Fevil.example%2F",
+        "%2F%2Fevil.example%2F",
+        "%2F%5Cevil.example",
+    ] {
+        let mut b = Browser::new();
+        let cb = b.sign_in_until_callback(&s.gw, "corp", next, &alice());
+        let r = b.send("GET", &cb, None);
+        assert_eq!(r.status, 303, "{next}: {}", r.text());
+        assert_eq!(r.header("location"), Some("/whoami"), "{next}");
+    }
+}
+
+#[test]
+fn a_provider_that_is_down_gets_a_clear_page_and_passwords_still_work() {
+    let s = setup(&[alice()], Ttls::default());
+    let Setup { idp, w, gw, _dir } = s;
+    drop(idp);
+    let r = Browser::new().send("GET", &format!("{gw}/login/oidc/corp?next=/"), None);
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(r.text().contains("Corp did not answer"), "{}", r.text());
+    assert!(r.text().contains("sign in with a password"), "{}", r.text());
+    let pw = w.password("alice");
+    assert_eq!(
+        demo(&w.get_as("alice", &pw, "/apps/demo/"))["label"],
+        "SECRET"
+    );
+}
+
+#[test]
+fn a_rotated_signing_key_is_fetched_without_a_restart() {
+    let s = setup(&[alice()], Ttls::default());
+    let (r, _) = Browser::new().sign_in(&s.gw, "corp", "/apps/demo/", &alice());
+    assert_eq!(demo(&r)["label"], "SECRET");
+    s.idp.rotate();
+    let (r, _) = Browser::new().sign_in(&s.gw, "corp", "/apps/demo/", &alice());
+    assert_eq!(demo(&r)["label"], "SECRET", "signed with the new key");
+}
+
+#[test]
+fn a_refresh_brings_a_changed_group_and_ends_a_removed_person() {
+    // Tokens live two seconds: each request after that refreshes first.
+    let ttls = Ttls {
+        id_token: 2,
+        access_token: 2,
+        refresh_token: 3600,
+    };
+    let s = setup(&[alice()], ttls);
+    let mut b = Browser::new();
+    let (r, _) = b.sign_in(&s.gw, "corp", "/apps/demo/", &alice());
+    assert_eq!(demo(&r)["label"], "SECRET");
+    let demo_url = format!("{}/apps/demo/", s.gw);
+    s.idp
+        .set_people(&[Person::new("alice", "wonderland", &["interns"])]);
+    wait_until(
+        "the new group at refresh",
+        std::time::Duration::from_secs(30),
+        || {
+            let r = b.send("GET", &demo_url, None);
+            (r.status == 200 && r.json()["label"] == "UNCLASSIFIED").then_some(())
+        },
+    );
+    let user = s.w.api("GET", "/v1/users/alice_corp", None).json();
+    assert_eq!(user["clearance"], "UNCLASSIFIED", "{user}");
+    s.idp.set_people(&[]);
+    wait_until(
+        "the session ended at refresh",
+        std::time::Duration::from_secs(30),
+        || {
+            let r = b.send("GET", &demo_url, None);
+            (r.status == 401).then_some(())
+        },
+    );
+    // Ended in the store, not only refused: the cookie alone never works again.
+    let token = b.cookie(host(&s.gw), "warden_session").unwrap();
+    let r = http::request(
+        "GET",
+        &demo_url,
+        &[("authorization", &format!("Bearer {token}"))],
+        b"",
+    );
+    assert_eq!(r.status, 401);
+}
