@@ -1,7 +1,7 @@
 //! Bodies of `/v1/users`. Passwords go in, and neither they nor their hashes ever come out.
 
 use serde::{Deserialize, Serialize};
-use warden_core::UserRecord;
+use warden_core::{ProviderMark, UserRecord};
 
 /// Body of `POST /v1/users`.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +45,10 @@ pub struct UserView {
     pub clearance: String,
     /// Groups.
     pub groups: Vec<String>,
+    /// For a person who signs in through an identity provider: which one, and the claims and
+    /// rules that decided the clearance at the last sign-in or refresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderMark>,
 }
 
 impl From<UserRecord> for UserView {
@@ -53,6 +57,7 @@ impl From<UserRecord> for UserView {
             name: u.name,
             clearance: u.clearance,
             groups: u.groups,
+            provider: u.provider,
         }
     }
 }

@@ -101,6 +101,12 @@ pub enum UsersCommand {
     },
     /// List users
     List,
+    /// Show a user; for a provider user, the provider and the claims and rules that decided
+    /// the clearance
+    Show {
+        /// Login name
+        name: String,
+    },
     /// Remove a user; every session of the user ends
     Rm {
         /// Login name
@@ -272,6 +278,25 @@ pub(crate) fn label_counts(
     Ok(counts)
 }
 
+/// `warden users show`'s text.
+fn show_user(u: &UserView) {
+    println!("user:       {}", u.name);
+    println!("clearance:  {}", u.clearance);
+    println!("groups:     {}", u.groups.join(","));
+    match &u.provider {
+        None => println!("signs in:   with a password"),
+        Some(p) => {
+            println!(
+                "signs in:   through identity provider {} (subject {})",
+                p.id, p.subject
+            );
+            let claims: Vec<String> = p.claims.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+            println!("claims:     {}", claims.join(" "));
+            println!("rules:      {}", p.rules.join(", "));
+        }
+    }
+}
+
 async fn users(api: &client::Client, out: &Output, cmd: UsersCommand) -> anyhow::Result<()> {
     match cmd {
         UsersCommand::Add {
@@ -312,6 +337,10 @@ async fn users(api: &client::Client, out: &Output, cmd: UsersCommand) -> anyhow:
                     .map(|u| vec![u.name.clone(), u.clearance.clone(), u.groups.join(",")]);
                 table::print(&["NAME", "CLEARANCE", "GROUPS"], rows);
             });
+        }
+        UsersCommand::Show { name } => {
+            let user: UserView = api.call("GET", &format!("/v1/users/{name}")).await?;
+            out.value(&user, show_user);
         }
         UsersCommand::Set {
             name,

@@ -4,7 +4,7 @@
 
 use warden_test_support::http::{self, Response};
 use warden_test_support::oidc::{Browser, OidcProvider, Person, Ttls};
-use warden_test_support::{free_port, wait_until, Launch, Warden};
+use warden_test_support::{cli, free_port, wait_until, Launch, Warden};
 
 use crate::BIN;
 
@@ -90,9 +90,22 @@ fn groups_give_the_clearance_the_strictest_rule_gives_and_the_demo_serves_it() {
     let mut b2 = Browser::new();
     let (r, _) = b2.sign_in(&s.gw, "corp", "/apps/demo/", &bob);
     assert_eq!(demo(&r)["label"], "UNCLASSIFIED");
-    // The user record names its provider and what decided, and has no usable password.
-    let u = s.w.api("GET", "/v1/users/alice_corp", None);
-    assert_eq!(u.status, 200, "{}", u.text());
+    // `users show` names the provider and what decided; the user has no usable password.
+    let env = [
+        ("WARDEN_API", s.w.api.as_str()),
+        ("WARDEN_TOKEN", s.w.token.as_str()),
+    ];
+    let (ok, out, err) = cli(BIN, &["users", "show", "bob_corp"], &env);
+    assert!(ok, "{err}");
+    assert!(out.contains("identity provider corp"), "{out}");
+    assert!(
+        out.contains(r#"groups=["engineering", "interns"]"#),
+        "{out}"
+    );
+    assert!(
+        out.contains("groups=engineering, groups=interns"),
+        "the matched rules: {out}"
+    );
     let basic = s.w.get_as("alice_corp", "", "/apps/demo/");
     assert_eq!(basic.status, 401, "a provider user has no password");
 }
