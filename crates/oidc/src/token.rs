@@ -138,3 +138,81 @@ pub(crate) fn check_claims(all: Map<String, Value>, e: &Expect<'_>) -> Result<Id
     let exp = all.get("exp").and_then(Value::as_u64).unwrap_or(0);
     Ok(IdClaims { sub, exp, all })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const NOW: u64 = 1_800_000_000;
+
+    fn expect<'a>(nonce: Option<&'a str>, sub: Option<&'a str>) -> Expect<'a> {
+        Expect {
+            issuer: "https://idp",
+            client_id: "warden",
+            nonce,
+            sub,
+            now_secs: NOW,
+        }
+    }
+
+    fn claims(extra: Value) -> Map<String, Value> {
+        let mut m =
+            json!({ "sub": "u1", "aud": "warden", "iat": NOW, "exp": NOW + 60, "nonce": "n1" })
+                .as_object()
+                .unwrap()
+                .clone();
+        m.extend(extra.as_object().unwrap().clone());
+        m
+    }
+
+    #[test]
+    fn a_good_token_passes() {
+        let c = check_claims(claims(json!({})), &expect(Some("n1"), None)).unwrap();
+        assert_eq!(c.sub, "u1");
+        assert!(
+            !format!("{c:?}").contains("n1"),
+            "Debug shows only sub and exp"
+        );
+    }
+
+    #[test]
+    fn nonce_azp_iat_and_subject_are_checked() {
+        let bad = |extra: Value, e: Expect<'_>| check_claims(claims(extra), &e).is_err();
+        assert!(bad(json!({ "nonce": "other" }), expect(Some("n1"), None)));
+        assert!(
+            bad(json!({ "aud": ["warden", "x"] }), expect(None, None)),
+            "several audiences need azp"
+        );
+        assert!(bad(
+            json!({ "aud": ["warden", "x"], "azp": "x" }),
+            expect(None, None)
+        ));
+        assert!(!bad(
+            json!({ "aud": ["warden", "x"], "azp": "warden" }),
+            expect(None, None)
+        ));
+        assert!(
+            bad(json!({ "iat": NOW + 3600 }), expect(None, None)),
+            "issued in the future"
+        );
+        assert!(
+            bad(json!({ "iat": NOW - 2 * 86400 }), expect(None, None)),
+            "too old"
+        );
+        assert!(
+            bad(json!({ "sub": "u2" }), expect(None, Some("u1"))),
+            "refresh changed subject"
+        );
+        // On refresh no nonce is required (OIDC Core 12.2).
+        assert!(!bad(json!({ "nonce": null }), expect(None, Some("u1"))));
+    }
+
+    #[test]
+    fn only_asymmetric_algorithms_are_allowed() {
+        for a in [Algorithm::HS256, Algorithm::HS384, Algorithm::HS512] {
+            assert!(!ALLOWED.contains(&a));
+        }
+    }
+}
