@@ -24,6 +24,10 @@ const RULES: &str = r#"rules = [
 ]"#;
 
 fn setup(people: &[Person], ttls: Ttls) -> Setup {
+    setup_with(people, ttls, &[])
+}
+
+fn setup_with(people: &[Person], ttls: Ttls, extra: &[&str]) -> Setup {
     let idp = OidcProvider::start(people, ttls);
     let port = free_port();
     let gw = format!("http://127.0.0.1:{port}");
@@ -43,11 +47,14 @@ fn setup(people: &[Person], ttls: Ttls) -> Setup {
         ),
     )
     .unwrap();
-    let w = Launch::new(BIN)
+    let mut launch = Launch::new(BIN)
         .listen(&format!("127.0.0.1:{port}"))
         .arg("--config")
-        .arg(config.to_str().unwrap())
-        .start();
+        .arg(config.to_str().unwrap());
+    for a in extra {
+        launch = launch.arg(a);
+    }
+    let w = launch.start();
     assert_eq!(w.gateway, gw);
     Setup {
         idp,
@@ -262,4 +269,42 @@ fn a_refresh_brings_a_changed_group_and_ends_a_removed_person() {
         b"",
     );
     assert_eq!(r.status, 401);
+}
+
+#[test]
+fn provider_sign_ins_are_audited_as_oidc_and_no_token_reaches_a_log() {
+    let s = setup_with(&[alice()], Ttls::default(), &["--audit-flush-ms", "200"]);
+    let mut b = Browser::new();
+    let (r, _) = b.sign_in(&s.gw, "corp", "/apps/demo/", &alice());
+    assert_eq!(demo(&r)["label"], "SECRET");
+    s.idp.tamper("aud");
+    let (r, _) = Browser::new().sign_in(&s.gw, "corp", "/apps/demo/", &alice());
+    assert_eq!(r.status, 401);
+    let events = |w: &Warden| -> Vec<serde_json::Value> {
+        let r = w.api("GET", "/v1/audit?kind=sign_in&limit=10000", None);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let records: Vec<serde_json::Value> = serde_json::from_value(r.json()).unwrap();
+        records.into_iter().map(|r| r["event"].clone()).collect()
+    };
+    wait_until(
+        "both provider sign-ins recorded",
+        std::time::Duration::from_secs(30),
+        || {
+            let e = events(&s.w);
+            let ok = e.iter().any(|e| {
+                e["user"] == "alice_corp" && e["method"] == "oidc:corp" && e["outcome"] == "ok"
+            });
+            let failed = e
+                .iter()
+                .any(|e| e["method"] == "oidc:corp" && e["outcome"] == "failed");
+            (ok && failed).then_some(())
+        },
+    );
+    // A JWT begins "eyJ" (base64 of '{"'); the session token is in the browser's jar.
+    let session = b.cookie(host(&s.gw), "warden_session").unwrap();
+    let audit = s.w.api("GET", "/v1/audit?limit=10000", None).text();
+    for log in [audit, s.w.stderr(), s.w.stdout()] {
+        assert!(!log.contains("eyJ"), "a token in a log: {log}");
+        assert!(!log.contains(&session), "the session token in a log");
+    }
 }
