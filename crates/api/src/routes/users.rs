@@ -93,6 +93,14 @@ pub async fn change(
         record.clearance = canonical_clearance(&api, &clearance).await?;
     }
     if let Some(password) = change.password {
+        // A provider user signs in only through its provider: a password would be a second
+        // way in that the provider's removal of the person does not close.
+        if let Some(p) = &record.provider {
+            return Err(ApiError::bad_request(format!(
+                "user {name:?} signs in through identity provider {:?} and cannot have a password; create a local user instead",
+                p.id
+            )));
+        }
         record.password_hash = hash(&api, password).await?;
     }
     record.generation = warden_core::id::short_id();

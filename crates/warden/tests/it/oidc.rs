@@ -115,6 +115,12 @@ fn groups_give_the_clearance_the_strictest_rule_gives_and_the_demo_serves_it() {
     );
     let basic = s.w.get_as("alice_corp", "", "/apps/demo/");
     assert_eq!(basic.status, 401, "a provider user has no password");
+    let r = s.w.api(
+        "PATCH",
+        "/v1/users/alice_corp",
+        Some(serde_json::json!({ "password": "a second way in" })),
+    );
+    assert_eq!(r.status, 400, "nor can it be given one: {}", r.text());
 }
 
 #[test]
