@@ -3,6 +3,7 @@
 // tamper with its answers.
 //
 // node provider.js --users FILE [--port N] [--id-ttl S] [--access-ttl S] [--refresh-ttl S]
+// (--refresh-ttl 0: no refresh tokens at all)
 // Prints "listening http://127.0.0.1:PORT" once it takes connections.
 //
 // Users: FILE holds [{"name", "password", "groups": [..]}], read again at every login and every
@@ -79,7 +80,9 @@ function build() {
       deviceFlow: { enabled: true },
       revocation: { enabled: true },
     },
-    issueRefreshToken: async (ctx, client) => client.grantTypeAllowed('refresh_token'),
+    // --refresh-ttl 0: no refresh tokens, so a session must end with the tokens' expiry.
+    issueRefreshToken: async (ctx, client) => Number(args['refresh-ttl']) > 0
+      && client.grantTypeAllowed('refresh_token'),
     // Consent is granted for every registered client: they are the test's own.
     loadExistingGrant: async (ctx) => {
       const id = ctx.oidc.result?.consent?.grantId
@@ -98,7 +101,7 @@ function build() {
     ttl: {
       IdToken: Number(args['id-ttl']),
       AccessToken: Number(args['access-ttl']),
-      RefreshToken: Number(args['refresh-ttl']),
+      RefreshToken: Number(args['refresh-ttl']) || 1,
       AuthorizationCode: 60,
       Interaction: 600,
       Session: 3600,

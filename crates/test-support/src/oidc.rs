@@ -88,6 +88,7 @@ impl Person {
 pub struct Ttls {
     pub id_token: u64,
     pub access_token: u64,
+    /// 0: the provider issues no refresh token.
     pub refresh_token: u64,
 }
 

@@ -314,3 +314,22 @@ fn provider_sign_ins_are_audited_as_oidc_and_no_token_reaches_a_log() {
         assert!(!log.contains(&session), "the session token in a log");
     }
 }
+
+#[test]
+fn without_a_refresh_token_a_session_ends_with_the_providers_tokens() {
+    let ttls = Ttls {
+        id_token: 2,
+        access_token: 2,
+        refresh_token: 0,
+    };
+    let s = setup(&[alice()], ttls);
+    let mut b = Browser::new();
+    let (r, _) = b.sign_in(&s.gw, "corp", "/apps/demo/", &alice());
+    assert_eq!(demo(&r)["label"], "SECRET");
+    let demo_url = format!("{}/apps/demo/", s.gw);
+    wait_until(
+        "the session's end",
+        std::time::Duration::from_secs(30),
+        || (b.send("GET", &demo_url, None).status == 401).then_some(()),
+    );
+}
