@@ -234,26 +234,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn plain_http_only_to_loopback() {
-        assert!(target("http://127.0.0.1:8080/x").is_ok());
-        assert!(target("http://localhost/x").is_ok());
-        assert!(target("http://[::1]:9/x").is_ok());
-        assert!(target("http://idp.example.com/x").is_err());
-        assert!(target("http://10.0.0.1/x").is_err());
-        assert!(target("https://idp.example.com/x").is_ok());
-        assert!(target("ftp://idp.example.com/x").is_err());
-        assert!(target("https://u:p@idp.example.com/x").is_err());
-    }
-
-    #[test]
-    fn target_parts() {
-        let t = target("https://idp.example.com/a/b?c=d").unwrap();
-        assert_eq!(t.port, 443);
-        assert_eq!(t.path_and_query, "/a/b?c=d");
-        assert_eq!(t.host, "idp.example.com");
-    }
-}
+mod tests;
