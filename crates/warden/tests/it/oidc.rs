@@ -281,8 +281,19 @@ fn a_refresh_brings_a_changed_group_and_ends_a_removed_person() {
 fn provider_sign_ins_are_audited_as_oidc_and_no_token_reaches_a_log() {
     let s = setup_with(&[alice()], Ttls::default(), &["--audit-flush-ms", "200"]);
     let mut b = Browser::new();
-    let (r, _) = b.sign_in(&s.gw, "corp", "/apps/demo/", &alice());
-    assert_eq!(demo(&r)["label"], "SECRET");
+    let cb = b.sign_in_until_callback(&s.gw, "corp", "/apps/demo/", &alice());
+    assert_eq!(b.send("GET", &cb, None).status, 303);
+    // What the provider put in the callback URL: the code and the state.
+    let query: Vec<String> = cb
+        .split_once('?')
+        .unwrap()
+        .1
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| *k == "code" || *k == "state")
+        .map(|(_, v)| v.to_owned())
+        .collect();
+    assert_eq!(query.len(), 2, "{cb}");
     s.idp.tamper("aud");
     let (r, _) = Browser::new().sign_in(&s.gw, "corp", "/apps/demo/", &alice());
     assert_eq!(r.status, 401);
@@ -312,6 +323,12 @@ fn provider_sign_ins_are_audited_as_oidc_and_no_token_reaches_a_log() {
     for log in [audit, s.w.stderr(), s.w.stdout()] {
         assert!(!log.contains("eyJ"), "a token in a log: {log}");
         assert!(!log.contains(&session), "the session token in a log");
+        for v in &query {
+            assert!(
+                !log.contains(v.as_str()),
+                "the callback's code or state in a log"
+            );
+        }
     }
 }
 
