@@ -81,6 +81,10 @@ function build() {
       revocation: { enabled: true },
     },
     // --refresh-ttl 0: no refresh tokens, so a session must end with the tokens' expiry.
+    // Every refresh gives a new refresh token and spends the old one (a spent one presented
+    // again revokes the grant), as strict providers do: two refreshes of one session at once
+    // would end it.
+    rotateRefreshToken: () => true,
     issueRefreshToken: async (ctx, client) => Number(args['refresh-ttl']) > 0
       && client.grantTypeAllowed('refresh_token'),
     // Consent is granted for every registered client: they are the test's own.

@@ -350,3 +350,41 @@ fn without_a_refresh_token_a_session_ends_with_the_providers_tokens() {
         || (b.send("GET", &demo_url, None).status == 401).then_some(()),
     );
 }
+
+#[test]
+fn concurrent_requests_past_the_tokens_expiry_refresh_once() {
+    // The provider rotates refresh tokens and revokes the grant when a spent one comes back:
+    // two refreshes of one session at once would end it.
+    let ttls = Ttls {
+        id_token: 2,
+        access_token: 2,
+        refresh_token: 3600,
+    };
+    let s = setup(&[alice()], ttls);
+    let mut b = Browser::new();
+    let (r, _) = b.sign_in(&s.gw, "corp", "/apps/demo/", &alice());
+    assert_eq!(demo(&r)["label"], "SECRET");
+    let token = b.cookie(host(&s.gw), "warden_session").unwrap();
+    let demo_url = format!("{}/apps/demo/", s.gw);
+    // Past the tokens' expiry, with no request in between.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                scope.spawn(|| {
+                    let cookie = format!("warden_session={token}");
+                    http::request("GET", &demo_url, &[("cookie", &cookie)], b"").status
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
+    let r = http::request(
+        "GET",
+        &demo_url,
+        &[("cookie", &format!("warden_session={token}"))],
+        b"",
+    );
+    assert_eq!(demo(&r)["label"], "SECRET", "the session lives on");
+}
