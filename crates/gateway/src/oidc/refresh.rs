@@ -127,6 +127,12 @@ impl Refresher {
                 });
             }
             Err(e) => {
+                // On a cluster another gateway may have refreshed this session a moment ago
+                // with the same refresh token (this lock is per gateway): then the refusal is
+                // about the spent token, not the person, and the session lives on.
+                if self.refreshed_elsewhere(&key, ps.refresh_at_ms).await {
+                    return Err(refreshed_elsewhere());
+                }
                 self.audit.sign_in(&s.user, peer, &method, "failed");
                 tracing::info!(user = %s.user, error = %e, "provider refused a session refresh");
                 return self
@@ -184,8 +190,24 @@ impl Refresher {
             .map_err(unavailable)?
         {
             CasOutcome::Done(rev) => Ok(rev),
-            CasOutcome::Conflict { .. } => Err(Refusal::Forbidden("the session changed".into())),
+            // Changed meanwhile: refreshed by another gateway (or signed out there, which the
+            // views will show); this request is asked to try again, the session not ended.
+            CasOutcome::Conflict { .. } => Err(Refusal::Unavailable(
+                "the session was refreshed elsewhere at the same moment".into(),
+            )),
         }
+    }
+
+    /// True when the session at `key` in the store was refreshed past `refresh_at_ms` (by
+    /// another gateway) since this one read it.
+    async fn refreshed_elsewhere(&self, key: &str, refresh_at_ms: u64) -> bool {
+        let Ok(Some(e)) = self.store.get(key).await else {
+            return false;
+        };
+        warden_store::decode::<SessionRecord>(key, &e.value)
+            .ok()
+            .and_then(|r| r.provider)
+            .is_some_and(|p| p.refresh_at_ms > refresh_at_ms)
     }
 
     /// Ends the session at `key` everywhere.
@@ -195,6 +217,14 @@ impl Refresher {
             let _ = tokio::time::timeout(Duration::from_secs(5), views.caught_up(key, rev)).await;
         }
         Err(GatewayError::Unauthenticated)
+    }
+}
+
+/// A request that met another gateway's refresh of its session: try again.
+fn refreshed_elsewhere() -> GatewayError {
+    GatewayError::Unavailable {
+        app: "sign-in".into(),
+        reason: "the session was refreshed on another gateway at the same moment; try again".into(),
     }
 }
 
