@@ -186,6 +186,12 @@ impl Launch {
         self
     }
 
+    /// Several extra flags for `warden up`.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.extra.extend(args.iter().map(|a| (*a).to_owned()));
+        self
+    }
+
     /// Uses `dir` as data dir instead of a fresh temporary one.
     pub fn data_dir(mut self, dir: impl AsRef<Path>) -> Self {
         self.dir = Some(dir.as_ref().to_owned());

@@ -342,7 +342,8 @@ impl Browser {
         self.follow(&next)
     }
 
-    /// Like [`Self::sign_in`], but stops at the gateway's callback URL without visiting it.
+    /// Like [`Self::sign_in`], but stops at the callback URL (the provider's redirect to a
+    /// gateway) without visiting it.
     pub fn sign_in_until_callback(
         &mut self,
         gateway: &str,
@@ -356,9 +357,11 @@ impl Browser {
         let form = format!("login={}&password={}", who.name, who.password);
         let mut r = self.send("POST", &action, Some(&form));
         let mut at = action;
+        let callback = format!("/login/oidc/{id}/callback?");
         for _ in 0..10 {
             let loc = resolve(&at, r.header("location").expect("a redirect"));
-            if loc.starts_with(gateway) {
+            // The registered redirect URL: on a cluster, maybe another gateway than `gateway`.
+            if loc.contains(&callback) {
                 return loc;
             }
             at = loc;

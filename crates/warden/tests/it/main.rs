@@ -107,6 +107,7 @@ mod lifetimes;
 mod node_port_flood;
 mod operators;
 mod oidc;
+mod oidc_cluster;
 mod orphans;
 mod packaging;
 mod pools;

@@ -34,19 +34,7 @@ fn setup_with(people: &[Person], ttls: Ttls, extra: &[&str]) -> Setup {
     let redirect = format!("{gw}/login/oidc/corp/callback");
     idp.register("warden", "s3cret", &redirect);
     let dir = tempfile::tempdir().unwrap();
-    let secret = dir.path().join("secret");
-    std::fs::write(&secret, "s3cret\n").unwrap();
-    let config = dir.path().join("warden.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[oidc]]\nid = \"corp\"\nlabel = \"Corp\"\nissuer = \"{}\"\nclient_id = \"warden\"\n\
-             client_secret_file = \"{}\"\nredirect_url = \"{redirect}\"\njwks_refetch = \"1ms\"\n{RULES}\n",
-            idp.issuer,
-            secret.display()
-        ),
-    )
-    .unwrap();
+    let config = config_file(dir.path(), &idp.issuer, &redirect);
     let mut launch = Launch::new(BIN)
         .listen(&format!("127.0.0.1:{port}"))
         .arg("--config")
@@ -64,7 +52,28 @@ fn setup_with(people: &[Person], ttls: Ttls, extra: &[&str]) -> Setup {
     }
 }
 
-fn alice() -> Person {
+/// A config file in `dir` with provider `corp` at `issuer`, redirecting to `redirect`.
+pub(crate) fn config_file(
+    dir: &std::path::Path,
+    issuer: &str,
+    redirect: &str,
+) -> std::path::PathBuf {
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "s3cret\n").unwrap();
+    let config = dir.join("warden.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[oidc]]\nid = \"corp\"\nlabel = \"Corp\"\nissuer = \"{issuer}\"\nclient_id = \"warden\"\n\
+             client_secret_file = \"{}\"\nredirect_url = \"{redirect}\"\njwks_refetch = \"1ms\"\n{RULES}\n",
+            secret.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+pub(crate) fn alice() -> Person {
     Person::new("alice", "wonderland", &["engineering"])
 }
 
@@ -74,7 +83,7 @@ fn demo(r: &Response) -> serde_json::Value {
     r.json()
 }
 
-fn host(gw: &str) -> &str {
+pub(crate) fn host(gw: &str) -> &str {
     gw.strip_prefix("http://").unwrap()
 }
 
