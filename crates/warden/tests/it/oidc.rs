@@ -397,3 +397,33 @@ fn concurrent_requests_past_the_tokens_expiry_refresh_once() {
     );
     assert_eq!(demo(&r)["label"], "SECRET", "the session lives on");
 }
+
+#[test]
+fn a_provider_down_at_refresh_is_a_503_that_says_so() {
+    let ttls = Ttls {
+        id_token: 2,
+        access_token: 2,
+        refresh_token: 3600,
+    };
+    let Setup { idp, w, gw, _dir } = setup(&[alice()], ttls);
+    let mut b = Browser::new();
+    let (r, _) = b.sign_in(&gw, "corp", "/apps/demo/", &alice());
+    assert_eq!(demo(&r)["label"], "SECRET");
+    drop(idp);
+    let demo_url = format!("{gw}/apps/demo/");
+    let r = wait_until(
+        "the refresh to fail",
+        std::time::Duration::from_secs(30),
+        || {
+            let r = b.send("GET", &demo_url, None);
+            (r.status != 200).then_some(r)
+        },
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        r.text().contains("Corp") && r.text().contains("did not answer"),
+        "{}",
+        r.text()
+    );
+    drop(w);
+}
