@@ -237,6 +237,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             let mut config = gateway_config(&cfg, &identity, cluster_identity)?;
             config.peers = sources.peers.clone();
             config.oidc = oidc::providers(&cfg, joined.as_ref().map(|j| &j.secrets))?;
+            // A button per provider on the sign-in page.
+            config.providers = config
+                .oidc
+                .as_ref()
+                .map(|o| o.buttons())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(id, label)| warden_gateway::SignInButton { id, label })
+                .collect();
             if let (Some(tls), Some(j)) = (config.tls.as_mut(), &joined) {
                 tls.tickets = Some(cluster::shared_tickets(store.clone(), &j.secrets).await?);
             }

@@ -52,14 +52,18 @@ pub(crate) fn is_session_cookie(name: &str) -> bool {
     name.trim().eq_ignore_ascii_case(SESSION_COOKIE)
 }
 
-/// Whether `name` (in any case) is a cookie the gateway owns: the session, and the sign-in
-/// forms' CSRF cookie. No app gets them with a request or may set them: an app's page holding
+/// Whether `name` (in any case) is a cookie the gateway owns: the session, the sign-in
+/// forms' CSRF cookie and the cookie that binds a provider sign-in to its browser. No app gets them with a request or may set them: an app's page holding
 /// the CSRF pair, or planting its own, would leave the forms only their origin check.
 pub(crate) fn is_gateway_cookie(name: &str) -> bool {
     let name = name.trim();
-    [SESSION_COOKIE, crate::endpoints::csrf::CSRF_COOKIE]
-        .iter()
-        .any(|c| name.eq_ignore_ascii_case(c))
+    [
+        SESSION_COOKIE,
+        crate::endpoints::csrf::CSRF_COOKIE,
+        crate::oidc::FLOW_COOKIE,
+    ]
+    .iter()
+    .any(|c| name.eq_ignore_ascii_case(c))
 }
 
 /// The stored name of a token: hex SHA-256.

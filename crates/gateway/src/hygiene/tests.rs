@@ -117,6 +117,11 @@ const RESPONSE: &[(&str, &str, Fate)] = &[
     ("Set-Cookie", "warden_csrf=planted; Path=/login", Dropped),
     ("Set-Cookie", "=warden_csrf=planted", Dropped),
     ("Set-Cookie", "warden_csrfs=1", Kept),
+    (
+        "Set-Cookie",
+        "warden_oidc=planted; Path=/login/oidc/",
+        Dropped,
+    ),
     ("Service-Worker-Allowed", "/", Dropped),
     ("service-worker-allowed", "/apps/", Dropped),
     ("Clear-Site-Data", "\"cookies\"", Dropped),

@@ -6,11 +6,11 @@ use serde::{Deserialize, Serialize};
 use warden_core::{keys, model::now_ms, OidcFlowRecord};
 use warden_oidc::{OidcError, Secret};
 
-use super::next::safe_next;
 use super::page::{html, provider_down};
 use super::{cookie_value, people, query_param, OidcConfig, OidcProvider, FLOW_COOKIE, FLOW_TTL};
 use crate::auth::session::token_hash;
 use crate::client::Client;
+use crate::endpoints::next::safe_next;
 use crate::response::{full, Body};
 use crate::state::State;
 

@@ -9,7 +9,6 @@
 //! log, a URL or the store in clear.
 
 mod flow;
-mod next;
 mod page;
 pub(crate) mod people;
 pub(crate) mod refresh;

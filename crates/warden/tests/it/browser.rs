@@ -70,3 +70,44 @@ fn a_person_signs_in_on_the_page_reaches_the_app_at_their_clearance_and_signs_ou
     assert!(b.url().contains("/login?next="), "{}", b.url());
     assert!(!b.text().contains("\"SECRET\""));
 }
+
+#[test]
+fn a_person_signs_in_through_the_identity_provider_in_a_browser() {
+    use warden_test_support::oidc::{OidcProvider, Person, Ttls};
+    let idp = OidcProvider::start(
+        &[Person::new("alice", "wonderland", &["engineering"])],
+        Ttls::default(),
+    );
+    let port = warden_test_support::free_port();
+    let gw = format!("http://127.0.0.1:{port}");
+    let redirect = format!("{gw}/login/oidc/corp/callback");
+    idp.register("warden", "s3cret", &redirect);
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::oidc::config_file(dir.path(), &idp.issuer, &redirect);
+    let _w = warden_test_support::Launch::new(BIN)
+        .listen(&format!("127.0.0.1:{port}"))
+        .arg("--config")
+        .arg(config.to_str().unwrap())
+        .start();
+    let b = Browser::start();
+
+    // The sign-in page offers the provider; its button leads to the provider's own page.
+    b.goto(&format!("{gw}/apps/demo/"));
+    let button = b.find("a[href^='/login/oidc/corp']");
+    assert_eq!(b.text_of(&button), "Corp");
+    b.click(&button);
+    b.wait_for("the provider's page", Duration::from_secs(20), |b| {
+        b.try_find("input[name=login]").is_some()
+    });
+    b.type_into(&b.find("input[name=login]"), "alice");
+    b.type_into(&b.find("input[name=password]"), "wonderland");
+    b.click(&b.find("button"));
+    // Back at the app, at the clearance the provider's groups give (engineering: SECRET).
+    b.wait_for("the demo app", Duration::from_secs(30), |b| {
+        b.url().starts_with(&gw) && b.url().ends_with("/apps/demo/")
+    });
+    let text = b.text();
+    assert!(text.contains("\"SECRET\""), "{text}");
+    b.goto(&format!("{gw}/whoami"));
+    assert!(b.text().contains("alice_corp"), "{}", b.text());
+}
