@@ -237,7 +237,10 @@ fn an_api_node_without_the_agent_has_releases_made_and_resumed_on_an_agent_node(
     // Back to release 1 (no Python) first, so that the next build makes its venv from nothing
     // and takes seconds, rather than starting from the serving release's.
     let (ok, out, err) = run(&front, &["rollback", "plain", "1"]);
-    assert!(ok && out.contains("release 5 of plain serves"), "{out}{err}");
+    assert!(
+        ok && out.contains("release 5 of plain serves"),
+        "{out}{err}"
+    );
     std::fs::write(slow.path().join("again.txt"), "a new archive: built again").unwrap();
     let pushing = push_in_background(&front, slow.path());
     wait_for_build(&front, 6);
