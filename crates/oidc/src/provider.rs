@@ -147,8 +147,19 @@ impl Provider {
                 found: m.issuer,
             });
         }
+        // An https issuer's endpoints are https too: a discovery document must not send the
+        // client secret or the code in clear to some port of this host.
+        let issuer_https = self.config.issuer.starts_with("https://");
         for u in [&m.authorization_endpoint, &m.token_endpoint, &m.jwks_uri] {
             target(u)?;
+            if issuer_https && !u.starts_with("https://") {
+                return Err(OidcError::BadUrl {
+                    url: u.clone(),
+                    reason:
+                        "the issuer is https, so every endpoint its discovery names must be too"
+                            .into(),
+                });
+            }
         }
         let m = Arc::new(m);
         *slot = Some(m.clone());
@@ -275,7 +286,7 @@ impl Provider {
         let claims = self.validate(&id_token, &expect).await?;
         let mut expires = claims.exp;
         if let Some(e) = answer.expires_in {
-            expires = expires.min(now + e);
+            expires = expires.min(now.saturating_add(e));
         }
         Ok(Tokens {
             claims,

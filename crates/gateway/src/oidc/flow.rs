@@ -7,7 +7,7 @@ use warden_core::{keys, model::now_ms, OidcFlowRecord};
 use warden_oidc::{OidcError, Secret};
 
 use super::page::{html, provider_down};
-use super::{cookie_value, people, query_param, OidcConfig, OidcProvider, FLOW_COOKIE, FLOW_TTL};
+use super::{people, query_param, OidcConfig, OidcProvider, FLOW_COOKIE, FLOW_TTL};
 use crate::auth::session::token_hash;
 use crate::client::Client;
 use crate::endpoints::next::safe_next;
@@ -62,6 +62,18 @@ pub(super) async fn start(
             "Use GET",
             "Start a provider sign-in with a link (GET).",
         );
+    }
+    // Each start writes a record under a lease: without a bound, anyone could fill the store.
+    if let Err(wait) = oidc.starts.admit(client.ip) {
+        let mut resp = html(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many sign-ins",
+            "Too many sign-ins were started from this address; wait a minute and try again.",
+        );
+        if let Ok(v) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+            resp.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return resp;
     }
     let next = query_param(&req, "next")
         .and_then(|n| safe_next(&n))
@@ -177,8 +189,11 @@ pub(super) async fn callback(
         Err(resp) => return resp,
     };
     let expired = now_ms() > record.created_ms + FLOW_TTL.as_millis() as u64;
-    let bound =
-        cookie_value(req.headers(), FLOW_COOKIE).is_some_and(|c| token_hash(&c) == record.binding);
+    // Exactly one binding cookie: a second is one a page of the gateway's origin planted (an
+    // app's script can set cookies its headers may not), to finish its own flow in this
+    // browser and sign the person in as someone else.
+    let bindings = super::cookie_values(req.headers(), FLOW_COOKIE);
+    let bound = matches!(bindings.as_slice(), [c] if token_hash(c) == record.binding);
     if record.provider != p.provider.config().id || expired || !bound {
         state
             .audit

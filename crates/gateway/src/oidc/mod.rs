@@ -12,6 +12,7 @@ mod flow;
 mod page;
 pub(crate) mod people;
 pub(crate) mod refresh;
+pub mod starts;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +51,8 @@ pub struct OidcConfig {
     pub providers: Vec<Arc<OidcProvider>>,
     /// Seals PKCE verifiers, nonces and refresh tokens.
     pub sealer: Sealer,
+    /// Sign-ins started per client address, bounded.
+    pub starts: starts::Starts,
 }
 
 // === impl OidcConfig ===
@@ -102,15 +105,18 @@ pub(crate) async fn answer(
 }
 
 /// The value of cookie `name` in `req`'s Cookie headers.
-pub(crate) fn cookie_value(headers: &http::HeaderMap, name: &str) -> Option<String> {
+/// Every value of cookie `name` the request carries (a browser sends one per path and domain
+/// that matches: more than one means someone planted one).
+pub(crate) fn cookie_values(headers: &http::HeaderMap, name: &str) -> Vec<String> {
     headers
         .get_all(http::header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(n, _)| n.trim() == name)
+        .filter(|(n, _)| n.trim() == name)
         .map(|(_, v)| v.trim().to_owned())
+        .collect()
 }
 
 /// The value of query parameter `name`, percent-decoded.

@@ -1,42 +1,15 @@
 //! The readable pages a browser gets when a provider sign-in cannot go on.
 
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{Response, StatusCode};
 
-use crate::response::{full, Body};
+use crate::response::Body;
 
-/// `text` with HTML's special characters escaped.
-pub(crate) fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// A small HTML page: a title, a message and a way back to the sign-in page.
+/// A readable page in the gateway's own style and with its headers (CSP, framing, caching,
+/// referrer): what went wrong, and a way back to the sign-in page.
 pub(crate) fn html(status: StatusCode, title: &str, message: &str) -> Response<Body> {
-    let body = format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title></head>\
-         <body><h1>{t}</h1><p>{m}</p><p><a href=\"/login\">Sign in again</a></p></body></html>\n",
-        t = escape(title),
-        m = escape(message),
-    );
-    let mut resp = Response::new(full(bytes::Bytes::from(body)));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    resp
+    let page =
+        crate::endpoints::pages::error(status, &format!("{title}. {message}"), Some("/login"));
+    crate::endpoints::pages::respond(status, page)
 }
 
 /// No provider of that id.

@@ -35,6 +35,14 @@ pub(super) fn providers(
     for t in &cfg.oidc {
         warden_core::validate_name("oidc provider id", &t.id)
             .with_context(|| format!("[[oidc]] id {:?}", t.id))?;
+        // Provider users are named `<name>_<id>`: an id with `_` would let `bob_x` of `corp` and
+        // `bob` of `x_corp` meet in one name.
+        if t.id.contains('_') {
+            anyhow::bail!(
+                "[[oidc]] id {:?} holds '_', which separates a person's name from the provider's in user names; use letters, digits and '-'",
+                t.id
+            );
+        }
         if providers
             .iter()
             .any(|p: &Arc<OidcProvider>| p.provider.config().id == t.id)
@@ -69,7 +77,11 @@ pub(super) fn providers(
             username_claim: t.username_claim.clone(),
         }));
     }
-    Ok(Some(Arc::new(OidcConfig { providers, sealer })))
+    Ok(Some(Arc::new(OidcConfig {
+        providers,
+        sealer,
+        starts: Default::default(),
+    })))
 }
 
 /// One node's sealing key: made once per data dir, mode 0600.

@@ -73,6 +73,13 @@ pub(crate) fn config_file(
     config
 }
 
+/// Whether a browser's request was answered as one with no session: sent to the sign-in page.
+fn signed_out(r: &Response) -> bool {
+    r.status == 303
+        && r.header("location")
+            .is_some_and(|l| l.starts_with("/login?next="))
+}
+
 pub(crate) fn alice() -> Person {
     Person::new("alice", "wonderland", &["engineering"])
 }
@@ -182,6 +189,21 @@ fn a_replayed_state_or_a_missing_or_foreign_flow_cookie_is_refused() {
     let cb = b.sign_in_until_callback(&s.gw, "corp", "/apps/demo/", &alice());
     b.set_cookie(&h, "warden_oidc", Some("somebody-elses"));
     assert_eq!(b.send("GET", &cb, None).status, 400);
+    // A second binding cookie beside the right one (a page of the origin planted one with a
+    // longer path, which the browser sends first): refused, whichever comes first.
+    for planted_first in [true, false] {
+        let mut b = Browser::new();
+        let cb = b.sign_in_until_callback(&s.gw, "corp", "/apps/demo/", &alice());
+        let right = format!("warden_oidc={}", b.cookie(&h, "warden_oidc").unwrap());
+        let cookies = match planted_first {
+            true => format!("warden_oidc=planted; {right}"),
+            false => format!("{right}; warden_oidc=planted"),
+        };
+        let headers = [("accept", "text/html"), ("cookie", cookies.as_str())];
+        let r = http::request("GET", &cb, &headers, b"");
+        assert_eq!(r.status, 400, "{cookies}: {}", r.text());
+        assert!(r.text().contains("another browser"), "{}", r.text());
+    }
     // The right browser signs in once; the same callback again is a replay.
     let mut b = Browser::new();
     let cb = b.sign_in_until_callback(&s.gw, "corp", "/apps/demo/", &alice());
@@ -272,7 +294,7 @@ fn a_refresh_brings_a_changed_group_and_ends_a_removed_person() {
         std::time::Duration::from_secs(30),
         || {
             let r = b.send("GET", &demo_url, None);
-            (r.status == 401).then_some(())
+            signed_out(&r).then_some(())
         },
     );
     // Ended in the store, not only refused: the cookie alone never works again.
@@ -356,7 +378,7 @@ fn without_a_refresh_token_a_session_ends_with_the_providers_tokens() {
     wait_until(
         "the session's end",
         std::time::Duration::from_secs(30),
-        || (b.send("GET", &demo_url, None).status == 401).then_some(()),
+        || signed_out(&b.send("GET", &demo_url, None)).then_some(()),
     );
 }
 
