@@ -2,6 +2,7 @@
 
 pub mod apps;
 pub mod audit;
+mod awaiting;
 pub mod data;
 pub mod forward;
 pub mod instances;

@@ -351,7 +351,7 @@ pub struct OidcTable {
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
     /// Shortest time between two fetches of the provider's keys caused by a token naming an
-    /// unknown key [10s].
+    /// unknown key \[10s\].
     #[serde(default)]
     pub jwks_refetch: Option<Human>,
     /// Claims → clearance rules: `{ claim, value, level, categories, groups }`; the lowest
