@@ -434,14 +434,26 @@ async fn lattice(api: &client::Client, out: &Output, cmd: LatticeCommand) -> any
 /// `file` with mode 0600 (it holds password hashes) through a temporary file and a rename, so
 /// `file` is either the whole backup or untouched.
 pub async fn backup(args: &ClientArgs, file: &std::path::Path) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let endpoint = config::resolve(args)?;
     let api = client::Client::new(endpoint);
     let backup: Value = api.call("GET", "/v1/store/backup").await?;
     // Written as it came (sealed: its digest and MAC cover it); read only to say what it holds.
     let head: BackupHead = api.read(&serde_json::to_vec(&backup)?)?;
     let (records, revision) = (head.records.len(), head.revision);
+    write_private(file, &serde_json::to_vec(&backup)?)?;
+    println!(
+        "backed up {records} records at store revision {revision} to {}",
+        file.display()
+    );
+    Ok(())
+}
+
+/// Writes `bytes` to `file` with mode 0600 through a new temporary file beside it (never one a
+/// link stands for: it is created, not opened) and a rename: `file` is either whole or as it
+/// was. For what holds secrets: backups, the session of `warden login`.
+pub(crate) fn write_private(file: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = file.with_extension("partial");
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
@@ -450,14 +462,8 @@ pub async fn backup(args: &ClientArgs, file: &std::path::Path) -> anyhow::Result
         .mode(0o600)
         .open(&tmp)
         .with_context(|| format!("cannot create {}", tmp.display()))?;
-    f.write_all(&serde_json::to_vec(&backup)?)
+    f.write_all(bytes)
         .and_then(|()| f.sync_all())
         .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, file)
-        .with_context(|| format!("cannot move the backup into {}", file.display()))?;
-    println!(
-        "backed up {records} records at store revision {revision} to {}",
-        file.display()
-    );
-    Ok(())
+    std::fs::rename(&tmp, file).with_context(|| format!("cannot write {}", file.display()))
 }

@@ -79,7 +79,7 @@ impl Session {
     /// Writes it through a temporary file (mode 0600) and a rename, in a directory only its
     /// owner enters.
     fn save(&self) -> anyhow::Result<PathBuf> {
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        use std::os::unix::fs::DirBuilderExt;
         let path = Self::path()
             .context("cannot tell where to keep the session: set HOME or XDG_CONFIG_HOME")?;
         let dir = path.parent().context("the session file has no directory")?;
@@ -88,18 +88,7 @@ impl Session {
             .mode(0o700)
             .create(dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        let tmp = path.with_extension("partial");
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("cannot create {}", tmp.display()))?;
-        f.write_all(&serde_json::to_vec(self)?)
-            .and_then(|()| f.sync_all())
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
+        crate::write_private(&path, &serde_json::to_vec(self)?)?;
         Ok(path)
     }
 }
