@@ -28,9 +28,7 @@ use warden_core::audit::{Audit, Event};
 use crate::error::ApiError;
 use crate::Api;
 
-/// Who a change made with the break-glass admin token is recorded as; an operator's changes
-/// are recorded as `operator:<name>`.
-pub const ACTOR: &str = "admin token";
+pub(crate) use crate::authz::{target, ACTOR};
 
 /// Largest body digested before the handler runs; bigger ones are refused by the handlers'
 /// own limit anyway (pushes, which stream, are digested by nothing: their release records the
@@ -96,15 +94,6 @@ impl Refusals {
     ) {
         warden_core::audit::flush_every(period, shutdown, || self.flush(&*audit)).await;
     }
-}
-
-/// The path parameter of `path` where `template` has one (`{name}`, `{id}`): the first.
-pub(crate) fn target(template: &str, path: &str) -> Option<String> {
-    template
-        .split('/')
-        .zip(path.split('/'))
-        .find(|(t, _)| t.starts_with('{'))
-        .map(|(_, p)| p.to_owned())
 }
 
 /// The `name` of a JSON object body.

@@ -40,16 +40,8 @@ struct FileConfig {
     token_file: Option<PathBuf>,
 }
 
-/// The user's warden config directory: `$XDG_CONFIG_HOME/warden` or `~/.config/warden`.
-pub(crate) fn config_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
-    Some(base.join("warden"))
-}
-
 fn default_config_path() -> Option<PathBuf> {
-    Some(config_dir()?.join("cli.toml"))
+    Some(crate::session::config_dir()?.join("cli.toml"))
 }
 
 fn read_file_config(args: &ClientArgs) -> anyhow::Result<FileConfig> {
@@ -88,7 +80,7 @@ fn resolve_api(args: &ClientArgs, file: &FileConfig) -> anyhow::Result<String> {
                     .with_context(|| format!("{} is not valid JSON", endpoints.display()))?;
                 v["api"].as_str().map(str::to_owned).with_context(|| format!("{} names no api", endpoints.display()))?
             }
-            Err(_) => match crate::login::Session::load()? {
+            Err(_) => match crate::session::Session::load()? {
                 Some(s) => s.api,
                 None => bail!(
                     "cannot tell where the warden API is: pass --api URL, set WARDEN_API, write `api = \"...\"` in {}, or run from the directory holding the data dir of `warden up` ({})",
@@ -113,7 +105,7 @@ pub(crate) fn resolve(args: &ClientArgs) -> anyhow::Result<Endpoint> {
     if let Some(t) = args.token.clone() {
         return Ok(Endpoint { api, token: t });
     }
-    if let Some(session) = crate::login::Session::load()?.filter(|s| s.api == api) {
+    if let Some(session) = crate::session::Session::load()?.filter(|s| s.api == api) {
         return Ok(Endpoint {
             api,
             token: session.token_if_live()?,

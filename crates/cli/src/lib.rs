@@ -19,6 +19,7 @@ pub mod nodes;
 mod operators;
 mod pack;
 mod phases;
+mod session;
 mod show;
 mod shown;
 mod status;

@@ -18,6 +18,19 @@ use warden_core::{keys, OperatorRecord, Role, TokenKind, TokenRecord};
 use crate::error::ApiError;
 use crate::Api;
 
+/// Who a change made with the break-glass admin token is recorded as; an operator's changes
+/// are recorded as `operator:<name>`.
+pub(crate) const ACTOR: &str = "admin token";
+
+/// The path parameter of `path` where `template` has one (`{name}`, `{id}`): the first.
+pub(crate) fn target(template: &str, path: &str) -> Option<String> {
+    template
+        .split('/')
+        .zip(path.split('/'))
+        .find(|(t, _)| t.starts_with('{'))
+        .map(|(_, p)| p.to_owned())
+}
+
 /// Who made a request.
 #[derive(Debug, Clone)]
 pub(crate) enum Principal {
@@ -42,7 +55,7 @@ impl Principal {
     /// As the audit trail and releases name it.
     pub(crate) fn actor(&self) -> String {
         match self {
-            Self::Admin => crate::audit::ACTOR.to_owned(),
+            Self::Admin => ACTOR.to_owned(),
             Self::Operator { name, .. } => format!("operator:{name}"),
         }
     }
@@ -209,7 +222,7 @@ async fn app_of(
 ) -> Result<(Request, Option<String>), Response> {
     match route {
         "/v1/instances/{id}" | "/v1/instances/{id}/logs" => {
-            let id = crate::audit::target(route, req.uri().path()).unwrap_or_default();
+            let id = target(route, req.uri().path()).unwrap_or_default();
             let listing = api
                 .store
                 .list(keys::INSTANCES)
@@ -245,7 +258,7 @@ async fn app_of(
         _ => {
             let app = route
                 .starts_with("/v1/apps/{name}")
-                .then(|| crate::audit::target(route, req.uri().path()))
+                .then(|| target(route, req.uri().path()))
                 .flatten();
             Ok((req, app))
         }
