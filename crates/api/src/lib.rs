@@ -18,6 +18,7 @@ mod deliver;
 pub mod error;
 pub mod routes;
 mod serve;
+mod ui;
 
 use std::sync::Arc;
 
@@ -170,6 +171,11 @@ pub struct Api {
     pub(crate) refusals: Arc<audit::Refusals>,
     /// How often `refusals` are written to the log.
     audit_flush: std::time::Duration,
+    /// The key the dashboard's forms are signed under (`ui`): random per process unless set.
+    ui_key: Arc<[u8; 32]>,
+    /// Turns true when the server stops: the dashboard's event streams end then, or the
+    /// graceful shutdown would wait on them for ever.
+    pub(crate) stopping: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 // === impl Api ===
@@ -202,7 +208,16 @@ impl Api {
             audit: Arc::new(warden_core::audit::NoAudit),
             refusals: Arc::default(),
             audit_flush: std::time::Duration::from_secs(60),
+            ui_key: Arc::new(random_key()),
+            stopping: None,
         }
+    }
+
+    /// Signs the dashboard's forms under `key` (the data dir's or the cluster's, so a page one
+    /// process served is taken after a restart or by another node).
+    pub fn with_ui_key(mut self, key: [u8; 32]) -> Self {
+        self.ui_key = Arc::new(key);
+        self
     }
 
     /// Operators' sessions (`POST /v1/login`) last `ttl`.
@@ -383,7 +398,7 @@ impl Api {
                 self.clone(),
                 authz::authorize,
             ));
-        Router::new()
+        let json = Router::new()
             .route(
                 "/healthz",
                 get(|| async {
@@ -413,8 +428,25 @@ impl Api {
                 )
             })
             .layer(axum::extract::DefaultBodyLimit::max(1024 * 1024))
-            .with_state(self)
+            .with_state(self.clone());
+        // The dashboard calls the JSON API through this very router (its token check, its
+        // table, its handlers, its audit), so it has no access rule of its own.
+        let ui = ui::router(self, json.clone());
+        json.merge(ui)
     }
+}
+
+/// 32 random bytes (a fresh secret token's hex, decoded).
+fn random_key() -> [u8; 32] {
+    let hex = warden_core::id::secret_token();
+    let mut key = [0u8; 32];
+    for (i, b) in key.iter_mut().enumerate() {
+        *b = hex
+            .get(i * 2..i * 2 + 2)
+            .and_then(|h| u8::from_str_radix(h, 16).ok())
+            .unwrap_or_default();
+    }
+    key
 }
 
 /// Prometheus text; no token needed, as scrapers expect, and nothing secret in it.

@@ -49,6 +49,8 @@ pub async fn serve(
 ) -> io::Result<()> {
     let flush = tokio::spawn(api.refusals_task(shutdown.clone()));
     let (refusals, audit) = (api.refusals.clone(), api.audit.clone());
+    let mut api = api;
+    api.stopping = Some(shutdown.clone());
     let router = api.router();
     let max = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
     let slots = Arc::new(Semaphore::new(max));

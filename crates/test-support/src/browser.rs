@@ -179,6 +179,16 @@ impl Browser {
             .unwrap_or_default()
     }
 
+    /// Runs `script` (a function body; `return` gives its value) in the page and returns its
+    /// value: to leave a mark on the page that only a reload would wipe.
+    pub fn execute(&self, script: &str) -> Value {
+        self.session_command(
+            "POST",
+            "/execute/sync",
+            Some(json!({ "script": script, "args": [] })),
+        )
+    }
+
     /// Waits until `f` holds of the browser, up to `limit`; panics with the page otherwise.
     pub fn wait_for(&self, what: &str, limit: Duration, mut f: impl FnMut(&Self) -> bool) {
         let end = Instant::now() + limit;

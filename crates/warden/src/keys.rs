@@ -63,6 +63,32 @@ pub(crate) fn csrf_key(
     })
 }
 
+/// HKDF's info for the dashboard's CSRF key on a cluster.
+const CLUSTER_UI_KEY_INFO: &[u8] = b"warden ui csrf v1";
+
+/// The file in the data dir that holds a single node's dashboard CSRF key.
+pub const UI_KEY_FILE: &str = "ui-csrf-key";
+
+/// The key the dashboard's forms (`/ui/`) are signed under: like [`csrf_key`], derived on a
+/// cluster (so a page one node's API served is taken by another) and a private file on one
+/// node, but a key of its own, so neither role's forms are taken by the other.
+pub(crate) fn ui_key(
+    dir: &std::path::Path,
+    cluster_identity: Option<&str>,
+) -> anyhow::Result<[u8; 32]> {
+    if let Some(identity) = cluster_identity {
+        return cluster_key(identity, CLUSTER_UI_KEY_INFO, "the dashboard's CSRF key");
+    }
+    let path = dir.join(UI_KEY_FILE);
+    let text = crate::files::load_or_create(&path, warden_core::id::secret_token)?;
+    decode_key(&text).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} is damaged (it must be 64 hex digits); remove it and start warden again (open dashboard pages will need a reload)",
+            path.display()
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

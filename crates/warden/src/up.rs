@@ -277,6 +277,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             made_here.set(Arc::new(warden_api::NodeReleases::new(releases.clone())));
         }
         if cfg.runs(Role::Api) {
+            let identity = joined.as_ref().map(|j| j.secrets.identity_key.as_str());
+            let releases = releases.with_ui_key(crate::keys::ui_key(&cfg.data_dir, identity)?);
             let (addr, task) = api::serve_api(&cfg, releases, &gateway, &sources, stop_rx).await?;
             at.api = Some(addr);
             tasks.push(task);

@@ -79,6 +79,7 @@ mod cluster;
 mod cluster_routing;
 mod connections;
 mod crash_bursts;
+mod dashboard;
 mod data_apps;
 mod data_attacks;
 mod data_cluster;

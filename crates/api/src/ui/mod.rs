@@ -1,0 +1,421 @@
+//! The operators' dashboard under `/ui/`: server-rendered pages of what the JSON API says, and
+//! forms that call it.
+//!
+//! The dashboard has no access rule of its own. A signed-in browser holds a token in an
+//! HttpOnly cookie (an operator's session from `POST /v1/login`, or the break-glass admin
+//! token); every page and form calls the JSON API through the same router a client reaches,
+//! with that token as its `Bearer`, so the same token check, role table, handlers, config
+//! redaction and audit apply, and a refusal is the API's own. Forms are guarded against
+//! cross-site requests by [`csrf`]; pages by the headers of [`pages::headers`].
+
+mod csrf;
+mod live;
+mod pages;
+
+use std::net::SocketAddr;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Form, Router};
+use serde::de::DeserializeOwned;
+use subtle::ConstantTimeEq;
+use tower_service::Service as _;
+use warden_api_types::{IssuedToken, Status};
+use warden_core::{AppSpec, InstanceRecord, Release};
+
+use crate::Api;
+
+/// The cookie that holds the signed-in browser's token.
+const SESSION_COOKIE: &str = "warden_ui";
+
+/// Whether the dashboard is served over TLS, for its cookies' `Secure`: the API's listener is
+/// plain HTTP on loopback or a private network today; when it takes TLS this follows it.
+const HTTPS: bool = false;
+
+/// Largest answer of the JSON API a page reads.
+const MAX_ANSWER: usize = 16 * 1024 * 1024;
+
+/// What the dashboard's handlers share: the API's state and its JSON router.
+#[derive(Clone)]
+pub(crate) struct Ui {
+    api: Api,
+    json: Router,
+}
+
+/// The client's address, as the server recorded it.
+type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+
+/// The dashboard's routes, which call `json` (the API's router) for everything they show or do.
+pub(crate) fn router(api: Api, json: Router) -> Router {
+    Router::new()
+        .route("/ui", get(|| async { see_other("/ui/") }))
+        .route("/ui/", get(overview))
+        .route("/ui/login", get(login_page).post(login))
+        .route("/ui/logout", post(logout))
+        .route("/ui/apps/{name}", get(app))
+        .route("/ui/apps/{name}/scale", post(scale))
+        .route("/ui/live.js", get(live::script))
+        .route("/ui/events", get(live::events))
+        .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))
+        .with_state(Ui { api, json })
+}
+
+/// An answer of the JSON API.
+struct Answer {
+    status: StatusCode,
+    body: Bytes,
+}
+
+impl Answer {
+    /// The body as `T`, or the API's error message.
+    fn json<T: DeserializeOwned>(&self) -> Result<T, String> {
+        if !self.status.is_success() {
+            return Err(self.error());
+        }
+        serde_json::from_slice(&self.body).map_err(|e| format!("the API answered unreadably: {e}"))
+    }
+
+    /// What the API said went wrong.
+    fn error(&self) -> String {
+        serde_json::from_slice::<warden_api_types::ErrorBody>(&self.body)
+            .map(|e| e.error)
+            .unwrap_or_else(|_| format!("the API answered {}", self.status))
+    }
+}
+
+// === impl Ui ===
+
+impl Ui {
+    /// Calls the JSON API as the holder of `token`, from `peer`, through its own router.
+    async fn call(
+        &self,
+        token: &str,
+        peer: &Peer,
+        method: Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Answer {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body));
+        let mut req = match req {
+            Ok(r) => r,
+            Err(e) => {
+                return Answer {
+                    status: StatusCode::BAD_REQUEST,
+                    body: serde_json::json!({ "error": format!("not a valid request: {e}") })
+                        .to_string()
+                        .into(),
+                }
+            }
+        };
+        if let Some(Extension(c)) = peer {
+            req.extensions_mut().insert(*c);
+        }
+        let resp = match self.json.clone().call(req).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        };
+        let status = resp.status();
+        let body = axum::body::to_bytes(resp.into_body(), MAX_ANSWER)
+            .await
+            .unwrap_or_default();
+        Answer { status, body }
+    }
+}
+
+/// A 303 to `to`.
+fn see_other(to: &'static str) -> Response {
+    (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response()
+}
+
+/// Back to the sign-in page, forgetting the session cookie.
+fn to_login() -> Response {
+    let mut resp = see_other("/ui/login");
+    resp.headers_mut()
+        .insert(header::SET_COOKIE, session_cookie(None));
+    resp
+}
+
+/// The `Set-Cookie` of the session: `token`, or its removal.
+fn session_cookie(token: Option<&str>) -> HeaderValue {
+    let secure = if HTTPS { "; Secure" } else { "" };
+    let value = match token {
+        Some(t) => format!("{SESSION_COOKIE}={t}; Path=/ui; HttpOnly; SameSite=Strict{secure}"),
+        None => {
+            format!("{SESSION_COOKIE}=; Path=/ui; Max-Age=0; HttpOnly; SameSite=Strict{secure}")
+        }
+    };
+    HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static("warden_ui=; Max-Age=0"))
+}
+
+/// A page, with the CSRF cookie if the browser had none.
+fn page(status: StatusCode, html: String, set_csrf: Option<HeaderValue>) -> Response {
+    let mut resp = pages::respond(status, html);
+    if let Some(c) = set_csrf {
+        resp.headers_mut().append(header::SET_COOKIE, c);
+    }
+    resp
+}
+
+/// The signed-in browser's token, its CSRF field and the CSRF cookie to set if it had none;
+/// `None`: not signed in (answer [`to_login`]).
+fn session(ui: &Ui, headers: &HeaderMap) -> Option<(String, String, Option<HeaderValue>)> {
+    let token = csrf::cookie(headers, SESSION_COOKIE)?;
+    let (c, set) = csrf::token(headers, HTTPS);
+    Some((token, csrf::field(&ui.api.ui_key, &c), set))
+}
+
+/// The CSRF check of a form POST: `Some(refusal)`, a page saying why, when it fails.
+fn refused(ui: &Ui, headers: &HeaderMap, sent: Option<&str>) -> Option<Response> {
+    csrf::check(&ui.api.ui_key, headers, HTTPS, sent)
+        .err()
+        .map(|e| pages::respond(StatusCode::FORBIDDEN, pages::error(None, &e.to_string())))
+}
+
+/// `GET /ui/login`
+async fn login_page(State(ui): State<Ui>, headers: HeaderMap) -> Response {
+    let (c, set) = csrf::token(&headers, HTTPS);
+    let html = pages::login(&csrf::field(&ui.api.ui_key, &c), None);
+    page(StatusCode::OK, html, set)
+}
+
+/// The sign-in form: an operator's name and password, or the admin token.
+#[derive(serde::Deserialize)]
+struct LoginForm {
+    csrf: Option<String>,
+    name: Option<String>,
+    password: Option<String>,
+    token: Option<String>,
+}
+
+/// `POST /ui/login`: an operator's name and password go to `POST /v1/login` (its checks, its
+/// throttle, its audit); the admin token is compared in constant time. Either token becomes
+/// the session cookie.
+async fn login(
+    State(ui): State<Ui>,
+    peer: Peer,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    if let Some(resp) = refused(&ui, &headers, f.csrf.as_deref()) {
+        return resp;
+    }
+    let again = |status: StatusCode, msg: &str| {
+        let (c, set) = csrf::token(&headers, HTTPS);
+        page(
+            status,
+            pages::login(&csrf::field(&ui.api.ui_key, &c), Some(msg)),
+            set,
+        )
+    };
+    let token = match f.token.filter(|t| !t.is_empty()) {
+        Some(t) => {
+            let ok = ui
+                .api
+                .admin_token()
+                .is_some_and(|a| bool::from(t.as_bytes().ct_eq(a.as_bytes())));
+            if !ok {
+                if ui.api.audit.kept() {
+                    let from = peer.as_ref().map(|Extension(c)| c.0.ip());
+                    ui.api.refusals.add(401, from, "/ui/login");
+                }
+                return again(
+                    StatusCode::UNAUTHORIZED,
+                    "that is not the break-glass admin token (DATA_DIR/admin-token), or the token is off; sign in as an operator",
+                );
+            }
+            t
+        }
+        None => {
+            let body = serde_json::json!({
+                "name": f.name.unwrap_or_default(),
+                "password": f.password.unwrap_or_default(),
+            });
+            let ans = ui
+                .call("", &peer, Method::POST, "/v1/login", Some(body))
+                .await;
+            match ans.json::<IssuedToken>() {
+                Ok(issued) => issued.token,
+                Err(msg) => return again(ans.status, &msg),
+            }
+        }
+    };
+    let mut resp = see_other("/ui/");
+    resp.headers_mut()
+        .insert(header::SET_COOKIE, session_cookie(Some(&token)));
+    resp
+}
+
+/// A form that carries only its CSRF field.
+#[derive(serde::Deserialize)]
+struct Plain {
+    csrf: Option<String>,
+}
+
+/// `POST /ui/logout`: ends the session through `POST /v1/logout` (the admin token has none to
+/// end) and forgets the cookie.
+async fn logout(
+    State(ui): State<Ui>,
+    peer: Peer,
+    headers: HeaderMap,
+    Form(f): Form<Plain>,
+) -> Response {
+    if let Some(resp) = refused(&ui, &headers, f.csrf.as_deref()) {
+        return resp;
+    }
+    if let Some(token) = csrf::cookie(&headers, SESSION_COOKIE) {
+        let ans = ui
+            .call(&token, &peer, Method::POST, "/v1/logout", None)
+            .await;
+        tracing::debug!(status = %ans.status, "dashboard sign-out");
+    }
+    to_login()
+}
+
+/// An API refusal as a page: 401 signs in again, anything else says what the API said.
+fn refusal(ans: &Answer, csrf: &str, msg: String) -> Response {
+    if ans.status == StatusCode::UNAUTHORIZED {
+        return to_login();
+    }
+    let status = if ans.status.is_success() {
+        StatusCode::BAD_GATEWAY
+    } else {
+        ans.status
+    };
+    pages::respond(status, pages::error(Some(csrf), &msg))
+}
+
+/// `GET /ui/`: `GET /v1/status`, shown.
+async fn overview(State(ui): State<Ui>, peer: Peer, headers: HeaderMap) -> Response {
+    let (token, csrf, set) = match session(&ui, &headers) {
+        Some(s) => s,
+        None => return to_login(),
+    };
+    let ans = ui
+        .call(&token, &peer, Method::GET, "/v1/status", None)
+        .await;
+    match ans.json::<Status>() {
+        Ok(status) => page(StatusCode::OK, pages::overview(&status, &csrf), set),
+        Err(msg) => refusal(&ans, &csrf, msg),
+    }
+}
+
+/// `GET /ui/apps/{name}`: the app, its part of the status, its instances and releases.
+async fn app(
+    State(ui): State<Ui>,
+    peer: Peer,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    let (token, csrf, set) = match session(&ui, &headers) {
+        Some(s) => s,
+        None => return to_login(),
+    };
+    match app_page(&ui, &token, &peer, &name).await {
+        Ok(p) => page(StatusCode::OK, pages::app(&p, &csrf, None), set),
+        Err((ans, msg)) => refusal(&ans, &csrf, msg),
+    }
+}
+
+/// Reads what the app page shows, each part through the JSON API.
+async fn app_page(
+    ui: &Ui,
+    token: &str,
+    peer: &Peer,
+    name: &str,
+) -> Result<pages::AppPage, (Answer, String)> {
+    if let Err(e) = warden_core::validate_name("app", name) {
+        let ans = Answer {
+            status: StatusCode::NOT_FOUND,
+            body: Bytes::new(),
+        };
+        return Err((ans, e.to_string()));
+    }
+    async fn read<T: DeserializeOwned>(
+        ui: &Ui,
+        token: &str,
+        peer: &Peer,
+        path: &str,
+    ) -> Result<T, (Answer, String)> {
+        let ans = ui.call(token, peer, Method::GET, path, None).await;
+        match ans.json::<T>() {
+            Ok(v) => Ok(v),
+            Err(msg) => Err((ans, msg)),
+        }
+    }
+    let spec: AppSpec = read(ui, token, peer, &format!("/v1/apps/{name}")).await?;
+    let releases: Vec<Release> =
+        read(ui, token, peer, &format!("/v1/apps/{name}/releases")).await?;
+    let status: Status = read(ui, token, peer, "/v1/status").await?;
+    let instances: Vec<InstanceRecord> = read(ui, token, peer, "/v1/instances").await?;
+    Ok(pages::AppPage {
+        status: status.apps.into_iter().find(|a| a.name == name),
+        instances: instances.into_iter().filter(|i| i.app == name).collect(),
+        releases,
+        spec,
+    })
+}
+
+/// The scale form.
+#[derive(serde::Deserialize)]
+struct ScaleForm {
+    csrf: Option<String>,
+    label: String,
+    count: String,
+}
+
+/// `POST /ui/apps/{name}/scale`: `POST /v1/apps/{name}/scale` with the one label's count.
+async fn scale(
+    State(ui): State<Ui>,
+    peer: Peer,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Form(f): Form<ScaleForm>,
+) -> Response {
+    if let Some(resp) = refused(&ui, &headers, f.csrf.as_deref()) {
+        return resp;
+    }
+    let (token, csrf, _) = match session(&ui, &headers) {
+        Some(s) => s,
+        None => return to_login(),
+    };
+    let Ok(count) = f.count.trim().parse::<u32>() else {
+        let msg = format!(
+            "{:?} is not a count of instances: give a whole number, 0 or more",
+            f.count
+        );
+        return pages::respond(StatusCode::BAD_REQUEST, pages::error(Some(&csrf), &msg));
+    };
+    if warden_core::validate_name("app", &name).is_err() {
+        return pages::respond(
+            StatusCode::NOT_FOUND,
+            pages::error(Some(&csrf), "no such app"),
+        );
+    }
+    let body = serde_json::json!({ "desired": { f.label.clone(): count } });
+    let path = format!("/v1/apps/{name}/scale");
+    let ans = ui
+        .call(&token, &peer, Method::POST, &path, Some(body))
+        .await;
+    if ans.status.is_success() {
+        let mut resp = (
+            StatusCode::SEE_OTHER,
+            [(header::LOCATION, format!("/ui/apps/{name}"))],
+        )
+            .into_response();
+        for (n, v) in pages::headers() {
+            resp.headers_mut().insert(n, v);
+        }
+        return resp;
+    }
+    let msg = ans.error();
+    refusal(&ans, &csrf, msg)
+}
