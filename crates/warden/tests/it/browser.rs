@@ -27,7 +27,7 @@ fn a_person_signs_in_on_the_page_reaches_the_app_at_their_clearance_and_signs_ou
 
     // A wrong password: the page again, saying so, and no session.
     sign_in(&b, "alice", "not her password");
-    b.wait_for("the page to say so", Duration::from_secs(10), |b| {
+    b.wait_for("the page to say so", Duration::from_secs(30), |b| {
         b.try_find("p.message").is_some()
     });
     assert!(
@@ -63,7 +63,7 @@ fn a_person_signs_in_on_the_page_reaches_the_app_at_their_clearance_and_signs_ou
     let me = b.text();
     assert!(me.contains("alice") && me.contains("SECRET"), "{me}");
     b.click(&b.find("form[action='/logout'] button[type=submit]"));
-    b.wait_for("the sign-in page", Duration::from_secs(10), |b| {
+    b.wait_for("the sign-in page", Duration::from_secs(30), |b| {
         b.url().contains("/login")
     });
     b.goto(&format!("{}/apps/demo/", w.gateway));

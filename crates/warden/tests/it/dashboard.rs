@@ -42,7 +42,7 @@ fn sign_in(b: &Browser, name: &str, password: &str) {
 
 fn sign_out(b: &Browser) {
     b.click(&b.find("form[action='/ui/logout'] button[type=submit]"));
-    b.wait_for("the sign-in page", Duration::from_secs(10), |b| {
+    b.wait_for("the sign-in page", Duration::from_secs(30), |b| {
         b.url().ends_with("/ui/login")
     });
 }
@@ -74,14 +74,14 @@ fn an_operator_signs_in_sees_the_labels_scales_them_live_and_signs_out() {
     b.goto(&format!("{}/ui/", w.api));
     assert!(b.url().ends_with("/ui/login"), "{}", b.url());
     sign_in(&b, "dee", "not her password");
-    b.wait_for("the refusal", Duration::from_secs(10), |b| {
+    b.wait_for("the refusal", Duration::from_secs(30), |b| {
         cell(b, "p.message").contains("wrong operator name or password")
     });
     assert!(!b.cookies().iter().any(|c| c["name"] == "warden_ui"));
 
     // The right one: the overview, with the session in a strict, script-proof cookie.
     sign_in(&b, "dee", "dee-password-1");
-    b.wait_for("the overview", Duration::from_secs(10), |b| {
+    b.wait_for("the overview", Duration::from_secs(30), |b| {
         b.url().ends_with("/ui/")
     });
     let cookies = b.cookies();
@@ -159,7 +159,7 @@ fn a_viewer_cannot_scale_and_hostile_text_is_shown_as_text() {
     b.goto(&format!("{}/ui/login", w.api));
     b.type_into(&b.find("form#token input[name=token]"), &w.token);
     b.click(&b.find("form#token button[type=submit]"));
-    b.wait_for("the overview", Duration::from_secs(10), |b| {
+    b.wait_for("the overview", Duration::from_secs(30), |b| {
         b.url().ends_with("/ui/")
     });
     b.goto(&format!("{}/ui/apps/hostile", w.api));
@@ -175,7 +175,7 @@ fn a_viewer_cannot_scale_and_hostile_text_is_shown_as_text() {
 
     // A viewer: the value hidden, and a scale from the page refused with the API's words.
     sign_in(&b, "vee", "vee-password-1");
-    b.wait_for("the overview", Duration::from_secs(10), |b| {
+    b.wait_for("the overview", Duration::from_secs(30), |b| {
         b.url().ends_with("/ui/")
     });
     b.goto(&format!("{}/ui/apps/hostile", w.api));
@@ -187,7 +187,7 @@ fn a_viewer_cannot_scale_and_hostile_text_is_shown_as_text() {
     b.type_into(&b.find("form#scale input[name=label]"), "SECRET");
     b.type_into(&b.find("form#scale input[name=count]"), "0");
     b.click(&b.find("form#scale button[type=submit]"));
-    b.wait_for("the refusal", Duration::from_secs(10), |b| {
+    b.wait_for("the refusal", Duration::from_secs(30), |b| {
         cell(b, "#message").contains("needs the deployer role of app \"hostile\"")
     });
     assert_eq!(desired(&w, "hostile", "SECRET"), json!(1));
