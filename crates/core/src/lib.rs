@@ -9,6 +9,7 @@
 
 pub mod audit;
 pub mod builds;
+pub mod csrf;
 pub mod data;
 pub mod id;
 pub mod identity;

@@ -9,8 +9,6 @@
 //! present, is this API's own.
 
 use axum::http::{header, HeaderMap, HeaderValue};
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
 
 /// The name of the dashboard's CSRF cookie.
 pub(crate) const CSRF_COOKIE: &str = "warden_ui_csrf";
@@ -57,17 +55,9 @@ pub(crate) fn token(headers: &HeaderMap, https: bool) -> (String, Option<HeaderV
     (v.clone(), HeaderValue::from_str(&set).ok())
 }
 
-fn mac(key: &[u8; 32], cookie: &str) -> Hmac<Sha256> {
-    // An HMAC takes a key of any length: this cannot fail.
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!());
-    m.update(CONTEXT);
-    m.update(cookie.as_bytes());
-    m
-}
-
 /// The form field for `cookie`: hex HMAC-SHA256 under `key`.
 pub(crate) fn field(key: &[u8; 32], cookie: &str) -> String {
-    warden_core::id::hex(&mac(key, cookie).finalize().into_bytes())
+    warden_core::csrf::field(key, CONTEXT, cookie)
 }
 
 /// Whether a form POST with `headers` and the field `sent` may be taken.
@@ -89,20 +79,10 @@ pub(crate) fn check(
         }
     }
     let c = cookie(headers, CSRF_COOKIE).ok_or(CsrfError::NoCookie)?;
-    let sent = sent.and_then(decode_hex).ok_or(CsrfError::Mismatch)?;
-    // `verify_slice` compares in constant time.
-    mac(key, &c)
-        .verify_slice(&sent)
-        .map_err(|_| CsrfError::Mismatch)
-}
-
-fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if text.len() != 64 {
-        return None;
+    match sent.is_some_and(|sent| warden_core::csrf::verify(key, CONTEXT, &c, sent)) {
+        true => Ok(()),
+        false => Err(CsrfError::Mismatch),
     }
-    (0..32)
-        .map(|i| u8::from_str_radix(text.get(i * 2..i * 2 + 2)?, 16).ok())
-        .collect()
 }
 
 #[cfg(test)]
