@@ -176,6 +176,10 @@ pub struct Api {
     /// Turns true when the server stops: the dashboard's event streams end then, or the
     /// graceful shutdown would wait on them for ever.
     pub(crate) stopping: Option<tokio::sync::watch::Receiver<bool>>,
+    /// The origin a TLS proxy in front of the API serves the dashboard at (`https://…`), as the
+    /// operator named it: the dashboard's cookies are `Secure` and its forms are taken from
+    /// there; `None`: the API's own plain-HTTP origin.
+    pub(crate) ui_origin: Option<Arc<str>>,
 }
 
 // === impl Api ===
@@ -210,6 +214,7 @@ impl Api {
             audit_flush: std::time::Duration::from_secs(60),
             ui_key: Arc::new(random_key()),
             stopping: None,
+            ui_origin: None,
         }
     }
 
@@ -217,6 +222,13 @@ impl Api {
     /// process served is taken after a restart or by another node).
     pub fn with_ui_key(mut self, key: [u8; 32]) -> Self {
         self.ui_key = Arc::new(key);
+        self
+    }
+
+    /// Serves the dashboard as `origin` (a TLS proxy's, `https://HOST[:PORT]`), or, `None`,
+    /// as the API's own plain-HTTP origin.
+    pub fn with_ui_origin(mut self, origin: Option<&str>) -> Self {
+        self.ui_origin = origin.map(Into::into);
         self
     }
 

@@ -38,6 +38,13 @@ pub fn api_token(token_hash: &str) -> String {
 /// Prefix of all operators' tokens.
 pub const API_TOKENS: &str = "api-tokens";
 
+/// A dashboard session, by the SHA-256 (hex) of the id its browser's cookie holds.
+pub fn ui_session(id_hash: &str) -> String {
+    format!("{UI_SESSIONS}/{id_hash}")
+}
+/// Prefix of dashboard sessions.
+pub const UI_SESSIONS: &str = "ui-sessions";
+
 /// Key of a node record.
 pub fn node(id: &str) -> String {
     format!("nodes/{id}")

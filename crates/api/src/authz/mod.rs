@@ -175,7 +175,39 @@ async fn identify(api: &Api, presented: &str) -> Result<Principal, Response> {
             return Ok(Principal::Admin);
         }
     }
-    let hash = token_hash(presented);
+    by_hash(api, token_hash(presented)).await
+}
+
+/// A signed-in dashboard browser's credential, as its session record keeps it: by hash, the
+/// token itself being nowhere. Only a request extension, which nothing from the network can
+/// set: the dashboard puts it on the requests it makes of the API's router for the browser.
+#[derive(Debug, Clone)]
+pub(crate) enum Hashed {
+    /// An operator's session token, by its SHA-256 (hex).
+    Token(String),
+    /// The break-glass admin token, by its SHA-256 (hex): the session ends when the token is
+    /// turned off or replaced.
+    Admin(String),
+}
+
+/// The principal a dashboard session's `hashed` credential names, or why none; every check of
+/// a presented token holds (revoked, expired, an older generation, a removed operator).
+pub(crate) async fn identify_hashed(api: &Api, hashed: &Hashed) -> Result<Principal, Response> {
+    match hashed {
+        Hashed::Token(hash) => by_hash(api, hash.clone()).await,
+        Hashed::Admin(hash) => match api.admin_token() {
+            Some(a) if bool::from(token_hash(a).as_bytes().ct_eq(hash.as_bytes())) => {
+                Ok(Principal::Admin)
+            }
+            _ => Err(unauthorized(
+                "the admin token this session signed in with is off or was replaced; sign in again",
+            )),
+        },
+    }
+}
+
+/// The operator whose token has SHA-256 `hash`, or why none.
+async fn by_hash(api: &Api, hash: String) -> Result<Principal, Response> {
     let stored = warden_store::get_json::<TokenRecord>(&*api.store, &keys::api_token(&hash))
         .await
         .map_err(|e| ApiError::from(e).into_response())?;
@@ -287,7 +319,12 @@ pub(crate) async fn authorize(State(api): State<Api>, mut req: Request, next: Ne
             api.refusals.add(status, from, &route);
         }
     };
-    let principal = match identify(&api, &presented).await {
+    let hashed = req.extensions().get::<Hashed>().cloned();
+    let found = match hashed {
+        Some(h) if presented.is_empty() => identify_hashed(&api, &h).await,
+        _ => identify(&api, &presented).await,
+    };
+    let principal = match found {
         Ok(p) => p,
         Err(resp) => {
             refused(resp.status().as_u16());

@@ -55,31 +55,46 @@ pub(crate) fn token(headers: &HeaderMap, https: bool) -> (String, Option<HeaderV
     (v.clone(), HeaderValue::from_str(&set).ok())
 }
 
-/// The form field for `cookie`: hex HMAC-SHA256 under `key`.
-pub(crate) fn field(key: &[u8; 32], cookie: &str) -> String {
-    warden_core::csrf::field(key, CONTEXT, cookie)
+/// The form field for `cookie` and the browser's session `session` (empty before sign-in): hex
+/// HMAC-SHA256 under `key`. Bound to the session, so a cookie and field a page planted or
+/// read before sign-in are worth nothing after it.
+pub(crate) fn field(key: &[u8; 32], cookie: &str, session: &str) -> String {
+    warden_core::csrf::field(key, CONTEXT, &bound(cookie, session))
 }
 
-/// Whether a form POST with `headers` and the field `sent` may be taken.
+/// What the HMAC covers: the cookie (letters and digits) and the session, apart.
+fn bound(cookie: &str, session: &str) -> String {
+    format!("{cookie}\0{session}")
+}
+
+/// Whether a form POST with `headers` and the field `sent`, from a browser in session
+/// `session`, may be taken. Its `Origin`, when present, must be `public` (the origin a TLS
+/// proxy in front of the API serves the dashboard at, as the operator named it) or else this
+/// API's own over plain HTTP.
 pub(crate) fn check(
     key: &[u8; 32],
     headers: &HeaderMap,
-    https: bool,
+    public: Option<&str>,
     sent: Option<&str>,
+    session: &str,
 ) -> Result<(), CsrfError> {
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("").to_ascii_lowercase();
-        let scheme = if https { "https" } else { "http" };
-        let own = headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(|h| format!("{scheme}://{}", h.to_ascii_lowercase()));
+        let own = match public {
+            Some(p) => Some(p.trim_end_matches('/').to_ascii_lowercase()),
+            None => headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(|h| format!("http://{}", h.to_ascii_lowercase())),
+        };
         if Some(&origin) != own.as_ref() {
             return Err(CsrfError::OtherOrigin(origin));
         }
     }
     let c = cookie(headers, CSRF_COOKIE).ok_or(CsrfError::NoCookie)?;
-    match sent.is_some_and(|sent| warden_core::csrf::verify(key, CONTEXT, &c, sent)) {
+    let ok =
+        sent.is_some_and(|sent| warden_core::csrf::verify(key, CONTEXT, &bound(&c, session), sent));
+    match ok {
         true => Ok(()),
         false => Err(CsrfError::Mismatch),
     }
@@ -107,18 +122,18 @@ mod tests {
         let set = set.unwrap();
         let set = set.to_str().unwrap();
         assert!(set.contains("HttpOnly; SameSite=Strict") && set.contains("Path=/ui"));
-        let f = field(&key, &c);
+        let f = field(&key, &c, "s1");
         let cookie = format!("a=1; {CSRF_COOKIE}={c}");
         let h = headers(&[("cookie", &cookie), ("host", "api:7701")]);
-        assert_eq!(check(&key, &h, false, Some(&f)), Ok(()));
+        assert_eq!(check(&key, &h, None, Some(&f), "s1"), Ok(()));
         assert_eq!(
-            check(&[8u8; 32], &h, false, Some(&f)),
+            check(&[8u8; 32], &h, None, Some(&f), "s1"),
             Err(CsrfError::Mismatch)
         );
-        assert_eq!(check(&key, &h, false, None), Err(CsrfError::Mismatch));
+        assert_eq!(check(&key, &h, None, None, "s1"), Err(CsrfError::Mismatch));
         let none = headers(&[("host", "api:7701")]);
         assert_eq!(
-            check(&key, &none, false, Some(&f)),
+            check(&key, &none, None, Some(&f), "s1"),
             Err(CsrfError::NoCookie)
         );
         for origin in ["https://api:7701", "http://evil.example", "null"] {
@@ -129,7 +144,7 @@ mod tests {
             ]);
             assert!(
                 matches!(
-                    check(&key, &h, false, Some(&f)),
+                    check(&key, &h, None, Some(&f), "s1"),
                     Err(CsrfError::OtherOrigin(_))
                 ),
                 "{origin}"
@@ -140,6 +155,25 @@ mod tests {
             ("host", "api:7701"),
             ("origin", "http://api:7701"),
         ]);
-        assert_eq!(check(&key, &same, false, Some(&f)), Ok(()));
+        assert_eq!(check(&key, &same, None, Some(&f), "s1"), Ok(()));
+        // Made for another session, or for none (before sign-in): refused.
+        for other in ["s2", ""] {
+            assert_eq!(
+                check(&key, &same, None, Some(&f), other),
+                Err(CsrfError::Mismatch)
+            );
+        }
+        // Behind a TLS proxy the operator named: its origin, and only it.
+        let proxied = headers(&[
+            ("cookie", &cookie),
+            ("host", "api:7701"),
+            ("origin", "https://dash.example"),
+        ]);
+        let public = Some("https://dash.example");
+        assert_eq!(check(&key, &proxied, public, Some(&f), "s1"), Ok(()));
+        assert!(matches!(
+            check(&key, &same, public, Some(&f), "s1"),
+            Err(CsrfError::OtherOrigin(_))
+        ));
     }
 }

@@ -4,13 +4,16 @@
 //! Each stream follows the store ([`warden_store::Follower`], the one way every role keeps up
 //! with it) only while a browser listens: nothing runs when nobody looks. Changes are paced to
 //! at most one event per [`PACE`], however busy the store; the script fetches the page again
-//! on each. A stream ends when its browser goes or the server stops.
+//! on each. A stream ends when its browser goes, its session no longer stands (asked of the
+//! API every [`RECHECK`]) or the server stops; a principal holds at most [`MAX_STREAMS`].
 
+use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, Method};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
@@ -39,18 +42,88 @@ pub(super) async fn script() -> Response {
     resp
 }
 
-/// `GET /ui/events`: for whoever may read the overview (asked of the API, as every page).
+/// Most event streams one principal (an operator, or the admin token) holds open at once: a
+/// few tabs. Each holds one of the API's `api_max_connections`, so one principal must not
+/// take them all.
+pub(super) const MAX_STREAMS: usize = 4;
+
+/// How often a stream asks the API again whether its session still stands: a revoked or
+/// logged-out token, or a signed-out session, ends its streams within this.
+const RECHECK: Duration = Duration::from_secs(3);
+
+/// Open event streams per principal.
+#[derive(Clone, Default)]
+pub(crate) struct Streams(Arc<Mutex<HashMap<String, usize>>>);
+
+/// One open stream of a principal, counted until dropped.
+struct Held {
+    streams: Streams,
+    actor: String,
+}
+
+// === impl Streams ===
+
+impl Streams {
+    /// A stream for `actor`, unless they hold [`MAX_STREAMS`] already.
+    fn hold(&self, actor: &str) -> Option<Held> {
+        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(actor.to_owned()).or_default();
+        if *n >= MAX_STREAMS {
+            return None;
+        }
+        *n += 1;
+        Some(Held {
+            streams: self.clone(),
+            actor: actor.to_owned(),
+        })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut open = self.streams.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.actor) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.actor);
+            }
+        }
+    }
+}
+
+/// `GET /ui/events`: for whoever may read the overview (asked of the API, as every page), at
+/// most [`MAX_STREAMS`] per principal, each ended when its session no longer stands.
 pub(super) async fn events(State(ui): State<Ui>, peer: Peer, headers: HeaderMap) -> Response {
-    let (token, _, _) = match super::session(&ui, &headers) {
+    let (who, _, _) = match super::session(&ui, &headers) {
         Some(s) => s,
         None => return super::to_login(),
     };
-    let ans = ui.call(&token, &peer, Method::GET, "/v1/nodes", None).await;
+    let ans = ui.call(&who, &peer, Method::GET, CHECK, None).await;
     if !ans.status.is_success() {
         return (ans.status, ans.error()).into_response();
     }
+    let Some((_, actor)) = super::session::credential(&ui, &who).await else {
+        return super::to_login();
+    };
+    let Some(held) = ui.streams.hold(&actor) else {
+        let msg = format!(
+            "{actor} has {MAX_STREAMS} live pages open already; close one (its updates stop) and reload"
+        );
+        return (StatusCode::TOO_MANY_REQUESTS, msg).into_response();
+    };
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(1);
-    tokio::spawn(forward(ui.api.store.clone(), tx, ui.api.stopping.clone()));
+    let still = Recheck {
+        ui: ui.clone(),
+        who,
+        peer,
+    };
+    tokio::spawn(forward(
+        ui.api.store.clone(),
+        tx,
+        ui.api.stopping.clone(),
+        still,
+        held,
+    ));
     let stream =
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) });
     let mut resp = Sse::new(stream)
@@ -62,12 +135,34 @@ pub(super) async fn events(State(ui): State<Ui>, peer: Peer, headers: HeaderMap)
     resp
 }
 
+/// What a stream's holder must still be allowed to read: the overview's nodes.
+const CHECK: &str = "/v1/nodes";
+
+/// Asks the API whether a stream's session still stands.
+struct Recheck {
+    ui: Ui,
+    who: super::SessionId,
+    peer: Peer,
+}
+
+impl Recheck {
+    async fn stands(&self) -> bool {
+        let ans = self
+            .ui
+            .call(&self.who, &self.peer, Method::GET, CHECK, None)
+            .await;
+        ans.status.is_success()
+    }
+}
+
 /// Follows apps, instances and nodes, sending a paced "change" to `tx` until its stream is
 /// dropped or `stopping` turns true. The followers end with it (their set is dropped).
 async fn forward(
-    store: std::sync::Arc<dyn warden_store::Store>,
+    store: Arc<dyn warden_store::Store>,
     tx: mpsc::Sender<Result<Event, Infallible>>,
     stopping: Option<tokio::sync::watch::Receiver<bool>>,
+    still: Recheck,
+    _held: Held,
 ) {
     let (changed_tx, mut changed) = mpsc::channel::<()>(1);
     let mut followers = tokio::task::JoinSet::new();
@@ -93,6 +188,8 @@ async fn forward(
         }
     };
     tokio::pin!(stop);
+    let mut recheck = tokio::time::interval(RECHECK);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             c = changed.recv() => {
@@ -103,6 +200,11 @@ async fn forward(
             }
             () = tx.closed() => break,
             () = &mut stop => break,
+            _ = recheck.tick() => {
+                if !still.stands().await {
+                    break;
+                }
+            }
         }
     }
     followers.abort_all();

@@ -27,7 +27,7 @@ use warden_api_types::Status;
 use warden_core::{AppSpec, InstanceRecord, Release};
 
 use crate::Api;
-pub(crate) use session::{refused, session, to_login};
+pub(crate) use session::{refused, session, to_login, SessionId};
 
 /// Largest answer of the JSON API a page reads.
 const MAX_ANSWER: usize = 16 * 1024 * 1024;
@@ -37,6 +37,8 @@ const MAX_ANSWER: usize = 16 * 1024 * 1024;
 pub(crate) struct Ui {
     api: Api,
     json: Router,
+    /// Open event streams per principal ([`live`]).
+    streams: live::Streams,
 }
 
 /// The client's address, as the server recorded it.
@@ -54,7 +56,11 @@ pub(crate) fn router(api: Api, json: Router) -> Router {
         .route("/ui/live.js", get(live::script))
         .route("/ui/events", get(live::events))
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))
-        .with_state(Ui { api, json })
+        .with_state(Ui {
+            api,
+            json,
+            streams: live::Streams::default(),
+        })
 }
 
 /// An answer of the JSON API.
@@ -83,10 +89,11 @@ impl Answer {
 // === impl Ui ===
 
 impl Ui {
-    /// Calls the JSON API as the holder of `token`, from `peer`, through its own router.
+    /// Calls the JSON API as the browser in session `who` (none: anonymous), from `peer`,
+    /// through its own router.
     async fn call(
         &self,
-        token: &str,
+        who: &SessionId,
         peer: &Peer,
         method: Method,
         path: &str,
@@ -96,7 +103,6 @@ impl Ui {
         let req = Request::builder()
             .method(method)
             .uri(path)
-            .header(header::AUTHORIZATION, format!("Bearer {token}"))
             .header(header::CONTENT_TYPE, "application/json")
             .body(Body::from(body));
         let mut req = match req {
@@ -112,6 +118,10 @@ impl Ui {
         };
         if let Some(Extension(c)) = peer {
             req.extensions_mut().insert(*c);
+        }
+        // The session's credential, by hash: the API's token check finds the principal by it.
+        if let Some((hashed, _)) = session::credential(self, who).await {
+            req.extensions_mut().insert(hashed);
         }
         let resp = match self.json.clone().call(req).await {
             Ok(r) => r,
@@ -193,7 +203,7 @@ async fn app(
 /// Reads what the app page shows, each part through the JSON API.
 async fn app_page(
     ui: &Ui,
-    token: &str,
+    token: &SessionId,
     peer: &Peer,
     name: &str,
 ) -> Result<pages::AppPage, (Answer, String)> {
@@ -206,11 +216,11 @@ async fn app_page(
     }
     async fn read<T: DeserializeOwned>(
         ui: &Ui,
-        token: &str,
+        who: &SessionId,
         peer: &Peer,
         path: &str,
     ) -> Result<T, (Answer, String)> {
-        let ans = ui.call(token, peer, Method::GET, path, None).await;
+        let ans = ui.call(who, peer, Method::GET, path, None).await;
         match ans.json::<T>() {
             Ok(v) => Ok(v),
             Err(msg) => Err((ans, msg)),

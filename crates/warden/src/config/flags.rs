@@ -147,6 +147,10 @@ pub struct UpArgs {
     /// Time an API client may leave its request body unsent or the answer unread
     #[arg(long)]
     api_idle_timeout: Option<Human>,
+    /// The origin a TLS proxy in front of the API serves the dashboard at (https://HOST[:PORT]):
+    /// its cookies get Secure and its forms are taken from there only
+    #[arg(long)]
+    ui_origin: Option<String>,
     /// Most app instances this node runs at once; beyond it requests get 503
     #[arg(long)]
     max_instances: Option<u32>,
@@ -242,6 +246,9 @@ impl UpArgs {
         }
         if a.data.is_some() {
             cfg.data = a.data;
+        }
+        if a.ui_origin.is_some() {
+            cfg.ui_origin = a.ui_origin;
         }
         for (flag, key) in [
             (

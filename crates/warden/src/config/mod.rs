@@ -125,6 +125,10 @@ pub struct Config {
     /// Time an API client may leave its request body unsent or the answer unread before the
     /// connection is cut.
     pub api_idle_timeout: Human,
+    /// The origin a TLS-terminating proxy in front of the API serves the dashboard at
+    /// (`https://HOST[:PORT]`): the dashboard's cookies are then `Secure` and its forms are
+    /// taken from that origin only [absent: the API's own, plain HTTP].
+    pub ui_origin: Option<String>,
 
     /// Most app instances this node runs at once; beyond it requests get 503.
     pub max_instances: u32,
@@ -230,6 +234,7 @@ impl Default for Config {
             api_max_connections: 256,
             api_header_timeout: secs(15),
             api_idle_timeout: secs(60),
+            ui_origin: None,
             max_instances: 256,
             max_log_mb: 8,
             max_upload_mb: 256,
@@ -317,6 +322,16 @@ impl Config {
             ("etcd_user", self.etcd_user.is_some()),
             ("etcd_password_file", self.etcd_password_file.is_some()),
         ];
+        if let Some(o) = &self.ui_origin {
+            let host = o.strip_prefix("https://").unwrap_or("");
+            let bad = |c: char| matches!(c, '/' | '?' | '#' | '@') || c.is_whitespace();
+            if host.is_empty() || host.contains(bad) {
+                return invalid(
+                    "ui_origin",
+                    "is the origin a TLS proxy serves the dashboard at: https://HOST or https://HOST:PORT, no path",
+                );
+            }
+        }
         if self.advertise.is_some() && !etcd {
             return invalid(
                 "advertise",

@@ -23,6 +23,7 @@ pub(super) fn release_api(
     let mut api =
         warden_api::Api::new(store.clone(), m.instances.clone(), token, cfg.argon2_cost())
             .with_session_ttl(cfg.operator_session_ttl.0)
+            .with_ui_origin(cfg.ui_origin.as_deref())
             .protecting(cfg.data_dir.clone())
             .with_backup_key(&backup_key(&cfg.data_dir)?);
     let max = cfg.max_upload_mb * 1024 * 1024;

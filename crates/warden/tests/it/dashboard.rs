@@ -93,7 +93,21 @@ fn an_operator_signs_in_sees_the_labels_scales_them_live_and_signs_out() {
         (&session["httpOnly"], &session["sameSite"], &session["path"]),
         (&json!(true), &json!("Strict"), &json!("/ui"))
     );
-    let token = session["value"].as_str().unwrap().to_owned();
+    // It holds a session id, no token of the API; the session's token is dee's, kept by hash.
+    let id = session["value"].as_str().unwrap().to_owned();
+    let bearer = request(
+        "GET",
+        &format!("{}/v1/status", w.api),
+        &[("authorization", &format!("Bearer {id}"))],
+        b"",
+    );
+    assert_eq!(bearer.status, 401, "{}", bearer.text());
+    let dee_tokens = |w: &Warden| {
+        let all = w.api("GET", "/v1/tokens", None).json();
+        let all = all.as_array().cloned().unwrap_or_default();
+        all.iter().filter(|t| t["operator"] == "dee").count()
+    };
+    assert_eq!(dee_tokens(&w), 1);
 
     // The demo app's label, desired against ready, as `GET /v1/status` has them.
     let row = "#apps-table tr[data-app='demo'][data-label='SECRET']";
@@ -126,13 +140,7 @@ fn an_operator_signs_in_sees_the_labels_scales_them_live_and_signs_out() {
 
     // Signing out ends the session token itself, not only the cookie.
     sign_out(&b);
-    let r = request(
-        "GET",
-        &format!("{}/v1/status", w.api),
-        &[("authorization", &format!("Bearer {token}"))],
-        b"",
-    );
-    assert_eq!(r.status, 401, "{}", r.text());
+    assert_eq!(dee_tokens(&w), 0);
     b.goto(&format!("{}/ui/apps/demo", w.api));
     assert!(b.url().ends_with("/ui/login"), "{}", b.url());
 }
@@ -245,8 +253,10 @@ fn forms_without_their_csrf_token_or_from_another_site_are_refused() {
     assert_eq!(r.status, 303, "{}", r.text());
     let session = set_cookie(&r, "warden_ui").expect("a session");
 
-    // Signed in: a scale without its field is refused and changes nothing; with it, it scales.
+    // Signed in: a scale without its field is refused and changes nothing; with the field of
+    // a signed-in page (bound to the session), it scales.
     let both = format!("warden_ui_csrf={csrf}; warden_ui={session}");
+    let f = field(&request("GET", &url("/ui/"), &[("cookie", both.as_str())], b"").text());
     let scale_form = |body: &str| {
         request(
             "POST",

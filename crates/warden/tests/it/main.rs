@@ -80,6 +80,7 @@ mod cluster_routing;
 mod connections;
 mod crash_bursts;
 mod dashboard;
+mod dashboard_users;
 mod data_apps;
 mod data_attacks;
 mod data_cluster;
