@@ -30,7 +30,7 @@ pub use operators::{
 };
 pub use releases::{ConfigChange, PushQuery, ReleaseEvent, Rollback, UploadLimits};
 pub use status::{AppStatus, BackupHead, BackupRecord, CrashReport, Damaged, NodeStatus, Status};
-pub use users::{NewUser, UserChange, UserView};
+pub use users::{NewUser, SessionView, UserChange, UserView};
 
 /// The stored records the API answers with as they are.
 pub use warden_auth::Lattice;

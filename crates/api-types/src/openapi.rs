@@ -47,6 +47,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         generator.subschema_for::<IssuedToken>(),
         generator.subschema_for::<NewToken>(),
         generator.subschema_for::<TokenView>(),
+        generator.subschema_for::<SessionView>(),
     );
     generator.take_definitions(true)
 }

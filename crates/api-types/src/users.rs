@@ -61,3 +61,19 @@ impl From<UserRecord> for UserView {
         }
     }
 }
+
+/// An app user's session at the gateways, as `GET /v1/sessions` shows it: never its token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SessionView {
+    /// The user it belongs to.
+    pub user: String,
+    /// When it began, ms since the Unix epoch.
+    pub created_ms: u64,
+    /// When it ends unless ended before, ms since the Unix epoch.
+    pub expires_ms: u64,
+    /// The identity provider it began with, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+}

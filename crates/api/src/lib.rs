@@ -70,6 +70,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/users/{name}"),
     ("patch", "/v1/users/{name}"),
     ("delete", "/v1/users/{name}"),
+    ("get", "/v1/sessions"),
+    ("delete", "/v1/users/{name}/sessions"),
     ("get", "/v1/instances"),
     ("post", "/v1/instances"),
     ("delete", "/v1/instances/{id}"),
@@ -359,6 +361,8 @@ impl Api {
                 "/v1/users/{name}",
                 get(users::show).patch(users::change).delete(users::remove),
             )
+            .route("/v1/sessions", get(users::sessions))
+            .route("/v1/users/{name}/sessions", delete(users::end))
             .route("/v1/instances", get(instances::list).post(instances::start))
             .route("/v1/instances/{id}", delete(instances::kill))
             .route("/v1/instances/{id}/logs", get(instances::logs))

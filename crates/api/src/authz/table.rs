@@ -49,6 +49,8 @@ const TABLE: &[(&str, &str, Need)] = &[
     ("POST", "/v1/apps/{name}/rollback", Need::DeployApp),
     ("GET", "/v1/users", Need::Viewer),
     ("GET", "/v1/users/{name}", Need::Viewer),
+    ("GET", "/v1/sessions", Need::Viewer),
+    // DELETE /v1/users/{name}/sessions: owner only, as every change of users (no row).
     ("GET", "/v1/audit", Need::Viewer),
     ("GET", "/v1/audit/verify", Need::Viewer),
     ("GET", "/v1/instances/{id}/logs", Need::ReadApp),

@@ -4,7 +4,7 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-pub use warden_api_types::{NewUser, UserChange, UserView};
+pub use warden_api_types::{NewUser, SessionView, UserChange, UserView};
 use warden_core::{keys, validate_name, SessionRecord, UserRecord};
 use warden_store::{decode, CasOutcome};
 
@@ -135,6 +135,54 @@ pub async fn remove(
             Ok(StatusCode::NO_CONTENT)
         }
         None => Err(no_user(&name)),
+    }
+}
+
+/// `GET /v1/sessions`: every app user's session at the gateways, oldest first; never a token
+/// (their records are keyed by its hash, which is not shown either).
+pub async fn sessions(State(api): State<Api>) -> Result<Json<Vec<SessionView>>, ApiError> {
+    let listing = api.store.list(keys::SESSIONS).await?;
+    let now = warden_core::model::now_ms();
+    let mut out: Vec<SessionView> = listing
+        .entries
+        .iter()
+        .filter_map(|e| crate::routes::readable(decode::<SessionRecord>(&e.key, &e.value)))
+        .filter(|s| s.expires_ms > now)
+        .map(|s| SessionView {
+            user: s.user,
+            created_ms: s.created_ms,
+            expires_ms: s.expires_ms,
+            provider: s.provider.map(|p| p.id),
+        })
+        .collect();
+    out.sort_by(|a, b| (a.created_ms, &a.user).cmp(&(b.created_ms, &b.user)));
+    Ok(Json(out))
+}
+
+/// `DELETE /v1/users/{name}/sessions`: ends every session of the user at every gateway. The
+/// account gets a new generation, as a change does (so a gateway's cached session or password
+/// verification ends too), and the session records go.
+pub async fn end(State(api): State<Api>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    let key = keys::user(&name);
+    let (mut record, rev) = warden_store::get_json::<UserRecord>(&*api.store, &key)
+        .await?
+        .ok_or_else(|| no_user(&name))?;
+    record.generation = warden_core::id::short_id();
+    let bytes = serde_json::to_vec(&record).map_err(ApiError::internal)?;
+    match api
+        .store
+        .compare_and_swap(&key, Some(rev), Some(bytes), None)
+        .await?
+    {
+        CasOutcome::Done(rev) => {
+            api.applied(&key, rev).await;
+            end_sessions(&api, &name).await?;
+            tracing::info!(user = %name, "sessions ended");
+            Ok(StatusCode::NO_CONTENT)
+        }
+        CasOutcome::Conflict { .. } => Err(ApiError::conflict(format!(
+            "user {name:?} changed meanwhile; try again"
+        ))),
     }
 }
 

@@ -12,6 +12,8 @@ mod csrf;
 mod live;
 mod pages;
 mod session;
+mod users;
+mod users_html;
 
 use std::net::SocketAddr;
 
@@ -53,6 +55,10 @@ pub(crate) fn router(api: Api, json: Router) -> Router {
         .route("/ui/logout", post(session::logout))
         .route("/ui/apps/{name}", get(app))
         .route("/ui/apps/{name}/scale", post(scale))
+        .route("/ui/users", get(users::page).post(users::create))
+        .route("/ui/users/clearance", post(users::clearance))
+        .route("/ui/users/password", post(users::password))
+        .route("/ui/users/end-sessions", post(users::end_sessions))
         .route("/ui/live.js", get(live::script))
         .route("/ui/events", get(live::events))
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))

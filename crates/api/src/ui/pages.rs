@@ -87,11 +87,11 @@ pub(crate) fn escape_html(text: &str) -> String {
 
 /// A whole document: `title` (escaped here) and `main` (escaped by its maker); with
 /// `signed_in` (the CSRF field), the navigation, sign-out and the live script.
-fn document(title: &str, signed_in: Option<&str>, main: &str) -> String {
+pub(crate) fn document(title: &str, signed_in: Option<&str>, main: &str) -> String {
     let (nav, script) = match signed_in {
         Some(csrf) => (
             format!(
-                "<nav><a href=\"/ui/\">Overview</a><form method=\"post\" action=\"/ui/logout\">\
+                "<nav><a href=\"/ui/\">Overview</a><a href=\"/ui/users\">Users</a><a href=\"/ui/audit\">Audit</a><form method=\"post\" action=\"/ui/logout\">\
                  <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
                  <button type=\"submit\">Sign out</button></form></nav>",
                 csrf = escape_html(csrf)
@@ -110,7 +110,7 @@ fn document(title: &str, signed_in: Option<&str>, main: &str) -> String {
 }
 
 /// The message paragraph, which the live script replaces after a form it sent (empty: none).
-fn message(m: Option<&str>) -> String {
+pub(crate) fn message(m: Option<&str>) -> String {
     match m {
         Some(m) => format!(
             "<p class=\"message\" id=\"message\" data-live role=\"alert\">{}</p>",

@@ -8,7 +8,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use warden_test_support::{request, Launch, Response, Warden};
+use warden_test_support::browser::Browser;
+use warden_test_support::{cli, request, Launch, Response, Warden};
 
 use crate::BIN;
 
@@ -254,4 +255,159 @@ fn behind_a_tls_proxy_the_cookies_are_secure_and_forms_from_its_origin_are_taken
     let line = set_cookie_line(&page, "warden_ui_csrf").expect("a CSRF cookie");
     assert!(line.contains("; Secure"), "{line}");
     assert_eq!(s.get("/ui/").status, 200);
+}
+
+/// Signs the browser in as operator `name` from the sign-in page.
+fn browser_sign_in(b: &Browser, w: &Warden, name: &str, password: &str) {
+    b.goto(&format!("{}/ui/login", w.api));
+    b.type_into(&b.find("form#password input[name=name]"), name);
+    b.type_into(&b.find("form#password input[name=password]"), password);
+    b.click(&b.find("form#password button[type=submit]"));
+    b.wait_for("the overview", Duration::from_secs(30), |b| {
+        b.url().ends_with("/ui/")
+    });
+}
+
+/// The text of the first element matching `selector`, read in one step: the live script
+/// may replace the element between a find and a read.
+fn cell(b: &Browser, selector: &str) -> String {
+    let script = format!(
+        "var e = document.querySelector({}); return e ? e.textContent : '';",
+        json!(selector)
+    );
+    b.execute(&script).as_str().unwrap_or_default().to_owned()
+}
+
+/// A gateway session of app user `name`: its `Cookie` header.
+fn gateway_session(w: &Warden, name: &str, password: &str) -> String {
+    let r = request(
+        "POST",
+        &format!("{}/login", w.gateway),
+        &[("content-type", "application/json")],
+        json!({"name": name, "password": password})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    format!("warden_session={}", r.json()["token"].as_str().unwrap())
+}
+
+/// `GET /whoami` at the gateway with `cookie`.
+fn whoami(w: &Warden, cookie: &str) -> Response {
+    request(
+        "GET",
+        &format!("{}/whoami", w.gateway),
+        &[("accept", "application/json"), ("cookie", cookie)],
+        b"",
+    )
+}
+
+#[test]
+fn an_owner_creates_a_user_changes_their_clearance_and_ends_their_sessions_from_the_page() {
+    let w = Warden::demo(BIN);
+    add_operator(&w, "oona", "oona-password-1", json!([{"role": "owner"}]));
+    let b = Browser::start();
+    browser_sign_in(&b, &w, "oona", "oona-password-1");
+    b.goto(&format!("{}/ui/users", w.api));
+    // The demo's users, with their clearance.
+    assert_eq!(cell(&b, "tr[data-user='bob'] td.clearance"), "CONFIDENTIAL");
+
+    // Created from the page: the new user signs in at the gateway.
+    let pw = "newbie-password-1";
+    let form = "form#create-user";
+    b.type_into(&b.find(&format!("{form} input[name=name]")), "newbie");
+    b.type_into(&b.find(&format!("{form} input[name=password]")), pw);
+    b.type_into(&b.find(&format!("{form} input[name=clearance]")), "SECRET");
+    b.type_into(&b.find(&format!("{form} input[name=groups]")), "staff");
+    b.click(&b.find(&format!("{form} button[type=submit]")));
+    let row = "tr[data-user='newbie']";
+    b.wait_for("the new user's row", Duration::from_secs(30), |b| {
+        cell(b, &format!("{row} td.clearance")) == "SECRET"
+    });
+    let session = gateway_session(&w, "newbie", pw);
+    let me = whoami(&w, &session);
+    assert_eq!(me.status, 200, "{}", me.text());
+    assert_eq!(me.json()["clearance"], "SECRET");
+
+    // Their clearance changed from the page: `warden users show` says so.
+    b.type_into(&b.find("form#set-clearance input[name=name]"), "newbie");
+    b.type_into(
+        &b.find("form#set-clearance input[name=clearance]"),
+        "CONFIDENTIAL",
+    );
+    b.click(&b.find("form#set-clearance button[type=submit]"));
+    b.wait_for("the new clearance", Duration::from_secs(30), |b| {
+        cell(b, &format!("{row} td.clearance")) == "CONFIDENTIAL"
+    });
+    let env = [
+        ("WARDEN_API", w.api.as_str()),
+        ("WARDEN_TOKEN", w.token.as_str()),
+    ];
+    let (ok, out, err) = cli(BIN, &["users", "show", "newbie"], &env);
+    assert!(ok, "{err}");
+    assert!(out.contains("CONFIDENTIAL"), "{out}");
+
+    // Their sessions ended from the page: the next request with one is refused.
+    let session = gateway_session(&w, "newbie", pw);
+    assert_eq!(whoami(&w, &session).status, 200);
+    b.goto(&format!("{}/ui/users", w.api));
+    assert_eq!(cell(&b, &format!("{row} td.sessions")), "1");
+    b.type_into(&b.find("form#end-sessions input[name=name]"), "newbie");
+    b.click(&b.find("form#end-sessions button[type=submit]"));
+    b.wait_for("no sessions", Duration::from_secs(30), |b| {
+        cell(b, &format!("{row} td.sessions")) == "0"
+    });
+    let r = whoami(&w, &session);
+    assert_eq!(r.status, 401, "{}", r.text());
+
+    // The password was never shown nor logged.
+    assert!(!b.source().contains(pw));
+    assert!(!w.stderr().contains(pw) && !w.stdout().contains(pw));
+}
+
+#[test]
+fn a_user_name_with_html_is_inert_and_a_viewer_may_not_create_users() {
+    let w = Warden::demo(BIN);
+    add_operator(&w, "oona", "oona-password-1", json!([{"role": "owner"}]));
+    add_operator(&w, "vee", "vee-password-1", json!([{"role": "viewer"}]));
+    let b = Browser::start();
+    browser_sign_in(&b, &w, "oona", "oona-password-1");
+    b.goto(&format!("{}/ui/users", w.api));
+    let hostile = "<img src=x id=injected onerror=\"document.title='pwned'\">";
+    let form = "form#create-user";
+    b.type_into(&b.find(&format!("{form} input[name=name]")), hostile);
+    b.type_into(
+        &b.find(&format!("{form} input[name=password]")),
+        "pw-12345678",
+    );
+    b.type_into(&b.find(&format!("{form} input[name=clearance]")), "SECRET");
+    b.click(&b.find(&format!("{form} button[type=submit]")));
+    // The API's refusal, naming the name as text: no element made, no script run.
+    b.wait_for("the refusal", Duration::from_secs(30), |b| {
+        cell(b, "#message").contains("<img src=x id=injected")
+    });
+    assert!(b.try_find("#injected").is_none(), "{}", b.source());
+    assert_ne!(b.execute("return document.title;"), json!("pwned"));
+    assert!(w.api("GET", "/v1/users", None).text().contains("alice"));
+
+    // A viewer sees the users, and a create from the page is refused with the API's words.
+    b.click(&b.find("form[action='/ui/logout'] button[type=submit]"));
+    b.wait_for("the sign-in page", Duration::from_secs(30), |b| {
+        b.url().ends_with("/ui/login")
+    });
+    browser_sign_in(&b, &w, "vee", "vee-password-1");
+    b.goto(&format!("{}/ui/users", w.api));
+    assert_eq!(cell(&b, "tr[data-user='alice'] td.clearance"), "SECRET");
+    b.type_into(&b.find(&format!("{form} input[name=name]")), "sneaky");
+    b.type_into(
+        &b.find(&format!("{form} input[name=password]")),
+        "pw-12345678",
+    );
+    b.type_into(&b.find(&format!("{form} input[name=clearance]")), "SECRET");
+    b.click(&b.find(&format!("{form} button[type=submit]")));
+    b.wait_for("the refusal", Duration::from_secs(30), |b| {
+        cell(b, "#message").contains("needs the owner role")
+    });
+    let r = w.api("GET", "/v1/users/sneaky", None);
+    assert_eq!(r.status, 404, "{}", r.text());
 }
