@@ -199,6 +199,14 @@ impl Event {
         }
     }
 
+    /// Who made it: a change's actor, else the user it is about.
+    pub fn actor(&self) -> Option<&str> {
+        match self {
+            Event::Change { actor, .. } => Some(actor),
+            _ => self.user(),
+        }
+    }
+
     /// The app it is about, if any (a change's target on an app route counts).
     pub fn app(&self) -> Option<&str> {
         match self {
@@ -256,6 +264,10 @@ pub struct Query {
     /// Only records about this user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// Only records made by this actor: a change's (`operator:<name>`, `admin token`), or the
+    /// user of a sign-in, an access or a refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
     /// Only records about this app.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app: Option<String>,
@@ -287,6 +299,7 @@ impl Query {
         let e = &r.event;
         self.node.as_deref().is_none_or(|n| r.node == n)
             && self.user.as_deref().is_none_or(|u| e.user() == Some(u))
+            && self.actor.as_deref().is_none_or(|a| e.actor() == Some(a))
             && self.app.as_deref().is_none_or(|a| e.app() == Some(a))
             && self
                 .label

@@ -35,7 +35,7 @@
       return;
     }
     busy = true;
-    fetch(window.location.pathname, { credentials: "same-origin" })
+    fetch(window.location.pathname + window.location.search, { credentials: "same-origin" })
       .then(function (r) {
         return signedOut(r) ? "" : r.text();
       })
@@ -55,7 +55,9 @@
   }
 
   if (window.EventSource) {
-    var events = new EventSource("/ui/events");
+    // A page whose live part follows something else names its stream (the audit page).
+    var own = document.querySelector("[data-events]");
+    var events = new EventSource(own ? own.getAttribute("data-events") : "/ui/events");
     events.addEventListener("change", refresh);
     // A change between the page's render and the stream's start is not missed.
     events.addEventListener("open", refresh);

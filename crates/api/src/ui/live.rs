@@ -56,7 +56,7 @@ const RECHECK: Duration = Duration::from_secs(3);
 pub(crate) struct Streams(Arc<Mutex<HashMap<String, usize>>>);
 
 /// One open stream of a principal, counted until dropped.
-struct Held {
+pub(super) struct Held {
     streams: Streams,
     actor: String,
 }
@@ -65,7 +65,7 @@ struct Held {
 
 impl Streams {
     /// A stream for `actor`, unless they hold [`MAX_STREAMS`] already.
-    fn hold(&self, actor: &str) -> Option<Held> {
+    pub(super) fn hold(&self, actor: &str) -> Option<Held> {
         let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let n = open.entry(actor.to_owned()).or_default();
         if *n >= MAX_STREAMS {

@@ -8,6 +8,8 @@
 //! redaction and audit apply, and a refusal is the API's own. Forms are guarded against
 //! cross-site requests by [`csrf`]; pages by the headers of [`pages::headers`].
 
+mod audit;
+mod audit_html;
 mod csrf;
 mod live;
 mod pages;
@@ -59,6 +61,8 @@ pub(crate) fn router(api: Api, json: Router) -> Router {
         .route("/ui/users/clearance", post(users::clearance))
         .route("/ui/users/password", post(users::password))
         .route("/ui/users/end-sessions", post(users::end_sessions))
+        .route("/ui/audit", get(audit::search))
+        .route("/ui/audit/events", get(audit::events))
         .route("/ui/live.js", get(live::script))
         .route("/ui/events", get(live::events))
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))

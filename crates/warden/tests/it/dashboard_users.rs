@@ -411,3 +411,85 @@ fn a_user_name_with_html_is_inert_and_a_viewer_may_not_create_users() {
     let r = w.api("GET", "/v1/users/sneaky", None);
     assert_eq!(r.status, 404, "{}", r.text());
 }
+
+/// The number of audit rows on the page whose actor is `actor` and whose record holds `text`.
+fn audit_rows(b: &Browser, actor: &str, text: &str) -> (u64, u64) {
+    let script = format!(
+        "var rows = Array.from(document.querySelectorAll('#audit-table tr[data-kind]'));\
+         var mine = rows.filter(function (r) {{ return r.querySelector('td.actor').textContent === {actor}; }});\
+         return [rows.length, mine.filter(function (r) {{ return r.textContent.indexOf({text}) >= 0; }}).length];",
+        actor = json!(actor),
+        text = json!(text),
+    );
+    let v = b.execute(&script);
+    (v[0].as_u64().unwrap_or(0), v[1].as_u64().unwrap_or(0))
+}
+
+/// A scale of the demo app answered 200, as its audit record says it (each change is recorded
+/// `pending` first, then with its status).
+const SCALED: &str = r#""route":"/v1/apps/{name}/scale","target":"demo","outcome":"200""#;
+
+#[test]
+fn the_audit_page_finds_a_change_by_its_actor_and_tails_new_ones_live() {
+    let w = Warden::demo(BIN);
+    add_operator(&w, "oona", "oona-password-1", json!([{"role": "owner"}]));
+    let login = request(
+        "POST",
+        &format!("{}/v1/login", w.api),
+        &[("content-type", "application/json")],
+        json!({"name": "oona", "password": "oona-password-1"})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(login.status, 200, "{}", login.text());
+    let token = login.json()["token"].as_str().unwrap().to_owned();
+    let scale = |n: u32| {
+        let r = request(
+            "POST",
+            &format!("{}/v1/apps/demo/scale", w.api),
+            &[
+                ("authorization", &format!("Bearer {token}")),
+                ("content-type", "application/json"),
+            ],
+            json!({"desired": {"SECRET": n}}).to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    };
+    scale(1);
+
+    let b = Browser::start();
+    browser_sign_in(&b, &w, "oona", "oona-password-1");
+    b.goto(&format!("{}/ui/audit", w.api));
+    b.type_into(&b.find("form#search input[name=actor]"), "operator:oona");
+    b.type_into(&b.find("form#search input[name=kind]"), "change");
+    b.click(&b.find("form#search button[type=submit]"));
+    b.wait_for("oona's scale", Duration::from_secs(30), |b| {
+        audit_rows(b, "operator:oona", SCALED).1 == 1
+    });
+    // Only hers: the admin token's changes (the operator it made) are not among them.
+    let rows = b.execute("return Array.from(document.querySelectorAll('#audit-table td.actor')).map(function (c) { return c.textContent; });");
+    let actors: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(
+        !actors.is_empty() && actors.iter().all(|a| *a == "operator:oona"),
+        "{actors:?}"
+    );
+    assert!(w
+        .api("GET", "/v1/audit?kind=change", None)
+        .text()
+        .contains("admin token"));
+
+    // A new change appears on the open page by itself (the mark a reload would wipe survives),
+    // under the same search.
+    b.execute("window.wardenMark = 'kept'; return null;");
+    scale(2);
+    b.wait_for("the new change, live", Duration::from_secs(30), |b| {
+        audit_rows(b, "operator:oona", SCALED).1 == 2
+    });
+    assert_eq!(b.execute("return window.wardenMark;"), json!("kept"));
+    assert!(b.url().contains("actor=operator"), "{}", b.url());
+}

@@ -1,0 +1,123 @@
+//! The audit page's template: the search form (filled with what was searched, escaped), and
+//! the records, every field through [`escape_html`]; the records' section is live.
+
+use std::fmt::Write as _;
+
+use warden_core::audit::Record;
+
+use super::audit::Search;
+use super::pages::{document, escape_html, message};
+
+/// `ms` since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC), as `warden audit` prints it.
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// The page: the form, and `records` (newest first) or `msg`.
+pub(crate) fn page(s: &Search, records: &[Record], csrf: &str, msg: Option<&str>) -> String {
+    let mut main = format!("<h1>Audit trail</h1>\n{}\n", message(msg));
+    main.push_str("<form method=\"get\" action=\"/ui/audit\" id=\"search\">");
+    for (name, label, value) in [
+        (
+            "actor",
+            "Actor (operator:NAME, admin token, or a user)",
+            &s.actor,
+        ),
+        ("user", "User", &s.user),
+        ("app", "App", &s.app),
+        ("label", "Label", &s.label),
+        (
+            "kind",
+            "Kind (change, sign_in, access, refusal, …)",
+            &s.kind,
+        ),
+        ("node", "Node", &s.node),
+        (
+            "since",
+            "Since (ms since the epoch, or an age: 15m, 2h, 7d)",
+            &s.since,
+        ),
+        ("until", "Until", &s.until),
+    ] {
+        let _ = write!(
+            main,
+            "<label>{label} <input type=\"text\" name=\"{name}\" value=\"{}\"></label>",
+            escape_html(value)
+        );
+    }
+    main.push_str("<button type=\"submit\">Search</button></form>\n");
+    main.push_str(
+        "<section id=\"audit\" data-live data-events=\"/ui/audit/events\">\
+         <table id=\"audit-table\"><tr><th>When (UTC)</th><th>Node</th><th>#</th><th>Kind</th>\
+         <th>Actor</th><th>App</th><th>Record</th></tr>",
+    );
+    for r in records {
+        let e = &r.event;
+        let _ = write!(
+            main,
+            "<tr data-kind=\"{kind}\"><td>{when}</td><td>{node}</td><td>{seq}</td><td>{kind}</td>\
+             <td class=\"actor\">{actor}</td><td class=\"app\">{app}</td><td><code>{json}</code></td></tr>",
+            kind = escape_html(e.kind()),
+            when = utc(r.at_ms),
+            node = escape_html(&r.node),
+            seq = r.seq,
+            actor = escape_html(e.actor().unwrap_or("")),
+            app = escape_html(e.app().unwrap_or("")),
+            json = escape_html(&serde_json::to_string(e).unwrap_or_default()),
+        );
+    }
+    main.push_str("</table></section>");
+    document("Audit trail", Some(csrf), &main)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warden_core::audit::Event;
+
+    #[test]
+    fn every_field_is_text() {
+        let r = Record {
+            seq: 1,
+            at_ms: 0,
+            node: "<b>n</b>".into(),
+            event: Event::Change {
+                actor: "<img src=x onerror=alert(1)>".into(),
+                method: "POST".into(),
+                route: "/v1/apps/{name}/scale".into(),
+                target: Some("<script>x</script>".into()),
+                outcome: "200".into(),
+                before: None,
+                after: None,
+            },
+            prev: String::new(),
+            hash: String::new(),
+        };
+        let s = Search {
+            actor: "\"><script>".into(),
+            ..Search::default()
+        };
+        let html = page(&s, &[r], "c", None);
+        for bad in ["<img", "<b>", "<script>x", "\"><script>"] {
+            assert!(!html.contains(bad), "{bad}: {html}");
+        }
+        assert_eq!(utc(86_400_000 + 3_661_000), "1970-01-02 01:01:01");
+    }
+}
