@@ -66,7 +66,8 @@ function build() {
       if (!u) return undefined;
       return {
         accountId: sub,
-        claims: async () => ({ sub, preferred_username: u.name, groups: u.groups || [] }),
+        // `username`: a preferred_username other than the login (a person may choose theirs).
+        claims: async () => ({ sub, preferred_username: u.username || u.name, groups: u.groups || [] }),
       };
     },
     claims: { openid: ['sub'], profile: ['preferred_username'], groups: ['groups'] },

@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "kind", rename_all = "snake_case")]
 #[cfg_attr(feature = "schema", schemars(rename = "AuditEvent"))]
 pub enum Event {
-    /// A sign-in at the gateway: `outcome` is `ok`, `failed` or `throttled`.
+    /// A sign-in at the gateway: `outcome` is `ok`, `failed`, `throttled`, `refreshed` (a
+    /// provider session refreshed) or `refused` (a provider account took a name another holds).
     SignIn {
         /// The user name given.
         user: String,
@@ -25,7 +26,7 @@ pub enum Event {
         addr: String,
         /// How: `basic`, `form`, …
         method: String,
-        /// `ok`, `failed` or `throttled`.
+        /// `ok`, `failed`, `throttled`, `refreshed` or `refused`.
         outcome: String,
         /// How many such attempts in the minute this record sums up (the gateway aggregates
         /// them per minute per user, address, method and outcome, so a flood writes one record

@@ -71,6 +71,8 @@ pub struct Person {
     pub name: String,
     pub password: String,
     pub groups: Vec<String>,
+    /// The `preferred_username` the provider gives, when not the login name (which is `sub`).
+    pub username: Option<String>,
 }
 
 impl Person {
@@ -79,7 +81,14 @@ impl Person {
             name: name.into(),
             password: password.into(),
             groups: groups.iter().map(|g| g.to_string()).collect(),
+            username: None,
         }
+    }
+
+    /// The same person with `preferred_username` = `username` (chosen at the provider).
+    pub fn with_username(mut self, username: &str) -> Self {
+        self.username = Some(username.into());
+        self
     }
 }
 
@@ -221,7 +230,7 @@ impl Drop for OidcProvider {
 fn write_people(path: &Path, people: &[Person]) {
     let list: Vec<serde_json::Value> = people
         .iter()
-        .map(|p| serde_json::json!({ "name": p.name, "password": p.password, "groups": p.groups }))
+        .map(|p| serde_json::json!({ "name": p.name, "password": p.password, "groups": p.groups, "username": p.username }))
         .collect();
     // Written whole then renamed: the provider never reads half a file.
     let tmp = path.with_extension("tmp");

@@ -43,6 +43,12 @@ pub struct ProviderMark {
     /// The person's subject (`sub`) at the provider: another person whose name maps to the same
     /// user name is refused, never merged.
     pub subject: String,
+    /// The provider's issuer at the person's first sign-in: with `subject`, who holds this
+    /// name. A later sign-in under the same provider id from another issuer (the id pointed
+    /// elsewhere) is refused, as another `sub` is. Empty in records written before it was kept;
+    /// the next sign-in fills it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub issuer: String,
     /// The claims the mapping rules consulted, with the values the provider sent.
     #[serde(default)]
     pub claims: BTreeMap<String, Vec<String>>,

@@ -237,11 +237,18 @@ pub(super) async fn callback(
             tracing::info!(user = %name, provider = %p.provider.config().id, "provider sign-in");
             signed_in(&record.next, &token, state, client)
         }
-        Err(resp) => {
+        Err(people::Refusal::Taken(name)) => {
+            // By name: the name exists, and its holder (or an operator) should see the attempt.
+            state.audit.sign_in(&name, client.ip, &method, "refused");
+            state.audit.refusal(403, Some(&name), client.ip, None);
+            tracing::info!(user = %name, provider = %p.provider.config().id, "provider sign-in refused: the name belongs to another account");
+            people::Refusal::Taken(name).into_page()
+        }
+        Err(refusal) => {
             state
                 .audit
                 .sign_in(crate::audit::UNKNOWN, client.ip, &method, "failed");
-            resp
+            refusal.into_page()
         }
     }
 }

@@ -33,12 +33,24 @@ pub(crate) enum Refusal {
     Forbidden(String),
     /// The store could not be written: a 503 page.
     Unavailable(String),
+    /// The name the claims give is held by another account of the provider (another `sub`, or
+    /// the same provider id at another issuer): a 403 page, and an audit refusal by name.
+    Taken(String),
 }
 
 impl Refusal {
     pub(crate) fn into_page(self) -> Response<Body> {
         match self {
             Self::Forbidden(m) => html(StatusCode::FORBIDDEN, "No access", &m),
+            Self::Taken(name) => html(
+                StatusCode::FORBIDDEN,
+                "Name taken",
+                &format!(
+                    "The user name {name:?} belongs to another account of the identity provider, \
+                     which signed in with it first; warden never hands one person's name to another. \
+                     An operator can remove the user (`warden users rm {name}`) if it is yours."
+                ),
+            ),
             Self::Unavailable(m) => {
                 tracing::warn!(error = %m, "cannot record a provider sign-in");
                 html(
@@ -109,6 +121,7 @@ pub(crate) async fn upsert_user(
 ) -> Result<(UserRecord, Revision), Refusal> {
     let key = keys::user(name);
     let id = &p.provider.config().id;
+    let issuer = &p.provider.config().issuer;
     let unavailable = |e: warden_store::StoreError| Refusal::Unavailable(e.to_string());
     // Two tries: another gateway may write the same person at the same moment.
     for _ in 0..2 {
@@ -122,10 +135,14 @@ pub(crate) async fn upsert_user(
                         "A local user named {name:?} exists; warden does not hand it to a provider sign-in. Ask an operator."
                     )))
                 }
-                Some(m) if m.id != *id || m.subject != subject => {
-                    return Err(Refusal::Forbidden(format!(
-                        "The user {name:?} belongs to another person at the identity provider; ask an operator."
-                    )))
+                // Pinned at the first sign-in: the provider's `iss` and `sub` (a record from
+                // before the issuer was kept pins it now).
+                Some(m)
+                    if m.id != *id
+                        || m.subject != subject
+                        || (!m.issuer.is_empty() && m.issuer != *issuer) =>
+                {
+                    return Err(Refusal::Taken(name.to_owned()))
                 }
                 Some(_) => {}
             }
@@ -146,6 +163,7 @@ pub(crate) async fn upsert_user(
             provider: Some(ProviderMark {
                 id: id.clone(),
                 subject: subject.to_owned(),
+                issuer: issuer.clone(),
                 claims: c.claims.clone(),
                 rules: c.matched.clone(),
                 updated_ms: now_ms(),
@@ -212,12 +230,10 @@ pub(crate) async fn sign_in(
     oidc: &OidcConfig,
     p: &OidcProvider,
     tokens: Tokens,
-) -> Result<(String, String), Response<Body>> {
-    let c = clearance(cx, p, &tokens).map_err(Refusal::into_page)?;
+) -> Result<(String, String), Refusal> {
+    let c = clearance(cx, p, &tokens)?;
     let name = user_name(p, &tokens);
-    let (user, user_rev) = upsert_user(cx, p, &name, &tokens.claims.sub, &c)
-        .await
-        .map_err(Refusal::into_page)?;
+    let (user, user_rev) = upsert_user(cx, p, &name, &tokens.claims.sub, &c).await?;
     let token = warden_core::id::secret_token();
     let key = keys::session(&token_hash(&token));
     let record = session_record(cx, oidc, p, &user, &tokens, &key, now_ms());
@@ -226,10 +242,8 @@ pub(crate) async fn sign_in(
         .store
         .grant_lease(ttl + SESSION_RECORD_GRACE)
         .await
-        .map_err(|e| Refusal::Unavailable(e.to_string()).into_page())?;
-    let rev = put_session(cx, &key, &record, lease)
-        .await
-        .map_err(Refusal::into_page)?;
+        .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+    let rev = put_session(cx, &key, &record, lease).await?;
     let _ = tokio::time::timeout(SYNC_WAIT, cx.views.caught_up(&keys::user(&name), user_rev)).await;
     let _ = tokio::time::timeout(SYNC_WAIT, cx.views.caught_up(&key, rev)).await;
     Ok((name, token))

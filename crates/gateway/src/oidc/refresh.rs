@@ -164,6 +164,11 @@ impl Refresher {
                     current_user(views, &s)
                 })
             }
+            Err(Refusal::Taken(name)) => {
+                self.audit.sign_in(&s.user, peer, &method, "refused");
+                let why = format!("the name {name:?} belongs to another account of the provider");
+                self.end(views, &key, &why).await
+            }
             Err(Refusal::Forbidden(why)) => {
                 self.audit.sign_in(&s.user, peer, &method, "failed");
                 self.end(views, &key, &why).await

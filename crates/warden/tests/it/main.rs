@@ -108,6 +108,7 @@ mod lattice;
 mod lifetimes;
 mod node_port_flood;
 mod oidc;
+mod oidc_api;
 mod oidc_cluster;
 mod operators;
 mod orphans;
