@@ -11,6 +11,12 @@ use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
 
+/// The most deciding claims a sign-in record keeps (rules are few; a provider's claims are not
+/// warden's to store in bulk).
+pub const MAX_CLAIMS: usize = 16;
+/// The longest deciding claim a sign-in record keeps, in bytes.
+pub const MAX_CLAIM: usize = 128;
+
 /// One thing that happened, as the log keeps it (under the record's `event`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -28,6 +34,11 @@ pub enum Event {
         method: String,
         /// `ok`, `failed`, `throttled`, `refreshed` or `refused`.
         outcome: String,
+        /// For a provider sign-in or refresh that gave a clearance: the claim values that
+        /// matched its mapping rules (`claim=value`, at most [`MAX_CLAIMS`], each cut to
+        /// [`MAX_CLAIM`] bytes). Never a token.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        claims: Vec<String>,
         /// How many such attempts in the minute this record sums up (the gateway aggregates
         /// them per minute per user, address, method and outcome, so a flood writes one record
         /// a minute); absent: one.

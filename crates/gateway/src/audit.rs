@@ -20,7 +20,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
-use warden_core::audit::{Audit, Event};
+use warden_core::audit::{Audit, Event, MAX_CLAIM, MAX_CLAIMS};
 use warden_core::InstanceRecord;
 
 /// The next thread's slot (see [`SLOT`]).
@@ -227,14 +227,34 @@ fn text(part: &[u8]) -> String {
 
 /// `name` cut to [`MAX_USER`] bytes at a character boundary.
 fn bounded(name: &str) -> &str {
-    if name.len() <= MAX_USER {
+    cut(name, MAX_USER)
+}
+
+/// `s` cut to `max` bytes at a character boundary.
+fn cut(name: &str, max: usize) -> &str {
+    if name.len() <= max {
         return name;
     }
-    let mut end = MAX_USER;
+    let mut end = max;
     while !name.is_char_boundary(end) {
         end -= 1;
     }
     &name[..end]
+}
+
+/// Deciding claims as a key part: a JSON array (one part that splits back unambiguously
+/// whatever the values hold) of at most [`MAX_CLAIMS`], each cut to [`MAX_CLAIM`] bytes; empty
+/// for none.
+fn claims_part(claims: &[String]) -> String {
+    let claims: Vec<&str> = claims
+        .iter()
+        .take(MAX_CLAIMS)
+        .map(|c| cut(c, MAX_CLAIM))
+        .collect();
+    match claims.is_empty() {
+        true => String::new(),
+        false => serde_json::to_string(&claims).unwrap_or_default(),
+    }
 }
 
 /// What the gateway records, and the sums waiting for the next flush.
@@ -242,8 +262,8 @@ pub(crate) struct Recorder {
     audit: Arc<dyn Audit>,
     /// False when the node keeps no log: then nothing is summed at all.
     on: bool,
-    /// (user, addr, method, outcome).
-    sign_ins: Tally<4>,
+    /// (user, addr, method, outcome, deciding claims as a JSON array or empty).
+    sign_ins: Tally<5>,
     /// (user, app, label, instance, node).
     accesses: Tally<5>,
     /// (status, user, addr, app); user or addr is empty, and so is an unknown app.
@@ -266,15 +286,31 @@ impl Recorder {
     /// An authentication attempt: `method` is `basic`, `session` or `form`; `outcome` `ok`,
     /// `failed` or `throttled`.
     pub(crate) fn sign_in(&self, user: &str, peer: IpAddr, method: &str, outcome: &str) {
+        self.sign_in_by(user, peer, method, outcome, &[]);
+    }
+
+    /// A provider sign-in or refresh, with the claim values that matched its rules
+    /// (`claim=value`): at most [`MAX_CLAIMS`] of them, each cut to [`MAX_CLAIM`] bytes, so a
+    /// provider's claims cannot grow a record without bound.
+    pub(crate) fn sign_in_by(
+        &self,
+        user: &str,
+        peer: IpAddr,
+        method: &str,
+        outcome: &str,
+        claims: &[String],
+    ) {
         if !self.on {
             return;
         }
         let addr = AddrKey::new(peer);
+        let claims = claims_part(claims);
         let key = [
             bounded(user).as_bytes(),
             addr.bytes(),
             method.as_bytes(),
             outcome.as_bytes(),
+            claims.as_bytes(),
         ];
         self.sign_ins.add(key, 0, warden_core::model::now_ms());
     }
@@ -354,12 +390,13 @@ impl Recorder {
             return;
         }
         for s in self.sign_ins.take() {
-            let [user, addr, method, outcome] = s.key;
+            let [user, addr, method, outcome, claims] = s.key;
             self.audit.record(Event::SignIn {
                 user: text(&user),
                 addr: addr_text(&addr),
                 method: text(&method),
                 outcome: text(&outcome),
+                claims: serde_json::from_slice(&claims).unwrap_or_default(),
                 count: Some(s.count),
                 first_ms: Some(s.first_ms),
                 last_ms: Some(s.last_ms),
@@ -448,6 +485,15 @@ mod tests {
             assert_eq!(addr_text(AddrKey::new(a.parse().unwrap()).bytes()), a);
         }
         assert_eq!(addr_text(b""), "");
+        assert_eq!(claims_part(&[]), "");
+        let many: Vec<String> = (0..40)
+            .map(|i| format!("groups={i}{}", "é".repeat(200)))
+            .collect();
+        let back: Vec<String> = serde_json::from_str(&claims_part(&many)).unwrap();
+        assert_eq!(back.len(), MAX_CLAIMS);
+        assert!(back
+            .iter()
+            .all(|c| c.len() <= MAX_CLAIM && c.starts_with("groups=")));
         assert_eq!(addr_text(MORE_KEY), MORE);
     }
 }

@@ -232,8 +232,10 @@ pub(super) async fn callback(
         session_ttl: state.config.session_ttl,
     };
     match people::sign_in(&cx, oidc, p, tokens).await {
-        Ok((name, token)) => {
-            state.audit.sign_in(&name, client.ip, &method, "ok");
+        Ok((name, token, matched)) => {
+            state
+                .audit
+                .sign_in_by(&name, client.ip, &method, "ok", &matched);
             tracing::info!(user = %name, provider = %p.provider.config().id, "provider sign-in");
             signed_in(&record.next, &token, state, client)
         }

@@ -224,13 +224,14 @@ pub(crate) fn refresh_context(session_key: &str) -> String {
     format!("oidc-refresh:{session_key}")
 }
 
-/// Signs the person in: user record, then a new session; the user's name and the session token.
+/// Signs the person in: user record, then a new session; the user's name, the session token
+/// and the claim values that matched its rules (for the audit trail).
 pub(crate) async fn sign_in(
     cx: &Ctx<'_>,
     oidc: &OidcConfig,
     p: &OidcProvider,
     tokens: Tokens,
-) -> Result<(String, String), Refusal> {
+) -> Result<(String, String, Vec<String>), Refusal> {
     let c = clearance(cx, p, &tokens)?;
     let name = user_name(p, &tokens);
     let (user, user_rev) = upsert_user(cx, p, &name, &tokens.claims.sub, &c).await?;
@@ -246,7 +247,7 @@ pub(crate) async fn sign_in(
     let rev = put_session(cx, &key, &record, lease).await?;
     let _ = tokio::time::timeout(SYNC_WAIT, cx.views.caught_up(&keys::user(&name), user_rev)).await;
     let _ = tokio::time::timeout(SYNC_WAIT, cx.views.caught_up(&key, rev)).await;
-    Ok((name, token))
+    Ok((name, token, c.matched))
 }
 
 pub(crate) async fn put_session(

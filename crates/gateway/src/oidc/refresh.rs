@@ -152,13 +152,14 @@ impl Refresher {
             people::sync(&cx, &keys::user(&s.user), user_rev).await;
             let record: SessionRecord =
                 people::session_record(&cx, &self.oidc, &p, &user, &tokens, &key, s.created_ms);
-            self.swap_session(&key, &record).await
+            Ok((self.swap_session(&key, &record).await?, c.matched))
         }
         .await;
         match outcome {
-            Ok(rev) => {
+            Ok((rev, matched)) => {
                 people::sync(&cx, &key, rev).await;
-                self.audit.sign_in(&s.user, peer, &method, "refreshed");
+                self.audit
+                    .sign_in_by(&s.user, peer, &method, "refreshed", &matched);
                 let s = views.read().sessions.get(hash).cloned();
                 s.map_or(Err(GatewayError::Unauthenticated), |s| {
                     current_user(views, &s)

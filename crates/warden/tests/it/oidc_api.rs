@@ -101,3 +101,28 @@ fn a_name_belongs_to_the_provider_account_that_took_it_first() {
         "the issuer kept: {mark}"
     );
 }
+
+#[test]
+fn a_provider_sign_in_is_audited_with_the_claims_that_decided_it() {
+    let bob = Person::new("bob", "builder", &["engineering", "interns", "marketing"]);
+    let s = setup(std::slice::from_ref(&bob));
+    let mut b = Browser::new();
+    let (r, _) = b.sign_in(&s.gw, "corp", "/apps/demo/", &bob);
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The matched rules' claim values, not the claims no rule consulted ("marketing").
+    let line = audited(&s.w, "the sign-in with its claims", |l| {
+        l.contains(r#""user":"bob_corp""#) && l.contains(r#""outcome":"ok""#)
+    });
+    assert!(line.contains(r#""method":"oidc:corp""#), "{line}");
+    assert!(
+        line.contains(r#""claims":["groups=engineering","groups=interns"]"#),
+        "{line}"
+    );
+    assert!(!line.contains("marketing"), "{line}");
+    let session = b.cookie(host(&s.gw), "warden_session").unwrap();
+    let all = audit_lines(&s.w);
+    assert!(
+        !all.contains("eyJ") && !all.contains(&session),
+        "a token in the audit trail"
+    );
+}
