@@ -15,6 +15,7 @@
 pub mod health;
 pub mod instances;
 pub mod nodes;
+pub mod oidc;
 #[cfg(feature = "schema")]
 pub mod openapi;
 pub mod operators;
@@ -25,6 +26,7 @@ pub mod users;
 pub use health::{ErrorBody, Health, Ok};
 pub use instances::{AppLogEntry, AppLogsQuery, LogsQuery, StartRequest};
 pub use nodes::DrainQuery;
+pub use oidc::{NewOidcProvider, OidcProviderChange, OidcProviderView};
 pub use operators::{
     IssuedToken, Login, NewOperator, NewToken, OperatorChange, OperatorView, TokenView,
 };

@@ -94,6 +94,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/tokens"),
     ("post", "/v1/tokens"),
     ("delete", "/v1/tokens/{id}"),
+    ("get", "/v1/oidc/providers"),
+    ("post", "/v1/oidc/providers"),
+    ("get", "/v1/oidc/providers/{id}"),
+    ("patch", "/v1/oidc/providers/{id}"),
+    ("delete", "/v1/oidc/providers/{id}"),
 ];
 
 /// What an operator's session (`POST /v1/login`) lasts unless configured otherwise: 12 hours.
@@ -182,6 +187,8 @@ pub struct Api {
     /// operator named it: the dashboard's cookies are `Secure` and its forms are taken from
     /// there; `None`: the API's own plain-HTTP origin.
     pub(crate) ui_origin: Option<Arc<str>>,
+    /// Checks and seals identity providers added through the API (`None`: no gateway here).
+    pub(crate) oidc: Option<Arc<dyn routes::oidc_providers::OidcCheck>>,
 }
 
 // === impl Api ===
@@ -217,7 +224,14 @@ impl Api {
             ui_key: Arc::new(random_key()),
             stopping: None,
             ui_origin: None,
+            oidc: None,
         }
+    }
+
+    /// Takes identity providers through `/v1/oidc/providers`, checked and sealed by `check`.
+    pub fn with_oidc(mut self, check: Arc<dyn routes::oidc_providers::OidcCheck>) -> Self {
+        self.oidc = Some(check);
+        self
     }
 
     /// Signs the dashboard's forms under `key` (the data dir's or the cluster's, so a page one
@@ -404,6 +418,16 @@ impl Api {
             .route("/v1/logout", post(tokens::logout))
             .route("/v1/tokens", get(tokens::list).post(tokens::create))
             .route("/v1/tokens/{id}", delete(tokens::revoke))
+            .route(
+                "/v1/oidc/providers",
+                get(oidc_providers::list).post(oidc_providers::create),
+            )
+            .route(
+                "/v1/oidc/providers/{id}",
+                get(oidc_providers::show)
+                    .patch(oidc_providers::change)
+                    .delete(oidc_providers::remove),
+            )
             // Inside the token check: only changes it allowed are recorded here, with their
             // principal as the actor.
             .route_layer(axum::middleware::from_fn_with_state(

@@ -84,6 +84,14 @@ pub fn oidc_flow(state_hash: &str) -> String {
 /// one record and deletes it).
 pub const OIDC_FLOWS: &str = "oidc/flows";
 
+/// Key of an identity provider added through the API.
+pub fn oidc_provider(id: &str) -> String {
+    format!("{OIDC_PROVIDERS}/{id}")
+}
+
+/// Prefix of the identity providers added through the API (every gateway follows it).
+pub const OIDC_PROVIDERS: &str = "oidc/providers";
+
 /// Key of the restart state of an app's kept instances on one node.
 pub fn health(app: &str, node: &str) -> String {
     format!("health/{app}/{node}")

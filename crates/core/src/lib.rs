@@ -26,11 +26,12 @@ pub use instances::{
     RemoteStream, Unavailable,
 };
 pub use model::{
-    AddrError, AppHealth, AppSpec, BuildKind, DrainOrder, DriverKind, FailReason, HostLoad,
-    InstanceAddr, InstanceRecord, InstanceState, LabelHealth, Lifetime, Limits, Move, MoveReason,
-    NetworkMode, NodeRecord, OidcFlowRecord, OperatorRecord, OperatorSource, Placement,
-    ProviderMark, ProviderSession, Release, ReleaseSource, ReleaseStatus, Role, SchedulerRecord,
-    SessionRecord, SpecRelease, StartPath, TokenKind, TokenRecord, UserRecord, MAX_POOL,
+    AddrError, AppHealth, AppSpec, BuildKind, ClaimRule, DrainOrder, DriverKind, FailReason,
+    HostLoad, InstanceAddr, InstanceRecord, InstanceState, LabelHealth, Lifetime, Limits, Move,
+    MoveReason, NetworkMode, NodeRecord, OidcFlowRecord, OidcProviderRecord, OperatorRecord,
+    OperatorSource, Placement, ProviderMark, ProviderSession, Release, ReleaseSource,
+    ReleaseStatus, Role, SchedulerRecord, SessionRecord, SpecRelease, StartPath, TokenKind,
+    TokenRecord, UserRecord, MAX_POOL,
 };
 pub use name::{validate_name, NameError};
 pub use peers::Peers;

@@ -9,28 +9,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use warden_auth::{Lattice, LatticeError};
 
-/// One mapping rule, as written in the config file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimRule {
-    /// The claim looked at (`groups`, `roles`, `department`, …).
-    pub claim: String,
-    /// The value that makes the rule match: the claim's string, or one of its array's strings.
-    pub value: String,
-    /// The level the rule gives.
-    #[serde(default)]
-    pub level: Option<String>,
-    /// The categories the rule gives.
-    #[serde(default)]
-    pub categories: Vec<String>,
-    /// The groups the rule gives.
-    #[serde(default)]
-    pub groups: Vec<String>,
-}
+/// One mapping rule (the type is core's: the config file, the API and the store share it).
+pub use warden_core::ClaimRule;
 
 /// What the rules gave a person.
 #[derive(Debug, Clone, PartialEq, Eq)]

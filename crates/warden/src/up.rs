@@ -227,6 +227,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     )
     .await?;
     let (agent, instances) = (sources.agent.clone(), sources.instances.clone());
+    // The API's check of identity providers: where a gateway runs, which holds the key.
+    let mut oidc_check: Option<Arc<dyn warden_api::routes::oidc_providers::OidcCheck>> = None;
     let gateway = match cfg.runs(Role::Gateway) {
         true => {
             let source: Arc<dyn Instances> = match instances.clone() {
@@ -236,7 +238,19 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             let cluster_identity = joined.as_ref().map(|j| j.secrets.identity_key.as_str());
             let mut config = gateway_config(&cfg, &identity, cluster_identity)?;
             config.peers = sources.peers.clone();
-            config.oidc = oidc::providers(&cfg, joined.as_ref().map(|j| &j.secrets))?;
+            let (o, from_file) = oidc::providers(&cfg, joined.as_ref().map(|j| &j.secrets))?;
+            // Providers added through the API join (and leave) while the gateway runs.
+            tasks.push(tokio::spawn(oidc::api::follow(
+                store.clone(),
+                o.clone(),
+                from_file.clone(),
+                stop_rx.clone(),
+            )));
+            oidc_check = Some(Arc::new(oidc::api::Checker {
+                oidc: o.clone(),
+                config: from_file,
+            }));
+            config.oidc = Some(o);
             // A button per provider on the sign-in page.
             config.providers = config
                 .oidc
@@ -268,6 +282,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         );
         if let Some(d) = &data_plane {
             releases = releases.with_data(d.clone());
+        }
+        if let Some(c) = oidc_check.take() {
+            releases = releases.with_oidc(c);
         }
         // Releases an earlier run left unfinished are resumed or failed, and uploads none of
         // them waits for removed, before a new push comes in (through this API or another

@@ -60,6 +60,12 @@ const TABLE: &[(&str, &str, Need)] = &[
     ("GET", "/v1/tokens", Need::Any),
     ("POST", "/v1/tokens", Need::Any),
     ("DELETE", "/v1/tokens/{id}", Need::Any),
+    // Identity providers decide who signs in at what clearance: the owner's alone.
+    ("GET", "/v1/oidc/providers", Need::Owner),
+    ("POST", "/v1/oidc/providers", Need::Owner),
+    ("GET", "/v1/oidc/providers/{id}", Need::Owner),
+    ("PATCH", "/v1/oidc/providers/{id}", Need::Owner),
+    ("DELETE", "/v1/oidc/providers/{id}", Need::Owner),
 ];
 
 /// What `method` on `route` (a template) needs.
@@ -157,7 +163,8 @@ mod tests {
             let secret = route.ends_with("/config")
                 || route.ends_with("/data")
                 || route.ends_with("/backup")
-                || route.starts_with("/v1/operators");
+                || route.starts_with("/v1/operators")
+                || route.starts_with("/v1/oidc/");
             let viewer_ok = self_service || (m == "GET" && !secret);
             assert_eq!(
                 check(&viewer, &m, route, a).is_ok(),

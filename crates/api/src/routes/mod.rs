@@ -9,6 +9,7 @@ pub mod instances;
 pub mod lattice;
 pub mod node_releases;
 pub mod nodes;
+pub mod oidc_providers;
 pub mod operators;
 pub mod releases;
 pub mod status;

@@ -144,11 +144,20 @@ fn sign_in_page(
         GatewayError::Unauthenticated => "Wrong name or password.".to_owned(),
         e => sentence(&e.to_string()),
     });
+    // The providers now: those added through the API come and go while the gateway runs.
+    let buttons: Vec<crate::config::SignInButton> = match &state.config.oidc {
+        Some(o) => o
+            .buttons()
+            .into_iter()
+            .map(|(id, label)| crate::config::SignInButton { id, label })
+            .collect(),
+        None => state.config.providers.clone(),
+    };
     let html = pages::sign_in(&pages::SignIn {
         next,
         csrf: &field,
         message: message.as_deref(),
-        providers: &state.config.providers,
+        providers: &buttons,
         passwords: state.auth.passwords(),
     });
     let status = refused.map_or(StatusCode::OK, GatewayError::status);

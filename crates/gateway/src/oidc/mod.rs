@@ -14,7 +14,7 @@ pub(crate) mod people;
 pub(crate) mod refresh;
 pub mod starts;
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -47,9 +47,10 @@ pub struct OidcProvider {
 /// Every provider, and the key that seals what rests in the store.
 #[derive(Debug)]
 pub struct OidcConfig {
-    /// The providers, in the config's order.
-    pub providers: Vec<Arc<OidcProvider>>,
-    /// Seals PKCE verifiers, nonces and refresh tokens.
+    /// The providers: the config file's, then those added through the API, which change while
+    /// the gateway runs (the binary follows the store and calls [`OidcConfig::set_providers`]).
+    providers: RwLock<Vec<Arc<OidcProvider>>>,
+    /// Seals PKCE verifiers, nonces, refresh tokens and API providers' client secrets.
     pub sealer: Sealer,
     /// Sign-ins started per client address, bounded.
     pub starts: starts::Starts,
@@ -58,16 +59,41 @@ pub struct OidcConfig {
 // === impl OidcConfig ===
 
 impl OidcConfig {
+    /// `providers`, sealing under `sealer`.
+    pub fn new(providers: Vec<Arc<OidcProvider>>, sealer: Sealer) -> Self {
+        Self {
+            providers: RwLock::new(providers),
+            sealer,
+            starts: Default::default(),
+        }
+    }
+
+    /// Replaces the providers: a removed one's button goes, its sign-ins in flight find no
+    /// provider at their callback, and its sessions end at their next refresh.
+    pub fn set_providers(&self, providers: Vec<Arc<OidcProvider>>) {
+        *self.providers.write().unwrap_or_else(|p| p.into_inner()) = providers;
+    }
+
+    /// The providers now.
+    pub fn providers(&self) -> Vec<Arc<OidcProvider>> {
+        self.providers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// The sign-in page's buttons: `(id, label)` per provider, in order.
     pub fn buttons(&self) -> Vec<(String, String)> {
-        self.providers
+        self.providers()
             .iter()
             .map(|p| (p.provider.config().id.clone(), p.label.clone()))
             .collect()
     }
 
-    fn find(&self, id: &str) -> Option<&Arc<OidcProvider>> {
-        self.providers.iter().find(|p| p.provider.config().id == id)
+    fn find(&self, id: &str) -> Option<Arc<OidcProvider>> {
+        self.providers()
+            .into_iter()
+            .find(|p| p.provider.config().id == id)
     }
 }
 
@@ -92,7 +118,7 @@ pub(crate) async fn answer(
     let Some(oidc) = state.config.oidc.clone() else {
         return Some(page::not_found(&id));
     };
-    let Some(p) = oidc.find(&id).cloned() else {
+    let Some(p) = oidc.find(&id) else {
         return Some(page::not_found(&id));
     };
     if let Err(e) = state.audit_gate(Some(b"text/html")) {

@@ -93,7 +93,7 @@ impl Refresher {
             // Refreshed while this request waited for the lock.
             return current_user(views, &s);
         }
-        let Some(p) = self.oidc.find(&ps.id).cloned() else {
+        let Some(p) = self.oidc.find(&ps.id) else {
             return self
                 .end(views, &key, "its provider is no longer configured")
                 .await;

@@ -2,6 +2,8 @@
 //! that seals what their sign-ins leave in the store: on a cluster HKDF of its identity key
 //! (every gateway opens what another sealed), on one node `<data dir>/oidc-key`, mode 0600.
 
+pub(super) mod api;
+
 use std::path::Path;
 use std::sync::Arc;
 
@@ -16,14 +18,66 @@ const CLUSTER_OIDC_KEY_INFO: &[u8] = b"warden oidc seal key v1";
 /// The one-node sealing key's file in the data dir.
 const OIDC_KEY_FILE: &str = "oidc-key";
 
-/// The providers, or `None` when the config names none.
+/// What a provider is made of, from a config table or a stored record: [`build`] checks both
+/// the same way.
+pub(super) struct Settings {
+    pub id: String,
+    pub label: String,
+    pub issuer: String,
+    pub client_id: String,
+    pub secret: Secret,
+    pub scopes: Vec<String>,
+    pub redirect_url: String,
+    pub username_claim: String,
+    pub ca_file: Option<std::path::PathBuf>,
+    pub jwks_refetch: std::time::Duration,
+    pub rules: Vec<warden_oidc::ClaimRule>,
+}
+
+/// The one check of a provider, whether from the config file or the API: its id, then what
+/// [`Provider::new`] checks (the issuer's scheme and host, the redirect URL, the trust roots).
+pub(super) fn build(s: Settings) -> anyhow::Result<Arc<OidcProvider>> {
+    warden_core::validate_name("oidc provider id", &s.id)
+        .with_context(|| format!("identity provider id {:?}", s.id))?;
+    // Provider users are named `<name>_<id>`: an id with `_` would let `bob_x` of `corp` and
+    // `bob` of `x_corp` meet in one name.
+    if s.id.contains('_') {
+        anyhow::bail!(
+            "identity provider id {:?} holds '_', which separates a person's name from the provider's in user names; use letters, digits and '-'",
+            s.id
+        );
+    }
+    let provider = Provider::new(ProviderConfig {
+        id: s.id.clone(),
+        issuer: s.issuer,
+        client_id: s.client_id,
+        client_secret: s.secret,
+        scopes: s.scopes,
+        redirect_url: s.redirect_url,
+        ca_file: s.ca_file,
+        jwks_refetch: s.jwks_refetch,
+    })
+    .with_context(|| format!("identity provider {:?}", s.id))?;
+    Ok(Arc::new(OidcProvider {
+        provider,
+        label: s.label,
+        rules: s.rules,
+        username_claim: s.username_claim,
+    }))
+}
+
+/// The sealing context of an API provider's client secret: its id, so a sealed secret copied
+/// to another provider's record does not open.
+pub(super) fn secret_context(id: &str) -> String {
+    format!("oidc-client-secret:{id}")
+}
+
+/// Every gateway's OpenID Connect state (the config file's providers; those added through the
+/// API join when [`follow`] runs) and the config file's providers alone.
 pub(super) fn providers(
     cfg: &Config,
     cluster: Option<&crate::cluster::Secrets>,
-) -> anyhow::Result<Option<Arc<OidcConfig>>> {
-    if cfg.oidc.is_empty() {
-        return Ok(None);
-    }
+) -> anyhow::Result<(Arc<OidcConfig>, Vec<Arc<OidcProvider>>)> {
     let key = match cluster {
         Some(s) => {
             crate::keys::cluster_key(&s.identity_key, CLUSTER_OIDC_KEY_INFO, "the OIDC key")?
@@ -31,22 +85,9 @@ pub(super) fn providers(
         None => node_key(&cfg.data_dir)?,
     };
     let sealer = Sealer::new(&key).context("cannot make the OIDC sealing key")?;
-    let mut providers = Vec::new();
+    let mut providers: Vec<Arc<OidcProvider>> = Vec::new();
     for t in &cfg.oidc {
-        warden_core::validate_name("oidc provider id", &t.id)
-            .with_context(|| format!("[[oidc]] id {:?}", t.id))?;
-        // Provider users are named `<name>_<id>`: an id with `_` would let `bob_x` of `corp` and
-        // `bob` of `x_corp` meet in one name.
-        if t.id.contains('_') {
-            anyhow::bail!(
-                "[[oidc]] id {:?} holds '_', which separates a person's name from the provider's in user names; use letters, digits and '-'",
-                t.id
-            );
-        }
-        if providers
-            .iter()
-            .any(|p: &Arc<OidcProvider>| p.provider.config().id == t.id)
-        {
+        if providers.iter().any(|p| p.provider.config().id == t.id) {
             anyhow::bail!(
                 "[[oidc]] id {:?} appears twice; give each provider its own id",
                 t.id
@@ -59,29 +100,26 @@ pub(super) fn providers(
                 t.client_secret_file.display()
             )
         })?;
-        let provider = Provider::new(ProviderConfig {
+        let p = build(Settings {
             id: t.id.clone(),
+            label: t.label.clone().unwrap_or_else(|| t.id.clone()),
             issuer: t.issuer.clone(),
             client_id: t.client_id.clone(),
-            client_secret: Secret::new(secret.trim()),
+            secret: Secret::new(secret.trim()),
             scopes: t.scopes.clone(),
             redirect_url: t.redirect_url.clone(),
+            username_claim: t.username_claim.clone(),
             ca_file: t.ca_file.clone(),
             jwks_refetch: t.jwks_refetch.map_or(warden_oidc::JWKS_REFETCH, |h| h.0),
-        })
-        .with_context(|| format!("[[oidc]] {:?}", t.id))?;
-        providers.push(Arc::new(OidcProvider {
-            provider,
-            label: t.label.clone().unwrap_or_else(|| t.id.clone()),
             rules: t.rules.clone(),
-            username_claim: t.username_claim.clone(),
-        }));
+        })
+        .context("in an [[oidc]] table of the config file")?;
+        providers.push(p);
     }
-    Ok(Some(Arc::new(OidcConfig {
+    Ok((
+        Arc::new(OidcConfig::new(providers.clone(), sealer)),
         providers,
-        sealer,
-        starts: Default::default(),
-    })))
+    ))
 }
 
 /// One node's sealing key: made once per data dir, mode 0600.

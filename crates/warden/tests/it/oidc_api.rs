@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use warden_test_support::http::{self, Response};
 use warden_test_support::oidc::{Browser, OidcProvider, Person, Ttls};
 use warden_test_support::{cli, free_port, wait_until, Launch, Warden};
 
@@ -124,5 +125,160 @@ fn a_provider_sign_in_is_audited_with_the_claims_that_decided_it() {
     assert!(
         !all.contains("eyJ") && !all.contains(&session),
         "a token in the audit trail"
+    );
+}
+
+/// A request to the API with `token`.
+fn call(
+    w: &Warden,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> Response {
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    http::request(
+        method,
+        &format!("{}{path}", w.api),
+        &[
+            ("authorization", &format!("Bearer {token}")),
+            ("content-type", "application/json"),
+        ],
+        body.as_bytes(),
+    )
+}
+
+/// A session token of a new operator `name` with `roles`.
+fn operator(w: &Warden, name: &str, roles: serde_json::Value) -> String {
+    let r = w.api(
+        "POST",
+        "/v1/operators",
+        Some(serde_json::json!({"name": name, "password": "long enough pw", "roles": roles})),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = call(
+        w,
+        "",
+        "POST",
+        "/v1/login",
+        Some(serde_json::json!({"name": name, "password": "long enough pw"})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["token"].as_str().unwrap().to_owned()
+}
+
+/// The sign-in page as a browser gets it.
+fn sign_in_page(gw: &str) -> String {
+    http::request(
+        "GET",
+        &format!("{gw}/login"),
+        &[("accept", "text/html")],
+        b"",
+    )
+    .text()
+}
+
+#[test]
+fn a_provider_added_by_api_signs_people_in_until_it_is_removed() {
+    let s = setup(&[alice()]);
+    const SECRET: &str = "staff-client-secret-7f3a9c";
+    let redirect = format!("{}/login/oidc/staff/callback", s.gw);
+    s.idp.register("warden-staff", SECRET, &redirect);
+    let body = |issuer: &str| {
+        serde_json::json!({
+            "id": "staff", "label": "Staff SSO", "issuer": issuer, "client_id": "warden-staff",
+            "client_secret": SECRET, "redirect_url": redirect,
+            "rules": [{ "claim": "groups", "value": "engineering", "level": "SECRET" }],
+        })
+    };
+    // Owner only.
+    let viewer = operator(&s.w, "vera", serde_json::json!([{"role": "viewer"}]));
+    let deployer = operator(
+        &s.w,
+        "dan",
+        serde_json::json!([{"role": "deployer", "apps": ["demo"]}]),
+    );
+    for t in [&viewer, &deployer] {
+        assert_eq!(call(&s.w, t, "GET", "/v1/oidc/providers", None).status, 403);
+        let r = call(
+            &s.w,
+            t,
+            "POST",
+            "/v1/oidc/providers",
+            Some(body(&s.idp.issuer)),
+        );
+        assert_eq!(r.status, 403, "{}", r.text());
+    }
+    // An issuer nobody answers at: refused before it is stored, saying what failed.
+    let r = s.w.api(
+        "POST",
+        "/v1/oidc/providers",
+        Some(body(&format!("http://127.0.0.1:{}", free_port()))),
+    );
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(r.text().contains("discovery of issuer"), "{}", r.text());
+    assert_eq!(s.w.api("GET", "/v1/oidc/providers/staff", None).status, 404);
+
+    let r =
+        s.w.api("POST", "/v1/oidc/providers", Some(body(&s.idp.issuer)));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let list = s.w.api("GET", "/v1/oidc/providers", None);
+    assert_eq!(list.status, 200, "{}", list.text());
+    assert!(
+        !list.text().contains(SECRET),
+        "a secret listed: {}",
+        list.text()
+    );
+    let views: Vec<serde_json::Value> = serde_json::from_value(list.json()).unwrap();
+    let by_id = |id: &str| views.iter().find(|v| v["id"] == id).cloned().unwrap();
+    assert_eq!(by_id("corp")["source"], "config");
+    assert_eq!(by_id("staff")["source"], "api");
+    assert_eq!(by_id("staff")["secret"], "set");
+    // The config file's provider changes only in the file.
+    for m in ["PATCH", "DELETE"] {
+        let r = s.w.api(
+            m,
+            "/v1/oidc/providers/corp",
+            (m == "PATCH").then(|| serde_json::json!({"label": "x"})),
+        );
+        assert_eq!(r.status, 409, "{m}: {}", r.text());
+        assert!(r.text().contains("config file"), "{}", r.text());
+    }
+    // Sealed in the store: the raw file holds the record but not the secret.
+    let raw = std::fs::read(s.w.dir.join("store.redb")).unwrap();
+    let holds = |needle: &str| raw.windows(needle.len()).any(|w| w == needle.as_bytes());
+    assert!(holds("client_secret_sealed"), "the record is in the file");
+    assert!(!holds(SECRET), "the client secret in clear in the store");
+
+    wait_until(
+        "the button on the sign-in page",
+        Duration::from_secs(30),
+        || {
+            sign_in_page(&s.gw)
+                .contains("/login/oidc/staff")
+                .then_some(())
+        },
+    );
+    let (r, _) = Browser::new().sign_in(&s.gw, "staff", "/apps/demo/", &alice());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["user"], "alice_staff");
+
+    // A sign-in begun before the removal cannot finish after it; a new one cannot begin.
+    let mut b = Browser::new();
+    let cb = b.sign_in_until_callback(&s.gw, "staff", "/apps/demo/", &alice());
+    let r = s.w.api("DELETE", "/v1/oidc/providers/staff", None);
+    assert_eq!(r.status, 204, "{}", r.text());
+    wait_until("the button gone", Duration::from_secs(30), || {
+        (!sign_in_page(&s.gw).contains("/login/oidc/staff")).then_some(())
+    });
+    let r = b.send("GET", &cb, None);
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(r.text().contains("no identity provider"), "{}", r.text());
+    assert!(b.cookie(host(&s.gw), "warden_session").is_none());
+    let (r, _) = Browser::new().follow(&format!("{}/login/oidc/staff?next=/apps/demo/", s.gw));
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(
+        sign_in_page(&s.gw).contains("/login/oidc/corp"),
+        "the config file's stays"
     );
 }

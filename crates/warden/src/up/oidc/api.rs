@@ -1,0 +1,153 @@
+//! Identity providers added through the API: the check the API asks for (the config file's
+//! [`super::build`], then discovery), and every gateway following `oidc/providers/` so that
+//! a provider added or removed on any node is on (or off) its sign-in page without a restart.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use warden_api::routes::oidc_providers::{OidcCheck, OidcProviderView, Secret as Given};
+use warden_core::{keys, OidcProviderRecord};
+use warden_gateway::{OidcConfig, OidcProvider};
+use warden_oidc::Secret;
+use warden_store::{decode, Store};
+
+use super::{build, secret_context, Settings};
+
+/// The API's check of a provider.
+pub(crate) struct Checker {
+    pub oidc: Arc<OidcConfig>,
+    /// The config file's providers, listed as `source: config`.
+    pub config: Vec<Arc<OidcProvider>>,
+}
+
+/// The provider `r` describes, its secret opened with `oidc`'s sealer.
+fn from_record(oidc: &OidcConfig, r: &OidcProviderRecord) -> anyhow::Result<Arc<OidcProvider>> {
+    let secret = oidc
+        .sealer
+        .open(&secret_context(&r.id), &r.client_secret_sealed)
+        .map_err(|e| anyhow::anyhow!("its client secret does not open ({e}); set it again with `warden oidc change {} --secret-file`", r.id))?;
+    build(Settings {
+        id: r.id.clone(),
+        label: r.label.clone(),
+        issuer: r.issuer.clone(),
+        client_id: r.client_id.clone(),
+        secret,
+        scopes: r.scopes.clone(),
+        redirect_url: r.redirect_url.clone(),
+        username_claim: r.username_claim.clone(),
+        ca_file: r.ca_file.clone(),
+        jwks_refetch: warden_oidc::JWKS_REFETCH,
+        rules: r.rules.clone(),
+    })
+}
+
+impl OidcCheck for Checker {
+    fn config_providers(&self) -> Vec<OidcProviderView> {
+        self.config
+            .iter()
+            .map(|p| {
+                let c = p.provider.config();
+                OidcProviderView {
+                    id: c.id.clone(),
+                    label: p.label.clone(),
+                    issuer: c.issuer.clone(),
+                    client_id: c.client_id.clone(),
+                    secret: "set".into(),
+                    scopes: c.scopes.clone(),
+                    redirect_url: c.redirect_url.clone(),
+                    username_claim: p.username_claim.clone(),
+                    ca_file: c.ca_file.clone(),
+                    rules: p.rules.clone(),
+                    source: "config".into(),
+                }
+            })
+            .collect()
+    }
+
+    fn check(
+        &self,
+        mut record: OidcProviderRecord,
+        secret: Given,
+    ) -> Pin<Box<dyn Future<Output = Result<OidcProviderRecord, String>> + Send + '_>> {
+        Box::pin(async move {
+            record.client_secret_sealed = match secret {
+                Given::Clear(s) => self
+                    .oidc
+                    .sealer
+                    .seal(&secret_context(&record.id), &Secret::new(s.trim())),
+                Given::Sealed(s) => s,
+            };
+            let p = from_record(&self.oidc, &record).map_err(|e| format!("{e:#}"))?;
+            // Discovery (and the keys' address with it) before the provider is accepted: a
+            // typo in the issuer is said now, not at someone's first sign-in.
+            p.provider.begin().await.map_err(|e| {
+                format!(
+                    "the discovery of issuer {} failed: {e}; check the issuer URL and that warden can reach it",
+                    record.issuer
+                )
+            })?;
+            Ok(record)
+        })
+    }
+}
+
+/// Keeps `oidc`'s providers = the config file's (`config`) ∪ those stored under
+/// `oidc/providers/`, until `stop`: every change to the prefix rebuilds the set (providers
+/// whose record did not change are kept as they are, their keys and discovery with them).
+pub(crate) async fn follow(
+    store: Arc<dyn Store>,
+    oidc: Arc<OidcConfig>,
+    config: Vec<Arc<OidcProvider>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut follower = warden_store::Follower::new(store.clone(), keys::OIDC_PROVIDERS);
+    let mut built: HashMap<String, (Vec<u8>, Arc<OidcProvider>)> = HashMap::new();
+    loop {
+        let update = tokio::select! {
+            u = follower.next() => u,
+            _ = stop.changed() => return,
+        };
+        if update.is_none() {
+            return;
+        }
+        // The listing is small (a few providers): read it whole rather than apply events.
+        let Ok(listing) = store.list(keys::OIDC_PROVIDERS).await else {
+            continue;
+        };
+        let mut next = HashMap::new();
+        for e in &listing.entries {
+            let id = e.key.rsplit('/').next().unwrap_or_default().to_owned();
+            if config.iter().any(|p| p.provider.config().id == id) {
+                // The config file's wins; the API refuses to add such a provider anyway.
+                continue;
+            }
+            if let Some((bytes, p)) = built.remove(&id).filter(|(b, _)| *b == e.value) {
+                next.insert(id, (bytes, p));
+                continue;
+            }
+            let made = decode::<OidcProviderRecord>(&e.key, &e.value)
+                .map_err(anyhow::Error::from)
+                .and_then(|r| from_record(&oidc, &r));
+            match made {
+                Ok(p) => {
+                    tracing::info!(provider = %id, "identity provider from the store");
+                    next.insert(id, (e.value.clone(), p));
+                }
+                Err(err) => {
+                    tracing::warn!(provider = %id, error = %format!("{err:#}"), "cannot use a stored identity provider")
+                }
+            }
+        }
+        built = next;
+        let mut stored: Vec<_> = built
+            .iter()
+            .map(|(id, (_, p))| (id.clone(), p.clone()))
+            .collect();
+        stored.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut all = config.clone();
+        all.extend(stored.into_iter().map(|(_, p)| p));
+        oidc.set_providers(all);
+    }
+}
