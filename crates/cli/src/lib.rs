@@ -16,6 +16,7 @@ mod instances;
 mod login;
 mod logs;
 pub mod nodes;
+mod oidc;
 mod operators;
 mod pack;
 mod phases;
@@ -41,6 +42,7 @@ pub use deploy::{ConfigCommand, Push};
 pub use instances::InstancesCommand;
 pub use login::LoginArgs;
 pub use logs::Logs;
+pub use oidc::OidcCommand;
 pub use operators::{OperatorsCommand, TokensCommand};
 
 /// How to reach the API.
@@ -188,6 +190,9 @@ pub enum ClientCommand {
     /// Your personal API tokens for automation
     #[command(subcommand)]
     Tokens(TokensCommand),
+    /// Identity providers people sign in with (OpenID Connect)
+    #[command(subcommand)]
+    Oidc(OidcCommand),
 }
 
 /// Runs a client command.
@@ -219,6 +224,7 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
         ClientCommand::Audit(a) => audit::run(&api, &out, a).await,
         ClientCommand::Operators(c) => operators::operators(&api, &out, c).await,
         ClientCommand::Tokens(c) => operators::tokens(&api, &out, c).await,
+        ClientCommand::Oidc(c) => oidc::run(&api, &out, c).await,
         ClientCommand::Login(_) | ClientCommand::Logout => Ok(()),
     }
 }

@@ -71,6 +71,8 @@ enum Command {
     Operators(OperatorsCmd),
     /// Your personal API tokens for automation: list, create, revoke
     Tokens(TokensCmd),
+    /// Identity providers people sign in with: list, add, change, remove
+    Oidc(OidcCmd),
     /// Back up a running warden's store, or restore a backup into a stopped one's data dir
     #[command(subcommand)]
     Store(store_cmd::StoreCommand),
@@ -110,6 +112,14 @@ struct LoginCmd {
 struct OperatorsCmd {
     #[command(subcommand)]
     command: warden_cli::OperatorsCommand,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct OidcCmd {
+    #[command(subcommand)]
+    command: warden_cli::OidcCommand,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -432,6 +442,7 @@ async fn run(cli: Cli) -> std::process::ExitCode {
             warden_cli::run(&c.client, ClientCommand::Operators(c.command)).await
         }
         Command::Tokens(c) => warden_cli::run(&c.client, ClientCommand::Tokens(c.command)).await,
+        Command::Oidc(c) => warden_cli::run(&c.client, ClientCommand::Oidc(c.command)).await,
         Command::Store(c) => store_cmd::run(c).await,
         Command::DemoApp => demo::run_app().await,
         Command::SandboxInit | Command::Reaper { .. } => Ok(()),

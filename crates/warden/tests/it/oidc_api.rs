@@ -19,7 +19,11 @@ struct Setup {
 }
 
 fn setup(people: &[Person]) -> Setup {
-    let idp = OidcProvider::start(people, Ttls::default());
+    setup_ttls(people, Ttls::default())
+}
+
+fn setup_ttls(people: &[Person], ttls: Ttls) -> Setup {
+    let idp = OidcProvider::start(people, ttls);
     let port = free_port();
     let gw = format!("http://127.0.0.1:{port}");
     let redirect = format!("{gw}/login/oidc/corp/callback");
@@ -281,4 +285,99 @@ fn a_provider_added_by_api_signs_people_in_until_it_is_removed() {
         sign_in_page(&s.gw).contains("/login/oidc/corp"),
         "the config file's stays"
     );
+}
+
+/// `warden ARGS` against `w` with `stdin`.
+fn run_cli(w: &Warden, args: &[&str], stdin: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(BIN)
+        .args(args)
+        .env_remove("WARDEN_CONFIG")
+        .env("WARDEN_API", &w.api)
+        .env("WARDEN_TOKEN", &w.token)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn warden_oidc_adds_changes_and_removes_and_a_removed_providers_sessions_end_at_refresh() {
+    // Tokens live two seconds: each request after that refreshes first.
+    let ttls = Ttls {
+        id_token: 2,
+        access_token: 2,
+        refresh_token: 3600,
+    };
+    let s = setup_ttls(&[alice()], ttls);
+    let secret = "cli-secret-4d1e0b";
+    let redirect = format!("{}/login/oidc/staff/callback", s.gw);
+    s.idp.register("warden-staff", secret, &redirect);
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.json");
+    std::fs::write(
+        &rules,
+        r#"[{ "claim": "groups", "value": "engineering", "level": "SECRET" }]"#,
+    )
+    .unwrap();
+    let add = [
+        "oidc",
+        "add",
+        "staff",
+        "--issuer",
+        &s.idp.issuer,
+        "--client-id",
+        "warden-staff",
+        "--redirect-url",
+        &redirect,
+        "--secret-stdin",
+        "--rules",
+        rules.to_str().unwrap(),
+    ];
+    let (ok, out, err) = run_cli(&s.w, &add, &format!("{secret}\n"));
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = run_cli(
+        &s.w,
+        &["oidc", "change", "staff", "--label", "Staff SSO"],
+        "",
+    );
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = run_cli(&s.w, &["oidc", "list"], "");
+    assert!(ok, "{err}");
+    assert!(out.contains("Staff SSO") && out.contains("api"), "{out}");
+    assert!(out.contains("corp") && out.contains("config"), "{out}");
+    assert!(!out.contains(secret), "{out}");
+    wait_until("the button", Duration::from_secs(30), || {
+        sign_in_page(&s.gw).contains("Staff SSO").then_some(())
+    });
+    let mut b = Browser::new();
+    let (r, _) = b.sign_in(&s.gw, "staff", "/apps/demo/", &alice());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["user"], "alice_staff");
+    let (ok, out, err) = run_cli(&s.w, &["oidc", "remove", "staff"], "");
+    assert!(ok, "{out}{err}");
+    let demo = format!("{}/apps/demo/", s.gw);
+    wait_until(
+        "the session ended at its refresh",
+        Duration::from_secs(30),
+        || {
+            let r = b.send("GET", &demo, None);
+            (r.status == 303
+                && r.header("location")
+                    .is_some_and(|l| l.starts_with("/login?next=")))
+            .then_some(())
+        },
+    );
+    let (ok, _, err) = run_cli(&s.w, &["oidc", "remove", "corp"], "");
+    assert!(!ok && err.contains("config file"), "{err}");
 }
