@@ -381,3 +381,57 @@ fn warden_oidc_adds_changes_and_removes_and_a_removed_providers_sessions_end_at_
     let (ok, _, err) = run_cli(&s.w, &["oidc", "remove", "corp"], "");
     assert!(!ok && err.contains("config file"), "{err}");
 }
+
+#[test]
+fn a_provider_id_pointed_at_another_issuer_does_not_take_its_users() {
+    let s = setup(&[alice()]);
+    // Another provider, whose alice (the same `sub`) is someone else.
+    let other = OidcProvider::start(&[alice()], Ttls::default());
+    let redirect = format!("{}/login/oidc/staff/callback", s.gw);
+    for idp in [&s.idp, &other] {
+        idp.register("warden-staff", "staff-secret", &redirect);
+    }
+    let add = |issuer: &str| {
+        let body = serde_json::json!({
+            "id": "staff", "issuer": issuer, "client_id": "warden-staff",
+            "client_secret": "staff-secret", "redirect_url": redirect,
+            "rules": [{ "claim": "groups", "value": "engineering", "level": "SECRET" }],
+        });
+        let r = s.w.api("POST", "/v1/oidc/providers", Some(body));
+        assert_eq!(r.status, 201, "{}", r.text());
+    };
+    add(&s.idp.issuer);
+    let start = |gw: &str| {
+        wait_until(
+            "the provider on the gateway",
+            Duration::from_secs(30),
+            || {
+                let r = http::request("GET", &format!("{gw}/login/oidc/staff"), &[], b"");
+                (r.status == 302).then_some(())
+            },
+        )
+    };
+    start(&s.gw);
+    let (r, _) = Browser::new().sign_in(&s.gw, "staff", "/apps/demo/", &alice());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["user"], "alice_staff");
+    let r = s.w.api("DELETE", "/v1/oidc/providers/staff", None);
+    assert_eq!(r.status, 204, "{}", r.text());
+    add(&other.issuer);
+    // The gateway follows the new record: wait until a start goes to the other issuer.
+    wait_until("the new issuer followed", Duration::from_secs(30), || {
+        let r = http::request("GET", &format!("{}/login/oidc/staff", s.gw), &[], b"");
+        r.header("location")
+            .is_some_and(|l| l.starts_with(&other.issuer))
+            .then_some(())
+    });
+    let mut b = Browser::new();
+    let (r, _) = b.sign_in(&s.gw, "staff", "/apps/demo/", &alice());
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(
+        r.text().contains("belongs to another account"),
+        "{}",
+        r.text()
+    );
+    assert!(b.cookie(host(&s.gw), "warden_session").is_none());
+}
