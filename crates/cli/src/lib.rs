@@ -299,6 +299,10 @@ fn show_user(u: &UserView) {
                 "signs in:   through identity provider {} (subject {})",
                 p.id, p.subject
             );
+            if !p.issuer.is_empty() {
+                // The name is this account's: another issuer's or subject's sign-in is refused.
+                println!("issuer:     {}", p.issuer);
+            }
             let claims: Vec<String> = p.claims.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
             println!("claims:     {}", claims.join(" "));
             println!("rules:      {}", p.rules.join(", "));

@@ -105,6 +105,16 @@ fn a_name_belongs_to_the_provider_account_that_took_it_first() {
         s.idp.issuer.as_str(),
         "the issuer kept: {mark}"
     );
+    let env = [
+        ("WARDEN_API", s.w.api.as_str()),
+        ("WARDEN_TOKEN", s.w.token.as_str()),
+    ];
+    let (ok, out, err) = cli(BIN, &["users", "show", "alice-smith_corp"], &env);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("issuer:     {}", s.idp.issuer)),
+        "{out}"
+    );
 }
 
 #[test]
