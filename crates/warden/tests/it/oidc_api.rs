@@ -445,3 +445,43 @@ fn a_provider_id_pointed_at_another_issuer_does_not_take_its_users() {
     );
     assert!(b.cookie(host(&s.gw), "warden_session").is_none());
 }
+
+#[test]
+fn on_a_cluster_a_provider_added_through_one_node_serves_on_every_gateway() {
+    let etcd = warden_test_support::etcd::EtcdCluster::start(1);
+    let idp = OidcProvider::start(&[alice()], Ttls::default());
+    let a = Launch::new(BIN)
+        .args(&["--store", &etcd.url(), "--node-name", "alpha"])
+        .start();
+    let port = free_port();
+    let gw_b = format!("http://127.0.0.1:{port}");
+    let token = a.dir.join("join-token").display().to_string();
+    let b = Launch::new(BIN)
+        .no_demo()
+        .listen(&format!("127.0.0.1:{port}"))
+        .args(&["--store", &etcd.url(), "--node-name", "beta"])
+        .args(&["--roles", "gateway", "--join-token-file", &token])
+        .start();
+    let redirect = format!("{gw_b}/login/oidc/staff/callback");
+    idp.register("warden-staff", "staff-secret", &redirect);
+    let body = serde_json::json!({
+        "id": "staff", "label": "Staff SSO", "issuer": idp.issuer, "client_id": "warden-staff",
+        "client_secret": "staff-secret", "redirect_url": redirect,
+        "rules": [{ "claim": "groups", "value": "engineering", "level": "SECRET" }],
+    });
+    let r = a.api("POST", "/v1/oidc/providers", Some(body));
+    assert_eq!(r.status, 201, "{}", r.text());
+    wait_until("the button on beta", Duration::from_secs(30), || {
+        sign_in_page(&gw_b).contains("Staff SSO").then_some(())
+    });
+    // Beta opens the secret alpha sealed: the provider takes beta's code exchange.
+    let (r, _) = Browser::new().sign_in(&gw_b, "staff", "/whoami", &alice());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("alice_staff"), "{}", r.text());
+    let r = a.api("DELETE", "/v1/oidc/providers/staff", None);
+    assert_eq!(r.status, 204, "{}", r.text());
+    wait_until("the button gone on beta", Duration::from_secs(30), || {
+        (!sign_in_page(&gw_b).contains("Staff SSO")).then_some(())
+    });
+    drop(b);
+}
