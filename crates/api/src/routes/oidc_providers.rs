@@ -57,6 +57,12 @@ fn from_file(id: &str) -> ApiError {
     ))
 }
 
+/// The key of provider `id`, or 404 for an id no provider can have (the path is the caller's).
+fn key_of(id: &str) -> Result<String, ApiError> {
+    warden_core::validate_name("oidc provider id", id).map_err(|_| no_provider(id))?;
+    Ok(keys::oidc_provider(id))
+}
+
 fn no_provider(id: &str) -> ApiError {
     ApiError::not_found(format!(
         "no identity provider {id:?} was added through the API; `warden oidc list` shows them"
@@ -91,7 +97,7 @@ pub async fn show(
     {
         return Ok(Json(v));
     }
-    warden_store::get_json::<OidcProviderRecord>(&*api.store, &keys::oidc_provider(&id))
+    warden_store::get_json::<OidcProviderRecord>(&*api.store, &key_of(&id)?)
         .await?
         .map(|(r, _)| Json(r.into()))
         .ok_or_else(|| no_provider(&id))
@@ -160,7 +166,7 @@ pub async fn change(
             "say what changes: label, issuer, client_id, client_secret, scopes, redirect_url, username_claim, ca_file or rules",
         ));
     }
-    let key = keys::oidc_provider(&id);
+    let key = key_of(&id)?;
     let Some((old, rev)) = warden_store::get_json::<OidcProviderRecord>(&*api.store, &key).await?
     else {
         return Err(no_provider(&id));
@@ -209,7 +215,7 @@ pub async fn remove(
     if checker(&api)?.config_providers().iter().any(|v| v.id == id) {
         return Err(from_file(&id));
     }
-    let key = keys::oidc_provider(&id);
+    let key = key_of(&id)?;
     match api.store.delete(&key).await? {
         Some(rev) => {
             api.applied(&key, rev).await;

@@ -112,9 +112,19 @@ pub(crate) async fn follow(
         if update.is_none() {
             return;
         }
-        // The listing is small (a few providers): read it whole rather than apply events.
-        let Ok(listing) = store.list(keys::OIDC_PROVIDERS).await else {
-            continue;
+        // The listing is small (a few providers): read it whole rather than apply events,
+        // again after a pause while the store does not answer (the follower has moved on).
+        let listing = loop {
+            match store.list(keys::OIDC_PROVIDERS).await {
+                Ok(l) => break l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the stored identity providers; trying again");
+                    tokio::select! {
+                        _ = tokio::time::sleep(warden_store::follow::MAX_BACKOFF) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            }
         };
         let mut next = HashMap::new();
         for e in &listing.entries {
