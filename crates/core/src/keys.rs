@@ -91,6 +91,14 @@ pub fn oidc_provider(id: &str) -> String {
 
 /// Prefix of the identity providers added through the API (every gateway follows it).
 pub const OIDC_PROVIDERS: &str = "oidc/providers";
+/// Key of an operator's device sign-in in flight (`warden login --provider`), by the SHA-256
+/// (hex) of the handle the API gave the CLI; the handle itself is never stored.
+pub fn oidc_device(handle_hash: &str) -> String {
+    format!("{OIDC_DEVICES}/{handle_hash}")
+}
+
+/// Prefix of the device sign-ins in flight (leased; no view watches it).
+pub const OIDC_DEVICES: &str = "oidc/devices";
 
 /// Key of the restart state of an app's kept instances on one node.
 pub fn health(app: &str, node: &str) -> String {

@@ -53,6 +53,12 @@ pub enum OidcError {
     /// The ID token failed a check.
     #[error("the ID token was refused: {0}")]
     Token(String),
+    /// The provider's discovery names no device authorization endpoint (RFC 8628).
+    #[error("the identity provider {issuer} offers no device sign-in (its discovery names no device_authorization_endpoint); enable the device flow there, or log in with a password")]
+    NoDeviceFlow {
+        /// The issuer.
+        issuer: String,
+    },
     /// The trust roots could not be read.
     #[error("cannot read the trust roots for the identity provider: {0}")]
     Roots(String),

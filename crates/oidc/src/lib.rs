@@ -1,7 +1,8 @@
 //! OpenID Connect relying-party logic (issue 36): discovery, the provider's keys (JWKS, fetched
 //! again when a token names a key not yet seen, at most once per [`JWKS_REFETCH`]), the
 //! authorization code flow with PKCE (S256), `state` and `nonce`, the token exchange and
-//! refresh, ID token validation, and the mapping from a person's claims to a clearance.
+//! refresh, the device authorization grant (RFC 8628) for `warden login --provider`, ID token
+//! validation, and the mappings from a person's claims to a clearance and to operator roles.
 //!
 //! This crate may call core and auth; it must not touch the store, route HTTP or keep sessions:
 //! the gateway keeps the in-flight sign-in and the session, sealed with [`Sealer`].
@@ -12,10 +13,12 @@
 #![forbid(unsafe_code)]
 
 mod claims;
+mod device;
 mod error;
 mod flow;
 mod http;
 mod jwks;
+mod operators;
 mod provider;
 mod seal;
 mod token;
@@ -24,8 +27,13 @@ use std::fmt;
 use std::time::Duration;
 
 pub use claims::{check_rules, map_claims, ClaimRule, Clearance, MappingError};
+pub use device::{DevicePoll, DeviceStart};
 pub use error::OidcError;
 pub use flow::{AuthStart, Pkce};
+pub use operators::{
+    check_operator_rules, map_operator, operator_name, OperatorRoles, OperatorRule,
+    OperatorRuleError, RuleRole,
+};
 pub use provider::{Provider, ProviderConfig};
 pub use seal::{SealError, Sealer};
 pub use token::{IdClaims, Tokens};

@@ -58,17 +58,20 @@ impl fmt::Debug for ProviderConfig {
 
 /// The discovery document's fields warden uses.
 #[derive(Debug, Deserialize)]
-struct Metadata {
+pub(crate) struct Metadata {
     issuer: String,
     authorization_endpoint: String,
-    token_endpoint: String,
+    pub(crate) token_endpoint: String,
     jwks_uri: String,
+    /// RFC 8628's endpoint, where the provider offers the device flow.
+    #[serde(default)]
+    pub(crate) device_authorization_endpoint: Option<String>,
 }
 
 /// A provider in use.
 pub struct Provider {
     config: ProviderConfig,
-    http: HttpClient,
+    pub(crate) http: HttpClient,
     meta: Mutex<Option<Arc<Metadata>>>,
     jwks: Mutex<JwksCache>,
 }
@@ -131,7 +134,7 @@ impl Provider {
     }
 
     /// The discovery document, fetched on first use (and again after a failed try).
-    async fn metadata(&self) -> Result<Arc<Metadata>, OidcError> {
+    pub(crate) async fn metadata(&self) -> Result<Arc<Metadata>, OidcError> {
         let mut slot = self.meta.lock().await;
         if let Some(m) = &*slot {
             return Ok(m.clone());
@@ -150,7 +153,11 @@ impl Provider {
         // An https issuer's endpoints are https too: a discovery document must not send the
         // client secret or the code in clear to some port of this host.
         let issuer_https = self.config.issuer.starts_with("https://");
-        for u in [&m.authorization_endpoint, &m.token_endpoint, &m.jwks_uri] {
+        let device = m.device_authorization_endpoint.iter();
+        for u in [&m.authorization_endpoint, &m.token_endpoint, &m.jwks_uri]
+            .into_iter()
+            .chain(device)
+        {
             target(u)?;
             if issuer_https && !u.starts_with("https://") {
                 return Err(OidcError::BadUrl {
@@ -172,15 +179,7 @@ impl Provider {
         let state = Secret::new(random_token());
         let nonce = Secret::new(random_token());
         let pkce = Pkce::new();
-        let mut scopes = vec!["openid".to_owned()];
-        scopes.extend(
-            self.config
-                .scopes
-                .iter()
-                .filter(|s| *s != "openid")
-                .cloned(),
-        );
-        let scope = scopes.join(" ");
+        let scope = self.scope();
         let url = authorization_url(
             &meta.authorization_endpoint,
             &[
@@ -234,7 +233,7 @@ impl Provider {
         Ok(t)
     }
 
-    async fn token_call(
+    pub(crate) async fn token_call(
         &self,
         form: String,
         nonce: Option<&str>,
@@ -242,16 +241,7 @@ impl Provider {
     ) -> Result<Tokens, OidcError> {
         let meta = self.metadata().await?;
         let url = &meta.token_endpoint;
-        // client_secret_basic (RFC 6749 2.3.1): both parts form-encoded, then Basic.
-        let basic = STANDARD.encode(format!(
-            "{}:{}",
-            utf8_percent_encode(&self.config.client_id, QUERY_VALUE),
-            utf8_percent_encode(self.config.client_secret.expose(), QUERY_VALUE)
-        ));
-        let (status, body) = self
-            .http
-            .post_form(url, &format!("Basic {basic}"), form)
-            .await?;
+        let (status, body) = self.http.post_form(url, &self.basic(), form).await?;
         if status.is_client_error() {
             let error = serde_json::from_slice::<ErrorAnswer>(&body)
                 .map(|e| e.error)
@@ -293,6 +283,30 @@ impl Provider {
             refresh_token: answer.refresh_token.map(Secret::new),
             expires_ms: expires.saturating_mul(1000),
         })
+    }
+
+    /// The `Authorization` header of client_secret_basic (RFC 6749 2.3.1): both parts
+    /// form-encoded, then Basic.
+    pub(crate) fn basic(&self) -> String {
+        let basic = STANDARD.encode(format!(
+            "{}:{}",
+            utf8_percent_encode(&self.config.client_id, QUERY_VALUE),
+            utf8_percent_encode(self.config.client_secret.expose(), QUERY_VALUE)
+        ));
+        format!("Basic {basic}")
+    }
+
+    /// The scopes asked for: `openid`, then the configured ones.
+    pub(crate) fn scope(&self) -> String {
+        let mut scopes = vec!["openid".to_owned()];
+        scopes.extend(
+            self.config
+                .scopes
+                .iter()
+                .filter(|s| *s != "openid")
+                .cloned(),
+        );
+        scopes.join(" ")
     }
 
     /// Checks an ID token: algorithm in the allow-list, signature by a key of the provider's
@@ -354,7 +368,7 @@ impl Provider {
 }
 
 /// An `application/x-www-form-urlencoded` body.
-fn form(pairs: &[(&str, &str)]) -> String {
+pub(crate) fn form(pairs: &[(&str, &str)]) -> String {
     pairs
         .iter()
         .map(|(k, v)| format!("{k}={}", utf8_percent_encode(v, QUERY_VALUE)))

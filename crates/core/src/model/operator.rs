@@ -25,13 +25,16 @@ pub enum Role {
 }
 
 /// Where an operator comes from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum OperatorSource {
     /// Made through the API, signing in with a password kept here.
     #[default]
     Local,
+    /// Made by a sign-in through the identity provider of this id (`{"provider": "corp"}`):
+    /// no password, roles replaced from the person's claims at every sign-in.
+    Provider(String),
 }
 
 /// An operator. Stored at `operators/<name>`.

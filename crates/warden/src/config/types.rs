@@ -359,6 +359,13 @@ pub struct OidcTable {
     /// level matched, no access.
     #[serde(default)]
     pub rules: Vec<warden_oidc::ClaimRule>,
+    /// Claims → operator roles, for `warden login --provider <id>`: `{ claim, value, role =
+    /// "owner" | "deployer" | "viewer", apps }` (apps only, and required, for a deployer);
+    /// owner only if an owner rule matches, the union of the matching deployer rules' apps,
+    /// viewer if a viewer rule matches; no rule matched, no operator access [absent: this
+    /// provider makes no operators].
+    #[serde(default)]
+    pub operator_rules: Vec<warden_oidc::OperatorRule>,
 }
 
 fn default_scopes() -> Vec<String> {
