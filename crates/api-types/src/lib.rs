@@ -12,6 +12,7 @@
 //! types.
 #![forbid(unsafe_code)]
 
+pub mod device;
 pub mod health;
 pub mod instances;
 pub mod nodes;
@@ -23,6 +24,7 @@ pub mod releases;
 pub mod status;
 pub mod users;
 
+pub use device::{DeviceLogin, DevicePollAnswer, DevicePollRequest, DeviceStarted};
 pub use health::{ErrorBody, Health, Ok};
 pub use instances::{AppLogEntry, AppLogsQuery, LogsQuery, StartRequest};
 pub use nodes::DrainQuery;

@@ -51,6 +51,10 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         generator.subschema_for::<NewToken>(),
         generator.subschema_for::<TokenView>(),
         generator.subschema_for::<SessionView>(),
+        generator.subschema_for::<DeviceLogin>(),
+        generator.subschema_for::<DeviceStarted>(),
+        generator.subschema_for::<DevicePollRequest>(),
+        generator.subschema_for::<DevicePollAnswer>(),
     );
     generator.take_definitions(true)
 }

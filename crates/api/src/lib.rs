@@ -34,6 +34,7 @@ use warden_store::Store;
 pub use deliver::resume;
 pub use error::ApiError;
 pub use routes::node_releases::NodeReleases;
+pub use routes::provider_operators::{OperatorIdp, OperatorProvider};
 pub use serve::{serve, Limits};
 
 /// The OpenAPI document of this API, kept in the repository beside the code it describes:
@@ -90,6 +91,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("patch", "/v1/operators/{name}"),
     ("delete", "/v1/operators/{name}"),
     ("post", "/v1/login"),
+    ("post", "/v1/login/device"),
+    ("post", "/v1/login/device/poll"),
     ("post", "/v1/logout"),
     ("get", "/v1/tokens"),
     ("post", "/v1/tokens"),
@@ -166,6 +169,10 @@ pub struct Api {
     pub(crate) session_ttl: std::time::Duration,
     /// Failed logins, throttled per name and address.
     pub(crate) throttle: Arc<authz::throttle::Throttle>,
+    /// The identity providers operators sign in through (`warden login --provider`), if any.
+    pub(crate) idp: Option<Arc<OperatorIdp>>,
+    /// Device sign-ins started, and polls of unknown ones, throttled per address.
+    pub(crate) device_throttle: Arc<authz::throttle::Throttle>,
     /// The key backups are sealed under (the data dir's `backup-key`); `None`: no backups.
     backup_key: Option<Arc<str>>,
     /// Apps' databases, when warden has a data server (`None`: apps with `data` are refused).
@@ -214,6 +221,8 @@ impl Api {
             token: admin_token.map(Into::into),
             session_ttl: DEFAULT_SESSION_TTL,
             throttle: Arc::default(),
+            idp: None,
+            device_throttle: Arc::default(),
             backup_key: None,
             data: None,
             sync: None,
@@ -251,6 +260,12 @@ impl Api {
     /// Operators' sessions (`POST /v1/login`) last `ttl`.
     pub fn with_session_ttl(mut self, ttl: std::time::Duration) -> Self {
         self.session_ttl = ttl;
+        self
+    }
+
+    /// Lets operators sign in through the providers of `idp` (`POST /v1/login/device`).
+    pub fn with_identity_providers(mut self, idp: Arc<OperatorIdp>) -> Self {
+        self.idp = Some(idp);
         self
     }
 
@@ -457,6 +472,8 @@ impl Api {
             .route("/metrics", get(metrics))
             // Outside the token check: it makes tokens; throttled on its own.
             .route("/v1/login", post(routes::tokens::login))
+            .route("/v1/login/device", post(routes::login_device::start))
+            .route("/v1/login/device/poll", post(routes::login_device::poll))
             .merge(admin)
             .fallback(|| async {
                 ApiError::not_found("no such route; GET /v1/openapi.json lists the API")

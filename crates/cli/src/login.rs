@@ -4,14 +4,18 @@
 //! WARDEN_TOKEN is given and the API is the one it was made for.
 //!
 //! Local operators log in with a password, asked without echo or read from standard input.
-//! A sign-in against an identity provider (device code) is a later way in: another
-//! [`LoginArgs`] flag choosing how the token is got, the same [`Session`] kept.
+//! Operators from an identity provider log in with `--provider ID`: the device flow (RFC 8628)
+//! run by the API, which holds the client secret; this prints the provider's page and code,
+//! polls the API at the interval it says until the person has signed in there (bounded by the
+//! codes' lifetime), and keeps the same [`Session`].
 
 use std::io::{BufRead, Write};
 
 use anyhow::Context;
 use clap::Args;
-use warden_api_types::{IssuedToken, Login};
+use warden_api_types::{
+    DeviceLogin, DevicePollAnswer, DevicePollRequest, DeviceStarted, IssuedToken, Login,
+};
 
 use crate::client::Client;
 use crate::session::Session;
@@ -26,6 +30,10 @@ pub struct LoginArgs {
     /// Read the password from standard input (first line) instead of asking
     #[arg(long)]
     pub password_stdin: bool,
+    /// Sign in through this identity provider (an `[[oidc]]` id) in a browser, with the code
+    /// shown here, instead of with a password
+    #[arg(long, conflicts_with_all = ["name", "password_stdin"])]
+    pub provider: Option<String>,
 }
 
 /// Asks for a password on the terminal without echoing it.
@@ -58,6 +66,19 @@ fn ask_password(prompt: &str) -> anyhow::Result<String> {
 /// `warden login`: a session token for a local operator, kept for the next commands.
 pub async fn login(args: &ClientArgs, l: LoginArgs) -> anyhow::Result<()> {
     let api = crate::config::api_only(args)?;
+    let client = Client::new(Endpoint {
+        api: api.clone(),
+        token: String::new(),
+    });
+    let issued = match &l.provider {
+        Some(p) => device(&client, p).await?,
+        None => password(&client, &api, l).await?,
+    };
+    keep(args, api, issued)
+}
+
+/// The session token of a local operator, by name and password.
+async fn password(client: &Client, api: &str, l: LoginArgs) -> anyhow::Result<IssuedToken> {
     let name = match l.name {
         Some(n) => n,
         None => std::env::var("USER").context("say who logs in with --name")?,
@@ -67,13 +88,60 @@ pub async fn login(args: &ClientArgs, l: LoginArgs) -> anyhow::Result<()> {
     } else {
         ask_password(&format!("password of operator {name} at {api}: "))?
     };
-    let client = Client::new(Endpoint {
-        api: api.clone(),
-        token: String::new(),
-    });
-    let issued: IssuedToken = client
+    client
         .call_with("POST", "/v1/login", &Login { name, password })
+        .await
+}
+
+/// The session token of an operator from identity provider `provider`, by its device flow:
+/// the page and code printed (on standard error, so that `--json` output stays JSON), then
+/// polls at the interval the API says, for no longer than the codes last.
+async fn device(client: &Client, provider: &str) -> anyhow::Result<IssuedToken> {
+    let started: DeviceStarted = client
+        .call_with(
+            "POST",
+            "/v1/login/device",
+            &DeviceLogin {
+                provider: provider.to_owned(),
+            },
+        )
         .await?;
+    eprintln!(
+        "To log in, open {} in a browser and enter the code {}",
+        started.verification_uri, started.user_code
+    );
+    if let Some(u) = &started.verification_uri_complete {
+        eprintln!("(or open {u}, which holds the code)");
+    }
+    eprintln!(
+        "waiting for the sign-in at {provider} (up to {} min)...",
+        started.expires_in.div_ceil(60)
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(started.expires_in);
+    let body = DevicePollRequest {
+        handle: started.handle,
+    };
+    let mut interval = started.interval.max(1);
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_secs(interval)).await;
+        let answer: DevicePollAnswer = client
+            .call_with("POST", "/v1/login/device/poll", &body)
+            .await?;
+        match answer {
+            DevicePollAnswer::Done { token } => return Ok(token),
+            DevicePollAnswer::Pending { interval: i }
+            | DevicePollAnswer::SlowDown { interval: i } => {
+                interval = i.max(1);
+            }
+        }
+    }
+    anyhow::bail!(
+        "the sign-in at {provider} was not finished in time; run `warden login --provider {provider}` again"
+    )
+}
+
+/// Keeps `issued` as the session for the next commands and says so.
+fn keep(args: &ClientArgs, api: String, issued: IssuedToken) -> anyhow::Result<()> {
     let session = Session {
         api,
         operator: issued.operator,

@@ -380,6 +380,67 @@ impl Browser {
     }
 }
 
+/// The `value` of the hidden form field `name` in `html` (the provider's own pages).
+fn hidden_field(html: &str, name: &str) -> Option<String> {
+    let at = html.find(&format!("name=\"{name}\""))?;
+    let rest = &html[at..];
+    let v = rest.find("value=\"")? + "value=\"".len();
+    let end = rest[v..].find('"')?;
+    Some(rest[v..v + end].to_owned())
+}
+
+impl Browser {
+    /// Approves a device sign-in (RFC 8628) as `who` on the provider's pages: GET the
+    /// verification URI, POST the user code (then its confirmation), sign in on the
+    /// interaction form, follow the redirects. Returns the last response (the provider's
+    /// success page when it worked) and its URL.
+    pub fn approve_device(
+        &mut self,
+        verification_uri: &str,
+        user_code: &str,
+        who: &Person,
+    ) -> (Response, String) {
+        let page = self.send("GET", verification_uri, None);
+        assert_eq!(page.status, 200, "the device page: {}", page.text());
+        let xsrf = hidden_field(&page.text(), "xsrf").expect("the device page's xsrf field");
+        let code = format!("xsrf={xsrf}&user_code={user_code}");
+        let confirm = self.send("POST", verification_uri, Some(&code));
+        assert_eq!(
+            confirm.status,
+            200,
+            "the confirmation page: {}",
+            confirm.text()
+        );
+        let r = self.send(
+            "POST",
+            verification_uri,
+            Some(&format!("{code}&confirm=yes")),
+        );
+        assert!(
+            (300..400).contains(&r.status),
+            "the confirmation leads to the sign-in: {} {}",
+            r.status,
+            r.text()
+        );
+        let (login, url) = self.follow(&resolve(verification_uri, r.header("location").unwrap()));
+        assert_eq!(
+            login.status,
+            200,
+            "the provider's login page: {}",
+            login.text()
+        );
+        assert!(url.contains("/interaction/"), "{url}");
+        let action = resolve(&url, &format!("{}/login", host_path(&url).1));
+        let form = format!("login={}&password={}", who.name, who.password);
+        let r = self.send("POST", &action, Some(&form));
+        if !(300..400).contains(&r.status) {
+            return (r, action);
+        }
+        let next = resolve(&action, r.header("location").unwrap());
+        self.follow(&next)
+    }
+}
+
 /// `location` resolved against `base` (absolute, or a path on `base`'s host).
 fn resolve(base: &str, location: &str) -> String {
     if location.starts_with("http://") {

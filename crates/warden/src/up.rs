@@ -295,7 +295,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         }
         if cfg.runs(Role::Api) {
             let identity = joined.as_ref().map(|j| j.secrets.identity_key.as_str());
-            let releases = releases.with_ui_key(crate::keys::ui_key(&cfg.data_dir, identity)?);
+            let mut releases = releases.with_ui_key(crate::keys::ui_key(&cfg.data_dir, identity)?);
+            if let Some(idp) = oidc::operator_providers(&cfg, joined.as_ref().map(|j| &j.secrets))?
+            {
+                releases = releases.with_identity_providers(idp);
+            }
             let (addr, task) = api::serve_api(&cfg, releases, &gateway, &sources, stop_rx).await?;
             at.api = Some(addr);
             tasks.push(task);

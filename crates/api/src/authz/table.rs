@@ -25,7 +25,8 @@ pub(crate) enum Need {
 }
 
 /// The table: (method, route template) → what it needs. Routes outside the token check
-/// (`/healthz`, `/readyz`, `/metrics`, `/v1/openapi.json`, `/v1/login`) never reach it.
+/// (`/healthz`, `/readyz`, `/metrics`, `/v1/openapi.json`, `/v1/login`, `/v1/login/device`,
+/// `/v1/login/device/poll`) never reach it: they make tokens, throttled on their own.
 const TABLE: &[(&str, &str, Need)] = &[
     ("GET", "/v1/status", Need::Read),
     ("GET", "/v1/apps", Need::Read),
@@ -138,6 +139,8 @@ mod tests {
         "/metrics",
         "/v1/openapi.json",
         "/v1/login",
+        "/v1/login/device",
+        "/v1/login/device/poll",
     ];
 
     /// Every route × role: the owner may everything; a viewer every read in the table but

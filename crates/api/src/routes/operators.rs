@@ -88,6 +88,11 @@ pub async fn change(
         }
         record.roles = roles;
     }
+    if let (Some(_), OperatorSource::Provider(id)) = (&change.password, &record.source) {
+        return Err(ApiError::bad_request(format!(
+            "operator {name:?} signs in through the identity provider {id:?} (`warden login --provider {id}`) and has no password here"
+        )));
+    }
     if let Some(password) = change.password {
         record.password_hash = Some(crate::routes::users::hash(&api, password).await?);
     }
@@ -127,7 +132,7 @@ pub async fn remove(
 
 /// Deletes every token record of `operator`. They are refused already (stale generation or
 /// no operator); this keeps them from lingering in the store and in `GET /v1/tokens`.
-async fn end_tokens(api: &Api, operator: &str) -> Result<(), ApiError> {
+pub(crate) async fn end_tokens(api: &Api, operator: &str) -> Result<(), ApiError> {
     let listing = api.store.list(keys::API_TOKENS).await?;
     for e in listing.entries {
         match decode::<TokenRecord>(&e.key, &e.value) {

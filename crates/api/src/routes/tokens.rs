@@ -99,7 +99,7 @@ pub async fn login(State(api): State<Api>, req: Request) -> Response {
     }
 }
 
-fn issued(token: String, t: TokenRecord) -> IssuedToken {
+pub(crate) fn issued(token: String, t: TokenRecord) -> IssuedToken {
     IssuedToken {
         id: t.id,
         token,

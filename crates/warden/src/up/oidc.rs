@@ -78,13 +78,7 @@ pub(super) fn providers(
     cfg: &Config,
     cluster: Option<&crate::cluster::Secrets>,
 ) -> anyhow::Result<(Arc<OidcConfig>, Vec<Arc<OidcProvider>>)> {
-    let key = match cluster {
-        Some(s) => {
-            crate::keys::cluster_key(&s.identity_key, CLUSTER_OIDC_KEY_INFO, "the OIDC key")?
-        }
-        None => node_key(&cfg.data_dir)?,
-    };
-    let sealer = Sealer::new(&key).context("cannot make the OIDC sealing key")?;
+    let sealer = sealer(cfg, cluster)?;
     let mut providers: Vec<Arc<OidcProvider>> = Vec::new();
     for t in &cfg.oidc {
         if providers.iter().any(|p| p.provider.config().id == t.id) {
@@ -120,6 +114,67 @@ pub(super) fn providers(
         Arc::new(OidcConfig::new(providers.clone(), sealer)),
         providers,
     ))
+}
+
+/// The provider of table `t`, its client secret read from its file.
+fn provider_of(t: &crate::config::types::OidcTable) -> anyhow::Result<Provider> {
+    let secret = std::fs::read_to_string(&t.client_secret_file).with_context(|| {
+        format!(
+            "cannot read [[oidc]] {:?} client_secret_file {}",
+            t.id,
+            t.client_secret_file.display()
+        )
+    })?;
+    Provider::new(ProviderConfig {
+        id: t.id.clone(),
+        issuer: t.issuer.clone(),
+        client_id: t.client_id.clone(),
+        client_secret: Secret::new(secret.trim()),
+        scopes: t.scopes.clone(),
+        redirect_url: t.redirect_url.clone(),
+        ca_file: t.ca_file.clone(),
+        jwks_refetch: t.jwks_refetch.map_or(warden_oidc::JWKS_REFETCH, |h| h.0),
+    })
+    .with_context(|| format!("[[oidc]] {:?}", t.id))
+}
+
+/// The sealer of what sign-ins leave in the store (module doc).
+fn sealer(cfg: &Config, cluster: Option<&crate::cluster::Secrets>) -> anyhow::Result<Sealer> {
+    let key = match cluster {
+        Some(s) => {
+            crate::keys::cluster_key(&s.identity_key, CLUSTER_OIDC_KEY_INFO, "the OIDC key")?
+        }
+        None => node_key(&cfg.data_dir)?,
+    };
+    Sealer::new(&key).context("cannot make the OIDC sealing key")
+}
+
+/// The providers operators sign in through (`warden login --provider`): the `[[oidc]]` tables
+/// with `operator_rules`, or `None` when none has any. The API keeps its own [`Provider`] of
+/// each (discovery and keys are fetched lazily, so this costs no call).
+pub(super) fn operator_providers(
+    cfg: &Config,
+    cluster: Option<&crate::cluster::Secrets>,
+) -> anyhow::Result<Option<Arc<warden_api::OperatorIdp>>> {
+    let mut providers = Vec::new();
+    for t in cfg.oidc.iter().filter(|t| !t.operator_rules.is_empty()) {
+        warden_oidc::check_operator_rules(&t.operator_rules)
+            .with_context(|| format!("[[oidc]] {:?} operator_rules", t.id))?;
+        let provider = provider_of(t)?;
+        providers.push(warden_api::OperatorProvider {
+            provider,
+            label: t.label.clone().unwrap_or_else(|| t.id.clone()),
+            rules: t.operator_rules.clone(),
+            username_claim: t.username_claim.clone(),
+        });
+    }
+    if providers.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(warden_api::OperatorIdp {
+        providers,
+        sealer: sealer(cfg, cluster)?,
+    })))
 }
 
 /// One node's sealing key: made once per data dir, mode 0600.

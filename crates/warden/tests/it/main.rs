@@ -111,6 +111,7 @@ mod oidc;
 mod oidc_api;
 mod oidc_cluster;
 mod operators;
+mod operators_idp;
 mod orphans;
 mod packaging;
 mod pools;
