@@ -253,3 +253,71 @@ fn no_operator_group_is_refused_a_changed_group_ends_old_tokens_and_a_local_name
     assert_eq!(op["source"], "local", "{op}");
     assert_eq!(op["roles"], serde_json::json!([{"role": "viewer"}]), "{op}");
 }
+
+fn post(s: &Setup, path: &str, body: serde_json::Value) -> Response {
+    request(
+        "POST",
+        &format!("{}{path}", s.w.api),
+        &[("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+}
+
+#[test]
+fn device_sign_ins_are_throttled_per_address_and_polled_no_faster_than_the_provider_allows() {
+    let s = setup(&[Person::new("ann", "pw", &["staff"])]);
+    let r = post(
+        &s,
+        "/v1/login/device",
+        serde_json::json!({"provider": "nope"}),
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(r.text().contains("these do: corp"), "{}", r.text());
+    let r = post(
+        &s,
+        "/v1/login/device",
+        serde_json::json!({"provider": "corp"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let started = r.json();
+    assert!(
+        started["user_code"].as_str().is_some_and(|c| !c.is_empty()),
+        "{started}"
+    );
+    let handle = started["handle"].as_str().unwrap();
+    // The first poll asks the provider (pending); one right after it is told to slow down,
+    // without the provider being asked.
+    let poll = |h: &str| {
+        post(
+            &s,
+            "/v1/login/device/poll",
+            serde_json::json!({"handle": h}),
+        )
+    };
+    let r = poll(handle);
+    assert_eq!(r.json()["status"], "pending", "{}", r.text());
+    let r = poll(handle);
+    assert_eq!(r.json()["status"], "slow_down", "{}", r.text());
+    let r = poll("not-a-handle");
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(r.text().contains("warden login --provider"), "{}", r.text());
+    // Starts from one address are counted: a handful a minute, then 429 with Retry-After.
+    let mut statuses = vec![];
+    for _ in 0..8 {
+        statuses.push(post(
+            &s,
+            "/v1/login/device",
+            serde_json::json!({"provider": "corp"}),
+        ));
+    }
+    let refused = statuses
+        .iter()
+        .find(|r| r.status == 429)
+        .expect("a start is throttled");
+    assert!(refused.header("retry-after").is_some());
+    assert!(
+        refused.text().contains("too many device sign-ins"),
+        "{}",
+        refused.text()
+    );
+}
