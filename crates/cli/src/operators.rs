@@ -5,7 +5,8 @@ use anyhow::bail;
 use clap::Subcommand;
 use serde_json::json;
 use warden_api_types::{
-    IssuedToken, NewOperator, NewToken, OperatorChange, OperatorView, Role, TokenView,
+    IssuedToken, NewOperator, NewToken, OperatorChange, OperatorSource, OperatorView, Role,
+    TokenView,
 };
 
 use crate::client::Client;
@@ -106,7 +107,11 @@ pub(crate) async fn operators(
             out.value(&ops, |ops| {
                 let rows = ops.iter().map(|o| {
                     let roles: Vec<String> = o.roles.iter().map(role_text).collect();
-                    vec![o.name.clone(), roles.join("; "), crate::w(&o.source)]
+                    let source = match &o.source {
+                        OperatorSource::Local => "local".to_owned(),
+                        OperatorSource::Provider(id) => format!("provider {id}"),
+                    };
+                    vec![o.name.clone(), roles.join("; "), source]
                 });
                 table::print(&["NAME", "ROLES", "SOURCE"], rows);
             });

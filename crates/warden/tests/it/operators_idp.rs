@@ -158,6 +158,17 @@ fn a_platform_person_logs_in_through_the_provider_pushes_as_themselves_and_loses
     );
     assert_eq!(op["password"], false, "{op}");
     assert_eq!(op["roles"], serde_json::json!([{"role": "owner"}]), "{op}");
+    let listed = cli(&s, &["operators", "list"])
+        .env("WARDEN_TOKEN", &s.w.token)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with("alice") && l.contains("provider corp")),
+        "{listed}"
+    );
     // The session ends when the provider's ID token does, not 12 hours on.
     let tokens = s.w.api("GET", "/v1/tokens", None).json();
     let expires = tokens[0]["expires_ms"].as_u64().unwrap();
