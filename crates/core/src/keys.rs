@@ -97,6 +97,15 @@ pub fn oidc_device(handle_hash: &str) -> String {
     format!("{OIDC_DEVICES}/{handle_hash}")
 }
 
+/// Key of a dashboard sign-in in flight through a provider (`/ui/login/oidc/<id>`), by the
+/// SHA-256 (hex) of its `state`.
+pub fn oidc_ui_flow(state_hash: &str) -> String {
+    format!("{OIDC_UI_FLOWS}/{state_hash}")
+}
+
+/// Prefix of the dashboard's sign-ins in flight (leased; no view watches it).
+pub const OIDC_UI_FLOWS: &str = "oidc/ui-flows";
+
 /// Prefix of the device sign-ins in flight (leased; no view watches it).
 pub const OIDC_DEVICES: &str = "oidc/devices";
 

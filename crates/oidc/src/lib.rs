@@ -17,6 +17,7 @@ mod device;
 mod error;
 mod flow;
 mod http;
+mod inflight;
 mod jwks;
 mod operators;
 mod provider;
@@ -30,6 +31,7 @@ pub use claims::{check_rules, map_claims, ClaimRule, Clearance, MappingError};
 pub use device::{DevicePoll, DeviceStart};
 pub use error::OidcError;
 pub use flow::{AuthStart, Pkce};
+pub use inflight::FlowSecrets;
 pub use operators::{
     check_operator_rules, map_operator, operator_name, OperatorRoles, OperatorRule,
     OperatorRuleError, RuleRole,

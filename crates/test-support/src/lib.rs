@@ -144,6 +144,7 @@ pub struct Launch {
     wrapper: Vec<String>,
     log: String,
     listen: String,
+    api_listen: String,
 }
 
 impl Launch {
@@ -158,7 +159,15 @@ impl Launch {
             wrapper: vec![],
             log: "info,warden=debug".into(),
             listen: "127.0.0.1:0".into(),
+            api_listen: "127.0.0.1:0".into(),
         }
+    }
+
+    /// The API's address, instead of a free port picked at bind (for a redirect URL to the
+    /// dashboard that an OpenID provider must know before warden starts).
+    pub fn api_listen(mut self, addr: &str) -> Self {
+        addr.clone_into(&mut self.api_listen);
+        self
     }
 
     /// The gateway's address, instead of a free port picked at bind (for a test that must
@@ -240,7 +249,7 @@ impl Launch {
             "--listen",
             &self.listen,
             "--api-listen",
-            "127.0.0.1:0",
+            &self.api_listen,
             "--data-dir",
         ])
         .arg(dir)

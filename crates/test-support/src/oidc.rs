@@ -195,6 +195,15 @@ impl OidcProvider {
         );
     }
 
+    /// Registers warden's client with several redirect URLs (the gateway's and the
+    /// dashboard's callbacks).
+    pub fn register_redirects(&self, client_id: &str, secret: &str, redirects: &[&str]) {
+        self.admin(
+            "/admin/client",
+            serde_json::json!({ "client_id": client_id, "client_secret": secret, "redirect_uris": redirects }),
+        );
+    }
+
     /// A new signing key (the old one is no longer published); its kid.
     pub fn rotate(&self) -> String {
         self.admin("/admin/rotate", serde_json::json!({})).json()["kid"]

@@ -25,9 +25,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use warden_api_types::{DeviceLogin, DevicePollAnswer, DevicePollRequest, DeviceStarted};
-use warden_core::audit::Event;
-use warden_core::{keys, model::now_ms, TokenKind};
-use warden_oidc::{DevicePoll, OidcError, OperatorRuleError, Secret, Tokens};
+use warden_core::{keys, model::now_ms};
+use warden_oidc::{DevicePoll, OidcError, Secret, Tokens};
 use warden_store::CasOutcome;
 
 use super::provider_operators::{self, OperatorProvider};
@@ -365,52 +364,7 @@ async fn finish(
     tokens: Tokens,
     addr: IpAddr,
 ) -> Result<warden_api_types::IssuedToken, ApiError> {
-    let id = p.provider.config().id.clone();
-    let claims = &tokens.claims;
-    let name = warden_oidc::operator_name(&claims.all, &p.username_claim, &claims.sub);
-    let roles = match warden_oidc::map_operator(&p.rules, &claims.all) {
-        Ok(r) => r,
-        Err(e @ OperatorRuleError::NoMatch { .. }) => {
-            // What they still hold stops working now, not when it expires.
-            provider_operators::remove_if_from(api, &id, &name).await?;
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                format!("you signed in at {} as {name:?}, but {e}", p.label),
-            ));
-        }
-        Err(e) => {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "warden's operator rules for {} are unusable ({e}); tell an owner",
-                    p.label
-                ),
-            ))
-        }
-    };
-    let op = provider_operators::upsert(api, &id, &name, roles.roles).await?;
-    let now = now_ms();
-    let allowed = Duration::from_millis(tokens.expires_ms.saturating_sub(now));
-    if allowed.is_zero() {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            format!(
-                "the identity provider's tokens have already expired; {}",
-                again(&id)
-            ),
-        ));
-    }
-    let ttl = api.session_ttl.min(allowed);
-    let label = format!("device login at {id} from {addr}");
-    let (token, record) = authz::issue(api, &op, TokenKind::Session, label, ttl).await?;
-    api.audit.record(Event::Change {
-        actor: format!("operator:{}", op.name),
-        method: "POST".into(),
-        route: POLL_ROUTE.into(),
-        target: Some(op.name.clone()),
-        outcome: "200".into(),
-        before: None,
-        after: None,
-    });
+    let how = format!("device login from {addr}");
+    let (token, record) = provider_operators::sign_in(api, p, tokens, &how, POLL_ROUTE).await?;
     Ok(super::tokens::issued(token, record))
 }

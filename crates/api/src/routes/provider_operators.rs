@@ -5,8 +5,14 @@
 //! the record and its tokens at their next sign-in. A local operator of the same name is never
 //! taken over.
 
-use warden_core::{keys, OperatorRecord, OperatorSource, Role};
-use warden_oidc::{OperatorRule, Provider, Sealer};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use warden_core::audit::Event;
+use warden_core::{
+    keys, model::now_ms, OperatorRecord, OperatorSource, Role, TokenKind, TokenRecord,
+};
+use warden_oidc::{OperatorRule, OperatorRuleError, Provider, Sealer, Tokens};
 use warden_store::CasOutcome;
 
 use crate::error::ApiError;
@@ -22,6 +28,9 @@ pub struct OperatorProvider {
     pub rules: Vec<OperatorRule>,
     /// The claim that names the person (`preferred_username`); `sub` where absent.
     pub username_claim: String,
+    /// Whether the dashboard offers a sign-in through it (its redirect URL is the dashboard's
+    /// callback).
+    pub dashboard: bool,
 }
 
 /// The providers operators sign in through, and the key that seals what their sign-ins leave
@@ -47,6 +56,72 @@ impl OperatorIdp {
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+/// Ends a provider sign-in whose ID token `tokens` checked: the person's roles from their
+/// claims (no rule matched: their operator and tokens removed, 403 naming the claims), their
+/// operator written ([`upsert`]), a session token that lasts no longer than the provider's
+/// tokens (min(the API's session time, their expiry)), the sign-in recorded in the audit trail
+/// as a change on `route` by the operator. `how` labels the token ("device login").
+pub(crate) async fn sign_in(
+    api: &Api,
+    p: &OperatorProvider,
+    tokens: Tokens,
+    how: &str,
+    route: &str,
+) -> Result<(String, TokenRecord), ApiError> {
+    let id = p.provider.config().id.clone();
+    let claims = &tokens.claims;
+    let name = warden_oidc::operator_name(&claims.all, &p.username_claim, &claims.sub);
+    let roles = match warden_oidc::map_operator(&p.rules, &claims.all) {
+        Ok(r) => r.roles,
+        Err(e @ OperatorRuleError::NoMatch { .. }) => {
+            // What they still hold stops working now, not when it expires.
+            remove_if_from(api, &id, &name).await?;
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("you signed in at {} as {name:?}, but {e}", p.label),
+            ));
+        }
+        Err(e) => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "warden's operator rules for {} are unusable ({e}); tell an owner",
+                    p.label
+                ),
+            ))
+        }
+    };
+    let op = upsert(api, &id, &name, roles).await?;
+    let allowed = Duration::from_millis(tokens.expires_ms.saturating_sub(now_ms()));
+    let ttl = api.session_ttl.min(allowed);
+    if ttl.is_zero() {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            format!(
+                "the identity provider {}'s tokens have already expired; sign in again",
+                p.label
+            ),
+        ));
+    }
+    let issued =
+        crate::authz::issue(api, &op, TokenKind::Session, format!("{how} at {id}"), ttl).await?;
+    api.audit.record(Event::Change {
+        actor: format!("operator:{}", op.name),
+        method: if route.starts_with("/ui/") {
+            "GET"
+        } else {
+            "POST"
+        }
+        .into(),
+        route: route.into(),
+        target: Some(op.name.clone()),
+        outcome: "200".into(),
+        before: None,
+        after: None,
+    });
+    Ok(issued)
 }
 
 /// Refuses to let a sign-in through `provider` take the operator `o` of the same name.

@@ -16,6 +16,7 @@ mod pages;
 mod session;
 mod users;
 mod users_html;
+mod sso;
 
 use std::net::SocketAddr;
 
@@ -55,6 +56,8 @@ pub(crate) fn router(api: Api, json: Router) -> Router {
         .route("/ui/", get(overview))
         .route("/ui/login", get(session::login_page).post(session::login))
         .route("/ui/logout", post(session::logout))
+        .route("/ui/login/oidc/{id}", get(sso::start))
+        .route("/ui/login/oidc/{id}/callback", get(sso::callback))
         .route("/ui/apps/{name}", get(app))
         .route("/ui/apps/{name}/scale", post(scale))
         .route("/ui/users", get(users::page).post(users::create))
@@ -99,6 +102,17 @@ impl Answer {
 // === impl Ui ===
 
 impl Ui {
+    /// The sign-in page's identity providers: `(id, label)` of those the dashboard offers.
+    fn providers(&self) -> Vec<(String, String)> {
+        self.api.idp.as_deref().map_or_else(Vec::new, |idp| {
+            idp.providers
+                .iter()
+                .filter(|p| p.dashboard)
+                .map(|p| (p.provider.config().id.clone(), p.label.clone()))
+                .collect()
+        })
+    }
+
     /// Calls the JSON API as the browser in session `who` (none: anonymous), from `peer`,
     /// through its own router.
     async fn call(

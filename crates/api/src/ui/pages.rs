@@ -121,10 +121,21 @@ pub(crate) fn message(m: Option<&str>) -> String {
 }
 
 /// The sign-in page.
-pub(crate) fn login(csrf: &str, msg: Option<&str>) -> String {
+pub(crate) fn login(csrf: &str, msg: Option<&str>, providers: &[(String, String)]) -> String {
     let csrf = escape_html(csrf);
+    // A link per identity provider (`id`, `label`): a GET that begins its sign-in.
+    let sso: String = providers
+        .iter()
+        .map(|(id, label)| {
+            format!(
+                "<p><a class=\"provider\" id=\"oidc-{id}\" href=\"/ui/login/oidc/{id}\">Sign in with {label}</a></p>",
+                id = escape_html(id),
+                label = escape_html(label)
+            )
+        })
+        .collect();
     let main = format!(
-        "<h1>warden dashboard</h1>\n{msg}\n\
+        "<h1>warden dashboard</h1>\n{msg}\n{sso}\n\
          <form method=\"post\" action=\"/ui/login\" id=\"password\">\
          <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
          <label>Operator <input type=\"text\" name=\"name\" autocomplete=\"username\" required autofocus></label>\
@@ -138,6 +149,16 @@ pub(crate) fn login(csrf: &str, msg: Option<&str>) -> String {
         msg = message(msg),
     );
     document("Sign in", None, &main)
+}
+
+/// The page a provider sign-in ends on: it moves on to `next` by itself (the `Refresh`
+/// header), with a link for a browser that does not.
+pub(crate) fn signed_in(next: &str) -> String {
+    let main = format!(
+        "<h1>Signed in</h1>\n<p><a href=\"{next}\">Continue to the dashboard</a></p>",
+        next = escape_html(next)
+    );
+    document("Signed in", None, &main)
 }
 
 /// A page that only says what went wrong.

@@ -2,9 +2,8 @@
 
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use serde::{Deserialize, Serialize};
 use warden_core::{keys, model::now_ms, OidcFlowRecord};
-use warden_oidc::{OidcError, Secret};
+use warden_oidc::{FlowSecrets, OidcError};
 
 use super::page::{html, provider_down};
 use super::{people, query_param, OidcConfig, OidcProvider, FLOW_COOKIE, FLOW_TTL};
@@ -16,18 +15,6 @@ use crate::state::State;
 
 /// Where a sign-in without a usable `next` lands.
 const DEFAULT_NEXT: &str = "/whoami";
-
-/// What is sealed in the flow record.
-#[derive(Serialize, Deserialize)]
-struct Sealed {
-    verifier: String,
-    nonce: String,
-}
-
-/// The sealing context of a flow record: its key, so a sealed value moved elsewhere fails.
-fn flow_context(state_hash: &str) -> String {
-    format!("oidc-flow:{state_hash}")
-}
 
 fn flow_cookie(value: &str, max_age: u64, https: bool) -> HeaderValue {
     let secure = if https { "; Secure" } else { "" };
@@ -84,16 +71,7 @@ pub(super) async fn start(
     };
     let state_hash = token_hash(begun.state.expose());
     let binding = warden_core::id::secret_token();
-    let sealed = Sealed {
-        verifier: begun.verifier.expose().to_owned(),
-        nonce: begun.nonce.expose().to_owned(),
-    };
-    let sealed = match serde_json::to_string(&sealed) {
-        Ok(s) => oidc
-            .sealer
-            .seal(&flow_context(&state_hash), &Secret::new(s)),
-        Err(e) => return store_down(e),
-    };
+    let sealed = FlowSecrets::of(&begun).seal(&oidc.sealer, &state_hash);
     let record = OidcFlowRecord {
         provider: p.provider.config().id.clone(),
         sealed,
@@ -200,21 +178,12 @@ pub(super) async fn callback(
             .sign_in(crate::audit::UNKNOWN, client.ip, &method, "failed");
         return refused("This sign-in was begun in another browser, for another provider, or too long ago; start it again here.");
     }
-    let opened = oidc
-        .sealer
-        .open(&flow_context(&state_hash), &record.sealed)
-        .ok()
-        .and_then(|s| serde_json::from_str::<Sealed>(s.expose()).ok());
-    let Some(sealed) = opened else {
+    let Some(sealed) = FlowSecrets::open(&oidc.sealer, &state_hash, &record.sealed) else {
         return refused("This sign-in's record does not open on this gateway; start it again.");
     };
     let tokens = match p
         .provider
-        .exchange(
-            &code,
-            &Secret::new(sealed.verifier),
-            &Secret::new(sealed.nonce),
-        )
+        .exchange(&code, &sealed.verifier, &sealed.nonce)
         .await
     {
         Ok(t) => t,

@@ -366,6 +366,11 @@ pub struct OidcTable {
     /// provider makes no operators].
     #[serde(default)]
     pub operator_rules: Vec<warden_oidc::OperatorRule>,
+    /// The exact redirect URL registered at the provider for the dashboard's sign-in: the
+    /// API's `/ui/login/oidc/<id>/callback` as browsers reach it [absent: the dashboard offers
+    /// no sign-in through this provider]. Needs `operator_rules`.
+    #[serde(default)]
+    pub dashboard_redirect_url: Option<String>,
 }
 
 fn default_scopes() -> Vec<String> {

@@ -157,11 +157,27 @@ pub(super) fn operator_providers(
     cluster: Option<&crate::cluster::Secrets>,
 ) -> anyhow::Result<Option<Arc<warden_api::OperatorIdp>>> {
     let mut providers = Vec::new();
-    for t in cfg.oidc.iter().filter(|t| !t.operator_rules.is_empty()) {
+    for t in &cfg.oidc {
+        if t.operator_rules.is_empty() {
+            if t.dashboard_redirect_url.is_some() {
+                anyhow::bail!(
+                    "[[oidc]] {:?} has a dashboard_redirect_url but no operator_rules: say which groups give which operator roles",
+                    t.id
+                );
+            }
+            continue;
+        }
         warden_oidc::check_operator_rules(&t.operator_rules)
             .with_context(|| format!("[[oidc]] {:?} operator_rules", t.id))?;
-        let provider = provider_of(t)?;
+        // The API's provider redirects to the dashboard's callback; the device flow uses none.
+        let mut t = t.clone();
+        let dashboard = t.dashboard_redirect_url.take();
+        if let Some(url) = &dashboard {
+            t.redirect_url.clone_from(url);
+        }
+        let provider = provider_of(&t)?;
         providers.push(warden_api::OperatorProvider {
+            dashboard: dashboard.is_some(),
             provider,
             label: t.label.clone().unwrap_or_else(|| t.id.clone()),
             rules: t.operator_rules.clone(),

@@ -81,6 +81,7 @@ mod connections;
 mod crash_bursts;
 mod dashboard;
 mod dashboard_users;
+mod dashboard_sso;
 mod data_apps;
 mod data_attacks;
 mod data_cluster;

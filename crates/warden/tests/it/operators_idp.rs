@@ -12,7 +12,7 @@ use warden_test_support::{free_port, request, Launch, Response, Warden};
 
 use crate::BIN;
 
-const OPERATOR_RULES: &str = r#"operator_rules = [
+pub(crate) const OPERATOR_RULES: &str = r#"operator_rules = [
   { claim = "groups", value = "platform", role = "owner" },
   { claim = "groups", value = "shop-devs", role = "deployer", apps = ["shop"] },
   { claim = "groups", value = "staff", role = "viewer" },
