@@ -14,7 +14,7 @@
 //! groups past that; the next `warden login --provider` reads them again.
 //!
 //! Both routes are outside the token check. Starts from one address are throttled (each start
-//! counts), as are polls with unknown handles; at most [`MAX_LIVE`] sign-ins are in flight.
+//! counts), as are polls with unknown handles; at most `MAX_LIVE` (100) sign-ins are in flight.
 
 use std::net::IpAddr;
 use std::time::Duration;
