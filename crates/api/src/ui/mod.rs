@@ -14,9 +14,9 @@ mod csrf;
 mod live;
 mod pages;
 mod session;
+mod sso;
 mod users;
 mod users_html;
-mod sso;
 
 use std::net::SocketAddr;
 

@@ -18,7 +18,7 @@ use axum::response::Response;
 use axum::{Extension, Form};
 use subtle::ConstantTimeEq;
 use warden_api_types::IssuedToken;
-use warden_core::keys;
+use warden_core::{keys, TokenRecord};
 
 use super::{csrf, page, pages, see_other, Peer, Plain, Ui};
 use crate::authz::{token_hash, Hashed};
@@ -83,7 +83,7 @@ pub(crate) fn to_login() -> Response {
 }
 
 /// The `Set-Cookie` of the session: `id`, or its removal.
-fn session_cookie(id: Option<&str>, https: bool) -> HeaderValue {
+pub(super) fn session_cookie(id: Option<&str>, https: bool) -> HeaderValue {
     let secure = if https { "; Secure" } else { "" };
     let value = match id {
         Some(t) => format!("{SESSION_COOKIE}={t}; Path=/ui; HttpOnly; SameSite=Strict{secure}"),
@@ -126,7 +126,7 @@ fn refused_for(ui: &Ui, headers: &HeaderMap, sent: Option<&str>, id: &str) -> Op
 /// `GET /ui/login`
 pub(super) async fn login_page(State(ui): State<Ui>, headers: HeaderMap) -> Response {
     let (c, set) = csrf::token(&headers, https(&ui));
-    let html = pages::login(&csrf::field(&ui.api.ui_key, &c, ""), None);
+    let html = pages::login(&csrf::field(&ui.api.ui_key, &c, ""), None, &ui.providers());
     page(StatusCode::OK, html, set)
 }
 
@@ -154,7 +154,11 @@ pub(super) async fn login(
     let again = |status: StatusCode, msg: &str| {
         let (c, set) = csrf::token(&headers, https(&ui));
         let field = csrf::field(&ui.api.ui_key, &c, "");
-        page(status, pages::login(&field, Some(msg)), set)
+        page(
+            status,
+            pages::login(&field, Some(msg), &ui.providers()),
+            set,
+        )
     };
     let record = match f.token.filter(|t| !t.is_empty()) {
         Some(t) => {
@@ -213,6 +217,22 @@ pub(super) async fn login(
         }
         Err(e) => again(e.status(), e.message()),
     }
+}
+
+/// Starts a session for an operator's session token minted by another sign-in (single
+/// sign-on through an identity provider): kept by hash only, like a password sign-in's.
+pub(super) async fn start_for_token(
+    ui: &Ui,
+    token: &TokenRecord,
+    secret: &str,
+) -> Result<String, ApiError> {
+    let record = Record {
+        kind: "token".into(),
+        hash: token_hash(secret),
+        actor: format!("operator:{}", token.operator),
+        expires_ms: token.expires_ms,
+    };
+    start(ui, &record).await
 }
 
 /// Now plus `ttl`, in ms since the epoch.

@@ -18,7 +18,8 @@ use axum::Extension;
 use warden_core::{keys, model::now_ms, OidcFlowRecord};
 use warden_oidc::FlowSecrets;
 
-use super::{pages, session_cookie, Peer, Ui, HTTPS};
+use super::session::{self, https, session_cookie};
+use super::{pages, Peer, Ui};
 use crate::authz::{self, throttle::network};
 use crate::routes::provider_operators::{self, OperatorIdp, OperatorProvider};
 
@@ -38,8 +39,8 @@ fn refused(status: StatusCode, msg: &str) -> Response {
     pages::respond(status, pages::error(None, msg))
 }
 
-fn flow_cookie(value: Option<&str>) -> HeaderValue {
-    let secure = if HTTPS { "; Secure" } else { "" };
+fn flow_cookie(value: Option<&str>, https: bool) -> HeaderValue {
+    let secure = if https { "; Secure" } else { "" };
     // Lax: the provider's redirect back is a cross-site top-level GET, which Strict would strip.
     let c = match value {
         Some(v) => format!(
@@ -137,7 +138,7 @@ pub(super) async fn start(State(ui): State<Ui>, peer: Peer, Path(id): Path<Strin
     if let Ok(v) = HeaderValue::from_str(&begun.url) {
         h.insert(header::LOCATION, v);
     }
-    h.insert(header::SET_COOKIE, flow_cookie(Some(&binding)));
+    h.insert(header::SET_COOKIE, flow_cookie(Some(&binding), https(&ui)));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
 }
@@ -186,7 +187,7 @@ pub(super) async fn callback(
         }
         let mut r = refused(status, msg);
         r.headers_mut()
-            .append(header::SET_COOKIE, flow_cookie(None));
+            .append(header::SET_COOKIE, flow_cookie(None, https(&ui)));
         r
     };
     let Some((idp, p)) = provider(&ui, &id) else {
@@ -237,15 +238,19 @@ pub(super) async fn callback(
         }
     };
     match provider_operators::sign_in(&ui.api, p, tokens, "dashboard sign-in", ROUTE).await {
-        Ok((token, _)) => {
+        Ok((token, record)) => {
+            let id = match session::start_for_token(&ui, &record, &token).await {
+                Ok(id) => id,
+                Err(e) => return refuse(e.status(), e.message()),
+            };
             // A page that moves on by itself rather than a redirect: the session cookie is
             // SameSite=Strict, and a redirect chain that began at the provider's site would
             // not carry it to the overview.
             let mut resp = pages::respond(StatusCode::OK, pages::signed_in(HOME));
             let h = resp.headers_mut();
             h.insert(header::REFRESH, HeaderValue::from_static("0; url=/ui/"));
-            h.append(header::SET_COOKIE, session_cookie(Some(&token)));
-            h.append(header::SET_COOKIE, flow_cookie(None));
+            h.append(header::SET_COOKIE, session_cookie(Some(&id), https(&ui)));
+            h.append(header::SET_COOKIE, flow_cookie(None, https(&ui)));
             resp
         }
         Err(e) => refuse(e.status(), e.message()),
