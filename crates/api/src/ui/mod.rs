@@ -12,6 +12,8 @@ mod audit;
 mod audit_html;
 mod csrf;
 mod live;
+mod metrics;
+mod metrics_html;
 mod pages;
 mod session;
 mod sso;
@@ -44,6 +46,8 @@ pub(crate) struct Ui {
     json: Router,
     /// Open event streams per principal ([`live`]).
     streams: live::Streams,
+    /// The metrics page's samples ([`metrics`]).
+    samples: metrics::Samples,
 }
 
 /// The client's address, as the server recorded it.
@@ -66,6 +70,8 @@ pub(crate) fn router(api: Api, json: Router) -> Router {
         .route("/ui/users/end-sessions", post(users::end_sessions))
         .route("/ui/audit", get(audit::search))
         .route("/ui/audit/events", get(audit::events))
+        .route("/ui/metrics", get(metrics::show))
+        .route("/ui/metrics/events", get(metrics::events))
         .route("/ui/live.js", get(live::script))
         .route("/ui/events", get(live::events))
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))
@@ -73,6 +79,7 @@ pub(crate) fn router(api: Api, json: Router) -> Router {
             api,
             json,
             streams: live::Streams::default(),
+            samples: metrics::Samples::default(),
         })
 }
 

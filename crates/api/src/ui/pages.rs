@@ -91,7 +91,7 @@ pub(crate) fn document(title: &str, signed_in: Option<&str>, main: &str) -> Stri
     let (nav, script) = match signed_in {
         Some(csrf) => (
             format!(
-                "<nav><a href=\"/ui/\">Overview</a><a href=\"/ui/users\">Users</a><a href=\"/ui/audit\">Audit</a><form method=\"post\" action=\"/ui/logout\">\
+                "<nav><a href=\"/ui/\">Overview</a><a href=\"/ui/users\">Users</a><a href=\"/ui/audit\">Audit</a><a href=\"/ui/metrics\">Metrics</a><form method=\"post\" action=\"/ui/logout\">\
                  <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
                  <button type=\"submit\">Sign out</button></form></nav>",
                 csrf = escape_html(csrf)

@@ -201,8 +201,7 @@ async fn handle(state: &State, req: Request<Incoming>, client: &Client) -> Respo
     state.metrics.request(&app, resp.status().as_u16());
     state
         .metrics
-        .request_seconds
-        .observe(started.elapsed().as_secs_f64());
+        .request_time(&app, started.elapsed().as_secs_f64());
     resp
 }
 

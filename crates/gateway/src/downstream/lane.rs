@@ -381,8 +381,7 @@ pub(super) async fn serve<S>(
         state.metrics.request(&lane.spec.name, status);
         state
             .metrics
-            .request_seconds
-            .observe(started.elapsed().as_secs_f64());
+            .request_time(&lane.spec.name, started.elapsed().as_secs_f64());
         c.clock.service_end();
         if !c.reply(&state, &lane, &ask, reply).await || lane.close {
             break;

@@ -493,3 +493,66 @@ fn the_audit_page_finds_a_change_by_its_actor_and_tails_new_ones_live() {
     assert_eq!(b.execute("return window.wardenMark;"), json!("kept"));
     assert!(b.url().contains("actor=operator"), "{}", b.url());
 }
+
+#[test]
+fn the_metrics_page_charts_an_apps_requests_and_latency_live() {
+    let w = Warden::demo(BIN);
+    let r = w.api(
+        "POST",
+        "/v1/apps/demo/scale",
+        Some(json!({"desired": {"SECRET": 1}})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    add_operator(&w, "vee", "vee-password-1", json!([{"role": "viewer"}]));
+    let pw = w.password("alice");
+    warden_test_support::wait_until(
+        "the demo app serving alice",
+        Duration::from_secs(60),
+        || (w.get_as("alice", &pw, "/apps/demo/").status == 200).then_some(()),
+    );
+    let b = Browser::start();
+    browser_sign_in(&b, &w, "vee", "vee-password-1");
+    b.goto(&format!("{}/ui/metrics", w.api));
+    b.execute("window.wardenMark = 'kept'; return null;");
+    // Traffic while the page is open, bounded in count and time.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let (gateway, stop) = (w.gateway.clone(), stop.clone());
+        let auth = warden_test_support::http::basic("alice", &pw);
+        std::thread::spawn(move || {
+            let end = std::time::Instant::now() + Duration::from_secs(60);
+            for _ in 0..3000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed)
+                    || std::time::Instant::now() > end
+                {
+                    break;
+                }
+                request(
+                    "GET",
+                    &format!("{gateway}/apps/demo/"),
+                    &[("authorization", &auth)],
+                    b"",
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let row = "#metrics-table tr[data-app='demo']";
+    let num = |b: &Browser, sel: &str| {
+        cell(b, &format!("{row} {sel}"))
+            .parse::<f64>()
+            .unwrap_or(0.0)
+    };
+    b.wait_for(
+        "demo's requests and latency, live",
+        Duration::from_secs(40),
+        |b| num(b, "td.rps") > 0.0 && num(b, "td.latency") > 0.0,
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    traffic.join().unwrap();
+    assert_eq!(b.execute("return window.wardenMark;"), json!("kept"));
+    let charts = b.execute(&format!(
+        "return document.querySelectorAll(\"{row} svg polyline\").length;"
+    ));
+    assert_eq!(charts, json!(3));
+}
