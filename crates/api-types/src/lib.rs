@@ -58,6 +58,38 @@ pub struct Scale {
     pub desired: std::collections::BTreeMap<String, u32>,
 }
 
+/// Body of `POST /v1/apps/{name}/restart`: `{}` restarts every label of the app.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Restart {
+    /// The one label whose instances are replaced; every label's when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+/// Answer of `POST /v1/apps/{name}/restart`: the restart is asked for; the agents replace the
+/// instances it names as they roll out a changed spec (each new one ready before its old one
+/// drains), and no release is made.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Restarted {
+    /// The app.
+    pub app: String,
+    /// The label restarted (canonical spelling); absent: every label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// How many restarts of this app (or label) were asked for so far, this one included.
+    pub restart: u64,
+    /// Instances running when it was asked for, each to be replaced.
+    pub replacing: u32,
+    /// The release the new instances run, as the old ones did (`None`: the app runs no
+    /// release, only its command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<u64>,
+}
+
 /// Body of `PATCH /v1/apps/{name}`: an RFC 7396 JSON merge patch of the app's spec (members
 /// replace, objects merge, `null` removes). It stays a JSON object because a merge patch is
 /// defined on JSON, not on the spec's type; the patched spec is then read as an [`AppSpec`].

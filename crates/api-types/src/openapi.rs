@@ -22,6 +22,8 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         generator.subschema_for::<Health>(),
         generator.subschema_for::<AppSpec>(),
         generator.subschema_for::<Scale>(),
+        generator.subschema_for::<Restart>(),
+        generator.subschema_for::<Restarted>(),
         generator.subschema_for::<NewUser>(),
         generator.subschema_for::<UserChange>(),
         generator.subschema_for::<UserView>(),

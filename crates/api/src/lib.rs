@@ -66,6 +66,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/apps/{name}/config"),
     ("post", "/v1/apps/{name}/config"),
     ("post", "/v1/apps/{name}/rollback"),
+    ("post", "/v1/apps/{name}/restart"),
     ("get", "/v1/users"),
     ("post", "/v1/users"),
     ("get", "/v1/users/{name}"),
@@ -416,6 +417,7 @@ impl Api {
                 get(releases::config_show).post(releases::config_change),
             )
             .route("/v1/apps/{name}/rollback", post(releases::rollback))
+            .route("/v1/apps/{name}/restart", post(restart::restart))
             .route("/v1/lattice", get(lattice::show).put(lattice::replace))
             .route("/v1/store/backup", get(store::backup))
             .route("/v1/audit", get(audit::list))

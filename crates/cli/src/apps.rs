@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use warden_api_types::{AppSpec, Scale};
+use warden_api_types::{AppSpec, Restart, Restarted, Scale};
 
 use crate::{client, label_counts, table, Output};
 
@@ -40,6 +40,15 @@ pub enum AppsCommand {
         /// LABEL=COUNT, one or more; labels not named keep their counts
         #[arg(value_name = "LABEL=COUNT", required = true)]
         counts: Vec<String>,
+    },
+    /// Replace an app's running instances with fresh ones of the same release, one by one
+    /// (each new one ready before its old one stops; no request fails); no release is made
+    Restart {
+        /// App name
+        name: String,
+        /// Only the instances of this label
+        #[arg(long)]
+        label: Option<String>,
     },
 }
 
@@ -378,6 +387,28 @@ pub(crate) async fn run(
                         counts.join(" ")
                     );
                 }
+            });
+        }
+        AppsCommand::Restart { name, label } => {
+            let r: Restarted = api
+                .call_with(
+                    "POST",
+                    &format!("/v1/apps/{name}/restart"),
+                    &Restart { label },
+                )
+                .await?;
+            out.value(&r, |r| {
+                let which = r
+                    .label
+                    .as_ref()
+                    .map_or(String::new(), |l| format!(" of label {l}"));
+                let release = r
+                    .release
+                    .map_or(String::new(), |n| format!(" of release {n}"));
+                println!(
+                    "app {}: {} instance(s){which} are being replaced by fresh ones{release}, each ready before its old one stops; no release is made (`warden status` shows them go)",
+                    r.app, r.replacing
+                );
             });
         }
     }

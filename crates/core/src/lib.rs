@@ -30,8 +30,8 @@ pub use model::{
     HostLoad, InstanceAddr, InstanceRecord, InstanceState, LabelHealth, Lifetime, Limits, Move,
     MoveReason, NetworkMode, NodeRecord, OidcFlowRecord, OidcProviderRecord, OperatorRecord,
     OperatorSource, Placement, ProviderMark, ProviderSession, Release, ReleaseSource,
-    ReleaseStatus, Role, SchedulerRecord, SessionRecord, SpecRelease, StartPath, TokenKind,
-    TokenRecord, UserRecord, MAX_POOL,
+    ReleaseStatus, Restarts, Role, SchedulerRecord, SessionRecord, SpecRelease, StartPath,
+    TokenKind, TokenRecord, UserRecord, MAX_POOL,
 };
 pub use name::{validate_name, NameError};
 pub use peers::Peers;

@@ -250,7 +250,7 @@ impl Lifecycle {
             lifetime: spec.lifetime,
             user: owner.reserved_for(),
             kept: purpose == Purpose::Kept,
-            generation: spec.generation(),
+            generation: spec.generation(label),
             release: spec.release.as_ref().map(|r| r.number),
         };
         let (exit_tx, exit_rx) = watch::channel(false);
@@ -451,7 +451,7 @@ impl Lifecycle {
         owner: &Owner,
     ) -> Option<InstanceRecord> {
         let t = Instant::now();
-        let generation = spec.generation();
+        let generation = spec.generation(label);
         let record = {
             let mut table = lock(&self.table);
             let r = table

@@ -57,7 +57,7 @@ pub(crate) struct Pools {
 
 /// What of a spec a prepared slot depends on.
 fn fingerprint(spec: &AppSpec) -> String {
-    spec.generation()
+    spec.generation("")
 }
 
 // === impl Pools ===

@@ -80,7 +80,7 @@ impl Supervisor {
             {
                 let key = (spec.name.clone(), label.clone());
                 // Instances of an older spec do not count: they are replaced (below).
-                let generation = spec.generation();
+                let generation = spec.generation(label);
                 let current = self
                     .life
                     .kept(&spec.name, label, &generation)
@@ -107,7 +107,7 @@ impl Supervisor {
             let want = placement.count(me, &app, &label) as usize;
             let (current, old): (Vec<Kept>, Vec<Kept>) = self
                 .life
-                .kept(&app, &label, &spec.generation())
+                .kept(&app, &label, &spec.generation(&label))
                 .into_iter()
                 .partition(|k| k.current);
             // Oldest first: the surplus is the newest, which may not even be ready yet.
@@ -147,7 +147,7 @@ impl Supervisor {
                 Err(AgentError::Exited { .. }) => {}
                 // No room: an instance of an older spec, if one runs, makes room first.
                 Err(e @ AgentError::Full { .. }) => {
-                    let generation = spec.generation();
+                    let generation = spec.generation(label);
                     let kept = life.kept(app, label, &generation);
                     if let Some(old) = kept.iter().find(|k| !k.current) {
                         tracing::info!(%app, %label, instance = %old.id, "rolling out at capacity: draining an instance of the old spec first");

@@ -29,7 +29,7 @@ impl Supervisor {
             let Some(spec) = apps.iter().find(|a| a.name == r.app) else {
                 continue;
             };
-            if r.generation == spec.generation() {
+            if r.generation == spec.generation(&r.label) {
                 continue;
             }
             match r.state {

@@ -48,6 +48,7 @@ const TABLE: &[(&str, &str, Need)] = &[
     ("POST", "/v1/apps/{name}/releases", Need::DeployApp),
     ("POST", "/v1/apps/{name}/config", Need::DeployApp),
     ("POST", "/v1/apps/{name}/rollback", Need::DeployApp),
+    ("POST", "/v1/apps/{name}/restart", Need::DeployApp),
     ("GET", "/v1/users", Need::Viewer),
     ("GET", "/v1/users/{name}", Need::Viewer),
     ("GET", "/v1/sessions", Need::Viewer),
@@ -178,7 +179,7 @@ mod tests {
                 || (app_scoped
                     && (m == "GET"
                         || route.starts_with("/v1/instances")
-                        || ["/scale", "/releases", "/config", "/rollback"]
+                        || ["/scale", "/releases", "/config", "/rollback", "/restart"]
                             .iter()
                             .any(|s| route.ends_with(s))
                             && m == "POST"))

@@ -15,7 +15,6 @@ const ROLLOUT_WAIT: std::time::Duration = std::time::Duration::from_secs(150);
 /// node's gateway has seen as much: the agents start new instances, hand them the old ones'
 /// traffic and drain the old ones. False if the wait ended first.
 pub(super) async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) -> bool {
-    let generation = spec.generation();
     let deadline = tokio::time::Instant::now() + ROLLOUT_WAIT;
     let mut told = None;
     let prefix = keys::app_instances(&spec.name);
@@ -68,7 +67,10 @@ pub(super) async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) -> bool {
         };
         let old = records
             .values()
-            .filter(|r| r.state == warden_core::InstanceState::Ready && r.generation != generation)
+            .filter(|r| {
+                r.state == warden_core::InstanceState::Ready
+                    && r.generation != spec.generation(&r.label)
+            })
             .count();
         if old == 0 {
             api.applied(&prefix, revision).await;

@@ -120,6 +120,11 @@ pub async fn create(
             "an app's release is made by `warden push` (POST /v1/apps/NAME/releases); leave it out",
         ));
     }
+    if !spec.restarts.is_none() {
+        return Err(ApiError::bad_request(
+            "an app's restarts are counted by `warden apps restart` (POST /v1/apps/NAME/restart); leave them out",
+        ));
+    }
     if let Some(dir) = &spec.static_dir {
         check_static_dir(&api, dir)?;
     }
@@ -251,6 +256,11 @@ pub async fn update(
             "an app cannot be renamed; create one under the new name and remove this one",
         ));
     }
+    if patch.get("restarts").is_some() {
+        return Err(ApiError::bad_request(
+            "an app's restarts change only through `warden apps restart` (POST /v1/apps/NAME/restart); leave them out",
+        ));
+    }
     if patch.get("release").is_some() {
         return Err(ApiError::bad_request(
             "an app's release changes only through `warden push`, `warden config` and `warden rollback`",
@@ -293,7 +303,7 @@ pub async fn update(
                 crate::routes::data::apply_mark(&api, &next, rev, Some(&spec)).await?;
             }
             api.applied(&key, rev).await;
-            let rolls = next.generation() != spec.generation();
+            let rolls = next.generation("") != spec.generation("");
             tracing::info!(app = %name, rolls, "app updated");
             return Ok(Json(next));
         }

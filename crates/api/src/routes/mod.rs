@@ -14,6 +14,7 @@ pub mod oidc_providers;
 pub mod operators;
 pub mod provider_operators;
 pub mod releases;
+pub mod restart;
 pub mod status;
 pub mod store;
 pub mod tokens;

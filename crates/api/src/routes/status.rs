@@ -111,10 +111,17 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
             {
                 *ready.entry(i.label.clone()).or_insert(0) += 1;
             }
-            let generation = spec.generation();
+            // One digest per label, not per instance.
+            let mut generations: BTreeMap<&str, String> = BTreeMap::new();
             let outdated = instances
                 .iter()
-                .filter(|i| i.app == name && !i.generation.is_empty() && i.generation != generation)
+                .filter(|i| i.app == name && !i.generation.is_empty())
+                .filter(|i| {
+                    let current = generations
+                        .entry(i.label.as_str())
+                        .or_insert_with(|| spec.generation(&i.label));
+                    i.generation != *current
+                })
                 .count();
             AppStatus {
                 outdated,

@@ -1,22 +1,32 @@
 //! The dashboard's live part: `/ui/live.js` and `/ui/events`, a server-sent event stream that
-//! says "change" when apps, instances or nodes change in the store.
+//! says "change" when apps, instances or nodes change in the store, and, for an app's page
+//! (`?app=NAME`), when the output of its newest release grows (its log file on this node).
 //!
 //! Each stream follows the store ([`warden_store::Follower`], the one way every role keeps up
-//! with it) only while a browser listens: nothing runs when nobody looks. Changes are paced to
-//! at most one event per [`PACE`], however busy the store; the script fetches the page again
-//! on each. A stream ends when its browser goes, its session no longer stands (asked of the
-//! API every [`RECHECK`]) or the server stops; a principal holds at most [`MAX_STREAMS`].
+//! with it) only while a browser listens: nothing runs when nobody looks. A stream that names
+//! its page (`?page=/ui/...`) renders that page as its browser would get it on each change and
+//! says "change" only when the page differs from the last it said so for (a SHA-256 of the
+//! rendered page): node records change every second, and a page that does not show what
+//! changed is left alone. Changes are paced to at most one render and one event per [`PACE`],
+//! however busy the store; the script fetches the page again on each event. A stream ends when
+//! its browser goes, its session no longer stands (asked of the API every [`RECHECK`]) or the
+//! server stops; a principal holds at most [`MAX_STREAMS`].
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Router};
+use sha2::Digest as _;
 use tokio::sync::mpsc;
+use tower_service::Service as _;
 use warden_core::keys;
 use warden_store::{Follower, Update};
 
@@ -24,6 +34,10 @@ use super::{Peer, Ui};
 
 /// The shortest time between two events of one stream.
 const PACE: Duration = Duration::from_millis(250);
+
+/// How often the newest release log of a followed app is looked at: a file's growth has no
+/// watch in the store, and a look is one directory listing.
+const LOG_POLL: Duration = Duration::from_millis(500);
 
 /// The script, as its own file, so the pages need no inline script.
 const SCRIPT: &str = include_str!("live.js");
@@ -40,6 +54,72 @@ pub(super) async fn script() -> Response {
         h.insert(name, value);
     }
     resp
+}
+
+/// The query of `/ui/events`.
+#[derive(serde::Deserialize)]
+pub(super) struct EventsQuery {
+    /// The app whose release output to follow too.
+    app: Option<String>,
+    /// The page the stream is for (a path under `/ui/`): events only when it changed.
+    page: Option<String>,
+}
+
+/// A page of the dashboard, rendered as its browser would get it (its cookies, its address),
+/// through the dashboard's own router: what decides whether a change is worth an event.
+struct Page {
+    router: Router,
+    path: String,
+    cookie: Option<HeaderValue>,
+    peer: Peer,
+}
+
+// === impl Page ===
+
+impl Page {
+    /// The stream's page, if the query names one the dashboard shows (not its script or a
+    /// stream, which would never end).
+    fn of(ui: &Ui, q: Option<String>, headers: &HeaderMap, peer: Peer) -> Option<Self> {
+        let path = q?;
+        let shown = path.starts_with("/ui/")
+            && !path.starts_with("/ui/events")
+            && path != "/ui/live.js"
+            && path.len() <= 512
+            && !path.contains(['?', '#', '\\'])
+            && path.parse::<axum::http::Uri>().is_ok();
+        shown.then(|| Self {
+            router: super::router(ui.api.clone(), ui.json.clone()),
+            path,
+            cookie: headers.get(header::COOKIE).cloned(),
+            peer,
+        })
+    }
+
+    /// The SHA-256 of the page as it renders now (its status, where it sends the browser, and
+    /// its body); `None` when it could not be rendered.
+    async fn digest(&mut self) -> Option<[u8; 32]> {
+        let mut req = Request::get(&self.path).body(Body::empty()).ok()?;
+        if let Some(c) = &self.cookie {
+            req.headers_mut().insert(header::COOKIE, c.clone());
+        }
+        if let Some(Extension(c)) = &self.peer {
+            req.extensions_mut().insert(*c);
+        }
+        let resp = match self.router.call(req).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        };
+        let mut d = sha2::Sha256::new();
+        d.update(resp.status().as_u16().to_be_bytes());
+        if let Some(to) = resp.headers().get(header::LOCATION) {
+            d.update(to.as_bytes());
+        }
+        let body = axum::body::to_bytes(resp.into_body(), super::MAX_ANSWER)
+            .await
+            .ok()?;
+        d.update(&body);
+        Some(d.finalize().into())
+    }
 }
 
 /// Most event streams one principal (an operator, or the admin token) holds open at once: a
@@ -91,16 +171,46 @@ impl Drop for Held {
     }
 }
 
-/// `GET /ui/events`: for whoever may read the overview (asked of the API, as every page), at
-/// most [`MAX_STREAMS`] per principal, each ended when its session no longer stands.
-pub(super) async fn events(State(ui): State<Ui>, peer: Peer, headers: HeaderMap) -> Response {
+/// `GET /ui/events`: for whoever may read the overview (asked of the API, as every page), and
+/// with `?app=`, the app's releases; at most [`MAX_STREAMS`] per principal, each ended when its
+/// session no longer stands.
+pub(super) async fn events(
+    State(ui): State<Ui>,
+    peer: Peer,
+    headers: HeaderMap,
+    Query(q): Query<EventsQuery>,
+) -> Response {
     let (who, _, _) = match super::session(&ui, &headers) {
         Some(s) => s,
         None => return super::to_login(),
     };
+    let page = Page::of(&ui, q.page, &headers, peer);
     let ans = ui.call(&who, &peer, Method::GET, CHECK, None).await;
     if !ans.status.is_success() {
         return (ans.status, ans.error()).into_response();
+    }
+    let mut logs = None;
+    let mut prefixes: Vec<String> = [keys::APPS, keys::INSTANCES, keys::NODES]
+        .iter()
+        .map(|p| format!("{p}/"))
+        .collect();
+    if let Some(app) = q.app {
+        if warden_core::validate_name("app", &app).is_err() {
+            return (StatusCode::NOT_FOUND, "no such app").into_response();
+        }
+        let path = format!("/v1/apps/{app}/releases");
+        let ans = ui.call(&who, &peer, Method::GET, &path, None).await;
+        if !ans.status.is_success() {
+            return (ans.status, ans.error()).into_response();
+        }
+        // Its releases' phases and its crash loops.
+        prefixes.push(format!("{}/", keys::releases(&app)));
+        prefixes.push(format!("{}/{app}/", keys::HEALTH));
+        // Only where this node delivers releases is their output here to follow.
+        if ui.api.builds.is_some() {
+            logs = crate::deliver::log_path(&ui.api, &app, 0)
+                .and_then(|p| p.parent().map(std::path::Path::to_path_buf));
+        }
     }
     let Some((_, actor)) = super::session::credential(&ui, &who).await else {
         return super::to_login();
@@ -119,6 +229,11 @@ pub(super) async fn events(State(ui): State<Ui>, peer: Peer, headers: HeaderMap)
     };
     tokio::spawn(forward(
         ui.api.store.clone(),
+        Watched {
+            prefixes,
+            logs,
+            page,
+        },
         tx,
         ui.api.stopping.clone(),
         still,
@@ -155,24 +270,60 @@ impl Recheck {
     }
 }
 
-/// Follows apps, instances and nodes, sending a paced "change" to `tx` until its stream is
-/// dropped or `stopping` turns true. The followers end with it (their set is dropped).
+/// What one stream follows: the store under `prefixes`, the release logs in `logs`, and the
+/// page whose rendering decides whether a change is worth an event.
+struct Watched {
+    prefixes: Vec<String>,
+    logs: Option<PathBuf>,
+    page: Option<Page>,
+}
+
+/// Follows what `watched` names, sending a paced "change" to `tx` (with a page, only when that
+/// page renders differently) until its stream is dropped, its session no longer stands
+/// (`still`, asked every [`RECHECK`]) or `stopping` turns true. The followers end with it (their set is dropped).
 async fn forward(
     store: Arc<dyn warden_store::Store>,
+    watched: Watched,
     tx: mpsc::Sender<Result<Event, Infallible>>,
     stopping: Option<tokio::sync::watch::Receiver<bool>>,
     still: Recheck,
     _held: Held,
 ) {
+    let Watched {
+        prefixes,
+        logs,
+        mut page,
+    } = watched;
     let (changed_tx, mut changed) = mpsc::channel::<()>(1);
     let mut followers = tokio::task::JoinSet::new();
-    for prefix in [keys::APPS, keys::INSTANCES, keys::NODES] {
-        let mut f = Follower::new(store.clone(), format!("{prefix}/"));
+    for prefix in prefixes {
+        let mut f = Follower::new(store.clone(), prefix);
         let changed_tx = changed_tx.clone();
         followers.spawn(async move {
             while let Some(u) = f.next().await {
                 if matches!(u, Update::Changes { .. }) {
                     // Full: a change is pending already, which covers this one.
+                    let _ = changed_tx.try_send(());
+                }
+            }
+        });
+    }
+    if let Some(dir) = logs {
+        let changed_tx = changed_tx.clone();
+        followers.spawn(async move {
+            // A directory listing blocks: off the runtime's threads.
+            let look = |dir: PathBuf| async move {
+                tokio::task::spawn_blocking(move || newest_log(&dir))
+                    .await
+                    .ok()
+                    .flatten()
+            };
+            let mut seen = look(dir.clone()).await;
+            loop {
+                tokio::time::sleep(LOG_POLL).await;
+                let now = look(dir.clone()).await;
+                if now != seen {
+                    seen = now;
                     let _ = changed_tx.try_send(());
                 }
             }
@@ -188,12 +339,29 @@ async fn forward(
         }
     };
     tokio::pin!(stop);
+    // What the browser was last told to show (the page as the stream began: the script
+    // fetches it again when the stream opens).
+    let mut shown = match page.as_mut() {
+        Some(p) => p.digest().await,
+        None => None,
+    };
     let mut recheck = tokio::time::interval(RECHECK);
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             c = changed.recv() => {
-                if c.is_none() || tx.send(Ok(Event::default().event("change").data("1"))).await.is_err() {
+                if c.is_none() {
+                    break;
+                }
+                if let Some(p) = page.as_mut() {
+                    let now = p.digest().await;
+                    if now.is_some() && now == shown {
+                        tokio::time::sleep(PACE).await;
+                        continue;
+                    }
+                    shown = now;
+                }
+                if tx.send(Ok(Event::default().event("change").data("1"))).await.is_err() {
                     break;
                 }
                 tokio::time::sleep(PACE).await;
@@ -208,4 +376,18 @@ async fn forward(
         }
     }
     followers.abort_all();
+}
+
+/// The newest release log in `dir` (the highest number) and its length: what says the
+/// output of the release being delivered grew.
+fn newest_log(dir: &Path) -> Option<(u64, u64)> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name();
+            let n = name.to_str()?.strip_suffix(".log")?.parse::<u64>().ok()?;
+            Some((n, e.metadata().ok()?.len()))
+        })
+        .max()
 }

@@ -8,15 +8,19 @@
 //! redaction and audit apply, and a refusal is the API's own. Forms are guarded against
 //! cross-site requests by [`csrf`]; pages by the headers of [`pages::headers`].
 
+mod actions;
 mod audit;
 mod audit_html;
 mod csrf;
+mod instances;
 mod live;
 mod metrics;
 mod metrics_html;
+mod nodes;
 mod pages;
 mod session;
 mod sso;
+mod text;
 mod users;
 mod users_html;
 
@@ -72,6 +76,12 @@ pub(crate) fn router(api: Api, json: Router) -> Router {
         .route("/ui/audit/events", get(audit::events))
         .route("/ui/metrics", get(metrics::show))
         .route("/ui/metrics/events", get(metrics::events))
+        .route("/ui/apps/{name}/rollback", post(actions::rollback))
+        .route("/ui/apps/{name}/restart", post(actions::restart))
+        .route("/ui/apps/{name}/instances", get(instances::page))
+        .route("/ui/nodes", get(nodes::page))
+        .route("/ui/nodes/{name}/drain", post(nodes::drain))
+        .route("/ui/nodes/{name}/undrain", post(nodes::undrain))
         .route("/ui/live.js", get(live::script))
         .route("/ui/events", get(live::events))
         .layer(axum::extract::DefaultBodyLimit::max(64 * 1024))
@@ -90,6 +100,15 @@ struct Answer {
 }
 
 impl Answer {
+    /// `resp`, read whole (up to [`MAX_ANSWER`]).
+    async fn read(resp: Response) -> Self {
+        let status = resp.status();
+        let body = axum::body::to_bytes(resp.into_body(), MAX_ANSWER)
+            .await
+            .unwrap_or_default();
+        Self { status, body }
+    }
+
     /// The body as `T`, or the API's error message.
     fn json<T: DeserializeOwned>(&self) -> Result<T, String> {
         if !self.status.is_success() {
@@ -130,6 +149,21 @@ impl Ui {
         path: &str,
         body: Option<serde_json::Value>,
     ) -> Answer {
+        match self.send(who, peer, method, path, body).await {
+            Ok(resp) => Answer::read(resp).await,
+            Err(ans) => ans,
+        }
+    }
+
+    /// [`Ui::call`], the answer unread: for a route that streams (a release's progress).
+    async fn send(
+        &self,
+        who: &SessionId,
+        peer: &Peer,
+        method: Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<Response, Answer> {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let req = Request::builder()
             .method(method)
@@ -139,12 +173,12 @@ impl Ui {
         let mut req = match req {
             Ok(r) => r,
             Err(e) => {
-                return Answer {
+                return Err(Answer {
                     status: StatusCode::BAD_REQUEST,
                     body: serde_json::json!({ "error": format!("not a valid request: {e}") })
                         .to_string()
                         .into(),
-                }
+                })
             }
         };
         if let Some(Extension(c)) = peer {
@@ -154,15 +188,10 @@ impl Ui {
         if let Some((hashed, _)) = session::credential(self, who).await {
             req.extensions_mut().insert(hashed);
         }
-        let resp = match self.json.clone().call(req).await {
-            Ok(r) => r,
+        match self.json.clone().call(req).await {
+            Ok(r) => Ok(r),
             Err(never) => match never {},
-        };
-        let status = resp.status();
-        let body = axum::body::to_bytes(resp.into_body(), MAX_ANSWER)
-            .await
-            .unwrap_or_default();
-        Answer { status, body }
+        }
     }
 }
 
@@ -245,29 +274,33 @@ async fn app_page(
         };
         return Err((ans, e.to_string()));
     }
-    async fn read<T: DeserializeOwned>(
-        ui: &Ui,
-        who: &SessionId,
-        peer: &Peer,
-        path: &str,
-    ) -> Result<T, (Answer, String)> {
-        let ans = ui.call(who, peer, Method::GET, path, None).await;
-        match ans.json::<T>() {
-            Ok(v) => Ok(v),
-            Err(msg) => Err((ans, msg)),
-        }
-    }
     let spec: AppSpec = read(ui, token, peer, &format!("/v1/apps/{name}")).await?;
     let releases: Vec<Release> =
         read(ui, token, peer, &format!("/v1/apps/{name}/releases")).await?;
     let status: Status = read(ui, token, peer, "/v1/status").await?;
     let instances: Vec<InstanceRecord> = read(ui, token, peer, "/v1/instances").await?;
+    let build = actions::build_output(ui, token, peer, name, &releases).await;
     Ok(pages::AppPage {
         status: status.apps.into_iter().find(|a| a.name == name),
         instances: instances.into_iter().filter(|i| i.app == name).collect(),
         releases,
         spec,
+        build,
     })
+}
+
+/// `GET path` of the JSON API as `T`, or its answer and what it said went wrong.
+async fn read<T: DeserializeOwned>(
+    ui: &Ui,
+    who: &SessionId,
+    peer: &Peer,
+    path: &str,
+) -> Result<T, (Answer, String)> {
+    let ans = ui.call(who, peer, Method::GET, path, None).await;
+    match ans.json::<T>() {
+        Ok(v) => Ok(v),
+        Err(msg) => Err((ans, msg)),
+    }
 }
 
 /// The scale form.

@@ -181,7 +181,7 @@ fn app_link(name: &str) -> String {
 
 /// The overview: what `GET /v1/status` says, as it says it.
 pub(crate) fn overview(s: &Status, csrf: &str) -> String {
-    let mut main = String::from("<h1>Overview</h1>\n<section id=\"nodes\" data-live><h2>Nodes</h2><table><tr><th>Node</th><th>Roles</th><th>Load</th><th>Drained</th><th>Instances</th></tr>");
+    let mut main = String::from("<h1>Overview</h1>\n<section id=\"nodes\" data-live><h2><a href=\"/ui/nodes\">Nodes</a></h2><table><tr><th>Node</th><th>Roles</th><th>Load</th><th>Drained</th><th>Instances</th></tr>");
     for n in &s.by_node {
         let on: Vec<String> = n
             .instances
@@ -235,7 +235,7 @@ pub(crate) fn overview(s: &Status, csrf: &str) -> String {
 }
 
 /// Each label an app wants or runs: (label, desired, ready).
-fn label_rows(a: &AppStatus) -> Vec<(String, u32, usize)> {
+pub(crate) fn label_rows(a: &AppStatus) -> Vec<(String, u32, usize)> {
     let mut labels: std::collections::BTreeSet<&String> = a.desired.keys().collect();
     labels.extend(a.instances.keys());
     labels
@@ -247,7 +247,7 @@ fn label_rows(a: &AppStatus) -> Vec<(String, u32, usize)> {
         .collect()
 }
 
-fn state(a: &AppStatus, label: &str, desired: u32, ready: usize) -> &'static str {
+pub(crate) fn state(a: &AppStatus, label: &str, desired: u32, ready: usize) -> &'static str {
     if a.crash_loops
         .iter()
         .any(|c| c.label == label && c.health.crash_loop)
@@ -270,6 +270,8 @@ pub(crate) struct AppPage {
     pub instances: Vec<InstanceRecord>,
     /// `GET /v1/apps/{name}/releases`.
     pub releases: Vec<Release>,
+    /// The newest release's build and delivery output.
+    pub build: Option<super::actions::Build>,
 }
 
 /// An app: labels, instances per node, releases, config keys and the scale form.
@@ -300,12 +302,16 @@ pub(crate) fn app(p: &AppPage, csrf: &str, msg: Option<&str>) -> String {
     }
     let _ = write!(
         main,
-        "</table></section>\n<form method=\"post\" action=\"/ui/apps/{name}/scale\" id=\"scale\" data-fetch>\
+        "</table>\n<form method=\"post\" action=\"/ui/apps/{name}/scale\" id=\"scale\" data-fetch>\
          <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
          <label>Label <input type=\"text\" name=\"label\" required></label>\
          <label>Instances <input type=\"number\" name=\"count\" min=\"0\" required></label>\
-         <button type=\"submit\">Scale</button></form>\n",
+         <button type=\"submit\">Scale</button></form></section>\n",
         csrf = escape_html(csrf),
+    );
+    let _ = writeln!(
+        main,
+        "<p><a href=\"/ui/apps/{name}/instances\" id=\"instances-link\">Instances, uptime and last lines</a></p>"
     );
     main.push_str("<section id=\"instances\" data-live><h2>Instances</h2><table><tr><th>Node</th><th>Label</th><th>State</th><th>Release</th><th>Id</th></tr>");
     let mut instances: Vec<&InstanceRecord> = p.instances.iter().collect();
@@ -321,17 +327,9 @@ pub(crate) fn app(p: &AppPage, csrf: &str, msg: Option<&str>) -> String {
             escape_html(&i.id),
         );
     }
-    main.push_str("</table></section>\n<section id=\"releases\" data-live><h2>Releases</h2><table><tr><th>#</th><th>Status</th><th>By</th></tr>");
-    for r in p.releases.iter().rev() {
-        let _ = write!(
-            main,
-            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
-            r.number,
-            escape_html(&word(&r.status)),
-            escape_html(&r.by),
-        );
-    }
-    main.push_str("</table></section>\n<section id=\"config\"><h2>Config</h2><table id=\"config-table\"><tr><th>Key</th><th>Value</th></tr>");
+    main.push_str("</table></section>\n");
+    main.push_str(&super::actions::releases(p, csrf));
+    main.push_str("\n<section id=\"config\"><h2>Config</h2><table id=\"config-table\"><tr><th>Key</th><th>Value</th></tr>");
     for (k, v) in &p.spec.env {
         let _ = write!(
             main,
@@ -345,7 +343,7 @@ pub(crate) fn app(p: &AppPage, csrf: &str, msg: Option<&str>) -> String {
 }
 
 /// An enum as its API spells it (`"crash_loop"` without the quotes).
-fn word(v: &impl serde::Serialize) -> String {
+pub(crate) fn word(v: &impl serde::Serialize) -> String {
     serde_json::to_string(v)
         .unwrap_or_default()
         .trim_matches('"')

@@ -98,6 +98,11 @@ pub struct AppSpec {
     /// which each node resolves to its own copy, so `workdir` stays unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release: Option<super::SpecRelease>,
+    /// Restarts asked for (`warden apps restart`), of the app and of single labels: each
+    /// replaces the instances it names with fresh ones of the same release. Changed only
+    /// through `POST /v1/apps/{name}/restart`.
+    #[serde(default, skip_serializing_if = "super::Restarts::is_none")]
+    pub restarts: super::Restarts,
 }
 
 /// The network of a sandboxed instance.
@@ -286,12 +291,13 @@ pub enum SpecError {
 // === impl AppSpec ===
 
 impl AppSpec {
-    /// What an instance of this spec runs, as a short hex digest: its command, working
-    /// directory, environment, limits, driver, network, whom it serves and how it starts (a
-    /// slot pool makes the sandbox the driver). Instances started from another generation are
-    /// replaced (rolled out) when it changes; the other fields (hosts, groups, counts, static
-    /// files, timeouts) take effect without a restart.
-    pub fn generation(&self) -> String {
+    /// What an instance of this spec with `label` runs, as a short hex digest: its command,
+    /// working directory, environment, limits, driver, network, whom it serves and how it
+    /// starts (a slot pool makes the sandbox the driver), and the restarts asked for of the app
+    /// and of `label`. Instances started from another generation are replaced (rolled out)
+    /// when it changes; the other fields (hosts, groups, counts, static files, timeouts) take
+    /// effect without a restart. The label `""` names what every label shares.
+    pub fn generation(&self, label: &str) -> String {
         use sha2::Digest;
         let bytes = serde_json::to_vec(&(
             &self.command,
@@ -306,7 +312,12 @@ impl AppSpec {
             self.release.as_ref().map(|r| &r.slug),
         ))
         .unwrap_or_default();
-        let digest = sha2::Sha256::digest(&bytes);
+        let mut digest = sha2::Sha256::new();
+        digest.update(&bytes);
+        if let Some((app, label)) = self.restarts.of(label) {
+            digest.update(format!(" restarts {app} {label}"));
+        }
+        let digest = digest.finalize();
         digest[..8].iter().map(|b| format!("{b:02x}")).collect()
     }
 
@@ -351,6 +362,7 @@ impl AppSpec {
             data: false,
             declassify_to: None,
             release: None,
+            restarts: super::Restarts::default(),
         }
     }
 

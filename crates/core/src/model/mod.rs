@@ -10,6 +10,7 @@ mod operator;
 mod placement;
 mod records;
 mod release;
+mod restart;
 
 pub use addr::*;
 pub use app::*;
@@ -20,3 +21,4 @@ pub use operator::*;
 pub use placement::*;
 pub use records::*;
 pub use release::*;
+pub use restart::*;

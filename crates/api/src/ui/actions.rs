@@ -1,0 +1,277 @@
+//! The app page's releases and their actions: each release with its status, who made it and
+//! when; a rollback to each earlier release that served (`POST /v1/apps/{name}/rollback`) and
+//! a restart of the serving one (`POST /v1/apps/{name}/restart`: fresh instances of the same
+//! release, no new release, as `warden apps restart APP`); and the newest release's build
+//! output, read through `GET /v1/apps/{name}/releases/{number}/log` and kept current by the
+//! page's event stream (see [`super::live`]).
+//!
+//! Both actions take two POSTs, each with its CSRF field: the first answers a page that asks
+//! to confirm (no script needed), the second, carrying `confirm=yes`, acts.
+
+use std::fmt::Write as _;
+
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Form;
+use warden_core::{Release, ReleaseSource, ReleaseStatus};
+
+use super::pages::{self, escape_html, word};
+use super::{text, Peer, SessionId, Ui};
+
+/// A release's build and delivery output, as a page shows it.
+pub(crate) struct Build {
+    number: u64,
+    status: ReleaseStatus,
+    /// Its end, without terminal escapes (not yet escaped for HTML).
+    text: String,
+    /// Whether earlier output was cut.
+    cut: bool,
+}
+
+/// The newest release's output, through the API (`None`: no release, or the API would not
+/// say).
+pub(super) async fn build_output(
+    ui: &Ui,
+    token: &SessionId,
+    peer: &Peer,
+    name: &str,
+    releases: &[Release],
+) -> Option<Build> {
+    let r = releases.iter().max_by_key(|r| r.number)?;
+    let path = format!("/v1/apps/{name}/releases/{}/log", r.number);
+    let ans = ui.call(token, peer, Method::GET, &path, None).await;
+    if !ans.status.is_success() {
+        return None;
+    }
+    let all = String::from_utf8_lossy(&ans.body);
+    let (end, cut) = text::tail(&all);
+    Some(Build {
+        number: r.number,
+        status: r.status,
+        text: text::plain(end),
+        cut,
+    })
+}
+
+/// What made a release, as `warden releases` says it.
+fn source(r: &Release) -> String {
+    match &r.source {
+        ReleaseSource::Push { from, .. } => format!("push {from}"),
+        ReleaseSource::Config { changed } => format!("config {}", changed.join(",")),
+        ReleaseSource::Rollback { to } => format!("rollback to {to}"),
+    }
+}
+
+/// A POST form of one button, to `action` with `to`.
+fn button(action: &str, csrf: &str, to: u64, class: &str, label: &str) -> String {
+    format!(
+        "<form method=\"post\" action=\"{action}\" class=\"{class}\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+         <input type=\"hidden\" name=\"to\" value=\"{to}\">\
+         <button type=\"submit\">{label}</button></form>",
+        csrf = escape_html(csrf),
+    )
+}
+
+/// The releases section (newest first, with their actions) and the build output section.
+pub(super) fn releases(p: &pages::AppPage, csrf: &str) -> String {
+    let name = escape_html(&p.spec.name);
+    let serving = p.spec.release.as_ref().map(|r| r.number);
+    let mut out = String::from(
+        "<section id=\"releases\" data-live><h2>Releases</h2><table id=\"releases-table\">\
+         <tr><th>#</th><th>Status</th><th>Source</th><th>By</th><th>When (UTC)</th><th></th></tr>",
+    );
+    for r in p.releases.iter().rev() {
+        let action = if Some(r.number) == serving {
+            let restart = format!("/ui/apps/{name}/restart");
+            format!(
+                "serving {}",
+                button(&restart, csrf, r.number, "restart", "Restart")
+            )
+        } else if r.status == ReleaseStatus::Released && serving.is_some_and(|s| r.number < s) {
+            let rollback = format!("/ui/apps/{name}/rollback");
+            let label = format!("Roll back to {}", r.number);
+            button(&rollback, csrf, r.number, "rollback", &label)
+        } else {
+            String::new()
+        };
+        let _ = write!(
+            out,
+            "<tr data-release=\"{n}\"><td>{n}</td><td class=\"status\">{status}</td><td>{source}</td>\
+             <td class=\"by\">{by}</td><td>{at}</td><td>{action}</td></tr>",
+            n = r.number,
+            status = escape_html(&word(&r.status)),
+            source = escape_html(&source(r)),
+            by = escape_html(&r.by),
+            at = text::when(r.at_ms),
+        );
+    }
+    out.push_str("</table></section>\n");
+    // The stream of this page: store changes, and this app's release output as it grows.
+    let _ = write!(
+        out,
+        "<section id=\"build\" data-live data-events=\"/ui/events?app={name}\"><h2>Build output</h2>"
+    );
+    match &p.build {
+        Some(b) => {
+            let _ = write!(
+                out,
+                "<p>Release {n} ({status}){cut}</p><pre id=\"build-output\">{text}</pre>",
+                n = b.number,
+                status = escape_html(&word(&b.status)),
+                cut = if b.cut {
+                    "; earlier output cut, `warden logs APP --release N` prints it all"
+                } else {
+                    ""
+                },
+                text = escape_html(&b.text),
+            );
+        }
+        None => out.push_str("<p>No release output.</p>"),
+    }
+    out.push_str("</section>");
+    out
+}
+
+/// The rollback and restart forms.
+#[derive(serde::Deserialize)]
+pub(super) struct ActionForm {
+    csrf: Option<String>,
+    to: String,
+    confirm: Option<String>,
+}
+
+/// Which action a form asks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Rollback,
+    Restart,
+}
+
+/// `POST /ui/apps/{name}/rollback`: `POST /v1/apps/{name}/rollback` with `to`, once confirmed.
+pub(super) async fn rollback(
+    State(ui): State<Ui>,
+    peer: Peer,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    act(ui, peer, headers, name, f, Action::Rollback).await
+}
+
+/// `POST /ui/apps/{name}/restart`: `POST /v1/apps/{name}/restart` of every label, once
+/// confirmed (`to`, the release serving when the page was shown, only says what restarts).
+pub(super) async fn restart(
+    State(ui): State<Ui>,
+    peer: Peer,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    act(ui, peer, headers, name, f, Action::Restart).await
+}
+
+async fn act(
+    ui: Ui,
+    peer: Peer,
+    headers: HeaderMap,
+    name: String,
+    f: ActionForm,
+    action: Action,
+) -> Response {
+    if let Some(resp) = super::refused(&ui, &headers, f.csrf.as_deref()) {
+        return resp;
+    }
+    let Some((token, csrf, _)) = super::session(&ui, &headers) else {
+        return super::to_login();
+    };
+    if warden_core::validate_name("app", &name).is_err() {
+        let page = pages::error(Some(&csrf), "no such app");
+        return pages::respond(StatusCode::NOT_FOUND, page);
+    }
+    let Ok(to) = f.to.trim().parse::<u64>() else {
+        let msg = format!("{:?} is not a release number", f.to);
+        return pages::respond(StatusCode::BAD_REQUEST, pages::error(Some(&csrf), &msg));
+    };
+    if f.confirm.as_deref() != Some("yes") {
+        return pages::respond(StatusCode::OK, confirm(&name, to, action, &csrf));
+    }
+    let (path, body) = match action {
+        Action::Rollback => (
+            format!("/v1/apps/{name}/rollback"),
+            serde_json::json!({ "to": to }),
+        ),
+        Action::Restart => (format!("/v1/apps/{name}/restart"), serde_json::json!({})),
+    };
+    // The release goes on whether or not its progress is read: the page shows it.
+    let ans = match ui
+        .send(&token, &peer, Method::POST, &path, Some(body))
+        .await
+    {
+        Ok(resp) if resp.status().is_success() => {
+            let mut resp = (
+                StatusCode::SEE_OTHER,
+                [(header::LOCATION, format!("/ui/apps/{name}"))],
+            )
+                .into_response();
+            for (n, v) in pages::headers() {
+                resp.headers_mut().insert(n, v);
+            }
+            return resp;
+        }
+        Ok(resp) => super::Answer::read(resp).await,
+        Err(ans) => ans,
+    };
+    if ans.status == StatusCode::UNAUTHORIZED {
+        return super::to_login();
+    }
+    let msg = ans.error();
+    with_message(&ui, &token, &peer, &name, &csrf, ans.status, &msg).await
+}
+
+/// The app page saying `msg`, answered with `status`; or a page with only the message.
+async fn with_message(
+    ui: &Ui,
+    token: &SessionId,
+    peer: &Peer,
+    name: &str,
+    csrf: &str,
+    status: StatusCode,
+    msg: &str,
+) -> Response {
+    match super::app_page(ui, token, peer, name).await {
+        Ok(p) => pages::respond(status, pages::app(&p, csrf, Some(msg))),
+        Err(_) => pages::respond(status, pages::error(Some(csrf), msg)),
+    }
+}
+
+/// The page that asks to confirm an action.
+fn confirm(name: &str, to: u64, action: Action, csrf: &str) -> String {
+    let n = escape_html(name);
+    let (title, what, path, label) = match action {
+        Action::Rollback => (
+            format!("Roll back {name}"),
+            format!("Roll app {n} back to release {to}? A new release runs release {to}'s build and config; each instance is replaced once its replacement is ready."),
+            "rollback",
+            format!("Roll back to {to}"),
+        ),
+        Action::Restart => (
+            format!("Restart {name}"),
+            format!("Restart app {n}? Its instances are replaced by fresh ones of release {to}, each once its replacement is ready; no release is made."),
+            "restart",
+            "Restart".to_owned(),
+        ),
+    };
+    let main = format!(
+        "<h1>{}</h1>\n<p>{what}</p>\
+         <form method=\"post\" action=\"/ui/apps/{n}/{path}\" id=\"confirm\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+         <input type=\"hidden\" name=\"to\" value=\"{to}\">\
+         <input type=\"hidden\" name=\"confirm\" value=\"yes\">\
+         <button type=\"submit\">{label}</button> <a href=\"/ui/apps/{n}\">Cancel</a></form>",
+        escape_html(&title),
+        csrf = escape_html(csrf),
+    );
+    pages::document(&title, Some(csrf), &main)
+}

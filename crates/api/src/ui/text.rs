@@ -1,0 +1,129 @@
+//! Text from programs, shown on the dashboard's pages: build output and instances' last lines
+//! are hostile (a dependency's install script or an app prints what it likes), so terminal
+//! escapes are taken out before [`super::pages::escape_html`] makes the rest inert; and times
+//! as `warden releases` prints them.
+
+/// Most bytes of a program's output one page shows: the end of it.
+pub(crate) const TAIL: usize = 32 * 1024;
+
+/// The last [`TAIL`] bytes of `text` (from a line start where one is near), and whether
+/// anything was cut.
+pub(crate) fn tail(text: &str) -> (&str, bool) {
+    if text.len() <= TAIL {
+        return (text, false);
+    }
+    let mut at = text.len() - TAIL;
+    while !text.is_char_boundary(at) {
+        at += 1;
+    }
+    let rest = &text[at..];
+    let rest = rest.find('\n').map_or(rest, |n| &rest[n + 1..]);
+    (rest, true)
+}
+
+/// `text` without terminal escapes (CSI such as colours, OSC such as titles and links, and
+/// the two-byte ones) or other control characters but newlines and tabs: what is left is
+/// what a terminal would print as characters.
+pub(crate) fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\u{1b}' => match chars.next() {
+                // CSI: parameters and intermediates up to a final byte in @..~.
+                Some('[') => {
+                    for c in chars.by_ref() {
+                        if ('@'..='~').contains(&c) {
+                            break;
+                        }
+                    }
+                }
+                // OSC, DCS, SOS, PM, APC: up to BEL or ST (ESC \).
+                Some(']' | 'P' | 'X' | '^' | '_') => {
+                    while let Some(c) = chars.next() {
+                        if c == '\u{7}' {
+                            break;
+                        }
+                        if c == '\u{1b}' && chars.peek() == Some(&'\\') {
+                            chars.next();
+                            break;
+                        }
+                    }
+                }
+                _ => {}
+            },
+            // The 8-bit CSI.
+            '\u{9b}' => {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `ms` since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC), as `warden releases` prints it.
+pub(crate) fn when(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// A length of time in ms as `2h 5m`, `3m 12s` or `40s`.
+pub(crate) fn span(ms: u64) -> String {
+    let s = ms / 1000;
+    match (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60) {
+        (0, 0, 0, s) => format!("{s}s"),
+        (0, 0, m, s) => format!("{m}m {s}s"),
+        (0, h, m, _) => format!("{h}h {m}m"),
+        (d, h, _, _) => format!("{d}d {h}h"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_escapes_and_controls_are_taken_out() {
+        let text = "\u{1b}[31;1mred\u{1b}[0m \u{1b}]0;title\u{7}\u{1b}]8;;http://x\u{1b}\\link\u{1b}]8;;\u{1b}\\ \u{9b}2Jx\r\u{8}\u{0}ok\n\tend\u{1b}";
+        assert_eq!(plain(text), "red link xok\n\tend");
+    }
+
+    #[test]
+    fn the_tail_starts_at_a_line_and_says_it_was_cut() {
+        let text = format!("{}\nlast\n", "é".repeat(TAIL));
+        let (t, cut) = tail(&text);
+        assert!(cut);
+        assert_eq!(t, "last\n");
+        assert_eq!(tail("short"), ("short", false));
+    }
+
+    #[test]
+    fn times_read_as_the_cli_prints_them() {
+        assert_eq!(when(1_764_180_140_000), "2025-11-26 18:02:20");
+        assert_eq!(span(3_723_000), "1h 2m");
+        assert_eq!(span(59_000), "59s");
+    }
+}
