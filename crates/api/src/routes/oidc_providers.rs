@@ -171,8 +171,23 @@ pub async fn change(
     else {
         return Err(no_provider(&id));
     };
+    // The client secret goes to the token endpoint the issuer's discovery names (trusted by
+    // `ca_file`): kept across a change of either, it would go to a provider of the caller's
+    // choosing, which would read it.
+    let elsewhere = c.issuer.as_ref().is_some_and(|i| *i != old.issuer)
+        || c.ca_file
+            .as_ref()
+            .is_some_and(|f| Some(f) != old.ca_file.as_ref());
     let secret = match c.client_secret {
         Some(s) => Secret::Clear(s),
+        None if elsewhere => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!(
+                    "a new issuer or ca_file for {id:?} needs its client secret given again (client_secret, or `warden oidc change {id} --secret-file`): warden does not send the secret it holds to another provider"
+                ),
+            ))
+        }
         None => Secret::Sealed(old.client_secret_sealed.clone()),
     };
     let record = OidcProviderRecord {

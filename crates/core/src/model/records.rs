@@ -273,6 +273,12 @@ pub struct ProviderSession {
     pub id: String,
     /// The person's subject at the provider: a refresh must name the same one.
     pub subject: String,
+    /// The provider's issuer at sign-in: a session whose provider id now names another issuer
+    /// (changed through the API, or removed and added again) ends before anything of it, its
+    /// refresh token above all, goes to that issuer. Empty in records from before it was kept,
+    /// which end the same way.
+    #[serde(default)]
+    pub issuer: String,
     /// The refresh token, sealed (ChaCha20-Poly1305 under the gateway's OIDC key, bound to
     /// this session's key); absent when the provider gave none, and the session then ends at
     /// `refresh_at_ms`.
@@ -290,6 +296,10 @@ pub struct ProviderSession {
 pub struct OidcFlowRecord {
     /// The provider's id.
     pub provider: String,
+    /// The provider's issuer when the sign-in began: the callback refuses the record when the
+    /// provider id now names another issuer, before the code and verifier go anywhere.
+    #[serde(default)]
+    pub issuer: String,
     /// The PKCE verifier and nonce, sealed together, bound to this record's key.
     pub sealed: String,
     /// SHA-256 (hex) of the flow cookie set on the browser that began it: another browser

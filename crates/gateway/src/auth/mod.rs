@@ -145,7 +145,7 @@ impl Authenticator {
         let mut presented = false;
         for token in session::tokens(authorization, cookies) {
             presented = true;
-            let Some((u, stale)) = session_user(views, token) else {
+            let Some((u, stale)) = session_user(views, token, self.refresher.as_ref()) else {
                 continue;
             };
             // A provider session past its provider's word is refreshed before it counts; one
@@ -319,8 +319,13 @@ pub(crate) fn two_authorizations() -> GatewayError {
 /// The user of a live session: known, not expired by the gateway's own clock (the store's lease
 /// may delete it later), and issued for the account as it is now (a changed or re-created
 /// account has another generation). `true` beside it when the session is a provider's whose
-/// word has run out: it must be refreshed before it counts.
-fn session_user(views: &Shared, token: &str) -> Option<(Arc<User>, bool)> {
+/// word has run out, or whose provider is gone or now at another issuer (`refresher` says):
+/// it must be refreshed (or ended) before it counts.
+fn session_user(
+    views: &Shared,
+    token: &str,
+    refresher: Option<&crate::oidc::refresh::Refresher>,
+) -> Option<(Arc<User>, bool)> {
     let hash = session::token_hash(token);
     let v = views.read();
     let s = v.sessions.get(&hash)?;
@@ -328,7 +333,9 @@ fn session_user(views: &Shared, token: &str) -> Option<(Arc<User>, bool)> {
     if s.expires_ms <= now {
         return None;
     }
-    let stale = s.provider.as_ref().is_some_and(|p| p.refresh_at_ms <= now);
+    let stale = s.provider.as_ref().is_some_and(|p| {
+        p.refresh_at_ms <= now || refresher.is_some_and(|r| !r.provider_current(p))
+    });
     v.users
         .get(&s.user)
         .filter(|u| u.record.generation == s.generation)

@@ -74,6 +74,7 @@ pub(super) async fn start(
     let sealed = FlowSecrets::of(&begun).seal(&oidc.sealer, &state_hash);
     let record = OidcFlowRecord {
         provider: p.provider.config().id.clone(),
+        issuer: p.provider.config().issuer.clone(),
         sealed,
         binding: token_hash(&binding),
         next,
@@ -172,7 +173,11 @@ pub(super) async fn callback(
     // browser and sign the person in as someone else.
     let bindings = super::cookie_values(req.headers(), FLOW_COOKIE);
     let bound = matches!(bindings.as_slice(), [c] if token_hash(c) == record.binding);
-    if record.provider != p.provider.config().id || expired || !bound {
+    // The same id at another issuer (changed or added again meanwhile) is another provider:
+    // the code and the verifier must not go to its token endpoint.
+    let same_provider =
+        record.provider == p.provider.config().id && record.issuer == p.provider.config().issuer;
+    if !same_provider || expired || !bound {
         state
             .audit
             .sign_in(crate::audit::UNKNOWN, client.ip, &method, "failed");

@@ -213,6 +213,7 @@ pub(crate) fn session_record(
         provider: Some(ProviderSession {
             id: p.provider.config().id.clone(),
             subject: tokens.claims.sub.clone(),
+            issuer: p.provider.config().issuer.clone(),
             refresh_sealed,
             refresh_at_ms: tokens.expires_ms.min(expires_ms),
         }),

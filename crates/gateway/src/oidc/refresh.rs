@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use warden_core::{keys, model::now_ms, SessionRecord};
+use warden_core::{keys, model::now_ms, ProviderSession, SessionRecord};
 use warden_store::{CasOutcome, Store};
 
 use super::people::{self, Ctx, Refusal};
@@ -70,6 +70,15 @@ impl Refresher {
         result
     }
 
+    /// True while the provider of session `ps` is still the one it signed in at (its id
+    /// configured, at the same issuer); a session for which this is false is refreshed at
+    /// once, which ends it without a word to any provider.
+    pub(crate) fn provider_current(&self, ps: &ProviderSession) -> bool {
+        self.oidc
+            .find(&ps.id)
+            .is_some_and(|p| p.provider.config().issuer == ps.issuer)
+    }
+
     fn inflight_lock(
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
@@ -89,15 +98,22 @@ impl Refresher {
         let Some(ps) = s.provider.clone() else {
             return current_user(views, &s);
         };
-        if ps.refresh_at_ms > now_ms() {
-            // Refreshed while this request waited for the lock.
-            return current_user(views, &s);
-        }
         let Some(p) = self.oidc.find(&ps.id) else {
             return self
                 .end(views, &key, "its provider is no longer configured")
                 .await;
         };
+        // Ended, not refreshed: its refresh token and the client's credentials are for the
+        // issuer it signed in at, not for whatever the id names now.
+        if p.provider.config().issuer != ps.issuer {
+            return self
+                .end(views, &key, "its provider id now names another issuer")
+                .await;
+        }
+        if ps.refresh_at_ms > now_ms() {
+            // Refreshed while this request waited for the lock.
+            return current_user(views, &s);
+        }
         let method = p.method();
         let Some(sealed) = &ps.refresh_sealed else {
             return self

@@ -273,7 +273,8 @@ fn a_provider_added_by_api_signs_people_in_until_it_is_removed() {
                 .then_some(())
         },
     );
-    let (r, _) = Browser::new().sign_in(&s.gw, "staff", "/apps/demo/", &alice());
+    let mut signed_in = Browser::new();
+    let (r, _) = signed_in.sign_in(&s.gw, "staff", "/apps/demo/", &alice());
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["user"], "alice_staff");
 
@@ -289,6 +290,9 @@ fn a_provider_added_by_api_signs_people_in_until_it_is_removed() {
     assert_eq!(r.status, 404, "{}", r.text());
     assert!(r.text().contains("no identity provider"), "{}", r.text());
     assert!(b.cookie(host(&s.gw), "warden_session").is_none());
+    // Alice's session ends at once, not when the provider's word would have run out.
+    let r = signed_in.send("GET", &format!("{}/apps/demo/", s.gw), None);
+    assert_eq!(r.status, 303, "a removed provider's session still counts");
     let (r, _) = Browser::new().follow(&format!("{}/login/oidc/staff?next=/apps/demo/", s.gw));
     assert_eq!(r.status, 404, "{}", r.text());
     assert!(
@@ -484,4 +488,67 @@ fn on_a_cluster_a_provider_added_through_one_node_serves_on_every_gateway() {
         (!sign_in_page(&gw_b).contains("Staff SSO")).then_some(())
     });
     drop(b);
+}
+
+#[test]
+fn a_provider_id_moved_to_another_issuer_ends_its_sessions_and_sign_ins_and_needs_its_secret_again()
+{
+    let s = setup(&[alice()]);
+    let other = OidcProvider::start(&[alice()], Ttls::default());
+    let redirect = format!("{}/login/oidc/staff/callback", s.gw);
+    for idp in [&s.idp, &other] {
+        idp.register("warden-staff", "staff-secret", &redirect);
+    }
+    let body = serde_json::json!({
+        "id": "staff", "issuer": s.idp.issuer, "client_id": "warden-staff",
+        "client_secret": "staff-secret", "redirect_url": redirect,
+        "rules": [{ "claim": "groups", "value": "engineering", "level": "SECRET" }],
+    });
+    let r = s.w.api("POST", "/v1/oidc/providers", Some(body));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let starts_at = |issuer: &str| {
+        wait_until("the issuer followed", Duration::from_secs(30), || {
+            let r = http::request("GET", &format!("{}/login/oidc/staff", s.gw), &[], b"");
+            r.header("location")
+                .is_some_and(|l| l.starts_with(issuer))
+                .then_some(())
+        })
+    };
+    starts_at(&s.idp.issuer);
+    let mut signed_in = Browser::new();
+    let (r, _) = signed_in.sign_in(&s.gw, "staff", "/apps/demo/", &alice());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut in_flight = Browser::new();
+    let cb = in_flight.sign_in_until_callback(&s.gw, "staff", "/apps/demo/", &alice());
+
+    // The secret held is not sent to another issuer, nor under other trust roots.
+    for change in [
+        serde_json::json!({"issuer": other.issuer}),
+        serde_json::json!({"ca_file": "/etc/hosts"}),
+    ] {
+        let r = s.w.api("PATCH", "/v1/oidc/providers/staff", Some(change));
+        assert_eq!(r.status, 422, "{}", r.text());
+        assert!(
+            r.text().contains("client secret given again"),
+            "{}",
+            r.text()
+        );
+    }
+    let change = serde_json::json!({"issuer": other.issuer, "client_secret": "staff-secret"});
+    let r = s.w.api("PATCH", "/v1/oidc/providers/staff", Some(change));
+    assert_eq!(r.status, 200, "{}", r.text());
+    starts_at(&other.issuer);
+
+    // The sign-in begun at the first issuer is refused here, its code never sent to the
+    // other's token endpoint (which would answer 401 for a code it never gave).
+    let r = in_flight.send("GET", &cb, None);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("for another provider"), "{}", r.text());
+    assert!(in_flight.cookie(host(&s.gw), "warden_session").is_none());
+    // The session from the first issuer ends at once (its tokens live minutes yet).
+    let r = signed_in.send("GET", &format!("{}/apps/demo/", s.gw), None);
+    assert_eq!(r.status, 303, "a session outlived its issuer: {}", r.text());
+    // The other issuer's alice signs in afresh (and meets the pinned name, as above).
+    let (r, _) = Browser::new().sign_in(&s.gw, "staff", "/apps/demo/", &alice());
+    assert_eq!(r.status, 403, "{}", r.text());
 }
