@@ -2,7 +2,8 @@
 //! made durable BEFORE the handler acts, then again with the status it ended with. Only requests
 //! that passed the token check get here (this layer runs inside `authz::authorize`), and
 //! each is recorded with its principal as the actor. The body is
-//! recorded as its SHA-256, never as itself: it may hold passwords or config values.
+//! recorded as its keyed digest, never as itself: it may hold passwords or config values; and
+//! its secret fields are left out of what is digested ([`SECRET_FIELDS`]).
 //!
 //! With `--audit required`, a change the log cannot record first is refused (503), and so is
 //! every change while the log cannot write; with `on` (the default) it goes ahead, the alarm is
@@ -96,13 +97,58 @@ impl Refusals {
     }
 }
 
-/// The `name` of a JSON object body.
+/// The `name` (or, for an identity provider, the `id`) of a JSON object body.
 fn named(body: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Named {
-        name: String,
+        name: Option<String>,
+        id: Option<String>,
     }
-    serde_json::from_slice::<Named>(body).ok().map(|n| n.name)
+    serde_json::from_slice::<Named>(body)
+        .ok()
+        .and_then(|n| n.name.or(n.id))
+}
+
+/// Fields whose values are secrets in some route's body: operators' and users' passwords,
+/// identity providers' client secrets, tokens. Their values are left out of a body's digest.
+const SECRET_FIELDS: &[&str] = &[
+    "password",
+    "client_secret",
+    "secret",
+    "token",
+    "refresh_token",
+];
+
+/// What of `body` is digested: the body itself, or, when a JSON body holds a secret field
+/// (at any depth), the body with each such value replaced by one marker. The digest is keyed,
+/// but whoever holds the log's key must not be able to test guesses of a client secret or a
+/// password against it either; two bodies that differ only in a secret digest the same.
+fn digested(body: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    fn withhold(v: &mut serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::Object(m) => {
+                let mut any = false;
+                for (k, v) in m.iter_mut() {
+                    if SECRET_FIELDS.contains(&k.as_str()) {
+                        *v = serde_json::Value::String("(withheld)".into());
+                        any = true;
+                    } else {
+                        any |= withhold(v);
+                    }
+                }
+                any
+            }
+            serde_json::Value::Array(a) => a.iter_mut().fold(false, |any, v| withhold(v) | any),
+            _ => false,
+        }
+    }
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return body.into();
+    };
+    match withhold(&mut v) {
+        true => serde_json::to_vec(&v).map_or(body.into(), Into::into),
+        false => body.into(),
+    }
 }
 
 /// Records a mutating request before and after its handler.
@@ -136,7 +182,7 @@ pub(crate) async fn record_change(State(api): State<Api>, req: Request, next: Ne
             )
             .into_response();
         };
-        let digest = (!bytes.is_empty()).then(|| api.audit.digest(&bytes));
+        let digest = (!bytes.is_empty()).then(|| api.audit.digest(&digested(&bytes)));
         // A create names its target in the body (`{"name": …}`): a name is no secret.
         target = target.or_else(|| named(&bytes));
         (Request::from_parts(parts, Body::from(bytes)), digest)
@@ -175,5 +221,48 @@ mod tests {
             Some("web")
         );
         assert_eq!(super::target("/v1/apps", "/v1/apps"), None);
+    }
+
+    #[test]
+    fn a_create_is_named_by_its_name_or_its_id() {
+        assert_eq!(
+            super::named(br#"{"name":"ann","password":"x"}"#).as_deref(),
+            Some("ann")
+        );
+        assert_eq!(
+            super::named(br#"{"id":"staff","issuer":"x"}"#).as_deref(),
+            Some("staff")
+        );
+        assert_eq!(super::named(br#"{"replicas":2}"#), None);
+    }
+
+    #[test]
+    fn secrets_are_left_out_of_what_is_digested() {
+        let provider = |secret: &str, label: &str| {
+            format!(
+                r#"{{"id":"staff","label":"{label}","client_secret":"{secret}","rules":[{{"claim":"g","token":"{secret}"}}]}}"#
+            )
+        };
+        let a = provider("hunter2-client-secret", "Staff");
+        let d = super::digested(a.as_bytes()).into_owned();
+        let text = String::from_utf8(d.clone()).unwrap();
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("staff") && text.contains("Staff"), "{text}");
+        // Equal but for the secret: one digest; a changed non-secret field: another.
+        let b = provider("another-secret", "Staff");
+        assert_eq!(super::digested(b.as_bytes()).into_owned(), d);
+        let c = provider("hunter2-client-secret", "Other");
+        assert_ne!(super::digested(c.as_bytes()).into_owned(), d);
+        for body in [
+            &br#"{"name":"ann","password":"pw-guess"}"#[..],
+            br#"{"password":"pw-guess"}"#,
+        ] {
+            let d = super::digested(body).into_owned();
+            assert!(!String::from_utf8_lossy(&d).contains("pw-guess"));
+        }
+        // A body without a secret (or not JSON) is digested as sent.
+        let plain = br#"{ "replicas": 2 }"#;
+        assert_eq!(&*super::digested(plain), &plain[..]);
+        assert_eq!(&*super::digested(b"not json"), b"not json");
     }
 }
