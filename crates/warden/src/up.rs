@@ -240,12 +240,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             config.peers = sources.peers.clone();
             let (o, from_file) = oidc::providers(&cfg, joined.as_ref().map(|j| &j.secrets))?;
             // Providers added through the API join (and leave) while the gateway runs.
-            tasks.push(tokio::spawn(oidc::api::follow(
-                store.clone(),
-                o.clone(),
-                from_file.clone(),
-                stop_rx.clone(),
-            )));
+            let following =
+                oidc::api::follow(store.clone(), o.clone(), from_file.clone(), stop_rx.clone())
+                    .await?;
+            tasks.push(tokio::spawn(following));
             oidc_check = Some(Arc::new(oidc::api::Checker {
                 oidc: o.clone(),
                 config: from_file,

@@ -34,6 +34,9 @@ pub(super) struct Settings {
     pub rules: Vec<warden_oidc::ClaimRule>,
 }
 
+/// Longest provider id: user names are `<name>_<id>` of at most 63 characters.
+const MAX_ID_LEN: usize = 32;
+
 /// The one check of a provider, whether from the config file or the API: its id, then what
 /// [`Provider::new`] checks (the issuer's scheme and host, the redirect URL, the trust roots).
 pub(super) fn build(s: Settings) -> anyhow::Result<Arc<OidcProvider>> {
@@ -41,6 +44,15 @@ pub(super) fn build(s: Settings) -> anyhow::Result<Arc<OidcProvider>> {
         .with_context(|| format!("identity provider id {:?}", s.id))?;
     // Provider users are named `<name>_<id>`: an id with `_` would let `bob_x` of `corp` and
     // `bob` of `x_corp` meet in one name.
+    // ... and a name is at most 63 characters: a long id would leave the person's part too
+    // short to tell people apart (cut to the same few characters, or to nothing).
+    if s.id.len() > MAX_ID_LEN {
+        anyhow::bail!(
+            "identity provider id {:?} is {} characters long; use at most {MAX_ID_LEN}, which leaves room in user names (`<name>_<id>`, at most 63) for the person's name",
+            s.id,
+            s.id.len()
+        );
+    }
     if s.id.contains('_') {
         anyhow::bail!(
             "identity provider id {:?} holds '_', which separates a person's name from the provider's in user names; use letters, digits and '-'",

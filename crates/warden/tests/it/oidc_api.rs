@@ -232,6 +232,12 @@ fn a_provider_added_by_api_signs_people_in_until_it_is_removed() {
     assert_eq!(r.status, 422, "{}", r.text());
     assert!(r.text().contains("discovery of issuer"), "{}", r.text());
     assert_eq!(s.w.api("GET", "/v1/oidc/providers/staff", None).status, 404);
+    // An id so long that user names would have little room for the person's name.
+    let mut long = body(&s.idp.issuer);
+    long["id"] = "s".repeat(33).into();
+    let r = s.w.api("POST", "/v1/oidc/providers", Some(long));
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(r.text().contains("at most 32"), "{}", r.text());
 
     let r =
         s.w.api("POST", "/v1/oidc/providers", Some(body(&s.idp.issuer)));
@@ -551,4 +557,63 @@ fn a_provider_id_moved_to_another_issuer_ends_its_sessions_and_sign_ins_and_need
     // The other issuer's alice signs in afresh (and meets the pinned name, as above).
     let (r, _) = Browser::new().sign_in(&s.gw, "staff", "/apps/demo/", &alice());
     assert_eq!(r.status, 403, "{}", r.text());
+}
+
+#[test]
+fn a_restarted_gateway_has_its_stored_providers_before_it_serves() {
+    let idp = OidcProvider::start(&[alice()], Ttls::default());
+    let port = free_port();
+    let gw = format!("http://127.0.0.1:{port}");
+    let redirect = format!("{gw}/login/oidc/staff/callback");
+    idp.register(
+        "warden",
+        "s3cret",
+        &format!("{gw}/login/oidc/corp/callback"),
+    );
+    idp.register("warden-staff", "staff-secret", &redirect);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let config = config_file(
+        dir.path(),
+        &idp.issuer,
+        &format!("{gw}/login/oidc/corp/callback"),
+    );
+    let launch = || {
+        Launch::new(BIN)
+            .data_dir(&data)
+            .listen(&format!("127.0.0.1:{port}"))
+            .arg("--config")
+            .arg(config.to_str().unwrap())
+            .start()
+    };
+    let mut w = launch();
+    let body = serde_json::json!({
+        "id": "staff", "issuer": idp.issuer, "client_id": "warden-staff",
+        "client_secret": "staff-secret", "redirect_url": redirect,
+        "rules": [{ "claim": "groups", "value": "engineering", "level": "SECRET" }],
+    });
+    let r = w.api("POST", "/v1/oidc/providers", Some(body));
+    assert_eq!(r.status, 201, "{}", r.text());
+    wait_until("the provider served", Duration::from_secs(30), || {
+        let r = http::request("GET", &format!("{gw}/login/oidc/staff"), &[], b"");
+        (r.status == 302).then_some(())
+    });
+    let mut b = Browser::new();
+    let (r, _) = b.sign_in(&gw, "staff", "/apps/demo/", &alice());
+    assert_eq!(r.status, 200, "{}", r.text());
+    w.stop();
+    drop(w);
+    let _w = launch();
+    // The first requests after the restart: the stored provider is there, and its session,
+    // not taken for a removed provider's, goes on.
+    let r = b.send("GET", &format!("{gw}/apps/demo/"), None);
+    assert_eq!(
+        r.status,
+        200,
+        "the session did not survive the restart: {}",
+        r.text()
+    );
+    let r = http::request("GET", &format!("{gw}/login/oidc/staff"), &[], b"");
+    assert_eq!(r.status, 302, "{}", r.text());
 }

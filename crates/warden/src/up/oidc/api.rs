@@ -93,39 +93,89 @@ impl OidcCheck for Checker {
     }
 }
 
+/// How long starting waits for the first listing of the stored providers.
+const FIRST_LISTING: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Keeps `oidc`'s providers = the config file's (`config`) ∪ those stored under
-/// `oidc/providers/`, until `stop`: every change to the prefix rebuilds the set (providers
-/// whose record did not change are kept as they are, their keys and discovery with them).
+/// `oidc/providers/`: the first listing is applied before this returns (a gateway that served
+/// before it would refuse the stored providers' sign-ins and end their sessions as if the
+/// providers were removed), then the returned task follows every change until `stop`
+/// (providers whose record did not change are kept as they are, their keys and discovery
+/// with them).
 pub(crate) async fn follow(
     store: Arc<dyn Store>,
     oidc: Arc<OidcConfig>,
     config: Vec<Arc<OidcProvider>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) {
+) -> anyhow::Result<impl Future<Output = ()>> {
     let mut follower = warden_store::Follower::new(store.clone(), keys::OIDC_PROVIDERS);
-    let mut built: HashMap<String, (Vec<u8>, Arc<OidcProvider>)> = HashMap::new();
-    loop {
-        let update = tokio::select! {
-            u = follower.next() => u,
-            _ = stop.changed() => return,
-        };
-        if update.is_none() {
-            return;
+    let mut providers = Providers {
+        oidc,
+        config,
+        built: HashMap::new(),
+    };
+    match tokio::time::timeout(FIRST_LISTING, follower.next()).await {
+        Ok(Some(warden_store::follow::Update::Listed(l))) => providers.apply(&l),
+        Ok(_) => {
+            if let Some(l) = relist(&*store, &mut stop).await {
+                providers.apply(&l)
+            }
         }
-        // The listing is small (a few providers): read it whole rather than apply events,
-        // again after a pause while the store does not answer (the follower has moved on).
-        let listing = loop {
-            match store.list(keys::OIDC_PROVIDERS).await {
-                Ok(l) => break l,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the stored identity providers; trying again");
-                    tokio::select! {
-                        _ = tokio::time::sleep(warden_store::follow::MAX_BACKOFF) => {}
-                        _ = stop.changed() => return,
-                    }
+        Err(_) => anyhow::bail!(
+            "the identity providers stored through the API could not be read in {}s; check that the store answers and start again",
+            FIRST_LISTING.as_secs()
+        ),
+    }
+    Ok(async move {
+        loop {
+            let update = tokio::select! {
+                u = follower.next() => u,
+                _ = stop.changed() => return,
+            };
+            if update.is_none() {
+                return;
+            }
+            // The listing is small (a few providers): read it whole rather than apply events.
+            let Some(listing) = relist(&*store, &mut stop).await else {
+                return;
+            };
+            providers.apply(&listing);
+        }
+    })
+}
+
+/// The whole listing of `oidc/providers/`, read again after a pause while the store does not
+/// answer (a missed removal must not leave a provider in place); `None` once `stop` changes.
+async fn relist(
+    store: &dyn Store,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> Option<warden_store::Listing> {
+    loop {
+        match store.list(keys::OIDC_PROVIDERS).await {
+            Ok(l) => return Some(l),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the stored identity providers; trying again");
+                tokio::select! {
+                    _ = tokio::time::sleep(warden_store::follow::MAX_BACKOFF) => {}
+                    _ = stop.changed() => return None,
                 }
             }
-        };
+        }
+    }
+}
+
+/// The providers a gateway has: the config file's and those built from stored records.
+struct Providers {
+    oidc: Arc<OidcConfig>,
+    config: Vec<Arc<OidcProvider>>,
+    /// Each stored provider by id, with the record it was built from.
+    built: HashMap<String, (Vec<u8>, Arc<OidcProvider>)>,
+}
+
+impl Providers {
+    /// Rebuilds the set from `listing` and hands it to the gateway.
+    fn apply(&mut self, listing: &warden_store::Listing) {
+        let config = &self.config;
         let mut next = HashMap::new();
         for e in &listing.entries {
             let id = e.key.rsplit('/').next().unwrap_or_default().to_owned();
@@ -133,13 +183,13 @@ pub(crate) async fn follow(
                 // The config file's wins; the API refuses to add such a provider anyway.
                 continue;
             }
-            if let Some((bytes, p)) = built.remove(&id).filter(|(b, _)| *b == e.value) {
+            if let Some((bytes, p)) = self.built.remove(&id).filter(|(b, _)| *b == e.value) {
                 next.insert(id, (bytes, p));
                 continue;
             }
             let made = decode::<OidcProviderRecord>(&e.key, &e.value)
                 .map_err(anyhow::Error::from)
-                .and_then(|r| from_record(&oidc, &r));
+                .and_then(|r| from_record(&self.oidc, &r));
             match made {
                 Ok(p) => {
                     tracing::info!(provider = %id, "identity provider from the store");
@@ -150,14 +200,15 @@ pub(crate) async fn follow(
                 }
             }
         }
-        built = next;
-        let mut stored: Vec<_> = built
+        self.built = next;
+        let mut stored: Vec<_> = self
+            .built
             .iter()
             .map(|(id, (_, p))| (id.clone(), p.clone()))
             .collect();
         stored.sort_by(|a, b| a.0.cmp(&b.0));
         let mut all = config.clone();
         all.extend(stored.into_iter().map(|(_, p)| p));
-        oidc.set_providers(all);
+        self.oidc.set_providers(all);
     }
 }
