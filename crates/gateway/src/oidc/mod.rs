@@ -42,6 +42,11 @@ pub struct OidcProvider {
     pub rules: Vec<ClaimRule>,
     /// The claim whose value names the person (`preferred_username`), `sub` when absent.
     pub username_claim: String,
+    /// From the config file rather than the API: only then is a provider user written before
+    /// issuers were kept pinned to this provider's issuer at its next sign-in (the config
+    /// file's id is the one it signed in with); an API provider's id may have named another
+    /// provider then, so such a user is not its to take.
+    pub from_file: bool,
 }
 
 /// Every provider, and the key that seals what rests in the store.

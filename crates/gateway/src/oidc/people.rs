@@ -136,10 +136,11 @@ pub(crate) async fn upsert_user(
                     )))
                 }
                 // Pinned at the first sign-in: the provider's `iss` and `sub` (a record from
-                // before the issuer was kept pins it now).
+                // before the issuer was kept pins it now, to a config file's provider only).
                 Some(m)
                     if m.id != *id
                         || m.subject != subject
+                        || (m.issuer.is_empty() && !p.from_file)
                         || (!m.issuer.is_empty() && m.issuer != *issuer) =>
                 {
                     return Err(Refusal::Taken(name.to_owned()))

@@ -32,6 +32,8 @@ pub(super) struct Settings {
     pub ca_file: Option<std::path::PathBuf>,
     pub jwks_refetch: std::time::Duration,
     pub rules: Vec<warden_oidc::ClaimRule>,
+    /// From the config file (else from the API).
+    pub from_file: bool,
 }
 
 /// Longest provider id: user names are `<name>_<id>` of at most 63 characters.
@@ -75,6 +77,7 @@ pub(super) fn build(s: Settings) -> anyhow::Result<Arc<OidcProvider>> {
         label: s.label,
         rules: s.rules,
         username_claim: s.username_claim,
+        from_file: s.from_file,
     }))
 }
 
@@ -118,6 +121,7 @@ pub(super) fn providers(
             ca_file: t.ca_file.clone(),
             jwks_refetch: t.jwks_refetch.map_or(warden_oidc::JWKS_REFETCH, |h| h.0),
             rules: t.rules.clone(),
+            from_file: true,
         })
         .context("in an [[oidc]] table of the config file")?;
         providers.push(p);

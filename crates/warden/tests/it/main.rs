@@ -112,6 +112,7 @@ mod node_port_flood;
 mod oidc;
 mod oidc_api;
 mod oidc_cluster;
+mod oidc_issuer;
 mod operators;
 mod operators_idp;
 mod orphans;

@@ -40,6 +40,7 @@ fn from_record(oidc: &OidcConfig, r: &OidcProviderRecord) -> anyhow::Result<Arc<
         ca_file: r.ca_file.clone(),
         jwks_refetch: warden_oidc::JWKS_REFETCH,
         rules: r.rules.clone(),
+        from_file: false,
     })
 }
 
