@@ -61,6 +61,9 @@ pub(super) fn build(s: Settings) -> anyhow::Result<Arc<OidcProvider>> {
             s.id
         );
     }
+    if let Some(f) = &s.ca_file {
+        ca_file_fits(f).with_context(|| format!("identity provider {:?}", s.id))?;
+    }
     let provider = Provider::new(ProviderConfig {
         id: s.id.clone(),
         issuer: s.issuer,
@@ -79,6 +82,22 @@ pub(super) fn build(s: Settings) -> anyhow::Result<Arc<OidcProvider>> {
         username_claim: s.username_claim,
         from_file: s.from_file,
     }))
+}
+
+/// Largest `ca_file` read: a bundle of every public root is about 250 KiB.
+const MAX_CA_FILE: u64 = 1024 * 1024;
+
+/// `ca_file` is a regular file of at most [`MAX_CA_FILE`] bytes, checked without opening it:
+/// the path may come from the API, and a FIFO would block the read, `/dev/zero` never end it.
+/// One message whatever is wrong, so the API says nothing of which paths exist.
+fn ca_file_fits(f: &std::path::Path) -> anyhow::Result<()> {
+    match std::fs::metadata(f) {
+        Ok(m) if m.is_file() && m.len() <= MAX_CA_FILE => Ok(()),
+        _ => anyhow::bail!(
+            "ca_file {} is not a readable regular file of at most 1 MiB; give the path of a PEM file of CA certificates",
+            f.display()
+        ),
+    }
 }
 
 /// The sealing context of an API provider's client secret: its id, so a sealed secret copied

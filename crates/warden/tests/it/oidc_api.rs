@@ -231,6 +231,28 @@ fn a_provider_added_by_api_signs_people_in_until_it_is_removed() {
     );
     assert_eq!(r.status, 422, "{}", r.text());
     assert!(r.text().contains("discovery of issuer"), "{}", r.text());
+    // ... without saying how it failed (a refused port, no TLS, an error status: a map of
+    // what the node reaches).
+    assert!(!r.text().to_lowercase().contains("refused"), "{}", r.text());
+    // A ca_file that is no regular file (a FIFO would block the read forever) is a 422 at
+    // once, saying nothing of which paths exist.
+    let fifo = s.w.dir.join("ca-fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    for ca in [fifo.to_str().unwrap(), "/no/such/ca.pem"] {
+        let mut b = body(&s.idp.issuer);
+        b["ca_file"] = ca.into();
+        let r = s.w.api("POST", "/v1/oidc/providers", Some(b));
+        assert_eq!(r.status, 422, "{}", r.text());
+        assert!(
+            r.text().contains("not a readable regular file"),
+            "{}",
+            r.text()
+        );
+    }
     assert_eq!(s.w.api("GET", "/v1/oidc/providers/staff", None).status, 404);
     // An id so long that user names would have little room for the person's name.
     let mut long = body(&s.idp.issuer);

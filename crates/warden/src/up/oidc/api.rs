@@ -83,9 +83,12 @@ impl OidcCheck for Checker {
             let p = from_record(&self.oidc, &record).map_err(|e| format!("{e:#}"))?;
             // Discovery (and the keys' address with it) before the provider is accepted: a
             // typo in the issuer is said now, not at someone's first sign-in.
+            // The cause goes to the log, not to the caller: whether a port refused, spoke no
+            // TLS or answered an error would let an owner map what this node reaches.
             p.provider.begin().await.map_err(|e| {
+                tracing::warn!(provider = %record.id, issuer = %record.issuer, error = %e, "the discovery of a provider given through the API failed");
                 format!(
-                    "the discovery of issuer {} failed: {e}; check the issuer URL and that warden can reach it",
+                    "the discovery of issuer {} failed (no answer, or no valid discovery document over trusted TLS); check the issuer URL and that warden can reach it (warden's log says more)",
                     record.issuer
                 )
             })?;
