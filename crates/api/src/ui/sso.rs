@@ -119,6 +119,7 @@ pub(super) async fn start(State(ui): State<Ui>, peer: Peer, Path(id): Path<Strin
     let state_hash = authz::token_hash(begun.state.expose());
     let binding = warden_core::id::secret_token();
     let record = OidcFlowRecord {
+        issuer: p.provider.config().issuer.clone(),
         provider: id,
         sealed: FlowSecrets::of(&begun).seal(&idp.sealer, &state_hash),
         binding: authz::token_hash(&binding),
@@ -217,7 +218,10 @@ pub(super) async fn callback(
     let bindings = cookie_values(&headers, FLOW_COOKIE);
     let bound = matches!(bindings.as_slice(), [c] if authz::token_hash(c) == record.binding);
     let secrets = FlowSecrets::open(&idp.sealer, &state_hash, &record.sealed);
-    let (true, false, true, Some(secrets)) = (bound, expired, record.provider == id, secrets)
+    // The same id at another issuer (the config changed meanwhile) is another provider: its
+    // token endpoint must not get this code and verifier.
+    let same = record.provider == id && record.issuer == p.provider.config().issuer;
+    let (true, false, true, Some(secrets)) = (bound, expired, same, secrets)
     else {
         return refuse(StatusCode::BAD_REQUEST, "This sign-in was begun in another browser, for another provider, or too long ago; begin it again here.");
     };
