@@ -39,7 +39,8 @@ pub enum OidcCommand {
     Change {
         /// The provider's id
         id: String,
-        /// New issuer URL
+        /// New issuer URL (give the client secret again with it: --secret-file or
+        /// --secret-stdin; warden does not send the one it holds to another issuer)
         #[arg(long)]
         issuer: Option<String>,
         /// New client id
@@ -78,7 +79,8 @@ pub struct Fields {
     /// The claim that names the person [preferred_username]
     #[arg(long)]
     username_claim: Option<String>,
-    /// PEM trust roots for the provider's TLS (a path on the gateways)
+    /// PEM trust roots for the provider's TLS (a path on the gateways; a change of it needs
+    /// the client secret again)
     #[arg(long)]
     ca_file: Option<PathBuf>,
     /// A JSON file of claim rules: [{"claim", "value", "level", "categories", "groups"}, ...]
