@@ -52,17 +52,19 @@ pub(crate) fn is_session_cookie(name: &str) -> bool {
     name.trim().eq_ignore_ascii_case(SESSION_COOKIE)
 }
 
-/// The cookies of the API's dashboard (crates/api/src/ui: its session, which holds an
-/// operator's API token, and its CSRF cookie). A browser sends a host's cookies to every port
-/// of it, so where the API and the gateway share a host name these reach the gateway too.
-const DASHBOARD_COOKIES: [&str; 2] = ["warden_ui", "warden_ui_csrf"];
+/// The cookies of the API's dashboard (crates/api/src/ui: its session id, its CSRF cookie and
+/// the cookie binding a single sign-on to its browser). A browser sends a host's cookies to
+/// every port of it, so where the API and the gateway share a host name these reach the
+/// gateway too; an app that could plant the binding cookie could have a person finish the
+/// app author's own sign-in and act in the dashboard as them.
+const DASHBOARD_COOKIES: [&str; 3] = ["warden_ui", "warden_ui_csrf", "warden_ui_oidc"];
 
 /// Whether `name` (in any case) is a cookie warden owns: the session, the sign-in forms' CSRF
 /// cookie, the cookie that binds a provider sign-in to its browser, and the dashboard's. No
 /// app gets them with a request or may set them: an app's page holding the CSRF pair, or
 /// planting its own, would leave the forms only their origin check; a planted binding cookie
-/// would finish another's sign-in here; an app handed the dashboard's session would hold its
-/// operator's API token.
+/// would finish another's sign-in here; an app handed the dashboard's session id would hold
+/// its operator's dashboard.
 pub(crate) fn is_gateway_cookie(name: &str) -> bool {
     let name = name.trim();
     [
