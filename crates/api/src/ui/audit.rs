@@ -47,15 +47,16 @@ fn time(s: &str, now: u64) -> Result<u64, String> {
     if let Ok(ms) = s.parse::<u64>() {
         return Ok(ms);
     }
-    let (n, unit) = s.split_at(s.len().saturating_sub(1));
-    let n: u64 = n.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
+    // By the unit's character, never a byte index: the text is the browser's, any UTF-8.
+    let mut chars = s.chars();
+    let secs = match chars.next_back() {
+        Some('s') => 1,
+        Some('m') => 60,
+        Some('h') => 3600,
+        Some('d') => 86_400,
         _ => return Err(bad()),
     };
+    let n: u64 = chars.as_str().parse().map_err(|_| bad())?;
     Ok(now.saturating_sub(n.saturating_mul(secs * 1000)))
 }
 
@@ -225,6 +226,13 @@ mod tests {
             ..Search::default()
         };
         assert!(path(&bad, now).unwrap_err().contains("not a time"));
+        // A last character of several bytes is refused, not a panic.
+        for odd in ["5\u{e9}", "\u{e9}", "\u{1f600}", "", "m"] {
+            assert!(
+                time(odd, now).unwrap_err().contains("not a time"),
+                "{odd:?}"
+            );
+        }
         let sneaky = Search {
             app: "a&kind=x".into(),
             ..Search::default()

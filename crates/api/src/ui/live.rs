@@ -77,17 +77,11 @@ struct Page {
 // === impl Page ===
 
 impl Page {
-    /// The stream's page, if the query names one the dashboard shows (not its script or a
-    /// stream, which would never end).
+    /// The stream's page, if the query names one of the dashboard's pages (never a stream,
+    /// which would never end, a sign-in start, which writes, or anything else).
     fn of(ui: &Ui, q: Option<String>, headers: &HeaderMap, peer: Peer) -> Option<Self> {
         let path = q?;
-        let shown = path.starts_with("/ui/")
-            && !path.starts_with("/ui/events")
-            && path != "/ui/live.js"
-            && path.len() <= 512
-            && !path.contains(['?', '#', '\\'])
-            && path.parse::<axum::http::Uri>().is_ok();
-        shown.then(|| Self {
+        is_page(&path).then(|| Self {
             router: super::router(ui.api.clone(), ui.json.clone()),
             path,
             cookie: headers.get(header::COOKIE).cloned(),
@@ -105,20 +99,45 @@ impl Page {
         if let Some(Extension(c)) = &self.peer {
             req.extensions_mut().insert(*c);
         }
-        let resp = match self.router.call(req).await {
-            Ok(r) => r,
-            Err(never) => match never {},
+        // Bounded: a page that does not answer in time says nothing changed.
+        let resp = match tokio::time::timeout(DIGEST_TIME, self.router.call(req)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(never)) => match never {},
+            Err(_) => return None,
         };
         let mut d = sha2::Sha256::new();
         d.update(resp.status().as_u16().to_be_bytes());
         if let Some(to) = resp.headers().get(header::LOCATION) {
             d.update(to.as_bytes());
         }
-        let body = axum::body::to_bytes(resp.into_body(), super::MAX_ANSWER)
-            .await
-            .ok()?;
+        let body = tokio::time::timeout(
+            DIGEST_TIME,
+            axum::body::to_bytes(resp.into_body(), super::MAX_ANSWER),
+        )
+        .await
+        .ok()?
+        .ok()?;
         d.update(&body);
         Some(d.finalize().into())
+    }
+}
+
+/// The longest one page's render for a digest may take.
+const DIGEST_TIME: Duration = Duration::from_secs(5);
+
+/// Whether `path` is one of the dashboard's pages a stream may render: the overview, an app's
+/// page or its instances, the nodes, users, audit and metrics pages.
+fn is_page(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix("/ui/") else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    let name = |s: &str| warden_core::validate_name("app", s).is_ok();
+    match parts.as_slice() {
+        [""] | ["nodes"] | ["users"] | ["audit"] | ["metrics"] => true,
+        ["apps", n] => name(n),
+        ["apps", n, "instances"] => name(n),
+        _ => false,
     }
 }
 
@@ -390,4 +409,41 @@ fn newest_log(dir: &Path) -> Option<(u64, u64)> {
             Some((n, e.metadata().ok()?.len()))
         })
         .max()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_page;
+
+    #[test]
+    fn a_stream_renders_only_the_dashboards_pages() {
+        for p in [
+            "/ui/",
+            "/ui/nodes",
+            "/ui/users",
+            "/ui/audit",
+            "/ui/metrics",
+            "/ui/apps/demo",
+            "/ui/apps/demo/instances",
+        ] {
+            assert!(is_page(p), "{p}");
+        }
+        for p in [
+            "/ui/events",
+            "/ui/audit/events",
+            "/ui/metrics/events",
+            "/ui/live.js",
+            "/ui/login",
+            "/ui/login/oidc/corp",
+            "/ui/login/oidc/corp/callback",
+            "/ui/apps/demo/rollback",
+            "/ui/apps/../events",
+            "/ui/apps/demo%2Fx",
+            "/v1/status",
+            "/ui",
+            "",
+        ] {
+            assert!(!is_page(p), "{p}");
+        }
+    }
 }

@@ -221,8 +221,7 @@ pub(super) async fn callback(
     // The same id at another issuer (the config changed meanwhile) is another provider: its
     // token endpoint must not get this code and verifier.
     let same = record.provider == id && record.issuer == p.provider.config().issuer;
-    let (true, false, true, Some(secrets)) = (bound, expired, same, secrets)
-    else {
+    let (true, false, true, Some(secrets)) = (bound, expired, same, secrets) else {
         return refuse(StatusCode::BAD_REQUEST, "This sign-in was begun in another browser, for another provider, or too long ago; begin it again here.");
     };
     let tokens = match p

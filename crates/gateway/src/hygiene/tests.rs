@@ -107,7 +107,11 @@ const RESPONSE: &[(&str, &str, Fate)] = &[
     ("Set-Cookie", "warden_sessions=1", Kept),
     ("Set-Cookie", "warden_session=dave-token; Path=/", Dropped),
     ("Set-Cookie", "warden_ui=dave-token; Path=/ui", Dropped),
-    ("Set-Cookie", "Warden_UI_OIDC=planted; Path=/ui/login/oidc/", Dropped),
+    (
+        "Set-Cookie",
+        "Warden_UI_OIDC=planted; Path=/ui/login/oidc/",
+        Dropped,
+    ),
     ("set-cookie", "WARDEN_SESSION=x", Dropped),
     ("SET-COOKIE", " Warden_Session =x; Max-Age=0", Dropped),
     ("Set-Cookie", "warden_session", Dropped),
