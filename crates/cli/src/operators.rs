@@ -109,7 +109,7 @@ pub(crate) async fn operators(
                     let roles: Vec<String> = o.roles.iter().map(role_text).collect();
                     let source = match &o.source {
                         OperatorSource::Local => "local".to_owned(),
-                        OperatorSource::Provider(id) => format!("provider {id}"),
+                        OperatorSource::Provider { id, .. } => format!("provider {id}"),
                     };
                     vec![o.name.clone(), roles.join("; "), source]
                 });

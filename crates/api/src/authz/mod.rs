@@ -13,7 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::Digest as _;
 use subtle::ConstantTimeEq;
-use warden_core::{keys, OperatorRecord, Role, TokenKind, TokenRecord};
+use warden_core::{keys, OperatorRecord, OperatorSource, Role, TokenKind, TokenRecord};
 
 use crate::error::ApiError;
 use crate::Api;
@@ -235,6 +235,21 @@ async fn by_hash(api: &Api, hash: String) -> Result<Principal, Response> {
         return Err(unauthorized(
             "this token was issued before the operator's password or roles changed; `warden login` again",
         ));
+    }
+    if let OperatorSource::Provider { id, issuer, .. } = &op.source {
+        // Removing the provider (or its operator_rules) ends its operators' access at once:
+        // their roles came from rules no longer in force.
+        let configured = api
+            .idp
+            .as_ref()
+            .and_then(|idp| idp.find(id))
+            .is_some_and(|p| &p.provider.config().issuer == issuer);
+        if !configured {
+            return Err(unauthorized(format!(
+                "operator {:?} signs in through the identity provider {id:?}, which no longer gives operator roles here; log in another way, or ask an owner",
+                op.name
+            )));
+        }
     }
     Ok(Principal::Operator {
         name: op.name,

@@ -88,7 +88,7 @@ pub async fn change(
         }
         record.roles = roles;
     }
-    if let (Some(_), OperatorSource::Provider(id)) = (&change.password, &record.source) {
+    if let (Some(_), OperatorSource::Provider { id, .. }) = (&change.password, &record.source) {
         return Err(ApiError::bad_request(format!(
             "operator {name:?} signs in through the identity provider {id:?} (`warden login --provider {id}`) and has no password here"
         )));
@@ -147,7 +147,7 @@ pub(crate) async fn end_tokens(api: &Api, operator: &str) -> Result<(), ApiError
 
 /// With the admin token off, refuses to take the owner role from `name` (removed or changed)
 /// when no other operator has it: nobody could change warden any more.
-async fn keep_an_owner(api: &Api, name: &str) -> Result<(), ApiError> {
+pub(crate) async fn keep_an_owner(api: &Api, name: &str) -> Result<(), ApiError> {
     if api.admin_token().is_some() {
         return Ok(());
     }

@@ -2,8 +2,12 @@
 //! provider, no password, their roles replaced from the person's claims at every sign-in
 //! (`operator_rules`, see `warden_oidc::map_operator`). A change of roles is a new generation,
 //! so every token issued before it is refused; a person no rule gives a role any more loses
-//! the record and its tokens at their next sign-in. A local operator of the same name is never
-//! taken over.
+//! the record and its tokens at their next sign-in. An operator is bound to the person's issuer
+//! and subject (`OperatorSource::Provider`): a sign-in of another account whose name claim maps
+//! to the same name (the mapping is lossy, and `preferred_username` is not unique at every
+//! provider) is refused, and never removes nor rewrites the operator; a local operator of the
+//! same name is never taken over. With the admin token off, a sign-in never removes nor demotes
+//! the last owner (as `warden operators` never does).
 
 use std::time::Duration;
 
@@ -70,30 +74,41 @@ pub(crate) async fn sign_in(
     how: &str,
     route: &str,
 ) -> Result<(String, TokenRecord), ApiError> {
-    let id = p.provider.config().id.clone();
+    let config = p.provider.config();
     let claims = &tokens.claims;
-    let name = warden_oidc::operator_name(&claims.all, &p.username_claim, &claims.sub);
+    let who = SignIn {
+        source: OperatorSource::Provider {
+            id: config.id.clone(),
+            issuer: config.issuer.clone(),
+            subject: claims.sub.clone(),
+        },
+        name: warden_oidc::operator_name(&claims.all, &p.username_claim, &claims.sub),
+        label: &p.label,
+        route,
+    };
+    let name = &who.name;
     let roles = match warden_oidc::map_operator(&p.rules, &claims.all) {
         Ok(r) => r.roles,
         Err(e @ OperatorRuleError::NoMatch { .. }) => {
             // What they still hold stops working now, not when it expires.
-            remove_if_from(api, &id, &name).await?;
+            remove_if_same(api, &who).await?;
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 format!("you signed in at {} as {name:?}, but {e}", p.label),
             ));
         }
         Err(e) => {
+            tracing::warn!(provider = %config.id, error = %e, "operator rules unusable");
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 format!(
-                    "warden's operator rules for {} are unusable ({e}); tell an owner",
+                    "warden's operator rules for {} are unusable; tell an owner (warden's log says why)",
                     p.label
                 ),
-            ))
+            ));
         }
     };
-    let op = upsert(api, &id, &name, roles).await?;
+    let op = upsert(api, &who, roles).await?;
     let allowed = Duration::from_millis(tokens.expires_ms.saturating_sub(now_ms()));
     let ttl = api.session_ttl.min(allowed);
     if ttl.is_zero() {
@@ -105,65 +120,115 @@ pub(crate) async fn sign_in(
             ),
         ));
     }
-    let issued =
-        crate::authz::issue(api, &op, TokenKind::Session, format!("{how} at {id}"), ttl).await?;
-    api.audit.record(Event::Change {
-        actor: format!("operator:{}", op.name),
-        method: if route.starts_with("/ui/") {
-            "GET"
-        } else {
-            "POST"
-        }
-        .into(),
-        route: route.into(),
-        target: Some(op.name.clone()),
-        outcome: "200".into(),
-        before: None,
-        after: None,
-    });
+    let issued = crate::authz::issue(
+        api,
+        &op,
+        TokenKind::Session,
+        format!("{how} at {}", config.id),
+        ttl,
+    )
+    .await?;
+    who.audit(api, "200", None);
     Ok(issued)
 }
 
-/// Refuses to let a sign-in through `provider` take the operator `o` of the same name.
-fn check_source(o: &OperatorRecord, provider: &str) -> Result<(), ApiError> {
-    match &o.source {
-        OperatorSource::Provider(id) if id == provider => Ok(()),
-        OperatorSource::Provider(other) => Err(ApiError::conflict(format!(
-            "operator {:?} signs in through the identity provider {other:?}, not {provider:?}; a sign-in through one provider never takes another's operator",
-            o.name
-        ))),
-        OperatorSource::Local => Err(ApiError::conflict(format!(
-            "a local operator named {:?} exists, and a sign-in through the identity provider {provider:?} never takes one over; log in with its password (`warden login --name {}`), or an owner removes it (`warden operators remove {}`) to give the name to the provider's person",
-            o.name, o.name, o.name
-        ))),
+/// Who a provider sign-in is: the provider's identity of the person, and warden's name for
+/// them.
+struct SignIn<'a> {
+    source: OperatorSource,
+    name: String,
+    label: &'a str,
+    route: &'a str,
+}
+
+impl SignIn<'_> {
+    /// Records what the sign-in did to the operator in the audit trail: `outcome` the status,
+    /// `before` the SHA-256 of the roles it found (where it changed or kept them).
+    fn audit(&self, api: &Api, outcome: &str, before: Option<&[Role]>) {
+        api.audit.record(Event::Change {
+            actor: format!("operator:{}", self.name),
+            method: if self.route.starts_with("/ui/") {
+                "GET"
+            } else {
+                "POST"
+            }
+            .into(),
+            route: self.route.into(),
+            target: Some(self.name.clone()),
+            outcome: outcome.into(),
+            before: before
+                .map(|r| crate::authz::token_hash(&serde_json::to_string(r).unwrap_or_default())),
+            after: None,
+        });
+    }
+
+    /// Refuses a sign-in that would take `o`, another operator of the same name: a local one,
+    /// one of another provider, or another person's (another subject). The answer says no more
+    /// than that the name is taken (the caller is anyone with an account at the provider);
+    /// warden's log says which.
+    fn check_same(&self, o: &OperatorRecord) -> Result<(), ApiError> {
+        if o.source == self.source {
+            return Ok(());
+        }
+        let holder = match &o.source {
+            OperatorSource::Local => "a local operator".to_owned(),
+            OperatorSource::Provider { id, subject, .. } => {
+                format!("the operator of provider {id:?}, subject {subject:?}")
+            }
+        };
+        tracing::warn!(operator = %o.name, source = ?self.source, "provider sign-in refused: the name is {holder}'s");
+        Err(ApiError::conflict(format!(
+            "you signed in at {}, but the operator name {:?} your account gives is another operator's, and warden never hands an operator to a different account; ask an owner (warden's log says whose it is)",
+            self.label, self.name
+        )))
+    }
+
+    /// With the admin token off, refuses a sign-in that would remove or demote the last
+    /// owner `o` (nobody could change warden any more): the operator is kept as it was, the
+    /// refusal audited.
+    async fn keep_an_owner(&self, api: &Api, o: &OperatorRecord) -> Result<(), ApiError> {
+        if !o.roles.contains(&Role::Owner) {
+            return Ok(());
+        }
+        if crate::routes::operators::keep_an_owner(api, &o.name)
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        self.audit(api, "409", Some(&o.roles));
+        tracing::warn!(operator = %o.name, "provider sign-in would take the owner role from the last owner: refused, the operator kept");
+        Err(ApiError::conflict(format!(
+            "the identity provider {} no longer gives {:?} the owner role, but they are warden's last owner and the admin token is off: the operator is kept as it was and this sign-in refused. Make another owner first (`warden operators add NAME --role owner`) with a session still held, or restart with the admin token on",
+            self.label, o.name
+        )))
     }
 }
 
-/// Writes operator `name` from `provider` with `roles`: made if new, a new generation (and
+/// Writes the operator of sign-in `who` with `roles`: made if new, a new generation (and
 /// their old tokens deleted) if the roles changed, left alone otherwise (their other sessions
-/// go on).
-pub(crate) async fn upsert(
-    api: &Api,
-    provider: &str,
-    name: &str,
-    roles: Vec<Role>,
-) -> Result<OperatorRecord, ApiError> {
+/// go on). Another operator of the name is never touched (409).
+async fn upsert(api: &Api, who: &SignIn<'_>, roles: Vec<Role>) -> Result<OperatorRecord, ApiError> {
+    let name = &who.name;
     let key = keys::operator(name);
     // A few tries: two sign-ins of one person may write at the same moment.
     for _ in 0..3 {
         let old = warden_store::get_json::<OperatorRecord>(&*api.store, &key).await?;
         if let Some((o, _)) = &old {
-            check_source(o, provider)?;
+            who.check_same(o)?;
             if o.roles == roles && o.password_hash.is_none() {
                 return Ok(o.clone());
             }
+            if !roles.contains(&Role::Owner) {
+                who.keep_an_owner(api, o).await?;
+            }
         }
         let record = OperatorRecord {
-            name: name.to_owned(),
+            name: name.clone(),
             password_hash: None,
             roles: roles.clone(),
             generation: warden_core::id::short_id(),
-            source: OperatorSource::Provider(provider.to_owned()),
+            source: who.source.clone(),
         };
         let bytes = serde_json::to_vec(&record).map_err(ApiError::internal)?;
         let rev = old.as_ref().map(|(_, r)| *r);
@@ -172,11 +237,12 @@ pub(crate) async fn upsert(
             .compare_and_swap(&key, rev, Some(bytes), None)
             .await?
         {
-            if old.is_some() {
+            if let Some((o, _)) = &old {
                 crate::routes::operators::end_tokens(api, name).await?;
-                tracing::info!(operator = %name, provider, "provider operator's roles changed; their tokens ended");
+                who.audit(api, "200", Some(&o.roles));
+                tracing::info!(operator = %name, before = ?o.roles, after = ?roles, "provider operator's roles changed; their tokens ended");
             } else {
-                tracing::info!(operator = %name, provider, "provider operator made at sign-in");
+                tracing::info!(operator = %name, "provider operator made at sign-in");
             }
             return Ok(record);
         }
@@ -186,24 +252,27 @@ pub(crate) async fn upsert(
     )))
 }
 
-/// Removes operator `name` if it comes from `provider` (a person no rule gives a role any
-/// more), and their tokens: what they still hold is refused from now on. A local operator of
-/// that name is left alone.
-pub(crate) async fn remove_if_from(api: &Api, provider: &str, name: &str) -> Result<(), ApiError> {
-    let key = keys::operator(name);
+/// Removes the operator of sign-in `who` (a person no rule gives a role any more) and their
+/// tokens: what they still hold is refused from now on. Another operator of that name (local,
+/// or another account's) is left alone; so is the last owner with the admin token off.
+async fn remove_if_same(api: &Api, who: &SignIn<'_>) -> Result<(), ApiError> {
+    let key = keys::operator(&who.name);
     let Some((o, rev)) = warden_store::get_json::<OperatorRecord>(&*api.store, &key).await? else {
         return Ok(());
     };
-    if o.source != OperatorSource::Provider(provider.to_owned()) {
+    if o.source != who.source {
+        tracing::warn!(operator = %o.name, source = ?who.source, "provider sign-in with no role matched another operator's name: left alone");
         return Ok(());
     }
+    who.keep_an_owner(api, &o).await?;
     if let CasOutcome::Done(_) = api
         .store
         .compare_and_swap(&key, Some(rev), None, None)
         .await?
     {
-        crate::routes::operators::end_tokens(api, name).await?;
-        tracing::info!(operator = %name, provider, "provider operator lost every role at sign-in; removed with their tokens");
+        crate::routes::operators::end_tokens(api, &o.name).await?;
+        who.audit(api, "403", Some(&o.roles));
+        tracing::info!(operator = %o.name, "provider operator lost every role at sign-in; removed with their tokens");
     }
     Ok(())
 }

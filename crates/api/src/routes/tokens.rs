@@ -149,6 +149,16 @@ pub(crate) async fn create(
         .await?
         .map(|(o, _)| o)
         .ok_or_else(|| ApiError::not_found("this operator was removed meanwhile"))?;
+    // A provider operator's access lasts as long as their sign-in there: a token outliving
+    // it would outlive their removal from the group, which warden learns only at a sign-in.
+    if let Some(id) = op.source.provider() {
+        return Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            format!(
+                "operator {name:?} signs in through the identity provider {id:?}, and such an operator makes no API tokens: their access lasts only as long as their sign-in. For automation an owner adds a local operator (`warden operators add NAME --role ...`)"
+            ),
+        ));
+    }
     // The token presented was for the operator as they were; if their password or roles
     // changed since, it must mint nothing that outlives the change.
     if &op.generation != generation {

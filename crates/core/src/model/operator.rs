@@ -32,9 +32,29 @@ pub enum OperatorSource {
     /// Made through the API, signing in with a password kept here.
     #[default]
     Local,
-    /// Made by a sign-in through the identity provider of this id (`{"provider": "corp"}`):
-    /// no password, roles replaced from the person's claims at every sign-in.
-    Provider(String),
+    /// Made by a sign-in through an identity provider
+    /// (`{"provider": {"id": "corp", "issuer": "https://…", "subject": "248289761001"}}`): no
+    /// password, roles replaced from the person's claims at every sign-in. Only a sign-in with
+    /// the same issuer and subject is this operator: the name comes from a claim any account
+    /// may share (`preferred_username`), the subject is the provider's stable id of the person.
+    Provider {
+        /// The provider's id (its `[[oidc]]` table's `id`).
+        id: String,
+        /// The provider's issuer when the operator was made.
+        issuer: String,
+        /// The person's `sub` at that issuer.
+        subject: String,
+    },
+}
+
+impl OperatorSource {
+    /// The provider's id, for an operator from one.
+    pub fn provider(&self) -> Option<&str> {
+        match self {
+            Self::Local => None,
+            Self::Provider { id, .. } => Some(id),
+        }
+    }
 }
 
 /// An operator. Stored at `operators/<name>`.

@@ -25,10 +25,17 @@ struct Setup {
     idp: OidcProvider,
     w: Warden,
     home: tempfile::TempDir,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
 }
 
 fn setup(people: &[Person]) -> Setup {
+    setup_with(people, &[])
+}
+
+/// A provider knowing `people`, warden with `extra` arguments and its data in the setup's dir
+/// (so a test can restart it).
+fn setup_with(people: &[Person], extra: &[&str]) -> Setup {
     let idp = OidcProvider::start(
         people,
         Ttls {
@@ -46,16 +53,31 @@ fn setup(people: &[Person]) -> Setup {
     text.push_str(OPERATOR_RULES);
     text.push('\n');
     std::fs::write(&config, text).unwrap();
-    let w = Launch::new(BIN)
-        .listen(&format!("127.0.0.1:{port}"))
-        .arg("--config")
-        .arg(config.to_str().unwrap())
-        .start();
+    let w = launch(dir.path(), &config, port, extra);
     Setup {
         idp,
         w,
         home: tempfile::tempdir().unwrap(),
-        _dir: dir,
+        dir,
+        config,
+    }
+}
+
+fn launch(dir: &std::path::Path, config: &std::path::Path, port: u16, extra: &[&str]) -> Warden {
+    Launch::new(BIN)
+        .listen(&format!("127.0.0.1:{port}"))
+        .data_dir(dir.join("data"))
+        .arg("--config")
+        .arg(config.to_str().unwrap())
+        .args(extra)
+        .start()
+}
+
+impl Setup {
+    /// Stops warden and starts it again on the same data with `extra` arguments.
+    fn restart(&mut self, extra: &[&str]) {
+        self.w.stop();
+        self.w = launch(self.dir.path(), &self.config, free_port(), extra);
     }
 }
 
@@ -151,11 +173,10 @@ fn a_platform_person_logs_in_through_the_provider_pushes_as_themselves_and_loses
 
     // An operator record from the provider: no password, the owner role its group gives.
     let op = s.w.api("GET", "/v1/operators/alice", None).json();
-    assert_eq!(
-        op["source"],
-        serde_json::json!({"provider": "corp"}),
-        "{op}"
-    );
+    let from = &op["source"]["provider"];
+    assert_eq!(from["id"], "corp", "{op}");
+    assert_eq!(from["issuer"], s.idp.issuer.as_str(), "{op}");
+    assert_eq!(from["subject"], "alice", "{op}");
     assert_eq!(op["password"], false, "{op}");
     assert_eq!(op["roles"], serde_json::json!([{"role": "owner"}]), "{op}");
     let listed = cli(&s, &["operators", "list"])
@@ -257,7 +278,7 @@ fn no_operator_group_is_refused_a_changed_group_ends_old_tokens_and_a_local_name
     assert_eq!(r.status, 201, "{}", r.text());
     let (ok, out, err) = login(&s, &carol);
     assert!(
-        !ok && err.contains("a local operator named \"carol\" exists"),
+        !ok && err.contains("the operator name \"carol\" your account gives is another operator's"),
         "{out}{err}"
     );
     let op = s.w.api("GET", "/v1/operators/carol", None).json();
@@ -331,4 +352,104 @@ fn device_sign_ins_are_throttled_per_address_and_polled_no_faster_than_the_provi
         "{}",
         refused.text()
     );
+}
+
+fn post_as(s: &Setup, token: &str, path: &str, body: serde_json::Value) -> Response {
+    request(
+        "POST",
+        &format!("{}{path}", s.w.api),
+        &[
+            ("authorization", &format!("Bearer {token}")),
+            ("content-type", "application/json"),
+        ],
+        body.to_string().as_bytes(),
+    )
+}
+
+#[test]
+fn a_provider_operator_mints_no_api_token_and_loses_access_when_the_provider_stops_giving_roles() {
+    let alice = Person::new("alice", "wonderland", &["platform"]);
+    let mut s = setup(std::slice::from_ref(&alice));
+    let (ok, out, err) = login(&s, &alice);
+    assert!(ok, "{out}{err}");
+    let held = session_token(&s);
+    // A year-long token would outlive her removal from the group, which warden learns only
+    // when she signs in again: refused.
+    let r = post_as(
+        &s,
+        &held,
+        "/v1/tokens",
+        serde_json::json!({"label": "ci", "expires_in": 31_536_000}),
+    );
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(r.text().contains("makes no API tokens"), "{}", r.text());
+    assert_eq!(as_token(&s, &held, "GET", "/v1/apps").status, 200);
+
+    // The operator_rules gone from the config: her session, still within the ID token's life,
+    // is refused at once.
+    let text = std::fs::read_to_string(&s.config).unwrap();
+    std::fs::write(&s.config, text.replace(OPERATOR_RULES, "")).unwrap();
+    s.restart(&[]);
+    let r = as_token(&s, &held, "GET", "/v1/apps");
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(
+        r.text().contains("no longer gives operator roles"),
+        "{}",
+        r.text()
+    );
+}
+
+#[test]
+fn another_account_of_the_same_name_never_takes_the_operator_and_the_last_owner_is_kept() {
+    // The provider's "Alice" is another account (subject "Alice") whose name maps to alice.
+    let alice = Person::new("alice", "wonderland", &["platform"]);
+    let impostor = Person::new("Alice", "mirror", &["staff"]);
+    let mut s = setup(&[alice.clone(), impostor.clone()]);
+    let (ok, out, err) = login(&s, &alice);
+    assert!(ok, "{out}{err}");
+    let held = session_token(&s);
+    let owner_kept = |s: &Setup| {
+        let op = as_token(s, &held, "GET", "/v1/operators/alice").json();
+        assert_eq!(op["roles"], serde_json::json!([{"role": "owner"}]), "{op}");
+        assert_eq!(op["source"]["provider"]["subject"], "alice", "{op}");
+    };
+
+    // With a matching rule the impostor is refused, alice's roles and session untouched.
+    let (ok, out, err) = login(&s, &impostor);
+    assert!(
+        !ok && err.contains("your account gives is another operator's"),
+        "{out}{err}"
+    );
+    owner_kept(&s);
+    // With none, alice is not removed either.
+    s.idp
+        .set_people(&[alice.clone(), Person::new("Alice", "mirror", &["sales"])]);
+    let (ok, out, err) = login(&s, &impostor);
+    assert!(
+        !ok && err.contains("no operator rule matched"),
+        "{out}{err}"
+    );
+    owner_kept(&s);
+
+    // With the admin token off, the provider demoting or dropping the last owner is refused:
+    // the operator kept, the refusal in the audit trail.
+    s.restart(&["--admin-token", "off"]);
+    for groups in [["staff"], ["sales"]] {
+        s.idp
+            .set_people(&[Person::new("alice", "wonderland", &groups)]);
+        let (ok, out, err) = login(&s, &alice);
+        assert!(!ok && err.contains("warden's last owner"), "{out}{err}");
+        owner_kept(&s);
+    }
+    let changes = as_token(&s, &held, "GET", "/v1/audit?kind=change").json();
+    let kept = changes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["event"])
+        .filter(|e| {
+            e["route"] == "/v1/login/device/poll" && e["outcome"] == "409" && e["target"] == "alice"
+        })
+        .count();
+    assert_eq!(kept, 2, "{changes}");
 }
