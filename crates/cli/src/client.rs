@@ -43,6 +43,30 @@ impl Client {
         self.read(&bytes)
     }
 
+    /// Like [`Client::call_with`], for a caller that retries: a failure is `Err((transient,
+    /// error))`, transient when no answer came (the connection failed or was cut) or the answer
+    /// was 502, 503 or 504 (a proxy or the API's upstream briefly down); any other answer is a
+    /// definite one.
+    pub async fn attempt_with<T: DeserializeOwned, B: Serialize>(
+        &self,
+        method: &str,
+        path: &str,
+        body: &B,
+    ) -> Result<T, (bool, anyhow::Error)> {
+        let body = serde_json::to_vec(body)
+            .context("encoding the request")
+            .map_err(|e| (false, e))?;
+        let (status, bytes) = self
+            .raw(method, path, Some(body))
+            .await
+            .map_err(|e| (true, e))?;
+        if !status.is_success() {
+            let transient = matches!(status.as_u16(), 502..=504);
+            return Err((transient, failure(status, &bytes)));
+        }
+        self.read(&bytes).map_err(|e| (false, e))
+    }
+
     /// Sends a request whose answer has no body worth reading (a delete, a drain).
     pub async fn act(&self, method: &str, path: &str) -> anyhow::Result<()> {
         self.checked(method, path, None).await.map(drop)

@@ -10,6 +10,7 @@
 //! codes' lifetime), and keeps the same [`Session`].
 
 use std::io::{BufRead, Write};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
@@ -93,9 +94,13 @@ async fn password(client: &Client, api: &str, l: LoginArgs) -> anyhow::Result<Is
         .await
 }
 
+/// Transient poll failures in a row (no answer, 502-504) the device login rides out.
+const MAX_POLL_FAILURES: u32 = 5;
+
 /// The session token of an operator from identity provider `provider`, by its device flow:
 /// the page and code printed (on standard error, so that `--json` output stays JSON), then
-/// polls at the interval the API says, for no longer than the codes last.
+/// polls at the interval the API says, for no longer than the codes last; a few transient
+/// failures in a row are polled through, a refusal ends it at once.
 async fn device(client: &Client, provider: &str) -> anyhow::Result<IssuedToken> {
     let started: DeviceStarted = client
         .call_with(
@@ -117,22 +122,42 @@ async fn device(client: &Client, provider: &str) -> anyhow::Result<IssuedToken> 
         "waiting for the sign-in at {provider} (up to {} min)...",
         started.expires_in.div_ceil(60)
     );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(started.expires_in);
+    let deadline = Instant::now() + Duration::from_secs(started.expires_in);
     let body = DevicePollRequest {
         handle: started.handle,
     };
     let mut interval = started.interval.max(1);
-    while std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_secs(interval)).await;
-        let answer: DevicePollAnswer = client
-            .call_with("POST", "/v1/login/device/poll", &body)
-            .await?;
-        match answer {
-            DevicePollAnswer::Done { token } => return Ok(token),
-            DevicePollAnswer::Pending { interval: i }
-            | DevicePollAnswer::SlowDown { interval: i } => {
+    // Transient failures in a row so far: a few are ridden out (a proxy restarting, the
+    // provider briefly down), a refusal ends the login at once.
+    let mut failed = 0;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(interval).min(left)).await;
+        match client
+            .attempt_with("POST", "/v1/login/device/poll", &body)
+            .await
+        {
+            Ok(DevicePollAnswer::Done { token }) => return Ok(token),
+            Ok(
+                DevicePollAnswer::Pending { interval: i }
+                | DevicePollAnswer::SlowDown { interval: i },
+            ) => {
                 interval = i.max(1);
+                failed = 0;
             }
+            Err((true, e)) if failed < MAX_POLL_FAILURES => {
+                failed += 1;
+                eprintln!("the poll failed ({e:#}); trying again");
+            }
+            Err((true, e)) => {
+                return Err(e.context(format!(
+                    "{MAX_POLL_FAILURES} polls in a row failed; run `warden login --provider {provider}` again once the API answers"
+                )))
+            }
+            Err((false, e)) => return Err(e),
         }
     }
     anyhow::bail!(

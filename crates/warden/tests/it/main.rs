@@ -115,6 +115,7 @@ mod oidc_cluster;
 mod oidc_issuer;
 mod operators;
 mod operators_idp;
+mod operators_idp_poll;
 mod orphans;
 mod packaging;
 mod pools;
