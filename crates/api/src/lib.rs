@@ -174,6 +174,8 @@ pub struct Api {
     pub(crate) idp: Option<Arc<OperatorIdp>>,
     /// Device sign-ins started, and polls of unknown ones, throttled per address.
     pub(crate) device_throttle: Arc<authz::throttle::Throttle>,
+    /// Device sign-ins in flight, by the network they began from.
+    pub(crate) device_live: Arc<routes::device_live::Live>,
     /// The key backups are sealed under (the data dir's `backup-key`); `None`: no backups.
     backup_key: Option<Arc<str>>,
     /// Apps' databases, when warden has a data server (`None`: apps with `data` are refused).
@@ -224,6 +226,7 @@ impl Api {
             throttle: Arc::default(),
             idp: None,
             device_throttle: Arc::default(),
+            device_live: Arc::default(),
             backup_key: None,
             data: None,
             sync: None,

@@ -29,6 +29,7 @@ use warden_core::{keys, model::now_ms};
 use warden_oidc::{DevicePoll, OidcError, Secret, Tokens};
 use warden_store::CasOutcome;
 
+use super::device_live::Full;
 use super::provider_operators::{self, OperatorProvider};
 use crate::authz::{self, throttle::network};
 use crate::error::{ApiError, ApiJson};
@@ -38,6 +39,8 @@ use crate::Api;
 pub(crate) const MAX_LIVE: usize = 100;
 /// Longest a device sign-in stays in flight, whatever the provider says.
 const MAX_FLIGHT: Duration = Duration::from_secs(15 * 60);
+/// How long a record outlives its flight: a poll just before the end still finds it.
+const LEASE_SLACK: Duration = Duration::from_secs(30);
 /// The throttle's names for starts and for polls with unknown handles.
 const STARTS: &str = "(device start)";
 const BAD_POLLS: &str = "(device poll)";
@@ -57,6 +60,10 @@ struct DeviceRecord {
     interval: u64,
     /// The provider is polled no sooner than this.
     next_poll_ms: u64,
+    /// The network the sign-in began from (an IPv6 host by its /64), for the session's label:
+    /// the code may be entered by someone other than who started it (RFC 8628 §5.4).
+    #[serde(default)]
+    from: String,
 }
 
 /// The sealing context of a device record: its key.
@@ -83,19 +90,24 @@ fn too_many(wait: Duration, what: &str) -> Response {
 }
 
 /// The provider's failure as the CLI shows it: unreachable (502, try again) or refusing.
+/// The caller is anyone: what the provider said goes to warden's log, not to them.
 fn provider_error(p: &OperatorProvider, e: &OidcError) -> ApiError {
+    tracing::warn!(provider = %p.provider.config().id, error = %e, "device sign-in: the identity provider failed");
     if e.provider_down() {
         return ApiError::new(
             StatusCode::BAD_GATEWAY,
             format!(
-                "{e} (identity provider {}); try again later, or log in with a password",
+                "the identity provider {} did not answer; try again later, or log in with a password",
                 p.label
             ),
         );
     }
     ApiError::new(
         StatusCode::BAD_GATEWAY,
-        format!("identity provider {}: {e}", p.label),
+        format!(
+            "the identity provider {} answered something warden cannot use; tell an owner (warden's log says what)",
+            p.label
+        ),
     )
 }
 
@@ -126,22 +138,22 @@ pub async fn start(State(api): State<Api>, req: Request) -> Response {
         return too_many(wait, "device sign-ins");
     }
     api.device_throttle.fail(STARTS, addr);
-    match begin(&api, &provider).await {
+    match begin(&api, &provider, addr).await {
         Ok(started) => Json(started).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-async fn begin(api: &Api, provider: &str) -> Result<DeviceStarted, ApiError> {
+async fn begin(api: &Api, provider: &str, addr: IpAddr) -> Result<DeviceStarted, ApiError> {
     let Some(idp) = &api.idp else {
         return Err(ApiError::not_found(
             "no identity provider gives operator roles here; add operator_rules to an [[oidc]] table of the config, or log in with a password",
         ));
     };
+    // Not the ids that do: the caller is anyone.
     let Some(p) = idp.find(provider) else {
         return Err(ApiError::not_found(format!(
-            "no identity provider {provider:?} gives operator roles here; these do: {}",
-            idp.ids()
+            "no identity provider {provider:?} gives operator roles here; ask an owner for the id to pass to `warden login --provider`"
         )));
     };
     let live = api.store.list(keys::OIDC_DEVICES).await?.entries.len();
@@ -151,28 +163,63 @@ async fn begin(api: &Api, provider: &str) -> Result<DeviceStarted, ApiError> {
             "too many device sign-ins are in flight; try again in a few minutes",
         ));
     }
+    let handle = warden_core::id::secret_token();
+    let hash = authz::token_hash(&handle);
+    // A slot of this network's share before the provider is asked; given back if the
+    // sign-in never gets its record.
+    api.device_live
+        .take(addr, &hash, MAX_FLIGHT + LEASE_SLACK, MAX_LIVE)
+        .map_err(|full| {
+            let from = match full {
+                Full::All => {
+                    return ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "too many device sign-ins are in flight; try again in a few minutes",
+                    )
+                }
+                Full::Network => "your address",
+                Full::Site => "your network",
+            };
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("too many device sign-ins are in flight from {from}; finish one, or try again once they end (at most 15 min)"),
+            )
+        })?;
+    let started = stored(api, idp, p, provider, addr, handle, &hash).await;
+    if started.is_err() {
+        api.device_live.release(&hash);
+    }
+    started
+}
+
+/// Asks the provider for the codes and keeps the device code sealed under `hash`.
+async fn stored(
+    api: &Api,
+    idp: &provider_operators::OperatorIdp,
+    p: &OperatorProvider,
+    provider: &str,
+    addr: IpAddr,
+    handle: String,
+    hash: &str,
+) -> Result<DeviceStarted, ApiError> {
     let d = p
         .provider
         .device_start()
         .await
         .map_err(|e| provider_error(p, &e))?;
-    let handle = warden_core::id::secret_token();
-    let hash = authz::token_hash(&handle);
     let flight = Duration::from_secs(d.expires_in.max(1)).min(MAX_FLIGHT);
     let now = now_ms();
     let record = DeviceRecord {
         provider: provider.to_owned(),
-        sealed: idp.sealer.seal(&context(&hash), &d.device_code),
+        sealed: idp.sealer.seal(&context(hash), &d.device_code),
         expires_ms: now + flight.as_millis() as u64,
         interval: d.interval,
         next_poll_ms: now,
+        from: addr.to_string(),
     };
     // A little past the flight: a poll just before the end still finds its record.
-    let lease = api
-        .store
-        .grant_lease(flight + Duration::from_secs(30))
-        .await?;
-    warden_store::put_json(&*api.store, &keys::oidc_device(&hash), &record, Some(lease)).await?;
+    let lease = api.store.grant_lease(flight + LEASE_SLACK).await?;
+    warden_store::put_json(&*api.store, &keys::oidc_device(hash), &record, Some(lease)).await?;
     Ok(DeviceStarted {
         handle,
         user_code: d.user_code,
@@ -226,11 +273,11 @@ async fn poll_once(api: &Api, handle: &str, addr: IpAddr) -> Result<DevicePollAn
         return Err(gone());
     };
     let Some(p) = idp.find(&record.provider) else {
-        api.store.delete(&key).await?;
+        end(api, &key, &hash).await?;
         return Err(gone());
     };
     if now >= record.expires_ms {
-        api.store.delete(&key).await?;
+        end(api, &key, &hash).await?;
         return Err(ApiError::new(
             StatusCode::GONE,
             format!("the sign-in's codes expired; {}", again(&record.provider)),
@@ -259,7 +306,7 @@ async fn poll_once(api: &Api, handle: &str, addr: IpAddr) -> Result<DevicePollAn
     let code = match idp.sealer.open(&context(&hash), &record.sealed) {
         Ok(c) => c,
         Err(e) => {
-            api.store.delete(&key).await?;
+            end(api, &key, &hash).await?;
             return Err(ApiError::new(
                 StatusCode::GONE,
                 format!("{e}: {}", again(&record.provider)),
@@ -286,20 +333,26 @@ async fn poll_once(api: &Api, handle: &str, addr: IpAddr) -> Result<DevicePollAn
             });
         }
         Err(Asked::Ended(e)) => {
-            api.store.delete(&key).await?;
+            end(api, &key, &hash).await?;
             return Err(e);
         }
         Err(Asked::Failed(e)) => return Err(e),
     };
     // Only the poll whose delete found the record finishes the sign-in.
-    if api.store.delete(&key).await?.is_none() {
+    if end(api, &key, &hash).await?.is_none() {
         return Err(gone());
     }
     if let Some(l) = entry.lease {
         let _ = api.store.revoke_lease(l).await;
     }
-    let token = finish(api, p, tokens, addr).await?;
+    let token = finish(api, p, tokens, &record.from, addr).await?;
     Ok(DevicePollAnswer::Done { token })
+}
+
+/// Deletes the device record at `key` and gives its slot back.
+async fn end(api: &Api, key: &str, hash: &str) -> Result<Option<warden_store::Revision>, ApiError> {
+    api.device_live.release(hash);
+    Ok(api.store.delete(key).await?)
 }
 
 /// How a poll of the provider went wrong.
@@ -350,10 +403,17 @@ async fn asked(
             ),
         })),
         Err(e) if e.provider_down() => Err(Asked::Failed(provider_error(p, &e))),
-        Err(e) => Err(Asked::Ended(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            format!("{e}; {}", again(id)),
-        ))),
+        Err(e) => {
+            tracing::warn!(provider = %id, error = %e, "device sign-in: the provider's tokens did not check out");
+            Err(Asked::Ended(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                format!(
+                    "the identity provider {}'s answer did not check out (warden's log says why); {}",
+                    p.label,
+                    again(id)
+                ),
+            )))
+        }
     }
 }
 
@@ -362,9 +422,12 @@ async fn finish(
     api: &Api,
     p: &OperatorProvider,
     tokens: Tokens,
+    from: &str,
     addr: IpAddr,
 ) -> Result<warden_api_types::IssuedToken, ApiError> {
-    let how = format!("device login from {addr}");
+    // Both addresses: a code entered by someone other than who started the sign-in
+    // (RFC 8628 §5.4) shows as a start from elsewhere.
+    let how = format!("device login started from {from}, finished from {addr}");
     let (token, record) = provider_operators::sign_in(api, p, tokens, &how, POLL_ROUTE).await?;
     Ok(super::tokens::issued(token, record))
 }

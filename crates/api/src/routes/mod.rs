@@ -4,6 +4,7 @@ pub mod apps;
 pub mod audit;
 mod awaiting;
 pub mod data;
+pub(crate) mod device_live;
 pub mod forward;
 pub mod instances;
 pub mod lattice;

@@ -51,15 +51,6 @@ impl OperatorIdp {
     pub(crate) fn find(&self, id: &str) -> Option<&OperatorProvider> {
         self.providers.iter().find(|p| p.provider.config().id == id)
     }
-
-    /// The providers' ids, for an error that lists them.
-    pub(crate) fn ids(&self) -> String {
-        self.providers
-            .iter()
-            .map(|p| p.provider.config().id.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
 }
 
 /// Ends a provider sign-in whose ID token `tokens` checked: the person's roles from their

@@ -304,7 +304,12 @@ fn device_sign_ins_are_throttled_per_address_and_polled_no_faster_than_the_provi
         serde_json::json!({"provider": "nope"}),
     );
     assert_eq!(r.status, 404, "{}", r.text());
-    assert!(r.text().contains("these do: corp"), "{}", r.text());
+    // The answer names no provider that does: the caller is anyone.
+    assert!(
+        r.text().contains("ask an owner") && !r.text().contains("corp"),
+        "{}",
+        r.text()
+    );
     let r = post(
         &s,
         "/v1/login/device",
@@ -333,7 +338,8 @@ fn device_sign_ins_are_throttled_per_address_and_polled_no_faster_than_the_provi
     let r = poll("not-a-handle");
     assert_eq!(r.status, 404, "{}", r.text());
     assert!(r.text().contains("warden login --provider"), "{}", r.text());
-    // Starts from one address are counted: a handful a minute, then 429 with Retry-After.
+    // Starts from one address are counted: at most 3 in flight from it (the first above is
+    // one), then 429; and a handful a minute, then 429 with Retry-After.
     let mut statuses = vec![];
     for _ in 0..8 {
         statuses.push(post(
@@ -342,13 +348,29 @@ fn device_sign_ins_are_throttled_per_address_and_polled_no_faster_than_the_provi
             serde_json::json!({"provider": "corp"}),
         ));
     }
+    let started = statuses.iter().filter(|r| r.status == 200).count();
+    assert_eq!(
+        started,
+        2,
+        "{:?}",
+        statuses.iter().map(Response::text).collect::<Vec<_>>()
+    );
+    assert!(
+        statuses[2].status == 429
+            && statuses[2]
+                .text()
+                .contains("too many device sign-ins are in flight from your address"),
+        "{}",
+        statuses[2].text()
+    );
     let refused = statuses
         .iter()
-        .find(|r| r.status == 429)
+        .find(|r| r.status == 429 && r.header("retry-after").is_some())
         .expect("a start is throttled");
-    assert!(refused.header("retry-after").is_some());
     assert!(
-        refused.text().contains("too many device sign-ins"),
+        refused
+            .text()
+            .contains("too many device sign-ins from this address"),
         "{}",
         refused.text()
     );
