@@ -193,6 +193,12 @@ fn a_platform_person_logs_in_through_the_provider_pushes_as_themselves_and_loses
     // The session ends when the provider's ID token does, not 12 hours on.
     let tokens = s.w.api("GET", "/v1/tokens", None).json();
     let expires = tokens[0]["expires_ms"].as_u64().unwrap();
+    // Where the sign-in began and where it was finished (a code phished from another network
+    // would show a start from there).
+    assert_eq!(
+        tokens[0]["label"], "device login started from 127.0.0.1, finished from 127.0.0.1 at corp",
+        "{tokens}"
+    );
     assert!(
         expires <= before + (ID_TTL_SECS + 120) * 1000,
         "{tokens} (logged in at {before})"
