@@ -268,6 +268,20 @@ fn no_operator_group_is_refused_a_changed_group_ends_old_tokens_and_a_local_name
     assert!(ok, "{out}{err}");
     let op = s.w.api("GET", "/v1/operators/dave", None).json();
     assert_eq!(op["roles"], serde_json::json!([{"role": "viewer"}]), "{op}");
+    // The change of roles is in the audit trail (with the SHA-256 of the roles before).
+    let changes = s.w.api("GET", "/v1/audit?kind=change", None).json();
+    let changed = changes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["event"])
+        .filter(|e| {
+            e["route"] == "/v1/login/device/poll"
+                && e["target"] == "dave"
+                && e["before"].is_string()
+        })
+        .count();
+    assert_eq!(changed, 1, "{changes}");
     let r = as_token(&s, &deployer, "GET", "/v1/apps");
     assert_eq!(r.status, 401, "{}", r.text());
     assert_eq!(
