@@ -29,7 +29,7 @@ pub struct NewOidcProvider {
     pub scopes: Option<Vec<String>>,
     /// The exact redirect URL registered at the provider.
     pub redirect_url: String,
-    /// The claim that names the person [`preferred_username`].
+    /// The claim that names the person (default `preferred_username`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username_claim: Option<String>,
     /// PEM trust roots for the provider's TLS, a path on the gateways [the system's].

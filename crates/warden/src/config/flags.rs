@@ -147,7 +147,7 @@ pub struct UpArgs {
     /// Time an API client may leave its request body unsent or the answer unread
     #[arg(long)]
     api_idle_timeout: Option<Human>,
-    /// The origin a TLS proxy in front of the API serves the dashboard at (https://HOST[:PORT]):
+    /// The origin a TLS proxy in front of the API serves the dashboard at (`https://HOST[:PORT]`):
     /// its cookies get Secure and its forms are taken from there only
     #[arg(long)]
     ui_origin: Option<String>,

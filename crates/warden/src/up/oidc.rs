@@ -107,7 +107,7 @@ pub(super) fn secret_context(id: &str) -> String {
 }
 
 /// Every gateway's OpenID Connect state (the config file's providers; those added through the
-/// API join when [`follow`] runs) and the config file's providers alone.
+/// API join when [`api::follow`] runs) and the config file's providers alone.
 pub(super) fn providers(
     cfg: &Config,
     cluster: Option<&crate::cluster::Secrets>,
