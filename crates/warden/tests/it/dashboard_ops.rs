@@ -231,7 +231,17 @@ fn session(w: &Warden, name: &str, password: &str) -> (String, String) {
     );
     assert_eq!(r.status, 303, "{}", r.text());
     let s = set_cookie(&r, "warden_ui").expect("a session");
-    (format!("warden_ui_csrf={csrf}; warden_ui={s}"), f)
+    let cookie = format!("warden_ui_csrf={csrf}; warden_ui={s}");
+    // The field is bound to the session: the sign-in page's is worth nothing after it.
+    let page = request(
+        "GET",
+        &format!("{}/ui/", w.api),
+        &[("cookie", &cookie)],
+        b"",
+    );
+    assert_eq!(page.status, 200, "{}", page.text());
+    let f = field(&page.text());
+    (cookie, f)
 }
 
 #[test]
