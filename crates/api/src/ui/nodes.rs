@@ -68,13 +68,23 @@ fn render(nodes: &[NodeRecord], s: &Status, csrf: &str, msg: Option<&str>) -> St
             ("drain", "Drain")
         };
         let pct = |x: f64| format!("{:.0}%", x * 100.0);
+        // The id goes into a URL path: a node whose id is not a plain name (a record written
+        // by hand or by something hostile) is listed without a form rather than given a path
+        // it could bend (`..`, `?`, `#`).
+        let form = match warden_core::validate_name("node", &n.id) {
+            Ok(()) => format!(
+                "<form method=\"post\" action=\"/ui/nodes/{name}/{action}\" class=\"{action}\">\
+                 <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+                 <button type=\"submit\">{label}</button></form>",
+                csrf = escape_html(csrf),
+            ),
+            Err(_) => String::new(),
+        };
         let _ = write!(
             main,
             "<tr data-node=\"{name}\"><td>{name}{sched}</td><td>{roles}</td><td>{port}</td><td>{load}</td>\
              <td>{cpu}</td><td>{mem}</td><td>{count}</td><td>held, up {up}</td><td class=\"state\">{state}</td>\
-             <td><form method=\"post\" action=\"/ui/nodes/{name}/{action}\" class=\"{action}\">\
-             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-             <button type=\"submit\">{label}</button></form></td></tr>",
+             <td>{form}</td></tr>",
             sched = if s.scheduler.as_deref() == Some(n.id.as_str()) {
                 " (scheduler)"
             } else {
@@ -87,7 +97,6 @@ fn render(nodes: &[NodeRecord], s: &Status, csrf: &str, msg: Option<&str>) -> St
             count = n.load.instances,
             up = text::span(now.saturating_sub(n.started_at_ms)),
             state = escape_html(&drain_state(n.draining, n.load.instances as usize)),
-            csrf = escape_html(csrf),
         );
     }
     main.push_str(

@@ -296,7 +296,7 @@ pub(crate) fn app(p: &AppPage, csrf: &str, msg: Option<&str>) -> String {
                 n = escape_html(&c.node),
                 crashes = c.health.crashes,
                 exit = escape_html(&c.health.last_exit),
-                lines = escape_html(&c.health.last_lines),
+                lines = escape_html(&super::text::plain(&c.health.last_lines)),
             );
         }
     }
