@@ -50,6 +50,10 @@ pub struct Rollback {
     /// The release to run again; the last released one before the current when absent.
     #[serde(default)]
     pub to: Option<u64>,
+    /// The release the asker saw serving: when set and another one serves now, the rollback
+    /// is refused (409) rather than acting on a stale view (a confirm page left open).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect: Option<u64>,
 }
 
 /// One line of the answer of a push, a config change or a rollback (newline-delimited JSON):

@@ -505,7 +505,7 @@ pub(crate) async fn rollback(
             &format!("/v1/apps/{app}/rollback"),
             "application/json",
             &[("x-warden-by", who())],
-            serde_json::to_vec(&Rollback { to })?.into(),
+            serde_json::to_vec(&Rollback { to, expect: None })?.into(),
             |_, _| {},
         )
         .await?;

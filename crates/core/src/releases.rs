@@ -50,6 +50,10 @@ pub enum ReleaseAsk {
         app: String,
         /// The release to run again.
         to: Option<u64>,
+        /// The release the asker saw serving, refused when another serves (see the API's
+        /// `Rollback`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expect: Option<u64>,
         /// Who asked.
         by: String,
     },

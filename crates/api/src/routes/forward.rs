@@ -74,6 +74,7 @@ pub(crate) async fn rollback(
     let ask = ReleaseAsk::Rollback {
         app,
         to: body.to,
+        expect: body.expect,
         by,
     };
     forward(api, ask, None, prefer).await

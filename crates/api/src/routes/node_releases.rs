@@ -122,9 +122,14 @@ async fn make(
             validate_name("app", &app).map_err(|e| ApiError::bad_request(e.to_string()))?;
             local::config_with(api, builds, app, ConfigChange { set, unset }, by).await
         }
-        ReleaseAsk::Rollback { app, to, by } => {
+        ReleaseAsk::Rollback {
+            app,
+            to,
+            expect,
+            by,
+        } => {
             validate_name("app", &app).map_err(|e| ApiError::bad_request(e.to_string()))?;
-            local::rollback_with(api, builds, app, Rollback { to }, by).await
+            local::rollback_with(api, builds, app, Rollback { to, expect }, by).await
         }
     }
 }

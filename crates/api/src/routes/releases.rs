@@ -561,6 +561,15 @@ pub(crate) async fn rollback_with(
         .map(|(s, _)| s)
         .ok_or_else(|| ApiError::no_app(&name))?;
     let current = spec.release.as_ref().map(|r| r.number);
+    if let Some(expect) = body.expect {
+        if current != Some(expect) {
+            let now = current.map_or("no release".to_owned(), |n| format!("release {n}"));
+            return Err(ApiError::conflict(format!(
+                "app {name:?} now serves {now}, not release {expect} as asked; look again \
+                 (`warden releases {name}`) and roll back from what serves now"
+            )));
+        }
+    }
     let target = match body.to {
         Some(n) => get_release(&api, &name, n).await?,
         None => {

@@ -63,12 +63,14 @@ fn source(r: &Release) -> String {
     }
 }
 
-/// A POST form of one button, to `action` with `to`.
-fn button(action: &str, csrf: &str, to: u64, class: &str, label: &str) -> String {
+/// A POST form of one button, to `action` with `to` and `from` (the release serving as the
+/// page was shown: a rollback is refused if another serves when it is confirmed).
+fn button(action: &str, csrf: &str, to: u64, from: u64, class: &str, label: &str) -> String {
     format!(
         "<form method=\"post\" action=\"{action}\" class=\"{class}\">\
          <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
          <input type=\"hidden\" name=\"to\" value=\"{to}\">\
+         <input type=\"hidden\" name=\"from\" value=\"{from}\">\
          <button type=\"submit\">{label}</button></form>",
         csrf = escape_html(csrf),
     )
@@ -83,18 +85,20 @@ pub(super) fn releases(p: &pages::AppPage, csrf: &str) -> String {
          <tr><th>#</th><th>Status</th><th>Source</th><th>By</th><th>When (UTC)</th><th></th></tr>",
     );
     for r in p.releases.iter().rev() {
-        let action = if Some(r.number) == serving {
-            let restart = format!("/ui/apps/{name}/restart");
-            format!(
-                "serving {}",
-                button(&restart, csrf, r.number, "restart", "Restart")
-            )
-        } else if r.status == ReleaseStatus::Released && serving.is_some_and(|s| r.number < s) {
-            let rollback = format!("/ui/apps/{name}/rollback");
-            let label = format!("Roll back to {}", r.number);
-            button(&rollback, csrf, r.number, "rollback", &label)
-        } else {
-            String::new()
+        let action = match serving {
+            Some(s) if s == r.number => {
+                let restart = format!("/ui/apps/{name}/restart");
+                format!(
+                    "serving {}",
+                    button(&restart, csrf, r.number, s, "restart", "Restart")
+                )
+            }
+            Some(s) if r.status == ReleaseStatus::Released && r.number < s => {
+                let rollback = format!("/ui/apps/{name}/rollback");
+                let label = format!("Roll back to {}", r.number);
+                button(&rollback, csrf, r.number, s, "rollback", &label)
+            }
+            _ => String::new(),
         };
         let _ = write!(
             out,
@@ -102,8 +106,8 @@ pub(super) fn releases(p: &pages::AppPage, csrf: &str) -> String {
              <td class=\"by\">{by}</td><td>{at}</td><td>{action}</td></tr>",
             n = r.number,
             status = escape_html(&word(&r.status)),
-            source = escape_html(&source(r)),
-            by = escape_html(&r.by),
+            source = escape_html(&text::plain(&source(r))),
+            by = escape_html(&text::plain(&r.by)),
             at = text::when(r.at_ms),
         );
     }
@@ -139,6 +143,8 @@ pub(super) fn releases(p: &pages::AppPage, csrf: &str) -> String {
 pub(super) struct ActionForm {
     csrf: Option<String>,
     to: String,
+    /// The release serving when the page was shown (absent from hand-made posts).
+    from: Option<String>,
     confirm: Option<String>,
 }
 
@@ -194,13 +200,25 @@ async fn act(
         let msg = format!("{:?} is not a release number", f.to);
         return pages::respond(StatusCode::BAD_REQUEST, pages::error(Some(&csrf), &msg));
     };
+    let from = match f.from.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+        None => None,
+        Some(s) => match s.parse::<u64>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                let msg = format!("{s:?} is not a release number");
+                return pages::respond(StatusCode::BAD_REQUEST, pages::error(Some(&csrf), &msg));
+            }
+        },
+    };
     if f.confirm.as_deref() != Some("yes") {
-        return pages::respond(StatusCode::OK, confirm(&name, to, action, &csrf));
+        return pages::respond(StatusCode::OK, confirm(&name, to, from, action, &csrf));
     }
     let (path, body) = match action {
+        // `expect`: the API refuses (409) if another release serves than the one the page
+        // showed, so a confirm page left open does not roll back from a release never seen.
         Action::Rollback => (
             format!("/v1/apps/{name}/rollback"),
-            serde_json::json!({ "to": to }),
+            serde_json::json!({ "to": to, "expect": from }),
         ),
         Action::Restart => (format!("/v1/apps/{name}/restart"), serde_json::json!({})),
     };
@@ -247,12 +265,16 @@ async fn with_message(
 }
 
 /// The page that asks to confirm an action.
-fn confirm(name: &str, to: u64, action: Action, csrf: &str) -> String {
+fn confirm(name: &str, to: u64, from: Option<u64>, action: Action, csrf: &str) -> String {
     let n = escape_html(name);
+    let now = from.map_or(String::new(), |f| format!(" It now serves release {f}."));
+    let from_field = from.map_or(String::new(), |f| {
+        format!("<input type=\"hidden\" name=\"from\" value=\"{f}\">")
+    });
     let (title, what, path, label) = match action {
         Action::Rollback => (
             format!("Roll back {name}"),
-            format!("Roll app {n} back to release {to}? A new release runs release {to}'s build and config; each instance is replaced once its replacement is ready."),
+            format!("Roll app {n} back to release {to}?{now} A new release runs release {to}'s build and config; each instance is replaced once its replacement is ready."),
             "rollback",
             format!("Roll back to {to}"),
         ),
@@ -267,7 +289,7 @@ fn confirm(name: &str, to: u64, action: Action, csrf: &str) -> String {
         "<h1>{}</h1>\n<p>{what}</p>\
          <form method=\"post\" action=\"/ui/apps/{n}/{path}\" id=\"confirm\">\
          <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-         <input type=\"hidden\" name=\"to\" value=\"{to}\">\
+         <input type=\"hidden\" name=\"to\" value=\"{to}\">{from_field}\
          <input type=\"hidden\" name=\"confirm\" value=\"yes\">\
          <button type=\"submit\">{label}</button> <a href=\"/ui/apps/{n}\">Cancel</a></form>",
         escape_html(&title),

@@ -293,6 +293,37 @@ fn actions_without_their_csrf_field_or_by_a_viewer_are_refused() {
     );
     assert_eq!(r.status, 404, "{}", r.text());
     assert!(r.text().contains("has no release 1"), "{}", r.text());
+    // A confirm page left open: it says what served when shown, and once another release
+    // serves (here: none does) the API refuses it, whatever it rolls back to.
+    let r = post(
+        &owner,
+        "/ui/apps/demo/rollback",
+        &format!("to=1&from=2&csrf={f}"),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.text().contains("It now serves release 2."),
+        "{}",
+        r.text()
+    );
+    assert!(
+        r.text().contains("name=\"from\" value=\"2\""),
+        "{}",
+        r.text()
+    );
+    let r = post(
+        &owner,
+        "/ui/apps/demo/rollback",
+        &format!("to=1&from=2&confirm=yes&csrf={f}"),
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.text().contains("now serves no release"), "{}", r.text());
+    let r = w.api(
+        "POST",
+        "/v1/apps/demo/rollback",
+        Some(json!({"to": 1, "expect": 2})),
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
     assert_eq!(crate::cluster::nodes(&w)[&node]["draining"], json!(false));
 
     // A viewer: the pages, but no rollback, restart or drain (the API's 403, said on the page).
