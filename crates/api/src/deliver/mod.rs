@@ -18,6 +18,7 @@ mod phases;
 mod resume;
 mod rollout;
 mod sink;
+pub(crate) use sink::{cut_tail, read_tail};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -120,3 +120,45 @@ fn line(event: &ReleaseEvent) -> String {
         .map(|v| v.to_string())
         .unwrap_or_default()
 }
+
+/// The file at `path`, or its last `tail` bytes, as text (invalid UTF-8 replaced, never the
+/// whole output lost to one bad byte); `None` when it cannot be read.
+pub(crate) fn read_tail(path: &std::path::Path, tail: Option<u64>) -> Option<String> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let from = tail.map_or(0, |t| len.saturating_sub(t));
+    f.seek(SeekFrom::Start(from)).ok()?;
+    let mut bytes = Vec::new();
+    f.take(len - from).read_to_end(&mut bytes).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The last `tail` bytes of `all` (from a character start), or all of it.
+pub(crate) fn cut_tail(all: String, tail: Option<u64>) -> String {
+    match tail.and_then(|t| all.len().checked_sub(usize::try_from(t).ok()?)) {
+        Some(mut at) if at > 0 => {
+            while !all.is_char_boundary(at) {
+                at += 1;
+            }
+            all[at..].to_owned()
+        }
+        _ => all,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_tail_is_read_by_seeking_and_bad_bytes_do_not_lose_the_rest() {
+        let path = std::env::temp_dir().join(format!("warden-tail-{}.log", std::process::id()));
+        std::fs::write(&path, b"first line\n\xff\xfebad\nlast line\n").unwrap();
+        let all = super::read_tail(&path, None).unwrap();
+        assert_eq!(all, "first line\n\u{fffd}\u{fffd}bad\nlast line\n");
+        assert_eq!(super::read_tail(&path, Some(10)).unwrap(), "last line\n");
+        assert_eq!(super::read_tail(&path, Some(1 << 40)).unwrap(), all);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(super::cut_tail("aé\nend".to_owned(), Some(5)), "\nend");
+        assert_eq!(super::cut_tail("abc".to_owned(), Some(9)), "abc");
+    }
+}

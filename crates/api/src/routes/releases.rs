@@ -366,19 +366,35 @@ pub(crate) async fn list(
     Ok(Json(releases))
 }
 
-/// `GET /v1/apps/{name}/releases/{number}/log`: the release's build and delivery output.
+/// The query of `GET /v1/apps/{name}/releases/{number}/log`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogQuery {
+    /// Only the last this many bytes (a page shows the end of a long build).
+    tail: Option<u64>,
+}
+
+/// `GET /v1/apps/{name}/releases/{number}/log`: the release's build and delivery output (bytes
+/// that are not UTF-8 shown as U+FFFD), or its last `?tail=BYTES`.
 pub async fn log(
     State(api): State<Api>,
     Path((name, number)): Path<(String, u64)>,
+    Query(q): Query<LogQuery>,
 ) -> Result<Response, ApiError> {
     validate_name("app", &name).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let release = get_release(&api, &name, number).await?;
     let text = match api.builds {
         // A node that builds nothing keeps no log: the node that delivered the release does.
-        None => super::forward::log(&api, &release).await?,
-        Some(_) => deliver::log_path(&api, &name, release.number)
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .unwrap_or_default(),
+        None => deliver::cut_tail(super::forward::log(&api, &release).await?, q.tail),
+        Some(_) => match deliver::log_path(&api, &name, release.number) {
+            // Read by seeking, off the runtime's threads: a long build's log is megabytes.
+            Some(p) => tokio::task::spawn_blocking(move || deliver::read_tail(&p, q.tail))
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
+            None => String::new(),
+        },
     };
     Ok((
         [(

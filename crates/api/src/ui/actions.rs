@@ -39,7 +39,12 @@ pub(super) async fn build_output(
     releases: &[Release],
 ) -> Option<Build> {
     let r = releases.iter().max_by_key(|r| r.number)?;
-    let path = format!("/v1/apps/{name}/releases/{}/log", r.number);
+    // One byte past what is shown, so `tail` knows whether anything was cut.
+    let path = format!(
+        "/v1/apps/{name}/releases/{}/log?tail={}",
+        r.number,
+        text::TAIL + 1
+    );
     let ans = ui.call(token, peer, Method::GET, &path, None).await;
     if !ans.status.is_success() {
         return None;
