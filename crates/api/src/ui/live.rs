@@ -117,7 +117,7 @@ impl Page {
         .await
         .ok()?
         .ok()?;
-        d.update(&body);
+        d.update(steady(&body));
         Some(d.finalize().into())
     }
 }
@@ -139,6 +139,31 @@ fn is_page(path: &str) -> bool {
         ["apps", n, "instances"] => name(n),
         _ => false,
     }
+}
+
+/// Where a reading that moves with every heartbeat (a node's load average) begins on a page;
+/// it ends at the next `</span>` (its value is escaped, so holds none).
+pub(super) const READING: &str = "<span class=\"reading\">";
+
+/// `body` without its readings: they alone are no change worth an event (the overview would
+/// refresh every second); they show their new value with the next real change.
+fn steady(body: &[u8]) -> Vec<u8> {
+    let (open, close) = (READING.as_bytes(), b"</span>".as_slice());
+    let mut out = Vec::with_capacity(body.len());
+    let mut rest = body;
+    while let Some(at) = rest.windows(open.len()).position(|w| w == open) {
+        out.extend_from_slice(&rest[..at]);
+        let after = &rest[at + open.len()..];
+        match after.windows(close.len()).position(|w| w == close) {
+            Some(end) => rest = &after[end + close.len()..],
+            None => {
+                rest = after;
+                break;
+            }
+        }
+    }
+    out.extend_from_slice(rest);
+    out
 }
 
 /// Most event streams one principal (an operator, or the admin token) holds open at once: a
@@ -399,16 +424,33 @@ async fn forward(
 
 /// The newest release log in `dir` (the highest number) and its length: what says the
 /// output of the release being delivered grew.
+/// Only the newest is looked at (one stat): older releases' logs no longer grow.
 fn newest_log(dir: &Path) -> Option<(u64, u64)> {
-    std::fs::read_dir(dir)
+    let n = std::fs::read_dir(dir)
         .ok()?
         .filter_map(Result::ok)
         .filter_map(|e| {
             let name = e.file_name();
-            let n = name.to_str()?.strip_suffix(".log")?.parse::<u64>().ok()?;
-            Some((n, e.metadata().ok()?.len()))
+            name.to_str()?.strip_suffix(".log")?.parse::<u64>().ok()
         })
-        .max()
+        .max()?;
+    let len = std::fs::metadata(dir.join(format!("{n}.log"))).ok()?.len();
+    Some((n, len))
+}
+
+#[cfg(test)]
+mod reading_tests {
+    #[test]
+    fn readings_are_left_out_of_what_counts_as_a_change() {
+        let a = super::steady(b"<td><span class=\"reading\">1.41</span></td><td>no</td>");
+        let b = super::steady(b"<td><span class=\"reading\">0.20</span></td><td>no</td>");
+        assert_eq!(a, b);
+        assert_eq!(a, b"<td></td><td>no</td>");
+        assert_ne!(
+            a,
+            super::steady(b"<td><span class=\"reading\">1</span></td><td>yes</td>")
+        );
+    }
 }
 
 #[cfg(test)]

@@ -190,7 +190,7 @@ pub(crate) fn overview(s: &Status, csrf: &str) -> String {
             .collect();
         let _ = write!(
             main,
-            "<tr data-node=\"{name}\"><td>{name}{sched}</td><td>{roles}</td><td>{load:.2}</td><td>{drained}</td><td>{on}</td></tr>",
+            "<tr data-node=\"{name}\"><td>{name}{sched}</td><td>{roles}</td><td><span class=\"reading\">{load:.2}</span></td><td>{drained}</td><td>{on}</td></tr>",
             name = escape_html(&n.name),
             sched = if s.scheduler.as_deref() == Some(n.name.as_str()) { " (scheduler)" } else { "" },
             roles = escape_html(&n.roles.join(", ")),
@@ -213,10 +213,11 @@ pub(crate) fn overview(s: &Status, csrf: &str) -> String {
         }
     }
     main.push_str("</table></section>\n");
+    // Not the store's revision: it moves with every heartbeat, and the page's live stream
+    // (which says "change" only when the page differs) would refresh it every second.
     let _ = write!(
         main,
-        "<section id=\"store\" data-live><h2>Store and readiness</h2><p>Revision {rev}; {nodes} node(s), {users} user(s); audit: {audit}; data: {data}</p>",
-        rev = s.revision,
+        "<section id=\"store\" data-live><h2>Store and readiness</h2><p>{nodes} node(s), {users} user(s); audit: {audit}; data: {data}</p>",
         nodes = s.nodes,
         users = s.users,
         audit = escape_html(s.audit.as_deref().unwrap_or("unknown")),

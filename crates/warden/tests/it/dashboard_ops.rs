@@ -337,10 +337,22 @@ fn actions_without_their_csrf_field_or_by_a_viewer_are_refused() {
         );
         assert_eq!(r.status, 200, "{path}: {}", r.text());
     }
-    for path in ["/ui/apps/demo/rollback", &drain] {
+    for path in ["/ui/apps/demo/rollback", "/ui/apps/demo/restart", &drain] {
         let r = post(&viewer, path, &format!("to=1&confirm=yes&csrf={f}"));
         assert_eq!(r.status, 403, "{path}: {}", r.text());
         assert!(r.text().contains("needs the"), "{path}: {}", r.text());
+    }
+    // A deployer of another app: no rollback or restart of this one.
+    let r = w.api(
+        "POST",
+        "/v1/operators",
+        Some(json!({"name": "dee", "password": "dee-password-1", "roles": [{"role": "deployer", "apps": ["other"]}]})),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let (dee, f) = session(&w, "dee", "dee-password-1");
+    for path in ["/ui/apps/demo/rollback", "/ui/apps/demo/restart"] {
+        let r = post(&dee, path, &format!("to=1&confirm=yes&csrf={f}"));
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
     }
     assert_eq!(crate::cluster::nodes(&w)[&node]["draining"], json!(false));
     assert_eq!(serving(&w, "demo"), Value::Null);
@@ -404,4 +416,55 @@ fn a_form_being_filled_in_outlives_heartbeats_and_a_real_change_still_shows() {
     assert_eq!(value(&b, "form#scale input[name=label]"), json!("SECRET"));
     assert_eq!(value(&b, "form#scale input[name=count]"), json!("7"));
     assert!(b.execute("return window.wardenChanges;").as_u64().unwrap() >= 1);
+}
+
+#[test]
+fn an_idle_overview_stays_quiet_over_heartbeats_and_a_real_change_still_shows() {
+    let w = Warden::demo(BIN);
+    let r = w.api(
+        "POST",
+        "/v1/apps/demo/scale",
+        Some(json!({"desired": {"SECRET": 1}})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let b = Browser::start();
+    sign_in_admin(&b, &w);
+    b.goto(&format!("{}/ui/", w.api));
+    let row = "#apps-table tr[data-app='demo'][data-label='SECRET']";
+    b.wait_for("SECRET ready", Duration::from_secs(60), |b| {
+        cell(b, &format!("{row} td.ready")) == "1"
+    });
+    // A second stream of the overview, counted: the store's revision moves with every
+    // heartbeat, but nothing the overview shows does.
+    b.execute(
+        "window.wardenChanges = 0; \
+         var s = new EventSource('/ui/events?page=' + encodeURIComponent(location.pathname)); \
+         s.addEventListener('change', function () { window.wardenChanges += 1; }); return null;",
+    );
+    let revision = |w: &Warden| w.api("GET", "/v1/status", None).json()["revision"].clone();
+    let page = |b: &Browser| {
+        b.execute("var x = new XMLHttpRequest(); x.open('GET', '/ui/', false); x.send(); return x.responseText;")
+    };
+    let before = page(&b);
+    let first = revision(&w);
+    std::thread::sleep(Duration::from_secs(5));
+    assert_ne!(revision(&w), first, "the store changed meanwhile");
+    let after = page(&b);
+    assert_eq!(
+        b.execute("return window.wardenChanges;"),
+        json!(0),
+        "{before}\n----\n{after}"
+    );
+
+    let (ok, _, err) = crate::deploy::run(&w, &["apps", "scale", "demo", "SECRET=2"]);
+    assert!(ok, "{err}");
+    b.wait_for("SECRET desired 2, live", Duration::from_secs(30), |b| {
+        cell(b, &format!("{row} td.desired")) == "2"
+    });
+    b.wait_for("the counted stream saw it", Duration::from_secs(30), |b| {
+        b.execute("return window.wardenChanges;")
+            .as_u64()
+            .unwrap_or(0)
+            >= 1
+    });
 }
