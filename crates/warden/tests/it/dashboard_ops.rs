@@ -354,6 +354,11 @@ fn actions_without_their_csrf_field_or_by_a_viewer_are_refused() {
         let r = post(&dee, path, &format!("to=1&confirm=yes&csrf={f}"));
         assert_eq!(r.status, 403, "{path}: {}", r.text());
     }
+    // Nor this app's pages: reading it is a viewer's or its deployers'.
+    for path in ["/ui/apps/demo", "/ui/apps/demo/instances"] {
+        let r = request("GET", &format!("{}{path}", w.api), &[("cookie", &dee)], b"");
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
+    }
     assert_eq!(crate::cluster::nodes(&w)[&node]["draining"], json!(false));
     assert_eq!(serving(&w, "demo"), Value::Null);
     let r = w.api("GET", "/v1/nodes", None);
