@@ -57,6 +57,13 @@ fn a_push_shows_live_and_a_rollback_and_a_restart_from_the_page_serve() {
     let w = Warden::demo(BIN);
     let src = crate::deploy::fixture("plain");
     crate::deploy::push_ok(&w, "plain", src.path());
+    // The log route's `?tail=BYTES`: the end of the same output, no more.
+    let all = w.api("GET", "/v1/apps/plain/releases/1/log", None).text();
+    let end = w
+        .api("GET", "/v1/apps/plain/releases/1/log?tail=16", None)
+        .text();
+    assert!(all.len() > 16, "{all}");
+    assert!(end.len() <= 16 && all.ends_with(&end), "{end:?} of {all:?}");
     let b = Browser::start();
     sign_in_admin(&b, &w);
     b.goto(&format!("{}/ui/apps/plain", w.api));
