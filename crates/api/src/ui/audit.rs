@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
 use warden_core::audit::Record;
 
+pub(crate) use super::audit_html::Search;
 use super::{audit_html, live, page, refusal, session, to_login, Peer, Ui};
 
 /// How often an open audit page's stream asks for the newest record.
@@ -22,22 +23,6 @@ const POLL: Duration = Duration::from_secs(1);
 
 /// Most records a page shows: the newest.
 const LIMIT: usize = 200;
-
-/// The search form, as `warden audit`'s flags (empty fields: no filter).
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(default)]
-pub(crate) struct Search {
-    pub actor: String,
-    pub user: String,
-    pub app: String,
-    pub label: String,
-    pub kind: String,
-    pub node: String,
-    /// ms since the epoch, or an age (`30s`, `15m`, `2h`, `7d`).
-    pub since: String,
-    /// As `since`.
-    pub until: String,
-}
 
 /// A time as `warden audit --since` takes it: ms since the epoch or an age before `now`.
 fn time(s: &str, now: u64) -> Result<u64, String> {

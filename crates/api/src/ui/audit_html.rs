@@ -5,9 +5,24 @@ use std::fmt::Write as _;
 
 use warden_core::audit::Record;
 
-use super::audit::Search;
 use super::pages::{document, escape_html, message};
 use super::text::when as utc;
+
+/// The search form, as `warden audit`'s flags (empty fields: no filter).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+pub(crate) struct Search {
+    pub actor: String,
+    pub user: String,
+    pub app: String,
+    pub label: String,
+    pub kind: String,
+    pub node: String,
+    /// ms since the epoch, or an age (`30s`, `15m`, `2h`, `7d`).
+    pub since: String,
+    /// As `since`.
+    pub until: String,
+}
 
 /// The page: the form, and `records` (newest first) or `msg`.
 pub(crate) fn page(s: &Search, records: &[Record], csrf: &str, msg: Option<&str>) -> String {

@@ -20,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
 use warden_core::AppSpec;
 
+pub(crate) use super::metrics_html::{Counts, Sample};
 use super::{live, metrics_html, page, refusal, session, to_login, Peer, Ui};
 
 /// Samples kept: a minute at one a second.
@@ -27,21 +28,6 @@ const KEEP: usize = 60;
 
 /// How often an open page's stream samples.
 const EVERY: Duration = Duration::from_secs(1);
-
-/// An app's counters at one moment: requests, server errors (5xx), seconds summed.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Counts {
-    pub requests: f64,
-    pub errors: f64,
-    pub seconds: f64,
-}
-
-/// The counters of every app at one moment.
-#[derive(Debug, Clone)]
-pub(crate) struct Sample {
-    pub at: Instant,
-    pub apps: BTreeMap<String, Counts>,
-}
 
 /// The kept samples, oldest first.
 #[derive(Clone, Default)]

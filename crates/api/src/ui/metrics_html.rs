@@ -1,10 +1,26 @@
 //! The metrics page's template: per app, the last interval's figures and a small SVG chart of
 //! each over the kept samples. SVG made here from numbers only; names through [`escape_html`].
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::time::Instant;
 
-use super::metrics::{Counts, Sample};
 use super::pages::{document, escape_html, message};
+
+/// An app's counters at one moment: requests, server errors (5xx), seconds summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Counts {
+    pub requests: f64,
+    pub errors: f64,
+    pub seconds: f64,
+}
+
+/// The counters of every app at one moment.
+#[derive(Debug, Clone)]
+pub(crate) struct Sample {
+    pub at: Instant,
+    pub apps: BTreeMap<String, Counts>,
+}
 
 /// Per interval between two samples: (requests/s, errors/s, mean latency in ms).
 fn rates(samples: &[Sample], app: &str) -> Vec<(f64, f64, f64)> {

@@ -14,7 +14,9 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use sha2::{Digest, Sha256};
 use warden_api_types::{AppStatus, Status};
-use warden_core::{AppSpec, InstanceRecord, Release};
+use warden_core::{AppSpec, InstanceRecord, Release, ReleaseSource, ReleaseStatus};
+
+use super::text;
 
 /// The one style block of every page, allowed by its hash in the content security policy.
 const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:64rem;margin:1rem auto;\
@@ -272,7 +274,7 @@ pub(crate) struct AppPage {
     /// `GET /v1/apps/{name}/releases`.
     pub releases: Vec<Release>,
     /// The newest release's build and delivery output.
-    pub build: Option<super::actions::Build>,
+    pub build: Option<Build>,
 }
 
 /// An app: labels, instances per node, releases, config keys and the scale form.
@@ -329,7 +331,7 @@ pub(crate) fn app(p: &AppPage, csrf: &str, msg: Option<&str>) -> String {
         );
     }
     main.push_str("</table></section>\n");
-    main.push_str(&super::actions::releases(p, csrf));
+    main.push_str(&releases(p, csrf));
     main.push_str("\n<section id=\"config\"><h2>Config</h2><table id=\"config-table\"><tr><th>Key</th><th>Value</th></tr>");
     for (k, v) in &p.spec.env {
         let _ = write!(
@@ -349,6 +351,100 @@ pub(crate) fn word(v: &impl serde::Serialize) -> String {
         .unwrap_or_default()
         .trim_matches('"')
         .to_owned()
+}
+
+/// A release's build and delivery output, as a page shows it.
+pub(crate) struct Build {
+    pub(crate) number: u64,
+    pub(crate) status: ReleaseStatus,
+    /// Its end, without terminal escapes (not yet escaped for HTML).
+    pub(crate) text: String,
+    /// Whether earlier output was cut.
+    pub(crate) cut: bool,
+}
+
+/// What made a release, as `warden releases` says it.
+fn source(r: &Release) -> String {
+    match &r.source {
+        ReleaseSource::Push { from, .. } => format!("push {from}"),
+        ReleaseSource::Config { changed } => format!("config {}", changed.join(",")),
+        ReleaseSource::Rollback { to } => format!("rollback to {to}"),
+    }
+}
+
+/// A POST form of one button, to `action` with `to` and `from` (the release serving as the
+/// page was shown: a rollback is refused if another serves when it is confirmed).
+fn button(action: &str, csrf: &str, to: u64, from: u64, class: &str, label: &str) -> String {
+    format!(
+        "<form method=\"post\" action=\"{action}\" class=\"{class}\">\
+         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+         <input type=\"hidden\" name=\"to\" value=\"{to}\">\
+         <input type=\"hidden\" name=\"from\" value=\"{from}\">\
+         <button type=\"submit\">{label}</button></form>",
+        csrf = escape_html(csrf),
+    )
+}
+
+/// The releases section (newest first, with their actions) and the build output section.
+pub(super) fn releases(p: &AppPage, csrf: &str) -> String {
+    let name = escape_html(&p.spec.name);
+    let serving = p.spec.release.as_ref().map(|r| r.number);
+    let mut out = String::from(
+        "<section id=\"releases\" data-live><h2>Releases</h2><table id=\"releases-table\">\
+         <tr><th>#</th><th>Status</th><th>Source</th><th>By</th><th>When (UTC)</th><th></th></tr>",
+    );
+    for r in p.releases.iter().rev() {
+        let action = match serving {
+            Some(s) if s == r.number => {
+                let restart = format!("/ui/apps/{name}/restart");
+                format!(
+                    "serving {}",
+                    button(&restart, csrf, r.number, s, "restart", "Restart")
+                )
+            }
+            Some(s) if r.status == ReleaseStatus::Released && r.number < s => {
+                let rollback = format!("/ui/apps/{name}/rollback");
+                let label = format!("Roll back to {}", r.number);
+                button(&rollback, csrf, r.number, s, "rollback", &label)
+            }
+            _ => String::new(),
+        };
+        let _ = write!(
+            out,
+            "<tr data-release=\"{n}\"><td>{n}</td><td class=\"status\">{status}</td><td>{source}</td>\
+             <td class=\"by\">{by}</td><td>{at}</td><td>{action}</td></tr>",
+            n = r.number,
+            status = escape_html(&word(&r.status)),
+            source = escape_html(&text::plain(&source(r))),
+            by = escape_html(&text::plain(&r.by)),
+            at = text::when(r.at_ms),
+        );
+    }
+    out.push_str("</table></section>\n");
+    // The stream of this page: store changes, and this app's release output as it grows.
+    let _ = write!(
+        out,
+        "<section id=\"build\" data-live data-events=\"/ui/events?app={name}\"><h2>Build output</h2>"
+    );
+    match &p.build {
+        Some(b) => {
+            let _ = write!(
+                out,
+                "<p>Release {n} ({status}){cut}</p><pre id=\"build-output\">{text}</pre>",
+                n = b.number,
+                status = escape_html(&word(&b.status)),
+                cut = if b.cut {
+                    "; earlier output cut, `warden logs APP --release N` prints it all"
+                } else {
+                    ""
+                },
+                text = escape_html(&b.text),
+            );
+        }
+        None => out.push_str("<p>No release output.</p>"),
+    }
+    out.push_str("</section>");
+    out
 }
 
 #[cfg(test)]
