@@ -111,10 +111,26 @@ impl Browser {
             .to_owned()
     }
 
-    /// The text the page shows (its `body`'s rendered text).
+    /// The text the page shows (its `body`'s rendered text). A page that navigates or is
+    /// replaced between finding its body and reading it leaves a stale element: found again,
+    /// a bounded number of times.
     pub fn text(&self) -> String {
-        let body = self.find("body");
-        self.text_of(&body)
+        for _ in 0..50 {
+            let Some(body) = self.try_find("body") else {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            };
+            let path = format!("/session/{}/element/{}/text", self.session, body.0);
+            let r = self.raw("GET", &path, None);
+            if (200..300).contains(&r.status) {
+                return value_of(&r).as_str().unwrap_or_default().to_owned();
+            }
+            if !r.text().contains("stale element") {
+                panic!("WebDriver GET {path}: {} {}", r.status, r.text());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the page's body stayed stale for 5 s at {}", self.url());
     }
 
     /// The first element matching the CSS `selector`; panics with the page when there is none.

@@ -130,6 +130,12 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
             Some(json!({"to": 1})),
         ),
         (
+            "post",
+            "/v1/apps/{name}/restart",
+            "/v1/apps/doc-app/restart".into(),
+            Some(json!({})),
+        ),
+        (
             "get",
             "/v1/apps/{name}/logs",
             "/v1/apps/demo/logs".into(),
@@ -139,6 +145,13 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
         ("post", "/v1/users", "/v1/users".into(), Some(user)),
         ("get", "/v1/users", "/v1/users".into(), None),
         ("get", "/v1/users/{name}", "/v1/users/doc-user".into(), None),
+        ("get", "/v1/sessions", "/v1/sessions".into(), None),
+        (
+            "delete",
+            "/v1/users/{name}/sessions",
+            "/v1/users/doc-user/sessions".into(),
+            None,
+        ),
         (
             "patch",
             "/v1/users/{name}",
@@ -176,6 +189,12 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
         ("get", "/v1/store/backup", "/v1/store/backup".into(), None),
         ("get", "/v1/audit", "/v1/audit?kind=change".into(), None),
         ("get", "/v1/audit/verify", "/v1/audit/verify".into(), None),
+        (
+            "get",
+            "/v1/oidc/providers",
+            "/v1/oidc/providers".into(),
+            None,
+        ),
         (
             "post",
             "/v1/operators",
@@ -232,11 +251,16 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
     ];
     // Routes that need a data server, which this warden (`--data none`) lacks; their success
     // is asserted through `warden up` with PostgreSQL (`data_declassify`). The device login
-    // needs an identity provider: asserted against a real one (`operators_idp`).
+    // and adding an identity provider (checked by a discovery) need an identity provider:
+    // asserted against a real one (`operators_idp`, `oidc_api`).
     let elsewhere = [
         ("get", "/v1/apps/{name}/data"),
         ("post", "/v1/login/device"),
         ("post", "/v1/login/device/poll"),
+        ("post", "/v1/oidc/providers"),
+        ("get", "/v1/oidc/providers/{id}"),
+        ("patch", "/v1/oidc/providers/{id}"),
+        ("delete", "/v1/oidc/providers/{id}"),
     ];
     let mut documented = 0;
     for (path, ops) in doc["paths"].as_object().unwrap() {
@@ -282,6 +306,7 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
         if *method == "post"
             && path.starts_with("/v1/apps/{name}/")
             && *path != "/v1/apps/{name}/scale"
+            && *path != "/v1/apps/{name}/restart"
         {
             assert!(
                 r.text().contains("\"done\""),
