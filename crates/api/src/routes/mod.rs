@@ -19,6 +19,7 @@ pub mod restart;
 pub mod status;
 pub mod store;
 pub mod tokens;
+mod upload;
 pub mod users;
 
 /// A record that decodes, or `None` for a damaged one, which is logged (rate-limited) and left
