@@ -414,27 +414,7 @@ pub(crate) async fn releases(api: &Client, out: &Output, app: &str) -> anyhow::R
     Ok(())
 }
 
-/// A time in ms since the epoch, as UTC `YYYY-MM-DD HH:MM:SS`.
-pub(crate) fn when(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
+pub(crate) use warden_core::model::utc_text as when;
 
 /// `warden config ...`.
 pub(crate) async fn config(

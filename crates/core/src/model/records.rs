@@ -320,9 +320,38 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// A time in ms since the epoch as UTC `YYYY-MM-DD HH:MM:SS`: how the CLI and the dashboard
+/// print release, audit and token times.
+pub fn utc_text(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates_are_civil_utc() {
+        assert_eq!(utc_text(0), "1970-01-01 00:00:00");
+        assert_eq!(utc_text(1_795_000_000_000), "2026-11-18 11:06:40");
+    }
 
     #[test]
     fn user_debug_hides_hash() {
