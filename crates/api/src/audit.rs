@@ -170,7 +170,7 @@ pub(crate) async fn record_change(State(api): State<Api>, req: Request, next: Ne
         .get::<crate::authz::Principal>()
         .map_or_else(|| ACTOR.to_owned(), |p| p.actor());
     let mut target = target(&route, req.uri().path());
-    let streamed = route == "/v1/apps/{name}/releases";
+    let streamed = route == "/v1/apps/{name}/releases" || route == crate::routes::git::RECEIVE;
     let (req, after) = if streamed {
         (req, None)
     } else {

@@ -67,6 +67,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/apps/{name}/config"),
     ("post", "/v1/apps/{name}/rollback"),
     ("post", "/v1/apps/{name}/restart"),
+    ("get", "/v1/apps/{name}/git/info/refs"),
+    ("post", "/v1/apps/{name}/git/git-receive-pack"),
     ("get", "/v1/users"),
     ("post", "/v1/users"),
     ("get", "/v1/users/{name}"),
@@ -421,6 +423,11 @@ impl Api {
             )
             .route("/v1/apps/{name}/rollback", post(releases::rollback))
             .route("/v1/apps/{name}/restart", post(restart::restart))
+            .route(git::REFS, get(git::refs))
+            .route(
+                git::RECEIVE,
+                post(git::receive).layer(axum::extract::DefaultBodyLimit::disable()),
+            )
             .route("/v1/lattice", get(lattice::show).put(lattice::replace))
             .route("/v1/store/backup", get(store::backup))
             .route("/v1/audit", get(audit::list))

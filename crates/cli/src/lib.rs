@@ -12,6 +12,7 @@ mod client;
 mod config;
 mod data;
 mod deploy;
+mod git_remote;
 mod instances;
 mod login;
 mod logs;
@@ -193,6 +194,11 @@ pub enum ClientCommand {
     /// Identity providers people sign in with (OpenID Connect)
     #[command(subcommand)]
     Oidc(OidcCommand),
+    /// Print the URL to `git push` an app to (built and rolled out on push)
+    GitRemote {
+        /// App name
+        app: String,
+    },
 }
 
 /// Runs a client command.
@@ -204,6 +210,9 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
         _ => {}
     }
     let endpoint = config::resolve(args)?;
+    if let ClientCommand::GitRemote { app } = &cmd {
+        return git_remote::print(&endpoint, app, args.json);
+    }
     let api = client::Client::new(endpoint);
     let out = Output { json: args.json };
     match cmd {
@@ -225,7 +234,7 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
         ClientCommand::Operators(c) => operators::operators(&api, &out, c).await,
         ClientCommand::Tokens(c) => operators::tokens(&api, &out, c).await,
         ClientCommand::Oidc(c) => oidc::run(&api, &out, c).await,
-        ClientCommand::Login(_) | ClientCommand::Logout => Ok(()),
+        ClientCommand::Login(_) | ClientCommand::Logout | ClientCommand::GitRemote { .. } => Ok(()),
     }
 }
 

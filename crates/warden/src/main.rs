@@ -16,6 +16,7 @@ mod config;
 mod data;
 mod demo;
 mod files;
+mod git_hook;
 mod keys;
 mod listen;
 mod no_agent;
@@ -76,6 +77,11 @@ enum Command {
     /// Back up a running warden's store, or restore a backup into a stopped one's data dir
     #[command(subcommand)]
     Store(store_cmd::StoreCommand),
+    /// Print the URL to `git push` an app to (built and rolled out on push)
+    GitRemote(GitRemoteCmd),
+    /// warden's pre-receive hook (run by git as DATA_DIR/git/hooks/pre-receive, a link here)
+    #[command(hide = true)]
+    GitHook,
     /// Run the demo app (started by the agent; listens on 127.0.0.1:$PORT)
     #[command(hide = true)]
     DemoApp,
@@ -189,6 +195,14 @@ struct ConfigCmd {
 }
 
 #[derive(Debug, clap::Args)]
+struct GitRemoteCmd {
+    /// App name
+    app: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
 struct RollbackCmd {
     /// App name
     app: String,
@@ -237,8 +251,9 @@ fn init_logs() {
 /// list`) move after its name, where the client commands take them; anything else is left for
 /// clap to judge.
 fn client_options_after_command(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const COMMANDS: [&str; 17] = [
+    const COMMANDS: [&str; 18] = [
         "apps",
+        "git-remote",
         "login",
         "logout",
         "operators",
@@ -292,6 +307,7 @@ fn instance_command(args: &[std::ffi::OsString]) -> Option<Command> {
     match args {
         [_, c] if c == "demo-app" => Some(Command::DemoApp),
         [_, c] if c == "sandbox-init" => Some(Command::SandboxInit),
+        [hook, ..] if git_hook::is_hook(hook) => Some(Command::GitHook),
         _ => None,
     }
 }
@@ -377,6 +393,10 @@ fn main() -> std::process::ExitCode {
     if let Command::Reaper { instances } = &cli.command {
         return std::process::ExitCode::from(warden_sandbox::leftovers::reaper_main(instances));
     }
+    // The git hook needs no runtime: it waits on one socket.
+    if let Command::GitHook = &cli.command {
+        return std::process::ExitCode::from(git_hook::main());
+    }
     // Not in sandbox-init above: its forks never exec, and the sandbox's init would hold it.
     warden_sandbox::image::hold_own_image();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -445,7 +465,10 @@ async fn run(cli: Cli) -> std::process::ExitCode {
         Command::Oidc(c) => warden_cli::run(&c.client, ClientCommand::Oidc(c.command)).await,
         Command::Store(c) => store_cmd::run(c).await,
         Command::DemoApp => demo::run_app().await,
-        Command::SandboxInit | Command::Reaper { .. } => Ok(()),
+        Command::GitRemote(c) => {
+            warden_cli::run(&c.client, ClientCommand::GitRemote { app: c.app }).await
+        }
+        Command::SandboxInit | Command::Reaper { .. } | Command::GitHook => Ok(()),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

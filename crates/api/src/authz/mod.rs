@@ -315,18 +315,24 @@ async fn app_of(
 /// Finds the principal and checks the route against its roles; refusals are summed in the
 /// audit trail.
 pub(crate) async fn authorize(State(api): State<Api>, mut req: Request, next: Next) -> Response {
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("")
-        .to_owned();
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map_or("", |m| m.as_str())
         .to_owned();
+    // git sends the token as the password of HTTP Basic, and is answered as git shows it.
+    let git = crate::routes::git::is_git(&route);
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned)
+        .or_else(|| {
+            git.then(|| crate::routes::git::basic_password(req.headers()))
+                .flatten()
+        })
+        .unwrap_or_default();
     // Not `&req` in the closure: a request body is not `Sync`, and this future must be `Send`.
     let from = peer(&req);
     let refused = |status: u16| {
@@ -343,7 +349,11 @@ pub(crate) async fn authorize(State(api): State<Api>, mut req: Request, next: Ne
         Ok(p) => p,
         Err(resp) => {
             refused(resp.status().as_u16());
-            return resp;
+            return if git {
+                crate::routes::git::for_git(resp).await
+            } else {
+                resp
+            };
         }
     };
     if let Principal::Operator { roles, .. } = &principal {
@@ -354,7 +364,12 @@ pub(crate) async fn authorize(State(api): State<Api>, mut req: Request, next: Ne
         };
         if let Err(why) = table::check(roles, req.method().as_str(), &route, app.as_deref()) {
             refused(403);
-            return ApiError::new(StatusCode::FORBIDDEN, why).into_response();
+            let resp = ApiError::new(StatusCode::FORBIDDEN, why).into_response();
+            return if git {
+                crate::routes::git::for_git(resp).await
+            } else {
+                resp
+            };
         }
     }
     // A release's `by` is who authenticated, never what the client claims.

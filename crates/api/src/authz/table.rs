@@ -49,6 +49,13 @@ const TABLE: &[(&str, &str, Need)] = &[
     ("POST", "/v1/apps/{name}/config", Need::DeployApp),
     ("POST", "/v1/apps/{name}/rollback", Need::DeployApp),
     ("POST", "/v1/apps/{name}/restart", Need::DeployApp),
+    // `git push`: the push row; even the refs a push may update are for deployers alone.
+    ("GET", "/v1/apps/{name}/git/info/refs", Need::DeployApp),
+    (
+        "POST",
+        "/v1/apps/{name}/git/git-receive-pack",
+        Need::DeployApp,
+    ),
     ("GET", "/v1/users", Need::Viewer),
     ("GET", "/v1/users/{name}", Need::Viewer),
     ("GET", "/v1/sessions", Need::Viewer),
@@ -168,7 +175,9 @@ mod tests {
                 || route.ends_with("/data")
                 || route.ends_with("/backup")
                 || route.starts_with("/v1/operators")
-                || route.starts_with("/v1/oidc/");
+                || route.starts_with("/v1/oidc/")
+                // Even the refs a push may update: the push row.
+                || route.contains("/git/");
             let viewer_ok = self_service || (m == "GET" && !secret);
             assert_eq!(
                 check(&viewer, &m, route, a).is_ok(),
@@ -179,9 +188,16 @@ mod tests {
                 || (app_scoped
                     && (m == "GET"
                         || route.starts_with("/v1/instances")
-                        || ["/scale", "/releases", "/config", "/rollback", "/restart"]
-                            .iter()
-                            .any(|s| route.ends_with(s))
+                        || [
+                            "/scale",
+                            "/releases",
+                            "/config",
+                            "/rollback",
+                            "/restart",
+                            "/git-receive-pack",
+                        ]
+                        .iter()
+                        .any(|s| route.ends_with(s))
                             && m == "POST"))
                 || (m == "GET"
                     && [

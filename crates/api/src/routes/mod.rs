@@ -6,6 +6,8 @@ mod awaiting;
 pub mod data;
 pub(crate) mod device_live;
 pub mod forward;
+pub mod git;
+pub mod git_hook;
 pub mod instances;
 pub mod lattice;
 pub mod login_device;

@@ -100,6 +100,7 @@ mod first_release;
 mod frozen_node;
 mod gateway;
 mod gateway_starts;
+mod git_remote;
 mod healing;
 mod idle_memory;
 mod install;
