@@ -318,8 +318,9 @@ async fn feed(
 
 async fn write(stdin: &mut tokio::process::ChildStdin, bytes: &[u8]) -> Result<(), ApiError> {
     stdin.write_all(bytes).await.map_err(|e| {
-        ApiError::internal(format!(
-            "git receive-pack stopped reading the push: {e}; the node's log says why"
+        // git stops reading what it refuses (a malformed request): the client's to fix.
+        ApiError::bad_request(format!(
+            "git receive-pack stopped reading the push ({e}): it refused what was sent; push with git itself"
         ))
     })
 }

@@ -237,3 +237,32 @@ fn refused_pushes_say_why_and_change_nothing() {
     assert_eq!(answer(&w, "alice", "g")["answer"], "one");
     assert_eq!(releases(&w, "g").len(), 1);
 }
+
+#[test]
+fn a_push_is_bounded_by_the_upload_limit_once_inflated() {
+    use std::io::Write as _;
+    let w = warden_test_support::Launch::new(BIN)
+        .arg("--max-upload-mb")
+        .arg("1")
+        .start();
+    // 3 MiB of zeros gzip to a few KiB: small on the wire, over the limit once inflated.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&vec![0u8; 3 << 20]).unwrap();
+    let body = gz.finish().unwrap();
+    assert!(body.len() < 64 * 1024);
+    let r = request(
+        "POST",
+        &format!("{}/v1/apps/g/git/git-receive-pack", w.api),
+        &[
+            (
+                "authorization",
+                &warden_test_support::http::basic("git", &w.token),
+            ),
+            ("content-type", "application/x-git-receive-pack-request"),
+            ("content-encoding", "gzip"),
+        ],
+        &body,
+    );
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(r.text().contains("--max-upload-mb"), "{}", r.text());
+}
