@@ -327,26 +327,47 @@ impl Push {
         }
         // The tree, not the commit: no commit id header in the tar, which the unpacker
         // would refuse.
-        let out = cmd
+        let mut child = cmd
             .args(["archive", "--format=tar"])
             .arg(format!("{commit}^{{tree}}"))
             .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
-            .output()
-            .await
+            .spawn()
             .map_err(|e| format!("cannot run git archive: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "git archive of {commit} failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        if out.stdout.len() as u64 > self.api.max_upload.saturating_mul(8) {
-            return Err("the pushed tree is far larger than this API takes; leave out what the app does not need".into());
-        }
+        let (Some(mut tar), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err("git archive started without its pipes".into());
+        };
+        // Compressed as it comes, so that what is held is at most the upload limit.
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        gz.write_all(&out.stdout)
-            .and_then(|()| gz.finish())
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = tar
+                .read(&mut buf)
+                .await
+                .map_err(|e| format!("cannot read git archive's output: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            gz.write_all(&buf[..n])
+                .map_err(|e| format!("cannot compress the pushed tree: {e}"))?;
+            if gz.get_ref().len() as u64 > self.api.max_upload {
+                return Err(super::upload::too_large(self.api.max_upload)
+                    .message()
+                    .to_owned());
+            }
+        }
+        let mut errors = String::new();
+        let _ = stderr.read_to_string(&mut errors).await;
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| format!("git archive did not finish: {e}"))?;
+        if !status.success() {
+            return Err(format!("git archive of {commit} failed: {}", errors.trim()));
+        }
+        gz.finish()
             .map_err(|e| format!("cannot compress the pushed tree: {e}"))
     }
 }
