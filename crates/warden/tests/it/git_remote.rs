@@ -192,22 +192,7 @@ fn refused_pushes_say_why_and_change_nothing() {
     );
 
     // A deployer of another app: 403, saying which role it needs.
-    let made = w.api(
-        "POST",
-        "/v1/operators",
-        Some(json!({"name": "dep", "password": "dep-password-1",
-                    "roles": [{"role": "deployer", "apps": ["other"]}]})),
-    );
-    assert_eq!(made.status, 201, "{}", made.text());
-    let login = request(
-        "POST",
-        &format!("{}/v1/login", w.api),
-        &[("content-type", "application/json")],
-        json!({"name": "dep", "password": "dep-password-1"})
-            .to_string()
-            .as_bytes(),
-    );
-    let dep = login.json()["token"].as_str().unwrap().to_owned();
+    let (dep, _) = operator(&w, "dep", "other");
     let (ok, _, err) = repo.git_with(&dep, &["push", "warden", "main"]);
     assert!(!ok && err.contains("deployer role of app \"g\""), "{err}");
     assert_eq!(w.api("GET", "/v1/apps/g", None).status, 404);
@@ -236,6 +221,35 @@ fn refused_pushes_say_why_and_change_nothing() {
     );
     assert_eq!(answer(&w, "alice", "g")["answer"], "one");
     assert_eq!(releases(&w, "g").len(), 1);
+
+    // A deployer of g pushes with their session token, and the release names them.
+    let (dep_g, _) = operator(&w, "gdep", "g");
+    let (ok, _, err) = repo.git_with(&dep_g, &["push", "warden", "main"]);
+    assert!(ok, "{err}");
+    assert_eq!(answer(&w, "alice", "g")["answer"], "two");
+    assert_eq!(releases(&w, "g").last().unwrap()["by"], "operator:gdep");
+}
+
+/// A session token of a new operator `name`, deployer of `app`, and their password.
+fn operator(w: &Warden, name: &str, app: &str) -> (String, String) {
+    let password = format!("{name}-password-1");
+    let made = w.api(
+        "POST",
+        "/v1/operators",
+        Some(json!({"name": name, "password": password,
+                    "roles": [{"role": "deployer", "apps": [app]}]})),
+    );
+    assert_eq!(made.status, 201, "{}", made.text());
+    let login = request(
+        "POST",
+        &format!("{}/v1/login", w.api),
+        &[("content-type", "application/json")],
+        json!({"name": name, "password": password})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(login.status, 200, "{}", login.text());
+    (login.json()["token"].as_str().unwrap().to_owned(), password)
 }
 
 #[test]
