@@ -30,6 +30,8 @@ pub const KEY_ENV: &str = "WARDEN_GIT_HOOK_KEY";
 const BRANCHES: [&str; 2] = ["refs/heads/main", "refs/heads/master"];
 /// How a build's error names the output it ends with (the agent's `build/`).
 const LAST_LINES: &str = "; last lines:\n";
+/// How long the hook's connection may take to say what was pushed.
+const ASK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Longest first line the hook may send (its refs and paths).
 const MAX_ASK: usize = 64 * 1024;
 
@@ -126,7 +128,12 @@ impl Listener {
         private_dir(&base)?;
         let path = base.join(format!("{}.sock", warden_core::id::short_id()));
         let listener = tokio::net::UnixListener::bind(&path)
-            .map_err(|e| ApiError::internal(format!("cannot listen at {}: {e}", path.display())))?;
+            .map_err(|e| {
+                ApiError::internal(format!(
+                    "cannot listen at {}: {e} (a Unix socket's path is at most 107 bytes: give warden a shorter --data-dir)",
+                    path.display()
+                ))
+            })?;
         let key = warden_core::id::secret_token();
         let push = Push {
             api: api.clone(),
@@ -171,7 +178,10 @@ impl Push {
             let (read, mut write) = stream.into_split();
             let mut first = Vec::new();
             let mut read = tokio::io::BufReader::new(read).take(MAX_ASK as u64);
-            if read.read_until(b'\n', &mut first).await.is_err() {
+            // The hook sends its line at once; a connection that sends nothing (anything else
+            // of warden's uid that found the socket) must not hold the push up.
+            let sent = tokio::time::timeout(ASK_WAIT, read.read_until(b'\n', &mut first)).await;
+            if !matches!(sent, Ok(Ok(_))) {
                 continue;
             }
             let Ok(ask) = serde_json::from_slice::<HookAsk>(&first) else {
@@ -217,7 +227,6 @@ impl Push {
 
     /// The one branch update a push may make, or why not.
     fn check(&self, updates: &[String]) -> Result<(String, String), String> {
-        const ZERO: &str = "0000000000000000000000000000000000000000";
         let [update] = updates else {
             return Err(format!(
                 "push one branch at a time: main (or master) is what warden builds; this push updates {} refs",
@@ -239,7 +248,7 @@ impl Push {
         if !is_hex {
             return Err("git gave the hook an update it cannot read".into());
         }
-        if new.bytes().all(|b| b == b'0') || new == ZERO {
+        if new.bytes().all(|b| b == b'0') {
             return Err(format!(
                 "deleting {name} is refused: the app keeps serving its release; `warden apps rm {}` removes the app",
                 self.app
