@@ -93,16 +93,32 @@ pub(crate) fn install(base: &Path) -> Result<(), ApiError> {
     let exe = std::env::current_exe()
         .map_err(|e| ApiError::internal(format!("cannot find warden's own binary: {e}")))?;
     let link = hooks.join("pre-receive");
-    if std::fs::read_link(&link).is_ok_and(|t| t == exe) {
-        return Ok(());
+    if !std::fs::read_link(&link).is_ok_and(|t| t == exe) {
+        let fresh = hooks.join(format!(".pre-receive.{}", warden_core::id::short_id()));
+        std::os::unix::fs::symlink(&exe, &fresh)
+            .and_then(|()| std::fs::rename(&fresh, &link))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&fresh);
+                ApiError::internal(format!("cannot install warden's git hook: {e}"))
+            })?;
     }
-    let fresh = hooks.join(format!(".pre-receive.{}", warden_core::id::short_id()));
-    std::os::unix::fs::symlink(&exe, &fresh)
-        .and_then(|()| std::fs::rename(&fresh, &link))
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&fresh);
-            ApiError::internal(format!("cannot install warden's git hook: {e}"))
-        })
+    // git skips a hook it cannot run and takes the push unbuilt: refuse instead.
+    runnable(&link)
+}
+
+/// Whether the hook at `link` can be run; 503 saying why not.
+fn runnable(link: &Path) -> Result<(), ApiError> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(link) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(()),
+        _ => Err(ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "warden's git hook ({}) cannot run: warden's binary was replaced or removed since this node started; restart warden on this node, then push again",
+                link.display()
+            ),
+        )),
+    }
 }
 
 /// The socket of one push, removed (and its task ended) when the push ends.
@@ -447,4 +463,26 @@ fn printable(line: &str) -> String {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_hook_git_would_skip_refuses_the_push() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("warden-hook-{}", warden_core::id::short_id()));
+        std::fs::create_dir(&dir).unwrap();
+        // A link to a binary that is gone (replaced by an upgrade): git would skip it.
+        let gone = dir.join("gone");
+        std::os::unix::fs::symlink(dir.join("no-such-binary"), &gone).unwrap();
+        let e = super::runnable(&gone).unwrap_err();
+        assert_eq!(e.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(e.message().contains("restart warden"), "{}", e.message());
+        let plain = dir.join("plain");
+        std::fs::write(&plain, "").unwrap();
+        assert!(super::runnable(&plain).is_err());
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(super::runnable(&plain).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
