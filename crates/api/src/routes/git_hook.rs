@@ -126,6 +126,39 @@ pub(crate) struct Listener {
     path: PathBuf,
     key: String,
     task: tokio::task::JoinHandle<()>,
+    /// The app's push lock, once the hook took it: held until git has moved its ref (this
+    /// listener is dropped after git exits), so that two pushes never build at once and a
+    /// release never serves whose ref a later push's update then lost.
+    _held: Held,
+}
+
+/// An app's push lock, while a push holds it.
+type Held = std::sync::Arc<std::sync::Mutex<Option<Taken>>>;
+
+/// The repositories a push holds, in this process.
+static PUSHING: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// One repository's push lock, given back when dropped.
+struct Taken(PathBuf);
+
+impl Taken {
+    /// The lock of `repo`, unless a push holds it.
+    fn take(repo: &Path) -> Option<Self> {
+        // A poisoned list still holds the right names: a panic cannot leave it half-changed.
+        let mut held = PUSHING.lock().unwrap_or_else(|p| p.into_inner());
+        if held.iter().any(|r| r == repo) {
+            return None;
+        }
+        held.push(repo.to_owned());
+        Some(Self(repo.to_owned()))
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        let mut held = PUSHING.lock().unwrap_or_else(|p| p.into_inner());
+        held.retain(|r| *r != self.0);
+    }
 }
 
 impl Listener {
@@ -151,15 +184,22 @@ impl Listener {
                 ))
             })?;
         let key = warden_core::id::secret_token();
+        let held = Held::default();
         let push = Push {
             api: api.clone(),
             app,
             actor,
             repo,
             key: key.clone(),
+            held: held.clone(),
         };
         let task = tokio::spawn(push.serve(listener));
-        Ok(Self { path, key, task })
+        Ok(Self {
+            path,
+            key,
+            task,
+            _held: held,
+        })
     }
 
     /// What the hook needs to find this push.
@@ -185,6 +225,7 @@ struct Push {
     actor: String,
     repo: PathBuf,
     key: String,
+    held: Held,
 }
 
 impl Push {
@@ -236,9 +277,30 @@ impl Push {
                 line(why);
                 false
             }
-            Ok((branch, commit)) => self.build(&ask, &branch, &commit, &line).await,
+            Ok((branch, commit)) => match self.lock() {
+                Err(why) => {
+                    line(why);
+                    false
+                }
+                Ok(()) => self.build(&ask, &branch, &commit, &line).await,
+            },
         };
         let _ = tx.send(HookSay::Accept(accepted));
+    }
+
+    /// Takes the app's push lock, or says why not. In this process: one API process owns a
+    /// data directory, and so the repositories in it.
+    fn lock(&self) -> Result<(), String> {
+        let Some(taken) = Taken::take(&self.repo) else {
+            return Err(format!(
+                "another push of {} is being built here; push again once it has ended",
+                self.app
+            ));
+        };
+        if let Ok(mut held) = self.held.lock() {
+            *held = Some(taken);
+        }
+        Ok(())
     }
 
     /// The one branch update a push may make, or why not.

@@ -280,3 +280,39 @@ fn a_push_is_bounded_by_the_upload_limit_once_inflated() {
     assert_eq!(r.status, 413, "{}", r.text());
     assert!(r.text().contains("--max-upload-mb"), "{}", r.text());
 }
+
+#[test]
+fn a_push_while_another_is_built_is_refused_and_the_first_goes_on() {
+    let w = Warden::demo(BIN);
+    let url = remote(&w, "g");
+    let repo = Repo::new("one");
+    // The trial's instance takes seconds to be ready (well within its start timeout): the
+    // first push holds its lock meanwhile.
+    std::fs::write(
+        repo.path().join("Procfile"),
+        "web: sleep 5; exec python3 server.py\n",
+    )
+    .unwrap();
+    repo.commit("one");
+    repo.ok(&["remote", "add", "warden", &url]);
+    std::thread::scope(|s| {
+        let first = s.spawn(|| repo.git_with(&w.token, &["push", "warden", "main"]));
+        warden_test_support::wait_until(
+            "the first push's release recorded",
+            std::time::Duration::from_secs(60),
+            || {
+                let r = w.api("GET", "/v1/apps/g/releases", None);
+                (r.status == 200 && !r.json().as_array()?.is_empty()).then_some(())
+            },
+        );
+        let (ok, _, err) = repo.git_with(&w.token, &["push", "warden", "main"]);
+        assert!(
+            !ok && err.contains("another push of g is being built here"),
+            "{err}"
+        );
+        let (ok, _, err) = first.join().unwrap();
+        assert!(ok, "{err}");
+    });
+    assert_eq!(answer(&w, "alice", "g")["answer"], "one");
+    assert_eq!(releases(&w, "g").len(), 1);
+}
