@@ -21,6 +21,7 @@ pub mod oidc;
 pub mod openapi;
 pub mod operators;
 pub mod releases;
+pub mod run;
 pub mod status;
 pub mod users;
 
@@ -33,6 +34,7 @@ pub use operators::{
     IssuedToken, Login, NewOperator, NewToken, OperatorChange, OperatorView, TokenView,
 };
 pub use releases::{ConfigChange, PushQuery, ReleaseEvent, Rollback, UploadLimits};
+pub use run::{RunQuery, RunRequest};
 pub use status::{AppStatus, BackupHead, BackupRecord, CrashReport, Damaged, NodeStatus, Status};
 pub use users::{NewUser, SessionView, UserChange, UserView};
 

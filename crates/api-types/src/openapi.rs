@@ -24,6 +24,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         generator.subschema_for::<Scale>(),
         generator.subschema_for::<Restart>(),
         generator.subschema_for::<Restarted>(),
+        generator.subschema_for::<crate::RunRequest>(),
         generator.subschema_for::<NewUser>(),
         generator.subschema_for::<UserChange>(),
         generator.subschema_for::<UserView>(),

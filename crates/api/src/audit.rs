@@ -171,6 +171,12 @@ pub(crate) async fn record_change(State(api): State<Api>, req: Request, next: Ne
         .map_or_else(|| ACTOR.to_owned(), |p| p.actor());
     let mut target = target(&route, req.uri().path());
     let streamed = route == "/v1/apps/{name}/releases" || route == crate::routes::git::RECEIVE;
+    // A one-off command's label and user (`warden run`) are the record's point: its query
+    // names them and holds no secret (the command is in the body, digested).
+    let route = match (route.as_str(), req.uri().query()) {
+        ("/v1/apps/{name}/run", Some(q)) => format!("{route}?{q}"),
+        _ => route,
+    };
     let (req, after) = if streamed {
         (req, None)
     } else {

@@ -69,6 +69,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/apps/{name}/restart"),
     ("get", "/v1/apps/{name}/git/info/refs"),
     ("post", "/v1/apps/{name}/git/git-receive-pack"),
+    ("post", "/v1/apps/{name}/run"),
     ("get", "/v1/users"),
     ("post", "/v1/users"),
     ("get", "/v1/users/{name}"),
@@ -428,6 +429,7 @@ impl Api {
                 git::RECEIVE,
                 post(git::receive).layer(axum::extract::DefaultBodyLimit::disable()),
             )
+            .route("/v1/apps/{name}/run", post(run::run))
             .route("/v1/lattice", get(lattice::show).put(lattice::replace))
             .route("/v1/store/backup", get(store::backup))
             .route("/v1/audit", get(audit::list))

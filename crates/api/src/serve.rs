@@ -139,7 +139,9 @@ async fn connection(
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .serve_connection(io, svc);
+        .serve_connection(io, svc)
+        // `POST /v1/apps/{name}/run` carries its command's stdio over the upgraded connection.
+        .with_upgrades();
     tokio::pin!(conn);
     let ended = tokio::select! {
         r = conn.as_mut() => Some(r),

@@ -136,6 +136,46 @@ impl Client {
         Ok((resp.status(), read_all(resp.into_body()).await?))
     }
 
+    /// POSTs `body` as JSON asking to switch the connection to `protocol` (`Upgrade`), and
+    /// returns the upgraded connection; any answer but `101` becomes an error carrying the
+    /// API's message.
+    pub async fn upgrade<B: Serialize>(
+        &self,
+        path: &str,
+        body: &B,
+        protocol: &str,
+    ) -> anyhow::Result<hyper::upgrade::Upgraded> {
+        let url = format!("{}{path}", self.endpoint.api);
+        let body = serde_json::to_vec(body).context("encoding the request")?;
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(&url)
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", self.endpoint.token),
+            )
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::CONNECTION, "upgrade")
+            .header(http::header::UPGRADE, protocol)
+            .body(Full::new(Bytes::from(body)))
+            .with_context(|| {
+                format!("{url} is not a usable URL; pass --api like http://127.0.0.1:7701")
+            })?;
+        let resp = self.http.request(req).await.map_err(|e| {
+            anyhow!(
+                "cannot reach the warden API at {}: {e}; is `warden up` running there?",
+                self.endpoint.api
+            )
+        })?;
+        if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            let status = resp.status();
+            return Err(failure(status, &read_all(resp.into_body()).await?));
+        }
+        hyper::upgrade::on(resp)
+            .await
+            .context("the API accepted the command but its connection could not be taken over")
+    }
+
     /// Sends `body` (sent in chunks, `progress` told of each) and returns the answer's status and
     /// body unread, for answers that stream (a push's build output). A non-2xx answer becomes
     /// an error carrying the API's message.

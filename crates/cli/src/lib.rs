@@ -21,6 +21,7 @@ mod oidc;
 mod operators;
 mod pack;
 mod phases;
+mod run;
 mod session;
 mod show;
 mod shown;
@@ -45,6 +46,7 @@ pub use login::LoginArgs;
 pub use logs::Logs;
 pub use oidc::OidcCommand;
 pub use operators::{OperatorsCommand, TokensCommand};
+pub use run::Run;
 
 /// How to reach the API.
 #[derive(Debug, Clone, Args)]
@@ -179,6 +181,8 @@ pub enum ClientCommand {
     /// Show what apps' databases hold
     #[command(subcommand)]
     Data(DataCommand),
+    /// Run a command once in a fresh process of an app's current release, attached to this terminal (no TTY)
+    Run(Run),
     /// Read the audit logs (who reached what, who changed what; every node's on a cluster), verify or export them
     Audit(Audit),
     /// Log in as an operator; the session is kept for the next commands
@@ -230,6 +234,7 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
         ClientCommand::Lattice(c) => lattice(&api, &out, c).await,
         ClientCommand::Logs(l) => logs::run(&api, &out, l).await,
         ClientCommand::Data(c) => data::run(&api, &out, c).await,
+        ClientCommand::Run(r) => run::run(&api, r).await,
         ClientCommand::Audit(a) => audit::run(&api, &out, a).await,
         ClientCommand::Operators(c) => operators::operators(&api, &out, c).await,
         ClientCommand::Tokens(c) => operators::tokens(&api, &out, c).await,

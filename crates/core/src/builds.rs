@@ -114,6 +114,20 @@ pub trait Builds: Send + Sync + 'static {
         out: Output,
     ) -> Result<(), ReleasePhaseError>;
 
+    /// Starts `command` as a fresh one-off process of `spec` at `label` (its driver, its slug,
+    /// its config vars; for an app with data, `DATABASE_URL` logged in as `label`'s role),
+    /// attached to the returned [`crate::oneoff::OneOff`], with no time limit: it ends on its
+    /// own, when the `OneOff` is dropped, or when warden stops.
+    async fn one_off(
+        &self,
+        spec: &AppSpec,
+        label: &str,
+        command: &[String],
+    ) -> Result<crate::oneoff::OneOff, crate::oneoff::OneOffError> {
+        let _ = (spec, label, command);
+        Err(crate::oneoff::OneOffError::NoAgent)
+    }
+
     /// Slug `slug`, if it is built (or fetched) on this node.
     fn built(&self, slug: &str) -> Option<Built>;
 }

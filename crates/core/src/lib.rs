@@ -17,6 +17,7 @@ pub mod instances;
 pub mod keys;
 pub mod model;
 pub mod name;
+pub mod oneoff;
 pub mod peers;
 pub mod ratelimit;
 pub mod releases;

@@ -80,6 +80,11 @@ pub struct Plan {
     /// host's network is shared, so that package managers reach their registries.
     #[serde(default)]
     pub build: bool,
+    /// A one-off process attached to a client (`warden run`): the Unix socket, as the sandbox
+    /// sees it, that the app connects to as its stdin instead of /dev/null. Its stdout and
+    /// stderr are sandbox-init's own, which the agent makes pipes.
+    #[serde(default)]
+    pub stdin: Option<String>,
 }
 
 /// The start message the agent sends a prepared sandbox on its control socket: the part of the

@@ -54,6 +54,8 @@ enum Command {
     Logs(LogsCmd),
     /// Show what apps' databases hold
     Data(DataCmd),
+    /// Run a command once in a fresh process of an app's current release, attached to this terminal (no TTY)
+    Run(RunCmd),
     /// Read the audit logs (who reached what, who changed what; every node's on a cluster), verify or export them
     Audit(Box<AuditCmd>),
     /// Push an app's source: build it once, try it, roll it out with no downtime
@@ -224,6 +226,14 @@ struct NodesCmd {
 struct AuditCmd {
     #[command(flatten)]
     audit: warden_cli::Audit,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct RunCmd {
+    #[command(flatten)]
+    run: warden_cli::Run,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -434,6 +444,7 @@ async fn run(cli: Cli) -> std::process::ExitCode {
         Command::Lattice(c) => warden_cli::run(&c.client, ClientCommand::Lattice(c.command)).await,
         Command::Status(c) => warden_cli::run(&c, ClientCommand::Status).await,
         Command::Logs(c) => warden_cli::run(&c.client, ClientCommand::Logs(c.logs)).await,
+        Command::Run(c) => warden_cli::run(&c.client, ClientCommand::Run(c.run)).await,
         Command::Data(c) => warden_cli::run(&c.client, ClientCommand::Data(c.command)).await,
         Command::Audit(c) => {
             let c = *c;

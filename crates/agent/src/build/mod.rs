@@ -4,6 +4,7 @@
 //! instance starts outside routing (`trial`). [`Builder`] implements
 //! [`warden_core::builds::Builds`] for the API.
 
+mod oneoff;
 mod release;
 mod run;
 mod trial;
@@ -149,6 +150,23 @@ impl Builds for Builder {
             limit: self.time_limit,
         };
         run.run(spec, command, &out).await
+    }
+
+    async fn one_off(
+        &self,
+        spec: &AppSpec,
+        label: &str,
+        command: &[String],
+    ) -> Result<warden_core::oneoff::OneOff, warden_core::oneoff::OneOffError> {
+        oneoff::start(
+            self.drivers.clone(),
+            &self.paths,
+            self.data.clone(),
+            spec,
+            label,
+            command,
+        )
+        .await
     }
 
     fn built(&self, slug: &str) -> Option<Built> {

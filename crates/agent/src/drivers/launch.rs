@@ -54,6 +54,12 @@ pub(crate) struct Started {
 pub(crate) trait Driver: Send + Sync {
     /// Starts the instance.
     fn start(&self, launch: &Launch<'_>) -> Result<Started, LaunchError>;
+    /// Starts a one-off process attached to a client through `stdio` instead of the log.
+    fn start_attached(
+        &self,
+        launch: &Launch<'_>,
+        stdio: super::attached::Attached,
+    ) -> Result<Started, LaunchError>;
 }
 
 /// Why a driver could not start an instance. Each message says what an operator checks.

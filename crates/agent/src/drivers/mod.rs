@@ -4,6 +4,7 @@
 //! Everything that needs `unsafe` (spawning, the sandbox's own processes, the connection
 //! hand-over) is [`warden_sandbox`]'s: the agent has none.
 
+pub(crate) mod attached;
 pub(crate) mod data;
 pub(crate) mod launch;
 pub(crate) mod process;

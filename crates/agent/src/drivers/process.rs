@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use warden_sandbox::process::Children;
 
+use super::attached::{Attached, AttachedStdin};
 use super::launch::{Driver, Launch, LaunchError, Started};
 use super::spawn;
 use super::uids::{Lease, Uids};
@@ -64,6 +65,16 @@ impl ProcessDriver {
 
 impl Driver for ProcessDriver {
     fn start(&self, l: &Launch<'_>) -> Result<Started, LaunchError> {
+        self.start_with(l, None)
+    }
+
+    fn start_attached(&self, l: &Launch<'_>, stdio: Attached) -> Result<Started, LaunchError> {
+        self.start_with(l, Some(stdio))
+    }
+}
+
+impl ProcessDriver {
+    fn start_with(&self, l: &Launch<'_>, stdio: Option<Attached>) -> Result<Started, LaunchError> {
         let lease = self.own_uid(l)?;
         if let (true, Some(lease), Some(w)) = (l.build, &lease, &l.spec.workdir) {
             warden_slugs::chown_tree(std::path::Path::new(w), lease.uid(), lease.uid()).map_err(
@@ -90,6 +101,13 @@ impl Driver for ProcessDriver {
             })?;
         if let Some(dir) = &l.spec.workdir {
             cmd.current_dir(dir);
+        }
+        if let Some(io) = stdio {
+            if let AttachedStdin::Pipe(stdin) = io.stdin {
+                cmd.stdin(std::process::Stdio::from(stdin));
+            }
+            cmd.stdout(std::process::Stdio::from(io.stdout))
+                .stderr(std::process::Stdio::from(io.stderr));
         }
         if let Some(lease) = &lease {
             // std drops supplementary groups (setgroups(0)) before setuid when it runs as root.

@@ -21,6 +21,7 @@ use warden_sandbox::{
 
 use warden_sandbox::process::{Children, Process};
 
+use super::attached::{Attached, AttachedStdin};
 use super::launch::{self, Driver, Launch, LaunchError, Started};
 
 /// What a sandbox holds on the node until its process is reaped: a bridge address and its
@@ -111,6 +112,16 @@ impl SandboxDriver {
     /// Starts `warden-instance sandbox-init` for `l` and returns while it prepares. `l.env` is the part of
     /// the environment known now; the rest comes with the start message.
     pub(crate) fn prepare(&self, l: &Launch<'_>) -> Result<Prepared, LaunchError> {
+        self.prepare_with(l, None)
+    }
+
+    /// [`SandboxDriver::prepare`], with the app's stdio attached to a client when `stdio` is
+    /// given.
+    fn prepare_with(
+        &self,
+        l: &Launch<'_>,
+        stdio: Option<Attached>,
+    ) -> Result<Prepared, LaunchError> {
         let first = l.spec.command.first().map_or("", String::as_str);
         let program = resolve_program(first, l.spec.workdir.as_deref()).map_err(|e| {
             LaunchError::NotFound {
@@ -181,6 +192,10 @@ impl SandboxDriver {
             enforced,
             io_uring: l.spec.io_uring,
             build: l.build,
+            stdin: stdio.as_ref().and_then(|io| match &io.stdin {
+                AttachedStdin::Socket(path) => Some(path.clone()),
+                AttachedStdin::Pipe(_) => None,
+            }),
         };
         let held = SandboxHeld {
             lease,
@@ -218,6 +233,11 @@ impl SandboxDriver {
             .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
                 theirs,
             )));
+        if let Some(io) = stdio {
+            // sandbox-init's and the helper's own messages go to the client too.
+            cmd.stdout(std::process::Stdio::from(io.stdout))
+                .stderr(std::process::Stdio::from(io.stderr));
+        }
         let child = spawn::spawn(cmd, l.dir, &self.children).map_err(spawn_error)?;
         Ok(Prepared {
             child,
@@ -230,13 +250,23 @@ impl SandboxDriver {
 
 impl Driver for SandboxDriver {
     fn start(&self, l: &Launch<'_>) -> Result<Started, LaunchError> {
+        self.start_with(l, None)
+    }
+
+    fn start_attached(&self, l: &Launch<'_>, stdio: Attached) -> Result<Started, LaunchError> {
+        self.start_with(l, Some(stdio))
+    }
+}
+
+impl SandboxDriver {
+    fn start_with(&self, l: &Launch<'_>, stdio: Option<Attached>) -> Result<Started, LaunchError> {
         use std::io::Write;
         let Prepared {
             child,
             addr,
             mut control,
             mut held,
-        } = self.prepare(l)?;
+        } = self.prepare_with(l, stdio)?;
         // Everything is known now: the message waits in the socket until init reads it. It is
         // far smaller than a socket buffer, so this write does not block.
         control

@@ -56,6 +56,9 @@ const TABLE: &[(&str, &str, Need)] = &[
         "/v1/apps/{name}/git/git-receive-pack",
         Need::DeployApp,
     ),
+    // A deployer already runs code of their choosing at every label (a push): a one-off
+    // command is no more.
+    ("POST", "/v1/apps/{name}/run", Need::DeployApp),
     ("GET", "/v1/users", Need::Viewer),
     ("GET", "/v1/users/{name}", Need::Viewer),
     ("GET", "/v1/sessions", Need::Viewer),
@@ -195,6 +198,7 @@ mod tests {
                             "/rollback",
                             "/restart",
                             "/git-receive-pack",
+                            "/run",
                         ]
                         .iter()
                         .any(|s| route.ends_with(s))

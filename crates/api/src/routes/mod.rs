@@ -18,6 +18,7 @@ pub mod operators;
 pub mod provider_operators;
 pub mod releases;
 pub mod restart;
+pub mod run;
 pub mod status;
 pub mod store;
 pub mod tokens;

@@ -123,6 +123,16 @@ pub fn main(dir: &Path) -> i32 {
         Err(e) => return fail(&format!("cannot read {}", plan_path.display()), e),
     };
     let _ = std::fs::remove_file(&plan_path);
+    if plan.stdin.is_some() {
+        // An attached one-off process (`warden run`): the client's Ctrl-C goes to the
+        // sandbox's whole process group and is the app's alone, which sees the default again
+        // (`privileges::prepare_exec`); the helper, the child and init (which inherit this)
+        // live on and report how the app ended.
+        // SAFETY: ignoring a signal installs no handler.
+        let _ = unsafe {
+            nix::sys::signal::signal(Signal::SIGINT, nix::sys::signal::SigHandler::SigIgn)
+        };
+    }
     let privileged = nix::unistd::geteuid().is_root();
     let (uid, gid) = privileges::host_ids(dir, privileged);
     let data = dir.join(DATA_DIR);

@@ -130,7 +130,13 @@ fn prepare_exec(plan: &Plan, filters: &[seccompiler::BpfProgram]) -> Result<(), 
     // default like any process started by a shell.
     // SAFETY: restoring the default disposition installs no handler.
     let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
-    stdin_from_dev_null()?;
+    // An attached one-off's helper ignores SIGINT (see `init::main`): the app must not.
+    // SAFETY: as above.
+    let _ = unsafe { signal(Signal::SIGINT, SigHandler::SigDfl) };
+    match &plan.stdin {
+        Some(socket) => stdin_from_socket(socket)?,
+        None => stdin_from_dev_null()?,
+    }
     let dir = plan.workdir.as_deref().unwrap_or(DATA_MOUNT);
     nix::unistd::chdir(dir).map_err(|e| SetupError::sys(format!("chdir {dir}"), e))?;
     let l = &plan.limits;
@@ -178,6 +184,16 @@ pub(super) fn stdin_from_dev_null() -> Result<(), SetupError> {
     }
     // dup2 leaves the copy without close-on-exec.
     nix::unistd::dup2_stdin(&null).map_err(|e| SetupError::sys("stdin from /dev/null", e))
+}
+
+/// Puts a connection to the agent's socket at `path` on descriptor 0: a one-off process's
+/// stdin, which the agent feeds from its client. Read-only: the app answers on stdout.
+fn stdin_from_socket(path: &str) -> Result<(), SetupError> {
+    let conn = std::os::unix::net::UnixStream::connect(path)
+        .map_err(|e| SetupError::path("connect to the stdin socket", Path::new(path), e))?;
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+    // dup2 leaves the copy without close-on-exec; the original closes when `conn` drops.
+    nix::unistd::dup2_stdin(&conn).map_err(|e| SetupError::sys("stdin from the socket", e))
 }
 
 /// Root inside the namespace must not mean capabilities: lock root's special treatment off,

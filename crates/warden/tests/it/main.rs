@@ -124,6 +124,7 @@ mod procfile;
 mod restart;
 mod rollout;
 mod routing;
+mod run;
 mod sandbox;
 mod seccomp;
 mod security;

@@ -1,0 +1,258 @@
+//! `warden run APP -- CMD…` (issue 38): a command run once in a fresh process of the app's
+//! current release, attached to the CLI: stdin in, stdout and stderr out, the command's exit
+//! status as the CLI's; Ctrl-C to the CLI reaches the command, and the command dies with the
+//! client. Refusals (a viewer, an app without a release) say why.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use warden_test_support::{cli, request, Warden};
+
+use crate::BIN;
+
+/// `warden` with `args` against `w`, its environment cleared as `cli` clears it.
+fn warden(w: &Warden, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env_remove("WARDEN_API")
+        .env_remove("WARDEN_TOKEN")
+        .env_remove("WARDEN_CONFIG")
+        // Not a flag: everything after `--` is the command's.
+        .env("WARDEN_DATA_DIR", &w.dir)
+        .env("XDG_CONFIG_HOME", "/nonexistent-warden-test");
+    cmd
+}
+
+/// A warden with app `plain` (a Python server, no dependencies) pushed.
+fn with_plain() -> Warden {
+    let w = Warden::demo(BIN);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/apps/plain");
+    let data = w.dir.display().to_string();
+    let (ok, out, err) = cli(
+        BIN,
+        &[
+            "push",
+            "plain",
+            &src.display().to_string(),
+            "--data-dir",
+            &data,
+        ],
+        &[],
+    );
+    assert!(ok, "the push failed:\n{out}\n{err}");
+    w
+}
+
+/// Whether a process whose command line holds `marker` runs on this host.
+fn running(marker: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .map(|c| {
+                let line = String::from_utf8_lossy(&c).replace('\0', " ");
+                // Not the CLI itself, whose own arguments name it too.
+                line.contains(marker) && !line.contains(" run plain ")
+            })
+            .unwrap_or(false)
+    })
+}
+
+/// Waits (at most a minute) until `want` holds.
+fn until(what: &str, want: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !want() {
+        assert!(start.elapsed() < Duration::from_secs(60), "{what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The CLI's exit code, waiting at most a minute (then killing it).
+fn exit_code(child: &mut Child) -> Option<i32> {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code();
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the CLI did not end within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_command_reads_stdin_and_its_output_and_exit_status_are_the_clis() {
+    let w = with_plain();
+    let script = "import sys, os; line = sys.stdin.readline().strip(); \
+                  print('got', line, os.environ['WARDEN_LABEL']); \
+                  print('to stderr', file=sys.stderr); sys.exit(3)";
+    let mut child = warden(&w, &["run", "plain", "--", "python3", "-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"a line from the terminal\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(3), "{stdout}\n{stderr}");
+    // The demo lattice's lowest level: the label when none is named.
+    assert_eq!(
+        stdout, "got a line from the terminal UNCLASSIFIED\n",
+        "{stderr}"
+    );
+    assert!(stderr.contains("to stderr"), "{stderr}");
+    assert!(!stdout.contains("to stderr"), "{stdout}");
+    // Recorded, with the label the command ran at in the route.
+    let (ok, out, err) = cli(
+        BIN,
+        &[
+            "run",
+            "plain",
+            "--label",
+            "SECRET",
+            "--data-dir",
+            &w.dir.display().to_string(),
+            "--",
+            "sh",
+            "-c",
+            "echo $WARDEN_LABEL",
+        ],
+        &[],
+    );
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(out, "SECRET\n", "{err}");
+    let audit = w.api("GET", "/v1/audit?kind=change", None).json();
+    let routes: Vec<String> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["event"]["target"] == "plain")
+        .filter_map(|r| r["event"]["route"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        routes
+            .iter()
+            .any(|r| r == "/v1/apps/{name}/run?label=SECRET"),
+        "{routes:?}"
+    );
+}
+
+#[test]
+fn ctrl_c_reaches_the_command_and_a_client_gone_kills_it() {
+    let w = with_plain();
+    // Ctrl-C: the command dies of it, and so the CLI exits 130.
+    let marker = "warden-run-test-sleeper-1";
+    let sleeper = format!("import time; time.sleep(600) # {marker}");
+    let mut child = warden(&w, &["run", "plain", "--", "python3", "-c", &sleeper])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    until("the command runs", || running(marker));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    assert_eq!(exit_code(&mut child), Some(130));
+    until("the command is gone", || !running(marker));
+    // A command that catches it decides its own exit status.
+    let catcher = "trap 'echo caught; exit 7' INT; sleep 600 & wait # warden-run-test-catcher";
+    let mut child = warden(&w, &["run", "plain", "--", "sh", "-c", catcher])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    until("the catcher runs", || running("warden-run-test-catcher"));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    assert_eq!(exit_code(&mut child), Some(7));
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    assert_eq!(out, "caught\n");
+    // The client killed outright: the command goes with its connection.
+    let marker = "warden-run-test-sleeper-2";
+    let sleeper = format!("import time; time.sleep(600) # {marker}");
+    let mut child = warden(&w, &["run", "plain", "--", "python3", "-c", &sleeper])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    until("the second command runs", || running(marker));
+    child.kill().unwrap();
+    let _ = child.wait();
+    until("the second command is gone", || !running(marker));
+}
+
+#[test]
+fn a_viewer_and_an_app_without_a_release_are_refused_with_a_reason() {
+    let w = with_plain();
+    let r = w.api(
+        "POST",
+        "/v1/operators",
+        Some(json!({"name": "view", "password": "view-password-1", "roles": [{"role": "viewer"}]})),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let login = request(
+        "POST",
+        &format!("{}/v1/login", w.api),
+        &[("content-type", "application/json")],
+        json!({"name": "view", "password": "view-password-1"})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(login.status, 200, "{}", login.text());
+    let token = login.json()["token"].as_str().unwrap().to_owned();
+    let out = warden(
+        &w,
+        &["run", "plain", "--", "touch", "/tmp/warden-run-viewer"],
+    )
+    .env("WARDEN_TOKEN", &token)
+    .stdin(Stdio::null())
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("HTTP 403"), "{stderr}");
+    assert!(stderr.contains("deployer role"), "{stderr}");
+    // An app registered with a command but never pushed has no slug to run in.
+    let (ok, out, err) = cli(
+        BIN,
+        &[
+            "apps",
+            "create",
+            "bare",
+            "--data-dir",
+            &w.dir.display().to_string(),
+            "--",
+            "/bin/true",
+        ],
+        &[],
+    );
+    assert!(ok, "{out}\n{err}");
+    let out = warden(&w, &["run", "bare", "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("has no release yet"), "{stderr}");
+    assert!(stderr.contains("warden push bare"), "{stderr}");
+    // A label the lattice lacks.
+    let out = warden(&w, &["run", "plain", "--label", "NOPE", "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("HTTP 400") && stderr.contains("NOPE"),
+        "{stderr}"
+    );
+}
