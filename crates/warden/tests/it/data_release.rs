@@ -70,7 +70,7 @@ fn users(w: &Warden) {
     }
 }
 
-fn notes_as(w: &Warden, user: &str, query: &str) -> Vec<String> {
+pub(crate) fn notes_as(w: &Warden, user: &str, query: &str) -> Vec<String> {
     let r = request(
         "GET",
         &format!("{}/apps/notes/{query}", w.gateway),
@@ -94,7 +94,7 @@ fn last_release(w: &Warden, app: &str) -> Value {
     all.as_array().unwrap().last().unwrap().clone()
 }
 
-fn data_warden() -> Warden {
+pub(crate) fn data_warden() -> Warden {
     let w = Launch::new(BIN).no_demo().with_data().start();
     users(&w);
     w
@@ -102,7 +102,7 @@ fn data_warden() -> Warden {
 
 /// A data app made by its first push, whose app.toml asks for data: what the push's release
 /// command makes is labelled, so each label reads down through it.
-fn pushed_notes(w: &Warden) {
+pub(crate) fn pushed_notes(w: &Warden) {
     let src = tree(NOTES, RELEASE, &[("app.toml", "data = true\n")]);
     let (ok, out) = push(w, "notes", src.path());
     assert!(ok, "the push failed:\n{out}");

@@ -256,3 +256,51 @@ fn a_viewer_and_an_app_without_a_release_are_refused_with_a_reason() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_data_apps_command_reads_its_labels_rows_as_that_labels_role() {
+    if !crate::data_apps::postgres_installed() {
+        return;
+    }
+    let w = crate::data_release::data_warden();
+    crate::data_release::pushed_notes(&w);
+    assert!(crate::data_release::notes_as(&w, "ursula", "?add=low").is_empty());
+    assert!(crate::data_release::notes_as(&w, "sam", "?add=high").is_empty());
+    let psql = "/usr/lib/postgresql/15/bin/psql \"$DATABASE_URL\" -X -A -t -c \"SELECT current_user; SELECT body FROM notes ORDER BY id\"";
+    let run = |how: &[&str]| {
+        let mut args = vec!["run", "notes"];
+        args.extend_from_slice(how);
+        args.extend_from_slice(&["--", "sh", "-c", psql]);
+        let out = warden(&w, &args).stdin(Stdio::null()).output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert!(out.status.success(), "{how:?}: {stdout}\n{stderr}");
+        let mut lines = stdout.lines().map(str::to_owned);
+        let role = lines.next().unwrap_or_default();
+        // A label's role, never the owner's (`wo_…`), which only the release phase gets.
+        assert!(role.starts_with("wl_"), "{how:?}: {stdout}");
+        lines.collect::<Vec<_>>()
+    };
+    assert_eq!(run(&["--label", "U"]), ["low"]);
+    assert_eq!(run(&["--label", "S"]), ["low", "high"]);
+    // A user's clearance is the label.
+    assert_eq!(run(&["--user", "ursula"]), ["low"]);
+    assert_eq!(run(&["--user", "sam", "--label", "S"]), ["low", "high"]);
+    // Disagreeing, they are refused.
+    let out = warden(
+        &w,
+        &[
+            "run", "notes", "--user", "ursula", "--label", "S", "--", "true",
+        ],
+    )
+    .stdin(Stdio::null())
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("HTTP 400") && stderr.contains("clearance"),
+        "{stderr}"
+    );
+}
