@@ -304,3 +304,20 @@ fn a_data_apps_command_reads_its_labels_rows_as_that_labels_role() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_api_without_the_agent_refuses_saying_where_to_run_it() {
+    let w = warden_test_support::Launch::new(BIN)
+        .no_demo()
+        .arg("--roles")
+        .arg("gateway,api")
+        .start();
+    let out = warden(&w, &["run", "plain", "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("HTTP 503"), "{stderr}");
+    assert!(stderr.contains("a node that runs the agent"), "{stderr}");
+}
