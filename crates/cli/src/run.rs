@@ -57,7 +57,8 @@ pub(crate) async fn run(api: &Client, r: Run) -> anyhow::Result<()> {
     std::process::exit(code)
 }
 
-/// Carries the terminal to the command and back; the command's exit status.
+/// Carries the terminal to the command and back; the command's exit status. Each direction
+/// runs on its own, so a command that writes before it reads never waits on our input.
 async fn attach<S>(io: S) -> anyhow::Result<i32>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -66,17 +67,56 @@ where
     let (tx, mut input) = mpsc::channel::<Input>(4);
     // A plain thread: a blocking read of stdin cannot be called off.
     std::thread::spawn(move || read_stdin(tx));
+    let (signal_tx, mut signals) = mpsc::unbounded_channel::<Input>();
+    let sending = async move {
+        let mut stdin_open = true;
+        loop {
+            let frame = tokio::select! {
+                biased;
+                Some(s) = signals.recv() => s,
+                i = input.recv(), if stdin_open => match i {
+                    Some(i) => i,
+                    None => {
+                        stdin_open = false;
+                        continue;
+                    }
+                },
+            };
+            if let Err(e) = wr.write_all(&encode_input(&frame)).await {
+                return e;
+            }
+        }
+    };
+    let receiving = async move {
+        let mut buf = Vec::new();
+        let mut chunk = vec![0u8; MAX_CHUNK];
+        loop {
+            let n = rd.read(&mut chunk).await.map_err(|e| {
+                anyhow!("the connection to the API broke: {e}; the command was killed")
+            })?;
+            if n == 0 {
+                bail!("the connection to the API ended before the command did; it was killed (did warden stop?)");
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            while let Some(out) = decode_output(&mut buf)? {
+                match out {
+                    Output::Stdout(b) => write_to(&mut std::io::stdout(), &b),
+                    Output::Stderr(b) => write_to(&mut std::io::stderr(), &b),
+                    Output::Exited(Exit::Code(c)) => return Ok(c),
+                    Output::Exited(Exit::Signal(s)) => return Ok(128 + s),
+                }
+            }
+        }
+    };
+    tokio::pin!(sending, receiving);
     let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut caught = 0;
-    let mut buf = Vec::new();
-    let mut chunk = vec![0u8; MAX_CHUNK];
-    let mut stdin_open = true;
     loop {
         tokio::select! {
-            i = input.recv(), if stdin_open => match i {
-                Some(i) => wr.write_all(&encode_input(&i)).await?,
-                None => stdin_open = false,
-            },
+            code = &mut receiving => return code,
+            e = &mut sending => {
+                bail!("the connection to the API broke: {e}; the command was killed");
+            }
             _ = interrupts.recv() => {
                 caught += 1;
                 if caught > 1 {
@@ -84,22 +124,7 @@ where
                     eprintln!("warden: interrupted again: the command is killed");
                     return Ok(130);
                 }
-                wr.write_all(&encode_input(&Input::Signal(RunSignal::Interrupt))).await?;
-            }
-            n = rd.read(&mut chunk) => {
-                let n = n.map_err(|e| anyhow!("the connection to the API broke: {e}; the command was killed"))?;
-                if n == 0 {
-                    bail!("the connection to the API ended before the command did; it was killed (did warden stop?)");
-                }
-                buf.extend_from_slice(&chunk[..n]);
-                while let Some(out) = decode_output(&mut buf)? {
-                    match out {
-                        Output::Stdout(b) => write_to(&mut std::io::stdout(), &b),
-                        Output::Stderr(b) => write_to(&mut std::io::stderr(), &b),
-                        Output::Exited(Exit::Code(c)) => return Ok(c),
-                        Output::Exited(Exit::Signal(s)) => return Ok(128 + s),
-                    }
-                }
+                let _ = signal_tx.send(Input::Signal(RunSignal::Interrupt));
             }
         }
     }

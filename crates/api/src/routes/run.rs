@@ -145,49 +145,53 @@ async fn label(api: &Api, query: &RunQuery) -> Result<String, ApiError> {
 }
 
 /// Carries frames between the client and the process until it ends, or the client goes
-/// (then the process is killed: the `OneOff` is dropped).
+/// (then the process is killed: the `OneOff` is dropped). Each direction runs on its own, so
+/// a process that writes before it reads never waits on input it has not asked for.
 async fn attach<S>(io: S, oneoff: OneOff)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let OneOff { input, mut output } = oneoff;
     let (mut rd, mut wr) = tokio::io::split(io);
-    let mut buf = Vec::new();
-    let mut chunk = vec![0u8; 16 * 1024];
-    loop {
-        tokio::select! {
-            out = output.recv() => {
-                let Some(out) = out else { return };
-                let last = matches!(out, Output::Exited(_));
-                if wr.write_all(&encode_output(&out)).await.is_err() {
-                    return;
-                }
-                if last {
-                    let _ = wr.shutdown().await;
-                    return;
-                }
+    let outward = async move {
+        while let Some(out) = output.recv().await {
+            let last = matches!(out, Output::Exited(_));
+            if wr.write_all(&encode_output(&out)).await.is_err() {
+                return;
             }
-            n = rd.read(&mut chunk) => {
-                let n = match n {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
-                };
-                buf.extend_from_slice(&chunk[..n]);
-                loop {
-                    match decode_input(&mut buf) {
-                        Ok(Some(i)) => {
-                            if input.send(i).await.is_err() {
-                                break;
-                            }
-                        }
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::info!(error = %e, "a one-off command's client sent a bad frame; ending it");
+            if last {
+                let _ = wr.shutdown().await;
+                return;
+            }
+        }
+    };
+    let inward = async move {
+        let mut buf = Vec::new();
+        let mut chunk = vec![0u8; 16 * 1024];
+        loop {
+            let n = match rd.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            buf.extend_from_slice(&chunk[..n]);
+            loop {
+                match decode_input(&mut buf) {
+                    Ok(Some(i)) => {
+                        if input.send(i).await.is_err() {
                             return;
                         }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::info!(error = %e, "a one-off command's client sent a bad frame; ending it");
+                        return;
                     }
                 }
             }
         }
+    };
+    tokio::select! {
+        () = outward => {}
+        () = inward => {}
     }
 }

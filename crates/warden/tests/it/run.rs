@@ -149,6 +149,43 @@ fn a_command_reads_stdin_and_its_output_and_exit_status_are_the_clis() {
     );
 }
 
+/// A command that writes a lot before it reads (while the client is still sending) gets all
+/// of both: neither direction waits on the other.
+#[test]
+fn a_command_that_writes_before_it_reads_gets_all_its_input() {
+    let w = with_plain();
+    let script = "head -c 10000000 /dev/zero; wc -c";
+    let mut child = warden(&w, &["run", "plain", "--", "sh", "-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let feeder = std::thread::spawn(move || {
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..20 {
+            if stdin.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut all).unwrap();
+        all
+    });
+    assert_eq!(exit_code(&mut child), Some(0));
+    feeder.join().unwrap();
+    let out = reader.join().unwrap();
+    assert_eq!(out.len(), 10_000_000 + "20971520\n".len());
+    assert!(
+        out.ends_with(b"20971520\n"),
+        "{:?}",
+        String::from_utf8_lossy(&out[out.len().saturating_sub(20)..])
+    );
+}
+
 #[test]
 fn ctrl_c_reaches_the_command_and_a_client_gone_kills_it() {
     let w = with_plain();
