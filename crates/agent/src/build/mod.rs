@@ -158,6 +158,14 @@ impl Builds for Builder {
         label: &str,
         command: &[String],
     ) -> Result<warden_core::oneoff::OneOff, warden_core::oneoff::OneOffError> {
+        // On a cluster the release may have been built on another node: fetched as an
+        // instance's start fetches it.
+        if let Some(release) = &spec.release {
+            self.locks
+                .ensure(&self.paths.slugs, release)
+                .await
+                .map_err(|e| warden_core::oneoff::OneOffError::Node(e.to_string()))?;
+        }
         oneoff::start(
             self.drivers.clone(),
             &self.paths,
