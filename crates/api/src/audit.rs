@@ -36,6 +36,9 @@ pub(crate) use crate::authz::{target, ACTOR};
 /// upload's digest).
 const MAX_DIGESTED: usize = 1024 * 1024;
 
+/// Longest query of `POST /v1/apps/{name}/run` the audit record takes (its label and user).
+const MAX_RUN_QUERY: usize = 512;
+
 /// Distinct (status, address, route) keys summed per period; past it, new addresses are summed
 /// under [`MORE`], so a flood from many addresses cannot grow memory or the log.
 const MAX_KEYS: usize = 10_000;
@@ -174,6 +177,15 @@ pub(crate) async fn record_change(State(api): State<Api>, req: Request, next: Ne
     // A one-off command's label and user (`warden run`) are the record's point: its query
     // names them and holds no secret (the command is in the body, digested).
     let route = match (route.as_str(), req.uri().query()) {
+        // Bounded before anything is recorded: every record is written twice, durably, and a
+        // query can be as long as the head (hundreds of KiB).
+        ("/v1/apps/{name}/run", Some(q)) if q.len() > MAX_RUN_QUERY => {
+            return ApiError::new(
+                StatusCode::URI_TOO_LONG,
+                format!("the query of a one-off command (its label and user) has more than {MAX_RUN_QUERY} bytes; name a shorter label"),
+            )
+            .into_response();
+        }
         ("/v1/apps/{name}/run", Some(q)) => format!("{route}?{q}"),
         _ => route,
     };

@@ -177,6 +177,8 @@ pub struct Api {
     pub(crate) idp: Option<Arc<OperatorIdp>>,
     /// Device sign-ins started, and polls of unknown ones, throttled per address.
     pub(crate) device_throttle: Arc<authz::throttle::Throttle>,
+    /// One-off commands (`warden run`) running on this node, bounded per app and in all.
+    pub(crate) one_offs: Arc<routes::run::Running>,
     /// Device sign-ins in flight, by the network they began from.
     pub(crate) device_live: Arc<routes::device_live::Live>,
     /// The key backups are sealed under (the data dir's `backup-key`); `None`: no backups.
@@ -229,6 +231,7 @@ impl Api {
             throttle: Arc::default(),
             idp: None,
             device_throttle: Arc::default(),
+            one_offs: Arc::default(),
             device_live: Arc::default(),
             backup_key: None,
             data: None,

@@ -126,6 +126,13 @@ async fn connection(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
+    // A client that vanishes (a laptop asleep, a NAT that forgot it) sends no FIN: without
+    // probes an upgraded connection, and the one-off command on it, would stay for ever.
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(60))
+        .with_interval(std::time::Duration::from_secs(10))
+        .with_retries(6);
+    let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
     let idle = limits.idle_timeout;
     let svc = TowerToHyperService::new(router);
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {

@@ -2,7 +2,12 @@
 //! the app's current release, attached to this terminal: stdin copied in (its end sent),
 //! stdout and stderr out, Ctrl-C sent to the command (a second one closes the connection,
 //! which kills it), and the command's exit status as this process's own (128+N for signal
-//! N). No terminal is allocated: an interactive shell runs without one.
+//! N). No terminal is allocated: an interactive shell runs without one. Output bound for a
+//! terminal has its control characters (escape sequences: the clipboard, the title, cursor
+//! moves) and bidi overrides replaced, as `warden logs` does: it may hold what app users wrote.
+//! Piped or redirected, it passes byte for byte (a dump, a binary).
+
+mod term;
 
 use std::io::Write;
 
@@ -88,6 +93,9 @@ where
         }
     };
     let receiving = async move {
+        use std::io::IsTerminal;
+        let mut out_filter = term::Filter::new(std::io::stdout().is_terminal());
+        let mut err_filter = term::Filter::new(std::io::stderr().is_terminal());
         let mut buf = Vec::new();
         let mut chunk = vec![0u8; MAX_CHUNK];
         loop {
@@ -100,10 +108,10 @@ where
             buf.extend_from_slice(&chunk[..n]);
             while let Some(out) = decode_output(&mut buf)? {
                 match out {
-                    Output::Stdout(b) => write_to(&mut std::io::stdout(), &b),
-                    Output::Stderr(b) => write_to(&mut std::io::stderr(), &b),
+                    Output::Stdout(b) => write_to(&mut std::io::stdout(), &out_filter.pass(&b)),
+                    Output::Stderr(b) => write_to(&mut std::io::stderr(), &err_filter.pass(&b)),
                     Output::Exited(Exit::Code(c)) => return Ok(c),
-                    Output::Exited(Exit::Signal(s)) => return Ok(128 + s),
+                    Output::Exited(Exit::Signal(s)) => return Ok(s.saturating_add(128)),
                 }
             }
         }

@@ -232,15 +232,21 @@ impl Running {
             stdout,
             stderr,
         } = self;
-        let out = tokio::spawn(pump(stdout, output.clone(), Output::Stdout));
-        let err = tokio::spawn(pump(stderr, output.clone(), Output::Stderr));
+        let mut out = tokio::spawn(pump(stdout, output.clone(), Output::Stdout));
+        let mut err = tokio::spawn(pump(stderr, output.clone(), Output::Stderr));
         let pid = child.id();
         let status = tokio::select! {
             s = child.wait() => Some(s),
             () = feed(stdin, &mut input, pid) => None,
             () = output.closed() => None,
         };
-        // Unreaped (the client went), the handle kills the process's group.
+        if status.is_none() {
+            // The client went: the group killed and reaped before its cgroup and address are
+            // given back below, so nothing of it runs in what another start may take next.
+            child.signal(nix::sys::signal::Signal::SIGKILL);
+            let _ = tokio::time::timeout(DRAIN, child.wait()).await;
+        }
+        // Still unreaped (the wait above timed out), the handle kills the process's group.
         drop(child);
         let exit = match status {
             Some(Ok(s)) => {
@@ -263,11 +269,14 @@ impl Running {
         };
         if exit.is_some() {
             let _ = tokio::time::timeout(DRAIN, async {
-                let _ = out.await;
-                let _ = err.await;
+                let _ = (&mut out).await;
+                let _ = (&mut err).await;
             })
             .await;
         }
+        // A grandchild that keeps a pipe open would keep its pump (and the pipe) for ever.
+        out.abort();
+        err.abort();
         if let Some(held) = held {
             held.release().await;
         }

@@ -10,6 +10,9 @@
 //! user are in the query string, so the audit's `change` record names them.
 
 use axum::body::Body;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
@@ -19,11 +22,72 @@ use warden_api_types::{RunQuery, RunRequest};
 use warden_core::oneoff::{OneOff, OneOffError, Output};
 use warden_core::{keys, AppSpec, UserRecord};
 
+use crate::authz::Principal;
 use crate::error::ApiError;
 use crate::Api;
 
 /// Largest request body: the command line.
 const MAX_BODY: usize = 64 * 1024;
+
+/// One-off commands of one app running at once on this node. A one-off holds a sandbox (up to
+/// the app's limits) for as long as its client stays, and counts against no instance limit, so
+/// without a bound a deployer could fill the node.
+const PER_APP: usize = 4;
+
+/// One-off commands of all apps running at once on this node.
+const PER_NODE: usize = 16;
+
+/// The one-off commands running on this node, per app.
+#[derive(Default)]
+pub(crate) struct Running(Mutex<HashMap<String, usize>>);
+
+/// A place among the running one-offs, given back when dropped (the command ended or its
+/// client went).
+struct Place {
+    running: Arc<Running>,
+    app: String,
+}
+
+impl Running {
+    fn take(self: &Arc<Self>, app: &str) -> Result<Place, ApiError> {
+        let mut by_app = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let total: usize = by_app.values().sum();
+        let mine = by_app.get(app).copied().unwrap_or(0);
+        if mine >= PER_APP || total >= PER_NODE {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "{} one-off commands already run (at most {PER_APP} of an app and {PER_NODE} on a node at once); end one, or wait for one to end",
+                    if mine >= PER_APP { mine } else { total }
+                ),
+            ));
+        }
+        *by_app.entry(app.to_owned()).or_default() += 1;
+        Ok(Place {
+            running: self.clone(),
+            app: app.to_owned(),
+        })
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut by_app = self
+            .running
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = by_app.get_mut(&self.app) {
+            *n -= 1;
+            if *n == 0 {
+                by_app.remove(&self.app);
+            }
+        }
+    }
+}
 
 /// `POST /v1/apps/{name}/run`
 pub async fn run(
@@ -68,7 +132,23 @@ pub async fn run(
             "app {name:?} has no release yet: a command runs in the current release's slug and environment; push one first with `warden push {name} DIR`"
         )));
     }
+    // A user's clearance is read only by those who may read users (`GET /v1/users/{name}`):
+    // a deployer naming a user would learn it from the label.
+    if query.user.is_some() {
+        let reads_users = parts.extensions.get::<Principal>().is_none_or(|p| {
+            p.owner()
+                || matches!(p, Principal::Operator { roles, .. }
+                    if roles.contains(&warden_core::Role::Viewer))
+        });
+        if !reads_users {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "--user reads the user's clearance, which needs the viewer or the owner role; name the label with --label instead",
+            ));
+        }
+    }
     let label = label(&api, &query).await?;
+    let place = api.one_offs.take(&name)?;
     let on_upgrade = parts
         .extensions
         .remove::<hyper::upgrade::OnUpgrade>()
@@ -88,7 +168,10 @@ pub async fn run(
     tracing::info!(app = %name, %label, user = ?query.user, command = ?body.command.first(), "one-off command started");
     tokio::spawn(async move {
         match on_upgrade.await {
-            Ok(upgraded) => attach(hyper_util::rt::TokioIo::new(upgraded), oneoff).await,
+            Ok(upgraded) => {
+                attach(hyper_util::rt::TokioIo::new(upgraded), oneoff).await;
+                drop(place);
+            }
             Err(e) => {
                 tracing::info!(app = %name, error = %e, "one-off command's client left before the upgrade")
             }
@@ -127,7 +210,7 @@ async fn label(api: &Api, query: &RunQuery) -> Result<String, ApiError> {
             let l = canonical(l)?;
             if l != canonical(&c)? {
                 return Err(ApiError::bad_request(format!(
-                    "label {l:?} is not the clearance of user {:?} ({c:?}); give one of --label and --user, or both agreeing",
+                    "label {l:?} is not the clearance of user {:?}; give one of --label and --user, or both agreeing",
                     query.user.as_deref().unwrap_or_default()
                 )));
             }

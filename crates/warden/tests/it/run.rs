@@ -358,3 +358,107 @@ fn an_api_without_the_agent_refuses_saying_where_to_run_it() {
     assert!(stderr.contains("HTTP 503"), "{stderr}");
     assert!(stderr.contains("a node that runs the agent"), "{stderr}");
 }
+
+#[test]
+fn one_offs_are_bounded_per_app_and_a_deployer_cannot_read_a_users_clearance() {
+    let w = with_plain();
+    // Four held open: the fifth of the app is refused, saying why; one ended, a place frees.
+    let mut held: Vec<Child> = (0..4)
+        .map(|i| {
+            let marker = format!("warden-run-test-held-{i}");
+            let sleeper = format!("import time; time.sleep(600) # {marker}");
+            let child = warden(&w, &["run", "plain", "--", "python3", "-c", &sleeper])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap();
+            until("a held command runs", || running(&marker));
+            child
+        })
+        .collect();
+    let out = warden(&w, &["run", "plain", "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("HTTP 429") && stderr.contains("at most 4 of an app"),
+        "{stderr}"
+    );
+    let mut first = held.remove(0);
+    first.kill().unwrap();
+    let _ = first.wait();
+    until("the first held command is gone", || {
+        !running("warden-run-test-held-0")
+    });
+    let start = Instant::now();
+    loop {
+        let out = warden(&w, &["run", "plain", "--", "true"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        if out.status.code() == Some(0) {
+            break;
+        }
+        // The place is given back once the API sees the connection end.
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for mut c in held {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    // A deployer of the app may run it, but naming a user would read that user's clearance.
+    let r = w.api(
+        "POST",
+        "/v1/operators",
+        Some(json!({"name": "dep", "password": "dep-password-1", "roles": [{"role": "deployer", "apps": ["plain"]}]})),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let login = request(
+        "POST",
+        &format!("{}/v1/login", w.api),
+        &[("content-type", "application/json")],
+        json!({"name": "dep", "password": "dep-password-1"})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(login.status, 200, "{}", login.text());
+    let token = login.json()["token"].as_str().unwrap().to_owned();
+    let out = warden(&w, &["run", "plain", "--user", "alice", "--", "true"])
+        .env("WARDEN_TOKEN", &token)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("HTTP 403") && stderr.contains("--label instead"),
+        "{stderr}"
+    );
+    let out = warden(&w, &["run", "plain", "--", "true"])
+        .env("WARDEN_TOKEN", &token)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A label too long for the audit record is refused before anything is recorded.
+    let long = "L".repeat(600);
+    let out = warden(&w, &["run", "plain", "--label", &long, "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("HTTP 414") && stderr.contains("512 bytes"),
+        "{stderr}"
+    );
+}
