@@ -58,6 +58,10 @@ pub struct Scale {
     /// Instances the cluster keeps for each label named; 0 stops keeping that label. Labels
     /// not named keep their counts.
     pub desired: std::collections::BTreeMap<String, u32>,
+    /// The Procfile's process type whose counts these are (`worker`); the app's web
+    /// instances when absent or `web`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
 }
 
 /// Body of `POST /v1/apps/{name}/restart`: `{}` restarts every label of the app.

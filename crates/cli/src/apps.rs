@@ -33,12 +33,13 @@ pub enum AppsCommand {
     /// command, environment or limit rolls out with no failed request
     Update(Box<UpdateApp>),
     /// Set how many instances of a label the cluster keeps running, spread over nodes:
-    /// `warden apps scale APP LABEL=COUNT...` (0 stops keeping the label)
+    /// `warden apps scale APP [TYPE:]LABEL=COUNT...` (0 stops keeping the label; TYPE is a
+    /// Procfile process type such as `worker`, `web` when left out)
     Scale {
         /// App name
         name: String,
-        /// LABEL=COUNT, one or more; labels not named keep their counts
-        #[arg(value_name = "LABEL=COUNT", required = true)]
+        /// [TYPE:]LABEL=COUNT, one or more; labels not named keep their counts
+        #[arg(value_name = "[TYPE:]LABEL=COUNT", required = true)]
         counts: Vec<String>,
     },
     /// Replace an app's running instances with fresh ones of the same release, one by one
@@ -368,26 +369,20 @@ pub(crate) async fn run(
             });
         }
         AppsCommand::Scale { name, counts } => {
-            let desired = crate::label_counts("scale", counts)?;
-            let spec: AppSpec = api
-                .call_with(
-                    "POST",
-                    &format!("/v1/apps/{name}/scale"),
-                    &Scale { desired },
-                )
-                .await?;
-            out.value(&spec, |v| {
-                let counts: Vec<String> =
-                    v.desired.iter().map(|(l, n)| format!("{l}={n}")).collect();
-                if counts.is_empty() {
-                    println!("app {name} keeps no instance running when idle");
-                } else {
-                    println!(
-                        "app {name} keeps {} running (instances that requests start come on top, until its lifetime ends them); `warden status` shows them converging",
-                        counts.join(" ")
-                    );
-                }
-            });
+            for (process, counts) in by_process(counts) {
+                let desired = crate::label_counts("scale", counts)?;
+                let spec: AppSpec = api
+                    .call_with(
+                        "POST",
+                        &format!("/v1/apps/{name}/scale"),
+                        &Scale {
+                            desired,
+                            process: process.clone(),
+                        },
+                    )
+                    .await?;
+                out.value(&spec, |v| scaled(&name, process.as_deref(), v));
+            }
         }
         AppsCommand::Restart { name, label } => {
             let r: Restarted = api
@@ -413,4 +408,47 @@ pub(crate) async fn run(
         }
     }
     Ok(())
+}
+
+/// `apps scale`'s `[TYPE:]LABEL=COUNT` arguments grouped by process type (`None`: web). A
+/// prefix is a type when it is named like one and what follows is not a label's category
+/// set (`SECRET:{a}=1` is a label).
+fn by_process(args: Vec<String>) -> BTreeMap<Option<String>, Vec<String>> {
+    let mut out: BTreeMap<Option<String>, Vec<String>> = BTreeMap::new();
+    for arg in args {
+        let typed = arg.split_once(':').filter(|(t, rest)| {
+            warden_core::validate_process_type(t).is_ok() && !rest.trim_start().starts_with('{')
+        });
+        match typed {
+            Some(("web", rest)) => out.entry(None).or_default().push(rest.to_owned()),
+            Some((t, rest)) => out
+                .entry(Some(t.to_owned()))
+                .or_default()
+                .push(rest.to_owned()),
+            None => out.entry(None).or_default().push(arg),
+        }
+    }
+    out
+}
+
+/// What `apps scale` says about one process type's counts.
+fn scaled(name: &str, process: Option<&str>, v: &AppSpec) {
+    let counts: Vec<String> = v.desired.iter().map(|(l, n)| format!("{l}={n}")).collect();
+    let what = match process {
+        Some(t) => format!("app {name}'s {t}"),
+        None => format!("app {name}"),
+    };
+    if counts.is_empty() {
+        println!("{what} keeps no instance running when idle");
+    } else if process.is_some() {
+        println!(
+            "{what} keeps {} running; `warden ps {name}` shows them converging",
+            counts.join(" ")
+        );
+    } else {
+        println!(
+            "{what} keeps {} running (instances that requests start come on top, until its lifetime ends them); `warden status` shows them converging",
+            counts.join(" ")
+        );
+    }
 }

@@ -32,6 +32,9 @@ pub struct Built {
     /// What a push's release phase runs once before its trial (the Procfile's `release`,
     /// through `/bin/sh -c`); empty when there is none.
     pub release: Vec<String>,
+    /// What each of its Procfile's other process types runs (`worker`, `clock`; neither
+    /// `web` nor `release`), by name, through `/bin/sh -c`.
+    pub processes: std::collections::BTreeMap<String, Vec<String>>,
     /// The slug's files on this node, for a static site the gateway serves.
     pub dir: PathBuf,
     /// SHA-256 of the slug's archive, for nodes that fetch it.

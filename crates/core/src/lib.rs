@@ -30,11 +30,13 @@ pub use model::{
     AddrError, AppHealth, AppSpec, BuildKind, ClaimRule, DrainOrder, DriverKind, FailReason,
     HostLoad, InstanceAddr, InstanceRecord, InstanceState, LabelHealth, Lifetime, Limits, Move,
     MoveReason, NetworkMode, NodeRecord, OidcFlowRecord, OidcProviderRecord, OperatorRecord,
-    OperatorSource, Placement, ProviderMark, ProviderSession, Release, ReleaseSource,
+    OperatorSource, Placement, ProcessOf, ProviderMark, ProviderSession, Release, ReleaseSource,
     ReleaseStatus, Restarts, Role, SchedulerRecord, SessionRecord, SpecRelease, StartPath,
     TokenKind, TokenRecord, UserRecord, MAX_POOL,
 };
-pub use name::{validate_name, NameError};
+pub use name::{
+    process_app, split_process_app, validate_name, validate_process_type, NameError, PROCESS_SEP,
+};
 pub use peers::Peers;
 pub use releases::{
     LocalReleases, ReleaseAsk, ReleaseError, ReleaseEvents, Releases, UploadReader,

@@ -305,6 +305,9 @@ fn apply_to(v: &mut Views, kind: Kind, key: &str, value: Option<&[u8]>) {
     match (kind, value) {
         (Kind::Apps, Some(bytes)) if key.ends_with("/spec") => {
             match decode::<AppSpec>(key, bytes) {
+                // A process type (`worker`) serves nothing: it is never an app the gateway
+                // knows, so no Host, path or start reaches it.
+                Ok(spec) if spec.process.is_some() => {}
                 Ok(spec) => {
                     // Only this app's host names change: rebuilding the index over every
                     // app made each app write cost as much as there are apps.

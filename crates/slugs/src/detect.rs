@@ -3,6 +3,7 @@
 //! `package.json` a Node app, an `index.html` without a Procfile a static site. The pusher may
 //! name the kind instead.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use warden_core::builds::BuildError;
@@ -26,6 +27,9 @@ pub struct Recipe {
     /// What the release phase runs once per push before its trial (the Procfile's `release:`
     /// line, through `/bin/sh -c`); empty when the Procfile has none.
     pub release: Vec<String>,
+    /// What each other process type of the Procfile runs (`worker`, `clock`: every line but
+    /// `web` and `release`), through `/bin/sh -c`; empty for a static site.
+    pub processes: BTreeMap<String, Vec<String>>,
 }
 
 /// Most bytes of a Procfile or package.json that detection reads.
@@ -54,29 +58,47 @@ struct Procfile {
     web: Option<String>,
     /// `release:`, what the release phase runs.
     release: Option<String>,
+    /// Every other line: process types kept running by their counts (`worker:`, `clock:`).
+    others: BTreeMap<String, String>,
 }
 
-/// The `web` and `release` lines of the tree's Procfile, if it has one. Refuses a Procfile
-/// without a `web` line.
+/// The lines of the tree's Procfile, if it has one: `web`, `release` and the other process
+/// types. Refuses a Procfile without a `web` line, a type named twice or a name a process
+/// type cannot have.
 fn procfile(root: &Root) -> Result<Procfile, BuildError> {
     let Some(text) = read_text(root, "Procfile")? else {
         return Ok(Procfile::default());
     };
     let mut found = Procfile::default();
-    for line in text.lines() {
+    let mut seen = std::collections::BTreeSet::new();
+    for (n, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.starts_with('#') {
             continue;
         }
-        if let Some((name, cmd)) = line.split_once(':') {
-            let cmd = cmd.trim();
-            let slot = match name.trim() {
-                "web" => &mut found.web,
-                "release" => &mut found.release,
-                _ => continue,
-            };
-            if !cmd.is_empty() && slot.is_none() {
-                *slot = Some(cmd.to_owned());
+        let Some((name, cmd)) = line.split_once(':') else {
+            continue;
+        };
+        let (name, cmd) = (name.trim(), cmd.trim());
+        warden_core::validate_process_type(name)
+            .map_err(|e| detect_error(format!("Procfile line {}: {e}", n + 1)))?;
+        if !seen.insert(name.to_owned()) {
+            return Err(detect_error(format!(
+                "Procfile line {}: process type {name:?} is named twice; keep one line per type",
+                n + 1
+            )));
+        }
+        if cmd.is_empty() {
+            return Err(detect_error(format!(
+                "Procfile line {}: process type {name:?} has no command; write `{name}: COMMAND`",
+                n + 1
+            )));
+        }
+        match name {
+            "web" => found.web = Some(cmd.to_owned()),
+            "release" => found.release = Some(cmd.to_owned()),
+            _ => {
+                found.others.insert(name.to_owned(), cmd.to_owned());
             }
         }
     }
@@ -142,7 +164,11 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
     let root = Root::open(dir)
         .map_err(|e| BuildError::Node(format!("cannot open the unpacked tree: {e}")))?;
     let has = |f: &str| root.is_file(f);
-    let Procfile { web, release } = procfile(&root)?;
+    let Procfile {
+        web,
+        release,
+        others,
+    } = procfile(&root)?;
     let python = has("requirements.txt") || has("pyproject.toml");
     let kind = match kind {
         Some(k) => k,
@@ -157,10 +183,14 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
         }
     };
     let run = |cmd: String| vec!["/bin/sh".to_owned(), "-c".to_owned(), start_script(&cmd)];
-    // A static site runs nothing, so it has no release phase either.
+    // A static site runs nothing, so it has no release phase or other process either.
     let release = match (kind, release) {
         (BuildKind::Static, _) | (_, None) => Vec::new(),
         (_, Some(r)) => run(r),
+    };
+    let processes = match kind {
+        BuildKind::Static => BTreeMap::new(),
+        _ => others.into_iter().map(|(k, c)| (k, run(c))).collect(),
     };
     let mut recipe = match kind {
         BuildKind::Python => {
@@ -193,6 +223,7 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
                 )),
                 command: run(web),
                 release: Vec::new(),
+                processes: BTreeMap::new(),
             }
         }
         BuildKind::Node => {
@@ -217,6 +248,7 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
                 script: Some(format!("set -e\n{install}\n")),
                 command: run(web),
                 release: Vec::new(),
+                processes: BTreeMap::new(),
             }
         }
         BuildKind::Procfile => {
@@ -230,6 +262,7 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
                 script: None,
                 command: run(web),
                 release: Vec::new(),
+                processes: BTreeMap::new(),
             }
         }
         BuildKind::Static => {
@@ -243,10 +276,12 @@ pub(crate) fn detect(dir: &Path, kind: Option<BuildKind>) -> Result<Recipe, Buil
                 script: None,
                 command: Vec::new(),
                 release: Vec::new(),
+                processes: BTreeMap::new(),
             }
         }
     };
     recipe.release = release;
+    recipe.processes = processes;
     Ok(recipe)
 }
 
@@ -310,6 +345,12 @@ mod tests {
         assert_eq!(with.command[2], "exec ./serve");
         let without = kind_of(&[("Procfile", "web: ./serve\n")]).expect("procfile");
         assert!(without.release.is_empty());
+        assert_eq!(with.processes["worker"], ["/bin/sh", "-c", "exec x"]);
+        assert_eq!(
+            with.processes.len(),
+            1,
+            "neither web nor release is a process type"
+        );
         // A release line alone does not make an app.
         let err = kind_of(&[("Procfile", "release: ./migrate\n")]).expect_err("no web");
         assert!(err.to_string().contains("no `web:` line"), "{err}");
@@ -338,6 +379,15 @@ mod tests {
                 "cannot tell how to start this Node app",
             ),
             (vec![("package.json", "{")], "not JSON"),
+            (
+                vec![("Procfile", "web: a\nworker: b\nworker: c\n")],
+                "line 3: process type \"worker\" is named twice",
+            ),
+            (
+                vec![("Procfile", "web: a\nWorker.1: b\n")],
+                "line 2: process type \"Worker.1\" must be",
+            ),
+            (vec![("Procfile", "web: a\nclock:\n")], "has no command"),
         ] {
             let err = kind_of(&files).expect_err(want).to_string();
             assert!(err.contains(want), "{err:?} should say {want:?}");

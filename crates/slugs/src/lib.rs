@@ -49,6 +49,7 @@ pub fn complete(slugs: &Path, id: &str, cached: bool) -> Option<Built> {
         kind: mark.kind,
         command: mark.command,
         release: mark.release,
+        processes: mark.processes,
         dir: tree(slugs, id),
         archive,
         cached,
@@ -146,6 +147,7 @@ pub fn complete_build(slugs: &Path, id: &str, recipe: &Recipe) -> Result<Built, 
         kind: recipe.kind,
         command: recipe.command.clone(),
         release: recipe.release.clone(),
+        processes: recipe.processes.clone(),
         built_with: reuse::interpreter(recipe.kind),
     };
     let bytes = serde_json::to_vec(&mark).map_err(|e| node_error("encode the slug's mark", e))?;

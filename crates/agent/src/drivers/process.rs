@@ -86,7 +86,10 @@ impl ProcessDriver {
         }
         let port = free_port().map_err(LaunchError::NoPort)?;
         let mut env = l.env.clone();
-        env.insert("PORT".into(), port.to_string());
+        // A process type (`worker`) listens on nothing, so it is told no port.
+        if l.spec.listens() {
+            env.insert("PORT".into(), port.to_string());
+        }
         // Absolute: an app that changes directory must still find it.
         let dir = std::path::absolute(l.dir).unwrap_or_else(|_| l.dir.to_owned());
         env.insert("WARDEN_DATA_DIR".into(), dir.display().to_string());

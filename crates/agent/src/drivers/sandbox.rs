@@ -137,7 +137,10 @@ impl SandboxDriver {
             .collect();
         argv[0] = program.display().to_string();
         let mut env = l.env.clone();
-        env.insert("PORT".into(), SANDBOX_PORT.to_string());
+        // A process type (`worker`) listens on nothing, so it is told no port.
+        if l.spec.listens() {
+            env.insert("PORT".into(), SANDBOX_PORT.to_string());
+        }
         env.insert("WARDEN_DATA_DIR".into(), DATA_MOUNT.into());
         env.insert("HOME".into(), DATA_MOUNT.into());
         env.insert("TMPDIR".into(), "/tmp".into());

@@ -1,5 +1,6 @@
 //! Waiting until a new instance is ready: it accepts a connection and, when the app names a
-//! health path, answers it 2xx or 3xx.
+//! health path, answers it 2xx or 3xx; or, for a process type that listens on nothing
+//! (`worker:`), it started and is still running a moment later.
 
 use std::time::Duration;
 
@@ -17,6 +18,33 @@ pub(crate) enum Ready {
     Exited,
     /// What was still missing.
     TimedOut(String),
+}
+
+/// How long an instance that listens on nothing must keep running to count as started: long
+/// enough that a command that fails at once (a typo, a missing module) is seen to fail.
+const SETTLE: Duration = Duration::from_millis(500);
+
+/// Waits until an instance that listens on nothing (a process type such as `worker`) is
+/// ready: still running [`SETTLE`] after it started (or `timeout`, when shorter); `Exited` if
+/// it ended first.
+pub(crate) async fn wait_running(mut exited: watch::Receiver<bool>, timeout: Duration) -> Ready {
+    let until = tokio::time::Instant::now() + SETTLE.min(timeout);
+    loop {
+        if *exited.borrow() {
+            return Ready::Exited;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => {
+                return if *exited.borrow() { Ready::Exited } else { Ready::Yes };
+            }
+            changed = exited.changed() => {
+                // The monitor is gone without saying: the process is.
+                if changed.is_err() {
+                    return Ready::Exited;
+                }
+            }
+        }
+    }
 }
 
 /// Waits until the app at `addr` is ready, the process exits, or `timeout` passes. Ready means

@@ -18,7 +18,7 @@ use warden_core::{
 };
 use warden_store::put_json;
 
-use super::ready::{wait_ready, Ready};
+use super::ready::{wait_ready, wait_running, Ready};
 use super::{record_key, Lifecycle, Running, KEEP_EXITED_LOGS};
 use crate::drivers::launch::{Held, Started};
 use crate::drivers::{Launch, LaunchError};
@@ -201,13 +201,15 @@ impl Lifecycle {
         };
         let sandboxed = spec.driver_on(self.deps.drivers.default().0) == DriverKind::Sandbox;
         let dir = self.deps.paths.instance(&id);
-        let place = match crate::drivers::data::place(&dir, &spec.name, sandboxed) {
+        // A process type (`worker`) reaches its app's database, as its label's role.
+        let app = spec.owning_app();
+        let place = match crate::drivers::data::place(&dir, app, sandboxed) {
             Ok(p) => p,
             Err(e) => return Err((id, e)),
         };
         let user = owner.reserved_for();
         let socket = match plane
-            .attach(&spec.name, label, user.as_deref(), &place.socket)
+            .attach(app, label, user.as_deref(), &place.socket)
             .await
         {
             Ok(s) => s,
@@ -284,7 +286,12 @@ impl Lifecycle {
         self.publish_or_stop(&key, &record).await?;
 
         let timeout = Duration::from_millis(spec.start_timeout_ms);
-        match wait_ready(&addr, spec.health_path.as_deref(), exit_rx, timeout).await {
+        let ready = if spec.listens() {
+            wait_ready(&addr, spec.health_path.as_deref(), exit_rx, timeout).await
+        } else {
+            wait_running(exit_rx, timeout).await
+        };
+        match ready {
             Ready::Yes => {}
             Ready::Exited => {
                 let status = status_rx.await.unwrap_or_else(|_| "unknown status".into());

@@ -31,6 +31,12 @@ pub(crate) fn target(template: &str, path: &str) -> Option<String> {
         .map(|(_, p)| p.to_owned())
 }
 
+/// Whether a path segment names a process type's spec (`demo~worker`, or `%7E` escaped),
+/// which no app's name can.
+fn names_process_type(segment: &str) -> bool {
+    segment.contains(warden_core::PROCESS_SEP) || segment.to_ascii_lowercase().contains("%7e")
+}
+
 /// Who made a request.
 #[derive(Debug, Clone)]
 pub(crate) enum Principal {
@@ -275,10 +281,11 @@ async fn app_of(
                 .list(keys::INSTANCES)
                 .await
                 .map_err(|e| ApiError::from(e).into_response())?;
-            // `instances/<app>/<id>`
+            // `instances/<app>/<id>`; a process type's instance is its app's.
             let app = listing.entries.iter().find_map(|e| {
                 let mut parts = e.key.splitn(3, '/').skip(1);
                 let (app, this) = (parts.next()?, parts.next()?);
+                let app = warden_core::split_process_app(app).map_or(app, |(app, _)| app);
                 (this == id).then(|| app.to_owned())
             });
             Ok((req, app))
@@ -296,7 +303,13 @@ async fn app_of(
                 )
                 .into_response()
             })?;
-            let app = serde_json::from_slice::<Named>(&bytes).ok().map(|n| n.app);
+            // A process type's instances are started by its counts, never by this route: a
+            // name of one is judged as its app's (and the route refuses it).
+            let app = serde_json::from_slice::<Named>(&bytes).ok().map(|n| {
+                warden_core::split_process_app(&n.app)
+                    .map_or(n.app.as_str(), |(app, _)| app)
+                    .to_owned()
+            });
             Ok((
                 Request::from_parts(parts, axum::body::Body::from(bytes)),
                 app,
@@ -356,6 +369,16 @@ pub(crate) async fn authorize(State(api): State<Api>, mut req: Request, next: Ne
             };
         }
     };
+    // A process type's spec (`demo~worker`) is its app's: no route takes its name, so its
+    // counts, env and removal go only through the app's own routes and their roles.
+    if let Some(name) = route
+        .starts_with("/v1/apps/{name}")
+        .then(|| target(&route, req.uri().path()))
+        .flatten()
+        .filter(|n| names_process_type(n))
+    {
+        return ApiError::no_app(&name).into_response();
+    }
     if let Principal::Operator { roles, .. } = &principal {
         let app;
         (req, app) = match app_of(&api, req, &route).await {

@@ -15,6 +15,7 @@
 //! (both bounded: see [`sink`]).
 
 mod phases;
+pub(crate) mod processes;
 mod resume;
 mod rollout;
 mod sink;

@@ -44,7 +44,10 @@ pub(super) async fn run(
             )
         })?;
     let rolled_out = match spec.release.as_ref().map(|r| r.number) {
-        Some(n) if n == d.release.number => super::rollout::rolled_out(api, &spec, sink).await,
+        Some(n) if n == d.release.number => {
+            processes(api, builds, &spec, sink).await;
+            super::rollout::rolled_out(api, &spec, sink).await
+        }
         // Only a release resumed at start gets here: it was switched to, and a newer one has
         // replaced it since. It served; its rollout is the newer one's to wait for.
         _ => {
@@ -54,6 +57,27 @@ pub(super) async fn run(
     };
     d.advance(api, ReleaseStatus::Released).await?;
     Ok(rolled_out)
+}
+
+/// Writes the app's process types for the release it now serves (here after the switch, or
+/// when a release found `switched` at start resumes) and says what each keeps. A failure
+/// is said and left: the release serves, and the next release or restart writes them again.
+async fn processes(api: &Api, builds: &dyn Builds, spec: &AppSpec, sink: &Sink) {
+    let types = spec
+        .release
+        .as_ref()
+        .and_then(|r| builds.built(&r.slug))
+        .map(|b| b.processes);
+    match super::processes::sync(api, &spec.name, types.as_ref()).await {
+        Ok(written) => {
+            for line in super::processes::summary(&spec.name, &written) {
+                sink.line(&line);
+            }
+        }
+        Err(e) => sink.line(&format!(
+            "warning: the app's other process types were not updated ({e}); push again to apply them"
+        )),
+    }
 }
 
 /// Builds the pushed source; the release is `built` after, its upload no longer needed.
@@ -349,6 +373,7 @@ mod tests {
             kind: BuildKind::Procfile,
             command: vec!["./run".into()],
             release: Vec::new(),
+            processes: BTreeMap::new(),
             dir: PathBuf::from("/nowhere"),
             archive: "b".repeat(64),
             cached: true,

@@ -76,6 +76,8 @@ pub(crate) async fn list(
         .iter()
         .filter(|e| e.key.ends_with("/spec"))
         .filter_map(|e| crate::routes::readable(decode::<AppSpec>(&e.key, &e.value)))
+        // A process type is its app's, shown under it (`GET /v1/apps/{name}/ps`).
+        .filter(|s: &AppSpec| s.process.is_none())
         .map(|mut s: AppSpec| {
             crate::authz::redact_env(&who, &s.name.clone(), &mut s.env);
             s
@@ -193,6 +195,10 @@ pub async fn remove(
                 }
             }
             api.applied(&keys::app_spec(&name), rev).await;
+            // Its process types go with it (their instances stop as the app's do).
+            if let Err(e) = crate::deliver::processes::remove_all(&api, &name).await {
+                tracing::warn!(app = %name, error = %e, "removing the removed app's process types failed");
+            }
             // Its releases go with it: an app made later under the name starts at release 1
             // and can never roll back to this one's code or config vars.
             if let Ok(listing) = api.store.list(&keys::releases(&name)).await {
@@ -303,6 +309,10 @@ pub async fn update(
                 crate::routes::data::apply_mark(&api, &next, rev, Some(&spec)).await?;
             }
             api.applied(&key, rev).await;
+            // Its process types run with its env, driver and limits.
+            if let Err(e) = crate::deliver::processes::sync(&api, &name, None).await {
+                tracing::warn!(app = %name, error = %e, "updating the app's process types failed");
+            }
             let rolls = next.generation("") != spec.generation("");
             tracing::info!(app = %name, rolls, "app updated");
             return Ok(Json(next));
@@ -386,7 +396,10 @@ pub async fn scale(
             .map_err(|e| ApiError::bad_request(format!("label {label:?}: {e}")))?;
         counts.insert(c, *n);
     }
-    let key = keys::app_spec(&name);
+    let key = match body.process.as_deref() {
+        None | Some("web") => keys::app_spec(&name),
+        Some(kind) => process_key(&api, &name, kind).await?,
+    };
     // Another writer may change the spec meanwhile: read, change, compare-and-swap, again.
     for _ in 0..8 {
         let Some((mut spec, rev)) = warden_store::get_json::<AppSpec>(&*api.store, &key).await?
@@ -416,4 +429,33 @@ pub async fn scale(
     Err(ApiError::conflict(format!(
         "app {name:?} kept changing while it was scaled; try again"
     )))
+}
+
+/// The key of process type `kind`'s spec of app `app`, or why there is none.
+async fn process_key(api: &Api, app: &str, kind: &str) -> Result<String, ApiError> {
+    if warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(app))
+        .await?
+        .is_none()
+    {
+        return Err(ApiError::no_app(app));
+    }
+    let key = keys::app_spec(&warden_core::process_app(app, kind));
+    if warden_store::get_json::<AppSpec>(&*api.store, &key)
+        .await?
+        .is_some()
+    {
+        return Ok(key);
+    }
+    let types: Vec<String> = crate::deliver::processes::of_app(api, app)
+        .await?
+        .into_iter()
+        .filter_map(|s| s.process.map(|p| p.kind))
+        .collect();
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "app {app:?} has no process type {kind:?} in the release it serves (its Procfile's other types: {}); add a `{kind}:` line to the Procfile and push",
+            if types.is_empty() { "none".to_owned() } else { types.join(", ") }
+        ),
+    ))
 }

@@ -41,8 +41,10 @@ pub async fn start(
     State(api): State<Api>,
     ApiJson(req): ApiJson<StartRequest>,
 ) -> Result<(StatusCode, Json<InstanceRecord>), ApiError> {
-    let Some((spec, _)) =
-        warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&req.app)).await?
+    // A process type's spec is no app: its counts start its instances (`apps scale`).
+    let Some((spec, _)) = warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&req.app))
+        .await?
+        .filter(|(s, _)| s.process.is_none())
     else {
         return Err(ApiError::no_app(&req.app));
     };
@@ -105,7 +107,9 @@ pub async fn app_logs(
     let lines = q.lines.unwrap_or(100).min(10_000);
     let mut out = Vec::new();
     for r in all(&api).await? {
-        let wanted = r.app == name
+        // Its process types' instances too (`worker`): their app field names the type.
+        let wanted = (r.app == name
+            || warden_core::split_process_app(&r.app).is_some_and(|(app, _)| app == name))
             && q.release.is_none_or(|n| r.release == Some(n))
             && q.label.as_ref().is_none_or(|l| &r.label == l)
             && q.instance.as_ref().is_none_or(|i| &r.id == i);

@@ -52,6 +52,10 @@ pub async fn restart(
             .await?
         {
             api.applied(&key, rev).await;
+            // Its process types carry the restart too, and are replaced the same way.
+            if let Err(e) = crate::deliver::processes::sync(&api, &name, None).await {
+                tracing::warn!(app = %name, error = %e, "restarting the app's process types failed");
+            }
             let replacing = running(&api, &name, label.as_deref()).await?;
             tracing::info!(app = %name, label = ?label, restart, replacing, "app restarted");
             let answer = Restarted {

@@ -70,6 +70,8 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
         .iter()
         .filter(|e| e.key.ends_with("/spec"))
         .filter_map(|e| warden_store::decode::<AppSpec>(&e.key, &e.value).ok())
+        // A process type is its app's, shown under it (`GET /v1/apps/{name}/ps`).
+        .filter(|spec| spec.process.is_none())
         .map(|spec| {
             let name = spec.name.as_str();
             let (mut by_label, mut spares) = (BTreeMap::new(), BTreeMap::new());

@@ -142,3 +142,4 @@ mod tls_gone;
 mod upgrade;
 mod uploads;
 mod walking_skeleton;
+mod workers;
