@@ -20,6 +20,7 @@ pub mod oidc;
 #[cfg(feature = "schema")]
 pub mod openapi;
 pub mod operators;
+pub mod ps;
 pub mod releases;
 pub mod run;
 pub mod status;
@@ -33,6 +34,7 @@ pub use oidc::{NewOidcProvider, OidcProviderChange, OidcProviderView};
 pub use operators::{
     IssuedToken, Login, NewOperator, NewToken, OperatorChange, OperatorView, TokenView,
 };
+pub use ps::{ProcessLabel, ProcessType};
 pub use releases::{ConfigChange, PushQuery, ReleaseEvent, Rollback, UploadLimits};
 pub use run::{RunQuery, RunRequest};
 pub use status::{AppStatus, BackupHead, BackupRecord, CrashReport, Damaged, NodeStatus, Status};

@@ -22,6 +22,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         generator.subschema_for::<Health>(),
         generator.subschema_for::<AppSpec>(),
         generator.subschema_for::<Scale>(),
+        generator.subschema_for::<ProcessType>(),
         generator.subschema_for::<Restart>(),
         generator.subschema_for::<Restarted>(),
         generator.subschema_for::<crate::RunRequest>(),

@@ -57,6 +57,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("patch", "/v1/apps/{name}"),
     ("delete", "/v1/apps/{name}"),
     ("post", "/v1/apps/{name}/scale"),
+    ("get", "/v1/apps/{name}/ps"),
     ("get", "/v1/apps/{name}/data"),
     ("get", "/v1/limits"),
     ("get", "/v1/apps/{name}/logs"),
@@ -411,6 +412,7 @@ impl Api {
                 post(nodes::drain).delete(nodes::undrain),
             )
             .route("/v1/apps/{name}/scale", post(apps::scale))
+            .route("/v1/apps/{name}/ps", get(ps::show))
             .route("/v1/apps/{name}/data", get(data::show))
             .route(
                 "/v1/apps/{name}/releases",

@@ -22,6 +22,7 @@ mod operators;
 mod pack;
 mod phases;
 mod run;
+mod ps;
 mod session;
 mod show;
 mod shown;
@@ -178,6 +179,11 @@ pub enum ClientCommand {
     },
     /// Print what an app's instances (or one instance) wrote, with instance, label and release
     Logs(Logs),
+    /// Show an app's process types (web and its Procfile's others): instances kept and running per label
+    Ps {
+        /// App name
+        app: String,
+    },
     /// Show what apps' databases hold
     #[command(subcommand)]
     Data(DataCommand),
@@ -233,6 +239,7 @@ pub async fn run(args: &ClientArgs, cmd: ClientCommand) -> anyhow::Result<()> {
         }
         ClientCommand::Lattice(c) => lattice(&api, &out, c).await,
         ClientCommand::Logs(l) => logs::run(&api, &out, l).await,
+        ClientCommand::Ps { app } => ps::run(&api, &out, &app).await,
         ClientCommand::Data(c) => data::run(&api, &out, c).await,
         ClientCommand::Run(r) => run::run(&api, r).await,
         ClientCommand::Audit(a) => audit::run(&api, &out, a).await,

@@ -62,6 +62,8 @@ enum Command {
     Push(PushCmd),
     /// List an app's releases
     Releases(ReleasesCmd),
+    /// Show an app's process types (web and its Procfile's others): instances kept and running per label
+    Ps(PsCmd),
     /// Show or change an app's config vars (each change is a release)
     Config(ConfigCmd),
     /// Run an earlier release of an app again, without rebuilding
@@ -182,6 +184,14 @@ struct PushCmd {
 
 #[derive(Debug, clap::Args)]
 struct ReleasesCmd {
+    /// App name
+    app: String,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct PsCmd {
     /// App name
     app: String,
     #[command(flatten)]
@@ -459,6 +469,7 @@ async fn run(cli: Cli) -> std::process::ExitCode {
         Command::Releases(c) => {
             warden_cli::run(&c.client, ClientCommand::Releases { app: c.app }).await
         }
+        Command::Ps(c) => warden_cli::run(&c.client, ClientCommand::Ps { app: c.app }).await,
         Command::Config(c) => warden_cli::run(&c.client, ClientCommand::Config(c.command)).await,
         Command::Rollback(c) => {
             let cmd = ClientCommand::Rollback {

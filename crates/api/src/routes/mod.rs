@@ -16,6 +16,7 @@ pub mod nodes;
 pub mod oidc_providers;
 pub mod operators;
 pub mod provider_operators;
+pub mod ps;
 pub mod releases;
 pub mod restart;
 pub mod run;

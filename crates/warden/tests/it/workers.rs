@@ -142,3 +142,60 @@ fn a_procfile_naming_a_type_twice_is_refused_before_anything_runs() {
         "{out}{err}"
     );
 }
+
+#[test]
+fn ps_shows_every_type_and_apps_rm_takes_the_types_with_the_app() {
+    let w = Warden::demo(BIN);
+    let both = tree("web: python3 server.py\nworker: python3 worker.py\n");
+    push_ok(&w, "queue", both.path());
+    let (ok, out, err) = run(
+        &w,
+        &[
+            "apps",
+            "scale",
+            "queue",
+            "SECRET=1",
+            "worker:SECRET=2",
+            "worker:CONFIDENTIAL=1",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    wait_until("the kept instances", Duration::from_secs(60), || {
+        let ready = |app: &str, label: &str| {
+            instances_of(&w, app)
+                .iter()
+                .filter(|i| i["label"] == label && i["state"] == "ready")
+                .count()
+        };
+        (ready("queue~worker", "SECRET") == 2
+            && ready("queue~worker", "CONFIDENTIAL") == 1
+            && ready("queue", "SECRET") >= 1)
+            .then_some(())
+    });
+    let (ok, out, err) = run(&w, &["ps", "queue"]);
+    assert!(ok, "{err}");
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().take(4).collect())
+        .collect();
+    for want in [
+        ["web", "SECRET", "1", "1"],
+        ["worker", "CONFIDENTIAL", "1", "1"],
+        ["worker", "SECRET", "2", "2"],
+    ] {
+        assert!(
+            rows.iter().any(|r| r[..] == want[..]),
+            "{want:?} in:\n{out}"
+        );
+    }
+
+    // Removing the app removes its types: their instances stop, and an app pushed later
+    // under the name keeps none of the old counts.
+    let (ok, out, err) = run(&w, &["apps", "rm", "queue"]);
+    assert!(ok, "{out}{err}");
+    wait_ready(&w, "queue~worker", 0);
+    push_ok(&w, "queue", both.path());
+    let ps = w.api("GET", "/v1/apps/queue/ps", None).json();
+    assert_eq!(ps[1]["kind"], "worker", "{ps}");
+    assert_eq!(ps[1]["labels"], serde_json::json!([]), "{ps}");
+}
