@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::Value;
-use warden_test_support::{http, wait_until, Warden};
+use serde_json::{json, Value};
+use warden_test_support::{cli, http, wait_until, Launch, Warden};
 
 use crate::deploy::{push, push_ok, run};
 use crate::BIN;
@@ -198,4 +198,110 @@ fn ps_shows_every_type_and_apps_rm_takes_the_types_with_the_app() {
     let ps = w.api("GET", "/v1/apps/queue/ps", None).json();
     assert_eq!(ps[1]["kind"], "worker", "{ps}");
     assert_eq!(ps[1]["labels"], serde_json::json!([]), "{ps}");
+}
+
+const PASSWORD: &str = "correct horse battery";
+
+/// A data app of jobs: its web instances add a job (`GET /?add=TEXT`) and list the jobs their
+/// label reads (`body:done`); its worker marks every job its label may change done, each
+/// 200 ms. The stdlib notes app of `data_apps.rs` over the table its release phase makes.
+fn jobs_tree() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let web = include_str!("data/notes.py").replace(
+        "SELECT body FROM notes ORDER BY id;",
+        "SELECT body || ':' || done FROM notes ORDER BY id;",
+    );
+    assert!(web.contains("|| done"), "the fixture changed");
+    let worker = "import os, subprocess, time\nwhile True:\n    p = subprocess.run([\"/usr/lib/postgresql/15/bin/psql\", os.environ[\"DATABASE_URL\"], \"-X\", \"-At\", \"-v\", \"ON_ERROR_STOP=1\", \"-c\", \"UPDATE notes SET done = true WHERE NOT done RETURNING body\"], capture_output=True, text=True, timeout=30)\n    print(f\"rc {p.returncode} {p.stdout.split()} {p.stderr.strip()}\", flush=True)\n    time.sleep(0.2)\n";
+    for (name, body) in [
+        ("notes.py", web.as_str()),
+        ("worker.py", worker),
+        ("app.toml", "data = true\n"),
+        (
+            "migrate.sql",
+            "CREATE TABLE IF NOT EXISTS notes (id serial PRIMARY KEY, body text NOT NULL, done boolean NOT NULL DEFAULT false);\n",
+        ),
+        (
+            "Procfile",
+            "web: test -n \"$DATABASE_URL\" && exec python3 notes.py\nworker: exec python3 worker.py\nrelease: /usr/lib/postgresql/15/bin/psql \"$DATABASE_URL\" -X -q -v ON_ERROR_STOP=1 -f migrate.sql\n",
+        ),
+    ] {
+        std::fs::write(dir.path().join(name), body).unwrap();
+    }
+    dir
+}
+
+/// The jobs `user` reads through the web instances of their label, as `body:done`.
+fn jobs_as(w: &Warden, user: &str, query: &str) -> Vec<String> {
+    let r = http::request(
+        "GET",
+        &format!("{}/apps/jobs/{query}", w.gateway),
+        &[("authorization", &http::basic(user, PASSWORD))],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{user} {query}: {}", r.text());
+    let v = r.json();
+    v["notes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|n| n.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn wait_jobs(w: &Warden, user: &str, want: &[&str]) {
+    wait_until(
+        &format!("{user} to read {want:?}"),
+        Duration::from_secs(60),
+        || (jobs_as(w, user, "") == want).then_some(()),
+    );
+}
+
+#[test]
+fn a_worker_consumes_the_jobs_web_instances_of_its_label_add_and_no_higher_ones() {
+    if !crate::data_apps::postgres_installed() {
+        return;
+    }
+    let w = Launch::new(BIN).no_demo().with_data().start();
+    let lattice = json!({ "levels": ["U", "S"] });
+    assert_eq!(w.api("PUT", "/v1/lattice", Some(lattice)).status, 200);
+    for (name, clearance) in [("ursula", "U"), ("sam", "S")] {
+        let user = json!({ "name": name, "password": PASSWORD, "clearance": clearance });
+        let r = w.api("POST", "/v1/users", Some(user));
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let env = [
+        ("WARDEN_API", w.api.as_str()),
+        ("WARDEN_TOKEN", w.token.as_str()),
+    ];
+    let src = jobs_tree();
+    let (ok, out, err) = cli(
+        BIN,
+        &["push", "jobs", &src.path().display().to_string()],
+        &env,
+    );
+    assert!(ok && out.contains("worker: 0 running"), "{out}\n{err}");
+    let scale = |counts: &str| {
+        let (ok, out, err) = cli(BIN, &["apps", "scale", "jobs", counts], &env);
+        assert!(ok, "{out}\n{err}");
+    };
+
+    // A worker at U consumes what a web instance at U adds.
+    scale("worker:U=1");
+    assert_eq!(jobs_as(&w, "ursula", "?add=low"), Vec::<String>::new());
+    wait_jobs(&w, "ursula", &["low:true"]);
+    // A job at S is not the U worker's: it consumes a U job added after it and leaves the
+    // S one (each of its rounds marks every job it may change).
+    assert_eq!(jobs_as(&w, "sam", "?add=high"), Vec::<String>::new());
+    assert_eq!(jobs_as(&w, "ursula", "?add=low2"), Vec::<String>::new());
+    wait_jobs(&w, "ursula", &["low:true", "low2:true"]);
+    assert_eq!(
+        jobs_as(&w, "sam", ""),
+        ["low:true", "high:false", "low2:true"]
+    );
+    // A worker at S, scaled beside it, consumes it.
+    scale("worker:S=1");
+    wait_jobs(&w, "sam", &["low:true", "high:true", "low2:true"]);
+    // ursula never reads the S job, done or not.
+    assert_eq!(jobs_as(&w, "ursula", ""), ["low:true", "low2:true"]);
 }
