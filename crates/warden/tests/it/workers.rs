@@ -305,3 +305,50 @@ fn a_worker_consumes_the_jobs_web_instances_of_its_label_add_and_no_higher_ones(
     // ursula never reads the S job, done or not.
     assert_eq!(jobs_as(&w, "ursula", ""), ["low:true", "low2:true"]);
 }
+
+#[test]
+fn draining_a_node_moves_its_workers_to_another_node() {
+    let cluster = warden_test_support::etcd::EtcdCluster::start(1);
+    let load = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        load.path(),
+        r#"{"memory_used": 0.1, "cpu_busy": 0.1, "load_per_core": 0.1}"#,
+    )
+    .unwrap();
+    let alpha = Launch::new(BIN)
+        .args(&["--store", &cluster.url(), "--node-name", "alpha"])
+        .args(&["--roles", "gateway,api,agent", "--advertise", "127.0.0.1:0"])
+        .args(&["--load-file", &load.path().display().to_string()])
+        .start();
+    let _beta = crate::healing::agent(&cluster, &alpha, "beta", "127.0.0.2:0", &[]);
+    let both = tree("web: python3 server.py\nworker: python3 worker.py\n");
+    push_ok(&alpha, "jobs", both.path());
+    let (ok, out, err) = run(&alpha, &["apps", "scale", "jobs", "worker:SECRET=2"]);
+    assert!(ok, "{out}{err}");
+    let on_nodes = |want: &[&str]| {
+        wait_until(
+            &format!("the workers ready on {want:?}"),
+            Duration::from_secs(60),
+            || {
+                let mut on: Vec<String> = instances_of(&alpha, "jobs~worker")
+                    .iter()
+                    .filter(|i| i["state"] == "ready")
+                    .map(|i| i["node"].as_str().unwrap().to_owned())
+                    .collect();
+                on.sort();
+                (on == want).then_some(())
+            },
+        )
+    };
+    // Spread as web instances are: one on each node.
+    on_nodes(&["alpha", "beta"]);
+    let (ok, out, err) = run(&alpha, &["nodes", "drain", "beta", "--wait", "60"]);
+    assert!(ok && out.contains("drained"), "{out}{err}");
+    on_nodes(&["alpha", "alpha"]);
+    assert!(
+        instances_of(&alpha, "jobs~worker")
+            .iter()
+            .all(|i| i["node"] == "alpha"),
+        "nothing left on beta"
+    );
+}
