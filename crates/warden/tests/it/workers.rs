@@ -21,7 +21,7 @@ fn tree(procfile: &str) -> tempfile::TempDir {
     std::fs::copy(src, dir.path().join("server.py")).unwrap();
     std::fs::write(
         dir.path().join("worker.py"),
-        "import os, time\nn = 0\nwhile True:\n    print(f\"tick {n} at {os.environ.get('WARDEN_LABEL')} port {os.environ.get('PORT', 'none')}\", flush=True)\n    n += 1\n    time.sleep(0.2)\n",
+        "import os, time\nn = 0\nwhile True:\n    print(f\"tick {n} at {os.environ.get('WARDEN_LABEL')} port {os.environ.get('PORT', 'none')} answer {os.environ.get('ANSWER')}\", flush=True)\n    n += 1\n    time.sleep(0.2)\n",
     )
     .unwrap();
     std::fs::write(dir.path().join("Procfile"), procfile).unwrap();
@@ -69,7 +69,7 @@ fn a_worker_runs_by_its_count_is_never_routed_to_and_drains_when_its_line_goes()
     // Its lines are the app's: `warden logs jobs` shows them, with its label and no port.
     let logs = wait_until("the worker's lines", Duration::from_secs(30), || {
         let (ok, out, _) = run(&w, &["logs", "jobs"]);
-        (ok && out.contains("tick 3 at SECRET port none")).then_some(out)
+        (ok && out.contains("tick 3 at SECRET port none answer None")).then_some(out)
     });
     assert!(logs.contains(running[0]["id"].as_str().unwrap()), "{logs}");
 
@@ -102,14 +102,33 @@ fn a_worker_runs_by_its_count_is_never_routed_to_and_drains_when_its_line_goes()
         "{listed}"
     );
 
+    // A config change reaches it: it is replaced by one with the app's new env.
+    let (ok, out, err) = run(&w, &["config", "set", "jobs", "ANSWER=42"]);
+    assert!(ok, "{out}{err}");
+    wait_until(
+        "the worker with the new config",
+        Duration::from_secs(60),
+        || {
+            let (ok, out, _) = run(&w, &["logs", "jobs"]);
+            (ok && out.contains("port none answer 42")).then_some(())
+        },
+    );
+    let replaced = wait_ready(&w, "jobs~worker", 1);
+    assert_ne!(replaced[0]["id"], running[0]["id"]);
+    // So does a restart of the app.
+    let (ok, out, err) = run(&w, &["apps", "restart", "jobs"]);
+    assert!(ok, "{out}{err}");
+    wait_until("the worker restarted", Duration::from_secs(60), || {
+        let now = instances_of(&w, "jobs~worker");
+        (now.len() == 1 && now[0]["state"] == "ready" && now[0]["id"] != replaced[0]["id"])
+            .then_some(())
+    });
+
     // Scaled to 0, it stops; the web instances serve on.
     let (ok, out, err) = run(&w, &["apps", "scale", "jobs", "worker:SECRET=0"]);
     assert!(ok, "{out}{err}");
     wait_ready(&w, "jobs~worker", 0);
-    assert_eq!(
-        crate::deploy::answer(&w, "alice", "jobs")["answer"],
-        "hello from plain"
-    );
+    assert_eq!(crate::deploy::answer(&w, "alice", "jobs")["answer"], "42");
 
     // A type the release does not have is named as such.
     let (ok, _, err) = run(&w, &["apps", "scale", "jobs", "clock:SECRET=1"]);
@@ -125,10 +144,14 @@ fn a_worker_runs_by_its_count_is_never_routed_to_and_drains_when_its_line_goes()
     wait_ready(&w, "jobs~worker", 0);
     let (ok, _, err) = run(&w, &["apps", "scale", "jobs", "worker:SECRET=1"]);
     assert!(!ok && err.contains("no process type \"worker\""), "{err}");
-    assert_eq!(
-        crate::deploy::answer(&w, "alice", "jobs")["answer"],
-        "hello from plain"
-    );
+    assert_eq!(crate::deploy::answer(&w, "alice", "jobs")["answer"], "42");
+    // A rollback brings back the earlier release's types (with no count: its old one went).
+    let (ok, out, err) = run(&w, &["rollback", "jobs"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("worker: 0 running"), "{out}");
+    let (ok, out, err) = run(&w, &["apps", "scale", "jobs", "worker:SECRET=1"]);
+    assert!(ok, "{out}{err}");
+    wait_ready(&w, "jobs~worker", 1);
 }
 
 #[test]
