@@ -375,3 +375,24 @@ fn draining_a_node_moves_its_workers_to_another_node() {
         "nothing left on beta"
     );
 }
+
+#[test]
+fn a_worker_that_exits_is_started_again_by_its_count() {
+    let w = Warden::demo(BIN);
+    // Runs a second, then exits 1: a crash its count makes up for.
+    let src = tree("web: python3 server.py\nworker: python3 -c 'import time; print(\"up\", flush=True); time.sleep(1); raise SystemExit(1)'\n");
+    push_ok(&w, "flaky", src.path());
+    let (ok, out, err) = run(&w, &["apps", "scale", "flaky", "worker:SECRET=1"]);
+    assert!(ok, "{out}{err}");
+    let first = wait_ready(&w, "flaky~worker", 1)[0]["id"].clone();
+    wait_until(
+        "a second worker after the first exits",
+        Duration::from_secs(60),
+        || {
+            let now = instances_of(&w, "flaky~worker");
+            now.iter()
+                .any(|i| i["id"] != first && i["state"] == "ready")
+                .then_some(())
+        },
+    );
+}
