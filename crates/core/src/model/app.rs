@@ -107,18 +107,7 @@ pub struct AppSpec {
     /// Procfile of `app`'s release. Written only by the release's delivery (and `apps scale`
     /// for its counts); the gateway never routes to it, and its instances listen on nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub process: Option<ProcessOf>,
-}
-
-/// What a derived spec runs: process type `kind` of app `app`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(deny_unknown_fields)]
-pub struct ProcessOf {
-    /// The app whose release it runs, whose database it reaches and whose operators manage it.
-    pub app: String,
-    /// The Procfile line's name (`worker`, `clock`, ...).
-    pub kind: String,
+    pub process: Option<super::ProcessOf>,
 }
 
 /// The network of a sandboxed instance.
@@ -340,18 +329,6 @@ impl AppSpec {
         digest[..8].iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// Whether its instances listen for connections: a web app's do; a process type's
-    /// (`worker`, `clock`) do not, and are ready once started and still running.
-    pub fn listens(&self) -> bool {
-        self.process.is_none()
-    }
-
-    /// The app whose database and operators this spec's instances have: its own, or for a
-    /// process type its app's.
-    pub fn owning_app(&self) -> &str {
-        self.process.as_ref().map_or(&self.name, |p| &p.app)
-    }
-
     /// The driver instances of this app run with on a node whose default is `node_default`:
     /// the one the spec names; else the sandbox when the app needs one (a bridged network, a
     /// slot pool); else the node's default.
@@ -410,21 +387,7 @@ impl AppSpec {
     pub fn validate(&self) -> Result<(), SpecError> {
         match &self.process {
             None => validate_name("app", &self.name)?,
-            Some(p) => {
-                validate_name("app", &p.app)?;
-                crate::name::validate_process_type(&p.kind).map_err(SpecError::Process)?;
-                if self.name != crate::name::process_app(&p.app, &p.kind) {
-                    return Err(SpecError::Process(format!(
-                        "a process type's spec is named {:?}",
-                        crate::name::process_app(&p.app, &p.kind)
-                    )));
-                }
-                if !self.hosts.is_empty() || self.static_dir.is_some() {
-                    return Err(SpecError::Process(
-                        "a process type serves nothing: it has no hosts and no static files".into(),
-                    ));
-                }
-            }
+            Some(p) => p.validate(self)?,
         }
         // A static site runs nothing: every path is a file the gateway serves.
         let static_only =
