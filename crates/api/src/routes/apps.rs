@@ -185,8 +185,11 @@ pub async fn remove(
         .ok()
         .flatten()
         .is_some_and(|(s, _)| s.data);
+    // Its git repository goes with it, under the push lock (refused while a push builds).
+    let git = super::git_repo::Removal::begin(&api, &name)?;
     match api.store.delete(&keys::app_spec(&name)).await? {
         Some(rev) => {
+            git.finish();
             // Its database goes with it (backups are `pg_dump`'s): a later app of the name
             // must not read this one's rows.
             if let (true, Some(data)) = (had_data, &api.data) {

@@ -36,6 +36,10 @@ const SERVICE: &str = "git-receive-pack";
 /// How much of the decoded body goes into the decoder at once: deflate expands at most about
 /// a thousand times, so each step holds a few MiB at most.
 const INFLATE_STEP: usize = 4096;
+/// How many chunks of git's answer may wait for the client.
+const OUT_QUEUE: usize = 16;
+/// How long a client may leave git's answer unread before the push is ended.
+const STALL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Whether `route` (a template) is one of git's.
 pub(crate) fn is_git(route: &str) -> bool {
@@ -230,25 +234,16 @@ async fn start(
     };
     // Read at once, while the body is still going in: git may answer (progress) before it
     // has read everything, and a full pipe would stall both.
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
-    let reader = tokio::spawn(read_all(stdout, tx));
-    let errors = tokio::spawn(last_words(stderr));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(OUT_QUEUE);
+    tokio::spawn(read_all(stdout, tx));
+    // git is waited on by a task of its own, which holds the hook (and with it the app's push
+    // lock) until git exits: not by this request, which a client can drop or stop reading.
+    tokio::spawn(wait(child, hook, tokio::spawn(last_words(stderr))));
     feed(&api, body, gzip, &mut stdin).await?;
     drop(stdin);
-    let running = Running {
-        child,
-        _hook: hook,
-        _reader: Abort(reader),
-        errors: Some(errors),
-    };
-    let stream = futures_util::stream::unfold((rx, Some(running)), |(mut rx, running)| async {
-        if let Some(chunk) = rx.recv().await {
-            return Some((Ok::<_, std::io::Error>(chunk), (rx, running)));
-        }
-        if let Some(r) = running {
-            r.finish().await;
-        }
-        None
+    let stream = futures_util::stream::unfold(rx, |mut rx| async {
+        let chunk = rx.recv().await?;
+        Some((Ok::<_, std::io::Error>(chunk), rx))
     });
     Ok((
         [
@@ -325,17 +320,17 @@ async fn write(stdin: &mut tokio::process::ChildStdin, bytes: &[u8]) -> Result<(
     })
 }
 
-/// Sends what git writes, chunk by chunk, until it closes its output.
-async fn read_all(
-    mut stdout: tokio::process::ChildStdout,
-    tx: tokio::sync::mpsc::UnboundedSender<Bytes>,
-) {
+/// Sends what git writes, chunk by chunk, until it closes its output, or until the client
+/// has taken nothing for `STALL`: then git's output is closed, and git ends (which ends the
+/// push and gives back its lock).
+async fn read_all(mut stdout: tokio::process::ChildStdout, tx: tokio::sync::mpsc::Sender<Bytes>) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match stdout.read(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => {
-                if tx.send(Bytes::copy_from_slice(&buf[..n])).is_err() {
+                let chunk = Bytes::copy_from_slice(&buf[..n]);
+                if tx.send_timeout(chunk, STALL).await.is_err() {
                     return;
                 }
             }
@@ -359,35 +354,18 @@ async fn last_words(mut stderr: tokio::process::ChildStderr) -> String {
     String::from_utf8_lossy(&all).into_owned()
 }
 
-/// A push in flight: git (killed if the client goes before it ends), the hook's listener,
-/// and the task reading git's answer.
-struct Running {
-    child: tokio::process::Child,
-    _hook: git_hook::Listener,
-    _reader: Abort,
-    errors: Option<tokio::task::JoinHandle<String>>,
-}
-
-impl Running {
-    /// Waits for git to exit once its answer is sent, logging why it failed if it did.
-    async fn finish(mut self) {
-        let status = self.child.wait().await;
-        let errors = match self.errors.take() {
-            Some(e) => e.await.unwrap_or_default(),
-            None => String::new(),
-        };
-        if !status.as_ref().is_ok_and(|s| s.success()) {
-            warden_core::log_limited!(warn, status = ?status, errors = %errors.trim(), "git receive-pack failed");
-        }
-    }
-}
-
-/// A task aborted when dropped.
-struct Abort(tokio::task::JoinHandle<()>);
-
-impl Drop for Abort {
-    fn drop(&mut self) {
-        self.0.abort();
+/// Waits for git to exit, then gives back the push's hook (and its lock), logging why git
+/// failed if it did.
+async fn wait(
+    mut child: tokio::process::Child,
+    hook: git_hook::Listener,
+    errors: tokio::task::JoinHandle<String>,
+) {
+    let status = child.wait().await;
+    drop(hook);
+    let errors = errors.await.unwrap_or_default();
+    if !status.as_ref().is_ok_and(|s| s.success()) {
+        warden_core::log_limited!(warn, status = ?status, errors = %errors.trim(), "git receive-pack failed");
     }
 }
 
@@ -435,12 +413,24 @@ fn not_installed(e: std::io::Error) -> ApiError {
     }
 }
 
-/// `DATA_DIR/git`, private to warden.
-fn base_dir(api: &Api) -> Result<PathBuf, ApiError> {
-    api.data_dir
+/// `DATA_DIR/git`, private to warden, as an absolute path: git runs in the repository (its
+/// working directory) and the hook wherever git runs it, so a relative data directory (the
+/// default) would name other places to them.
+pub(crate) fn base_dir(api: &Api) -> Result<PathBuf, ApiError> {
+    let dir = api
+        .data_dir
         .as_ref()
-        .map(|d| d.join("git"))
-        .ok_or_else(|| ApiError::internal("this API has no data directory for git repositories"))
+        .ok_or_else(|| ApiError::internal("this API has no data directory for git repositories"))?;
+    std::path::absolute(dir.join("git")).map_err(|e| {
+        ApiError::internal(format!(
+            "cannot find the data directory's absolute path: {e}"
+        ))
+    })
+}
+
+/// Where `app`'s repository is (made or not).
+pub(crate) fn repository_path(api: &Api, app: &str) -> Result<PathBuf, ApiError> {
+    Ok(base_dir(api)?.join("repos").join(format!("{app}.git")))
 }
 
 /// The app's bare repository, made (mode 0700, with warden's hook) when first asked for.
@@ -450,7 +440,7 @@ async fn repository(api: &Api, name: &str) -> Result<PathBuf, ApiError> {
     git_hook::private_dir(&base)?;
     git_hook::private_dir(&repos)?;
     git_hook::install(&base)?;
-    let repo = repos.join(format!("{name}.git"));
+    let repo = repository_path(api, name)?;
     if repo.join("HEAD").exists() {
         return Ok(repo);
     }

@@ -19,6 +19,8 @@ use subtle::ConstantTimeEq;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use warden_api_types::{PushQuery, ReleaseEvent};
 
+use super::git_lock::{Lock, Slot, Taken};
+use super::git_repo;
 use crate::error::ApiError;
 use crate::Api;
 
@@ -34,6 +36,9 @@ const LAST_LINES: &str = "; last lines:\n";
 const ASK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Longest first line the hook may send (its refs and paths).
 const MAX_ASK: usize = 64 * 1024;
+/// How many lines for the hook may wait for it; past that, lines are dropped (its verdict is
+/// not).
+const SAY_QUEUE: usize = 1024;
 
 /// What the hook sends: the key, the ref updates git received, and where the pushed objects
 /// wait (git quarantines them until the hook agrees).
@@ -126,39 +131,10 @@ pub(crate) struct Listener {
     path: PathBuf,
     key: String,
     task: tokio::task::JoinHandle<()>,
-    /// The app's push lock, once the hook took it: held until git has moved its ref (this
-    /// listener is dropped after git exits), so that two pushes never build at once and a
-    /// release never serves whose ref a later push's update then lost.
-    _held: Held,
-}
-
-/// An app's push lock, while a push holds it.
-type Held = std::sync::Arc<std::sync::Mutex<Option<Taken>>>;
-
-/// The repositories a push holds, in this process.
-static PUSHING: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-
-/// One repository's push lock, given back when dropped.
-struct Taken(PathBuf);
-
-impl Taken {
-    /// The lock of `repo`, unless a push holds it.
-    fn take(repo: &Path) -> Option<Self> {
-        // A poisoned list still holds the right names: a panic cannot leave it half-changed.
-        let mut held = PUSHING.lock().unwrap_or_else(|p| p.into_inner());
-        if held.iter().any(|r| r == repo) {
-            return None;
-        }
-        held.push(repo.to_owned());
-        Some(Self(repo.to_owned()))
-    }
-}
-
-impl Drop for Taken {
-    fn drop(&mut self) {
-        let mut held = PUSHING.lock().unwrap_or_else(|p| p.into_inner());
-        held.retain(|r| *r != self.0);
-    }
+    /// The app's push lock, once the hook took it: held until git has moved its ref (the task
+    /// waiting for git drops this listener once git exits), so that two pushes never build at
+    /// once and a release never serves whose ref a later push's update then lost.
+    _held: Slot,
 }
 
 impl Listener {
@@ -169,11 +145,7 @@ impl Listener {
         actor: String,
         repo: PathBuf,
     ) -> Result<Self, ApiError> {
-        let base = api
-            .data_dir
-            .as_ref()
-            .map(|d| d.join("git").join("run"))
-            .ok_or_else(|| ApiError::internal("this API has no data directory"))?;
+        let base = super::git::base_dir(api)?.join("run");
         private_dir(&base)?;
         let path = base.join(format!("{}.sock", warden_core::id::short_id()));
         let listener = tokio::net::UnixListener::bind(&path)
@@ -184,7 +156,7 @@ impl Listener {
                 ))
             })?;
         let key = warden_core::id::secret_token();
-        let held = Held::default();
+        let held = Slot::default();
         let push = Push {
             api: api.clone(),
             app,
@@ -225,7 +197,7 @@ struct Push {
     actor: String,
     repo: PathBuf,
     key: String,
-    held: Held,
+    held: Slot,
 }
 
 impl Push {
@@ -252,7 +224,8 @@ impl Push {
                 line.push(b'\n');
                 line
             };
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<HookSay>();
+            // Bounded: a hook (a client) that stops reading loses lines, never holds memory.
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<HookSay>(SAY_QUEUE);
             let work = self.answer(ask, tx);
             let send = async {
                 while let Some(s) = rx.recv().await {
@@ -268,29 +241,47 @@ impl Push {
     }
 
     /// Checks the updates, builds the pushed commit and says how it went.
-    async fn answer(&self, ask: HookAsk, tx: tokio::sync::mpsc::UnboundedSender<HookSay>) {
-        let line = |s: String| {
-            let _ = tx.send(HookSay::Line(printable(&s)));
-        };
-        let accepted = match self.check(&ask.updates) {
+    async fn answer(&self, ask: HookAsk, tx: tokio::sync::mpsc::Sender<HookSay>) {
+        let accepted = match self.admit(&ask).await {
             Err(why) => {
-                line(why);
+                let _ = tx.try_send(HookSay::Line(printable(&why)));
                 false
             }
-            Ok((branch, commit)) => match self.lock() {
-                Err(why) => {
-                    line(why);
-                    false
-                }
-                Ok(()) => self.build(&ask, &branch, &commit, &line).await,
-            },
+            Ok((branch, commit, lock)) => self.build(&ask, &branch, &commit, lock, &tx).await,
         };
-        let _ = tx.send(HookSay::Accept(accepted));
+        let _ = tx.send(HookSay::Accept(accepted)).await;
+    }
+
+    /// The branch and commit to build, with the app's push lock, or why not.
+    async fn admit(&self, ask: &HookAsk) -> Result<(String, String, Lock), String> {
+        let (branch, old, commit) = self.check(&ask.updates)?;
+        let lock = self.lock()?;
+        git_repo::remove_stale_quarantines(&self.repo, ask.objects.as_deref());
+        // Under the lock, the real repository's branch (not the quarantine's view) must be
+        // where the pusher saw it: git would otherwise refuse the ref update after the release
+        // served, and what serves would be on no branch.
+        let now = git_repo::rev_parse(&self.repo, &format!("refs/heads/{branch}"))
+            .await?
+            .unwrap_or_else(|| "0".repeat(old.len()));
+        if now != old {
+            return Err(format!(
+                "another push moved {branch} of {} since this push began; push again (after `git pull` if the branch is not yours alone)",
+                self.app
+            ));
+        }
+        // A tree or a tag is no commit to build from.
+        let kind = git_repo::object_type(&self.repo, ask, &commit).await?;
+        if kind != "commit" {
+            return Err(format!(
+                "{branch} must name a commit, and this push sets it to a {kind}; push a branch of commits"
+            ));
+        }
+        Ok((branch, commit, lock))
     }
 
     /// Takes the app's push lock, or says why not. In this process: one API process owns a
     /// data directory, and so the repositories in it.
-    fn lock(&self) -> Result<(), String> {
+    fn lock(&self) -> Result<Lock, String> {
         let Some(taken) = Taken::take(&self.repo) else {
             return Err(format!(
                 "another push of {} is being built here; push again once it has ended",
@@ -298,13 +289,13 @@ impl Push {
             ));
         };
         if let Ok(mut held) = self.held.lock() {
-            *held = Some(taken);
+            *held = Some(taken.clone());
         }
-        Ok(())
+        Ok(taken)
     }
 
     /// The one branch update a push may make, or why not.
-    fn check(&self, updates: &[String]) -> Result<(String, String), String> {
+    fn check(&self, updates: &[String]) -> Result<(String, String, String), String> {
         let [update] = updates else {
             return Err(format!(
                 "push one branch at a time: main (or master) is what warden builds; this push updates {} refs",
@@ -312,7 +303,7 @@ impl Push {
             ));
         };
         let mut parts = update.split_whitespace();
-        let (Some(_old), Some(new), Some(name), None) =
+        let (Some(old), Some(new), Some(name), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err("git gave the hook an update it cannot read".into());
@@ -322,8 +313,8 @@ impl Push {
                 "warden builds pushes to main or master, not {name}; push your branch as main: `git push warden HEAD:main`"
             ));
         }
-        let is_hex = new.len() >= 40 && new.bytes().all(|b| b.is_ascii_hexdigit());
-        if !is_hex {
+        let is_hex = |id: &str| id.len() >= 40 && id.bytes().all(|b| b.is_ascii_hexdigit());
+        if !is_hex(new) || !is_hex(old) {
             return Err("git gave the hook an update it cannot read".into());
         }
         if new.bytes().all(|b| b == b'0') {
@@ -334,27 +325,35 @@ impl Push {
         }
         Ok((
             name.trim_start_matches("refs/heads/").to_owned(),
+            old.to_owned(),
             new.to_owned(),
         ))
     }
 
-    /// Builds `commit` through the push route; true when its release serves.
+    /// Builds `commit` through the push route; true when its release serves. The release
+    /// and the reading of its events run in a task of their own that holds `lock` to the
+    /// release's last event: a push cut off mid-build (the client gone, the hook killed) does
+    /// not stop the release, so neither may it let another push build beside it.
     async fn build(
         &self,
         ask: &HookAsk,
         branch: &str,
         commit: &str,
-        line: &impl Fn(String),
+        lock: Lock,
+        tx: &tokio::sync::mpsc::Sender<HookSay>,
     ) -> bool {
+        let say = |tx: &tokio::sync::mpsc::Sender<HookSay>, s: String| {
+            let _ = tx.try_send(HookSay::Line(printable(&s)));
+        };
         let short = commit.get(..12).unwrap_or(commit);
-        line(format!(
-            "warden: building {short} of {branch} for {}",
-            self.app
-        ));
-        let archive = match self.archive(ask, commit).await {
+        say(
+            tx,
+            format!("warden: building {short} of {branch} for {}", self.app),
+        );
+        let archive = match super::git_archive::archive(&self.api, &self.repo, ask, commit).await {
             Ok(a) => a,
             Err(e) => {
-                line(e);
+                say(tx, e);
                 return false;
             }
         };
@@ -367,95 +366,27 @@ impl Push {
             from: Some(format!("git push {branch}@{commit}")),
             groups: None,
         };
-        let pushed = super::releases::push(
-            State(self.api.clone()),
-            UrlPath(self.app.clone()),
-            Query(query),
-            headers,
-            Body::from(archive),
-        )
-        .await;
-        let resp = match pushed {
-            Ok(r) => r,
-            Err(e) => {
-                line(e.message().to_owned());
-                return false;
-            }
-        };
-        follow(resp.into_body(), &self.app, line).await
-    }
-
-    /// The commit's tree as the gzip'd tar `warden push` uploads, read from the quarantine
-    /// the hook names (the pushed objects are nowhere else until the hook agrees).
-    async fn archive(&self, ask: &HookAsk, commit: &str) -> Result<Vec<u8>, String> {
-        use std::io::Write as _;
-        let mut cmd = tokio::process::Command::new("git");
-        cmd.env_clear()
-            .env(
-                "PATH",
-                std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
+        let (api, app, tx) = (self.api.clone(), self.app.clone(), tx.clone());
+        let release = tokio::spawn(async move {
+            let _lock = lock;
+            let line = |s: String| say(&tx, s);
+            let pushed = super::releases::push(
+                State(api),
+                UrlPath(app.clone()),
+                Query(query),
+                headers,
+                Body::from(archive),
             )
-            .env("GIT_DIR", &self.repo)
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null");
-        for (var, value) in [
-            ("GIT_OBJECT_DIRECTORY", &ask.objects),
-            ("GIT_ALTERNATE_OBJECT_DIRECTORIES", &ask.alternates),
-        ] {
-            if let Some(v) = value {
-                // Only directories of this repository: the hook is warden's, but say so here.
-                if !Path::new(v).starts_with(&self.repo) {
-                    return Err(format!(
-                        "the hook named objects outside the app's repository ({var})"
-                    ));
+            .await;
+            match pushed {
+                Ok(r) => follow(r.into_body(), &app, &line).await,
+                Err(e) => {
+                    line(e.message().to_owned());
+                    false
                 }
-                cmd.env(var, v);
             }
-        }
-        // The tree, not the commit: no commit id header in the tar, which the unpacker
-        // would refuse.
-        let mut child = cmd
-            .args(["archive", "--format=tar"])
-            .arg(format!("{commit}^{{tree}}"))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot run git archive: {e}"))?;
-        let (Some(mut tar), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
-            return Err("git archive started without its pipes".into());
-        };
-        // Compressed as it comes, so that what is held is at most the upload limit.
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = tar
-                .read(&mut buf)
-                .await
-                .map_err(|e| format!("cannot read git archive's output: {e}"))?;
-            if n == 0 {
-                break;
-            }
-            gz.write_all(&buf[..n])
-                .map_err(|e| format!("cannot compress the pushed tree: {e}"))?;
-            if gz.get_ref().len() as u64 > self.api.max_upload {
-                return Err(super::upload::too_large(self.api.max_upload)
-                    .message()
-                    .to_owned());
-            }
-        }
-        let mut errors = String::new();
-        let _ = stderr.read_to_string(&mut errors).await;
-        let status = child
-            .wait()
-            .await
-            .map_err(|e| format!("git archive did not finish: {e}"))?;
-        if !status.success() {
-            return Err(format!("git archive of {commit} failed: {}", errors.trim()));
-        }
-        gz.finish()
-            .map_err(|e| format!("cannot compress the pushed tree: {e}"))
+        });
+        release.await.unwrap_or(false)
     }
 }
 

@@ -15,13 +15,13 @@ use crate::BIN;
 /// A git work tree of the `plain` test app, committing as a test user, pushing with a token
 /// that git gets from `GIT_ASKPASS` (git's own prompt, answered by a script), in a home of
 /// its own so that no config or credential of the machine takes part.
-struct Repo {
+pub(crate) struct Repo {
     tree: tempfile::TempDir,
     home: tempfile::TempDir,
 }
 
 impl Repo {
-    fn new(answer: &str) -> Self {
+    pub(crate) fn new(answer: &str) -> Self {
         let tree = fixture("plain");
         let home = tempfile::tempdir().unwrap();
         let askpass = home.path().join("askpass");
@@ -38,7 +38,7 @@ impl Repo {
     }
 
     /// Makes the app answer `text` and commits it; the commit's id.
-    fn commit(&self, text: &str) -> String {
+    pub(crate) fn commit(&self, text: &str) -> String {
         let server = self.tree.path().join("server.py");
         let code = std::fs::read_to_string(&server).unwrap();
         let marker = "os.environ.get(\"ANSWER\", \"";
@@ -52,7 +52,7 @@ impl Repo {
     }
 
     /// `git ARGS` with `token` as the password git is given; (succeeded, stdout, stderr).
-    fn git_with(&self, token: &str, args: &[&str]) -> (bool, String, String) {
+    pub(crate) fn git_with(&self, token: &str, args: &[&str]) -> (bool, String, String) {
         let out = std::process::Command::new("git")
             .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
             .args(args)
@@ -71,19 +71,19 @@ impl Repo {
         )
     }
 
-    fn ok(&self, args: &[&str]) -> String {
+    pub(crate) fn ok(&self, args: &[&str]) -> String {
         let (ok, out, err) = self.git_with("", args);
         assert!(ok, "git {args:?}: {err}");
         out
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.tree.path()
     }
 }
 
 /// The remote `warden git-remote` prints for `app`.
-fn remote(w: &Warden, app: &str) -> String {
+pub(crate) fn remote(w: &Warden, app: &str) -> String {
     let (ok, out, err) = run(w, &["git-remote", app]);
     assert!(ok, "{err}");
     assert!(err.contains("git push warden main"), "{err}");
@@ -91,7 +91,7 @@ fn remote(w: &Warden, app: &str) -> String {
 }
 
 /// Where warden keeps `app`'s bare repository, and the commit its `main` names (None: none).
-fn remote_main(w: &Warden, app: &str) -> Option<String> {
+pub(crate) fn remote_main(w: &Warden, app: &str) -> Option<String> {
     let repo: PathBuf = w.dir.join("git/repos").join(format!("{app}.git"));
     let out = std::process::Command::new("git")
         .arg("--git-dir")

@@ -101,6 +101,7 @@ mod frozen_node;
 mod gateway;
 mod gateway_starts;
 mod git_remote;
+mod git_remote_holes;
 mod healing;
 mod idle_memory;
 mod install;
