@@ -2,7 +2,7 @@
 //! cut off mid-build, a branch moved since the push began or set to a non-commit is refused
 //! before anything builds, a removed app's repository goes with it, a tree that unpacks past
 //! the unpacker's cap is refused before it is uploaded, and quarantines a killed git left are
-//! swept.
+//! swept, and a push builds when warden was given a relative data directory.
 
 use warden_test_support::{request, Warden};
 
@@ -242,4 +242,52 @@ fn a_tree_that_unpacks_past_the_cap_is_refused_before_it_is_uploaded() {
         "{err}"
     );
     assert_eq!(remote_main(&w, "g"), None);
+}
+
+#[test]
+fn a_push_builds_when_warden_was_given_a_relative_data_dir() {
+    let cwd = tempfile::Builder::new()
+        .prefix("warden-it")
+        .tempdir()
+        .unwrap();
+    // Passable, as the launcher makes its data dirs, for instances under uids of their own.
+    std::fs::set_permissions(
+        cwd.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .unwrap();
+    let mut warden = std::process::Command::new(BIN)
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--data-dir", "warden-data", "--data", "none"])
+        .args(["--demo", "--tls-listen", "127.0.0.1:0"])
+        .current_dir(cwd.path())
+        .env("WARDEN_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let data = cwd.path().join("warden-data");
+    let api = warden_test_support::wait_until(
+        "warden to write endpoints.json",
+        std::time::Duration::from_secs(60),
+        || {
+            let text = std::fs::read_to_string(data.join("endpoints.json")).ok()?;
+            let ep: serde_json::Value = serde_json::from_str(&text).ok()?;
+            Some(ep["api"].as_str()?.to_owned())
+        },
+    );
+    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
+    let repo = Repo::new("one");
+    repo.ok(&["remote", "add", "warden", &format!("{api}/v1/apps/g/git")]);
+    let (ok, _, err) = repo.git_with(token.trim(), &["push", "warden", "main"]);
+    let _ = warden.kill();
+    let _ = warden.wait();
+    assert!(ok && err.contains("release 1 of g serves"), "{err}");
 }
