@@ -139,7 +139,7 @@ pub async fn refs(
             .await
             .map_err(not_installed)?;
         if !out.status.success() {
-            return Err(ApiError::internal(format!(
+            return Err(on_node(format!(
                 "git receive-pack could not list the refs of {}: {}",
                 repo.display(),
                 String::from_utf8_lossy(&out.stderr).trim()
@@ -402,6 +402,15 @@ fn git(api: &Api, repo: &FsPath) -> Result<tokio::process::Command, ApiError> {
     Ok(cmd)
 }
 
+/// A failure on the node: `detail` (server paths, git's own words) goes to the node's log,
+/// the pusher is told a short reason.
+pub(crate) fn on_node(detail: impl std::fmt::Display) -> ApiError {
+    warden_core::log_limited!(warn, detail = %detail, "git push failed on this node");
+    ApiError::internal(
+        "warden could not take this push on its node; push again, and if it fails again ask the operator to look at warden's log",
+    )
+}
+
 fn not_installed(e: std::io::Error) -> ApiError {
     if e.kind() == std::io::ErrorKind::NotFound {
         ApiError::new(
@@ -462,7 +471,7 @@ async fn repository(api: &Api, name: &str) -> Result<PathBuf, ApiError> {
         .map_err(not_installed)?;
     if !out.status.success() {
         let _ = std::fs::remove_dir_all(&fresh);
-        return Err(ApiError::internal(format!(
+        return Err(on_node(format!(
             "git init could not make a repository for {name}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         )));

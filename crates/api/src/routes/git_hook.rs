@@ -76,7 +76,7 @@ pub(crate) fn private_dir(dir: &Path) -> Result<(), ApiError> {
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => private(dir),
-        Err(e) => Err(ApiError::internal(format!(
+        Err(e) => Err(super::git::on_node(format!(
             "cannot create {}: {e}",
             dir.display()
         ))),
@@ -87,7 +87,7 @@ pub(crate) fn private_dir(dir: &Path) -> Result<(), ApiError> {
 pub(crate) fn private(path: &Path) -> Result<(), ApiError> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| ApiError::internal(format!("cannot make {} private: {e}", path.display())))
+        .map_err(|e| super::git::on_node(format!("cannot make {} private: {e}", path.display())))
 }
 
 /// Links `hooks/pre-receive` to this very binary (which knows itself as the hook by that
@@ -116,13 +116,13 @@ fn runnable(link: &Path) -> Result<(), ApiError> {
     use std::os::unix::fs::PermissionsExt;
     match std::fs::metadata(link) {
         Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(()),
-        _ => Err(ApiError::new(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "warden's git hook ({}) cannot run: warden's binary was replaced or removed since this node started; restart warden on this node, then push again",
-                link.display()
-            ),
-        )),
+        _ => {
+            tracing::warn!(hook = %link.display(), "warden's git hook cannot run");
+            Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "warden's git hook cannot run: warden's binary was replaced or removed since this node started; restart warden on this node, then push again",
+            ))
+        }
     }
 }
 
@@ -150,7 +150,7 @@ impl Listener {
         let path = base.join(format!("{}.sock", warden_core::id::short_id()));
         let listener = tokio::net::UnixListener::bind(&path)
             .map_err(|e| {
-                ApiError::internal(format!(
+                super::git::on_node(format!(
                     "cannot listen at {}: {e} (a Unix socket's path is at most 107 bytes: give warden a shorter --data-dir)",
                     path.display()
                 ))
