@@ -136,6 +136,9 @@ fn a_push_whose_hook_dies_mid_build_holds_the_lock_until_its_release_ends() {
         !ok && err.contains("another push of g is being built here"),
         "{err}"
     );
+    // Nor may the app be removed (its repository with it) under the release.
+    let rm = w.api("DELETE", "/v1/apps/g", None);
+    assert_eq!(rm.status, 409, "{}", rm.text());
     // Once the release has ended, the lock is given back and a push builds.
     warden_test_support::wait_until(
         "a push once the cut-off release ended",
