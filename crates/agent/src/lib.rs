@@ -418,4 +418,8 @@ impl InstanceAdmin for Agent {
     fn logs(&self, id: &str, lines: usize) -> Result<String, InstanceError> {
         Ok(self.inner.life.logs(id, lines)?)
     }
+
+    fn log_written(&self, id: &str) -> Option<std::time::SystemTime> {
+        self.inner.life.log_written(id)
+    }
 }

@@ -1,4 +1,4 @@
-//! Bodies of `/v1/instances` and `/v1/apps/{name}/logs`.
+//! Bodies of `/v1/instances`, `/v1/apps/{name}/logs` and `/v1/apps/{name}/requests`.
 
 use serde::{Deserialize, Serialize};
 use warden_core::InstanceState;
@@ -27,7 +27,8 @@ pub struct LogsQuery {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AppLogsQuery {
-    /// How many of each instance's last lines (default 100, at most 10000).
+    /// How many of the app's last lines in all (default 100, at most 10000): the newest lines
+    /// of the instance whose log was written last, then of the one before it, and so on.
     pub lines: Option<usize>,
     /// Only instances of this release.
     pub release: Option<u64>,
@@ -55,6 +56,48 @@ pub struct AppLogEntry {
     pub state: InstanceState,
     /// Its last lines, newline-separated.
     pub text: String,
+}
+
+/// Query of `GET /v1/apps/{name}/requests`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RouterLinesQuery {
+    /// How many of the newest request lines (default 100, at most 10000).
+    pub lines: Option<usize>,
+}
+
+/// One request this node's gateway answered through an instance of the app. No query string,
+/// header, cookie or user name: those may carry secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct RouterLine {
+    /// When the answer came, RFC 3339 in UTC with milliseconds.
+    pub at: String,
+    /// The method, control characters replaced by `?`, at most 16 bytes.
+    pub method: String,
+    /// The path without its query string, control characters replaced by `?`, at most 200
+    /// bytes.
+    pub path: String,
+    /// The instance's status code.
+    pub status: u16,
+    /// From sending to the instance until its answer's head, in milliseconds.
+    pub duration_ms: u64,
+    /// The instance that answered.
+    pub instance: String,
+    /// The label it was served at.
+    pub label: String,
+}
+
+/// Answer of `GET /v1/apps/{name}/requests`: the request lines this node's gateway keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct RouterLines {
+    /// The newest lines, oldest first.
+    pub lines: Vec<RouterLine>,
+    /// Why lines may be missing: no gateway on this node, other nodes' gateways, or the
+    /// bound on apps kept.
+    pub note: Option<String>,
 }
 
 #[cfg(test)]

@@ -28,7 +28,9 @@ pub mod users;
 
 pub use device::{DeviceLogin, DevicePollAnswer, DevicePollRequest, DeviceStarted};
 pub use health::{ErrorBody, Health, Ok};
-pub use instances::{AppLogEntry, AppLogsQuery, LogsQuery, StartRequest};
+pub use instances::{
+    AppLogEntry, AppLogsQuery, LogsQuery, RouterLine, RouterLines, RouterLinesQuery, StartRequest,
+};
 pub use nodes::DrainQuery;
 pub use oidc::{NewOidcProvider, OidcProviderChange, OidcProviderView};
 pub use operators::{

@@ -35,6 +35,7 @@ pub fn schemas() -> serde_json::Map<String, Value> {
         generator.subschema_for::<StartRequest>(),
         generator.subschema_for::<InstanceRecord>(),
         generator.subschema_for::<AppLogEntry>(),
+        generator.subschema_for::<RouterLines>(),
         generator.subschema_for::<NodeRecord>(),
         generator.subschema_for::<DrainOrder>(),
         generator.subschema_for::<Lattice>(),

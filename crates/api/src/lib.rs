@@ -61,6 +61,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/apps/{name}/data"),
     ("get", "/v1/limits"),
     ("get", "/v1/apps/{name}/logs"),
+    ("get", "/v1/apps/{name}/requests"),
     ("get", "/v1/apps/{name}/releases"),
     ("post", "/v1/apps/{name}/releases"),
     ("get", "/v1/apps/{name}/releases/{number}/log"),
@@ -188,6 +189,8 @@ pub struct Api {
     pub data: Option<Arc<dyn warden_core::data::DataPlane>>,
     sync: Option<SyncHook>,
     metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
+    /// The request lines of this process's gateway (`None`: no gateway here).
+    pub(crate) requests: Option<Arc<dyn warden_core::requests::RequestLog>>,
     /// This node's audit log: every change through the API is recorded in it.
     pub audit: Arc<dyn warden_core::audit::Audit>,
     /// Refusals of the admin token, summed until the next flush.
@@ -238,6 +241,7 @@ impl Api {
             data: None,
             sync: None,
             metrics: None,
+            requests: None,
             audit: Arc::new(warden_core::audit::NoAudit),
             refusals: Arc::default(),
             audit_flush: std::time::Duration::from_secs(60),
@@ -362,6 +366,12 @@ impl Api {
         self
     }
 
+    /// Serves `GET /v1/apps/{name}/requests` from the request lines of this process's gateway.
+    pub fn with_requests(mut self, log: Arc<dyn warden_core::requests::RequestLog>) -> Self {
+        self.requests = Some(log);
+        self
+    }
+
     /// Makes writes answer only once `hook` says they are applied, so that a user or app created
     /// through this API is usable at the gateway of this process as soon as the call returns.
     pub fn with_sync(mut self, hook: SyncHook) -> Self {
@@ -423,6 +433,7 @@ impl Api {
             .route("/v1/apps/{name}/releases/{number}/log", get(releases::log))
             .route("/v1/limits", get(releases::limits))
             .route("/v1/apps/{name}/logs", get(instances::app_logs))
+            .route("/v1/apps/{name}/requests", get(instances::router_lines))
             .route(
                 "/v1/apps/{name}/config",
                 get(releases::config_show).post(releases::config_change),

@@ -1,5 +1,6 @@
 //! `warden logs`: an app's instances' output with the instance, label and release on each
-//! line (and a release's build output), or one instance's, once or following.
+//! line (and a release's build output), and the requests the gateway answered for it
+//! (`router` lines), or one instance's output, once or following.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use anyhow::bail;
 use serde_json::json;
 
 use crate::client::Client;
-use warden_api_types::{AppLogEntry, AppSpec};
+use warden_api_types::{AppLogEntry, AppSpec, RouterLine, RouterLines};
 
 use crate::Output;
 
@@ -17,9 +18,15 @@ use crate::Output;
 pub struct Logs {
     /// App name, or the id of one instance (`warden instances list` shows them)
     pub target: String,
-    /// How many of the last lines of each instance to print
+    /// How many of the app's last lines to print in all (and as many request lines): the
+    /// newest of the instance whose log was written last, then of the one before it, and so on
     #[arg(long, short = 'n', default_value_t = 100)]
     pub lines: usize,
+    /// Which lines: the instances' output (`app`), the gateway's request lines (`router`), or
+    /// both (the default). `--label` and `--instance` filter request lines too, `--release`
+    /// does not
+    #[arg(long, value_enum)]
+    pub source: Option<Source>,
     /// Keep printing new lines as they come (Ctrl-C stops)
     #[arg(long, short = 'f')]
     pub follow: bool,
@@ -32,6 +39,15 @@ pub struct Logs {
     /// Only this instance of the app
     #[arg(long)]
     pub instance: Option<String>,
+}
+
+/// Where lines come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Source {
+    /// The instances' output.
+    App,
+    /// The gateway's request lines.
+    Router,
 }
 
 /// The lines of `new` after its overlap with the end of `old`: what a follow has not printed.
@@ -99,9 +115,19 @@ pub(crate) async fn run(api: &Client, out: &Output, l: Logs) -> anyhow::Result<(
         query += &format!("&instance={}", query_value(i));
     }
     let path = format!("/v1/apps/{}/logs{query}", l.target);
+    let requests = format!("/v1/apps/{}/requests?lines={}", l.target, l.lines);
+    let (app_lines, router) = (
+        l.source != Some(Source::Router),
+        l.source != Some(Source::App),
+    );
     let mut seen: HashMap<String, Vec<String>> = HashMap::new();
+    let mut seen_requests: Option<Vec<String>> = None;
     loop {
-        let entries: Vec<AppLogEntry> = api.call("GET", &path).await?;
+        let entries: Vec<AppLogEntry> = if app_lines {
+            api.call("GET", &path).await?
+        } else {
+            Vec::new()
+        };
         for e in entries {
             let id = e.instance.clone();
             let new: Vec<String> = e.text.lines().map(str::to_owned).collect();
@@ -117,11 +143,37 @@ pub(crate) async fn run(api: &Client, out: &Output, l: Logs) -> anyhow::Result<(
             }
             *old = new;
         }
+        if router {
+            let got: RouterLines = api.call("GET", &requests).await?;
+            if seen_requests.is_none() {
+                if let Some(note) = &got.note {
+                    eprintln!("router: {note}");
+                }
+            }
+            let wanted = |r: &&RouterLine| {
+                l.label.as_ref().is_none_or(|x| &r.label == x)
+                    && l.instance.as_ref().is_none_or(|x| &r.instance == x)
+            };
+            let new: Vec<String> = got.lines.iter().filter(wanted).map(router_text).collect();
+            let old = seen_requests.get_or_insert_with(Vec::new);
+            for line in unseen(old, &new) {
+                print_line(out, "router", "", None, line);
+            }
+            *old = new;
+        }
         if !l.follow {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// A request line as printed: time, method, path, status, duration, instance and label.
+fn router_text(r: &RouterLine) -> String {
+    format!(
+        "{} {} {} {} {}ms instance={} label={}",
+        r.at, r.method, r.path, r.status, r.duration_ms, r.instance, r.label
+    )
 }
 
 fn print_line(out: &Output, instance: &str, label: &str, release: Option<u64>, line: &str) {

@@ -353,6 +353,10 @@ impl Instances for Shared {
 }
 
 impl InstanceAdmin for Shared {
+    fn log_written(&self, id: &str) -> Option<std::time::SystemTime> {
+        self.0.local.as_ref()?.log_written(id)
+    }
+
     fn logs(&self, id: &str, lines: usize) -> Result<String, InstanceError> {
         match &self.0.local {
             Some(l) if l.record(id).is_some() => l.logs(id, lines),

@@ -373,6 +373,12 @@ pub trait InstanceAdmin: Instances {
 
     /// The last `lines` lines an instance printed, running or recently exited.
     fn logs(&self, id: &str, lines: usize) -> Result<String, InstanceError>;
+
+    /// When an instance's log was last written (its mtime), which orders the lines of an
+    /// app's instances; `None` where unknown.
+    fn log_written(&self, _id: &str) -> Option<std::time::SystemTime> {
+        None
+    }
 }
 
 #[cfg(test)]

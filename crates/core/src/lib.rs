@@ -21,6 +21,7 @@ pub mod oneoff;
 pub mod peers;
 pub mod ratelimit;
 pub mod releases;
+pub mod requests;
 
 pub use instances::{
     Activity, ActivityGuard, InstanceAdmin, InstanceError, InstanceStream, Instances, Owner,

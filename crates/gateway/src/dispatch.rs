@@ -111,6 +111,7 @@ async fn dispatch(
                 m.phase("upstream", t.elapsed());
                 let bytes = x.bytes.len() as u64 + answer.body_len();
                 state.audit.access(x.user, instance, label, bytes);
+                served(state, spec, x, &answer, &instance.id, label, t);
                 if let Some(taint) = answer.taint.take() {
                     apply_taint(state, instance, &taint);
                 }
@@ -277,6 +278,7 @@ async fn one_off(
             m.phase("upstream", t.elapsed());
             let bytes = x.bytes.len() as u64 + answer.body_len();
             state.audit.access_once(x.user, &r, label, bytes);
+            served(state, spec, x, &answer, &r.id, label, t);
             // Nothing can be tainted beyond this one response: the instance dies with it.
             answer.taint = None;
             Ok(Forwarded {
@@ -371,6 +373,27 @@ async fn start(
             reason: e.to_string(),
         }),
     }
+}
+
+/// Keeps the request line of an answer from `instance` (sent at `sent`).
+fn served(
+    state: &State,
+    spec: &AppSpec,
+    x: &Exchange<'_>,
+    answer: &Answer,
+    instance: &str,
+    label: &str,
+    sent: Instant,
+) {
+    let line = crate::requests::Served {
+        method: x.method,
+        target: x.target,
+        status: answer.status,
+        duration_ms: sent.elapsed().as_millis() as u64,
+        instance,
+        label,
+    };
+    state.requests.push(&spec.name, &line);
 }
 
 /// An instance said it read data of class `taint`: its label becomes the join, and it stops

@@ -38,6 +38,7 @@ mod metrics;
 mod oidc;
 mod phases;
 mod prefixed;
+mod requests;
 mod response;
 mod route;
 mod shared;
@@ -61,6 +62,7 @@ pub use endpoints::statics::PrivateData;
 pub use error::{GatewayError, Origin, Retry};
 pub use metrics::Metrics;
 pub use oidc::{OidcConfig, OidcProvider};
+pub use requests::Requests;
 pub use response::Body;
 pub use tls::{AdmissionConfig, CertFiles, TlsError, TlsSettings};
 
@@ -158,6 +160,7 @@ impl Gateway {
             tls,
             audit,
             log,
+            requests: Arc::default(),
         });
         Ok(Self {
             listener,
@@ -179,6 +182,11 @@ impl Gateway {
     /// The gateway's metrics, for whoever serves `/metrics`.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.state.metrics.clone()
+    }
+
+    /// The request lines this gateway keeps per app, which the API of this process reads.
+    pub fn requests(&self) -> Arc<Requests> {
+        self.state.requests.clone()
     }
 
     /// A handle that tells when the gateway's views have caught up with a store revision; the API

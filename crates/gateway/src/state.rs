@@ -28,6 +28,8 @@ pub(crate) struct State {
     /// The node's audit log itself: asked, on every request that would reach an instance or
     /// sign in, whether it refuses access (`--audit required` and it cannot record).
     pub log: Arc<dyn warden_core::audit::Audit>,
+    /// The last request lines per app, for `warden logs --source router`.
+    pub requests: Arc<crate::requests::Requests>,
 }
 
 // === impl State ===

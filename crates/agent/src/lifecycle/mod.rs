@@ -413,6 +413,18 @@ impl Lifecycle {
         Ok(logs::tail(&path, lines))
     }
 
+    /// When an instance of this node last wrote its log, running or recently exited.
+    pub(crate) fn log_written(&self, id: &str) -> Option<std::time::SystemTime> {
+        let running = lock(&self.table).running.get(id).map(|r| r.log.clone());
+        let path = running.or_else(|| {
+            lock(&self.exited)
+                .iter()
+                .find(|(x, _, _)| x == id)
+                .map(|(_, _, p)| p.clone())
+        })?;
+        std::fs::metadata(path).and_then(|m| m.modified()).ok()
+    }
+
     /// Spares of (app, label) that are not being stopped.
     pub(crate) fn spares(&self, app: &str, label: &str) -> usize {
         lock(&self.table)

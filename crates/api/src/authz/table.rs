@@ -43,6 +43,7 @@ const TABLE: &[(&str, &str, Need)] = &[
     ),
     ("GET", "/v1/apps/{name}/logs", Need::ReadApp),
     ("GET", "/v1/apps/{name}/ps", Need::ReadApp),
+    ("GET", "/v1/apps/{name}/requests", Need::ReadApp),
     ("GET", "/v1/apps/{name}/config", Need::SecretApp),
     ("GET", "/v1/apps/{name}/data", Need::SecretApp),
     ("POST", "/v1/apps/{name}/scale", Need::DeployApp),

@@ -5,7 +5,9 @@ use axum::http::StatusCode;
 use axum::Json;
 use std::sync::Arc;
 
-pub use warden_api_types::{AppLogEntry, AppLogsQuery, LogsQuery, StartRequest};
+pub use warden_api_types::{
+    AppLogEntry, AppLogsQuery, LogsQuery, RouterLine, RouterLines, RouterLinesQuery, StartRequest,
+};
 use warden_core::{keys, AppSpec, InstanceAdmin, InstanceError, InstanceRecord, Owner};
 use warden_store::decode;
 
@@ -90,9 +92,11 @@ pub async fn kill(State(api): State<Api>, Path(id): Path<String>) -> Result<Stat
     }
 }
 
-/// `GET /v1/apps/{name}/logs`: the last lines of each running instance of the app, with its
-/// label and release. Instances on other nodes are listed with an empty text and a note:
-/// their lines are on their node.
+/// `GET /v1/apps/{name}/logs`: the app's last `lines` lines in all, with each instance's label
+/// and release: instances ordered by their log's last write, the newest lines taken from the
+/// last written first (app output carries no time of its own, so this is the order there is).
+/// Instances on other nodes are listed with an empty text and a note: their lines are on their
+/// node.
 pub async fn app_logs(
     State(api): State<Api>,
     Path(name): Path<String>,
@@ -106,6 +110,7 @@ pub async fn app_logs(
     }
     let lines = q.lines.unwrap_or(100).min(10_000);
     let mut out = Vec::new();
+    let mut written = Vec::new();
     for r in all(&api).await? {
         // Its process types' instances too (`worker`): their app field names the type.
         let wanted = (r.app == name
@@ -116,6 +121,7 @@ pub async fn app_logs(
         if !wanted {
             continue;
         }
+        written.push(api.instances.as_ref().and_then(|s| s.log_written(&r.id)));
         let (text, note) = match api.instances.as_ref().map(|s| s.logs(&r.id, lines)) {
             Some(Ok(t)) => (t, None),
             _ => (
@@ -136,5 +142,78 @@ pub async fn app_logs(
             note,
         });
     }
-    Ok(Json(out))
+    Ok(Json(newest(out, written, lines)))
+}
+
+/// `entries` ordered by when their log was last `written` (never: first), each text cut so
+/// that the newest `total` lines remain in all.
+fn newest(
+    entries: Vec<AppLogEntry>,
+    written: Vec<Option<std::time::SystemTime>>,
+    total: usize,
+) -> Vec<AppLogEntry> {
+    let mut entries: Vec<_> = written.into_iter().zip(entries).collect();
+    entries.sort_by_key(|(w, _)| *w);
+    let mut left = total;
+    for (_, e) in entries.iter_mut().rev() {
+        let lines: Vec<&str> = e.text.lines().collect();
+        let keep = lines.len().min(left);
+        left -= keep;
+        if keep < lines.len() {
+            let mut text = lines[lines.len() - keep..].join("\n");
+            if keep > 0 {
+                text.push('\n');
+            }
+            e.text = text;
+        }
+    }
+    entries.into_iter().map(|(_, e)| e).collect()
+}
+
+/// `GET /v1/apps/{name}/requests`: the newest request lines of the app that this node's
+/// gateway served, with a note where lines are elsewhere (no gateway here, other nodes).
+pub async fn router_lines(
+    State(api): State<Api>,
+    Path(name): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<RouterLinesQuery>,
+) -> Result<Json<RouterLines>, ApiError> {
+    if warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&name))
+        .await?
+        .is_none()
+    {
+        return Err(ApiError::no_app(&name));
+    }
+    let lines = q.lines.unwrap_or(100).min(10_000);
+    let Some(log) = &api.requests else {
+        return Ok(Json(RouterLines {
+            lines: Vec::new(),
+            note: Some(
+                "no gateway runs in this process, so it keeps no request lines; ask the API of a node that runs the gateway role"
+                    .into(),
+            ),
+        }));
+    };
+    let kept = log.recent(&name, lines);
+    let nodes = api.store.list(keys::NODES).await?.entries.len();
+    let elsewhere = (nodes > 1).then(|| {
+        format!("this node's gateway only: the {} other nodes' gateways keep the requests they served; ask their APIs", nodes - 1)
+    });
+    let note = match (kept.note, elsewhere) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
+    };
+    let lines = kept
+        .lines
+        .into_iter()
+        .map(|l| RouterLine {
+            at: warden_core::requests::rfc3339_ms(l.at_ms),
+            method: l.method,
+            path: l.path,
+            status: l.status,
+            duration_ms: l.duration_ms,
+            instance: l.instance,
+            label: l.label,
+        })
+        .collect();
+    Ok(Json(RouterLines { lines, note }))
 }

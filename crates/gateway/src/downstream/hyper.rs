@@ -296,6 +296,8 @@ async fn to_app(
         idempotent: parts.method.is_idempotent(),
         pooled: true,
         user: &user.record.name,
+        method: parts.method.as_str().as_bytes(),
+        target: path_and_query.as_bytes(),
     };
     let owner = Owner::for_lifetime(spec.lifetime, &user.record.name);
     let forwarded = dispatch::forward(state, &spec, label, &owner, &x).await?;

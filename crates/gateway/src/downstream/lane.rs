@@ -502,6 +502,8 @@ async fn to_app(
         idempotent: http::Method::from_bytes(method).is_ok_and(|m| m.is_idempotent()),
         pooled: true,
         user: &user.record.name,
+        method,
+        target: &msg[lane.target.clone()],
     };
     let owner = Owner::for_lifetime(spec.lifetime, &user.record.name);
     match dispatch::forward(state, spec, label, &owner, &x).await {

@@ -164,6 +164,10 @@ pub(crate) struct Exchange<'a> {
     pub pooled: bool,
     /// Whom it is for, as the audit records name them.
     pub user: &'a str,
+    /// Its method and target as the client sent them, for the request lines (`requests.rs`
+    /// cleans them and drops the query).
+    pub method: &'a [u8],
+    pub target: &'a [u8],
 }
 
 // === impl Answer ===

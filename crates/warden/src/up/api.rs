@@ -96,6 +96,9 @@ pub(super) async fn serve_api(
             Box::pin(async move { sync.caught_up(&key, rev).await })
         }));
     }
+    if let Some(g) = gateway {
+        api = api.with_requests(g.requests());
+    }
     let (gw_metrics, agent_metrics) = (gateway.as_ref().map(|g| g.metrics()), m.agent.clone());
     let (node_port_stats, checker_stats) = (m.node_port_stats.clone(), m.checker_stats.clone());
     let peers = m.peers.clone();

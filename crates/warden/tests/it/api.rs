@@ -156,6 +156,12 @@ fn every_documented_route_answers_its_documented_success_for_a_valid_request() {
             None,
         ),
         ("get", "/v1/apps/{name}/ps", "/v1/apps/demo/ps".into(), None),
+        (
+            "get",
+            "/v1/apps/{name}/requests",
+            "/v1/apps/demo/requests".into(),
+            None,
+        ),
         ("get", "/v1/limits", "/v1/limits".into(), None),
         ("post", "/v1/users", "/v1/users".into(), Some(user)),
         ("get", "/v1/users", "/v1/users".into(), None),

@@ -110,6 +110,7 @@ mod interrupted;
 mod isolation;
 mod lattice;
 mod lifetimes;
+mod logs;
 mod node_port_flood;
 mod oidc;
 mod oidc_api;
