@@ -50,12 +50,19 @@ pub enum Source {
     Router,
 }
 
-/// The lines of `new` after its overlap with the end of `old`: what a follow has not printed.
+/// The longest end of `old` that [`unseen`] looks for in `new`: enough to tell lines apart,
+/// few enough that a follow of 10,000 lines stays cheap.
+const OVERLAP: usize = 100;
+
+/// The lines of `new` after the end of `old` found in it: what a follow has not printed. The
+/// end may be anywhere in `new`, not only at its start: `lines` is the app's total, so an
+/// instance's window grows again (with lines printed before) when the others fall quiet.
 fn unseen<'a>(old: &[String], new: &'a [String]) -> &'a [String] {
-    let max = old.len().min(new.len());
+    let max = old.len().min(new.len()).min(OVERLAP);
     for k in (1..=max).rev() {
-        if old[old.len() - k..] == new[..k] {
-            return &new[k..];
+        let end = &old[old.len() - k..];
+        if let Some(j) = (k..=new.len()).find(|&j| new[j - k..j] == *end) {
+            return &new[j..];
         }
     }
     new
@@ -211,5 +218,14 @@ mod tests {
         );
         assert_eq!(super::unseen(&v(&[]), &v(&["x"])), v(&["x"]));
         assert_eq!(super::unseen(&v(&["x"]), &v(&["y"])), v(&["y"]));
+        // A window that grew back over lines printed before prints only what is new.
+        assert_eq!(
+            super::unseen(&v(&["c"]), &v(&["a", "b", "c", "d"])),
+            v(&["d"])
+        );
+        assert_eq!(
+            super::unseen(&v(&["p", "p"]), &v(&["p", "p", "p"])),
+            v(&["p"])
+        );
     }
 }
