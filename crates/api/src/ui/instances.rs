@@ -65,13 +65,16 @@ async fn read(
     }
     let _: AppSpec = super::read(ui, token, peer, &format!("/v1/apps/{name}")).await?;
     let all: Vec<InstanceRecord> = super::read(ui, token, peer, "/v1/instances").await?;
-    let logs: Vec<AppLogEntry> = super::read(
-        ui,
-        token,
-        peer,
-        &format!("/v1/apps/{name}/logs?lines={LINES}"),
-    )
-    .await?;
+    // `lines` is the app's total (`warden logs APP -n`): each instance's own last lines are
+    // asked for one instance at a time.
+    let mut logs: Vec<AppLogEntry> = Vec::new();
+    for i in all.iter().filter(|i| i.app == name) {
+        let path = format!(
+            "/v1/apps/{name}/logs?lines={LINES}&instance={}",
+            query_safe(&i.id)
+        );
+        logs.extend(super::read::<Vec<AppLogEntry>>(ui, token, peer, &path).await?);
+    }
     let status: Status = super::read(ui, token, peer, "/v1/status").await?;
     let reports = status
         .apps
