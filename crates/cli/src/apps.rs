@@ -38,7 +38,7 @@ pub enum AppsCommand {
     Scale {
         /// App name
         name: String,
-        /// [TYPE:]LABEL=COUNT, one or more; labels not named keep their counts
+        /// LABEL=COUNT (web) or TYPE:LABEL=COUNT, one or more; labels not named keep their counts
         #[arg(value_name = "[TYPE:]LABEL=COUNT", required = true)]
         counts: Vec<String>,
     },
