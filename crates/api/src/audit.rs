@@ -173,7 +173,7 @@ pub(crate) async fn record_change(State(api): State<Api>, req: Request, next: Ne
         .get::<crate::authz::Principal>()
         .map_or_else(|| ACTOR.to_owned(), |p| p.actor());
     let mut target = target(&route, req.uri().path());
-    let streamed = route == "/v1/apps/{name}/releases" || route == crate::routes::git::RECEIVE;
+    let streamed = route == "/v1/apps/{name}/releases" || route == crate::authz::git::RECEIVE;
     // A one-off command's label and user (`warden run`) are the record's point: its query
     // names them and holds no secret (the command is in the body, digested).
     let route = match (route.as_str(), req.uri().query()) {

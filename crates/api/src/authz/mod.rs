@@ -4,6 +4,7 @@
 //! ([`table::check`]). A request that passes carries its [`Principal`], which the audit
 //! records as the change's actor and a release as its `by`.
 
+pub(crate) mod git;
 pub(crate) mod table;
 pub(crate) mod throttle;
 
@@ -334,17 +335,14 @@ pub(crate) async fn authorize(State(api): State<Api>, mut req: Request, next: Ne
         .map_or("", |m| m.as_str())
         .to_owned();
     // git sends the token as the password of HTTP Basic, and is answered as git shows it.
-    let git = crate::routes::git::is_git(&route);
+    let git = git::is_git(&route);
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_owned)
-        .or_else(|| {
-            git.then(|| crate::routes::git::basic_password(req.headers()))
-                .flatten()
-        })
+        .or_else(|| git.then(|| git::basic_password(req.headers())).flatten())
         .unwrap_or_default();
     // Not `&req` in the closure: a request body is not `Sync`, and this future must be `Send`.
     let from = peer(&req);
@@ -362,11 +360,7 @@ pub(crate) async fn authorize(State(api): State<Api>, mut req: Request, next: Ne
         Ok(p) => p,
         Err(resp) => {
             refused(resp.status().as_u16());
-            return if git {
-                crate::routes::git::for_git(resp).await
-            } else {
-                resp
-            };
+            return if git { git::for_git(resp).await } else { resp };
         }
     };
     // A process type's spec (`demo~worker`) is its app's: no route takes its name, so its
@@ -388,11 +382,7 @@ pub(crate) async fn authorize(State(api): State<Api>, mut req: Request, next: Ne
         if let Err(why) = table::check(roles, req.method().as_str(), &route, app.as_deref()) {
             refused(403);
             let resp = ApiError::new(StatusCode::FORBIDDEN, why).into_response();
-            return if git {
-                crate::routes::git::for_git(resp).await
-            } else {
-                resp
-            };
+            return if git { git::for_git(resp).await } else { resp };
         }
     }
     // A release's `by` is who authenticated, never what the client claims.

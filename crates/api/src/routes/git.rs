@@ -15,20 +15,18 @@ use std::process::Stdio;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::git_base::{base_dir, on_node, repository_path};
 use super::git_hook;
+use crate::authz::git::text;
+pub(crate) use crate::authz::git::{RECEIVE, REFS};
 use crate::authz::Principal;
 use crate::error::ApiError;
 use crate::Api;
-
-/// The route git asks for the refs it may update.
-pub(crate) const REFS: &str = "/v1/apps/{name}/git/info/refs";
-/// The route git sends a push to.
-pub(crate) const RECEIVE: &str = "/v1/apps/{name}/git/git-receive-pack";
 
 /// The only service this remote serves: it receives, it never gives code out.
 const SERVICE: &str = "git-receive-pack";
@@ -40,65 +38,6 @@ const INFLATE_STEP: usize = 4096;
 const OUT_QUEUE: usize = 16;
 /// How long a client may leave git's answer unread before the push is ended.
 const STALL: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Whether `route` (a template) is one of git's.
-pub(crate) fn is_git(route: &str) -> bool {
-    route == REFS || route == RECEIVE
-}
-
-/// The password of HTTP Basic credentials: the token git was given. The user name is ignored.
-pub(crate) fn basic_password(headers: &HeaderMap) -> Option<String> {
-    use base64::Engine as _;
-    let encoded = headers
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Basic ")?;
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(encoded.trim())
-        .ok()?;
-    let text = String::from_utf8(decoded).ok()?;
-    text.split_once(':').map(|(_, p)| p.to_owned())
-}
-
-/// A refusal of the API (JSON) as git shows it: the message as plain text, and for a 401 the
-/// Basic challenge, so that git asks for the user name and token.
-pub(crate) async fn for_git(resp: Response) -> Response {
-    let status = resp.status();
-    let (mut parts, body) = resp.into_parts();
-    let bytes = axum::body::to_bytes(body, 64 * 1024)
-        .await
-        .unwrap_or_default();
-    let message = serde_json::from_slice::<warden_api_types::ErrorBody>(&bytes)
-        .map(|e| e.error)
-        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-    let mut text = text(status, message);
-    if status == StatusCode::UNAUTHORIZED {
-        text.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Basic realm=\"warden\""),
-        );
-    }
-    parts.headers.remove(header::CONTENT_TYPE);
-    parts.headers.remove(header::CONTENT_LENGTH);
-    parts.headers.remove(header::WWW_AUTHENTICATE);
-    for (k, v) in text.headers() {
-        parts.headers.insert(k.clone(), v.clone());
-    }
-    Response::from_parts(parts, text.into_body())
-}
-
-/// `message` as a plain-text answer, which git prints as `remote:` lines.
-fn text(status: StatusCode, message: impl Into<String>) -> Response {
-    let mut body = message.into();
-    body.push('\n');
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        body,
-    )
-        .into_response()
-}
 
 fn refused(e: ApiError) -> Response {
     text(e.status(), e.message())
@@ -389,7 +328,7 @@ fn git(api: &Api, repo: &FsPath) -> Result<tokio::process::Command, ApiError> {
         .arg("-c")
         .arg(format!(
             "core.hooksPath={}",
-            git_hook::hooks_dir(&base).display()
+            super::git_base::hooks_dir(&base).display()
         ))
         .args(["-c", "receive.denyDeletes=true"])
         .args(["-c", "receive.fsckObjects=true"])
@@ -400,15 +339,6 @@ fn git(api: &Api, repo: &FsPath) -> Result<tokio::process::Command, ApiError> {
         .current_dir(repo)
         .kill_on_drop(true);
     Ok(cmd)
-}
-
-/// A failure on the node: `detail` (server paths, git's own words) goes to the node's log,
-/// the pusher is told a short reason.
-pub(crate) fn on_node(detail: impl std::fmt::Display) -> ApiError {
-    warden_core::log_limited!(warn, detail = %detail, "git push failed on this node");
-    ApiError::internal(
-        "warden could not take this push on its node; push again, and if it fails again ask the operator to look at warden's log",
-    )
 }
 
 fn not_installed(e: std::io::Error) -> ApiError {
@@ -422,32 +352,12 @@ fn not_installed(e: std::io::Error) -> ApiError {
     }
 }
 
-/// `DATA_DIR/git`, private to warden, as an absolute path: git runs in the repository (its
-/// working directory) and the hook wherever git runs it, so a relative data directory (the
-/// default) would name other places to them.
-pub(crate) fn base_dir(api: &Api) -> Result<PathBuf, ApiError> {
-    let dir = api
-        .data_dir
-        .as_ref()
-        .ok_or_else(|| ApiError::internal("this API has no data directory for git repositories"))?;
-    std::path::absolute(dir.join("git")).map_err(|e| {
-        ApiError::internal(format!(
-            "cannot find the data directory's absolute path: {e}"
-        ))
-    })
-}
-
-/// Where `app`'s repository is (made or not).
-pub(crate) fn repository_path(api: &Api, app: &str) -> Result<PathBuf, ApiError> {
-    Ok(base_dir(api)?.join("repos").join(format!("{app}.git")))
-}
-
 /// The app's bare repository, made (mode 0700, with warden's hook) when first asked for.
 async fn repository(api: &Api, name: &str) -> Result<PathBuf, ApiError> {
     let base = base_dir(api)?;
     let repos = base.join("repos");
-    git_hook::private_dir(&base)?;
-    git_hook::private_dir(&repos)?;
+    super::git_base::private_dir(&base)?;
+    super::git_base::private_dir(&repos)?;
     git_hook::install(&base)?;
     let repo = repository_path(api, name)?;
     if repo.join("HEAD").exists() {
@@ -476,7 +386,7 @@ async fn repository(api: &Api, name: &str) -> Result<PathBuf, ApiError> {
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    git_hook::private(&fresh)?;
+    super::git_base::private(&fresh)?;
     if std::fs::rename(&fresh, &repo).is_err() {
         // Another push made it first.
         let _ = std::fs::remove_dir_all(&fresh);

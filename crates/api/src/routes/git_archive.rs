@@ -8,7 +8,7 @@ use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::git_hook::HookAsk;
+use super::git_base::HookAsk;
 use crate::Api;
 
 /// The unpacker takes at most this many times the upload limit (`max_unpacked` of the

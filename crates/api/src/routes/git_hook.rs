@@ -14,20 +14,17 @@ use std::path::{Path, PathBuf};
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{HeaderMap, HeaderValue};
-use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use warden_api_types::{PushQuery, ReleaseEvent};
 
+use super::git_base::{base_dir, hooks_dir, on_node, private_dir};
+pub use super::git_base::{HookAsk, HookSay, KEY_ENV, SOCKET_ENV};
 use super::git_lock::{Lock, Slot, Taken};
 use super::git_repo;
 use crate::error::ApiError;
 use crate::Api;
 
-/// The environment variable naming the socket the hook connects to.
-pub const SOCKET_ENV: &str = "WARDEN_GIT_HOOK_SOCKET";
-/// The environment variable holding the key the hook presents, for this push only.
-pub const KEY_ENV: &str = "WARDEN_GIT_HOOK_KEY";
 /// The branches a push may build; others are refused with a message.
 const BRANCHES: [&str; 2] = ["refs/heads/main", "refs/heads/master"];
 /// How a build's error names the output it ends with (the agent's `build/`).
@@ -39,56 +36,6 @@ const MAX_ASK: usize = 64 * 1024;
 /// How many lines for the hook may wait for it; past that, lines are dropped (its verdict is
 /// not).
 const SAY_QUEUE: usize = 1024;
-
-/// What the hook sends: the key, the ref updates git received, and where the pushed objects
-/// wait (git quarantines them until the hook agrees).
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HookAsk {
-    /// The key of this push.
-    pub key: String,
-    /// `<old> <new> <ref>` lines, as git gave them to the hook.
-    pub updates: Vec<String>,
-    /// `GIT_OBJECT_DIRECTORY` of the hook: the quarantine.
-    pub objects: Option<String>,
-    /// `GIT_ALTERNATE_OBJECT_DIRECTORIES` of the hook: the repository's own objects.
-    pub alternates: Option<String>,
-}
-
-/// What the API answers, one JSON line each: a line to show, then the verdict.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum HookSay {
-    /// A line for git to show.
-    Line(String),
-    /// Whether git may update the refs.
-    Accept(bool),
-}
-
-/// `DATA_DIR/git/hooks`: the only hooks git runs for warden's repositories.
-pub(crate) fn hooks_dir(base: &Path) -> PathBuf {
-    base.join("hooks")
-}
-
-/// Makes `dir` (mode 0700) unless it exists, and keeps it 0700.
-pub(crate) fn private_dir(dir: &Path) -> Result<(), ApiError> {
-    use std::os::unix::fs::DirBuilderExt;
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => private(dir),
-        Err(e) => Err(super::git::on_node(format!(
-            "cannot create {}: {e}",
-            dir.display()
-        ))),
-    }
-}
-
-/// Sets `path` to mode 0700.
-pub(crate) fn private(path: &Path) -> Result<(), ApiError> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| super::git::on_node(format!("cannot make {} private: {e}", path.display())))
-}
 
 /// Links `hooks/pre-receive` to this very binary (which knows itself as the hook by that
 /// name), replacing a link to another (an older binary's path).
@@ -145,12 +92,12 @@ impl Listener {
         actor: String,
         repo: PathBuf,
     ) -> Result<Self, ApiError> {
-        let base = super::git::base_dir(api)?.join("run");
+        let base = base_dir(api)?.join("run");
         private_dir(&base)?;
         let path = base.join(format!("{}.sock", warden_core::id::short_id()));
         let listener = tokio::net::UnixListener::bind(&path)
             .map_err(|e| {
-                super::git::on_node(format!(
+                on_node(format!(
                     "cannot listen at {}: {e} (a Unix socket's path is at most 107 bytes: give warden a shorter --data-dir)",
                     path.display()
                 ))

@@ -8,7 +8,7 @@ use std::process::Stdio;
 
 use axum::http::StatusCode;
 
-use super::git_hook::HookAsk;
+use super::git_base::HookAsk;
 use super::git_lock::Taken;
 use crate::error::ApiError;
 use crate::Api;
@@ -99,7 +99,7 @@ impl Removal {
         if api.data_dir.is_none() {
             return Ok(Self { repo: None });
         }
-        let repo = super::git::repository_path(api, app)?;
+        let repo = super::git_base::repository_path(api, app)?;
         let lock = Taken::take(&repo).ok_or_else(|| {
             ApiError::new(
                 StatusCode::CONFLICT,

@@ -8,6 +8,7 @@ pub(crate) mod device_live;
 pub mod forward;
 pub mod git;
 pub(crate) mod git_archive;
+pub mod git_base;
 pub mod git_hook;
 pub(crate) mod git_lock;
 pub(crate) mod git_repo;
