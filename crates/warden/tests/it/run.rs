@@ -46,6 +46,36 @@ fn with_plain() -> Warden {
     w
 }
 
+/// An operator `name` with `roles` made through the API, and a session token of theirs.
+fn operator_token(w: &Warden, name: &str, roles: serde_json::Value) -> String {
+    let password = format!("{name}-password-1");
+    let r = w.api(
+        "POST",
+        "/v1/operators",
+        Some(json!({"name": name, "password": password, "roles": roles})),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let login = request(
+        "POST",
+        &format!("{}/v1/login", w.api),
+        &[("content-type", "application/json")],
+        json!({"name": name, "password": password})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(login.status, 200, "{}", login.text());
+    login.json()["token"].as_str().unwrap().to_owned()
+}
+
+/// Runs `cmd` with no input: its exit code and what it wrote to stderr.
+fn ran(cmd: &mut Command) -> (Option<i32>, String) {
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Whether a process whose command line holds `marker` runs on this host.
 fn running(marker: &str) -> bool {
     std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
@@ -231,22 +261,7 @@ fn ctrl_c_reaches_the_command_and_a_client_gone_kills_it() {
 #[test]
 fn a_viewer_and_an_app_without_a_release_are_refused_with_a_reason() {
     let w = with_plain();
-    let r = w.api(
-        "POST",
-        "/v1/operators",
-        Some(json!({"name": "view", "password": "view-password-1", "roles": [{"role": "viewer"}]})),
-    );
-    assert_eq!(r.status, 201, "{}", r.text());
-    let login = request(
-        "POST",
-        &format!("{}/v1/login", w.api),
-        &[("content-type", "application/json")],
-        json!({"name": "view", "password": "view-password-1"})
-            .to_string()
-            .as_bytes(),
-    );
-    assert_eq!(login.status, 200, "{}", login.text());
-    let token = login.json()["token"].as_str().unwrap().to_owned();
+    let token = operator_token(&w, "view", json!([{"role": "viewer"}]));
     let out = warden(
         &w,
         &["run", "plain", "--", "touch", "/tmp/warden-run-viewer"],
@@ -283,11 +298,10 @@ fn a_viewer_and_an_app_without_a_release_are_refused_with_a_reason() {
     assert!(stderr.contains("has no release yet"), "{stderr}");
     assert!(stderr.contains("warden push bare"), "{stderr}");
     // A label the lattice lacks.
-    let out = warden(&w, &["run", "plain", "--label", "NOPE", "--", "true"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, stderr) = ran(&mut warden(
+        &w,
+        &["run", "plain", "--label", "NOPE", "--", "true"],
+    ));
     assert!(
         stderr.contains("HTTP 400") && stderr.contains("NOPE"),
         "{stderr}"
@@ -375,12 +389,8 @@ fn one_offs_are_bounded_per_app_and_a_deployer_cannot_read_a_users_clearance() {
             child
         })
         .collect();
-    let out = warden(&w, &["run", "plain", "--", "true"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let (code, stderr) = ran(&mut warden(&w, &["run", "plain", "--", "true"]));
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("HTTP 429") && stderr.contains("at most 4 of an app"),
         "{stderr}"
@@ -413,50 +423,23 @@ fn one_offs_are_bounded_per_app_and_a_deployer_cannot_read_a_users_clearance() {
         let _ = c.wait();
     }
     // A deployer of the app may run it, but naming a user would read that user's clearance.
-    let r = w.api(
-        "POST",
-        "/v1/operators",
-        Some(json!({"name": "dep", "password": "dep-password-1", "roles": [{"role": "deployer", "apps": ["plain"]}]})),
+    let token = operator_token(&w, "dep", json!([{"role": "deployer", "apps": ["plain"]}]));
+    let (_, stderr) = ran(
+        warden(&w, &["run", "plain", "--user", "alice", "--", "true"]).env("WARDEN_TOKEN", &token),
     );
-    assert_eq!(r.status, 201, "{}", r.text());
-    let login = request(
-        "POST",
-        &format!("{}/v1/login", w.api),
-        &[("content-type", "application/json")],
-        json!({"name": "dep", "password": "dep-password-1"})
-            .to_string()
-            .as_bytes(),
-    );
-    assert_eq!(login.status, 200, "{}", login.text());
-    let token = login.json()["token"].as_str().unwrap().to_owned();
-    let out = warden(&w, &["run", "plain", "--user", "alice", "--", "true"])
-        .env("WARDEN_TOKEN", &token)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("HTTP 403") && stderr.contains("--label instead"),
         "{stderr}"
     );
-    let out = warden(&w, &["run", "plain", "--", "true"])
-        .env("WARDEN_TOKEN", &token)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (code, stderr) =
+        ran(warden(&w, &["run", "plain", "--", "true"]).env("WARDEN_TOKEN", &token));
+    assert_eq!(code, Some(0), "{stderr}");
     // A label too long for the audit record is refused before anything is recorded.
     let long = "L".repeat(600);
-    let out = warden(&w, &["run", "plain", "--label", &long, "--", "true"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, stderr) = ran(&mut warden(
+        &w,
+        &["run", "plain", "--label", &long, "--", "true"],
+    ));
     assert!(
         stderr.contains("HTTP 414") && stderr.contains("512 bytes"),
         "{stderr}"
