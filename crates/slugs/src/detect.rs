@@ -35,6 +35,11 @@ pub struct Recipe {
 /// Most bytes of a Procfile or package.json that detection reads.
 const MAX_RECIPE_FILE: u64 = 1 << 20;
 
+/// Most process types (besides `web` and `release`) a Procfile may name: each becomes a
+/// derived spec every gateway and agent decodes and every view rebuilds, so a huge Procfile
+/// must not turn into thousands of them.
+pub const MAX_PROCESS_TYPES: usize = 16;
+
 fn detect_error(msg: impl Into<String>) -> BuildError {
     BuildError::Detect(msg.into())
 }
@@ -98,6 +103,12 @@ fn procfile(root: &Root) -> Result<Procfile, BuildError> {
             "web" => found.web = Some(cmd.to_owned()),
             "release" => found.release = Some(cmd.to_owned()),
             _ => {
+                if found.others.len() >= MAX_PROCESS_TYPES {
+                    return Err(detect_error(format!(
+                        "Procfile line {}: more than {MAX_PROCESS_TYPES} process types besides `web` and `release`; merge or remove some",
+                        n + 1
+                    )));
+                }
                 found.others.insert(name.to_owned(), cmd.to_owned());
             }
         }

@@ -167,6 +167,31 @@ fn a_procfile_naming_a_type_twice_is_refused_before_anything_runs() {
 }
 
 #[test]
+fn a_procfile_naming_more_than_sixteen_types_is_refused_and_sixteen_are_kept() {
+    let w = Warden::demo(BIN);
+    let lines = |n: usize| -> String {
+        let mut p = String::from("web: python3 server.py\nrelease: true\n");
+        for i in 0..n {
+            p.push_str(&format!("job{i}: python3 worker.py\n"));
+        }
+        p
+    };
+    let many = tree(&lines(17));
+    let (ok, out, err) = push(&w, "many", many.path(), &[]);
+    assert!(!ok, "{out}");
+    assert!(
+        format!("{out}{err}").contains("more than 16 process types"),
+        "{out}{err}"
+    );
+    assert_eq!(w.api("GET", "/v1/apps/many", None).status, 404);
+    // Sixteen, the bound itself, is a Procfile like any other.
+    let sixteen = tree(&lines(16));
+    push_ok(&w, "many", sixteen.path());
+    let ps = w.api("GET", "/v1/apps/many/ps", None).json();
+    assert_eq!(ps.as_array().unwrap().len(), 17, "{ps}");
+}
+
+#[test]
 fn ps_shows_every_type_and_apps_rm_takes_the_types_with_the_app() {
     let w = Warden::demo(BIN);
     let both = tree("web: python3 server.py\nworker: python3 worker.py\n");
