@@ -194,6 +194,11 @@ async fn switch(
         }
         let bytes = serde_json::to_vec(&spec)
             .map_err(|e| Failure::new(FailReason::Node, format!("cannot encode the spec: {e}")))?;
+        if revision.is_none() {
+            // A new app adopts no process type left by an earlier app of the name (a crash
+            // mid-`apps rm`): it would keep that one's counts and run its code.
+            super::processes::remove_all(api, &app).await?;
+        }
         match api
             .store
             .compare_and_swap(&keys::app_spec(&app), revision, Some(bytes), None)

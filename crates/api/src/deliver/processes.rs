@@ -122,7 +122,21 @@ async fn write_one(
             .compare_and_swap(&key, before.map(|(_, r)| r), Some(bytes), None)
             .await?
         {
-            CasOutcome::Done(_) => return Ok(spec),
+            CasOutcome::Done(rev) => {
+                // `apps rm` may have removed the app (and swept its types) while this was
+                // written: then nobody would see or remove this spec, and a later app of the
+                // name would find it. Take it back unless something wrote over it since.
+                if get_json::<AppSpec>(&*api.store, &keys::app_spec(&parent.name))
+                    .await?
+                    .is_none()
+                {
+                    api.store
+                        .compare_and_swap(&key, Some(rev), None, None)
+                        .await?;
+                    tracing::info!(app = %parent.name, spec = %spec.name, "app removed while its process type was written: taken back");
+                }
+                return Ok(spec);
+            }
             CasOutcome::Conflict { .. } => continue,
         }
     }

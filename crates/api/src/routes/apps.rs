@@ -127,6 +127,11 @@ pub async fn create(
             "an app's restarts are counted by `warden apps restart` (POST /v1/apps/NAME/restart); leave them out",
         ));
     }
+    // A process type's spec is derived from its app's Procfile by a push, never written by
+    // hand: else one could attach code of its own under another app's name.
+    if spec.process.is_some() {
+        return Err(ApiError::bad_request(PROCESS_BY_PUSH));
+    }
     if let Some(dir) = &spec.static_dir {
         check_static_dir(&api, dir)?;
     }
@@ -139,6 +144,16 @@ pub async fn create(
         true => Some(crate::routes::data::lock().await),
         false => None,
     };
+    // A process type left by an earlier app of the name (a crash mid-`apps rm`, a failed
+    // removal) must not be adopted by this one: it would run the old code against this app's
+    // database. Removed only when no app holds the name, before the new one is written.
+    if warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(&spec.name))
+        .await?
+        .is_some()
+    {
+        return Err(already_exists(&spec.name));
+    }
+    crate::deliver::processes::remove_all(&api, &spec.name).await?;
     let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
     match api
         .store
@@ -154,12 +169,19 @@ pub async fn create(
             tracing::info!(app = %spec.name, "app created");
             Ok((StatusCode::CREATED, Json(spec)))
         }
-        CasOutcome::Conflict { .. } => Err(ApiError::conflict(format!(
-            "app {:?} already exists; remove it first with `warden apps rm {}`",
-            spec.name, spec.name
-        ))),
+        CasOutcome::Conflict { .. } => Err(already_exists(&spec.name)),
     }
 }
+
+/// What `create` answers when `name` is taken.
+fn already_exists(name: &str) -> ApiError {
+    ApiError::conflict(format!(
+        "app {name:?} already exists; remove it first with `warden apps rm {name}`"
+    ))
+}
+
+/// Why a spec naming a process type (`process`) is refused.
+const PROCESS_BY_PUSH: &str = "`process` is set only on a process type's spec, which a push derives from the Procfile; leave it out and add a line to the Procfile instead";
 
 /// `GET /v1/apps/{name}`
 pub(crate) async fn show(
@@ -269,6 +291,9 @@ pub async fn update(
         return Err(ApiError::bad_request(
             "an app's restarts change only through `warden apps restart` (POST /v1/apps/NAME/restart); leave them out",
         ));
+    }
+    if patch.get("process").is_some() {
+        return Err(ApiError::bad_request(PROCESS_BY_PUSH));
     }
     if patch.get("release").is_some() {
         return Err(ApiError::bad_request(

@@ -41,6 +41,10 @@ pub(super) async fn config_before_release(
             spec.env.remove(k);
         }
         spec.env.extend(change.set.clone());
+        if expected.is_none() {
+            // A new app: a process type left by an earlier app of the name goes first.
+            crate::deliver::processes::remove_all(api, name).await?;
+        }
         let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
         let done = api
             .store
@@ -86,6 +90,8 @@ pub(super) async fn made_by_push(
     spec.groups = groups.unwrap_or_default();
     let key = keys::app_spec(name);
     let bytes = serde_json::to_vec(&spec).map_err(ApiError::internal)?;
+    // The caller found no app of the name: a process type left by an earlier one goes first.
+    crate::deliver::processes::remove_all(api, name).await?;
     // Made meanwhile (by `apps create`, a config change, another push): that one stays.
     if let warden_store::CasOutcome::Done(rev) = api
         .store

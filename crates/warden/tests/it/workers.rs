@@ -192,6 +192,36 @@ fn a_procfile_naming_more_than_sixteen_types_is_refused_and_sixteen_are_kept() {
 }
 
 #[test]
+fn a_process_types_spec_cannot_be_written_by_hand_under_another_app() {
+    let w = Warden::demo(BIN);
+    let both = tree("web: python3 server.py\nworker: python3 worker.py\n");
+    push_ok(&w, "victim", both.path());
+    let forged = json!({
+        "name": "victim~miner",
+        "command": ["python3", "-c", "print('not the victim code')"],
+        "process": {"app": "victim", "kind": "miner"},
+    });
+    let r = w.api("POST", "/v1/apps", Some(forged));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("Procfile"), "{}", r.text());
+    let r = w.api(
+        "PATCH",
+        "/v1/apps/victim",
+        Some(json!({"process": {"app": "victim", "kind": "worker"}})),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    // The victim's types are the Procfile's, nothing more.
+    let ps = w.api("GET", "/v1/apps/victim/ps", None).json();
+    let kinds: Vec<&str> = ps
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, ["web", "worker"], "{ps}");
+}
+
+#[test]
 fn ps_shows_every_type_and_apps_rm_takes_the_types_with_the_app() {
     let w = Warden::demo(BIN);
     let both = tree("web: python3 server.py\nworker: python3 worker.py\n");
@@ -246,6 +276,44 @@ fn ps_shows_every_type_and_apps_rm_takes_the_types_with_the_app() {
     let ps = w.api("GET", "/v1/apps/queue/ps", None).json();
     assert_eq!(ps[1]["kind"], "worker", "{ps}");
     assert_eq!(ps[1]["labels"], serde_json::json!([]), "{ps}");
+}
+
+#[test]
+fn an_app_made_under_a_removed_apps_name_adopts_none_of_its_leftover_types() {
+    // A process type left without its app, as a crash between `apps rm`'s two deletes leaves
+    // it: written behind warden's back, with counts and code of its own.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let s = warden_store::EmbeddedStore::open(&dir.path().join("store.redb")).unwrap();
+            use warden_store::Store;
+            let leftover = json!({
+                "name": "ghost~worker",
+                "command": ["/bin/sh", "-c", "echo old code; sleep 1000"],
+                "desired": {"SECRET": 2},
+                "idle_timeout_ms": 0,
+                "process": {"app": "ghost", "kind": "worker"},
+            });
+            s.put(
+                "apps/ghost~worker/spec",
+                serde_json::to_vec(&leftover).unwrap(),
+                None,
+            )
+            .await
+            .unwrap();
+        });
+    }
+    let w = Launch::new(BIN).data_dir(dir.path()).start();
+    let both = tree("web: python3 server.py\nworker: python3 worker.py\n");
+    push_ok(&w, "ghost", both.path());
+    let ps = w.api("GET", "/v1/apps/ghost/ps", None).json();
+    assert_eq!(ps[1]["kind"], "worker", "{ps}");
+    assert_eq!(ps[1]["labels"], json!([]), "the old counts are gone: {ps}");
+    assert!(
+        instances_of(&w, "ghost~worker").is_empty(),
+        "nothing runs the old code"
+    );
 }
 
 const PASSWORD: &str = "correct horse battery";
