@@ -146,6 +146,37 @@ async fn write_one(
     })
 }
 
+/// Removes every derived spec whose app is gone, left by a crash between `apps rm`'s deletes
+/// or a failed removal: nobody sees or removes one otherwise. Run at start; each is deleted
+/// only as it was listed (compare-and-swap), so a spec rewritten meanwhile stays.
+pub(crate) async fn sweep_orphans(api: &Api) -> Result<usize, StoreError> {
+    let listing = api.store.list(keys::APPS).await?;
+    let apps: std::collections::BTreeSet<&str> = listing
+        .entries
+        .iter()
+        .filter_map(|e| keys::app_of_spec(&e.key))
+        .filter(|n| split_process_app(n).is_none())
+        .collect();
+    let mut swept = 0;
+    for e in &listing.entries {
+        let Some((parent, _)) = keys::app_of_spec(&e.key).and_then(split_process_app) else {
+            continue;
+        };
+        if apps.contains(parent) {
+            continue;
+        }
+        if let CasOutcome::Done(_) = api
+            .store
+            .compare_and_swap(&e.key, Some(e.mod_revision), None, None)
+            .await?
+        {
+            tracing::info!(spec = %e.key, "process type of a removed app swept");
+            swept += 1;
+        }
+    }
+    Ok(swept)
+}
+
 /// Removes every derived spec of app `app` (the app is being removed).
 pub(crate) async fn remove_all(api: &Api, app: &str) -> Result<(), StoreError> {
     for spec in of_app(api, app).await? {

@@ -17,8 +17,12 @@ use crate::Api;
 /// Resumes (in tasks of their own) or fails every unfinished release this node took, and
 /// removes the uploads none of them waits for. Records written before releases named their
 /// node are taken by whichever node resumes first: they can only fail as interrupted.
-/// Does nothing on a node that builds nothing.
+/// Does nothing on a node that builds nothing, but first sweeps process types left without
+/// their app (any API node may).
 pub async fn resume(api: &Api) {
+    if let Err(e) = super::processes::sweep_orphans(api).await {
+        tracing::warn!(error = %e, "cannot sweep the process types of removed apps; they are tried again at the next start");
+    }
     let (Some(builds), Some(node)) = (api.builds.clone(), api.node.clone()) else {
         return;
     };

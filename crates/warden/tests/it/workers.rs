@@ -278,32 +278,61 @@ fn ps_shows_every_type_and_apps_rm_takes_the_types_with_the_app() {
     assert_eq!(ps[1]["labels"], serde_json::json!([]), "{ps}");
 }
 
+/// Writes into the stopped warden's store at `dir` a process type of app `app` left without
+/// it, as a crash between `apps rm`'s two deletes leaves it: with counts and code of its own.
+fn leave_orphan(dir: &Path, app: &str) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let s = warden_store::EmbeddedStore::open(&dir.join("store.redb")).unwrap();
+        use warden_store::Store;
+        let leftover = json!({
+            "name": format!("{app}~worker"),
+            "command": ["/bin/sh", "-c", "echo old code; sleep 1000"],
+            "desired": {"SECRET": 2},
+            "idle_timeout_ms": 0,
+            "process": {"app": app, "kind": "worker"},
+        });
+        s.put(
+            &format!("apps/{app}~worker/spec"),
+            serde_json::to_vec(&leftover).unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
+    });
+}
+
+/// Whether the stopped warden's store at `dir` holds `key`.
+fn stored(dir: &Path, key: &str) -> bool {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let s = warden_store::EmbeddedStore::open(&dir.join("store.redb")).unwrap();
+        use warden_store::Store;
+        s.get(key).await.unwrap().is_some()
+    })
+}
+
+#[test]
+fn a_process_type_left_without_its_app_is_swept_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Launch::new(BIN).data_dir(dir.path()).start();
+    assert!(w.stop().success());
+    leave_orphan(dir.path(), "ghost");
+    assert!(stored(dir.path(), "apps/ghost~worker/spec"));
+    let mut w = Launch::new(BIN).data_dir(dir.path()).start();
+    assert_eq!(w.api("GET", "/v1/apps/demo", None).status, 200);
+    assert!(w.stop().success());
+    assert!(
+        !stored(dir.path(), "apps/ghost~worker/spec"),
+        "the leftover is gone after a start"
+    );
+    assert!(stored(dir.path(), "apps/demo/spec"), "the apps stay");
+}
+
 #[test]
 fn an_app_made_under_a_removed_apps_name_adopts_none_of_its_leftover_types() {
-    // A process type left without its app, as a crash between `apps rm`'s two deletes leaves
-    // it: written behind warden's back, with counts and code of its own.
     let dir = tempfile::tempdir().unwrap();
-    {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(async {
-            let s = warden_store::EmbeddedStore::open(&dir.path().join("store.redb")).unwrap();
-            use warden_store::Store;
-            let leftover = json!({
-                "name": "ghost~worker",
-                "command": ["/bin/sh", "-c", "echo old code; sleep 1000"],
-                "desired": {"SECRET": 2},
-                "idle_timeout_ms": 0,
-                "process": {"app": "ghost", "kind": "worker"},
-            });
-            s.put(
-                "apps/ghost~worker/spec",
-                serde_json::to_vec(&leftover).unwrap(),
-                None,
-            )
-            .await
-            .unwrap();
-        });
-    }
+    leave_orphan(dir.path(), "ghost");
     let w = Launch::new(BIN).data_dir(dir.path()).start();
     let both = tree("web: python3 server.py\nworker: python3 worker.py\n");
     push_ok(&w, "ghost", both.path());
