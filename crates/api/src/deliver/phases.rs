@@ -63,12 +63,8 @@ pub(super) async fn run(
 /// when a release found `switched` at start resumes) and says what each keeps. A failure
 /// is said and left: the release serves, and the next release or restart writes them again.
 async fn processes(api: &Api, builds: &dyn Builds, spec: &AppSpec, sink: &Sink) {
-    let types = spec
-        .release
-        .as_ref()
-        .and_then(|r| builds.built(&r.slug))
-        .map(|b| b.processes);
-    match super::processes::sync(api, &spec.name, types.as_ref()).await {
+    let release = super::processes::release_of(spec);
+    match super::processes::sync(api, &spec.name, release, Some(builds)).await {
         Ok(written) => {
             for line in super::processes::summary(&spec.name, &written) {
                 sink.line(&line);

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use warden_core::builds::Builds;
 use warden_core::{keys, process_app, split_process_app, AppSpec, ProcessOf};
 use warden_store::{get_json, CasOutcome, StoreError};
 
@@ -56,22 +57,32 @@ fn derive(parent: &AppSpec, kind: &str, command: Vec<String>, before: Option<&Ap
     spec
 }
 
-/// Brings app `app`'s derived specs in line with its spec as it is now. `types` are the
-/// process types of the release it serves (with their commands): a type not among them
-/// loses its spec (its instances drain), a new one gets a spec with no count. `None` keeps
-/// the types there are and only carries the app's env, release and restarts over (an env
-/// change, a restart). Returns each type's spec as written.
+/// Brings app `app`'s derived specs in line with its spec as it is now, if it still serves
+/// release `expect` (the caller's; `None`: no release yet): else a newer write of the spec is
+/// the one to sync, and this one returns, writing nothing stale. With `builds`, the types are
+/// those of the slug the spec serves, read here from the spec just read: a type not among
+/// them loses its spec (its instances drain), a new one gets a spec with no count. Without
+/// (or a slug not on this node), the types there are stay and only take the app's env,
+/// release and restarts (an env change, a restart). Returns each type's spec as written.
 pub(crate) async fn sync(
     api: &Api,
     app: &str,
-    types: Option<&BTreeMap<String, Vec<String>>>,
+    expect: Option<u64>,
+    builds: Option<&dyn Builds>,
 ) -> Result<Vec<AppSpec>, StoreError> {
     let Some((parent, _)) = get_json::<AppSpec>(&*api.store, &keys::app_spec(app)).await? else {
         return Ok(Vec::new());
     };
+    if release_of(&parent) != expect {
+        return Ok(Vec::new());
+    }
+    let types = builds
+        .zip(parent.release.as_ref())
+        .and_then(|(b, r)| b.built(&r.slug))
+        .map(|b| b.processes);
     let existing = of_app(api, app).await?;
     let wanted: BTreeMap<String, Vec<String>> = match types {
-        Some(t) => t.clone(),
+        Some(t) => t,
         None => existing
             .iter()
             .filter_map(|s| Some((s.process.as_ref()?.kind.clone(), s.command.clone())))
@@ -90,6 +101,11 @@ pub(crate) async fn sync(
         written.push(write_one(api, &parent, kind, command).await?);
     }
     Ok(written)
+}
+
+/// The number of the release `spec` serves.
+pub(crate) fn release_of(spec: &AppSpec) -> Option<u64> {
+    spec.release.as_ref().map(|r| r.number)
 }
 
 /// Writes the derived spec of `kind` by compare-and-swap (`apps scale` may write its counts
@@ -117,6 +133,13 @@ async fn write_one(
             op: "encode a process type's spec",
             reason: e.to_string(),
         })?;
+        let before_bytes = match &before {
+            Some((s, _)) => Some(serde_json::to_vec(s).map_err(|e| StoreError::Engine {
+                op: "encode a process type's spec",
+                reason: e.to_string(),
+            })?),
+            None => None,
+        };
         match api
             .store
             .compare_and_swap(&key, before.map(|(_, r)| r), Some(bytes), None)
@@ -125,15 +148,23 @@ async fn write_one(
             CasOutcome::Done(rev) => {
                 // `apps rm` may have removed the app (and swept its types) while this was
                 // written: then nobody would see or remove this spec, and a later app of the
-                // name would find it. Take it back unless something wrote over it since.
-                if get_json::<AppSpec>(&*api.store, &keys::app_spec(&parent.name))
-                    .await?
-                    .is_none()
-                {
+                // name would find it. Or a newer release switched meanwhile and its sync ran
+                // first: this spec is the older release's. Either way, put back what was
+                // there, unless something wrote over it since.
+                let now = get_json::<AppSpec>(&*api.store, &keys::app_spec(&parent.name)).await?;
+                let stale = match &now {
+                    None => true,
+                    Some((p, _)) => release_of(p) != release_of(parent),
+                };
+                if stale {
+                    let back = match now {
+                        None => None,
+                        Some(_) => before_bytes,
+                    };
                     api.store
-                        .compare_and_swap(&key, Some(rev), None, None)
+                        .compare_and_swap(&key, Some(rev), back, None)
                         .await?;
-                    tracing::info!(app = %parent.name, spec = %spec.name, "app removed while its process type was written: taken back");
+                    tracing::info!(app = %parent.name, spec = %spec.name, "the app was removed or released again while its process type was written: taken back");
                 }
                 return Ok(spec);
             }

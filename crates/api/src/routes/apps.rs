@@ -338,7 +338,14 @@ pub async fn update(
             }
             api.applied(&key, rev).await;
             // Its process types run with its env, driver and limits.
-            if let Err(e) = crate::deliver::processes::sync(&api, &name, None).await {
+            if let Err(e) = crate::deliver::processes::sync(
+                &api,
+                &name,
+                crate::deliver::processes::release_of(&next),
+                None,
+            )
+            .await
+            {
                 tracing::warn!(app = %name, error = %e, "updating the app's process types failed");
             }
             let rolls = next.generation("") != spec.generation("");

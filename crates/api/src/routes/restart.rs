@@ -53,7 +53,14 @@ pub async fn restart(
         {
             api.applied(&key, rev).await;
             // Its process types carry the restart too, and are replaced the same way.
-            if let Err(e) = crate::deliver::processes::sync(&api, &name, None).await {
+            if let Err(e) = crate::deliver::processes::sync(
+                &api,
+                &name,
+                crate::deliver::processes::release_of(&spec),
+                None,
+            )
+            .await
+            {
                 tracing::warn!(app = %name, error = %e, "restarting the app's process types failed");
             }
             let replacing = running(&api, &name, label.as_deref()).await?;
