@@ -36,6 +36,28 @@ const CRASH_LOOP: u32 = 3;
 /// operator, the out-of-memory killer) is replaced without delay, while an app that dies on
 /// its first requests is still a loop.
 const STABLE_AFTER: Duration = Duration::from_secs(2);
+/// The same for a process type's instance (`APP~TYPE`, a worker): it is ready half a second
+/// after it starts, serves no requests that would show it dead, and a job that exits every few
+/// seconds must still be a crash loop rather than restarted at once forever.
+const WORKER_STABLE_AFTER: Duration = Duration::from_secs(30);
+/// Least delay before a worker is started again after it exits, crash loop or not.
+const WORKER_MIN_DELAY: Duration = Duration::from_secs(1);
+
+/// How long an instance of `app` stays up to end a run of crashes.
+fn stable_after(app: &str) -> Duration {
+    match warden_core::split_process_app(app) {
+        Some(_) => WORKER_STABLE_AFTER,
+        None => STABLE_AFTER,
+    }
+}
+
+/// The delay before `app` is started again after its `crashes`-th crash in a row.
+fn restart_delay(app: &str, crashes: u32) -> Duration {
+    match warden_core::split_process_app(app) {
+        Some(_) => backoff(crashes).max(WORKER_MIN_DELAY),
+        None => backoff(crashes),
+    }
+}
 
 /// (app, label).
 pub(crate) type LabelKey = (String, String);
@@ -127,12 +149,12 @@ impl Restarts {
     ) {
         let mut s = lock(&self.state);
         let l = s.labels.entry(crash_key(app, label, owner)).or_default();
-        if l.up_since.is_some_and(|t| t.elapsed() >= STABLE_AFTER) {
+        if l.up_since.is_some_and(|t| t.elapsed() >= stable_after(app)) {
             l.crashes = 0;
         }
         l.crashes += 1;
         l.up_since = None;
-        let delay = backoff(l.crashes);
+        let delay = restart_delay(app, l.crashes);
         l.next_start = Some(Instant::now() + delay);
         l.next_start_ms = now_ms() + delay.as_millis() as u64;
         l.last_exit = status.to_owned();
@@ -231,7 +253,7 @@ impl Restarts {
         let mut s = lock(&self.state);
         let mut settled = Vec::new();
         for ((app, _, _), l) in s.labels.iter_mut() {
-            if l.crashes > 0 && l.up_since.is_some_and(|t| t.elapsed() >= STABLE_AFTER) {
+            if l.crashes > 0 && l.up_since.is_some_and(|t| t.elapsed() >= stable_after(app)) {
                 l.crashes = 0;
                 l.next_start = None;
                 l.next_start_ms = 0;

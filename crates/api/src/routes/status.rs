@@ -84,13 +84,28 @@ pub async fn show(State(api): State<Api>) -> Result<Json<Status>, ApiError> {
                 *counts.entry(i.label.clone()).or_insert(0) += 1;
             }
             let mut crash_loops = Vec::new();
-            let prefix = keys::health(name, "");
-            for e in health.entries.iter().filter(|e| e.key.starts_with(&prefix)) {
-                let node = &e.key[prefix.len()..];
+            for e in &health.entries {
+                // The app's own and its process types' (`health/APP~TYPE/NODE`), the latter
+                // labelled `TYPE:LABEL` as `apps scale` names them.
+                let Some((of, node)) = e
+                    .key
+                    .strip_prefix("health/")
+                    .and_then(|k| k.split_once('/'))
+                else {
+                    continue;
+                };
+                let kind = match warden_core::split_process_app(of) {
+                    Some((parent, kind)) if parent == name => Some(kind),
+                    None if of == name => None,
+                    _ => continue,
+                };
                 if let Ok(h) = warden_store::decode::<AppHealth>(&e.key, &e.value) {
                     for (label, health) in h.labels {
                         crash_loops.push(CrashReport {
-                            label,
+                            label: match kind {
+                                Some(k) => format!("{k}:{label}"),
+                                None => label,
+                            },
                             node: node.to_owned(),
                             health,
                         });

@@ -519,3 +519,34 @@ fn a_worker_that_exits_is_started_again_by_its_count() {
         },
     );
 }
+
+#[test]
+fn a_worker_that_exits_every_few_seconds_is_a_crash_loop_and_waits_between_starts() {
+    let w = Warden::demo(BIN);
+    // Up 2.5 s, past the 2 s after which a web instance's exit is a first crash again.
+    let src = tree("web: python3 server.py\nworker: python3 -c 'import time; time.sleep(2.5); raise SystemExit(1)'\n");
+    push_ok(&w, "cron", src.path());
+    let (ok, out, err) = run(&w, &["apps", "scale", "cron", "worker:SECRET=1"]);
+    assert!(ok, "{out}{err}");
+    let mut seen = std::collections::BTreeSet::new();
+    let looped = wait_until("the worker's crash loop", Duration::from_secs(90), || {
+        for i in instances_of(&w, "cron~worker") {
+            seen.insert(i["id"].as_str().unwrap_or_default().to_owned());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let all = w.api("GET", "/v1/status", None).json();
+        let app = all["apps"]
+            .as_array()?
+            .iter()
+            .find(|a| a["name"] == "cron")?
+            .clone();
+        app["crash_loops"]
+            .as_array()?
+            .iter()
+            .any(|c| c["crash_loop"] == true && c["label"] == "worker:SECRET")
+            .then_some(app)
+    });
+    // Three crashes make a loop; with at least a second between starts, far fewer than the
+    // starts a worker restarted at once would make in the same time.
+    assert!(seen.len() <= 6, "{} starts: {seen:?} {looped}", seen.len());
+}
