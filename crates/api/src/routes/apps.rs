@@ -468,6 +468,8 @@ pub async fn scale(
 
 /// The key of process type `kind`'s spec of app `app`, or why there is none.
 async fn process_key(api: &Api, app: &str, kind: &str) -> Result<String, ApiError> {
+    // Checked before it goes into a key: a `/` or `~` would name another record.
+    warden_core::validate_process_type(kind).map_err(|e| ApiError::bad_request(e.to_string()))?;
     if warden_store::get_json::<AppSpec>(&*api.store, &keys::app_spec(app))
         .await?
         .is_none()

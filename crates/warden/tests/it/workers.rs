@@ -204,6 +204,13 @@ fn a_process_types_spec_cannot_be_written_by_hand_under_another_app() {
     let r = w.api("POST", "/v1/apps", Some(forged));
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("Procfile"), "{}", r.text());
+    // Nor through `scale`, by a type name that would be another key.
+    let r = w.api(
+        "POST",
+        "/v1/apps/victim/scale",
+        Some(json!({"process": "worker/../../x", "desired": {"SECRET": 1}})),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
     let r = w.api(
         "PATCH",
         "/v1/apps/victim",
