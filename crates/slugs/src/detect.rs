@@ -67,6 +67,34 @@ struct Procfile {
     others: BTreeMap<String, String>,
 }
 
+/// The process types of a slug built before its mark kept them, read again from the
+/// Procfile in its tree (beneath it, as a build reads it): none for a static site, or where
+/// the Procfile cannot be read or would be refused now (it was built without them then).
+pub(crate) fn process_types(
+    tree: &std::path::Path,
+    kind: BuildKind,
+) -> BTreeMap<String, Vec<String>> {
+    if kind == BuildKind::Static {
+        return BTreeMap::new();
+    }
+    let Ok(root) = Root::open(tree) else {
+        return BTreeMap::new();
+    };
+    match procfile(&root) {
+        Ok(p) => p
+            .others
+            .into_iter()
+            .map(|(k, c)| {
+                (
+                    k,
+                    vec!["/bin/sh".to_owned(), "-c".to_owned(), start_script(&c)],
+                )
+            })
+            .collect(),
+        Err(_) => BTreeMap::new(),
+    }
+}
+
 /// The lines of the tree's Procfile, if it has one: `web`, `release` and the other process
 /// types. Refuses a Procfile without a `web` line, a type named twice or a name a process
 /// type cannot have.

@@ -44,13 +44,18 @@ fn node_error(what: &str, e: impl std::fmt::Display) -> BuildError {
 /// The built slug `id` under `slugs`, if it is complete; `cached` says it was there before.
 pub fn complete(slugs: &Path, id: &str, cached: bool) -> Option<Built> {
     let (mark, archive) = store::mark(slugs, id)?;
+    let dir = tree(slugs, id);
+    let processes = match mark.processes {
+        Some(p) => p,
+        None => detect::process_types(&dir, mark.kind),
+    };
     Some(Built {
         slug: id.to_owned(),
         kind: mark.kind,
         command: mark.command,
         release: mark.release,
-        processes: mark.processes,
-        dir: tree(slugs, id),
+        processes,
+        dir,
         archive,
         cached,
     })
@@ -147,7 +152,7 @@ pub fn complete_build(slugs: &Path, id: &str, recipe: &Recipe) -> Result<Built, 
         kind: recipe.kind,
         command: recipe.command.clone(),
         release: recipe.release.clone(),
-        processes: recipe.processes.clone(),
+        processes: Some(recipe.processes.clone()),
         built_with: reuse::interpreter(recipe.kind),
     };
     let bytes = serde_json::to_vec(&mark).map_err(|e| node_error("encode the slug's mark", e))?;
@@ -204,4 +209,47 @@ fn seal_tree(dir: &Path) -> std::io::Result<()> {
         Ok(())
     }
     walk(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use warden_core::model::BuildKind;
+
+    /// A slug as the build leaves it: its tree with `procfile`, its digest and a mark written
+    /// as `mark` (JSON).
+    fn slug(slugs: &std::path::Path, id: &str, procfile: &str, mark: &str) {
+        let dir = slugs.join(id);
+        std::fs::create_dir_all(dir.join("app")).expect("dir");
+        std::fs::write(dir.join("app/Procfile"), procfile).expect("procfile");
+        std::fs::write(dir.join(super::store::DIGEST), "d").expect("digest");
+        std::fs::write(dir.join(super::store::MARK), mark).expect("mark");
+    }
+
+    #[test]
+    fn a_slug_from_before_process_types_has_its_procfiles_types_and_a_new_one_its_marks() {
+        let slugs = tempfile::tempdir().expect("dir");
+        let (old, new) = ("ab".repeat(32), "cd".repeat(32));
+        let procfile = "web: ./serve\nworker: ./work\n";
+        slug(
+            slugs.path(),
+            &old,
+            procfile,
+            r#"{"kind":"procfile","command":["./serve"]}"#,
+        );
+        slug(
+            slugs.path(),
+            &new,
+            procfile,
+            r#"{"kind":"procfile","command":["./serve"],"processes":{}}"#,
+        );
+        let built = super::complete(slugs.path(), &old, true).expect("old slug");
+        assert_eq!(built.kind, BuildKind::Procfile);
+        assert_eq!(
+            built.processes.keys().collect::<Vec<_>>(),
+            ["worker"],
+            "read again from the Procfile"
+        );
+        let built = super::complete(slugs.path(), &new, true).expect("new slug");
+        assert!(built.processes.is_empty(), "the mark says none");
+    }
 }

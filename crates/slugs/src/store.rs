@@ -23,9 +23,12 @@ pub(crate) struct Mark {
     /// The release phase's command; absent from slugs built before it was kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub release: Vec<String>,
-    /// The other process types' commands; absent from slugs built before they were kept.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub processes: std::collections::BTreeMap<String, Vec<String>>,
+    /// The other process types' commands; absent (`None`) from slugs built before they were
+    /// kept, whose Procfile is then read again ([`crate::complete`]), so that such a slug,
+    /// reused by an unchanged push, a config change or a rollback, does not take its types
+    /// away. Always written, `{}` for none.
+    #[serde(default)]
+    pub processes: Option<std::collections::BTreeMap<String, Vec<String>>>,
     /// The interpreter its dependencies were installed for (see [`crate::reuse`]); absent
     /// from slugs built before it was kept, and for kinds without dependencies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -290,7 +293,7 @@ mod tests {
             kind: BuildKind::Procfile,
             command: vec!["python3".into(), "server.py".into()],
             release: Vec::new(),
-            processes: Default::default(),
+            processes: None,
             built_with: None,
         };
         std::fs::write(
