@@ -40,7 +40,8 @@ pub(super) async fn follow(
             let Ok(spec) = serde_json::from_slice::<AppSpec>(&entry.value) else {
                 continue;
             };
-            if spec.data {
+            // A process type's spec shares its app's database: the app's pass records it.
+            if spec.data && spec.process.is_none() {
                 record_app(&data, &*audit, &spec.name).await;
             }
         }
