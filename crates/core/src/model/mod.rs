@@ -12,6 +12,7 @@ mod process;
 mod records;
 mod release;
 mod restart;
+mod running;
 
 pub use addr::*;
 pub use app::*;
@@ -24,3 +25,4 @@ pub use process::*;
 pub use records::*;
 pub use release::*;
 pub use restart::*;
+pub use running::*;
