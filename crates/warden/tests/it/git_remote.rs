@@ -281,20 +281,26 @@ fn a_push_is_bounded_by_the_upload_limit_once_inflated() {
     assert!(r.text().contains("--max-upload-mb"), "{}", r.text());
 }
 
-#[test]
-fn a_push_while_another_is_built_is_refused_and_the_first_goes_on() {
-    let w = Warden::demo(BIN);
-    let url = remote(&w, "g");
+/// A repository committed once whose web instance takes seconds to be ready (well within its
+/// start timeout), so that its push's release (and the push lock) lasts that long; its
+/// remote `warden` is `url`.
+pub(crate) fn slow_repo(url: &str) -> Repo {
     let repo = Repo::new("one");
-    // The trial's instance takes seconds to be ready (well within its start timeout): the
-    // first push holds its lock meanwhile.
     std::fs::write(
         repo.path().join("Procfile"),
         "web: sleep 5; exec python3 server.py\n",
     )
     .unwrap();
     repo.commit("one");
-    repo.ok(&["remote", "add", "warden", &url]);
+    repo.ok(&["remote", "add", "warden", url]);
+    repo
+}
+
+#[test]
+fn a_push_while_another_is_built_is_refused_and_the_first_goes_on() {
+    let w = Warden::demo(BIN);
+    let url = remote(&w, "g");
+    let repo = slow_repo(&url);
     std::thread::scope(|s| {
         let first = s.spawn(|| repo.git_with(&w.token, &["push", "warden", "main"]));
         warden_test_support::wait_until(

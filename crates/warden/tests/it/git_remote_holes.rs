@@ -7,7 +7,7 @@
 use warden_test_support::{request, Warden};
 
 use crate::deploy::{answer, releases};
-use crate::git_remote::{remote, remote_main, Repo};
+use crate::git_remote::{remote, remote_main, slow_repo, Repo};
 use crate::BIN;
 
 /// A pkt-line of git's protocol.
@@ -101,15 +101,7 @@ fn hooks_running(data: &std::path::Path) -> Vec<u32> {
 fn a_push_whose_hook_dies_mid_build_holds_the_lock_until_its_release_ends() {
     let w = Warden::demo(BIN);
     let url = remote(&w, "g");
-    let repo = Repo::new("one");
-    // The trial's instance takes seconds to be ready: the release goes on meanwhile.
-    std::fs::write(
-        repo.path().join("Procfile"),
-        "web: sleep 5; exec python3 server.py\n",
-    )
-    .unwrap();
-    repo.commit("one");
-    repo.ok(&["remote", "add", "warden", &url]);
+    let repo = slow_repo(&url);
     std::thread::scope(|s| {
         let first = s.spawn(|| repo.git_with(&w.token, &["push", "warden", "main"]));
         let hook = warden_test_support::wait_until(
