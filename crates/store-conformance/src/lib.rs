@@ -207,9 +207,14 @@ pub async fn watch_from_listing_sees_every_later_change(s: Arc<dyn Store>) {
 
 pub async fn leases_expire_and_watchers_see_it(s: Arc<dyn Store>) {
     let p = scope("lease");
-    let lease = s.grant_lease(Duration::from_secs(2)).await.unwrap();
-    s.keep_alive(lease).await.unwrap();
     let mut w = s.watch(&p, 0).await.unwrap();
+    // The unleased key first, so that nothing but the leased put and its read stand between
+    // the grant and the lease's end: on a loaded machine (a CI run, three etcd members syncing
+    // to one disk) each write can take a good part of a second.
+    s.put(&format!("{p}/kept"), b"v".to_vec(), None)
+        .await
+        .unwrap();
+    let lease = s.grant_lease(Duration::from_secs(3)).await.unwrap();
     s.put(&format!("{p}/owned"), b"v".to_vec(), Some(lease))
         .await
         .unwrap();
@@ -217,11 +222,10 @@ pub async fn leases_expire_and_watchers_see_it(s: Arc<dyn Store>) {
         s.get(&format!("{p}/owned")).await.unwrap().unwrap().lease,
         Some(lease)
     );
-    s.put(&format!("{p}/kept"), b"v".to_vec(), None)
-        .await
-        .unwrap();
-    assert!(matches!(next_event(&mut w).await.kind, EventKind::Put(_)));
-    assert!(matches!(next_event(&mut w).await.kind, EventKind::Put(_)));
+    let kept = next_event(&mut w).await;
+    assert!(kept.key.ends_with("/kept") && matches!(kept.kind, EventKind::Put(_)));
+    let owned = next_event(&mut w).await;
+    assert!(owned.key.ends_with("/owned") && matches!(owned.kind, EventKind::Put(_)));
     let gone = next_event(&mut w).await;
     assert_eq!(
         (gone.key.ends_with("/owned"), gone.kind),
@@ -257,7 +261,10 @@ pub async fn compare_and_swap_expecting_a_revision_of_an_absent_key_conflicts(s:
 
 pub async fn keep_alive_extends_a_lease_past_its_ttl(s: Arc<dyn Store>) {
     let p = scope("keepalive");
-    let ttl = Duration::from_secs(1);
+    // Two seconds (etcd's floor here is one): a keep-alive every half second leaves room for
+    // a slow one on a loaded machine, where a one-second lease with a renewal held up by three
+    // members syncing to one disk was seen to end while kept alive.
+    let ttl = Duration::from_secs(2);
     let lease = s.grant_lease(ttl).await.unwrap();
     let key = format!("{p}/held");
     s.put(&key, b"v".to_vec(), Some(lease)).await.unwrap();

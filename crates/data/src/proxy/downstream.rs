@@ -252,7 +252,7 @@ async fn client(mut stream: UnixStream, shared: Arc<Shared>, _slot: OwnedSemapho
         Err(e) => (End::Io(e), Owed::Nothing),
     };
     drop(stream);
-    shared.pool.unregister_cancel(mine);
+    let forwarding = shared.pool.unregister_cancel(mine);
     let timeout = shared.pool.limits().server_timeout;
     let (clean, busy) = match owed {
         Owed::Nothing => (true, false),
@@ -268,6 +268,12 @@ async fn client(mut stream: UnixStream, shared: Arc<Shared>, _slot: OwnedSemapho
         // working for no one.
         upstream::cancel(&target.server, conn.key, timeout).await;
     }
+    // A cancel the client sent may still be on its way to the server; pooled now, it could
+    // stop the next client's query. One not done with in time closes the connection instead.
+    let clean = match forwarding {
+        Some(f) if clean => f.settled(timeout).await,
+        _ => clean,
+    };
     match &end {
         End::Io(e) => tracing::debug!(error = %e, clean, "data client ended by an I/O error"),
         end => tracing::debug!(?end, clean, "data client done"),
@@ -322,7 +328,9 @@ async fn negotiate(stream: &mut UnixStream, shared: &Shared) -> Option<Vec<(Stri
                 Ok(Startup::Encryption) => stream.write_all(b"N").await.ok()?,
                 Ok(Startup::Params(params)) => return Some(params),
                 Ok(Startup::Cancel { pid, secret }) => {
-                    if let Some((addr, key)) = shared.pool.find_cancel(shared.id, (pid, secret)) {
+                    if let Some((addr, key, _forwarded)) =
+                        shared.pool.find_cancel(shared.id, (pid, secret))
+                    {
                         upstream::cancel(&addr, key, limits.server_timeout).await;
                     }
                     return None;

@@ -75,6 +75,45 @@ struct CancelEntry {
     listener: u64,
     server: ServerAddr,
     key: (i32, i32),
+    forwarding: Arc<Forwarding>,
+}
+
+/// The cancels forwarded for one client's session that PostgreSQL has not finished with. Its
+/// server connection goes back to the pool only once there are none: a cancel still on its
+/// way would stop the next client's query (pgbouncer#717).
+#[derive(Default)]
+pub(crate) struct Forwarding {
+    pending: AtomicUsize,
+    done: Notify,
+}
+
+/// One forwarded cancel, counted until dropped.
+pub(crate) struct Forwarded(Arc<Forwarding>);
+
+impl Drop for Forwarded {
+    fn drop(&mut self) {
+        if self.0.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.done.notify_waiters();
+        }
+    }
+}
+
+impl Forwarding {
+    /// Whether every cancel forwarded for the session was handled within `timeout`. Called
+    /// after the session's key is forgotten, so no new one can start.
+    pub(crate) async fn settled(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            // Made before the count is read, so a drop in between still wakes it.
+            let done = self.done.notified();
+            if self.pending.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                return self.pending.load(Ordering::Acquire) == 0;
+            }
+        }
+    }
 }
 
 // === impl Pool ===
@@ -245,27 +284,32 @@ impl Pool {
                     listener,
                     server: server.clone(),
                     key,
+                    forwarding: Arc::default(),
                 });
                 return mine;
             }
         }
     }
 
-    /// Forgets a key when its client leaves.
-    pub(crate) fn unregister_cancel(&self, mine: (i32, i32)) {
-        self.inner.cancels().remove(&mine);
+    /// Forgets a key when its client leaves: no cancel is forwarded for it from now on. The
+    /// answer tells when those forwarded before are done with.
+    pub(crate) fn unregister_cancel(&self, mine: (i32, i32)) -> Option<Arc<Forwarding>> {
+        self.inner.cancels().remove(&mine).map(|e| e.forwarding)
     }
 
     /// The server and server key for a cancel that arrived on `listener` with `mine`, if the
-    /// proxy gave that key on that listener.
+    /// proxy gave that key on that listener and its client is still there; the cancel counts
+    /// as in flight for that session until the answer's [`Forwarded`] is dropped.
     pub(crate) fn find_cancel(
         &self,
         listener: u64,
         mine: (i32, i32),
-    ) -> Option<(ServerAddr, (i32, i32))> {
+    ) -> Option<(ServerAddr, (i32, i32), Forwarded)> {
         let cancels = self.inner.cancels();
         let e = cancels.get(&mine).filter(|e| e.listener == listener)?;
-        Some((e.server.clone(), e.key))
+        // Counted under the map's lock, so a session that forgets its key after this sees it.
+        e.forwarding.pending.fetch_add(1, Ordering::AcqRel);
+        Some((e.server.clone(), e.key, Forwarded(e.forwarding.clone())))
     }
 }
 

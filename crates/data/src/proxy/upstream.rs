@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BytesMut};
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
 use postgres_protocol::message::frontend;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
 use super::wire;
@@ -361,15 +361,23 @@ pub(crate) fn error_fields(body: &[u8]) -> (String, String) {
 }
 
 /// Sends a CancelRequest for the server key `key` on a fresh connection, as the protocol
-/// wants; errors only logged, the client is not told (nor is it by PostgreSQL).
+/// wants, and waits until PostgreSQL closes that connection: only then has it signalled the
+/// backend (PostgreSQL 15 signals twice, the process and its group, and a loaded machine can
+/// hold the second signal back long enough to meet the backend's next client's query; issue
+/// pgbouncer#717 is the same race). Errors only logged, the client is not told (nor is it by
+/// PostgreSQL).
 pub(crate) async fn cancel(addr: &ServerAddr, key: (i32, i32), timeout: Duration) {
     let send = async {
         let mut stream = Stream::connect(addr).await?;
         let mut out = BytesMut::new();
         frontend::cancel_request(key.0, key.1, &mut out);
-        let (_, mut w) = stream.split();
+        let (mut r, mut w) = stream.split();
         w.write_all(&out).await?;
-        w.shutdown().await
+        w.shutdown().await?;
+        // PostgreSQL answers a cancel with nothing; a bounded read for its close.
+        let mut sink = [0u8; 64];
+        while r.read(&mut sink).await? > 0 {}
+        Ok::<(), io::Error>(())
     };
     match tokio::time::timeout(timeout, send).await {
         Ok(Ok(())) => {}

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod bounds;
+mod late_cancel;
 mod pg;
 mod raw;
 
@@ -45,6 +46,17 @@ impl Setup {
             pool.clone(),
         )
         .unwrap();
+        Setup {
+            pg,
+            pool,
+            target,
+            listener,
+            _dir: dir,
+        }
+    }
+
+    /// A setup from parts made otherwise (a server behind something).
+    fn from_parts(pg: Pg, pool: Pool, target: Target, listener: Listener, dir: TempDir) -> Setup {
         Setup {
             pg,
             pool,
