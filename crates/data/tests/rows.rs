@@ -442,3 +442,31 @@ async fn an_external_url_is_administered_the_same_way() {
     assert_eq!(bodies(&s).await, ["s"]);
     assert!(!format!("{login:?}").contains(login.password()));
 }
+
+/// Instances of one app start at once (a web instance and a worker of one label, or of two
+/// labels): their roles are set up at the same moment, each granting on the same database
+/// and tables, which PostgreSQL refuses as "tuple concurrently updated" to all but one. Every
+/// start gets its role.
+#[tokio::test]
+async fn roles_set_up_at_once_all_succeed() {
+    let (_dir, server) = private_server().await;
+    let admin = Admin::new(&server, key(), lattice());
+    app_with_notes(&admin, "notes").await;
+    // Each start as its own agent call would make it: its own admin, its own connections.
+    let admins: Vec<Admin> = (0..2 * LABELS.len())
+        .map(|_| Admin::new(&server, key(), lattice()))
+        .collect();
+    for round in 0..3 {
+        let setups = admins
+            .iter()
+            .zip(LABELS.iter().cycle())
+            .map(|(a, l)| a.label_role("notes", l, None));
+        for (i, r) in futures_util::future::join_all(setups)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            assert!(r.is_ok(), "round {round}, role {i}: {:?}", r.err());
+        }
+    }
+}

@@ -75,7 +75,7 @@ pub enum SchemaError {
     #[error("the sessions of app {0:?}'s owner role did not end within 10 s; try again")]
     OwnerBusy(String),
     /// PostgreSQL refused a statement.
-    #[error("{what}: {source}")]
+    #[error("{what}: {}", pg_message(source))]
     Sql {
         /// What warden was doing.
         what: String,
@@ -236,6 +236,28 @@ impl<'a> Admin<'a> {
     /// The role of `label` (and `user`, for `per_user` instances) in `app`, made on first use:
     /// it may connect to the app's database only, and reach each labelled table.
     pub async fn label_role(
+        &self,
+        app: &str,
+        label: &str,
+        user: Option<&str>,
+    ) -> Result<RoleLogin, SchemaError> {
+        // Every step is idempotent, so a step refused for a concurrent catalog change (another
+        // instance of the app set up at the same moment, on this node or another) is tried
+        // again from the start, a few times with a short random pause.
+        let mut tries = 0;
+        loop {
+            match self.label_role_once(app, label, user).await {
+                Err(e) if e.concurrent_update() && tries < 8 => {
+                    tries += 1;
+                    let pause = 5 + rand::random::<u64>() % (10 * tries);
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    async fn label_role_once(
         &self,
         app: &str,
         label: &str,
@@ -527,6 +549,31 @@ impl fmt::Debug for RoleLogin {
 impl fmt::Debug for DataKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("DataKey(<redacted>)")
+    }
+}
+
+/// PostgreSQL's own message and code (tokio-postgres's error says only "db error").
+fn pg_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+impl SchemaError {
+    /// PostgreSQL refused a catalog change because another session changed the same row at
+    /// the same moment (two instances of an app set up at once grant on one database): the
+    /// same statements succeed when tried again.
+    fn concurrent_update(&self) -> bool {
+        let SchemaError::Sql { source, .. } = self else {
+            return false;
+        };
+        source.as_db_error().is_some_and(|db| {
+            *db.code() == tokio_postgres::error::SqlState::INTERNAL_ERROR
+                && db.message().contains("concurrently")
+                || *db.code() == tokio_postgres::error::SqlState::UNIQUE_VIOLATION
+                    && db.constraint().is_some_and(|c| c.starts_with("pg_"))
+        })
     }
 }
 
