@@ -13,18 +13,23 @@ cd "$(dirname "$0")/.."
 
 . bench/lib.sh
 need_packages valgrind:valgrind wrk:wrk
-cargo build --release --locked -p warden
+# WARDEN=path counts that binary instead of building this tree's.
+if [ -z "${WARDEN:-}" ]; then
+  cargo build --release --locked -p warden
+  WARDEN=target/release/warden
+fi
 mkdir -p bench/out
 work=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 api=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.out" \
-  target/release/warden up --data-dir "$work/data" --listen "127.0.0.1:$port" \
+  "$WARDEN" up --data-dir "$work/data" --listen "127.0.0.1:$port" \
   --api-listen "127.0.0.1:$api" --demo >"$work/warden.log" 2>&1 &
 vg=$!
 trap 'kill $vg 2>/dev/null || true; wait $vg 2>/dev/null || true; rm -rf "$work"' EXIT
 for _ in $(seq 1 120); do
-  curl -s -o /dev/null "http://127.0.0.1:$port/healthz" && break
+  # The demo's users are written after the gateway answers.
+  [ -s "$work/data/demo-users.json" ] && curl -s -o /dev/null "http://127.0.0.1:$port/healthz" && break
   sleep 1
 done
 password=$(python3 -c "import json,sys; print(next(u['password'] for u in json.load(open(sys.argv[1])) if u['name']=='alice'))" "$work/data/demo-users.json")

@@ -13,7 +13,9 @@
 //! (cut to [`MAX_USER`] bytes), the client's address and the method.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
+
+use crate::hashing::DigestMap;
+use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -69,7 +71,8 @@ struct Sum<const N: usize> {
     last_ms: u64,
 }
 
-type Shard<const N: usize> = RwLock<HashMap<u64, Vec<Entry<N>>>>;
+/// Entries by their key's hash, itself a SipHash under the tally's random key.
+type Shard<const N: usize> = RwLock<DigestMap<u64, Vec<Entry<N>>>>;
 
 /// Sums per key of `N` byte strings, sharded by the key's hash.
 struct Tally<const N: usize> {
@@ -113,8 +116,30 @@ impl<const N: usize> Tally<N> {
         }
     }
 
+    /// The key's hash: its parts, each after its length, in one write when they fit on the
+    /// stack (a user name, an address, a few words). SipHash costs mostly per write, and
+    /// hashing the parts one by one made ten writes a key. A longer key is hashed part by
+    /// part, the same way every time it comes.
+    fn hash(&self, key: &[&[u8]; N]) -> u64 {
+        const INLINE: usize = 192;
+        if key.iter().map(|p| p.len() + 2).sum::<usize>() > INLINE {
+            return self.hasher.hash_one(key);
+        }
+        let mut buf = [0u8; INLINE];
+        let mut at = 0;
+        for part in key {
+            // Each part is under INLINE bytes, so its length fits two bytes.
+            buf[at..at + 2].copy_from_slice(&(part.len() as u16).to_le_bytes());
+            buf[at + 2..at + 2 + part.len()].copy_from_slice(part);
+            at += 2 + part.len();
+        }
+        let mut h = self.hasher.build_hasher();
+        h.write(&buf[..at]);
+        h.finish()
+    }
+
     fn add(&self, key: [&[u8]; N], bytes: u64, now: u64) {
-        let h = self.hasher.hash_one(key);
+        let h = self.hash(&key);
         // Each thread sums a key in a shard of its own (the hash moved by the thread's slot),
         // so threads serving the same user never write the same counters or lock: `take`
         // merges them.

@@ -33,6 +33,7 @@ mod dispatch;
 mod downstream;
 mod endpoints;
 mod error;
+mod hashing;
 mod hygiene;
 mod metrics;
 mod oidc;

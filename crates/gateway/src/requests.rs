@@ -8,7 +8,7 @@
 //!
 //! A line never holds a query string, header, cookie or user name: the path is cut at its `?`.
 
-use std::collections::HashMap;
+use crate::hashing::FastMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -55,7 +55,7 @@ pub(crate) struct Served<'a> {
 /// Every app's ring.
 #[derive(Default)]
 pub struct Requests {
-    apps: RwLock<HashMap<Arc<str>, Arc<Ring>>>,
+    apps: RwLock<FastMap<Arc<str>, Arc<Ring>>>,
 }
 
 // === impl Requests ===

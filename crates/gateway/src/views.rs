@@ -5,7 +5,6 @@
 //! request path never waits on the store; the store's [`Follower`] does both, resuming a broken
 //! watch and listing again after a compaction.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
@@ -18,6 +17,8 @@ use warden_core::{
     Peers, SessionRecord, UserRecord,
 };
 use warden_store::{decode, EventKind, Follower, Store, Update};
+
+use crate::hashing::FastMap;
 
 /// A user as the request path needs it.
 pub(crate) struct User {
@@ -71,19 +72,19 @@ impl Drop for InFlight {
 /// What the gateway knows of the platform.
 #[derive(Default)]
 pub(crate) struct Views {
-    pub apps: HashMap<String, Arc<AppSpec>>,
-    pub hosts: HashMap<String, String>,
-    pub users: HashMap<String, Arc<User>>,
+    pub apps: FastMap<String, Arc<AppSpec>>,
+    pub hosts: FastMap<String, String>,
+    pub users: FastMap<String, Arc<User>>,
     /// Sessions by token hash.
-    pub sessions: HashMap<String, SessionRecord>,
+    pub sessions: FastMap<String, SessionRecord>,
     /// Ready instances by (app, label, owner); the owner is empty for shared instances.
     /// Per-request instances are never listed: each serves only the request it started for.
-    pub instances: HashMap<(String, String, String), Vec<Arc<Routed>>>,
+    pub instances: FastMap<(String, String, String), Vec<Arc<Routed>>>,
     /// Instances the gateway stopped routing to when they reported taint, by id, with the
     /// only label they may come back under (`None`: never, they are being stopped). A record
     /// of the old label that arrives later (the start's own event, still in flight) must not
     /// bring one back. Entries end with the instance's record.
-    pub tainted: HashMap<String, Option<String>>,
+    pub tainted: FastMap<String, Option<String>>,
     pub lattice: Option<Arc<Lattice>>,
 }
 

@@ -6,7 +6,7 @@
 //! (or a removed user) misses at once. Wrong credentials are remembered for a short while too,
 //! so repeating a failure costs the same as repeating a success.
 
-use std::collections::HashMap;
+use crate::hashing::DigestMap;
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,7 @@ pub(crate) struct CredentialCache {
     /// HMAC-SHA256 keyed once: each credential's MAC starts from a clone of its state, which
     /// saves hashing the key's two pad blocks per request.
     mac: Hmac<Sha256>,
-    map: RwLock<HashMap<CredKey, Entry>>,
+    map: RwLock<DigestMap<CredKey, Entry>>,
     ttl_ok: Duration,
     ttl_bad: Duration,
     capacity: usize,
@@ -43,7 +43,7 @@ impl CredentialCache {
         let mac = Hmac::<Sha256>::new_from_slice(&key).expect("HMAC takes any key length");
         Self {
             mac,
-            map: RwLock::new(HashMap::new()),
+            map: RwLock::new(DigestMap::default()),
             ttl_ok,
             ttl_bad,
             capacity,

@@ -21,7 +21,7 @@ pub(crate) mod throttle;
 #[cfg(test)]
 mod props;
 
-use std::collections::HashMap;
+use crate::hashing::DigestMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -68,7 +68,7 @@ pub(crate) struct Authenticator {
     pool: fair::FairPool,
     /// Verifications under way, by credential: when a cached credential expires under load,
     /// every request carrying it waits for one Argon2id run instead of starting its own.
-    inflight: Mutex<HashMap<cache::CredKey, Arc<OnceCell<Verdict>>>>,
+    inflight: Mutex<DigestMap<cache::CredKey, Arc<OnceCell<Verdict>>>>,
     /// Where every attempt's outcome is summed for the audit log.
     audit: Arc<Recorder>,
     /// Refreshes provider sessions past their provider's word (none without providers).
@@ -101,7 +101,7 @@ impl Authenticator {
                 },
             ),
             pool: fair::FairPool::new(cores, 64 * cores),
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(DigestMap::default()),
             audit,
             refresher: None,
         }
@@ -274,7 +274,7 @@ impl Authenticator {
 impl Authenticator {
     fn inflight_lock(
         &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<cache::CredKey, Arc<OnceCell<Verdict>>>> {
+    ) -> std::sync::MutexGuard<'_, DigestMap<cache::CredKey, Arc<OnceCell<Verdict>>>> {
         self.inflight.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -1,6 +1,6 @@
 //! Idle keep-alive connections to instances, by instance id, newest first.
 
-use std::collections::HashMap;
+use crate::hashing::FastMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -21,11 +21,11 @@ pub(super) trait Idle {
 }
 
 struct Lists<T> {
-    by_instance: HashMap<String, Vec<T>>,
+    by_instance: FastMap<String, Vec<T>>,
     last_sweep: Option<Instant>,
     /// Instances out of routing (draining, stopped), since when: connections to them are not
     /// pooled. Entries older than the idle timeout are swept (no pooled connection outlives it).
-    unrouted: HashMap<String, Instant>,
+    unrouted: FastMap<String, Instant>,
 }
 
 /// Idle connections by instance id.
@@ -37,9 +37,9 @@ impl<T> Default for Pool<T> {
     fn default() -> Self {
         Self {
             idle: Mutex::new(Lists {
-                by_instance: HashMap::new(),
+                by_instance: FastMap::default(),
                 last_sweep: None,
-                unrouted: HashMap::new(),
+                unrouted: FastMap::default(),
             }),
         }
     }
