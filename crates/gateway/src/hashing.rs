@@ -6,7 +6,8 @@
 //!   or the operator adds (apps, hosts, users, sessions by token hash, instances, pooled
 //!   connections, request rings). A client's bytes only look keys up in them, so a client
 //!   cannot fill one with keys that collide; foldhash's weaker resistance to a studied seed does
-//!   not reach them.
+//!   not reach them. (A provider's sign-in adds a user named as the provider says, one per
+//!   person: aiming collisions there takes an account at the provider per key.)
 //! - [`DigestMap`]: keys that are already keyed digests (a credential's HMAC under a key drawn
 //!   at start, a SipHash under a random key): their first eight bytes are as unpredictable as
 //!   the whole, so they are the hash. A client that fills such a map (wrong passwords are
