@@ -354,6 +354,7 @@ def main():
     ap.add_argument("--hold", type=int, default=0,
                     help="after setup, print the PIDs and URLs and sleep this many seconds (to profile)")
     a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
     a.warden = os.path.abspath(a.warden)
     if not a.seconds or a.seconds > 120:
         raise SystemExit("--seconds: 1..120")

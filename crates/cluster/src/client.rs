@@ -55,6 +55,21 @@ impl tokio::io::AsyncWrite for Joined {
         std::pin::Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
     }
 
+    /// Passed through, so a request head written in pieces (`write_signed`) leaves as one TLS
+    /// record in one segment: without it tokio wrote each piece on its own, three records and
+    /// three sends a request, each woken for and decrypted on the other node (issue 39).
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
     fn poll_flush(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
