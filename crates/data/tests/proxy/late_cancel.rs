@@ -10,7 +10,7 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
-use warden_data::proxy::{Limits, Listener, Pool, ServerAddr};
+use warden_data::proxy::{Limits, ServerAddr};
 
 use super::pg::Pg;
 use super::{connect, Setup};
@@ -64,18 +64,11 @@ async fn a_cancel_still_on_its_way_stops_no_later_clients_query() {
         port: 5432,
     };
     // One server connection for the app, so the next client has the one the first used.
-    let pool = Pool::new(Limits {
+    let limits = Limits {
         max_server_per_app: 1,
         ..Limits::default()
-    });
-    let sockets = tempfile::tempdir().unwrap();
-    let listener = Listener::bind(
-        sockets.path().join(".s.PGSQL.5432"),
-        target.clone(),
-        pool.clone(),
-    )
-    .unwrap();
-    let setup = Setup::from_parts(pg, pool, target, listener, sockets);
+    };
+    let setup = Setup::with_target(pg, target, limits);
 
     // A query that ends on its own while its client's cancel is held back.
     let first = connect(setup.dir()).await.unwrap();

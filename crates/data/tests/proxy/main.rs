@@ -37,8 +37,13 @@ struct Setup {
 impl Setup {
     async fn new(limits: Limits) -> Setup {
         let pg = Pg::start().await;
-        let pool = Pool::new(limits);
         let target = pg.target();
+        Setup::with_target(pg, target, limits)
+    }
+
+    /// A listener for `target` (the server itself, or something in front of it).
+    fn with_target(pg: Pg, target: Target, limits: Limits) -> Setup {
+        let pool = Pool::new(limits);
         let dir = tempfile::tempdir().unwrap();
         let listener = Listener::bind(
             dir.path().join(".s.PGSQL.5432"),
@@ -46,17 +51,6 @@ impl Setup {
             pool.clone(),
         )
         .unwrap();
-        Setup {
-            pg,
-            pool,
-            target,
-            listener,
-            _dir: dir,
-        }
-    }
-
-    /// A setup from parts made otherwise (a server behind something).
-    fn from_parts(pg: Pg, pool: Pool, target: Target, listener: Listener, dir: TempDir) -> Setup {
         Setup {
             pg,
             pool,
