@@ -2,9 +2,11 @@
 //!
 //! redb gives MVCC (readers never wait for the writer) and crash-safe commits. On top of it this
 //! module adds what the [`Store`] contract needs: global revisions, a bounded change log for
-//! watchers, and leases. All writes go through one thread (the `writer` module) that group-commits.
+//! watchers, and leases. Writes are group-committed one batch at a time, by the caller that finds
+//! no commit under way or by the writer thread (`commit`); the `writer` module is one commit.
 
 mod codec;
+mod commit;
 mod format;
 pub mod verify;
 mod watch;
@@ -12,14 +14,15 @@ mod writer;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::oneshot;
 
-use crate::{CasOutcome, Entry, Event, Hash, LeaseId, Listing, Revision, Store, StoreError, Watch};
+use crate::{CasOutcome, Entry, Hash, LeaseId, Listing, Revision, Store, StoreError, Watch};
+use commit::Committer;
 use writer::{Op, Writer};
 
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
@@ -35,7 +38,8 @@ struct Shared {
     path: PathBuf,
     /// Why writes fail, while they do (a full disk, an I/O error); `None` when they work.
     failing: Mutex<Option<StoreError>>,
-    events: broadcast::Sender<Arc<Vec<Event>>>,
+    /// Every watcher, fed by the writer after each commit.
+    watchers: watch::Registry,
     revision: AtomicU64,
     compacted: AtomicU64,
     commits: AtomicU64,
@@ -110,7 +114,7 @@ fn open_prepared(path: &Path) -> Result<Database, StoreError> {
 /// A [`Store`] kept in one redb file.
 pub struct EmbeddedStore {
     shared: Arc<Shared>,
-    ops: Option<Mutex<mpsc::Sender<Op>>>,
+    committer: Arc<Committer>,
     writer: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -152,25 +156,25 @@ impl EmbeddedStore {
             }
         }
         let db = open_prepared(path)?;
-        let (events, _) = broadcast::channel(1024);
         let shared = Arc::new(Shared {
             db: RwLock::new(Some(Arc::new(db))),
             path: path.to_owned(),
             failing: Mutex::new(None),
-            events,
+            watchers: watch::Registry::default(),
             revision: AtomicU64::new(0),
             compacted: AtomicU64::new(0),
             commits: AtomicU64::new(0),
         });
         let writer = Writer::load(shared.clone()).map_err(|e| open_err(e.to_string()))?;
-        let (tx, rx) = mpsc::channel();
+        let committer = Committer::new(writer);
+        let thread = committer.clone();
         let writer = std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || writer.run(rx))
+            .spawn(move || thread.run())
             .map_err(|e| open_err(format!("cannot start the writer thread: {e}")))?;
         Ok(Self {
             shared,
-            ops: Some(Mutex::new(tx)),
+            committer,
             writer: Some(writer),
         })
     }
@@ -186,10 +190,10 @@ impl EmbeddedStore {
         make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Op,
     ) -> Result<T, StoreError> {
         let (tx, rx) = oneshot::channel();
-        {
-            let ops = self.ops.as_ref().ok_or(StoreError::Closed)?;
-            let ops = ops.lock().map_err(|_| StoreError::Closed)?;
-            ops.send(make(tx)).map_err(|_| StoreError::Closed)?;
+        if let Some(lead) = self.committer.submit(make(tx))? {
+            // Let the other tasks ready on this thread queue their writes into this commit.
+            tokio::task::yield_now().await;
+            lead.commit();
         }
         match rx.await {
             Ok(r) => r,
@@ -212,6 +216,7 @@ impl EmbeddedStore {
         self.shared.failure()
     }
 
+    /// A read of many records (a listing), on the blocking pool: its length is the caller's.
     async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
@@ -223,7 +228,22 @@ impl EmbeddedStore {
                 op: "read",
                 reason: e.to_string(),
             })?;
-        // While writes fail the engine may refuse reads too: say the cause, not the echo.
+        self.explained(r)
+    }
+
+    /// A read of one record, on the caller's thread: a lookup in redb's cache (or the page
+    /// cache) costs a few microseconds, less than waking a blocking thread to do it and waking
+    /// the caller again with the answer.
+    fn read_now<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let r = self.shared.db().and_then(|db| f(&db));
+        self.explained(r)
+    }
+
+    /// While writes fail the engine may refuse reads too: say the cause, not the echo.
+    fn explained<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
         r.map_err(|e| match self.shared.failure() {
             Some(cause) if writer::echo(&e) => cause,
             _ => e,
@@ -235,10 +255,12 @@ impl Drop for EmbeddedStore {
     // Closing the queue ends the writer after its current batch; waiting for it means the file
     // is released (and every answered write is on disk) when the store is gone.
     fn drop(&mut self) {
-        self.ops.take();
+        self.committer.close();
         if let Some(w) = self.writer.take() {
             let _ = w.join();
         }
+        // Every watch ends with the store, as the etcd backend's do when its client goes.
+        self.shared.watchers.close();
     }
 }
 
@@ -247,84 +269,88 @@ pub(crate) fn child_range(prefix: &str) -> (String, String) {
     (format!("{prefix}/"), format!("{prefix}0")) // '0' is the byte after '/'
 }
 
+/// Every record under `prefix` (the whole store for ""), with the revision the read saw.
+fn list_in(db: &Database, prefix: &str) -> Result<Listing, StoreError> {
+    let txn = db.begin_read().map_err(read_err)?;
+    let kv = txn.open_table(KV).map_err(read_err)?;
+    let meta = txn.open_table(META).map_err(read_err)?;
+    let revision = meta
+        .get("revision")
+        .map_err(read_err)?
+        .map(|v| v.value())
+        .unwrap_or(0);
+    let mut entries = Vec::new();
+    // A record whose framing is damaged is left out (and logged), never failing the
+    // listing of every other one.
+    let mut damaged = Vec::new();
+    let mut push = |k: &str, v: &[u8]| -> Result<(), StoreError> {
+        match codec::decode_entry(k, v) {
+            Ok(e) => entries.push(e),
+            Err(e) => {
+                warden_core::log_limited!(warn, error = %e, "skipping a damaged store record");
+                damaged.push((k.to_owned(), e.to_string()));
+            }
+        }
+        Ok(())
+    };
+    if prefix.is_empty() {
+        for row in kv.iter().map_err(read_err)? {
+            let (k, v) = row.map_err(read_err)?;
+            push(k.value(), v.value())?;
+        }
+    } else {
+        if let Some(v) = kv.get(prefix).map_err(read_err)? {
+            push(prefix, v.value())?;
+        }
+        let (lo, hi) = child_range(prefix);
+        for row in kv.range(lo.as_str()..hi.as_str()).map_err(read_err)? {
+            let (k, v) = row.map_err(read_err)?;
+            push(k.value(), v.value())?;
+        }
+    }
+    Ok(Listing {
+        entries,
+        revision,
+        damaged,
+    })
+}
+
 #[async_trait]
 impl Store for EmbeddedStore {
     async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
-        let key = key.to_owned();
-        self.read(move |db| {
+        self.read_now(|db| {
             let txn = db.begin_read().map_err(read_err)?;
             let kv = txn.open_table(KV).map_err(read_err)?;
-            match kv.get(key.as_str()).map_err(read_err)? {
-                Some(v) => Ok(Some(codec::decode_entry(&key, v.value())?)),
+            match kv.get(key).map_err(read_err)? {
+                Some(v) => Ok(Some(codec::decode_entry(key, v.value())?)),
                 None => Ok(None),
             }
         })
-        .await
     }
 
     async fn get_hash(&self, key: &str) -> Result<Option<(Hash, Revision)>, StoreError> {
-        let key = key.to_owned();
-        self.read(move |db| {
+        self.read_now(|db| {
             let txn = db.begin_read().map_err(read_err)?;
             let kv = txn.open_table(KV).map_err(read_err)?;
-            match kv.get(key.as_str()).map_err(read_err)? {
+            match kv.get(key).map_err(read_err)? {
                 Some(v) => {
-                    let m = codec::decode_meta(&key, v.value())?;
+                    let m = codec::decode_meta(key, v.value())?;
                     Ok(Some((m.hash, m.mod_revision)))
                 }
                 None => Ok(None),
             }
         })
-        .await
     }
 
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
         let prefix = prefix.trim_end_matches('/').to_owned();
-        self.read(move |db| {
-            let txn = db.begin_read().map_err(read_err)?;
-            let kv = txn.open_table(KV).map_err(read_err)?;
-            let meta = txn.open_table(META).map_err(read_err)?;
-            let revision = meta
-                .get("revision")
-                .map_err(read_err)?
-                .map(|v| v.value())
-                .unwrap_or(0);
-            let mut entries = Vec::new();
-            // A record whose framing is damaged is left out (and logged), never failing the
-            // listing of every other one.
-            let mut damaged = Vec::new();
-            let mut push = |k: &str, v: &[u8]| -> Result<(), StoreError> {
-                match codec::decode_entry(k, v) {
-                    Ok(e) => entries.push(e),
-                    Err(e) => {
-                        warden_core::log_limited!(warn, error = %e, "skipping a damaged store record");
-                        damaged.push((k.to_owned(), e.to_string()));
-                    }
-                }
-                Ok(())
-            };
-            if prefix.is_empty() {
-                for row in kv.iter().map_err(read_err)? {
-                    let (k, v) = row.map_err(read_err)?;
-                    push(k.value(), v.value())?;
-                }
-            } else {
-                if let Some(v) = kv.get(prefix.as_str()).map_err(read_err)? {
-                    push(&prefix, v.value())?;
-                }
-                let (lo, hi) = child_range(&prefix);
-                for row in kv.range(lo.as_str()..hi.as_str()).map_err(read_err)? {
-                    let (k, v) = row.map_err(read_err)?;
-                    push(k.value(), v.value())?;
-                }
-            }
-            Ok(Listing {
-                entries,
-                revision,
-                damaged,
-            })
-        })
-        .await
+        // The whole store is the one listing that may be long (a backup, `warden store`):
+        // it reads on the blocking pool. A prefix's few records read here, as a get does.
+        if prefix.is_empty() {
+            self.read(move |db| list_in(db, &prefix)).await
+        } else {
+            self.read_now(|db| list_in(db, &prefix))
+        }
     }
 
     async fn put(

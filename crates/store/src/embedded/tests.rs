@@ -218,3 +218,55 @@ async fn a_store_written_before_checksums_opens_and_is_sealed_except_its_damaged
     assert_eq!(report.records, 3);
     assert_eq!(report.damaged.len(), 1, "{report:?}");
 }
+
+/// The next event of `w`, failing the test if none comes (a hang, not a slow machine: 30 s).
+async fn next(w: &mut crate::Watch) -> crate::Event {
+    tokio::time::timeout(Duration::from_secs(30), w.next())
+        .await
+        .expect("a watch event within 30 s")
+        .expect("the watch is open")
+        .expect("an event, not an error")
+}
+
+#[tokio::test]
+async fn a_watcher_that_reads_nothing_for_a_while_gets_every_change_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(&dir.path().join("s.redb")).unwrap();
+    let mut slow = store.watch("w", 0).await.unwrap();
+    let mut other = store.watch("x", 0).await.unwrap();
+    // Far more changes than the channel holds, in one commit and in many, while the watcher
+    // reads none: it must fall back to the log and come back to live delivery.
+    let keys: Vec<String> = (0..300u32).map(|i| format!("w/{i}")).collect();
+    let puts = keys.iter().map(|k| store.put(k, vec![1], None));
+    let mut revs: Vec<Revision> = futures_util::future::try_join_all(puts).await.unwrap();
+    for i in 300..700u32 {
+        revs.push(store.put(&format!("w/{i}"), vec![2], None).await.unwrap());
+    }
+    store.put("x/1", vec![], None).await.unwrap();
+    for (i, rev) in revs.iter().enumerate() {
+        let ev = next(&mut slow).await;
+        assert_eq!((ev.revision, ev.key.as_str()), (*rev, &*format!("w/{i}")));
+    }
+    // Live again: the next change comes, and nothing twice before it.
+    let last = store.put("w/last", vec![], None).await.unwrap();
+    let ev = next(&mut slow).await;
+    assert_eq!((ev.revision, ev.key.as_str()), (last, "w/last"));
+    // A watcher of another prefix got only its own change.
+    assert_eq!(next(&mut other).await.key, "x/1");
+    assert!(futures_util::FutureExt::now_or_never(other.next()).is_none());
+}
+
+#[tokio::test]
+async fn a_write_whose_caller_went_away_before_committing_is_committed_and_blocks_no_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(&dir.path().join("s.redb")).unwrap();
+    // Polled once, the put is queued and its caller leads the next commit; dropped before it
+    // commits, the lead must pass to the writer thread, or every later write waits forever.
+    let first = store.put("k/gone", vec![1], None);
+    assert!(futures_util::FutureExt::now_or_never(first).is_none());
+    let later = tokio::time::timeout(Duration::from_secs(30), store.put("k/later", vec![2], None))
+        .await
+        .expect("a later write is answered, not stuck behind a caller that went away");
+    later.unwrap();
+    assert!(store.get("k/gone").await.unwrap().is_some());
+}

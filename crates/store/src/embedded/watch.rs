@@ -1,17 +1,122 @@
 //! Watchers of the embedded store.
 //!
-//! A watcher subscribes to the writer's broadcast first and reads the change log second, so no
-//! change can fall between the two; it drops what it has already delivered by revision. A
-//! watcher that falls behind the broadcast goes back to the log instead of losing changes.
+//! Every watcher is an entry in one registry: its prefix and the sending end of its channel.
+//! After each commit the committer hands the commit's events to the registry, which sends each
+//! event straight into the channel of every watcher whose prefix holds its key. A commit thus
+//! wakes only the watchers it concerns, once each, with no task in between.
+//!
+//! A watcher that starts from an older revision, or whose channel is full when a commit comes,
+//! is *lagging*: live events are not sent to it, and a task of its own reads the change log
+//! instead, waiting for room in the channel, until it has delivered everything up to the last
+//! commit the registry has seen; then it is live again. Nothing is lost or sent twice: each
+//! entry keeps the next revision it expects and live sending skips anything below it.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::ReadableDatabase;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 
 use super::{codec, read_err, Shared, LOG, META};
 use crate::{Event, Revision, StoreError, Watch};
+
+/// Room in each watcher's channel: past it, the watcher catches up from the log.
+const CHANNEL: usize = 256;
+
+type Tx = mpsc::Sender<Result<Event, StoreError>>;
+
+/// Every watcher of one store.
+#[derive(Default)]
+pub(super) struct Registry {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// The revision of the last commit whose events were handed out.
+    published: Revision,
+    next_id: u64,
+    entries: Vec<Entry>,
+    /// Set when the store closes: every channel is dropped and no entry is added.
+    closed: bool,
+}
+
+struct Entry {
+    id: u64,
+    prefix: String,
+    tx: Tx,
+    /// Every change below it was delivered.
+    next: Revision,
+    /// Catching up from the log: live events are left to that task.
+    lagging: bool,
+    /// Where its catch-up task runs.
+    runtime: tokio::runtime::Handle,
+}
+
+// === impl Registry ===
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that commits up to `revision` are published, with none to deliver: set at open,
+    /// and after a failed commit reloads the writer's state.
+    pub(super) fn published(&self, revision: Revision) {
+        let mut inner = self.lock();
+        inner.published = inner.published.max(revision);
+    }
+
+    /// Hands one commit's events (in revision order) to the watchers whose prefix holds them.
+    /// Called by the committer after the commit is durable, one commit at a time.
+    pub(super) fn publish(&self, shared: &Arc<Shared>, events: &[Event], revision: Revision) {
+        let mut inner = self.lock();
+        inner.published = inner.published.max(revision);
+        let mut gone = Vec::new();
+        for entry in inner.entries.iter_mut().filter(|e| !e.lagging) {
+            for ev in events {
+                if ev.revision < entry.next
+                    || !warden_core::keys::under_prefix(&entry.prefix, &ev.key)
+                {
+                    continue;
+                }
+                match entry.tx.try_send(Ok(ev.clone())) {
+                    Ok(()) => entry.next = ev.revision + 1,
+                    Err(TrySendError::Full(_)) => {
+                        // A slow reader: it reads this change and the rest from the log.
+                        entry.lagging = true;
+                        spawn_catch_up(shared, entry);
+                        break;
+                    }
+                    Err(TrySendError::Closed(_)) => {
+                        gone.push(entry.id);
+                        break;
+                    }
+                }
+            }
+        }
+        inner.entries.retain(|e| !gone.contains(&e.id));
+    }
+
+    /// Ends every watch (their channels close) and refuses new ones.
+    pub(super) fn close(&self) {
+        let mut inner = self.lock();
+        inner.closed = true;
+        inner.entries.clear();
+    }
+}
+
+fn spawn_catch_up(shared: &Arc<Shared>, entry: &Entry) {
+    let task = CatchUp {
+        shared: shared.clone(),
+        id: entry.id,
+        prefix: entry.prefix.clone(),
+        tx: entry.tx.clone(),
+        from: entry.next,
+    };
+    entry.runtime.spawn(task.run());
+}
 
 pub(super) fn start(
     shared: Arc<Shared>,
@@ -19,7 +124,12 @@ pub(super) fn start(
     from: Revision,
 ) -> Result<Watch, StoreError> {
     let prefix = prefix.trim_end_matches('/').to_owned();
-    let mut sub = shared.events.subscribe();
+    let (tx, rx) = mpsc::channel(CHANNEL);
+    let mut inner = shared.watchers.lock();
+    if inner.closed {
+        return Err(StoreError::Closed);
+    }
+    // Read under the registry's lock: no commit is published meanwhile.
     let next = if from == 0 {
         shared.revision.load(Ordering::SeqCst) + 1
     } else {
@@ -32,52 +142,82 @@ pub(super) fn start(
             oldest: compacted + 1,
         });
     }
-    let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(async move {
-        let mut next = next;
-        if catch_up(&shared, &prefix, &mut next, &tx).await.is_err() {
-            return;
-        }
-        loop {
-            match sub.recv().await {
-                Ok(batch) => {
-                    for ev in batch.iter() {
-                        if ev.revision < next {
-                            continue;
-                        }
-                        next = ev.revision + 1;
-                        if warden_core::keys::under_prefix(&prefix, &ev.key)
-                            && tx.send(Ok(ev.clone())).await.is_err()
-                        {
-                            return;
-                        }
-                    }
-                }
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    if catch_up(&shared, &prefix, &mut next, &tx).await.is_err() {
-                        return;
-                    }
-                }
-                Err(broadcast::error::RecvError::Closed) => return,
-            }
-        }
-    });
+    let id = inner.next_id;
+    inner.next_id += 1;
+    let entry = Entry {
+        id,
+        prefix,
+        tx,
+        next,
+        lagging: next <= inner.published,
+        runtime: tokio::runtime::Handle::current(),
+    };
+    if entry.lagging {
+        spawn_catch_up(&shared, &entry);
+    }
+    inner.entries.push(entry);
     Ok(Watch::from_channel(rx))
 }
 
-/// Delivers logged changes from `next` on; afterwards `next` is one past the log's end.
-/// `Err` means the watch is over (receiver gone, or an error was delivered).
-async fn catch_up(
-    shared: &Arc<Shared>,
-    prefix: &str,
-    next: &mut Revision,
-    tx: &mpsc::Sender<Result<Event, StoreError>>,
-) -> Result<(), ()> {
-    let from = *next;
-    let s = shared.clone();
-    let p = prefix.to_owned();
-    let read =
-        tokio::task::spawn_blocking(move || -> Result<(Vec<Event>, Revision), StoreError> {
+/// One lagging watcher's reading of the log.
+struct CatchUp {
+    shared: Arc<Shared>,
+    id: u64,
+    prefix: String,
+    tx: Tx,
+    from: Revision,
+}
+
+// === impl CatchUp ===
+
+impl CatchUp {
+    /// Delivers logged changes until the watcher has everything published, then makes it live
+    /// again; or ends the watch on an error or a dropped receiver.
+    async fn run(mut self) {
+        loop {
+            let read = match self.read().await {
+                Ok(read) => read,
+                Err(e) => {
+                    self.forget();
+                    let _ = self.tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            let (events, revision) = read;
+            for ev in events {
+                if self.tx.send(Ok(ev)).await.is_err() {
+                    self.forget();
+                    return;
+                }
+            }
+            let mut inner = self.shared.watchers.lock();
+            let published = inner.published;
+            let Some(entry) = inner.entries.iter_mut().find(|e| e.id == self.id) else {
+                return;
+            };
+            if published <= revision {
+                // Everything published was in the log read; what was committed after it and
+                // not yet published is skipped by `next` when it is.
+                entry.next = entry.next.max(revision + 1);
+                entry.lagging = false;
+                return;
+            }
+            self.from = revision + 1;
+        }
+    }
+
+    fn forget(&self) {
+        self.shared
+            .watchers
+            .lock()
+            .entries
+            .retain(|e| e.id != self.id);
+    }
+
+    /// The logged changes under the prefix from `from` on, and the revision the read saw.
+    async fn read(&self) -> Result<(Vec<Event>, Revision), StoreError> {
+        let (s, p, from) = (self.shared.clone(), self.prefix.clone(), self.from);
+        let read = tokio::task::spawn_blocking(move || {
             let db = s.db()?;
             let txn = db.begin_read().map_err(read_err)?;
             let meta = txn.open_table(META).map_err(read_err)?;
@@ -107,25 +247,11 @@ async fn catch_up(
             Ok((out, revision))
         })
         .await;
-    let result = read.unwrap_or_else(|e| {
-        Err(StoreError::Engine {
-            op: "watch",
-            reason: e.to_string(),
+        read.unwrap_or_else(|e| {
+            Err(StoreError::Engine {
+                op: "watch",
+                reason: e.to_string(),
+            })
         })
-    });
-    match result {
-        Ok((events, revision)) => {
-            for ev in events {
-                if tx.send(Ok(ev)).await.is_err() {
-                    return Err(());
-                }
-            }
-            *next = (*next).max(revision + 1);
-            Ok(())
-        }
-        Err(e) => {
-            let _ = tx.send(Err(e)).await;
-            Err(())
-        }
     }
 }

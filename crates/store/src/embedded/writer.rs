@@ -1,13 +1,14 @@
-//! The single writer thread: group commit and lease expiry.
+//! The writer's state and one commit: group commit and lease expiry.
 //!
-//! Every mutation is sent here. The thread takes all operations waiting in its queue, applies
-//! them one after another in a single redb transaction, commits once with an fsync, and only then
-//! answers each caller and publishes the changes to watchers. Concurrent writers therefore share
-//! one fsync, and nobody hears "done" for a write that is not on disk.
+//! Whoever leads (`commit.rs`: a caller, or the writer thread) hands a batch of every operation
+//! queued to [`Writer::step`], which applies them one after another in a single redb
+//! transaction, commits once with an fsync, and only then answers each caller and publishes the
+//! changes to watchers. Concurrent writers therefore share one fsync, and nobody hears "done"
+//! for a write that is not on disk.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, Table, WriteTransaction};
@@ -28,7 +29,7 @@ pub(super) const LOG_RETAIN: u64 = 10_000;
 /// past any session, and short enough that adding it to the clock never overflows.
 pub(super) const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Upper bound of operations in one transaction, so a flood cannot starve repliers forever.
-const MAX_BATCH: usize = 1024;
+pub(super) const MAX_BATCH: usize = 1024;
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
@@ -193,43 +194,31 @@ impl Writer {
         self.shared
             .compacted
             .store(self.compacted, Ordering::SeqCst);
+        self.shared.watchers.published(self.revision);
         Ok(())
     }
 
-    /// Runs until every sender is gone.
-    pub(super) fn run(mut self, rx: mpsc::Receiver<Op>) {
-        loop {
-            let wait = self
-                .leases
-                .values()
-                .map(|l| l.deadline.saturating_duration_since(Instant::now()))
-                .min()
-                .unwrap_or(Duration::from_secs(1))
-                .min(Duration::from_secs(1));
-            let mut batch = Vec::new();
-            match rx.recv_timeout(wait) {
-                Ok(op) => batch.push(op),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => return,
-            }
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(op) => batch.push(op),
-                    Err(_) => break,
-                }
-            }
-            self.recover();
-            // A panic in the engine (a damaged file can cause one) fails this batch and
-            // reopens the file; it never ends the writer, which would close the store for good.
-            let processed =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.process(batch)));
-            if processed.is_err() {
-                self.failed(StoreError::Engine {
-                    op: "commit",
-                    reason: "the storage engine failed on the store file, which may be damaged; back it up with `warden store backup` while reads work and restore it".into(),
-                });
-            }
+    /// Commits one batch (and expires due leases, and probes a failing file); returns how long
+    /// until a lease is due, at most a second.
+    pub(super) fn step(&mut self, batch: Vec<Op>) -> Duration {
+        self.recover();
+        // A panic in the engine (a damaged file can cause one) fails this batch and reopens the
+        // file; it never ends the writer, which would close the store for good.
+        let processed =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.process(batch)));
+        if processed.is_err() {
+            self.failed(StoreError::Engine {
+                op: "commit",
+                reason: "the storage engine failed on the store file, which may be damaged; back it up with `warden store backup` while reads work and restore it".into(),
+            });
         }
+        let now = Instant::now();
+        self.leases
+            .values()
+            .map(|l| l.deadline.saturating_duration_since(now))
+            .min()
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1))
     }
 
     fn process(&mut self, batch: Vec<Op>) {
@@ -271,10 +260,9 @@ impl Writer {
                 self.shared
                     .compacted
                     .store(self.compacted, Ordering::SeqCst);
-                if !events.is_empty() {
-                    // No receivers is fine: nobody is watching.
-                    let _ = self.shared.events.send(Arc::new(events));
-                }
+                self.shared
+                    .watchers
+                    .publish(&self.shared, &events, self.revision);
                 for a in answers {
                     a(None);
                 }

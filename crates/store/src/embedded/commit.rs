@@ -1,0 +1,199 @@
+//! Who commits: the caller, or the writer thread.
+//!
+//! A write is queued, and the caller that finds no commit under way commits the queue itself,
+//! on its own thread: one transaction, one fsync, then the answers and the watchers. It first
+//! yields once to the runtime, so that writes of the other tasks ready on its thread join the
+//! same commit (they could not run while it commits); writes queued meanwhile by other callers
+//! go in its next commit (a group commit), so they wait for it without a thread of their own.
+//! Nobody hears "done" for a write that is not on disk.
+//!
+//! A caller leads for at most [`CALLER_ROUNDS`] commits: under a steady flood the queue never
+//! empties, and one request must not pay for everyone's. It then hands the lead to the writer
+//! thread, which commits until the queue is empty. That thread also expires leases and probes a
+//! failing file when nothing else writes.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::writer::{Op, Writer, MAX_BATCH};
+use crate::StoreError;
+
+/// Commits a caller makes before it hands the rest of the queue to the writer thread: its own
+/// and one of the writes that queued behind it.
+const CALLER_ROUNDS: usize = 2;
+/// The longest the writer thread sleeps when nothing is due: a failing file is probed this often.
+const IDLE: Duration = Duration::from_secs(1);
+
+/// The queue of writes and who leads.
+pub(super) struct Committer {
+    queue: Mutex<Queue>,
+    /// Wakes the writer thread: a hand-over, or the store closing.
+    wake: Condvar,
+    writer: Mutex<Writer>,
+}
+
+struct Queue {
+    ops: Vec<Op>,
+    /// Someone (a caller or the thread) is committing; they will take what is queued.
+    leading: bool,
+    /// A caller handed the lead to the writer thread.
+    handed: bool,
+    closed: bool,
+    /// When the writer must look next (a lease ends), as its last commit said.
+    due: Instant,
+    /// When the writer thread wakes by itself; a leader finding `due` earlier wakes it.
+    thread_until: Instant,
+}
+
+/// A caller's lead: it commits the queue, or hands it to the writer thread if dropped first.
+pub(super) struct Lead<'c> {
+    committer: &'c Committer,
+    done: bool,
+}
+
+// === impl Lead ===
+
+impl Lead<'_> {
+    /// Commits what is queued, on this thread, up to [`CALLER_ROUNDS`] commits.
+    pub(super) fn commit(mut self) {
+        self.done = true;
+        self.committer.lead(Some(CALLER_ROUNDS));
+    }
+}
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.committer.hand_over();
+        }
+    }
+}
+
+// === impl Committer ===
+
+impl Committer {
+    pub(super) fn new(writer: Writer) -> Arc<Self> {
+        Arc::new(Self {
+            queue: Mutex::new(Queue {
+                ops: Vec::new(),
+                leading: false,
+                handed: false,
+                closed: false,
+                due: Instant::now() + IDLE,
+                thread_until: Instant::now(),
+            }),
+            wake: Condvar::new(),
+            writer: Mutex::new(writer),
+        })
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `op`. `Some` when no one else is committing: the caller then leads, committing
+    /// the queue with [`Lead::commit`]; else whoever leads takes `op` in their next commit. The
+    /// answer comes through the op's reply either way.
+    pub(super) fn submit(&self, op: Op) -> Result<Option<Lead<'_>>, StoreError> {
+        let mut q = self.queue();
+        if q.closed {
+            return Err(StoreError::Closed);
+        }
+        q.ops.push(op);
+        let lead = !std::mem::replace(&mut q.leading, true);
+        drop(q);
+        // Made only for the leader: a `Lead` dropped unused hands the queue to the thread.
+        Ok(lead.then(|| Lead {
+            committer: self,
+            done: false,
+        }))
+    }
+
+    /// Gives the lead to the writer thread (a leading caller that went away before it led).
+    fn hand_over(&self) {
+        self.queue().handed = true;
+        self.wake.notify_one();
+    }
+
+    /// Commits batches until the queue is empty, or hands over after `rounds` commits. Called
+    /// with `leading` set by the caller.
+    fn lead(&self, rounds: Option<usize>) {
+        let mut done = 0;
+        let mut due = None;
+        loop {
+            let batch = {
+                let mut q = self.queue();
+                if let Some(due) = due {
+                    q.due = due;
+                    // A lease that ends before the thread would look: wake it to look then.
+                    if due < q.thread_until {
+                        self.wake.notify_one();
+                    }
+                }
+                if q.ops.is_empty() && done > 0 {
+                    q.leading = false;
+                    return;
+                }
+                if rounds.is_some_and(|r| done >= r) {
+                    q.handed = true;
+                    self.wake.notify_one();
+                    return;
+                }
+                let n = q.ops.len().min(MAX_BATCH);
+                q.ops.drain(..n).collect::<Vec<_>>()
+            };
+            let wait = self
+                .writer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .step(batch);
+            due = Some(Instant::now() + wait);
+            done += 1;
+        }
+    }
+
+    /// The writer thread: takes the lead when a caller hands it over, and when nobody leads at
+    /// the writer's next due time (a lease's end, or a second), to expire leases and probe a
+    /// failing file. Returns once the store is closed and the queue is empty.
+    pub(super) fn run(&self) {
+        let mut q = self.queue();
+        loop {
+            let now = Instant::now();
+            let lead = if std::mem::take(&mut q.handed) {
+                true
+            } else if q.closed && !q.leading && q.ops.is_empty() {
+                return;
+            } else if !q.leading && q.due <= now {
+                q.leading = true;
+                true
+            } else {
+                false
+            };
+            if lead {
+                drop(q);
+                self.lead(None);
+                q = self.queue();
+                continue;
+            }
+            // While someone leads, they expire what is due; look again later.
+            let until = match q.leading {
+                true => now + IDLE,
+                false => q.due.min(now + IDLE),
+            };
+            q.thread_until = until;
+            q = self
+                .wake
+                .wait_timeout(q, until.saturating_duration_since(now))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            // Awake: nobody needs to wake it until it sleeps again.
+            q.thread_until = now;
+        }
+    }
+
+    /// Refuses new writes and wakes the thread to end once the queue is empty.
+    pub(super) fn close(&self) {
+        self.queue().closed = true;
+        self.wake.notify_one();
+    }
+}
