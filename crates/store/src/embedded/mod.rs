@@ -343,14 +343,10 @@ impl Store for EmbeddedStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
+        // A listing's length is the caller's (the API lists every app to find one app's process
+        // types): it reads on the blocking pool, never holding up the runtime's other tasks.
         let prefix = prefix.trim_end_matches('/').to_owned();
-        // The whole store is the one listing that may be long (a backup, `warden store`):
-        // it reads on the blocking pool. A prefix's few records read here, as a get does.
-        if prefix.is_empty() {
-            self.read(move |db| list_in(db, &prefix)).await
-        } else {
-            self.read_now(|db| list_in(db, &prefix))
-        }
+        self.read(move |db| list_in(db, &prefix)).await
     }
 
     async fn put(
