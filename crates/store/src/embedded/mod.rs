@@ -269,8 +269,16 @@ pub(crate) fn child_range(prefix: &str) -> (String, String) {
     (format!("{prefix}/"), format!("{prefix}0")) // '0' is the byte after '/'
 }
 
-/// Every record under `prefix` (the whole store for ""), with the revision the read saw.
-fn list_in(db: &Database, prefix: &str) -> Result<Listing, StoreError> {
+/// Records a listing reads on the caller's thread before it goes to the blocking pool.
+const INLINE_LIST: usize = 128;
+
+/// Every record under `prefix` (the whole store for ""), with the revision the read saw; `None`
+/// when there are more than `limit`.
+fn list_in(
+    db: &Database,
+    prefix: &str,
+    limit: Option<usize>,
+) -> Result<Option<Listing>, StoreError> {
     let txn = db.begin_read().map_err(read_err)?;
     let kv = txn.open_table(KV).map_err(read_err)?;
     let meta = txn.open_table(META).map_err(read_err)?;
@@ -279,40 +287,47 @@ fn list_in(db: &Database, prefix: &str) -> Result<Listing, StoreError> {
         .map_err(read_err)?
         .map(|v| v.value())
         .unwrap_or(0);
-    let mut entries = Vec::new();
-    // A record whose framing is damaged is left out (and logged), never failing the
-    // listing of every other one.
-    let mut damaged = Vec::new();
-    let mut push = |k: &str, v: &[u8]| -> Result<(), StoreError> {
-        match codec::decode_entry(k, v) {
-            Ok(e) => entries.push(e),
-            Err(e) => {
-                warden_core::log_limited!(warn, error = %e, "skipping a damaged store record");
-                damaged.push((k.to_owned(), e.to_string()));
-            }
-        }
-        Ok(())
-    };
+    let mut rows: Vec<(redb::AccessGuard<'_, &str>, redb::AccessGuard<'_, &[u8]>)> = Vec::new();
+    let mut own = None;
     if prefix.is_empty() {
         for row in kv.iter().map_err(read_err)? {
-            let (k, v) = row.map_err(read_err)?;
-            push(k.value(), v.value())?;
+            rows.push(row.map_err(read_err)?);
+            if limit.is_some_and(|l| rows.len() > l) {
+                return Ok(None);
+            }
         }
     } else {
-        if let Some(v) = kv.get(prefix).map_err(read_err)? {
-            push(prefix, v.value())?;
-        }
+        own = kv.get(prefix).map_err(read_err)?;
         let (lo, hi) = child_range(prefix);
         for row in kv.range(lo.as_str()..hi.as_str()).map_err(read_err)? {
-            let (k, v) = row.map_err(read_err)?;
-            push(k.value(), v.value())?;
+            rows.push(row.map_err(read_err)?);
+            if limit.is_some_and(|l| rows.len() > l) {
+                return Ok(None);
+            }
         }
     }
-    Ok(Listing {
+    let mut entries = Vec::new();
+    // A record whose framing is damaged is left out (and logged), never failing the listing of
+    // every other one.
+    let mut damaged = Vec::new();
+    let mut push = |k: &str, v: &[u8]| match codec::decode_entry(k, v) {
+        Ok(e) => entries.push(e),
+        Err(e) => {
+            warden_core::log_limited!(warn, error = %e, "skipping a damaged store record");
+            damaged.push((k.to_owned(), e.to_string()));
+        }
+    };
+    if let Some(v) = own {
+        push(prefix, v.value());
+    }
+    for (k, v) in &rows {
+        push(k.value(), v.value());
+    }
+    Ok(Some(Listing {
         entries,
         revision,
         damaged,
-    })
+    }))
 }
 
 #[async_trait]
@@ -344,9 +359,17 @@ impl Store for EmbeddedStore {
 
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
         // A listing's length is the caller's (the API lists every app to find one app's process
-        // types): it reads on the blocking pool, never holding up the runtime's other tasks.
+        // types): a short one reads here, as a get does; past `INLINE_LIST` records it is read
+        // again on the blocking pool, never holding up the runtime's other tasks for long.
         let prefix = prefix.trim_end_matches('/').to_owned();
-        self.read(move |db| list_in(db, &prefix)).await
+        if let Some(listing) = self.read_now(|db| list_in(db, &prefix, Some(INLINE_LIST)))? {
+            return Ok(listing);
+        }
+        let whole = self.read(move |db| list_in(db, &prefix, None)).await?;
+        whole.ok_or_else(|| StoreError::Engine {
+            op: "list",
+            reason: "a listing without a limit came back cut; this is a bug".into(),
+        })
     }
 
     async fn put(
