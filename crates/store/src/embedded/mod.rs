@@ -193,7 +193,16 @@ impl EmbeddedStore {
         if let Some(lead) = self.committer.submit(make(tx))? {
             // Let the other tasks ready on this thread queue their writes into this commit.
             tokio::task::yield_now().await;
-            lead.commit();
+            // The commit's fsync blocks this thread. On a multi-threaded runtime the worker's
+            // other tasks (a gateway's requests, in the same process) move to another thread
+            // meanwhile, so a slow disk holds up no request; a current-thread runtime (tests)
+            // has nowhere to move them.
+            match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                    tokio::task::block_in_place(|| lead.commit())
+                }
+                _ => lead.commit(),
+            }
         }
         match rx.await {
             Ok(r) => r,
