@@ -247,7 +247,17 @@ impl EmbeddedStore {
         &self,
         f: impl FnOnce(&Database) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let r = self.shared.db().and_then(|db| f(&db));
+        // The blocking pool turned an engine panic (a damaged page) into an error; on the
+        // caller's thread it must not end the caller's task instead.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.shared.db().and_then(|db| f(&db))
+        }))
+        .unwrap_or_else(|_| {
+            Err(StoreError::Engine {
+                op: "read",
+                reason: "the storage engine failed on the store file, which may be damaged; back it up with `warden store backup` while reads work and restore it".into(),
+            })
+        });
         self.explained(r)
     }
 

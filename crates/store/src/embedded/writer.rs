@@ -201,16 +201,26 @@ impl Writer {
     /// Commits one batch (and expires due leases, and probes a failing file); returns how long
     /// until a lease is due, at most a second.
     pub(super) fn step(&mut self, batch: Vec<Op>) -> Duration {
-        self.recover();
-        // A panic in the engine (a damaged file can cause one) fails this batch and reopens the
-        // file; it never ends the writer, which would close the store for good.
-        let processed =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.process(batch)));
-        if processed.is_err() {
-            self.failed(StoreError::Engine {
+        // A panic in the engine (a damaged file can cause one, in the commit or in the probe
+        // of a failing file) fails this batch (its callers' answers are dropped, and they read
+        // the failure) and reopens the file. Nothing unwinds out of a step: a caller leading
+        // the commit would leave the lead taken and every later write waiting.
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.recover();
+            self.process(batch)
+        }));
+        if stepped.is_err() {
+            let e = StoreError::Engine {
                 op: "commit",
                 reason: "the storage engine failed on the store file, which may be damaged; back it up with `warden store backup` while reads work and restore it".into(),
-            });
+            };
+            let recorded =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.failed(e.clone())));
+            if recorded.is_err() {
+                // Reloading the state panicked too: still say why, and try the file again.
+                self.shared.set_failure(Some(e));
+                self.schedule_reopen();
+            }
         }
         let now = Instant::now();
         self.leases

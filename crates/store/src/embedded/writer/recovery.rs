@@ -123,6 +123,11 @@ impl Writer {
         if let Err(e) = self.reload() {
             tracing::debug!(error = %e, "store state reload after a failed commit failed");
         }
+        self.schedule_reopen();
+    }
+
+    /// Opens the file again soon, unless a reopen is already due.
+    pub(super) fn schedule_reopen(&mut self) {
         if self.reopen.is_none() {
             self.reopen = Some((Instant::now() + REOPEN_START, REOPEN_START * 2));
         }
