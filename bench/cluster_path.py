@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -342,6 +343,11 @@ def table(rows):
 
 
 def main():
+    # A SIGTERM (a profiler's script ending a --hold run) still stops every process this run
+    # started, through the finally below.
+    def on_term(*_):
+        raise SystemExit(143)
+    signal.signal(signal.SIGTERM, on_term)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--warden", required=True)
     ap.add_argument("--out", default="bench/out")
