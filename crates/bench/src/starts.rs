@@ -34,6 +34,14 @@ pub(crate) struct Args {
     /// Measure only the idle instances: no start paths, no floor
     #[arg(long)]
     idle_only: bool,
+    /// The start paths to measure (any of jit, jit-rlimits, slot, warm); `--idle 0` skips the
+    /// idle instances, for a quick look at one path
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "jit,jit-rlimits,slot,warm"
+    )]
+    paths: Vec<String>,
     /// Fail if an idle instance of either driver holds more memory (PSS) than
     /// docs/BENCHMARKS.md records
     #[arg(long)]
@@ -81,6 +89,10 @@ struct Sample {
     start_ms: f64,
     /// Mean slot preparation time in this run (slot path only).
     prepare_ms: Option<f64>,
+    /// The gateway's own phases of the first request: waiting for the instance (`start`) and
+    /// from then until the app's response head (`upstream`: the connection and the answer).
+    gateway_start_ms: f64,
+    gateway_upstream_ms: f64,
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
@@ -103,27 +115,46 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&args.out)?;
     let runs = args.runs.clamp(1, 1000);
-    let mut rows = vec!["path,run,first_ms,second_ms,start_ms,prepare_ms".to_owned()];
+    let mut rows = vec![
+        "path,run,first_ms,second_ms,start_ms,prepare_ms,gateway_start_ms,gateway_upstream_ms"
+            .to_owned(),
+    ];
     let mut all = Vec::new();
-    for path in [Start::Jit, Start::JitRlimits, Start::Slot, Start::Warm] {
+    let paths = [Start::Jit, Start::JitRlimits, Start::Slot, Start::Warm];
+    for name in &args.paths {
+        if !paths.iter().any(|p| p.name() == name) {
+            bail!("no start path {name:?}: the paths are jit, jit-rlimits, slot and warm");
+        }
+    }
+    for path in paths
+        .into_iter()
+        .filter(|p| args.paths.iter().any(|n| n == p.name()))
+    {
         let mut samples = Vec::new();
         for run in 0..runs {
             let s = sample(warden, path).with_context(|| format!("{} run {run}", path.name()))?;
             rows.push(format!(
-                "{},{run},{:.3},{:.3},{:.3},{}",
+                "{},{run},{:.3},{:.3},{:.3},{},{:.3},{:.3}",
                 path.name(),
                 s.first_ms,
                 s.second_ms,
                 s.start_ms,
-                s.prepare_ms.map(|p| format!("{p:.3}")).unwrap_or_default()
+                s.prepare_ms.map(|p| format!("{p:.3}")).unwrap_or_default(),
+                s.gateway_start_ms,
+                s.gateway_upstream_ms,
             ));
             samples.push(s);
         }
         all.push((path, samples));
     }
     let floor = fork_exec_floor(warden, runs)?;
-    for (i, ms) in floor.iter().enumerate() {
-        rows.push(format!("fork_exec,{i},{ms:.3},,,"));
+    for (i, f) in floor.iter().enumerate() {
+        // As for the paths: the whole first request, the second, and (as `upstream`) the
+        // first request by itself.
+        rows.push(format!(
+            "fork_exec,{i},{:.3},{:.3},,,,{:.3}",
+            f.ms, f.second_ms, f.first_ms
+        ));
     }
     let csv = args.out.join("starts.csv");
     std::fs::write(&csv, rows.join("\n") + "\n")
@@ -163,6 +194,20 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         let v: Vec<f64> = samples.iter().map(|s| s.start_ms).collect();
         println!("| {what} | {} |", stats(&v));
     }
+    for (path, samples) in &all {
+        let v: Vec<f64> = samples.iter().map(|s| s.gateway_start_ms).collect();
+        println!(
+            "| {}: the gateway waits for the instance (phase start) | {} |",
+            path.name(),
+            stats(&v)
+        );
+        let v: Vec<f64> = samples.iter().map(|s| s.gateway_upstream_ms).collect();
+        println!(
+            "| {}: then connects and has the app's answer (phase upstream) | {} |",
+            path.name(),
+            stats(&v)
+        );
+    }
     let prep: Vec<f64> = all
         .iter()
         .flat_map(|(_, s)| s.iter().filter_map(|s| s.prepare_ms))
@@ -173,12 +218,25 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
             stats(&prep)
         );
     }
+    let v: Vec<f64> = floor.iter().map(|f| f.ms).collect();
     println!(
         "| floor: fork-exec of the same binary until it accepts and answers 200 | {} |",
-        stats(&floor)
+        stats(&v)
+    );
+    let v: Vec<f64> = floor.iter().map(|f| f.first_ms).collect();
+    println!(
+        "| floor: its first request by itself (a new connection, the app's code cold) | {} |",
+        stats(&v)
+    );
+    let v: Vec<f64> = floor.iter().map(|f| f.second_ms).collect();
+    println!(
+        "| floor: its second request (a new connection) | {} |",
+        stats(&v)
     );
 
-    crate::idle::report(warden, args.idle, args.check)?;
+    if args.idle > 0 {
+        crate::idle::report(warden, args.idle, args.check)?;
+    }
     println!("\nsamples in {}", csv.display());
     Ok(())
 }
@@ -241,6 +299,17 @@ fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
     let t = Instant::now();
     let first = request("GET", &url, &headers, b"");
     let first_ms = t.elapsed().as_secs_f64() * 1e3;
+    // Read before the second request adds to them.
+    let phase = |p: &str| {
+        metric(
+            &w,
+            &format!("warden_gateway_phase_seconds_sum{{phase=\"{p}\"}}"),
+        )
+        .map(|s| s * 1e3)
+        .with_context(|| format!("the gateway reported no {p} phase"))
+    };
+    let gateway_start_ms = phase("start")?;
+    let gateway_upstream_ms = phase("upstream")?;
     let t = Instant::now();
     let second = request("GET", &url, &headers, b"");
     let second_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -276,6 +345,8 @@ fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
         second_ms,
         start_ms,
         prepare_ms,
+        gateway_start_ms,
+        gateway_upstream_ms,
     })
 }
 
@@ -286,7 +357,7 @@ fn metric(w: &Warden, name_and_labels: &str) -> Option<f64> {
 }
 
 /// The same app binary started by hand: fork, exec, bind, accept, first 200.
-fn fork_exec_floor(warden: &Path, runs: usize) -> anyhow::Result<Vec<f64>> {
+fn fork_exec_floor(warden: &Path, runs: usize) -> anyhow::Result<Vec<Floor>> {
     let mut out = Vec::new();
     for _ in 0..runs {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
@@ -309,14 +380,33 @@ fn fork_exec_floor(warden: &Path, runs: usize) -> anyhow::Result<Vec<f64>> {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        let r = request("GET", &format!("http://127.0.0.1:{port}/"), &[], b"");
+        let url = format!("http://127.0.0.1:{port}/");
+        let asked = Instant::now();
+        let r = request("GET", &url, &[], b"");
         let ms = t.elapsed().as_secs_f64() * 1e3;
+        let first_ms = asked.elapsed().as_secs_f64() * 1e3;
+        let asked = Instant::now();
+        let again = request("GET", &url, &[], b"");
+        let second_ms = asked.elapsed().as_secs_f64() * 1e3;
         let _ = child.kill();
         let _ = child.wait();
-        if r.status != 200 {
-            bail!("the demo app answered {}", r.status);
+        if r.status != 200 || again.status != 200 {
+            bail!("the demo app answered {} / {}", r.status, again.status);
         }
-        out.push(ms);
+        out.push(Floor {
+            ms,
+            first_ms,
+            second_ms,
+        });
     }
     Ok(out)
+}
+
+/// One start of the bare app, and its first two requests (each on a new connection) by
+/// themselves: the first pays for the app's own code and data touched for the first time,
+/// which no platform can hand out warm without asking the app something first.
+struct Floor {
+    ms: f64,
+    first_ms: f64,
+    second_ms: f64,
 }
