@@ -21,6 +21,7 @@ pub(crate) struct Metrics {
     pub(crate) slot_prepare: Histogram,
     pub(crate) pool: IntGaugeVec,
     oom_kills: IntCounterVec,
+    seen_ready: IntCounterVec,
 }
 
 /// How a new instance came to be.
@@ -63,6 +64,14 @@ impl Metrics {
             ),
             &["app"],
         )?;
+        let seen_ready = IntCounterVec::new(
+            Opts::new(
+                "ready_seen_total",
+                "Started instances that listen, by how the agent saw them accept: told (a sandbox's init said so as the app began listening) or polled (the agent's own connection attempts)",
+            ),
+            &["how"],
+        )?;
+        registry.register(Box::new(seen_ready.clone()))?;
         registry.register(Box::new(starts.clone()))?;
         registry.register(Box::new(slot_prepare.clone()))?;
         registry.register(Box::new(pool.clone()))?;
@@ -73,7 +82,14 @@ impl Metrics {
             slot_prepare,
             pool,
             oom_kills,
+            seen_ready,
         })
+    }
+
+    /// A started instance was seen accepting: `told` by its sandbox's init, else polled.
+    pub(crate) fn seen_ready(&self, told: bool) {
+        let how = if told { "told" } else { "polled" };
+        self.seen_ready.with_label_values(&[how]).inc();
     }
 
     pub(crate) fn started(&self, path: Path, took: Duration) {

@@ -85,6 +85,11 @@ pub struct Plan {
     /// stderr are sandbox-init's own, which the agent makes pipes.
     #[serde(default)]
     pub stdin: Option<String>,
+    /// The app listens on `port`: init tells the agent on the control socket
+    /// ([`LISTENING`]) as soon as it accepts, so that no start waits for the next of the
+    /// agent's polls. False for a process that listens on nothing (`worker`) and for builds.
+    #[serde(default)]
+    pub announce_listening: bool,
 }
 
 /// The start message the agent sends a prepared sandbox on its control socket: the part of the
@@ -97,6 +102,11 @@ pub struct Go {
 
 /// Byte init writes on the control socket once the sandbox is prepared.
 pub const PREPARED: u8 = b'r';
+
+/// Byte init writes on the control socket once the app accepts connections on its port (with
+/// [`Plan::announce_listening`]). Init closes its end without it if the app exits first or
+/// never listens within [`init::ANNOUNCE_FOR`].
+pub const LISTENING: u8 = b'l';
 
 /// Name of the plan file in the instance directory.
 pub const PLAN_FILE: &str = "plan.json";

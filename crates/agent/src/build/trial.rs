@@ -13,7 +13,7 @@ use warden_core::{AppSpec, DriverKind};
 
 use super::run::TAIL_LINES;
 use crate::drivers::{Drivers, Launch};
-use crate::lifecycle::ready::{wait_ready, Ready};
+use crate::lifecycle::ready::{wait_ready, Listening, Ready};
 use crate::paths::Paths;
 
 /// Runs the trial; on failure, why and the last lines the instance printed.
@@ -105,7 +105,9 @@ async fn run_trial(
     let (exited_tx, exited) = tokio::sync::watch::channel(false);
     let timeout = Duration::from_millis(spec.start_timeout_ms);
     let ready = {
-        let wait = wait_ready(&started.addr, spec.health_path.as_deref(), exited, timeout);
+        let mut listening = started.listening.and_then(Listening::new);
+        let health = spec.health_path.as_deref();
+        let wait = wait_ready(&started.addr, health, exited, timeout, listening.as_mut());
         tokio::pin!(wait);
         let mut status = None;
         let ready = loop {

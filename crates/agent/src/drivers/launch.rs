@@ -48,6 +48,9 @@ pub(crate) struct Started {
     pub addr: warden_core::InstanceAddr,
     /// What the instance holds until it is gone; `None` when nothing.
     pub held: Option<Box<dyn Held>>,
+    /// Where a sandbox's init says the app accepts connections (see
+    /// `lifecycle::ready::Listening`); `None` when nothing will say.
+    pub listening: Option<std::os::unix::net::UnixStream>,
 }
 
 /// A way to run instances.

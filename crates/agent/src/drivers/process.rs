@@ -133,6 +133,7 @@ impl ProcessDriver {
             child,
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)).into(),
             held: lease.map(|l| Box::new(l) as Box<dyn super::launch::Held>),
+            listening: None,
         })
     }
 }

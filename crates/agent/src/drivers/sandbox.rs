@@ -199,6 +199,7 @@ impl SandboxDriver {
                 AttachedStdin::Socket(path) => Some(path.clone()),
                 AttachedStdin::Pipe(_) => None,
             }),
+            announce_listening: l.spec.listens() && !l.build,
         };
         let held = SandboxHeld {
             lease,
@@ -279,11 +280,14 @@ impl SandboxDriver {
                 what: "send the sandbox its start message",
                 source,
             })?;
+        // A copy of the socket to hear init say the app accepts (the plan asked it to).
+        let listening = control.try_clone().ok();
         held.control = Some(control);
         Ok(Started {
             child,
             addr,
             held: Some(Box::new(held)),
+            listening,
         })
     }
 }

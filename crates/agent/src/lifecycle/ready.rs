@@ -47,13 +47,64 @@ pub(crate) async fn wait_running(mut exited: watch::Receiver<bool>, timeout: Dur
     }
 }
 
+/// How often readiness is polled while the sandbox's init is looking for the app to accept
+/// (see [`Listening`]): only in case its word is lost.
+const POLL_WHILE_TOLD: Duration = Duration::from_millis(50);
+
+/// A sandbox's control socket, on which init says when the app accepts connections
+/// (`warden_sandbox::LISTENING`), which it sees within 100 µs of the app's `listen`: far sooner
+/// than a poll through init every millisecond would, and without a poll's cost to a start
+/// that shares the machine's cores.
+pub(crate) struct Listening {
+    control: tokio::net::UnixStream,
+    told: bool,
+}
+
+impl Listening {
+    /// The agent's end of a started sandbox's control socket, if it can be watched.
+    pub(crate) fn new(control: std::os::unix::net::UnixStream) -> Option<Self> {
+        control.set_nonblocking(true).ok()?;
+        let control = tokio::net::UnixStream::from_std(control).ok()?;
+        Some(Self {
+            control,
+            told: false,
+        })
+    }
+
+    /// Whether init said the app accepts.
+    pub(crate) fn told(&self) -> bool {
+        self.told
+    }
+
+    /// Returns once init said the app accepts, or will say nothing more (it closed the socket:
+    /// the app exited, or did not accept within `ANNOUNCE_FOR`). Other bytes (the "prepared"
+    /// byte of a sandbox started at once) are skipped, a few at most: init writes no more.
+    async fn said(&mut self) {
+        use tokio::io::AsyncReadExt;
+        let mut byte = [0u8; 1];
+        for _ in 0..8 {
+            match self.control.read(&mut byte).await {
+                Ok(1) if byte[0] == warden_sandbox::LISTENING => {
+                    self.told = true;
+                    return;
+                }
+                Ok(1) => {}
+                _ => return,
+            }
+        }
+    }
+}
+
 /// Waits until the app at `addr` is ready, the process exits, or `timeout` passes. Ready means
 /// accepting a TCP connection and, when the app names a health path, answering it 2xx or 3xx.
+/// With `listening` (a sandbox's init looking for the app to accept), the polls wait for its
+/// word instead of asking every millisecond.
 pub(crate) async fn wait_ready(
     addr: &InstanceAddr,
     health: Option<&str>,
     mut exited: watch::Receiver<bool>,
     timeout: Duration,
+    mut listening: Option<&mut Listening>,
 ) -> Ready {
     let started = tokio::time::Instant::now();
     let deadline = started + timeout;
@@ -61,11 +112,18 @@ pub(crate) async fn wait_ready(
     // What the health path said last; `None` until it has answered anything.
     let mut answer: Option<String> = None;
     let mut accepted = false;
+    // Told or not, the first look waits for init's word when it will come: an app that
+    // already accepts has it waiting on the socket.
+    let mut poll_now = listening.is_none();
     loop {
         if *exited.borrow() {
             return Ready::Exited;
         }
-        if let Ok(conn) = warden_sandbox::connect(addr).await {
+        let conn = match poll_now {
+            true => warden_sandbox::connect(addr).await.ok(),
+            false => None,
+        };
+        if let Some(conn) = conn {
             let Some(path) = health else {
                 return Ready::Yes;
             };
@@ -89,10 +147,24 @@ pub(crate) async fn wait_ready(
             };
             return Ready::TimedOut(missing);
         }
+        let wait = if listening.is_some() {
+            POLL_WHILE_TOLD
+        } else {
+            pause
+        };
         tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
+            _ = tokio::time::sleep(wait) => poll_now = true,
             _ = exited.changed() => {}
             _ = tokio::time::sleep_until(deadline) => {}
+            // Said, or nothing more to say: either way the polls take over again.
+            () = async {
+                if let Some(l) = listening.as_mut() {
+                    l.said().await;
+                }
+            }, if listening.is_some() => {
+                listening = None;
+                poll_now = true;
+            }
         }
         // Most apps accept within tens of milliseconds: poll at the timer's resolution until
         // then, so a start is not rounded up to the next of a doubling series of polls, and

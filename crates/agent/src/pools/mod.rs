@@ -335,7 +335,8 @@ impl Pools {
             matches!(control.read(&mut byte).await, Ok(1) if byte[0] == warden_sandbox::PREPARED);
         drop(control);
         if ok {
-            prepared.store(true, Ordering::Relaxed);
+            // Release: a take that sees it may read the control socket itself (`Slot::go`).
+            prepared.store(true, Ordering::Release);
             self.metrics.slot_prepare.observe(t.elapsed().as_secs_f64());
             self.succeeded(&key);
             tracing::debug!(%app, slot = %id, ms = t.elapsed().as_millis() as u64, "sandbox slot prepared");

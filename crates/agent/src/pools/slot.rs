@@ -45,12 +45,20 @@ impl Slot {
                 source,
             });
         }
+        // Init's word that the app accepts comes on the control socket, once the slot's own
+        // watch has read the "prepared" byte there (a slot taken before that is polled).
+        let listening = self
+            .prepared
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then(|| self.control.try_clone().ok())
+            .flatten();
         let mut held = self.held;
         held.control = Some(self.control);
         Ok(Started {
             child: self.child,
             addr: self.addr,
             held: Some(Box::new(held)),
+            listening,
         })
     }
 

@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitStatus};
@@ -11,9 +12,91 @@ use nix::unistd::Pid;
 
 use super::{exit_code, fail};
 
-/// Serves hand-overs until the app exits; returns the app's exit code.
-pub(super) fn serve(listener: UnixListener, app: Pid, port: u16) -> i32 {
+/// How long init looks for the app to accept before it stops telling the agent; the agent then
+/// polls on its own.
+pub const ANNOUNCE_FOR: Duration = Duration::from_secs(30);
+
+/// Telling the agent when the app accepts connections: probes of the app's port, every 100 µs
+/// for the app's first 20 ms, every millisecond until a second, then every 10 ms. A probe is a
+/// non-blocking connect on the sandbox's own loopback, which the kernel answers at once (a
+/// refused connect costs a few microseconds), so a start is seen within 100 µs of its
+/// `listen` instead of at the agent's next poll through this process.
+pub(super) struct Announce {
+    control: std::fs::File,
+    began: Instant,
+    next: Instant,
+}
+
+impl Announce {
+    pub(super) fn new(control: std::fs::File) -> Self {
+        let now = Instant::now();
+        Self {
+            control,
+            began: now,
+            next: now,
+        }
+    }
+
+    /// How long until the next probe is due.
+    fn wait(&self) -> Duration {
+        self.next.saturating_duration_since(Instant::now())
+    }
+
+    /// Probes the port if a probe is due. True once there is nothing more to do: the agent was
+    /// told, or [`ANNOUNCE_FOR`] passed (dropping `self` then closes the socket unsaid).
+    fn probe(&mut self, port: u16) -> bool {
+        use nix::sys::socket::{send, MsgFlags};
+        let now = Instant::now();
+        if now < self.next {
+            return false;
+        }
+        let age = now - self.began;
+        if age >= ANNOUNCE_FOR {
+            return true;
+        }
+        if accepting(port) {
+            // An agent that went away makes this fail; nothing is left to tell then.
+            let _ = send(
+                self.control.as_raw_fd(),
+                &[crate::LISTENING],
+                MsgFlags::MSG_NOSIGNAL,
+            );
+            return true;
+        }
+        self.next = now
+            + if age < Duration::from_millis(20) {
+                Duration::from_micros(100)
+            } else if age < Duration::from_secs(1) {
+                Duration::from_millis(1)
+            } else {
+                Duration::from_millis(10)
+            };
+        false
+    }
+}
+
+/// Whether the app accepts connections on `port` now. A connect still in progress (which
+/// loopback hardly ever leaves) counts as not yet: the next probe asks again.
+fn accepting(port: u16) -> bool {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use nix::sys::socket::{getsockopt, sockopt::SocketError};
+    let Ok(fd) = connect_nonblocking(port) else {
+        return false;
+    };
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLOUT)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1))
+        && matches!(getsockopt(&fd, SocketError), Ok(0))
+}
+
+/// Serves hand-overs until the app exits, telling the agent on the way when the app accepts
+/// (`announce`); returns the app's exit code.
+pub(super) fn serve(
+    listener: UnixListener,
+    app: Pid,
+    port: u16,
+    mut announce: Option<Announce>,
+) -> i32 {
+    use nix::poll::{ppoll, PollFd, PollFlags};
     use nix::sys::signal::{SigSet, SigmaskHow};
     use nix::sys::signalfd::{SfdFlags, SignalFd};
     let mut chld = SigSet::empty();
@@ -47,11 +130,17 @@ pub(super) fn serve(listener: UnixListener, app: Pid, port: u16) -> i32 {
                 Ok(_) => {}
             }
         }
+        if announce.as_mut().is_some_and(|a| a.probe(port)) {
+            announce = None;
+        }
         let mut fds = [
             PollFd::new(listener.as_fd(), PollFlags::POLLIN),
             PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
         ];
-        if let Err(e) = poll(&mut fds, PollTimeout::NONE) {
+        let timeout = announce
+            .as_ref()
+            .map(|a| nix::sys::time::TimeSpec::from_duration(a.wait()));
+        if let Err(e) = ppoll(&mut fds, timeout, None) {
             if e != nix::errno::Errno::EINTR {
                 return fail("poll", e);
             }

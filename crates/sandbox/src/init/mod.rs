@@ -31,6 +31,7 @@ mod handover;
 mod mounts;
 mod privileges;
 
+pub use handover::ANNOUNCE_FOR;
 pub use privileges::host_ids;
 
 use std::collections::BTreeMap;
@@ -319,8 +320,8 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
         Err(e) => return fail("cannot build the seccomp filter", e),
     };
     // The sandbox is prepared: everything from here on is the app's own start.
-    let env = match await_go() {
-        Ok(Some(env)) => env,
+    let (env, control) = match await_go() {
+        Ok(Some(go)) => go,
         // The agent let go of an unused slot.
         Ok(None) => return 0,
         Err(e) => return fail("cannot read the start message", e),
@@ -334,19 +335,27 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
     match unsafe { fork() } {
         Err(e) => fail("fork", e),
         Ok(ForkResult::Child) => {
-            drop(listener);
+            drop((listener, control));
             let e = privileges::exec_app(plan, env, &filters);
             eprintln!("warden-sandbox: cannot start {}: {e}", plan.argv[0]);
             std::process::exit(127)
         }
-        Ok(ForkResult::Parent { child }) => handover::serve(listener, child, plan.port),
+        Ok(ForkResult::Parent { child }) => {
+            let announce = control
+                .filter(|_| plan.announce_listening)
+                .map(handover::Announce::new);
+            handover::serve(listener, child, plan.port, announce)
+        }
     }
 }
 
 /// Tells the agent over stdin (its control socket) that the sandbox is prepared, then waits for
-/// the start message: the rest of the app's environment. `None` if the agent closed the socket
-/// without one.
-fn await_go() -> Result<Option<BTreeMap<String, String>>, SetupError> {
+/// the start message: the rest of the app's environment, and the control socket moved off
+/// descriptor 0 (close-on-exec, so the app never holds it), for saying when the app listens;
+/// `None` for the socket if it could not be kept. `None` if the agent closed the socket
+/// without a message.
+#[allow(clippy::type_complexity)]
+fn await_go() -> Result<Option<(BTreeMap<String, String>, Option<std::fs::File>)>, SetupError> {
     // SAFETY: fd 0 is the control socket the agent gave sandbox-init as stdin; nothing else in
     // this process owns it.
     let mut control = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(0) });
@@ -375,7 +384,9 @@ fn await_go() -> Result<Option<BTreeMap<String, String>>, SetupError> {
         return Ok(None);
     }
     let go: Go = serde_json::from_slice(&buf)?;
-    Ok(Some(go.env))
+    // std duplicates with F_DUPFD_CLOEXEC; descriptor 0 closes when `control` drops here.
+    let kept = control.try_clone().ok();
+    Ok(Some((go.env, kept)))
 }
 
 /// The sandbox's host name and network: loopback, and in network mode `bridged` the inner end

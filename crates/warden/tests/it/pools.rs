@@ -307,3 +307,40 @@ fn spares_that_keep_crashing_are_backed_off_and_shown_as_a_crash_loop() {
         "{report}"
     );
 }
+
+#[test]
+fn a_sandboxs_init_says_when_its_app_accepts_and_a_process_is_polled() {
+    let w = Warden::demo(BIN);
+    create_app(&w, "told-jit", json!({ "driver": "sandbox" }));
+    create_app(
+        &w,
+        "told-slot",
+        json!({ "driver": "sandbox", "start": "slot", "slots": 1 }),
+    );
+    create_app(&w, "polled", json!({ "driver": "process" }));
+    let ready = "warden_agent_pool_ready{app=\"told-slot\",kind=\"slot\",label=\"\"}";
+    wait_until("a prepared slot", WAIT, || {
+        (metric(&w, ready) == Some(1.0)).then_some(())
+    });
+    let seen = |how: &str| {
+        metric(
+            &w,
+            &format!("warden_agent_ready_seen_total{{how=\"{how}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    let (told, polled) = (seen("told"), seen("polled"));
+    // A JIT start and a slot start: both sandboxes' inits say when the app listens.
+    for app in ["told-jit", "told-slot"] {
+        assert_eq!(get(&w, "alice", &format!("/apps/{app}/"))["app"], app);
+    }
+    assert!(
+        seen("told") >= told + 2.0,
+        "told {told} -> {}, polled {polled} -> {}",
+        seen("told"),
+        seen("polled")
+    );
+    // A plain process has no init to say it: the agent's own connection attempts see it.
+    assert_eq!(get(&w, "alice", "/apps/polled/")["app"], "polled");
+    assert!(seen("polled") >= polled + 1.0);
+}
