@@ -18,13 +18,20 @@ use warden_core::{
 };
 use warden_store::put_json;
 
-use super::ready::{wait_ready, wait_running, Ready};
+use super::ready::{wait_ready, wait_running, Listening, Ready};
 use super::{record_key, Lifecycle, Running, KEEP_EXITED_LOGS};
 use crate::drivers::launch::{Held, Started};
 use crate::drivers::{Launch, LaunchError};
 use crate::metrics;
 use crate::sync::lock;
 use crate::{logs, AgentError};
+
+/// How long the record of an instance handed to a waiting request (a spare taken, a start that
+/// became ready) waits before it is written: its first request is most likely answered by
+/// then. On a small machine the commit (its CPU and its fsync) would otherwise compete with
+/// that very request; meanwhile this node serves the instance from memory, and other nodes see
+/// it a few milliseconds later.
+const PUBLISH_BEHIND: Duration = Duration::from_millis(10);
 
 /// Why an instance is started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,7 +245,12 @@ impl Lifecycle {
         } = launched;
         let app = spec.name.as_str();
         let log = self.deps.paths.log(app, &id);
-        let Started { child, addr, held } = started;
+        let Started {
+            child,
+            addr,
+            held,
+            listening,
+        } = started;
         let pid = child.id().unwrap_or(0);
         let mut record = InstanceRecord {
             id: id.clone(),
@@ -287,7 +299,14 @@ impl Lifecycle {
 
         let timeout = Duration::from_millis(spec.start_timeout_ms);
         let ready = if spec.listens() {
-            wait_ready(&addr, spec.health_path.as_deref(), exit_rx, timeout).await
+            let mut listening = listening.and_then(Listening::new);
+            let health = spec.health_path.as_deref();
+            let ready = wait_ready(&addr, health, exit_rx, timeout, listening.as_mut()).await;
+            if matches!(ready, Ready::Yes) {
+                let told = listening.as_ref().is_some_and(Listening::told);
+                self.deps.metrics.seen_ready(told);
+            }
+            ready
         } else {
             wait_running(exit_rx, timeout).await
         };
@@ -323,10 +342,11 @@ impl Lifecycle {
         Ok(record)
     }
 
-    /// Publishes a ready instance (or spare) and makes it the running record, unless it exited
-    /// meanwhile.
+    /// Makes a ready instance (or spare) the running record, unless it exited meanwhile, and
+    /// publishes it: a spare before it can be handed out, a served instance behind the request
+    /// (see [`Lifecycle::publish_ready`]).
     async fn finish(
-        &self,
+        self: &Arc<Self>,
         key: &str,
         record: &InstanceRecord,
         log: &std::path::Path,
@@ -362,9 +382,42 @@ impl Lifecycle {
             });
         }
         if !spare {
-            self.publish_or_stop(key, record).await?;
+            let (me, key, record) = (self.clone(), key.to_owned(), record.clone());
+            tokio::spawn(async move { me.publish_ready(key, record).await }.in_current_span());
         }
         Ok(())
+    }
+
+    /// Writes the record of an instance that just became ready, behind the request waiting for
+    /// it: the caller has the record already, and a store commit (an fsync) is the slowest part
+    /// of a start's end. Until it lands, other nodes' gateways see the instance as starting,
+    /// and this node's API shows the agent's own record (see `InstanceAdmin::record`).
+    ///
+    /// Another write of the instance's record (a drain, a taint) may land before this one, so
+    /// once written, the record is compared with the agent's and written again until they
+    /// agree; an instance gone meanwhile has its record removed again, as its monitor did. A
+    /// store that refuses the write (a lost lease, a full disk) gets the instance stopped, as a
+    /// refused starting record does.
+    async fn publish_ready(self: Arc<Self>, key: String, mut written: InstanceRecord) {
+        tokio::time::sleep(PUBLISH_BEHIND).await;
+        // Each round follows a change the agent made meanwhile; a few cover any real sequence.
+        for _ in 0..4 {
+            if self.publish_or_stop(&key, &written).await.is_err() {
+                return;
+            }
+            let now = lock(&self.table)
+                .running
+                .get(&written.id)
+                .map(|r| r.record.clone());
+            match now {
+                Some(now) if now == written => return,
+                Some(now) => written = now,
+                None => {
+                    let _ = self.deps.store.delete(&key).await;
+                    return;
+                }
+            }
+        }
     }
 
     /// Counts a new instance against the app's and the node's maximum, or says which is full.
@@ -481,7 +534,10 @@ impl Lifecycle {
         // The record is published behind the request: the gateway asking has the record
         // already, and a store commit is the slowest part of a hand-out.
         let (me, published) = (self.clone(), record.clone());
-        tokio::spawn(async move { me.publish_taken(published).await });
+        tokio::spawn(async move {
+            tokio::time::sleep(PUBLISH_BEHIND).await;
+            me.publish_taken(published).await
+        });
         self.deps.metrics.started(metrics::Path::Warm, t.elapsed());
         tracing::info!(app = %spec.name, label, instance = %record.id, "spare instance handed out");
         self.deps.pools.refill_soon(&spec.name);

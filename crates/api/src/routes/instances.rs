@@ -14,13 +14,25 @@ use warden_store::decode;
 use crate::error::{ApiError, ApiJson};
 use crate::Api;
 
+/// Every instance the store records. An instance of this process's agent shows the agent's
+/// own record: the store's follows it behind a request (an instance that just became ready is
+/// written after its first request is on its way), and an operator who just reached an app
+/// must see its instance as it is.
 pub(crate) async fn all(api: &Api) -> Result<Vec<InstanceRecord>, ApiError> {
     let listing = api.store.list(keys::INSTANCES).await?;
-    Ok(listing
+    let mut all = listing
         .entries
         .iter()
         .map(|e| decode::<InstanceRecord>(&e.key, &e.value))
-        .collect::<Result<Vec<_>, _>>()?)
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(agent) = &api.instances {
+        for r in &mut all {
+            if let Some(own) = agent.record(&r.id).filter(|own| own.app == r.app) {
+                *r = own;
+            }
+        }
+    }
+    Ok(all)
 }
 
 /// `GET /v1/instances`
