@@ -104,8 +104,8 @@ pub struct Go {
 pub const PREPARED: u8 = b'r';
 
 /// Byte init writes on the control socket once the app accepts connections on its port (with
-/// [`Plan::announce_listening`]). Init closes its end without it if the app exits first or
-/// never listens within [`init::ANNOUNCE_FOR`].
+/// [`Plan::announce_listening`]). It never comes if the app exits first or does not accept
+/// within [`init::ANNOUNCE_FOR`]; the agent's own slower polls see such an app.
 pub const LISTENING: u8 = b'l';
 
 /// Name of the plan file in the instance directory.

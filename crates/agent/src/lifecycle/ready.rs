@@ -76,8 +76,9 @@ impl Listening {
         self.told
     }
 
-    /// Returns once init said the app accepts, or will say nothing more (it closed the socket:
-    /// the app exited, or did not accept within `ANNOUNCE_FOR`). Other bytes (the "prepared"
+    /// Returns once init said the app accepts, or the socket ended (the whole sandbox is gone:
+    /// its outer processes hold the socket too, so an init that stops looking after
+    /// `ANNOUNCE_FOR` ends nothing, and the 50 ms polls carry on). Other bytes (the "prepared"
     /// byte of a sandbox started at once) are skipped, a few at most: init writes no more.
     async fn said(&mut self) {
         use tokio::io::AsyncReadExt;
@@ -138,6 +139,11 @@ pub(crate) async fn wait_ready(
             }
         }
         if tokio::time::Instant::now() >= deadline {
+            // Waiting for init's word, the agent may not have looked itself yet: once.
+            if !poll_now {
+                poll_now = true;
+                continue;
+            }
             let missing = match (health, answer) {
                 (Some(path), Some(a)) => {
                     format!("its health path {path} {a}; it must answer 2xx or 3xx")

@@ -27,7 +27,7 @@ use crate::sync::lock;
 use crate::{logs, AgentError};
 
 /// How long the record of an instance handed to a waiting request (a spare taken, a start that
-/// became ready) waits before it is written: its first request is most likely answered by
+/// became ready) waits before it is written (`Lifecycle::publish_behind`): its first request is most likely answered by
 /// then. On a small machine the commit (its CPU and its fsync) would otherwise compete with
 /// that very request; meanwhile this node serves the instance from memory, and other nodes see
 /// it a few milliseconds later.
@@ -382,34 +382,40 @@ impl Lifecycle {
             });
         }
         if !spare {
-            let (me, key, record) = (self.clone(), key.to_owned(), record.clone());
-            tokio::spawn(async move { me.publish_ready(key, record).await }.in_current_span());
+            let (me, id) = (self.clone(), record.id.clone());
+            tokio::spawn(async move { me.publish_behind(id).await }.in_current_span());
         }
         Ok(())
     }
 
-    /// Writes the record of an instance that just became ready, behind the request waiting for
-    /// it: the caller has the record already, and a store commit (an fsync) is the slowest part
-    /// of a start's end. Until it lands, other nodes' gateways see the instance as starting,
-    /// and this node's API shows the agent's own record (see `InstanceAdmin::record`).
+    /// Writes the record of an instance just handed to a waiting request (a start that became
+    /// ready, a spare taken), [`PUBLISH_BEHIND`] after it: the caller has the record already,
+    /// and a store commit (an fsync) is the slowest part of a start's end. Until it lands,
+    /// other nodes' gateways see the instance as starting (or spare), and this node's API shows
+    /// the agent's own record (see `InstanceAdmin::record`).
     ///
-    /// Another write of the instance's record (a drain, a taint) may land before this one, so
-    /// once written, the record is compared with the agent's and written again until they
-    /// agree; an instance gone meanwhile has its record removed again, as its monitor did. A
-    /// store that refuses the write (a lost lease, a full disk) gets the instance stopped, as a
-    /// refused starting record does.
-    async fn publish_ready(self: Arc<Self>, key: String, mut written: InstanceRecord) {
+    /// What is written is the agent's record at the time, never the one handed out: a drain, a
+    /// taint or an exit may come within the delay. Another write of the record (the drain's,
+    /// the taint's) may still land before this one, so once written, the record is compared
+    /// with the agent's and written again until they agree; an instance gone meanwhile (its
+    /// monitor removed the record) has the record removed again. A refused write (a lost
+    /// lease, a full disk) stops nothing: the instance is serving already, and the next lease
+    /// writes every running instance's record again (`republish`).
+    async fn publish_behind(self: Arc<Self>, id: String) {
         tokio::time::sleep(PUBLISH_BEHIND).await;
+        let current = |id: &str| lock(&self.table).running.get(id).map(|r| r.record.clone());
+        let Some(mut written) = current(&id) else {
+            return;
+        };
+        let key = keys::instance(&written.app, &id);
         // Each round follows a change the agent made meanwhile; a few cover any real sequence.
         for _ in 0..4 {
-            if self.publish_or_stop(&key, &written).await.is_err() {
+            let lease = self.deps.node.lease();
+            if let Err(e) = put_json(&*self.deps.store, &key, &written, Some(lease)).await {
+                tracing::warn!(instance = %id, error = %e, "recording an instance that serves failed; the next lease records it again");
                 return;
             }
-            let now = lock(&self.table)
-                .running
-                .get(&written.id)
-                .map(|r| r.record.clone());
-            match now {
+            match current(&id) {
                 Some(now) if now == written => return,
                 Some(now) => written = now,
                 None => {
@@ -533,28 +539,12 @@ impl Lifecycle {
         };
         // The record is published behind the request: the gateway asking has the record
         // already, and a store commit is the slowest part of a hand-out.
-        let (me, published) = (self.clone(), record.clone());
-        tokio::spawn(async move {
-            tokio::time::sleep(PUBLISH_BEHIND).await;
-            me.publish_taken(published).await
-        });
+        let (me, id) = (self.clone(), record.id.clone());
+        tokio::spawn(async move { me.publish_behind(id).await });
         self.deps.metrics.started(metrics::Path::Warm, t.elapsed());
         tracing::info!(app = %spec.name, label, instance = %record.id, "spare instance handed out");
         self.deps.pools.refill_soon(&spec.name);
         Some(record)
-    }
-
-    /// Writes the record of a handed-out spare; if the instance exited meanwhile, makes sure
-    /// the record does not outlive it.
-    async fn publish_taken(&self, record: InstanceRecord) {
-        let key = keys::instance(&record.app, &record.id);
-        let store = &*self.deps.store;
-        if let Err(e) = put_json(store, &key, &record, Some(self.deps.node.lease())).await {
-            tracing::warn!(instance = %record.id, error = %e, "publishing a handed-out spare failed");
-        }
-        if !lock(&self.table).running.contains_key(&record.id) {
-            let _ = store.delete(&key).await;
-        }
     }
 }
 

@@ -27,7 +27,8 @@ pub(crate) async fn all(api: &Api) -> Result<Vec<InstanceRecord>, ApiError> {
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(agent) = &api.instances {
         for r in &mut all {
-            if let Some(own) = agent.record(&r.id).filter(|own| own.app == r.app) {
+            let same = |own: &InstanceRecord| own.app == r.app && own.node == r.node;
+            if let Some(own) = agent.record(&r.id).filter(same) {
                 *r = own;
             }
         }

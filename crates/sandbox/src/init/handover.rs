@@ -12,8 +12,8 @@ use nix::unistd::Pid;
 
 use super::{exit_code, fail};
 
-/// How long init looks for the app to accept before it stops telling the agent; the agent then
-/// polls on its own.
+/// How long init looks for the app to accept before it stops looking; the agent's own slower
+/// polls (which never stop) see an app slower than that.
 pub const ANNOUNCE_FOR: Duration = Duration::from_secs(30);
 
 /// Telling the agent when the app accepts connections: probes of the app's port, every 100 µs
@@ -43,7 +43,7 @@ impl Announce {
     }
 
     /// Probes the port if a probe is due. True once there is nothing more to do: the agent was
-    /// told, or [`ANNOUNCE_FOR`] passed (dropping `self` then closes the socket unsaid).
+    /// told, or [`ANNOUNCE_FOR`] passed.
     fn probe(&mut self, port: u16) -> bool {
         use nix::sys::socket::{send, MsgFlags};
         let now = Instant::now();
