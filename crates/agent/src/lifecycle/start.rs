@@ -296,20 +296,7 @@ impl Lifecycle {
         tokio::spawn(monitor.run(self.clone()).in_current_span());
         let key = keys::instance(app, &id);
         self.publish_or_stop(&key, &record).await?;
-
-        let timeout = Duration::from_millis(spec.start_timeout_ms);
-        let ready = if spec.listens() {
-            let mut listening = listening.and_then(Listening::new);
-            let health = spec.health_path.as_deref();
-            let ready = wait_ready(&addr, health, exit_rx, timeout, listening.as_mut()).await;
-            if matches!(ready, Ready::Yes) {
-                let told = listening.as_ref().is_some_and(Listening::told);
-                self.deps.metrics.seen_ready(told);
-            }
-            ready
-        } else {
-            wait_running(exit_rx, timeout).await
-        };
+        let ready = self.wait_started(spec, &addr, listening, exit_rx).await;
         match ready {
             Ready::Yes => {}
             Ready::Exited => {
@@ -340,6 +327,28 @@ impl Lifecycle {
         self.finish(&key, &record, &log).await?;
         tracing::info!(ms = began.elapsed().as_millis() as u64, path = ?path, spare, "instance ready");
         Ok(record)
+    }
+
+    /// Waits until a started instance is ready (see `ready.rs`), counting how it was seen.
+    async fn wait_started(
+        &self,
+        spec: &AppSpec,
+        addr: &warden_core::InstanceAddr,
+        listening: Option<std::os::unix::net::UnixStream>,
+        exited: watch::Receiver<bool>,
+    ) -> Ready {
+        let timeout = Duration::from_millis(spec.start_timeout_ms);
+        if !spec.listens() {
+            return wait_running(exited, timeout).await;
+        }
+        let mut listening = listening.and_then(Listening::new);
+        let health = spec.health_path.as_deref();
+        let ready = wait_ready(addr, health, exited, timeout, listening.as_mut()).await;
+        if matches!(ready, Ready::Yes) {
+            let told = listening.as_ref().is_some_and(Listening::told);
+            self.deps.metrics.seen_ready(told);
+        }
+        ready
     }
 
     /// Makes a ready instance (or spare) the running record, unless it exited meanwhile, and

@@ -290,6 +290,43 @@ fn the_gateway_holds_the_first_request_until_the_health_path_answers() {
 }
 
 #[test]
+fn a_start_still_under_way_is_listed_as_starting_and_then_as_ready() {
+    let w = Warden::demo(BIN);
+    // Its health path answers 503 for its first 120 checks: the start takes a second or so.
+    create_app(
+        &w,
+        "slow",
+        json!({
+            "env": { "WARDEN_DEMO_UNHEALTHY_CHECKS": "120" },
+            "health_path": "/_health",
+            "start_timeout_ms": 60000,
+        }),
+    );
+    let url = format!("{}/apps/slow/", w.gateway);
+    let auth = warden_test_support::http::basic("alice", &w.password("alice"));
+    let first = std::thread::spawn(move || {
+        warden_test_support::request("GET", &url, &[("authorization", &auth)], b"").status
+    });
+    // Operators and other nodes see a start that takes long while it goes on.
+    wait_until(
+        "the start listed as starting",
+        Duration::from_secs(20),
+        || {
+            instances_of(&w, "slow")
+                .iter()
+                .any(|i| i["state"] == "starting")
+                .then_some(())
+        },
+    );
+    assert_eq!(first.join().unwrap(), 200);
+    let now = instances_of(&w, "slow");
+    assert!(
+        now.len() == 1 && now[0]["state"] == "ready",
+        "the started instance is ready at once for this node's API: {now:?}"
+    );
+}
+
+#[test]
 fn an_instance_that_never_answers_its_health_path_fails_with_what_it_answered() {
     let w = Warden::demo(BIN);
     create_app(
