@@ -93,6 +93,8 @@ struct Sample {
     /// from then until the app's response head (`upstream`: the connection and the answer).
     gateway_start_ms: f64,
     gateway_upstream_ms: f64,
+    /// The instance was seen ready by its sandbox init's word (not by the agent's polls).
+    told: bool,
 }
 
 pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
@@ -234,6 +236,17 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
         stats(&v)
     );
 
+    for (path, samples) in &all {
+        if matches!(path, Start::Warm) {
+            continue;
+        }
+        let told = samples.iter().filter(|s| s.told).count();
+        println!(
+            "\n{}: {told} of {} starts seen ready by init's word, the rest by the agent's polls",
+            path.name(),
+            samples.len()
+        );
+    }
     if args.idle > 0 {
         crate::idle::report(warden, args.idle, args.check)?;
     }
@@ -310,6 +323,7 @@ fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
     };
     let gateway_start_ms = phase("start")?;
     let gateway_upstream_ms = phase("upstream")?;
+    let told = metric(&w, "warden_agent_ready_seen_total{how=\"told\"}").unwrap_or(0.0) >= 1.0;
     let t = Instant::now();
     let second = request("GET", &url, &headers, b"");
     let second_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -347,6 +361,7 @@ fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
         prepare_ms,
         gateway_start_ms,
         gateway_upstream_ms,
+        told,
     })
 }
 
