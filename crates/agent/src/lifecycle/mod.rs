@@ -21,6 +21,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use warden_core::{
     keys, Activity, AppSpec, InstanceError, InstanceRecord, InstanceState, Lifetime, Owner,
+    StartPath,
 };
 use warden_store::{put_json, Store};
 
@@ -173,8 +174,7 @@ impl Lifecycle {
             let admission = self.deps.restarts.admit(&spec.name, label, crash_owner);
             let mut done = {
                 let mut table = lock(&self.table);
-                let serving = &mut table.serving;
-                match (serving.get(&key), admission) {
+                match (table.serving.get(&key), admission) {
                     (Some(Serving::Ready(r)), _) => return Ok(r.clone()),
                     (Some(Serving::Starting(rx)), _) => break rx.clone(),
                     // The last instance crashed: nothing starts until its backoff is over.
@@ -183,8 +183,24 @@ impl Lifecycle {
                     }
                     (None, Admission::Wait(done)) => done,
                     (None, Admission::Go(ticket)) => {
+                        // A warm app's spare is handed out here, on the caller's task: a start
+                        // task would only take it, a wake of another thread later.
+                        let t = std::time::Instant::now();
+                        let spare = (spec.start == StartPath::Warm)
+                            .then(|| start::take_spare_from(&mut table, spec, label, owner))
+                            .flatten();
+                        if let Some(r) = spare {
+                            table.serve_if_free(&r.id);
+                            drop(table);
+                            drop(ticket);
+                            self.deps.restarts.started(&spec.name, label, crash_owner);
+                            self.handed_out(spec, &r, t);
+                            return Ok(r);
+                        }
                         let (tx, rx) = watch::channel(None);
-                        serving.insert(key.clone(), Serving::Starting(rx.clone()));
+                        table
+                            .serving
+                            .insert(key.clone(), Serving::Starting(rx.clone()));
                         // The start runs on its own task so that a caller giving up does not
                         // leave a half-started instance behind.
                         let (me, owner, spec) = (self.clone(), owner.clone(), spec.clone());

@@ -19,7 +19,7 @@ use warden_core::{
 use warden_store::put_json;
 
 use super::ready::{wait_ready, wait_running, Listening, Ready};
-use super::{record_key, Lifecycle, Running, KEEP_EXITED_LOGS};
+use super::{record_key, Lifecycle, Running, Table, KEEP_EXITED_LOGS};
 use crate::drivers::launch::{Held, Started};
 use crate::drivers::{Launch, LaunchError};
 use crate::metrics;
@@ -526,35 +526,54 @@ impl Lifecycle {
         owner: &Owner,
     ) -> Option<InstanceRecord> {
         let t = Instant::now();
-        let generation = spec.generation(label);
-        let record = {
-            let mut table = lock(&self.table);
-            let r = table
-                .running
-                .values_mut()
-                .filter(|r| {
-                    r.record.app == spec.name
-                        && r.record.label == label
-                        && r.record.state == InstanceState::Spare
-                        // A spare of an older spec is the rollout's to stop, never handed out.
-                        && r.record.generation == generation
-                        && !r.stopping.load(Ordering::Relaxed)
-                })
-                .min_by_key(|r| r.record.started_at_ms)?;
-            r.record.state = InstanceState::Ready;
-            r.record.user = owner.reserved_for();
-            r.activity.touch();
-            r.record.clone()
-        };
+        let record = take_spare_from(&mut lock(&self.table), spec, label, owner)?;
+        self.handed_out(spec, &record, t);
+        Some(record)
+    }
+
+    /// What follows a spare's hand-out (begun at `t`), outside the table's lock: its record
+    /// published behind the request, its pool refilled.
+    pub(super) fn handed_out(
+        self: &Arc<Self>,
+        spec: &AppSpec,
+        record: &InstanceRecord,
+        t: Instant,
+    ) {
         // The record is published behind the request: the gateway asking has the record
         // already, and a store commit is the slowest part of a hand-out.
         let (me, id) = (self.clone(), record.id.clone());
         tokio::spawn(async move { me.publish_behind(id).await });
         self.deps.metrics.started(metrics::Path::Warm, t.elapsed());
-        tracing::info!(app = %spec.name, label, instance = %record.id, "spare instance handed out");
+        tracing::info!(app = %spec.name, label = %record.label, instance = %record.id, "spare instance handed out");
         self.deps.pools.refill_soon(&spec.name);
-        Some(record)
     }
+}
+
+/// Takes the oldest spare of `spec`'s app for `label` in `table` and makes it `owner`'s ready
+/// instance; [`Lifecycle::handed_out`] does the rest once the table is let go.
+pub(super) fn take_spare_from(
+    table: &mut Table,
+    spec: &AppSpec,
+    label: &str,
+    owner: &Owner,
+) -> Option<InstanceRecord> {
+    let generation = spec.generation(label);
+    let r = table
+        .running
+        .values_mut()
+        .filter(|r| {
+            r.record.app == spec.name
+                && r.record.label == label
+                && r.record.state == InstanceState::Spare
+                // A spare of an older spec is the rollout's to stop, never handed out.
+                && r.record.generation == generation
+                && !r.stopping.load(Ordering::Relaxed)
+        })
+        .min_by_key(|r| r.record.started_at_ms)?;
+    r.record.state = InstanceState::Ready;
+    r.record.user = owner.reserved_for();
+    r.activity.touch();
+    Some(r.record.clone())
 }
 
 /// Owns an instance's process: reaps it and cleans up whenever it exits.
