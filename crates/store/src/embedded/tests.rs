@@ -270,3 +270,32 @@ async fn a_write_whose_caller_went_away_before_committing_is_committed_and_block
     later.unwrap();
     assert!(store.get("k/gone").await.unwrap().is_some());
 }
+
+#[test]
+fn a_lagging_watcher_whose_runtime_shut_down_leaves_the_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(EmbeddedStore::open(&dir.path().join("s.redb")).unwrap());
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    main.block_on(store.put("w/0", vec![0], None)).unwrap();
+    // The watcher lives on a runtime of its own; it starts behind, so its catch-up task is
+    // spawned there, and that runtime goes before the task can run.
+    let doomed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let watch = doomed.block_on(store.watch("w", 1)).unwrap();
+    assert_eq!(store.shared.watchers.len(), 1);
+    drop(doomed);
+    drop(watch);
+    // The next commit finds its reader gone.
+    main.block_on(store.put("w/1", vec![1], None)).unwrap();
+    assert_eq!(
+        store.shared.watchers.len(),
+        0,
+        "the dead watcher is still registered"
+    );
+}

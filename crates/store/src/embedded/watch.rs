@@ -96,7 +96,17 @@ impl Registry {
                 }
             }
         }
-        inner.entries.retain(|e| !gone.contains(&e.id));
+        // A lagging watcher whose reader is gone goes too: its catch-up task would have removed
+        // it, but a task whose runtime shut down never runs, and the entry would stay for good.
+        inner
+            .entries
+            .retain(|e| !gone.contains(&e.id) && !e.tx.is_closed());
+    }
+
+    /// Watchers registered now.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.lock().entries.len()
     }
 
     /// Ends every watch (their channels close) and refuses new ones.
