@@ -23,6 +23,10 @@ use crate::StoreError;
 const CALLER_ROUNDS: usize = 2;
 /// The longest the writer thread sleeps when nothing is due: a failing file is probed this often.
 const IDLE: Duration = Duration::from_secs(1);
+/// How long a caller may hold the lead without starting to commit before the writer thread
+/// takes it: a caller's future polled once and then kept, never polled again nor dropped,
+/// would otherwise hold every write (and every lease's end) for good.
+const STALLED: Duration = Duration::from_millis(100);
 
 /// The queue of writes and who leads.
 pub(super) struct Committer {
@@ -38,6 +42,10 @@ struct Queue {
     leading: bool,
     /// A caller handed the lead to the writer thread.
     handed: bool,
+    /// Counts leads: a caller's [`Lead`] is void once the thread took the lead from it.
+    lead_gen: u64,
+    /// Since when a caller holds the lead without having begun to commit.
+    caller_since: Option<Instant>,
     closed: bool,
     /// When the writer must look next (a lease ends), as its last commit said.
     due: Instant,
@@ -48,23 +56,27 @@ struct Queue {
 /// A caller's lead: it commits the queue, or hands it to the writer thread if dropped first.
 pub(super) struct Lead<'c> {
     committer: &'c Committer,
+    gen: u64,
     done: bool,
 }
 
 // === impl Lead ===
 
 impl Lead<'_> {
-    /// Commits what is queued, on this thread, up to [`CALLER_ROUNDS`] commits.
+    /// Commits what is queued, on this thread, up to [`CALLER_ROUNDS`] commits; nothing if the
+    /// writer thread took the lead meanwhile (it commits this caller's write too).
     pub(super) fn commit(mut self) {
         self.done = true;
-        self.committer.lead(Some(CALLER_ROUNDS));
+        if self.committer.begin(self.gen) {
+            self.committer.lead(Some(CALLER_ROUNDS));
+        }
     }
 }
 
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.committer.hand_over();
+            self.committer.hand_over(self.gen);
         }
     }
 }
@@ -78,6 +90,8 @@ impl Committer {
                 ops: Vec::new(),
                 leading: false,
                 handed: false,
+                lead_gen: 0,
+                caller_since: None,
                 closed: false,
                 due: Instant::now() + IDLE,
                 thread_until: Instant::now(),
@@ -101,18 +115,40 @@ impl Committer {
         }
         q.ops.push(op);
         let lead = !std::mem::replace(&mut q.leading, true);
+        if lead {
+            q.lead_gen += 1;
+            q.caller_since = Some(Instant::now());
+        }
+        let gen = q.lead_gen;
         drop(q);
-        // Made only for the leader: a `Lead` dropped unused hands the queue to the thread.
+        // Made only for the leader (lazily: a `Lead` dropped unused hands the queue to the
+        // thread).
         Ok(lead.then(|| Lead {
             committer: self,
+            gen,
             done: false,
         }))
     }
 
-    /// Gives the lead to the writer thread (a leading caller that went away before it led).
-    fn hand_over(&self) {
-        self.queue().handed = true;
-        self.wake.notify_one();
+    /// Whether the caller holding lead `gen` still leads, as it begins to commit.
+    fn begin(&self, gen: u64) -> bool {
+        let mut q = self.queue();
+        if q.lead_gen != gen {
+            return false;
+        }
+        q.caller_since = None;
+        true
+    }
+
+    /// Gives the lead to the writer thread (a leading caller that went away before it led),
+    /// unless the thread took it already.
+    fn hand_over(&self, gen: u64) {
+        let mut q = self.queue();
+        if q.lead_gen == gen {
+            q.caller_since = None;
+            q.handed = true;
+            self.wake.notify_one();
+        }
     }
 
     /// Commits batches until the queue is empty, or hands over after `rounds` commits. Called
@@ -166,6 +202,15 @@ impl Committer {
             } else if !q.leading && q.due <= now {
                 q.leading = true;
                 true
+            } else if q
+                .caller_since
+                .is_some_and(|t| now.saturating_duration_since(t) >= STALLED)
+            {
+                // A caller took the lead and never began: its `Lead` is void from now on.
+                tracing::warn!("a write's caller held the store's commit without running it; the writer thread commits instead");
+                q.lead_gen += 1;
+                q.caller_since = None;
+                true
             } else {
                 false
             };
@@ -175,10 +220,12 @@ impl Committer {
                 q = self.queue();
                 continue;
             }
-            // While someone leads, they expire what is due; look again later.
-            let until = match q.leading {
-                true => now + IDLE,
-                false => q.due.min(now + IDLE),
+            // While someone leads, they expire what is due; look again later, or when a
+            // caller's lead not yet begun would count as stalled.
+            let until = match (q.leading, q.caller_since) {
+                (true, Some(since)) => (since + STALLED).max(now + Duration::from_millis(1)),
+                (true, None) => now + IDLE,
+                (false, _) => q.due.min(now + IDLE),
             };
             q.thread_until = until;
             q = self

@@ -299,3 +299,27 @@ fn a_lagging_watcher_whose_runtime_shut_down_leaves_the_registry() {
         "the dead watcher is still registered"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_leads_the_commit_and_is_never_polled_again_blocks_no_write() {
+    use std::future::Future;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(EmbeddedStore::open(&dir.path().join("s.redb")).unwrap());
+    // Polled once: it queues its write, takes the lead and yields; then it is kept, never
+    // polled again and never dropped.
+    let mut stuck = Box::pin(store.put("k/stuck", vec![1], None));
+    let waker = futures_util::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    assert!(stuck.as_mut().poll(&mut cx).is_pending());
+    // Another write still commits (the bound only turns a hang into a failure).
+    let other = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        store.put("k/other", vec![2], None),
+    )
+    .await;
+    assert!(other.is_ok(), "a write waited behind a lead that never ran");
+    other.unwrap().unwrap();
+    // The stuck caller's own write was committed by whoever took over.
+    assert!(store.get("k/stuck").await.unwrap().is_some());
+    drop(stuck);
+}
