@@ -25,7 +25,9 @@ const CALLER_ROUNDS: usize = 2;
 const IDLE: Duration = Duration::from_secs(1);
 /// How long a caller may hold the lead without starting to commit before the writer thread
 /// takes it: a caller's future polled once and then kept, never polled again nor dropped,
-/// would otherwise hold every write (and every lease's end) for good.
+/// would otherwise hold every write (and every lease's end) for good. The thread sees it when
+/// it next wakes by itself (within [`IDLE`]): waking it at every caller's lead would cost every
+/// commit a thread wake, for a case no caller in the workspace makes.
 const STALLED: Duration = Duration::from_millis(100);
 
 /// The queue of writes and who leads.

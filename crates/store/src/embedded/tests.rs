@@ -321,5 +321,12 @@ async fn a_caller_that_leads_the_commit_and_is_never_polled_again_blocks_no_writ
     other.unwrap().unwrap();
     // The stuck caller's own write was committed by whoever took over.
     assert!(store.get("k/stuck").await.unwrap().is_some());
+    // Its void lead, dropped at last, disturbs no later write.
     drop(stuck);
+    let later = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        store.put("k/later", vec![3], None),
+    )
+    .await;
+    assert!(matches!(later, Ok(Ok(_))), "{later:?}");
 }
