@@ -6,6 +6,7 @@
 //! modules' state; this one takes slots from the pools and reports crashes to the restarts.
 
 mod drain;
+mod handout;
 mod health;
 pub(crate) mod ready;
 mod start;
@@ -187,7 +188,7 @@ impl Lifecycle {
                         // task would only take it, a wake of another thread later.
                         let t = std::time::Instant::now();
                         let spare = (spec.start == StartPath::Warm)
-                            .then(|| start::take_spare_from(&mut table, spec, label, owner))
+                            .then(|| handout::take_spare_from(&mut table, spec, label, owner))
                             .flatten();
                         if let Some(r) = spare {
                             table.serve_if_free(&r.id);

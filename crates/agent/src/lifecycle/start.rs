@@ -19,19 +19,12 @@ use warden_core::{
 use warden_store::put_json;
 
 use super::ready::{wait_ready, wait_running, Listening, Ready};
-use super::{record_key, Lifecycle, Running, Table, KEEP_EXITED_LOGS};
+use super::{record_key, Lifecycle, Running, KEEP_EXITED_LOGS};
 use crate::drivers::launch::{Held, Started};
 use crate::drivers::{Launch, LaunchError};
 use crate::metrics;
 use crate::sync::lock;
 use crate::{logs, AgentError};
-
-/// How long the record of an instance handed to a waiting request (a spare taken, a start that
-/// became ready) waits before it is written (`Lifecycle::publish_behind`): its first request is most likely answered by
-/// then. On a small machine the commit (its CPU and its fsync) would otherwise compete with
-/// that very request; meanwhile this node serves the instance from memory, and other nodes see
-/// it a few milliseconds later.
-const PUBLISH_BEHIND: Duration = Duration::from_millis(10);
 
 /// Why an instance is started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -397,44 +390,6 @@ impl Lifecycle {
         Ok(())
     }
 
-    /// Writes the record of an instance just handed to a waiting request (a start that became
-    /// ready, a spare taken), [`PUBLISH_BEHIND`] after it: the caller has the record already,
-    /// and a store commit (an fsync) is the slowest part of a start's end. Until it lands,
-    /// other nodes' gateways see the instance as starting (or spare), and this node's API shows
-    /// the agent's own record (see `InstanceAdmin::record`).
-    ///
-    /// What is written is the agent's record at the time, never the one handed out: a drain, a
-    /// taint or an exit may come within the delay. Another write of the record (the drain's,
-    /// the taint's) may still land before this one, so once written, the record is compared
-    /// with the agent's and written again until they agree; an instance gone meanwhile (its
-    /// monitor removed the record) has the record removed again. A refused write (a lost
-    /// lease, a full disk) stops nothing: the instance is serving already, and the next lease
-    /// writes every running instance's record again (`republish`).
-    async fn publish_behind(self: Arc<Self>, id: String) {
-        tokio::time::sleep(PUBLISH_BEHIND).await;
-        let current = |id: &str| lock(&self.table).running.get(id).map(|r| r.record.clone());
-        let Some(mut written) = current(&id) else {
-            return;
-        };
-        let key = keys::instance(&written.app, &id);
-        // Each round follows a change the agent made meanwhile; a few cover any real sequence.
-        for _ in 0..4 {
-            let lease = self.deps.node.lease();
-            if let Err(e) = put_json(&*self.deps.store, &key, &written, Some(lease)).await {
-                tracing::warn!(instance = %id, error = %e, "recording an instance that serves failed; the next lease records it again");
-                return;
-            }
-            match current(&id) {
-                Some(now) if now == written => return,
-                Some(now) => written = now,
-                None => {
-                    let _ = self.deps.store.delete(&key).await;
-                    return;
-                }
-            }
-        }
-    }
-
     /// Counts a new instance against the app's and the node's maximum, or says which is full.
     fn reserve(&self, spec: &AppSpec) -> Result<(), AgentError> {
         let mut c = lock(&self.counts);
@@ -517,63 +472,6 @@ impl Lifecycle {
         }
         gone.map(|r| r.record.state)
     }
-
-    /// Hands out a spare of `spec`'s app for `label` to `owner`, if one is waiting.
-    fn take_spare(
-        self: &Arc<Self>,
-        spec: &AppSpec,
-        label: &str,
-        owner: &Owner,
-    ) -> Option<InstanceRecord> {
-        let t = Instant::now();
-        let record = take_spare_from(&mut lock(&self.table), spec, label, owner)?;
-        self.handed_out(spec, &record, t);
-        Some(record)
-    }
-
-    /// What follows a spare's hand-out (begun at `t`), outside the table's lock: its record
-    /// published behind the request, its pool refilled.
-    pub(super) fn handed_out(
-        self: &Arc<Self>,
-        spec: &AppSpec,
-        record: &InstanceRecord,
-        t: Instant,
-    ) {
-        // The record is published behind the request: the gateway asking has the record
-        // already, and a store commit is the slowest part of a hand-out.
-        let (me, id) = (self.clone(), record.id.clone());
-        tokio::spawn(async move { me.publish_behind(id).await });
-        self.deps.metrics.started(metrics::Path::Warm, t.elapsed());
-        tracing::info!(app = %spec.name, label = %record.label, instance = %record.id, "spare instance handed out");
-        self.deps.pools.refill_soon(&spec.name);
-    }
-}
-
-/// Takes the oldest spare of `spec`'s app for `label` in `table` and makes it `owner`'s ready
-/// instance; [`Lifecycle::handed_out`] does the rest once the table is let go.
-pub(super) fn take_spare_from(
-    table: &mut Table,
-    spec: &AppSpec,
-    label: &str,
-    owner: &Owner,
-) -> Option<InstanceRecord> {
-    let generation = spec.generation(label);
-    let r = table
-        .running
-        .values_mut()
-        .filter(|r| {
-            r.record.app == spec.name
-                && r.record.label == label
-                && r.record.state == InstanceState::Spare
-                // A spare of an older spec is the rollout's to stop, never handed out.
-                && r.record.generation == generation
-                && !r.stopping.load(Ordering::Relaxed)
-        })
-        .min_by_key(|r| r.record.started_at_ms)?;
-    r.record.state = InstanceState::Ready;
-    r.record.user = owner.reserved_for();
-    r.activity.touch();
-    Some(r.record.clone())
 }
 
 /// Owns an instance's process: reaps it and cleans up whenever it exits.
