@@ -126,17 +126,24 @@ fn a_flask_app_keeps_labelled_notes_that_each_user_reads_down() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
+    // A pooled connection to a backend that has not yet seen its postmaster die can still
+    // answer, so a 200 alone does not say PostgreSQL was started again: its new pid does.
     wait_until(
         "the private PostgreSQL to be started again",
         Duration::from_secs(60),
         || {
+            let restarted =
+                std::fs::read_to_string(data_dir.join("postgres/pgdata/postmaster.pid"))
+                    .ok()
+                    .and_then(|t| t.lines().next()?.trim().parse::<u32>().ok())
+                    .is_some_and(|now| now != pid);
             let r = request(
                 "GET",
                 &format!("{}/apps/journal/", w.gateway),
                 &[("authorization", &basic("sam", PASSWORD))],
                 b"",
             );
-            (r.status == 200).then_some(())
+            (restarted && r.status == 200).then_some(())
         },
     );
     assert_ne!(postmaster(&data_dir), pid);

@@ -424,6 +424,17 @@ fn two_instances(w: &Warden) -> (String, String) {
             .any(|i| i["id"] == a.as_str() && i["label"] == "TOP SECRET")
             .then_some(())
     });
+    // The API lists the agent's own record at once; the gateway routes by the store's, which
+    // is written behind the taint. Round robin reaches `a` once the gateway has it.
+    let carol = w.password("carol");
+    warden_test_support::wait_until(
+        "the gateway to route TOP SECRET to the relabelled instance",
+        Duration::from_secs(30),
+        || {
+            let r = w.get_as("carol", &carol, "/apps/demo/");
+            (r.status == 200 && r.json()["instance"] == a.as_str()).then_some(())
+        },
+    );
     (a, b)
 }
 
