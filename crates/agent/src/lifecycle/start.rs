@@ -29,8 +29,12 @@ use crate::{logs, AgentError};
 /// Why an instance is started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Purpose {
-    /// A request needs it.
+    /// A request needs it, and waits for it.
     Serve,
+    /// A rollout replaces an instance of an earlier spec with it: no request waits, and the
+    /// old instance drains once this one is ready, so its ready record is in the store first
+    /// (the gateways route to it before the old one leaves them).
+    Replace,
     /// The app's desired count wants it.
     Kept,
     /// The warm pool wants it.
@@ -118,7 +122,7 @@ impl Lifecycle {
         data: Option<DataPrepared>,
     ) -> Result<Launched, (String, LaunchError)> {
         let slot = match (spec.start, purpose, &data) {
-            (StartPath::Slot, Purpose::Serve | Purpose::Kept, None) => {
+            (StartPath::Slot, Purpose::Serve | Purpose::Replace | Purpose::Kept, None) => {
                 self.deps.pools.take_slot(spec)
             }
             _ => None,
@@ -317,7 +321,10 @@ impl Lifecycle {
         } else {
             InstanceState::Ready
         };
-        self.finish(&key, &record, &log).await?;
+        // Only a waiting request is worth the record written behind it; a start nobody waits
+        // for (a rollout's, a desired count's) is in the store before anything counts on it.
+        let behind = purpose == Purpose::Serve;
+        self.finish(&key, &record, &log, behind).await?;
         tracing::info!(ms = began.elapsed().as_millis() as u64, path = ?path, spare, "instance ready");
         Ok(record)
     }
@@ -345,13 +352,15 @@ impl Lifecycle {
     }
 
     /// Makes a ready instance (or spare) the running record, unless it exited meanwhile, and
-    /// publishes it: a spare before it can be handed out, a served instance behind the request
-    /// (see [`Lifecycle::publish_ready`]).
+    /// publishes it: a spare before it can be handed out, an instance a request waits for
+    /// (`behind`) after that request (see [`Lifecycle::publish_behind`]), any other before
+    /// this returns.
     async fn finish(
         self: &Arc<Self>,
         key: &str,
         record: &InstanceRecord,
         log: &std::path::Path,
+        behind: bool,
     ) -> Result<(), AgentError> {
         let spare = record.state == InstanceState::Spare;
         if spare {
@@ -383,9 +392,11 @@ impl Lifecycle {
                 log_tail: logs::tail(log, logs::TAIL_LINES),
             });
         }
-        if !spare {
+        if !spare && behind {
             let (me, id) = (self.clone(), record.id.clone());
             tokio::spawn(async move { me.publish_behind(id).await }.in_current_span());
+        } else if !spare {
+            self.publish_or_stop(key, record).await?;
         }
         Ok(())
     }

@@ -73,7 +73,7 @@ impl Supervisor {
         let (app, label) = (&old.app, &old.label);
         match self
             .life
-            .start(spec, label, &Owner::Shared, Purpose::Serve)
+            .start(spec, label, &Owner::Shared, Purpose::Replace)
             .await
         {
             Ok(new) => {

@@ -11,9 +11,9 @@ use crate::Api;
 /// Longest a release waits for its rollout before it answers anyway.
 const ROLLOUT_WAIT: std::time::Duration = std::time::Duration::from_secs(150);
 
-/// Waits (bounded) until no ready instance of `spec`'s app runs an earlier spec and this
-/// node's gateway has seen as much: the agents start new instances, hand them the old ones'
-/// traffic and drain the old ones. False if the wait ended first.
+/// Waits (bounded) until no ready (or starting) instance of `spec`'s app runs an earlier spec
+/// and this node's gateway has seen as much: the agents start new instances, hand them the old
+/// ones' traffic and drain the old ones. False if the wait ended first.
 pub(super) async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) -> bool {
     let deadline = tokio::time::Instant::now() + ROLLOUT_WAIT;
     let mut told = None;
@@ -65,11 +65,16 @@ pub(super) async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) -> bool {
                 return false;
             }
         };
+        // A starting record counts too: an instance handed to its first request is recorded
+        // ready only behind that request (the agent's `publish_behind`), and until then the
+        // store says starting of an instance that serves the earlier release.
         let old = records
             .values()
             .filter(|r| {
-                r.state == warden_core::InstanceState::Ready
-                    && r.generation != spec.generation(&r.label)
+                matches!(
+                    r.state,
+                    warden_core::InstanceState::Ready | warden_core::InstanceState::Starting
+                ) && r.generation != spec.generation(&r.label)
             })
             .count();
         if old == 0 {
