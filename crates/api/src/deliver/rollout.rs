@@ -11,7 +11,7 @@ use crate::Api;
 /// Longest a release waits for its rollout before it answers anyway.
 const ROLLOUT_WAIT: std::time::Duration = std::time::Duration::from_secs(150);
 
-/// Waits (bounded) until no ready (or starting) instance of `spec`'s app runs an earlier spec
+/// Waits (bounded) until no instance of `spec`'s app but a draining one runs an earlier spec
 /// and this node's gateway has seen as much: the agents start new instances, hand them the old
 /// ones' traffic and drain the old ones. False if the wait ended first.
 pub(super) async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) -> bool {
@@ -65,16 +65,16 @@ pub(super) async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) -> bool {
                 return false;
             }
         };
-        // A starting record counts too: an instance handed to its first request is recorded
-        // ready only behind that request (the agent's `publish_behind`), and until then the
-        // store says starting of an instance that serves the earlier release.
+        // Every record but a draining one counts: an instance handed to its first request (a
+        // start, a spare taken) is recorded ready only behind that request (the agent's
+        // `publish_behind`), and until then the store says starting or spare of an instance
+        // that serves the earlier release. An earlier release's spares stop at the agents'
+        // next tick.
         let old = records
             .values()
             .filter(|r| {
-                matches!(
-                    r.state,
-                    warden_core::InstanceState::Ready | warden_core::InstanceState::Starting
-                ) && r.generation != spec.generation(&r.label)
+                r.state != warden_core::InstanceState::Draining
+                    && r.generation != spec.generation(&r.label)
             })
             .count();
         if old == 0 {
