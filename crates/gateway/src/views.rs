@@ -416,6 +416,14 @@ fn upsert_instance(v: &mut Views, r: InstanceRecord) {
         }
         None => {}
     }
+    // An instance moves only forward (starting or spare, then ready, then draining), so a
+    // starting or spare record of one this gateway routes is an earlier step arriving late:
+    // the agent hands an instance to its first request before the store says ready.
+    if matches!(r.state, InstanceState::Starting | InstanceState::Spare)
+        && v.instances.values().flatten().any(|x| x.record.id == r.id)
+    {
+        return;
+    }
     // Keep the outstanding count of an instance whose record did not change.
     let key = (r.app.clone(), r.label.clone(), r.user_key().to_owned());
     if v.instances
@@ -542,6 +550,28 @@ mod tests {
         s.apply(Kind::Instances, key, None);
         let seen: Vec<bool> = calls.lock().unwrap().iter().map(|(_, r)| *r).collect();
         assert_eq!(seen, [true, false, false]);
+    }
+
+    #[test]
+    fn a_late_starting_or_spare_record_leaves_a_routed_instance_routed() {
+        let s = Shared::new();
+        let with = |state: InstanceState| {
+            let mut r = record("SECRET");
+            r.state = state;
+            serde_json::to_vec(&r).unwrap()
+        };
+        let key = "instances/demo/i1";
+        // Handed to its request by the agent before the store's record says ready.
+        s.add_instance(record("SECRET"));
+        s.apply(Kind::Instances, key, Some(&with(InstanceState::Starting)));
+        assert!(routed(&s, "SECRET"), "a late starting record");
+        s.apply(Kind::Instances, key, Some(&with(InstanceState::Spare)));
+        assert!(routed(&s, "SECRET"), "a late spare record");
+        s.apply(Kind::Instances, key, Some(&with(InstanceState::Draining)));
+        assert!(!routed(&s, "SECRET"), "draining leaves routing");
+        // Not routed yet: a starting record does not route it.
+        s.apply(Kind::Instances, key, Some(&with(InstanceState::Starting)));
+        assert!(!routed(&s, "SECRET"));
     }
 
     #[test]
