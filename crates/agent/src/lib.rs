@@ -369,8 +369,24 @@ impl Instances for Agent {
         Agent::ensure(self, spec, label, owner).await
     }
 
+    /// Resolved at the moment of use, as the node port does for other nodes: the agent's own
+    /// record must still say the label and user the caller routes (a view can be a relabel or
+    /// an exit behind), and its address is the one dialled (a gone instance's port may be
+    /// another's by now).
     async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<InstanceStream> {
-        warden_sandbox::connect(&instance.addr)
+        let addr = match self.inner.life.record(&instance.id) {
+            Some(r) if r.label == instance.label && r.user == instance.user => r.addr,
+            _ => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    format!(
+                        "instance {} no longer serves label {} here",
+                        instance.id, instance.label
+                    ),
+                ))
+            }
+        };
+        warden_sandbox::connect(&addr)
             .await
             .map(InstanceStream::Tcp)
     }
@@ -381,6 +397,10 @@ impl Instances for Agent {
 
     fn retire(&self, id: &str) {
         self.inner.life.retire(id);
+    }
+
+    fn on_relabel(&self, hook: warden_core::RelabelHook) {
+        self.inner.life.on_relabel(hook);
     }
 
     fn relabel(&self, id: &str, label: &str) {

@@ -319,6 +319,12 @@ impl Instances for Shared {
         }
     }
 
+    fn on_relabel(&self, hook: warden_core::RelabelHook) {
+        if let Some(l) = &self.0.local {
+            l.on_relabel(hook);
+        }
+    }
+
     fn relabel(&self, id: &str, label: &str) {
         match &self.0.local {
             Some(l) if l.record(id).is_some() => l.relabel(id, label),

@@ -364,7 +364,17 @@ pub trait Instances: Send + Sync + 'static {
     fn activity(&self, _id: &str) -> Option<Arc<Activity>> {
         None
     }
+
+    /// Has `hook` told of every instance of this node relabelled after a taint, whoever saw
+    /// the taint (this process's gateway or another node's), the moment it stops serving its
+    /// old label: a gateway in the same process stops routing that label to it then, not once
+    /// the store's record says so. Nothing to do for a source that runs no instance.
+    fn on_relabel(&self, _hook: RelabelHook) {}
 }
+
+/// Told (instance id, its new label, or `None` when it is being stopped instead) by
+/// [`Instances::on_relabel`].
+pub type RelabelHook = Arc<dyn Fn(&str, Option<&str>) + Send + Sync>;
 
 /// Administration beyond the data path: what the API (an instance's logs) and a node port
 /// serving its agent's instances (whether an id runs here, with what label) need. A process

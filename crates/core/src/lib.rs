@@ -25,7 +25,7 @@ pub mod requests;
 
 pub use instances::{
     Activity, ActivityGuard, InstanceAdmin, InstanceError, InstanceStream, Instances, Owner,
-    RemoteStream, Unavailable,
+    RelabelHook, RemoteStream, Unavailable,
 };
 pub use model::{
     AddrError, AppHealth, AppSpec, BuildKind, ClaimRule, DrainOrder, DriverKind, FailReason,

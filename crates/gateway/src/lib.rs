@@ -137,6 +137,12 @@ impl Gateway {
         let views = views::Shared::with_hook(Some(Box::new(move |id: &str, routed: bool| {
             pool.routing(id, routed)
         })));
+        // An instance of this node relabelled after a taint another node's gateway saw leaves
+        // this one's routing for its old label now, not when the store's record arrives.
+        let withdraw = views.clone();
+        instances.on_relabel(Arc::new(move |id: &str, label: Option<&str>| {
+            withdraw.withdraw_tainted(id, label.map(str::to_owned))
+        }));
         views::follow_all(store.clone(), views.clone()).await;
         let metrics = Arc::new(Metrics::new()?);
         let log = audit.clone();

@@ -20,6 +20,11 @@ use crate::sync::lock;
 /// memory, and other nodes see it a few milliseconds later.
 const PUBLISH_BEHIND: Duration = Duration::from_millis(10);
 
+/// The first and the longest pause before a refused record of a handed-out instance is written
+/// again.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
 // === impl Lifecycle (hand-out) ===
 
 impl Lifecycle {
@@ -63,9 +68,10 @@ impl Lifecycle {
     /// taint or an exit may come within the delay. Another write of the record (the drain's,
     /// the taint's) may still land before this one, so once written, the record is compared
     /// with the agent's and written again until they agree; an instance gone meanwhile (its
-    /// monitor removed the record) has the record removed again. A refused write (a lost
-    /// lease, a full disk) stops nothing: the instance is serving already, and the next lease
-    /// writes every running instance's record again (`republish`).
+    /// monitor removed the record) has the record removed again. A refused write (a store
+    /// unwell, a full disk) stops nothing, since the instance serves already: it is tried again,
+    /// backing off up to [`RETRY_MAX`], for as long as the instance runs. Until it lands, other
+    /// nodes route around the instance and a release's rollout counts it as serving.
     pub(super) async fn publish_behind(self: Arc<Self>, id: String) {
         tokio::time::sleep(PUBLISH_BEHIND).await;
         let current = |id: &str| lock(&self.table).running.get(id).map(|r| r.record.clone());
@@ -73,13 +79,29 @@ impl Lifecycle {
             return;
         };
         let key = keys::instance(&written.app, &id);
+        let mut pause = RETRY_FIRST;
         // Each round follows a change the agent made meanwhile; a few cover any real sequence.
-        for _ in 0..4 {
+        let mut rounds = 0;
+        while rounds < 4 {
             let lease = self.deps.node.lease();
             if let Err(e) = put_json(&*self.deps.store, &key, &written, Some(lease)).await {
-                tracing::warn!(instance = %id, error = %e, "recording an instance that serves failed; the next lease records it again");
-                return;
+                if pause == RETRY_FIRST {
+                    tracing::warn!(instance = %id, error = %e, "recording an instance that serves failed; trying again while it runs");
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
+                match current(&id) {
+                    Some(now) => written = now,
+                    // Gone: a write that failed may still have landed (a timeout) after the
+                    // monitor removed the record.
+                    None => {
+                        let _ = self.deps.store.delete(&key).await;
+                        return;
+                    }
+                }
+                continue;
             }
+            rounds += 1;
             match current(&id) {
                 Some(now) if now == written => return,
                 Some(now) => written = now,
@@ -101,6 +123,7 @@ pub(super) fn take_spare_from(
     owner: &Owner,
 ) -> Option<InstanceRecord> {
     let generation = spec.generation(label);
+    let user = owner.reserved_for();
     let r = table
         .running
         .values_mut()
@@ -111,6 +134,10 @@ pub(super) fn take_spare_from(
                 // A spare of an older spec is the rollout's to stop, never handed out.
                 && r.record.generation == generation
                 && !r.stopping.load(Ordering::Relaxed)
+                // A spare's database login was made for no user (it reads every user's rows
+                // of its label): never one user's own instance. `AppSpec::validate` refuses
+                // such an app; this holds for a spec stored before it did.
+                && !(r.data && user.is_some())
         })
         .min_by_key(|r| r.record.started_at_ms)?;
     r.record.state = InstanceState::Ready;

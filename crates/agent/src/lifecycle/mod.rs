@@ -22,7 +22,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use warden_core::{
     keys, Activity, AppSpec, InstanceError, InstanceRecord, InstanceState, Lifetime, Owner,
-    StartPath,
+    RelabelHook, StartPath,
 };
 use warden_store::{put_json, Store};
 
@@ -103,6 +103,8 @@ pub(crate) struct Lifecycle {
     counts: Mutex<Counts>,
     /// Logs of exited instances, oldest first: (id, app, path).
     exited: Mutex<VecDeque<(String, String, PathBuf)>>,
+    /// Told of every relabel (`Instances::on_relabel`): this process's gateway.
+    relabelled: Mutex<Vec<RelabelHook>>,
 }
 
 fn backoff_error(spec: &AppSpec, left: std::time::Duration, last_exit: String) -> InstanceError {
@@ -137,7 +139,21 @@ impl Lifecycle {
             table: Mutex::default(),
             counts: Mutex::default(),
             exited: Mutex::default(),
+            relabelled: Mutex::default(),
         })
+    }
+
+    /// Tells `hook` of every relabel from now on (see [`Lifecycle::relabel`]).
+    pub(crate) fn on_relabel(&self, hook: RelabelHook) {
+        lock(&self.relabelled).push(hook);
+    }
+
+    /// Tells the relabel hooks that `id` serves `label` now (`None`: it is being stopped).
+    fn tell_relabelled(&self, id: &str, label: Option<&str>) {
+        let hooks = lock(&self.relabelled).clone();
+        for hook in hooks {
+            hook(id, label);
+        }
     }
 
     fn stopping(&self) -> bool {
@@ -346,7 +362,8 @@ impl Lifecycle {
     /// one if that label has no instance yet, and its record says so.
     ///
     /// The instance stops being handed out for its old label before this returns, so the very
-    /// next request of that label gets another; the record is written in the background.
+    /// next request of that label gets another, and this process's gateway is told at once
+    /// ([`Lifecycle::on_relabel`]); the record is written in the background.
     pub(crate) fn relabel(&self, id: &str, label: &str) -> Result<(), AgentError> {
         let record = {
             let mut table = lock(&self.table);
@@ -359,6 +376,8 @@ impl Lifecycle {
                 if let Some(old) = old {
                     table.unserve(&old, id);
                 }
+                drop(table);
+                self.tell_relabelled(id, None);
                 return Err(AgentError::DataTaint(id.to_owned()));
             }
             let old = record_key(&r.record);
@@ -372,6 +391,10 @@ impl Lifecycle {
             table.serve_if_free(id);
             record
         };
+        // This process's gateway stops routing the old label to it now, whoever saw the taint;
+        // other nodes' gateways learn it from the record below, and their pooled connections
+        // through this node's port are cut (`cluster/src/server.rs`).
+        self.tell_relabelled(id, Some(label));
         let (store, lease) = (self.deps.store.clone(), self.deps.node.lease());
         let id = id.to_owned();
         tokio::spawn(async move {

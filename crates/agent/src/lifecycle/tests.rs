@@ -223,3 +223,60 @@ fn an_instance_tainted_right_after_its_start_serves_only_its_new_label() {
     life.take_over("old", &started);
     low_is_free("a replacement took over");
 }
+
+#[test]
+fn a_spare_with_a_database_login_of_no_user_is_never_one_users_own() {
+    let rt = idle_runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let life = lifecycle(&rt, dir.path());
+    let mut spec = warden_core::AppSpec::new("a", vec!["./a".into()]);
+    spec.data = true;
+    let mut spare = record("s1");
+    spare.state = InstanceState::Spare;
+    spare.generation = spec.generation("l");
+    add_running(&life, &spare);
+    // Its data socket was attached when no user was known: its role reads every user's rows.
+    lock(&life.table).running.get_mut("s1").unwrap().data = true;
+    let alice = warden_core::Owner::User("alice".into());
+    let mut table = lock(&life.table);
+    assert!(
+        super::handout::take_spare_from(&mut table, &spec, "l", &alice).is_none(),
+        "a spare that reads every user's rows was handed to one user"
+    );
+    let shared =
+        super::handout::take_spare_from(&mut table, &spec, "l", &warden_core::Owner::Shared);
+    assert_eq!(shared.map(|r| r.id), Some("s1".to_owned()));
+}
+
+#[test]
+fn a_relabel_is_told_to_this_processs_gateway_whoever_asked() {
+    let rt = idle_runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let life = lifecycle(&rt, dir.path());
+    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let t = told.clone();
+    life.on_relabel(Arc::new(move |id: &str, label: Option<&str>| {
+        t.lock()
+            .unwrap()
+            .push((id.to_owned(), label.map(str::to_owned)))
+    }));
+    add_running(&life, &record("i1"));
+    let mut data = record("d1");
+    data.id = "d1".into();
+    add_running(&life, &data);
+    lock(&life.table).running.get_mut("d1").unwrap().data = true;
+    let _rt = rt.enter();
+    // Asked by another node's gateway (through the node port) as by this one's: the same call.
+    life.relabel("i1", "m").unwrap();
+    assert!(
+        life.relabel("d1", "m").is_err(),
+        "a data instance is stopped, not relabelled"
+    );
+    assert_eq!(
+        *told.lock().unwrap(),
+        [
+            ("i1".to_owned(), Some("m".to_owned())),
+            ("d1".to_owned(), None)
+        ]
+    );
+}

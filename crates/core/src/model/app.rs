@@ -398,6 +398,11 @@ impl AppSpec {
         }
         match self.start {
             StartPath::Jit => Ok(()),
+            // A spare is made before its user is known, and a per-user app's database login
+            // is its user's from the start (it reads only that user's rows).
+            StartPath::Warm if self.data && self.lifetime == Lifetime::PerUser => Err(SpecError::Pool(
+                "start \"warm\" makes spares before their user is known, and a per-user app with data logs in to its database as its user; use start \"jit\" for lifetime \"per_user\" with data".into(),
+            )),
             StartPath::Slot if self.driver == Some(DriverKind::Process) => Err(SpecError::Pool(
                 "start \"slot\" prepares sandboxes and needs driver \"sandbox\"; use start \"jit\" or \"warm\" with driver \"process\"".into(),
             )),
@@ -460,6 +465,22 @@ mod tests {
         }
         s.health_path = Some(format!("/{}", "a".repeat(MAX_HEALTH_PATH)));
         assert!(matches!(s.validate(), Err(SpecError::Health(_))));
+    }
+
+    #[test]
+    fn a_per_user_app_with_data_keeps_no_spares() {
+        let mut s = spec();
+        s.start = StartPath::Warm;
+        s.warm = [("public".to_owned(), 1)].into();
+        s.data = true;
+        s.lifetime = Lifetime::PerUser;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("per_user"), "{e}");
+        s.lifetime = Lifetime::Shared;
+        assert!(s.validate().is_ok());
+        s.lifetime = Lifetime::PerUser;
+        s.data = false;
+        assert!(s.validate().is_ok());
     }
 
     #[test]
