@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use warden_core::{keys, AppSpec, InstanceRecord, InstanceState, Owner};
-use warden_store::put_json;
+use warden_store::{put_json, StoreError};
 
 use super::{Lifecycle, Table};
 use crate::metrics;
@@ -74,43 +74,42 @@ impl Lifecycle {
     /// nodes route around the instance and a release's rollout counts it as serving.
     pub(super) async fn publish_behind(self: Arc<Self>, id: String) {
         tokio::time::sleep(PUBLISH_BEHIND).await;
-        let current = |id: &str| lock(&self.table).running.get(id).map(|r| r.record.clone());
-        let Some(mut written) = current(&id) else {
-            return;
-        };
-        let key = keys::instance(&written.app, &id);
         let mut pause = RETRY_FIRST;
-        // Each round follows a change the agent made meanwhile; a few cover any real sequence.
-        let mut rounds = 0;
-        while rounds < 4 {
-            let lease = self.deps.node.lease();
-            if let Err(e) = put_json(&*self.deps.store, &key, &written, Some(lease)).await {
-                if pause == RETRY_FIRST {
-                    tracing::warn!(instance = %id, error = %e, "recording an instance that serves failed; trying again while it runs");
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RETRY_MAX);
-                match current(&id) {
-                    Some(now) => written = now,
-                    // Gone: a write that failed may still have landed (a timeout) after the
-                    // monitor removed the record.
-                    None => {
-                        let _ = self.deps.store.delete(&key).await;
-                        return;
-                    }
-                }
-                continue;
+        while let Err(e) = self.write_current(&id).await {
+            if pause == RETRY_FIRST {
+                tracing::warn!(instance = %id, error = %e, "recording an instance that serves failed; trying again while it runs");
             }
-            rounds += 1;
-            match current(&id) {
-                Some(now) if now == written => return,
-                Some(now) => written = now,
-                None => {
-                    let _ = self.deps.store.delete(&key).await;
-                    return;
-                }
-            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(RETRY_MAX);
         }
+    }
+
+    /// Writes the agent's own record of instance `id` until the store holds what the agent
+    /// holds: another write of it (a drain's, a taint's, an earlier snapshot's) may land
+    /// between, so once written it is compared with the agent's and written again; an instance
+    /// gone meanwhile (its monitor removed the record) has the record removed again, since even
+    /// a write that failed (a timeout) may have landed. `Ok` once done or the instance gone.
+    pub(super) async fn write_current(&self, id: &str) -> Result<(), StoreError> {
+        let current = |id: &str| lock(&self.table).running.get(id).map(|r| r.record.clone());
+        let Some(mut written) = current(id) else {
+            return Ok(());
+        };
+        let key = keys::instance(&written.app, id);
+        // Each round follows a change the agent made meanwhile; a few cover any real sequence.
+        for _ in 0..4 {
+            let lease = self.deps.node.lease();
+            let put = put_json(&*self.deps.store, &key, &written, Some(lease)).await;
+            let Some(now) = current(id) else {
+                let _ = self.deps.store.delete(&key).await;
+                return Ok(());
+            };
+            put?;
+            if now == written {
+                return Ok(());
+            }
+            written = now;
+        }
+        Ok(())
     }
 }
 

@@ -566,15 +566,10 @@ impl Lifecycle {
 
     /// Writes every running instance's record again, under the node's new lease.
     pub(crate) async fn republish(&self) -> Result<(), AgentError> {
-        let lease = self.deps.node.lease();
+        // Each record as the agent holds it when written, never a snapshot from before: a
+        // relabel or a drain meanwhile must not be undone by an older copy.
         for r in self.instances() {
-            put_json(
-                &*self.deps.store,
-                &keys::instance(&r.app, &r.id),
-                &r,
-                Some(lease),
-            )
-            .await?;
+            self.write_current(&r.id).await?;
         }
         Ok(())
     }
