@@ -139,9 +139,13 @@ impl Gateway {
         })));
         // An instance of this node relabelled after a taint another node's gateway saw leaves
         // this one's routing for its old label now, not when the store's record arrives.
-        let withdraw = views.clone();
+        // Weak: the agent outlives no gateway through it (the views hold the upstream pool,
+        // which holds the agent).
+        let withdraw = Arc::downgrade(&views);
         instances.on_relabel(Arc::new(move |id: &str, label: Option<&str>| {
-            withdraw.withdraw_tainted(id, label.map(str::to_owned))
+            if let Some(views) = withdraw.upgrade() {
+                views.withdraw_tainted(id, label.map(str::to_owned))
+            }
         }));
         views::follow_all(store.clone(), views.clone()).await;
         let metrics = Arc::new(Metrics::new()?);

@@ -76,6 +76,10 @@ impl Lifecycle {
         tokio::time::sleep(PUBLISH_BEHIND).await;
         let mut pause = RETRY_FIRST;
         while let Err(e) = self.write_current(&id).await {
+            // Shutting down: the records go with the node's lease.
+            if self.stopping() || matches!(e, StoreError::Closed) {
+                return;
+            }
             if pause == RETRY_FIRST {
                 tracing::warn!(instance = %id, error = %e, "recording an instance that serves failed; trying again while it runs");
             }

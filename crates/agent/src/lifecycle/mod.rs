@@ -371,6 +371,11 @@ impl Lifecycle {
                 .running
                 .get_mut(id)
                 .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
+            // Two gateways may reach the same join: the second relabel changes nothing, and
+            // must not take the instance out of this process's gateway's routing.
+            if r.record.label == label {
+                return Ok(());
+            }
             if r.data {
                 let old = record_key(&r.record);
                 if let Some(old) = old {

@@ -268,6 +268,8 @@ fn a_relabel_is_told_to_this_processs_gateway_whoever_asked() {
     let _rt = rt.enter();
     // Asked by another node's gateway (through the node port) as by this one's: the same call.
     life.relabel("i1", "m").unwrap();
+    // A second gateway reaching the same join changes nothing, and tells nothing.
+    life.relabel("i1", "m").unwrap();
     assert!(
         life.relabel("d1", "m").is_err(),
         "a data instance is stopped, not relabelled"

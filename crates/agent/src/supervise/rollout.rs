@@ -23,7 +23,9 @@ const MAX_REPLACING: usize = 8;
 impl Supervisor {
     pub(super) fn roll_out(self: &Arc<Self>, apps: &[AppSpec]) {
         for r in self.life.rollable() {
-            if r.kept || r.lifetime == Lifetime::PerRequest {
+            // A per-request instance ends with its request anyway; its app's spares of an older
+            // spec still stop (below), or they would fill the pool for good, never handed out.
+            if r.kept || (r.lifetime == Lifetime::PerRequest && r.state != InstanceState::Spare) {
                 continue;
             }
             let Some(spec) = apps.iter().find(|a| a.name == r.app) else {

@@ -84,7 +84,7 @@ pub(super) async fn rolled_out(api: &Api, spec: &AppSpec, sink: &Sink) -> bool {
         }
         if told != Some(old) {
             sink.line(&format!(
-                "-----> rolling out: {old} instance(s) of the earlier release still serving; they hand over without dropping a request"
+                "-----> rolling out: {old} instance(s) of the earlier release still running; they hand over without dropping a request"
             ));
             told = Some(old);
         }

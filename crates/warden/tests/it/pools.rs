@@ -115,6 +115,24 @@ fn a_warm_pool_hands_out_running_spares_and_refills_behind_them() {
         .unwrap()
         .clone();
     assert_eq!(app["spares"], json!({ "SECRET": 2 }), "{app}");
+
+    // A changed spec: the spares of the earlier one stop and the pool fills with new ones (a
+    // per-request app's spares were once left in the pool for good, never handed out).
+    let r = w.api(
+        "PATCH",
+        "/v1/apps/warm",
+        Some(json!({ "env": { "EDITION": "2" } })),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let renewed = wait_until("the pool to hold only spares of the new spec", WAIT, || {
+        let s = ids(&w, "warm", "spare");
+        (s.len() == 2 && s.is_disjoint(&refilled)).then_some(s)
+    });
+    let served = get(&w, "alice", "/apps/warm/");
+    assert!(
+        renewed.contains(served["instance"].as_str().unwrap()),
+        "{served} is not one of {renewed:?}"
+    );
 }
 
 #[test]
