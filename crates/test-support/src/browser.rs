@@ -50,14 +50,7 @@ impl Browser {
                 "{program} is missing: install Debian's chromium and chromium-driver (.ci/run does)"
             );
         }
-        let mut driver = Command::new(CHROMEDRIVER)
-            .arg("--port=0")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("start chromedriver");
-        let port = driver_port(&mut driver);
+        let (driver, port) = start_driver();
         let base = format!("http://127.0.0.1:{port}");
         let profile = tempfile::tempdir().expect("a profile dir");
         let args = [
@@ -303,18 +296,54 @@ fn value_of(r: &http::Response) -> Value {
     v.get("value").cloned().unwrap_or(Value::Null)
 }
 
-/// The port chromedriver says it listens on (it picks a free one for `--port=0`).
-fn driver_port(driver: &mut Child) -> u16 {
+/// How many times chromedriver is started before a test gives up: see [`start_driver`].
+const DRIVER_STARTS: usize = 10;
+
+/// Starts chromedriver on a port it picks; returns it and the port.
+///
+/// For `--port=0` chromedriver binds `[::1]:0` first and then `127.0.0.1` on the port that
+/// gave it, and exits ("IPv4 port not available") when another process holds that IPv4
+/// port: the two address families' ports are taken independently. With the suite's hundreds
+/// of loopback sockets that happens now and then (CI saw chromedriver exit before saying its
+/// port). So a chromedriver that exits before it listens is started again, with a new port
+/// each time, a bounded number of times; what each one said is in the panic if none listens.
+/// This is the test's own tool starting, not a behaviour under test.
+fn start_driver() -> (Child, u16) {
+    let mut exits = Vec::new();
+    for _ in 0..DRIVER_STARTS {
+        let mut driver = Command::new(CHROMEDRIVER)
+            .arg("--port=0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("start chromedriver");
+        match driver_port(&mut driver) {
+            Ok(port) => return (driver, port),
+            Err(said) => {
+                let status = driver.wait();
+                eprintln!("chromedriver exited ({status:?}) before it listened: {said:?}");
+                exits.push(format!("{status:?}: {}", said.join(" | ")));
+            }
+        }
+    }
+    panic!("chromedriver exited before it listened in each of {DRIVER_STARTS} starts: {exits:#?}");
+}
+
+/// The port chromedriver says it listens on, or every line it wrote before it exited.
+fn driver_port(driver: &mut Child) -> Result<u16, Vec<String>> {
     let out = driver.stdout.take().expect("chromedriver's stdout");
     let mut lines = BufReader::new(out).lines();
+    let mut said = Vec::new();
     for line in lines.by_ref() {
         let line = line.expect("read chromedriver's stdout");
         if let Some(rest) = line.split("started successfully on port ").nth(1) {
             let port = rest.trim_end_matches('.').trim().parse().expect("a port");
             // Keep reading its output so chromedriver never blocks on a full pipe.
             std::thread::spawn(move || for _ in lines {});
-            return port;
+            return Ok(port);
         }
+        said.push(line);
     }
-    panic!("chromedriver exited without saying its port");
+    Err(said)
 }
