@@ -127,15 +127,23 @@ fn keep(mut child: Child, make: &mut MakeCommand, stop: &mpsc::Receiver<()>, sta
                 // Told to stop, or the holder is gone.
                 _ => return stop_child(child),
             }
-            if let Ok(Some(exit)) = child.try_wait() {
-                break exit;
+            if exited_unreaped(&child) {
+                // Backends of the dead postmaster leave on their own when they notice; any
+                // still there would keep its shared memory and stop the next start. Killed
+                // while the postmaster is a zombie: until it is reaped its id is still its
+                // group's, never another process's.
+                let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+                match child.wait() {
+                    Ok(exit) => break exit,
+                    Err(e) => {
+                        tracing::error!(error = %e, "reaping the private PostgreSQL failed");
+                        return;
+                    }
+                }
             }
         };
         status.pid.store(0, Ordering::SeqCst);
         status.exits.fetch_add(1, Ordering::SeqCst);
-        // Backends of the dead postmaster leave on their own when they notice; any still
-        // there would keep its shared memory and stop the next start.
-        let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
         if began.elapsed() >= STABLE {
             backoff = FIRST_BACKOFF;
         }
@@ -163,6 +171,19 @@ fn keep(mut child: Child, make: &mut MakeCommand, stop: &mpsc::Receiver<()>, sta
         };
         status.pid.store(child.id(), Ordering::SeqCst);
         tracing::warn!(pid = child.id(), "private PostgreSQL started again");
+    }
+}
+
+/// Whether `child` has exited, leaving it unreaped (a zombie whose id nothing else can take).
+fn exited_unreaped(child: &Child) -> bool {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    match waitid(Id::Pid(Pid::from_raw(child.id() as i32)), flags) {
+        Ok(WaitStatus::StillAlive) => false,
+        Ok(_) => true,
+        // Not ours to wait for any more: `wait` says how it ended.
+        Err(nix::errno::Errno::ECHILD) => true,
+        Err(_) => false,
     }
 }
 
