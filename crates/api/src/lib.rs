@@ -148,9 +148,30 @@ pub const DEFAULT_MAX_UPLOAD: u64 = 256 * 1024 * 1024;
 /// Longest a write waits for the local gateway to apply it before answering anyway.
 const SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// What handlers share.
+/// What handlers share: one allocation, so that each of the clones axum makes per request (one
+/// for every middleware and handler) is one reference count, not twenty. Reads reach the
+/// fields through `Deref`; the builder's `with_*` methods write through `DerefMut`, which
+/// copies the state first if it is shared, so a change never shows in another clone (as when
+/// `Api` was the fields themselves).
 #[derive(Clone)]
-pub struct Api {
+pub struct Api(Arc<ApiState>);
+
+impl std::ops::Deref for Api {
+    type Target = ApiState;
+    fn deref(&self) -> &ApiState {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Api {
+    fn deref_mut(&mut self) -> &mut ApiState {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+/// The fields of [`Api`].
+#[derive(Clone)]
+pub struct ApiState {
     /// The state store.
     pub store: Arc<dyn Store>,
     /// Where instances come from, if this process runs the agent role.
@@ -221,7 +242,7 @@ impl Api {
         admin_token: Option<&str>,
         argon2: warden_auth::Argon2Cost,
     ) -> Self {
-        Self {
+        Self(Arc::new(ApiState {
             store,
             instances,
             argon2,
@@ -249,7 +270,7 @@ impl Api {
             stopping: None,
             ui_origin: None,
             oidc: None,
-        }
+        }))
     }
 
     /// Takes identity providers through `/v1/oidc/providers`, checked and sealed by `check`.
