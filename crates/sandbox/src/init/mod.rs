@@ -314,11 +314,19 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
         return fail("cannot build the sandbox", e);
     }
     drop(shown);
-    // Compiled now, so that a prepared slot leaves only the app's own start for the request.
+    // Compiled and installed now, on init itself, so that a prepared slot leaves only the
+    // app's own start for the request: the kernel's preparation of a filter took 0.3 ms of
+    // each slot start (perf trace). The app's process inherits all of it across fork and
+    // exec, as it would have had it from its own calls; init needs none of what they take
+    // away (it reads the start message, forks, hands connections over and reaps), and keeps
+    // its capabilities in the namespace, which only an exec would drop.
     let filters = match crate::seccomp::filters(plan.io_uring) {
         Ok(f) => f,
         Err(e) => return fail("cannot build the seccomp filter", e),
     };
+    if let Err(e) = privileges::confine(&filters) {
+        return fail("cannot confine the sandbox", e);
+    }
     // The sandbox is prepared: everything from here on is the app's own start.
     let (env, control) = match await_go() {
         Ok(Some(go)) => go,
@@ -336,7 +344,7 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
         Err(e) => fail("fork", e),
         Ok(ForkResult::Child) => {
             drop((listener, control));
-            let e = privileges::exec_app(plan, env, &filters);
+            let e = privileges::exec_app(plan, env);
             eprintln!("warden-sandbox: cannot start {}: {e}", plan.argv[0]);
             std::process::exit(127)
         }

@@ -60,13 +60,10 @@ fn cstr(what: &str, s: &str) -> Result<CString, SetupError> {
     CString::new(s).map_err(|_| SetupError::Exec(format!("{what} holds a NUL byte")))
 }
 
-/// In the app's process: limits, no privileges, seccomp, exec. Returns only on failure.
-pub(super) fn exec_app(
-    plan: &Plan,
-    extra_env: BTreeMap<String, String>,
-    filters: &[seccompiler::BpfProgram],
-) -> SetupError {
-    match prepare_exec(plan, filters) {
+/// In the app's process: limits and exec, under what init took on in [`confine`] and the app
+/// inherits. Returns only on failure.
+pub(super) fn exec_app(plan: &Plan, extra_env: BTreeMap<String, String>) -> SetupError {
+    match prepare_exec(plan) {
         Ok(()) => {}
         Err(e) => return e,
     }
@@ -121,8 +118,19 @@ fn not_visible(program: &str) -> Option<String> {
     })
 }
 
-/// Everything the app's process does to itself before exec.
-fn prepare_exec(plan: &Plan, filters: &[seccompiler::BpfProgram]) -> Result<(), SetupError> {
+/// What init does to itself once the sandbox is built, before the start message, and the app's
+/// process inherits: no way to regain privileges at exec ([`drop_privileges`]), then the
+/// seccomp `filters`.
+pub(super) fn confine(filters: &[seccompiler::BpfProgram]) -> Result<(), SetupError> {
+    drop_privileges()?;
+    for f in filters {
+        crate::seccomp::install(f).map_err(|e| SetupError::Seccomp(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Everything the app's process does to itself before exec; [`confine`] came before, in init.
+fn prepare_exec(plan: &Plan) -> Result<(), SetupError> {
     use nix::sys::resource::{setrlimit, Resource};
     use nix::sys::signal::{signal, SigHandler};
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
@@ -156,10 +164,6 @@ fn prepare_exec(plan: &Plan, filters: &[seccompiler::BpfProgram]) -> Result<(), 
     }
     for (r, v) in limits {
         setrlimit(r, v, v).map_err(|e| SetupError::sys(format!("setrlimit {r:?}"), e))?;
-    }
-    drop_privileges()?;
-    for f in filters {
-        crate::seccomp::install(f).map_err(|e| SetupError::Seccomp(e.to_string()))?;
     }
     Ok(())
 }
