@@ -99,7 +99,8 @@ pub(crate) enum FilterError {
     Build(#[from] seccompiler::BackendError),
 }
 
-/// The two filters to install, in order: the deny list (EPERM), then `clone3` (ENOSYS).
+/// The filters to install, in order: the deny list (EPERM), `clone3` (ENOSYS), and on x86_64
+/// the x32 calls (EPERM, [`no_x32`]).
 /// `io_uring` lets the app use io_uring.
 pub(crate) fn filters(io_uring: bool) -> Result<Vec<BpfProgram>, FilterError> {
     let arch = std::env::consts::ARCH
@@ -133,10 +134,47 @@ pub(crate) fn filters(io_uring: bool) -> Result<Vec<BpfProgram>, FilterError> {
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,
     )?;
-    [deny, clone3]
+    let mut programs = [deny, clone3]
         .into_iter()
         .map(|f| BpfProgram::try_from(f).map_err(FilterError::from))
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    #[cfg(target_arch = "x86_64")]
+    programs.push(no_x32());
+    Ok(programs)
+}
+
+/// x86_64's x32 calls: a number with `__X32_SYSCALL_BIT` set is the same call through the x32
+/// table, under the same audit architecture. seccompiler's filters compare numbers exactly and
+/// never look at that bit, so on a kernel built with x32 support `mount | 0x4000_0000` would
+/// pass the deny list. Every such number gets EPERM here; no x86_64 program makes one.
+#[cfg(target_arch = "x86_64")]
+fn no_x32() -> BpfProgram {
+    use seccompiler::sock_filter;
+    // linux/bpf_common.h (BPF_LD 0x00 | BPF_W 0x00 | BPF_ABS 0x20, ...) and linux/audit.h.
+    const BPF_LD_W_ABS: u16 = 0x20;
+    const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
+    const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
+    const BPF_RET_K: u16 = 0x06;
+    const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    // struct seccomp_data: `int nr` at offset 0, `__u32 arch` at 4.
+    const NR: u32 = 0;
+    const ARCH: u32 = 4;
+    let op = |code, k, jt, jf| sock_filter { code, jt, jf, k };
+    vec![
+        op(BPF_LD_W_ABS, ARCH, 0, 0),
+        // Another architecture (i386 through int 0x80): the deny list's filter ends it.
+        op(BPF_JMP_JEQ_K, AUDIT_ARCH_X86_64, 0, 3),
+        op(BPF_LD_W_ABS, NR, 0, 0),
+        op(BPF_JMP_JGE_K, X32_SYSCALL_BIT, 0, 1),
+        op(
+            BPF_RET_K,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+            0,
+            0,
+        ),
+        op(BPF_RET_K, libc::SECCOMP_RET_ALLOW, 0, 0),
+    ]
 }
 
 /// Installs `filter` on the calling thread with seccomp(2) itself, not through seccompiler's
@@ -188,7 +226,7 @@ mod tests {
     #[test]
     fn the_filters_compile_for_this_machine() {
         let f = filters(false).expect("filters build");
-        assert_eq!(f.len(), 2);
+        assert_eq!(f.len(), if cfg!(target_arch = "x86_64") { 3 } else { 2 });
         assert!(f.iter().all(|p| !p.is_empty()));
     }
 }

@@ -178,6 +178,37 @@ fn seccomp_mount() {
     }
 }
 
+/// Whether the filter refuses mount(2) made through x86_64's x32 table (its number with
+/// `__X32_SYSCALL_BIT` set), which a filter comparing numbers exactly lets pass. The filter
+/// answers EPERM; past it, a kernel without x32 answers ENOSYS and one with it EFAULT (the
+/// unreadable type, as in [`seccomp_mount`]).
+#[cfg(target_arch = "x86_64")]
+fn seccomp_x32() {
+    const X32_SYSCALL_BIT: nix::libc::c_long = 0x4000_0000;
+    // SAFETY: as in `seccomp_mount`: only unreadable or constant strings are passed.
+    let rc = unsafe {
+        nix::libc::syscall(
+            X32_SYSCALL_BIT | nix::libc::SYS_mount,
+            c"none".as_ptr(),
+            c"/tmp".as_ptr(),
+            std::ptr::dangling::<nix::libc::c_char>(),
+            0 as nix::libc::c_ulong,
+            std::ptr::null::<nix::libc::c_void>(),
+        )
+    };
+    let e = std::io::Error::last_os_error();
+    let past = |how: &str| report("seccomp-x32", Some(how.into()), "");
+    match (rc, e.raw_os_error()) {
+        (0, _) => past("the x32 mount(2) succeeded"),
+        (_, Some(nix::libc::EPERM)) => report("seccomp-x32", None, "the filter answers EPERM"),
+        (_, Some(nix::libc::ENOSYS)) => {
+            past("the x32 call passed the filter to a kernel without x32 (ENOSYS)")
+        }
+        (_, Some(nix::libc::EFAULT)) => past("the x32 mount(2) reached the kernel (EFAULT)"),
+        _ => println!("probe seccomp-x32: FAILED (unexpected {e})"),
+    }
+}
+
 /// The filler of [`alloc`]: exits 0 once every page is touched, 2 if the reservation fails.
 fn fill(mb: usize) -> ! {
     let mut v: Vec<u8> = Vec::new();
@@ -364,6 +395,8 @@ fn run(args: &ProbeArgs) {
         Err(e) => report("mount", None, e),
     }
     seccomp_mount();
+    #[cfg(target_arch = "x86_64")]
+    seccomp_x32();
     if let Some(n) = args.processes {
         spawn_many(n);
     }

@@ -14,12 +14,13 @@
 //! - init, pid 1 of the new pid namespace, which mounts a fresh root (tmpfs, read-only binds of
 //!   the opened directories, the writable data directory, a private /tmp, a few device nodes,
 //!   a new /proc), pivots into it and brings loopback up (and, in network mode `bridged`, the
-//!   veth end the helper moved in: see [`crate::bridge`]). The sandbox is now prepared: init
-//!   says so on stdin (the agent's control socket) and waits there for the start message, the
-//!   rest of the app's environment. A slot of the slot pool waits here until a request needs
-//!   it; a JIT start sends the message at once. Then init forks the app. The app gets rlimits
-//!   (those the instance's cgroups do not already enforce: see [`crate::cgroup`]),
-//!   no capabilities, no new privileges and the seccomp filter, then execs. Init stays to hand
+//!   veth end the helper moved in: see [`crate::bridge`]). It then takes on no new privileges,
+//!   the emptied capability sets and the seccomp filters itself, for the app to inherit. The
+//!   sandbox is now prepared: init says so on stdin (the agent's control socket) and waits
+//!   there for the start message, the rest of the app's environment. A slot of the slot pool
+//!   waits here until a request needs it; a JIT start sends the message at once. Then init
+//!   forks the app. The app gets rlimits (those the instance's cgroups do not already enforce:
+//!   see [`crate::cgroup`]) and execs, which leaves it no capabilities. Init stays to hand
 //!   out connections to the app (see [`crate::connect`]) and to reap; when the app exits, init
 //!   exits with its status and the kernel kills whatever is left in the namespace.
 //!

@@ -1,6 +1,7 @@
 //! Who the sandbox runs as and what it may do: the user namespace's id maps, root inside that
-//! means nothing outside, and the app's limits, capabilities, no-new-privileges and seccomp
-//! filter, applied just before it execs.
+//! means nothing outside; no-new-privileges, the securebits, the emptied bounding and ambient
+//! sets and the seccomp filters, which init takes on once the sandbox is built ([`confine`])
+//! and the app inherits; and the app's own limits, set just before it execs.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
