@@ -350,6 +350,26 @@ fn run(args: &ProbeArgs) {
             format!("CapEff {cap_eff}, NoNewPrivs {nnp}"),
         );
     }
+    // The sets exec could give capabilities back from, and the bounding set that caps them
+    // all: empty in the sandbox, whatever CapEff says.
+    if !cap_eff.is_empty() {
+        let sets: Vec<String> = ["CapPrm:", "CapInh:", "CapBnd:", "CapAmb:"]
+            .iter()
+            .map(|name| format!("{name} {}", field(name)))
+            .collect();
+        let full = sets.iter().any(|s| {
+            !s.rsplit(' ')
+                .next()
+                .unwrap_or("")
+                .trim_start_matches('0')
+                .is_empty()
+        });
+        report(
+            "capability-sets",
+            full.then(|| sets.join(", ")),
+            sets.join(", "),
+        );
+    }
     if args.only_loopback {
         // The effect of a network namespace of its own: the host's interfaces are not there.
         match nix::ifaddrs::getifaddrs() {

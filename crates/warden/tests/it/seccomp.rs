@@ -44,5 +44,10 @@ fn the_seccomp_filter_and_no_new_privileges_each_hold_on_their_own() {
             out.contains("probe seccomp-mode: blocked (Seccomp: 2)"),
             "{out}"
         );
+        // Emptied by the sandbox's init, before the app's exec, for it to inherit.
+        assert!(
+            out.contains("probe capability-sets: blocked (CapPrm: 0000000000000000, CapInh: 0000000000000000, CapBnd: 0000000000000000, CapAmb: 0000000000000000)"),
+            "{out}"
+        );
     }
 }
