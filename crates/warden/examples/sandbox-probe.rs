@@ -148,64 +148,60 @@ fn inherited_descriptors() {
     report("inherited-fds", escaped, "only 0, 1 and 2 are open");
 }
 
+/// mount(2) called as system call `nr` with a file-system type it cannot read: the errno it
+/// got, or `None` if it succeeded.
+fn unreadable_mount(nr: nix::libc::c_long) -> Option<std::io::Error> {
+    // SAFETY: mount(2) only reads the strings its pointers name; the type's pointer (dangling,
+    // address 1) is unreadable on purpose, so the call fails with EFAULT if it reaches the
+    // kernel's mount at all.
+    let rc = unsafe {
+        nix::libc::syscall(
+            nr,
+            c"none".as_ptr(),
+            c"/tmp".as_ptr(),
+            std::ptr::dangling::<nix::libc::c_char>(),
+            0 as nix::libc::c_ulong,
+            std::ptr::null::<nix::libc::c_void>(),
+        )
+    };
+    (rc != 0).then(std::io::Error::last_os_error)
+}
+
 /// Whether the seccomp filter itself refuses mount(2), told apart from the kernel's refusal of
 /// an app without capabilities, which is EPERM too: a mount(2) whose file-system type cannot be
 /// read fails in the kernel with EFAULT before any permission check, while the filter answers
 /// EPERM before the kernel looks at anything.
 fn seccomp_mount() {
-    // SAFETY: mount(2) only reads the strings its pointers name; the type's pointer (dangling,
-    // address 1) is unreadable on purpose, so the call fails with EFAULT if it reaches the kernel at all.
-    let rc = unsafe {
-        nix::libc::syscall(
-            nix::libc::SYS_mount,
-            c"none".as_ptr(),
-            c"/tmp".as_ptr(),
-            std::ptr::dangling::<nix::libc::c_char>(),
-            0 as nix::libc::c_ulong,
-            std::ptr::null::<nix::libc::c_void>(),
-        )
-    };
-    let e = std::io::Error::last_os_error();
-    match (rc, e.raw_os_error()) {
-        (0, _) => report("seccomp-mount", Some("mount(2) succeeded".into()), ""),
-        (_, Some(nix::libc::EPERM)) => report("seccomp-mount", None, "the filter answers EPERM"),
-        (_, Some(nix::libc::EFAULT)) => report(
-            "seccomp-mount",
-            Some("mount(2) reached the kernel, which read its arguments (EFAULT)".into()),
-            "",
-        ),
-        _ => println!("probe seccomp-mount: FAILED (unexpected {e})"),
+    let past = |how: &str| report("seccomp-mount", Some(how.into()), "");
+    match unreadable_mount(nix::libc::SYS_mount) {
+        None => past("mount(2) succeeded"),
+        Some(e) => match e.raw_os_error() {
+            Some(nix::libc::EPERM) => report("seccomp-mount", None, "the filter answers EPERM"),
+            Some(nix::libc::EFAULT) => {
+                past("mount(2) reached the kernel, which read its arguments (EFAULT)")
+            }
+            _ => println!("probe seccomp-mount: FAILED (unexpected {e})"),
+        },
     }
 }
 
 /// Whether the filter refuses mount(2) made through x86_64's x32 table (its number with
 /// `__X32_SYSCALL_BIT` set), which a filter comparing numbers exactly lets pass. The filter
-/// answers EPERM; past it, a kernel without x32 answers ENOSYS and one with it EFAULT (the
-/// unreadable type, as in [`seccomp_mount`]).
+/// answers EPERM; past it, a kernel without x32 answers ENOSYS and one with it EFAULT.
 #[cfg(target_arch = "x86_64")]
 fn seccomp_x32() {
     const X32_SYSCALL_BIT: nix::libc::c_long = 0x4000_0000;
-    // SAFETY: as in `seccomp_mount`: only unreadable or constant strings are passed.
-    let rc = unsafe {
-        nix::libc::syscall(
-            X32_SYSCALL_BIT | nix::libc::SYS_mount,
-            c"none".as_ptr(),
-            c"/tmp".as_ptr(),
-            std::ptr::dangling::<nix::libc::c_char>(),
-            0 as nix::libc::c_ulong,
-            std::ptr::null::<nix::libc::c_void>(),
-        )
-    };
-    let e = std::io::Error::last_os_error();
     let past = |how: &str| report("seccomp-x32", Some(how.into()), "");
-    match (rc, e.raw_os_error()) {
-        (0, _) => past("the x32 mount(2) succeeded"),
-        (_, Some(nix::libc::EPERM)) => report("seccomp-x32", None, "the filter answers EPERM"),
-        (_, Some(nix::libc::ENOSYS)) => {
-            past("the x32 call passed the filter to a kernel without x32 (ENOSYS)")
-        }
-        (_, Some(nix::libc::EFAULT)) => past("the x32 mount(2) reached the kernel (EFAULT)"),
-        _ => println!("probe seccomp-x32: FAILED (unexpected {e})"),
+    match unreadable_mount(X32_SYSCALL_BIT | nix::libc::SYS_mount) {
+        None => past("the x32 mount(2) succeeded"),
+        Some(e) => match e.raw_os_error() {
+            Some(nix::libc::EPERM) => report("seccomp-x32", None, "the filter answers EPERM"),
+            Some(nix::libc::ENOSYS) => {
+                past("the x32 call passed the filter to a kernel without x32 (ENOSYS)")
+            }
+            Some(nix::libc::EFAULT) => past("the x32 mount(2) reached the kernel (EFAULT)"),
+            _ => println!("probe seccomp-x32: FAILED (unexpected {e})"),
+        },
     }
 }
 
