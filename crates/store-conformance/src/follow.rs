@@ -87,6 +87,12 @@ impl Store for Faulty {
         }
         self.inner.list(prefix).await
     }
+    async fn list_text_prefix(&self, start: &str) -> Result<Listing, StoreError> {
+        if take(&self.fail_lists) {
+            return Err(injected("list"));
+        }
+        self.inner.list_text_prefix(start).await
+    }
     async fn put(
         &self,
         key: &str,

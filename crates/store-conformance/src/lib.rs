@@ -94,6 +94,55 @@ pub async fn prefix_lists_match_whole_tokens(s: Arc<dyn Store>) {
     assert!(all.revision >= last);
 }
 
+pub async fn text_prefix_lists_match_text(s: Arc<dyn Store>) {
+    let p = scope("text");
+    for k in [
+        "apps/web/spec",
+        "apps/web~clock/spec",
+        "apps/web~worker/spec",
+        "apps/web~worker/x/y",
+        "apps/webshop~worker/spec",
+        "apps/we~b/spec",
+        "apps/web\u{7f}/spec",
+    ] {
+        s.put(&format!("{p}/{k}"), k.as_bytes().to_vec(), None)
+            .await
+            .unwrap();
+    }
+    let keys = |l: warden_store::Listing| {
+        l.entries
+            .into_iter()
+            .map(|e| e.key[p.len() + 1..].to_owned())
+            .collect::<Vec<_>>()
+    };
+    let web = s.list_text_prefix(&format!("{p}/apps/web~")).await.unwrap();
+    assert!(web.revision > 0);
+    assert_eq!(
+        keys(web),
+        [
+            "apps/web~clock/spec",
+            "apps/web~worker/spec",
+            "apps/web~worker/x/y"
+        ]
+    );
+    // Not trimmed or read by tokens: "apps/" is every key under it, and a text no key begins
+    // with finds nothing.
+    assert_eq!(
+        keys(s.list_text_prefix(&format!("{p}/apps/")).await.unwrap()).len(),
+        7
+    );
+    assert_eq!(
+        keys(s.list_text_prefix(&format!("{p}/apps/web")).await.unwrap()).len(),
+        6
+    );
+    assert!(keys(
+        s.list_text_prefix(&format!("{p}/apps/web~x"))
+            .await
+            .unwrap()
+    )
+    .is_empty());
+}
+
 pub async fn delete_removes(s: Arc<dyn Store>) {
     let k = format!("{}/k", scope("delete"));
     let r1 = s.put(&k, b"v".to_vec(), None).await.unwrap();
@@ -353,7 +402,7 @@ pub async fn concurrent_writers_all_land(s: Arc<dyn Store>) {
 macro_rules! each_check {
     ([$($then:tt)*] $($args:tt)*) => {
         $($then)*! { $($args)*;
-            put_get_and_hash, missing_keys, prefix_lists_match_whole_tokens, delete_removes,
+            put_get_and_hash, missing_keys, prefix_lists_match_whole_tokens, text_prefix_lists_match_text, delete_removes,
             compare_and_swap, watch_replays_from_a_revision,
             watch_from_listing_sees_every_later_change, leases_expire_and_watchers_see_it,
             revoke_deletes_attached_keys, concurrent_writers_all_land,

@@ -189,6 +189,10 @@ pub trait Store: Send + Sync + 'static {
     async fn get_hash(&self, key: &str) -> Result<Option<(Hash, Revision)>, StoreError>;
     /// Every entry whose key lies under `prefix` by whole `/`-separated tokens.
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError>;
+    /// Every entry whose key begins with the text `start`, tokens or not: for names joined
+    /// within one token, as `apps/demo~worker/spec` joins an app and its process type, which a
+    /// listing by whole tokens can only find by reading every app.
+    async fn list_text_prefix(&self, start: &str) -> Result<Listing, StoreError>;
     /// Writes `value` at `key`, optionally attached to a lease. Durable when it returns.
     async fn put(
         &self,

@@ -8,6 +8,7 @@
 mod codec;
 mod commit;
 mod format;
+mod listing;
 pub mod verify;
 mod watch;
 mod writer;
@@ -18,11 +19,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, TableDefinition};
 use tokio::sync::oneshot;
 
 use crate::{CasOutcome, Entry, Hash, LeaseId, Listing, Revision, Store, StoreError, Watch};
 use commit::Committer;
+use listing::{list_in, Span, INLINE_LIST};
 use writer::{Op, Writer};
 
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
@@ -240,6 +242,20 @@ impl EmbeddedStore {
         self.explained(r)
     }
 
+    /// The records in `span`: a short listing reads on the caller's thread, as a get does; past
+    /// `INLINE_LIST` records it is read again on the blocking pool, never holding up the
+    /// runtime's other tasks for long.
+    async fn list_span(&self, span: Span) -> Result<Listing, StoreError> {
+        if let Some(listing) = self.read_now(|db| list_in(db, &span, Some(INLINE_LIST)))? {
+            return Ok(listing);
+        }
+        let whole = self.read(move |db| list_in(db, &span, None)).await?;
+        whole.ok_or_else(|| StoreError::Engine {
+            op: "list",
+            reason: "a listing without a limit came back cut; this is a bug".into(),
+        })
+    }
+
     /// A read of one record, on the caller's thread: a lookup in redb's cache (or the page
     /// cache) costs a few microseconds, less than waking a blocking thread to do it and waking
     /// the caller again with the answer.
@@ -283,72 +299,6 @@ impl Drop for EmbeddedStore {
     }
 }
 
-/// The inclusive-exclusive key range that holds everything strictly under `prefix/`.
-pub(crate) fn child_range(prefix: &str) -> (String, String) {
-    (format!("{prefix}/"), format!("{prefix}0")) // '0' is the byte after '/'
-}
-
-/// Records a listing reads on the caller's thread before it goes to the blocking pool.
-const INLINE_LIST: usize = 128;
-
-/// Every record under `prefix` (the whole store for ""), with the revision the read saw; `None`
-/// when there are more than `limit`.
-fn list_in(
-    db: &Database,
-    prefix: &str,
-    limit: Option<usize>,
-) -> Result<Option<Listing>, StoreError> {
-    let txn = db.begin_read().map_err(read_err)?;
-    let kv = txn.open_table(KV).map_err(read_err)?;
-    let meta = txn.open_table(META).map_err(read_err)?;
-    let revision = meta
-        .get("revision")
-        .map_err(read_err)?
-        .map(|v| v.value())
-        .unwrap_or(0);
-    let mut rows: Vec<(redb::AccessGuard<'_, &str>, redb::AccessGuard<'_, &[u8]>)> = Vec::new();
-    let mut own = None;
-    if prefix.is_empty() {
-        for row in kv.iter().map_err(read_err)? {
-            rows.push(row.map_err(read_err)?);
-            if limit.is_some_and(|l| rows.len() > l) {
-                return Ok(None);
-            }
-        }
-    } else {
-        own = kv.get(prefix).map_err(read_err)?;
-        let (lo, hi) = child_range(prefix);
-        for row in kv.range(lo.as_str()..hi.as_str()).map_err(read_err)? {
-            rows.push(row.map_err(read_err)?);
-            if limit.is_some_and(|l| rows.len() > l) {
-                return Ok(None);
-            }
-        }
-    }
-    let mut entries = Vec::new();
-    // A record whose framing is damaged is left out (and logged), never failing the listing of
-    // every other one.
-    let mut damaged = Vec::new();
-    let mut push = |k: &str, v: &[u8]| match codec::decode_entry(k, v) {
-        Ok(e) => entries.push(e),
-        Err(e) => {
-            warden_core::log_limited!(warn, error = %e, "skipping a damaged store record");
-            damaged.push((k.to_owned(), e.to_string()));
-        }
-    };
-    if let Some(v) = own {
-        push(prefix, v.value());
-    }
-    for (k, v) in &rows {
-        push(k.value(), v.value());
-    }
-    Ok(Some(Listing {
-        entries,
-        revision,
-        damaged,
-    }))
-}
-
 #[async_trait]
 impl Store for EmbeddedStore {
     async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
@@ -377,18 +327,12 @@ impl Store for EmbeddedStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
-        // A listing's length is the caller's (the API lists every app to find one app's process
-        // types): a short one reads here, as a get does; past `INLINE_LIST` records it is read
-        // again on the blocking pool, never holding up the runtime's other tasks for long.
-        let prefix = prefix.trim_end_matches('/').to_owned();
-        if let Some(listing) = self.read_now(|db| list_in(db, &prefix, Some(INLINE_LIST)))? {
-            return Ok(listing);
-        }
-        let whole = self.read(move |db| list_in(db, &prefix, None)).await?;
-        whole.ok_or_else(|| StoreError::Engine {
-            op: "list",
-            reason: "a listing without a limit came back cut; this is a bug".into(),
-        })
+        self.list_span(Span::Under(prefix.trim_end_matches('/').to_owned()))
+            .await
+    }
+
+    async fn list_text_prefix(&self, start: &str) -> Result<Listing, StoreError> {
+        self.list_span(Span::Starting(start.to_owned())).await
     }
 
     async fn put(

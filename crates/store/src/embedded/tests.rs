@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use redb::ReadableTable;
+
 use super::*;
 
 #[tokio::test]

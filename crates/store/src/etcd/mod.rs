@@ -236,6 +236,26 @@ fn entry(kv: &KeyValue) -> Result<Entry, StoreError> {
     })
 }
 
+/// The entries of `resp` whose key `keep` accepts, and those that did not decode.
+fn listing(resp: &etcd_client::GetResponse, keep: impl Fn(&str) -> bool) -> Listing {
+    let mut listing = Listing {
+        entries: Vec::with_capacity(resp.kvs().len()),
+        revision: header_revision(resp.header()),
+        damaged: Vec::new(),
+    };
+    for kv in resp.kvs() {
+        match entry(kv) {
+            Ok(e) if keep(&e.key) => listing.entries.push(e),
+            Ok(_) => {}
+            Err(e) => listing.damaged.push((
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                e.to_string(),
+            )),
+        }
+    }
+    listing
+}
+
 fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> Revision {
     h.map(|h| rev(h.revision())).unwrap_or(0)
 }
@@ -267,22 +287,19 @@ impl Store for EtcdStore {
                 async move { kv.get(start, Some(GetOptions::new().with_range(end))).await }
             })
             .await?;
-        let mut listing = Listing {
-            entries: Vec::with_capacity(resp.kvs().len()),
-            revision: header_revision(resp.header()),
-            damaged: Vec::new(),
-        };
-        for kv in resp.kvs() {
-            match entry(kv) {
-                Ok(e) if warden_core::keys::under_prefix(prefix, &e.key) => listing.entries.push(e),
-                Ok(_) => {}
-                Err(e) => listing.damaged.push((
-                    String::from_utf8_lossy(kv.key()).into_owned(),
-                    e.to_string(),
-                )),
-            }
-        }
-        Ok(listing)
+        Ok(listing(&resp, |key| {
+            warden_core::keys::under_prefix(prefix, key)
+        }))
+    }
+
+    async fn list_text_prefix(&self, start: &str) -> Result<Listing, StoreError> {
+        let resp = self
+            .retry("list", |c| {
+                let mut kv = c.kv_client().max_decoding_message_size(MAX_LISTING);
+                async move { kv.get(start, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
+        Ok(listing(&resp, |_| true))
     }
 
     async fn put(
