@@ -11,6 +11,13 @@ pub fn app_of_spec(key: &str) -> Option<&str> {
     key.strip_prefix("apps/")?.strip_suffix("/spec")
 }
 
+/// The text every key of app `app`'s process types' specs (`apps/<app>~<type>/spec`) begins
+/// with, for the store's `list_text_prefix`: no other app's key begins so, since no app's name
+/// holds the separator.
+pub fn process_specs_start(app: &str) -> String {
+    format!("apps/{app}{}", crate::PROCESS_SEP)
+}
+
 /// Prefix under which every app's records live.
 pub const APPS: &str = "apps";
 

@@ -15,9 +15,13 @@ use warden_store::{get_json, CasOutcome, StoreError};
 
 use crate::Api;
 
-/// The names of the process types app `app` has derived specs for, and their specs.
+/// The specs of app `app`'s process types: the keys that begin `apps/<app>~`, read without
+/// reading every app's.
 pub(crate) async fn of_app(api: &Api, app: &str) -> Result<Vec<AppSpec>, StoreError> {
-    let listing = api.store.list(keys::APPS).await?;
+    let listing = api
+        .store
+        .list_text_prefix(&keys::process_specs_start(app))
+        .await?;
     let mut out = Vec::new();
     for e in &listing.entries {
         let Some(name) = keys::app_of_spec(&e.key) else {
