@@ -19,6 +19,10 @@ Everything runs on loopback on this machine, servers and client sharing its core
 seed. The client is this one Python program for every system, so its own cost is the same in
 every row; absolute figures are the client's floor as much as the server's, the ratios are the
 point. Output: CSV (one line per run), a markdown table and a plot.
+
+--standing N first puts N other records that stay (apps, for warden) and are never touched
+again, so that each turn runs beside a store that holds something: a write whose cost grows
+with the records held shows here and not with an empty store.
 """
 import argparse
 import base64
@@ -285,6 +289,31 @@ def run(client, turns, workers, persistent):
     return time.perf_counter() - start
 
 
+def stand(client, n):
+    """Puts `n` records that stay for the whole run, on 10 workers with a connection each."""
+    local = threading.local()
+
+    def put(i):
+        def once():
+            if getattr(local, "conn", None) is None:
+                local.conn = client.connect()
+            try:
+                client.put(local.conn, i)
+            except Exception:
+                close(local.conn)
+                local.conn = None
+                raise
+
+        retry(once)
+
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        list(pool.map(put, range(STANDING_BASE, STANDING_BASE + n)))
+
+
+# Standing records' numbers: far past any turn's.
+STANDING_BASE = 10_000_000
+
+
 # --- servers: each a context that yields a client -----------------------------------------
 
 
@@ -407,6 +436,8 @@ def main():
     ap.add_argument("--workers", default="10,100")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--standing", type=int, default=0,
+                    help="records put before the turns and kept (default 0)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix="warden-store-bench")
@@ -417,6 +448,7 @@ def main():
             servers = Servers(args.warden, work)
             try:
                 client = servers.start(system)
+                stand(client, args.standing)
                 for persistent in (False, True):
                     for k in [int(x) for x in args.workers.split(",")]:
                         for rnd in range(args.rounds):
@@ -455,6 +487,7 @@ def report(rows, args, path):
     ks = sorted({k for (_, _, k) in m})
     systems = [s for s in SYSTEMS if any(c[0] == s for c in m)]
     lines = [f"{args.turns} turns (put, get, delete: {3 * args.turns} operations) per run, "
+             f"{args.standing} standing records, "
              f"median of {args.rounds} runs, operations per second.", ""]
     head = "| system | " + " | ".join(f"{mode} k={k}" for mode in modes for k in ks) + " |"
     lines += [head, "|" + "---|" * (1 + len(modes) * len(ks))]
