@@ -435,6 +435,10 @@ impl InstanceAdmin for Agent {
         self.inner.life.record(id)
     }
 
+    fn own_records(&self) -> Vec<InstanceRecord> {
+        self.inner.life.instances()
+    }
+
     fn logs(&self, id: &str, lines: usize) -> Result<String, InstanceError> {
         Ok(self.inner.life.logs(id, lines)?)
     }

@@ -380,4 +380,12 @@ impl InstanceAdmin for Shared {
     fn record(&self, id: &str) -> Option<InstanceRecord> {
         self.0.local.as_ref()?.record(id)
     }
+
+    fn own_records(&self) -> Vec<InstanceRecord> {
+        self.0
+            .local
+            .as_ref()
+            .map(|l| l.own_records())
+            .unwrap_or_default()
+    }
 }

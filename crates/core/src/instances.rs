@@ -383,6 +383,13 @@ pub trait InstanceAdmin: Instances {
     /// The record of an instance running on this node, by id.
     fn record(&self, id: &str) -> Option<InstanceRecord>;
 
+    /// Every instance running on this node, as its agent holds it: the store's records follow
+    /// behind a request (a start a request waits for is recorded after it), so an instance may
+    /// be here before it is there.
+    fn own_records(&self) -> Vec<InstanceRecord> {
+        Vec::new()
+    }
+
     /// The last `lines` lines an instance printed, running or recently exited.
     fn logs(&self, id: &str, lines: usize) -> Result<String, InstanceError>;
 

@@ -15,7 +15,8 @@ use crate::sync::lock;
 
 /// How long the record of an instance handed to a waiting request (a spare taken, a start that
 /// became ready) waits before it is written (`Lifecycle::publish_behind`): its first request is
-/// most likely answered by then. On a small machine the commit (its CPU and its fsync) would
+/// most likely answered by then. A start a request waits for is also recorded this long after
+/// its launch (as starting, if it still is). On a small machine the commit (its CPU and its fsync) would
 /// otherwise compete with that very request; meanwhile this node serves the instance from
 /// memory, and other nodes see it a few milliseconds later.
 const PUBLISH_BEHIND: Duration = Duration::from_millis(10);
@@ -88,6 +89,23 @@ impl Lifecycle {
         }
     }
 
+    /// Whether the store holds `record` at `key` already, under `lease`.
+    async fn holds(
+        &self,
+        key: &str,
+        record: &InstanceRecord,
+        lease: warden_store::LeaseId,
+    ) -> bool {
+        match self.deps.store.get(key).await {
+            Ok(Some(e)) => {
+                e.lease == Some(lease)
+                    && warden_store::decode::<InstanceRecord>(key, &e.value)
+                        .is_ok_and(|r| r == *record)
+            }
+            _ => false,
+        }
+    }
+
     /// Writes the agent's own record of instance `id` until the store holds what the agent
     /// holds: another write of it (a drain's, a taint's, an earlier snapshot's) may land
     /// between, so once written it is compared with the agent's and written again; an instance
@@ -102,7 +120,13 @@ impl Lifecycle {
         // Each round follows a change the agent made meanwhile; a few cover any real sequence.
         for _ in 0..4 {
             let lease = self.deps.node.lease();
-            let put = put_json(&*self.deps.store, &key, &written, Some(lease)).await;
+            // A start a request waited for is published twice, after its launch and after its
+            // end; for a start shorter than the delay both find the same record, and a read
+            // costs less than a commit.
+            let put = match self.holds(&key, &written, lease).await {
+                true => Ok(0),
+                false => put_json(&*self.deps.store, &key, &written, Some(lease)).await,
+            };
             let Some(now) = current(id) else {
                 let _ = self.deps.store.delete(&key).await;
                 return Ok(());

@@ -292,7 +292,18 @@ impl Lifecycle {
         };
         tokio::spawn(monitor.run(self.clone()).in_current_span());
         let key = keys::instance(app, &id);
-        self.publish_or_stop(&key, &record).await?;
+        // A start a request waits for is recorded behind it, as its end is: its commit (the
+        // CPU of redb and of the fsync) would run beside the app's own start on the request's
+        // path, 0.35-0.45 ms of a slot start here (docs/BENCHMARKS.md). A start still under way
+        // after `PUBLISH_BEHIND` is then recorded as starting. Any other start is recorded
+        // before anything counts on it.
+        let behind = purpose == Purpose::Serve;
+        if behind {
+            let (me, id) = (self.clone(), id.clone());
+            tokio::spawn(async move { me.publish_behind(id).await }.in_current_span());
+        } else {
+            self.publish_or_stop(&key, &record).await?;
+        }
         let ready = self.wait_started(spec, &addr, listening, exit_rx).await;
         match ready {
             Ready::Yes => {}
@@ -321,9 +332,6 @@ impl Lifecycle {
         } else {
             InstanceState::Ready
         };
-        // Only a waiting request is worth the record written behind it; a start nobody waits
-        // for (a rollout's, a desired count's) is in the store before anything counts on it.
-        let behind = purpose == Purpose::Serve;
         self.finish(&key, &record, &log, behind).await?;
         tracing::info!(ms = began.elapsed().as_millis() as u64, path = ?path, spare, "instance ready");
         Ok(record)

@@ -289,6 +289,16 @@ async fn app_of(
                 let app = warden_core::split_process_app(app).map_or(app, |(app, _)| app);
                 (this == id).then(|| app.to_owned())
             });
+            // This node's instance not yet in the store (recorded behind its first request).
+            let app = app.or_else(|| {
+                let own = api.instances.as_ref()?.record(&id)?;
+                let app = own.app.as_str();
+                Some(
+                    warden_core::split_process_app(app)
+                        .map_or(app, |(app, _)| app)
+                        .to_owned(),
+                )
+            });
             Ok((req, app))
         }
         "/v1/instances" if req.method() == axum::http::Method::POST => {

@@ -14,10 +14,10 @@ use warden_store::decode;
 use crate::error::{ApiError, ApiJson};
 use crate::Api;
 
-/// Every instance the store records. An instance of this process's agent shows the agent's
-/// own record: the store's follows it behind a request (an instance that just became ready is
-/// written after its first request is on its way), and an operator who just reached an app
-/// must see its instance as it is.
+/// Every instance the store records, and this process's agent's own. An instance of the agent
+/// shows the agent's own record: the store's follows it behind a request (a start a request
+/// waits for, and an instance that just became ready, are written after that request is on its
+/// way), and an operator who just reached an app must see its instance as it is.
 pub(crate) async fn all(api: &Api) -> Result<Vec<InstanceRecord>, ApiError> {
     let listing = api.store.list(keys::INSTANCES).await?;
     let mut all = listing
@@ -32,6 +32,13 @@ pub(crate) async fn all(api: &Api) -> Result<Vec<InstanceRecord>, ApiError> {
                 *r = own;
             }
         }
+        let listed: std::collections::HashSet<String> = all.iter().map(|r| r.id.clone()).collect();
+        let unlisted: Vec<_> = agent
+            .own_records()
+            .into_iter()
+            .filter(|r| !listed.contains(&r.id))
+            .collect();
+        all.extend(unlisted);
     }
     Ok(all)
 }

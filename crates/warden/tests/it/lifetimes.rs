@@ -326,6 +326,36 @@ fn a_start_still_under_way_is_listed_as_starting_and_then_as_ready() {
     );
 }
 
+/// What other nodes see: the store's record of a start a request waits for, written behind
+/// that request (after a short delay, as starting while it still is), then as ready.
+#[test]
+fn a_start_still_under_way_is_in_the_store_as_starting_and_then_as_ready() {
+    let cluster = warden_test_support::etcd::EtcdCluster::start(1);
+    let w = crate::cluster::demo_node(&cluster, "solo", "gateway,api,agent");
+    create_app(
+        &w,
+        "slow",
+        json!({
+            "env": { "WARDEN_DEMO_UNHEALTHY_CHECKS": "120" },
+            "health_path": "/_health",
+            "start_timeout_ms": 60000,
+        }),
+    );
+    let stored = || cluster.etcdctl(&["get", "--prefix", "instances/slow/", "--print-value-only"]);
+    let url = format!("{}/apps/slow/", w.gateway);
+    let auth = warden_test_support::http::basic("alice", &w.password("alice"));
+    let first = std::thread::spawn(move || {
+        warden_test_support::request("GET", &url, &[("authorization", &auth)], b"").status
+    });
+    wait_until("the store to say starting", Duration::from_secs(20), || {
+        stored().contains(r#""state":"starting""#).then_some(())
+    });
+    assert_eq!(first.join().unwrap(), 200);
+    wait_until("the store to say ready", Duration::from_secs(20), || {
+        stored().contains(r#""state":"ready""#).then_some(())
+    });
+}
+
 #[test]
 fn an_instance_that_never_answers_its_health_path_fails_with_what_it_answered() {
     let w = Warden::demo(BIN);
