@@ -61,25 +61,41 @@ pub async fn missing_keys(s: Arc<dyn Store>) {
     assert_eq!(s.delete(&k).await.unwrap(), None);
 }
 
-pub async fn prefix_lists_match_whole_tokens(s: Arc<dyn Store>) {
-    let p = scope("prefix");
-    for k in [
-        "apps/web",
-        "apps/web/spec",
-        "apps/web/releases/1",
-        "apps/webshop/spec",
-        "apps2/x",
-    ] {
+/// Puts each of `keys` under scope `p` (its own name as its value); what it returns reads a
+/// listing's keys back without the scope.
+async fn put_keys(
+    s: &Arc<dyn Store>,
+    p: &str,
+    keys: &[&str],
+) -> impl Fn(warden_store::Listing) -> Vec<String> {
+    for k in keys {
         s.put(&format!("{p}/{k}"), k.as_bytes().to_vec(), None)
             .await
             .unwrap();
     }
-    let keys = |l: warden_store::Listing| {
+    let skip = p.len() + 1;
+    move |l: warden_store::Listing| {
         l.entries
             .into_iter()
-            .map(|e| e.key[p.len() + 1..].to_owned())
+            .map(|e| e.key[skip..].to_owned())
             .collect::<Vec<_>>()
-    };
+    }
+}
+
+pub async fn prefix_lists_match_whole_tokens(s: Arc<dyn Store>) {
+    let p = scope("prefix");
+    let keys = put_keys(
+        &s,
+        &p,
+        &[
+            "apps/web",
+            "apps/web/spec",
+            "apps/web/releases/1",
+            "apps/webshop/spec",
+            "apps2/x",
+        ],
+    )
+    .await;
     let web = s.list(&format!("{p}/apps/web")).await.unwrap();
     let last = web.revision;
     assert_eq!(
@@ -96,25 +112,20 @@ pub async fn prefix_lists_match_whole_tokens(s: Arc<dyn Store>) {
 
 pub async fn text_prefix_lists_match_text(s: Arc<dyn Store>) {
     let p = scope("text");
-    for k in [
-        "apps/web/spec",
-        "apps/web~clock/spec",
-        "apps/web~worker/spec",
-        "apps/web~worker/x/y",
-        "apps/webshop~worker/spec",
-        "apps/we~b/spec",
-        "apps/web\u{7f}/spec",
-    ] {
-        s.put(&format!("{p}/{k}"), k.as_bytes().to_vec(), None)
-            .await
-            .unwrap();
-    }
-    let keys = |l: warden_store::Listing| {
-        l.entries
-            .into_iter()
-            .map(|e| e.key[p.len() + 1..].to_owned())
-            .collect::<Vec<_>>()
-    };
+    let keys = put_keys(
+        &s,
+        &p,
+        &[
+            "apps/web/spec",
+            "apps/web~clock/spec",
+            "apps/web~worker/spec",
+            "apps/web~worker/x/y",
+            "apps/webshop~worker/spec",
+            "apps/we~b/spec",
+            "apps/web\u{7f}/spec",
+        ],
+    )
+    .await;
     let web = s.list_text_prefix(&format!("{p}/apps/web~")).await.unwrap();
     assert!(web.revision > 0);
     assert_eq!(

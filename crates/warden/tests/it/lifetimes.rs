@@ -289,12 +289,11 @@ fn the_gateway_holds_the_first_request_until_the_health_path_answers() {
     assert_eq!(served["path"], "/", "{served}");
 }
 
-#[test]
-fn a_start_still_under_way_is_listed_as_starting_and_then_as_ready() {
-    let w = Warden::demo(BIN);
-    // Its health path answers 503 for its first 120 checks: the start takes a second or so.
+/// App `slow`, whose health path answers 503 for its first 120 checks: a start takes a second
+/// or so.
+fn create_slow_app(w: &Warden) {
     create_app(
-        &w,
+        w,
         "slow",
         json!({
             "env": { "WARDEN_DEMO_UNHEALTHY_CHECKS": "120" },
@@ -302,6 +301,12 @@ fn a_start_still_under_way_is_listed_as_starting_and_then_as_ready() {
             "start_timeout_ms": 60000,
         }),
     );
+}
+
+#[test]
+fn a_start_still_under_way_is_listed_as_starting_and_then_as_ready() {
+    let w = Warden::demo(BIN);
+    create_slow_app(&w);
     let url = format!("{}/apps/slow/", w.gateway);
     let auth = warden_test_support::http::basic("alice", &w.password("alice"));
     let first = std::thread::spawn(move || {
@@ -332,15 +337,7 @@ fn a_start_still_under_way_is_listed_as_starting_and_then_as_ready() {
 fn a_start_still_under_way_is_in_the_store_as_starting_and_then_as_ready() {
     let cluster = warden_test_support::etcd::EtcdCluster::start(1);
     let w = crate::cluster::demo_node(&cluster, "solo", "gateway,api,agent");
-    create_app(
-        &w,
-        "slow",
-        json!({
-            "env": { "WARDEN_DEMO_UNHEALTHY_CHECKS": "120" },
-            "health_path": "/_health",
-            "start_timeout_ms": 60000,
-        }),
-    );
+    create_slow_app(&w);
     let stored = || cluster.etcdctl(&["get", "--prefix", "instances/slow/", "--print-value-only"]);
     let url = format!("{}/apps/slow/", w.gateway);
     let auth = warden_test_support::http::basic("alice", &w.password("alice"));
