@@ -74,6 +74,9 @@ impl Lifecycle {
     /// backing off up to [`RETRY_MAX`], for as long as the instance runs. Until it lands, other
     /// nodes route around the instance and a release's rollout counts it as serving.
     pub(super) async fn publish_behind(self: Arc<Self>, id: String) {
+        let Some(key) = self.record(&id).map(|r| keys::instance(&r.app, &id)) else {
+            return;
+        };
         tokio::time::sleep(PUBLISH_BEHIND).await;
         let mut pause = RETRY_FIRST;
         while let Err(e) = self.write_current(&id).await {
@@ -86,6 +89,12 @@ impl Lifecycle {
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(RETRY_MAX);
+            // A write that failed may have landed all the same (a timeout), after the
+            // instance's monitor removed its record: gone by now, nothing else removes it.
+            if self.record(&id).is_none() {
+                let _ = self.deps.store.delete(&key).await;
+                return;
+            }
         }
     }
 

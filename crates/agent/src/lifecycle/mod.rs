@@ -589,4 +589,6 @@ impl Lifecycle {
 }
 
 #[cfg(test)]
+mod publish_tests;
+#[cfg(test)]
 mod tests;

@@ -442,9 +442,11 @@ impl Lifecycle {
         c.total = c.total.saturating_sub(1);
     }
 
-    /// Writes a starting instance's record; if the store refuses (a lost lease under a start
-    /// storm, a full disk), stops the instance, which would otherwise run unrecorded and count
-    /// against the node's maximum until it exited by itself.
+    /// Writes the record of an instance no request waits for (a spare, a kept instance); if the
+    /// store refuses (a lost lease under a start storm, a full disk), stops the instance, which
+    /// would otherwise run unrecorded and count against the node's maximum until it exited by
+    /// itself. A start a request waits for serves that request instead, and its record is
+    /// written behind it until the store takes it (`publish_behind`).
     async fn publish_or_stop(&self, key: &str, record: &InstanceRecord) -> Result<(), AgentError> {
         let lease = self.deps.node.lease();
         match put_json(&*self.deps.store, key, record, Some(lease)).await {

@@ -42,6 +42,11 @@ fn idle_runtime() -> Runtime {
 /// the table's own methods.
 fn lifecycle(rt: &Runtime, dir: &Path) -> Arc<Lifecycle> {
     let store: Arc<dyn Store> = Arc::new(EmbeddedStore::open(&dir.join("store.redb")).unwrap());
+    lifecycle_on(rt, dir, store)
+}
+
+/// [`lifecycle`] on `store`.
+pub(super) fn lifecycle_on(rt: &Runtime, dir: &Path, store: Arc<dyn Store>) -> Arc<Lifecycle> {
     let info = NodeInfo {
         id: "locks".into(),
         ..NodeInfo::default()
@@ -89,7 +94,7 @@ fn lifecycle(rt: &Runtime, dir: &Path) -> Arc<Lifecycle> {
 }
 
 /// A ready shared instance `id` of app `a`, label `l`.
-fn record(id: &str) -> InstanceRecord {
+pub(super) fn record(id: &str) -> InstanceRecord {
     InstanceRecord {
         id: id.into(),
         app: "a".into(),
@@ -108,7 +113,7 @@ fn record(id: &str) -> InstanceRecord {
 }
 
 /// Puts `record` in the table of running instances, as a start does.
-fn add_running(life: &Lifecycle, record: &InstanceRecord) {
+pub(super) fn add_running(life: &Lifecycle, record: &InstanceRecord) {
     let (_, exited) = watch::channel(false);
     lock(&life.table).running.insert(
         record.id.clone(),
