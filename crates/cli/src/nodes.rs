@@ -2,7 +2,7 @@
 
 use clap::Subcommand;
 
-use warden_api_types::NodeRecord;
+use warden_api_types::{InstanceRecord, NodeRecord};
 
 use crate::{client, table, Output};
 
@@ -89,7 +89,9 @@ pub(crate) async fn run(
     Ok(())
 }
 
-/// Waits until `name` runs no instance, or fails after `limit`.
+/// Waits until `name` runs no instance, or fails after `limit`. Both what the node publishes
+/// of its load (each second, so it may not count an instance started since) and the instance
+/// records (written behind a start) must say none is left.
 async fn wait_empty(
     api: &client::Client,
     name: &str,
@@ -102,7 +104,10 @@ async fn wait_empty(
             // Stopped meanwhile (its instances stop with it), or never running.
             return Ok(());
         };
-        let left = node.load.instances;
+        let records: Vec<InstanceRecord> = api.call("GET", "/v1/instances").await?;
+        let recorded = records.iter().filter(|r| r.node == name).count();
+        let recorded = u32::try_from(recorded).unwrap_or(u32::MAX);
+        let left = node.load.instances.max(recorded);
         if left == 0 {
             return Ok(());
         }
