@@ -98,6 +98,16 @@ fn until(what: &str, want: impl Fn() -> bool) {
     }
 }
 
+/// Reads the first line the CLI's command printed, which must be `ready`; the rest of its
+/// output follows in what this returns.
+fn said_ready(child: &mut Child) -> std::io::BufReader<std::process::ChildStdout> {
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "ready\n", "the command's first line");
+    stdout
+}
+
 /// The CLI's exit code, waiting at most a minute (then killing it).
 fn exit_code(child: &mut Child) -> Option<i32> {
     let start = Instant::now();
@@ -220,30 +230,34 @@ fn a_command_that_writes_before_it_reads_gets_all_its_input() {
 fn ctrl_c_reaches_the_command_and_a_client_gone_kills_it() {
     let w = with_plain();
     // Ctrl-C: the command dies of it, and so the CLI exits 130.
+    // Signalled only once it says it is ready: a Python still starting (importing `site`)
+    // turns the KeyboardInterrupt into exit status 1.
     let marker = "warden-run-test-sleeper-1";
-    let sleeper = format!("import time; time.sleep(600) # {marker}");
+    let sleeper = format!("import time; print('ready', flush=True); time.sleep(600) # {marker}");
     let mut child = warden(&w, &["run", "plain", "--", "python3", "-c", &sleeper])
         .stdin(Stdio::null())
+        .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    until("the command runs", || running(marker));
+    let _out = said_ready(&mut child);
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
     assert_eq!(exit_code(&mut child), Some(130));
     until("the command is gone", || !running(marker));
     // A command that catches it decides its own exit status.
-    let catcher = "trap 'echo caught; exit 7' INT; sleep 600 & wait # warden-run-test-catcher";
+    let catcher =
+        "trap 'echo caught; exit 7' INT; echo ready; sleep 600 & wait # warden-run-test-catcher";
     let mut child = warden(&w, &["run", "plain", "--", "sh", "-c", catcher])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    until("the catcher runs", || running("warden-run-test-catcher"));
+    let mut stdout = said_ready(&mut child);
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
     assert_eq!(exit_code(&mut child), Some(7));
     let mut out = String::new();
-    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    std::io::Read::read_to_string(&mut stdout, &mut out).unwrap();
     assert_eq!(out, "caught\n");
     // The client killed outright: the command goes with its connection.
     let marker = "warden-run-test-sleeper-2";
