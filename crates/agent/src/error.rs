@@ -61,6 +61,15 @@ pub enum AgentError {
         /// How its last instance ended.
         last_exit: String,
     },
+    /// A connection to the instance's port was accepted by another uid's socket: a process of
+    /// the node bound the port before the app. Not the app's fault, and no request went there.
+    #[error("app {app:?} was not started: {why}")]
+    NotOwnListener {
+        /// App name.
+        app: String,
+        /// Whose socket it was, or why that could not be told.
+        why: String,
+    },
     /// The app or the node already runs as many instances as it may.
     #[error("{what} already runs its maximum of {limit} instances; retry when one has stopped or raise the limit")]
     Full {
@@ -138,6 +147,7 @@ impl From<AgentError> for InstanceError {
             }
             AgentError::ShuttingDown => Self::unavailable(Unavailable::Stopping, e.to_string()),
             AgentError::Directory { .. }
+            | AgentError::NotOwnListener { .. }
             | AgentError::Metrics(_)
             | AgentError::InstanceImage(_)
             | AgentError::Register(RegisterError::NameTaken { .. }) => {

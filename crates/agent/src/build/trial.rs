@@ -107,7 +107,14 @@ async fn run_trial(
     let ready = {
         let mut listening = started.listening.and_then(Listening::new);
         let health = spec.health_path.as_deref();
-        let wait = wait_ready(&started.addr, health, exited, timeout, listening.as_mut());
+        let wait = wait_ready(
+            &started.addr,
+            started.owner,
+            health,
+            exited,
+            timeout,
+            listening.as_mut(),
+        );
         tokio::pin!(wait);
         let mut status = None;
         let ready = loop {
@@ -141,6 +148,10 @@ async fn run_trial(
             "the release's instance was not ready within {} ms: {missing}; last lines:\n{}",
             spec.start_timeout_ms,
             tail()
+        ))),
+        // Not the release's fault: a process of the node took the port it was told.
+        Ready::Foreign(why) => Err(TrialError::Node(format!(
+            "the release's instance was not tried: {why}"
         ))),
     }
 }

@@ -51,6 +51,10 @@ pub(crate) struct Started {
     /// Where a sandbox's init says the app accepts connections (see
     /// `lifecycle::ready::Listening`); `None` when nothing will say.
     pub listening: Option<std::os::unix::net::UnixStream>,
+    /// The uid whose socket must accept a connection to a TCP `addr` for the instance to count
+    /// as ready: the app's own, since any process on the host may bind a loopback port the app
+    /// was told before the app does. `None` for an address only the instance can listen on.
+    pub owner: Option<u32>,
 }
 
 /// A way to run instances.

@@ -129,11 +129,16 @@ impl ProcessDriver {
                 source,
             },
         })?;
+        let owner = match &lease {
+            Some(lease) => lease.uid(),
+            None => nix::unistd::geteuid().as_raw(),
+        };
         Ok(Started {
             child,
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)).into(),
             held: lease.map(|l| Box::new(l) as Box<dyn super::launch::Held>),
             listening: None,
+            owner: Some(owner),
         })
     }
 }

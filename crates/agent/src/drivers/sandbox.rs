@@ -288,6 +288,8 @@ impl SandboxDriver {
             addr,
             held: Some(Box::new(held)),
             listening,
+            // A socket in the instance's directory, handed over by its init: no one else's.
+            owner: None,
         })
     }
 }

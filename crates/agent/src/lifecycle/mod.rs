@@ -8,6 +8,7 @@
 mod drain;
 mod handout;
 mod health;
+mod peer_owner;
 pub(crate) mod ready;
 mod start;
 mod table;

@@ -18,6 +18,27 @@ pub(crate) enum Ready {
     Exited,
     /// What was still missing.
     TimedOut(String),
+    /// The connection was taken by a socket of another uid than the instance's: a process
+    /// that bound the instance's port before the app did.
+    Foreign(String),
+}
+
+/// Whether a socket of `uid` took `conn`: `Ok(false)` when the kernel lists no live far end,
+/// `Err` saying whose it is (or why that cannot be told) otherwise.
+fn accepted_by(conn: &tokio::net::TcpStream, uid: u32) -> Result<bool, String> {
+    let ends = conn.local_addr().and_then(|l| Ok((l, conn.peer_addr()?)));
+    let found = ends.and_then(|(local, peer)| super::peer_owner::uid(local, peer));
+    match found {
+        Ok(Some(u)) if u == uid => Ok(true),
+        Ok(Some(u)) => Err(format!(
+            "its port {} was taken by a process of uid {u}, not the instance's uid {uid}, before the app listened on it; the instance is stopped and no request went to that listener",
+            conn.peer_addr().map(|a| a.port()).unwrap_or_default()
+        )),
+        Ok(None) => Ok(false),
+        Err(e) => Err(format!(
+            "cannot tell whose socket accepted its connection (/proc/net/tcp: {e}); no request goes to a listener warden cannot vouch for"
+        )),
+    }
 }
 
 /// How long an instance that listens on nothing must keep running to count as started: long
@@ -99,9 +120,11 @@ impl Listening {
 /// Waits until the app at `addr` is ready, the process exits, or `timeout` passes. Ready means
 /// accepting a TCP connection and, when the app names a health path, answering it 2xx or 3xx.
 /// With `listening` (a sandbox's init looking for the app to accept), the polls wait for its
-/// word instead of asking every millisecond.
+/// word instead of asking every millisecond. With `owner`, a connection counts only if the
+/// kernel says a socket of that uid accepted it (see `peer_owner.rs`).
 pub(crate) async fn wait_ready(
     addr: &InstanceAddr,
+    owner: Option<u32>,
     health: Option<&str>,
     mut exited: watch::Receiver<bool>,
     timeout: Duration,
@@ -123,6 +146,15 @@ pub(crate) async fn wait_ready(
         let conn = match poll_now {
             true => warden_sandbox::connect(addr).await.ok(),
             false => None,
+        };
+        let conn = match (conn, owner) {
+            (Some(conn), Some(uid)) => match accepted_by(&conn, uid) {
+                Err(why) => return Ready::Foreign(why),
+                Ok(true) => Some(conn),
+                // The far end is gone already: the next look tells.
+                Ok(false) => None,
+            },
+            (conn, _) => conn,
         };
         if let Some(conn) = conn {
             let Some(path) = health else {

@@ -247,6 +247,7 @@ impl Lifecycle {
             addr,
             held,
             listening,
+            owner: listener_uid,
         } = started;
         let pid = child.id().unwrap_or(0);
         let mut record = InstanceRecord {
@@ -304,7 +305,9 @@ impl Lifecycle {
         } else {
             self.publish_or_stop(&key, &record).await?;
         }
-        let ready = self.wait_started(spec, &addr, listening, exit_rx).await;
+        let ready = self
+            .wait_started(spec, &addr, listener_uid, listening, exit_rx)
+            .await;
         match ready {
             Ready::Yes => {}
             Ready::Exited => {
@@ -322,6 +325,14 @@ impl Lifecycle {
                     waited_ms: spec.start_timeout_ms,
                     waiting_for,
                     log_tail: logs::tail(&log, logs::TAIL_LINES),
+                });
+            }
+            Ready::Foreign(why) => {
+                let _ = self.kill(&id).await;
+                tracing::warn!(app, "{why}");
+                return Err(AgentError::NotOwnListener {
+                    app: app.to_owned(),
+                    why,
                 });
             }
         }
@@ -342,6 +353,7 @@ impl Lifecycle {
         &self,
         spec: &AppSpec,
         addr: &warden_core::InstanceAddr,
+        owner: Option<u32>,
         listening: Option<std::os::unix::net::UnixStream>,
         exited: watch::Receiver<bool>,
     ) -> Ready {
@@ -351,7 +363,7 @@ impl Lifecycle {
         }
         let mut listening = listening.and_then(Listening::new);
         let health = spec.health_path.as_deref();
-        let ready = wait_ready(addr, health, exited, timeout, listening.as_mut()).await;
+        let ready = wait_ready(addr, owner, health, exited, timeout, listening.as_mut()).await;
         if matches!(ready, Ready::Yes) {
             let told = listening.as_ref().is_some_and(Listening::told);
             self.deps.metrics.seen_ready(told);

@@ -59,6 +59,7 @@ impl Slot {
             addr: self.addr,
             held: Some(Box::new(held)),
             listening,
+            owner: None,
         })
     }
 

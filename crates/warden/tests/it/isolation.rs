@@ -162,3 +162,134 @@ fn an_app_can_tell_the_gateways_requests_from_forged_ones() {
     assert!(!listed.contains(key.trim()));
     assert!(!listed.to_lowercase().contains("secret\":"), "{listed}");
 }
+
+/// An app that, like gunicorn, retries a port that is taken: it writes the port it was told
+/// to `$OUT/port`, waits for `$OUT/go`, then binds until the port is free and answers `OWN`.
+const RETRIES_ITS_PORT: &str = r#"
+import os, socket, time
+port = int(os.environ["PORT"])
+out = os.environ["OUT"]
+with open(os.path.join(out, "port.tmp"), "w") as f:
+    f.write(str(port))
+os.rename(os.path.join(out, "port.tmp"), os.path.join(out, "port"))
+while not os.path.exists(os.path.join(out, "go")):
+    time.sleep(0.02)
+while True:
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        s.listen(16)
+        break
+    except OSError:
+        s.close()
+        time.sleep(0.05)
+while True:
+    c, _ = s.accept()
+    c.recv(65536)
+    c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nOWN")
+    c.close()
+"#;
+
+/// Another user's process on the node: listens on the port given, prints `listening`, and
+/// `GOT <line>` for every request that reaches it, which it answers `HIJACKED`.
+const TAKES_A_PORT: &str = r#"
+import socket, sys
+s = socket.socket()
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(16)
+print("listening", flush=True)
+while True:
+    c, _ = s.accept()
+    data = c.recv(65536)
+    if data:
+        print("GOT " + data.split(b"\r\n")[0].decode(errors="replace"), flush=True)
+        c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\nconnection: close\r\n\r\nHIJACKED")
+    c.close()
+"#;
+
+/// A `process` instance is told a free loopback port and binds it itself, so any process of the
+/// node may bind it first; an app that retries a taken port (gunicorn does) then waits beside
+/// it while the agent's readiness connection reaches the other listener. The agent asks the
+/// kernel whose socket accepted its connection: another uid's is no instance of the app, so the
+/// start is stopped and no request, with its user's identity, goes to it; the next start, on
+/// another port, serves.
+#[test]
+fn a_process_instances_port_taken_by_another_user_before_the_app_gets_no_request() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        // Instances run as the tester's own uid then, as would the other listener.
+        return;
+    }
+    let w = Warden::demo(BIN);
+    let out = crate::open_dir();
+    let spec = json!({
+        "name": "ported",
+        "driver": "process",
+        "command": ["python3", "-c", RETRIES_ITS_PORT],
+        "env": { "OUT": out.path().display().to_string() },
+    });
+    assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+    let (gateway, alice) = (w.gateway.clone(), w.password("alice"));
+    let get = move || {
+        warden_test_support::request(
+            "GET",
+            &format!("{gateway}/apps/ported/"),
+            &[(
+                "authorization",
+                &warden_test_support::http::basic("alice", &alice),
+            )],
+            b"",
+        )
+    };
+    let first = std::thread::spawn(get.clone());
+    let port = wait_until("the app to say its port", Duration::from_secs(30), || {
+        std::fs::read_to_string(out.path().join("port")).ok()
+    });
+    /// Killed however the test ends.
+    struct Taker(std::process::Child);
+    impl Drop for Taker {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut taker = Taker(
+        std::process::Command::new("python3")
+            .args(["-c", TAKES_A_PORT, port.trim()])
+            .uid(65534)
+            .gid(65534)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut said = BufReader::new(taker.0.stdout.take().unwrap());
+    let mut line = String::new();
+    said.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "listening");
+    std::fs::write(out.path().join("go"), "").unwrap();
+    let first = first.join().unwrap();
+    // The start is stopped with why (503), unless the gateway's retry already served it.
+    assert!(
+        first.status == 503 && first.text().contains("taken by a process of uid 65534")
+            || (first.status, first.text().as_str()) == (200, "OWN"),
+        "{} {}",
+        first.status,
+        first.text()
+    );
+    // Whether the gateway's retry answered or the start's failure did, the app served next.
+    let next = get();
+    assert_eq!((next.status, next.text()), (200, "OWN".to_owned()));
+    drop(taker);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut said, &mut rest).unwrap();
+    assert!(
+        !rest.contains("GOT"),
+        "a request reached the other listener: {rest}"
+    );
+    assert!(
+        w.stderr().contains("taken by a process of uid 65534"),
+        "{}",
+        w.stderr()
+    );
+}
