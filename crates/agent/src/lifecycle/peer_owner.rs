@@ -23,13 +23,14 @@ use std::os::fd::AsRawFd;
 /// handshake is not done), so that another look must tell.
 pub(crate) fn uid(local: SocketAddr, peer: SocketAddr) -> io::Result<Option<u32>> {
     // Our own end exists while the connection is open: if it is not found, `sock_diag` does
-    // not know TCP here, and /proc must answer.
-    match diag(peer, local)? {
-        Diag::Unknown => proc_uid(local, peer),
-        Diag::Found(..) => Ok(match diag(local, peer)? {
-            Diag::Found(state, uid) if !matches!(state, TIME_WAIT | SYN_RECV) => Some(uid),
-            _ => None,
-        }),
+    // not know TCP here (or netlink is refused us), and /proc must answer.
+    if !matches!(diag(peer, local), Ok(Diag::Found(..))) {
+        return proc_uid(local, peer);
+    }
+    match diag(local, peer) {
+        Ok(Diag::Found(state, uid)) if !matches!(state, TIME_WAIT | SYN_RECV) => Ok(Some(uid)),
+        Ok(_) => Ok(None),
+        Err(_) => proc_uid(local, peer),
     }
 }
 
