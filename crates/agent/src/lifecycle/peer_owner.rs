@@ -1,36 +1,40 @@
-//! Who took a connection to a `process` instance's port: the uid the kernel gives the socket
-//! that accepted it.
+//! Who listens on a `process` instance's port: the uid the kernel gives the listening socket
+//! that takes loopback connections to it.
 //!
 //! A `process` instance is told a free loopback port and binds it itself, so between the
 //! agent's choice and the app's `bind` (an interpreter's imports: hundreds of milliseconds)
 //! any process on the host may bind the port first; an app that retries a taken port, as
 //! gunicorn does, then starts beside it, and the agent's readiness connection would reach the
-//! other listener. The kernel records which uid made a listening socket and gives its
-//! accepted connections the same uid, so the agent asks it who is at the other end of the
-//! very connection it opened, instead of trusting the port.
+//! other listener. The kernel records which uid made a socket, so the agent asks it whose
+//! listener takes the port's connections instead of trusting the port. The listener, not the
+//! connection it accepted: before Linux 6.17 a connection still in the accept queue (gunicorn
+//! listens before its workers accept) is shown as uid 0, having no file yet.
 //!
-//! The question goes to `sock_diag` (netlink), which looks the one socket up by its four
-//! addresses, as a packet would be: its cost does not grow with the node's connections.
-//! `/proc/net/tcp{,6}` says the same but lists every socket of the host (116 ms for 20,000
-//! here), so it is read only where `sock_diag` cannot answer (a kernel without `inet_diag`).
+//! The question goes to `sock_diag` (netlink), which looks the listener up as a packet to the
+//! port would be (the same choice between an exact and a wildcard address): its cost does not
+//! grow with the node's connections. `/proc/net/tcp{,6}` lists every socket of the host (116 ms
+//! for 20,000 here), so it is read only where `sock_diag` cannot answer (a kernel without
+//! `inet_diag`, netlink refused), and the kernel's choice is made again from it.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 
-/// The uid of the socket at the far end of the loopback connection `local` → `peer`; `None`
-/// when the kernel has no live socket there to say (the far end closed it already, or its
-/// handshake is not done), so that another look must tell.
-pub(crate) fn uid(local: SocketAddr, peer: SocketAddr) -> io::Result<Option<u32>> {
+/// The uid of the listener that takes connections to `peer` from `local`, asked while the
+/// connection `local` → `peer` is open; `None` when nothing listens there any more.
+pub(crate) fn listener_uid(local: SocketAddr, peer: SocketAddr) -> io::Result<Option<u32>> {
     // Our own end exists while the connection is open: if it is not found, `sock_diag` does
     // not know TCP here (or netlink is refused us), and /proc must answer.
     if !matches!(diag(peer, local), Ok(Diag::Found(..))) {
-        return proc_uid(local, peer);
+        return proc_listener_uid(peer);
     }
-    match diag(local, peer) {
-        Ok(Diag::Found(state, uid)) if !matches!(state, TIME_WAIT | SYN_RECV) => Ok(Some(uid)),
+    // No connection comes from port 0: the lookup falls through to the listeners, as the
+    // kernel's own for a new connection does.
+    let anyone = SocketAddr::new(local.ip(), 0);
+    match diag(anyone, peer) {
+        Ok(Diag::Found(LISTEN, uid)) => Ok(Some(uid)),
         Ok(_) => Ok(None),
-        Err(_) => proc_uid(local, peer),
+        Err(_) => proc_listener_uid(peer),
     }
 }
 
@@ -42,10 +46,8 @@ enum Diag {
     Unknown,
 }
 
-/// The kernel's TCP states whose uid is no owner's: a TIME_WAIT socket's and a request
-/// socket's (its handshake not done) are printed as 0.
-const TIME_WAIT: u8 = 6;
-const SYN_RECV: u8 = 3;
+/// The kernel's TCP_LISTEN.
+const LISTEN: u8 = 10;
 /// `SOCK_DIAG_BY_FAMILY` of `linux/sock_diag.h`.
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 /// `struct nlmsghdr`, `struct inet_diag_req_v2` and the offset of `idiag_uid` in `struct
@@ -133,34 +135,49 @@ fn v6(ip: IpAddr) -> Ipv6Addr {
     }
 }
 
-/// [`uid`] from `/proc/net/tcp` and `/proc/net/tcp6`, which list every socket of the host.
-fn proc_uid(local: SocketAddr, peer: SocketAddr) -> io::Result<Option<u32>> {
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+/// [`listener_uid`] from `/proc/net/tcp` and `/proc/net/tcp6`, which list every socket of
+/// the host.
+fn proc_listener_uid(addr: SocketAddr) -> io::Result<Option<u32>> {
+    let mut best: Option<(u8, u32)> = None;
+    for (table, v4) in [("/proc/net/tcp", true), ("/proc/net/tcp6", false)] {
         let text = match std::fs::read_to_string(table) {
             Ok(t) => t,
-            // A kernel without IPv6 has no tcp6 table.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            // A kernel without IPv6 has no tcp6 table; without the tcp one, nothing is known.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !v4 => continue,
             Err(e) => return Err(e),
         };
-        if let Some(uid) = find(&text, local, peer) {
-            return Ok(Some(uid));
+        for (score, uid) in listeners(&text, addr, v4) {
+            if best.is_none_or(|(s, _)| score > s) {
+                best = Some((score, uid));
+            }
         }
     }
-    Ok(None)
+    Ok(best.map(|(_, uid)| uid))
 }
 
-/// In one table's text, the uid of the socket whose own address is `peer` and whose remote is
-/// `local`: the far end of our connection (a v4-mapped IPv6 address is its IPv4 one).
-fn find(text: &str, local: SocketAddr, peer: SocketAddr) -> Option<u32> {
-    text.lines().skip(1).find_map(|line| {
-        let mut f = line.split_whitespace();
-        let _slot = f.next()?;
-        let own = address(f.next()?)?;
-        let remote = address(f.next()?)?;
-        let state = u8::from_str_radix(f.next()?, 16).ok()?;
-        let uid = f.nth(3)?.parse().ok()?;
-        (own == peer && remote == local && !matches!(state, TIME_WAIT | SYN_RECV)).then_some(uid)
-    })
+/// In one table's text, the listeners that could take a connection to `addr`, each with its
+/// uid and the kernel's preference (`compute_score`): its exact address over a wildcard, an
+/// IPv4 socket over a dual-stack one.
+fn listeners(text: &str, addr: SocketAddr, v4: bool) -> Vec<(u8, u32)> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let _slot = f.next()?;
+            let own = address(f.next()?)?;
+            let _remote = f.next()?;
+            let state = u8::from_str_radix(f.next()?, 16).ok()?;
+            let uid = f.nth(3)?.parse().ok()?;
+            if state != LISTEN || own.port() != addr.port() {
+                return None;
+            }
+            let exact = own.ip() == addr.ip();
+            if !exact && !own.ip().is_unspecified() {
+                return None;
+            }
+            Some((u8::from(exact) * 4 + u8::from(v4), uid))
+        })
+        .collect()
 }
 
 /// `0100007F:1F90` (tcp) or 32 hex digits and a port (tcp6): the kernel prints each 32-bit word
@@ -191,22 +208,52 @@ fn address(text: &str) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
     #[test]
-    fn the_far_end_of_a_loopback_connection_is_found_with_its_uid() {
+    fn the_listener_of_a_loopback_connection_is_found_with_its_uid() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut conn = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        conn.write_all(b"x").unwrap();
+        // Never accepted: still in the accept queue, as gunicorn's are while it starts.
+        let conn = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (local, peer) = (conn.local_addr().unwrap(), conn.peer_addr().unwrap());
         let me = nix::unistd::geteuid().as_raw();
-        assert_eq!(uid(local, peer).unwrap(), Some(me));
-        assert_eq!(proc_uid(local, peer).unwrap(), Some(me));
-        // Our own end is not taken for the far one.
-        assert_eq!(uid(peer, local).unwrap(), Some(me));
-        let elsewhere = SocketAddr::from(([127, 0, 0, 1], 1));
-        assert_eq!(uid(local, elsewhere).unwrap(), None);
-        assert_eq!(proc_uid(local, elsewhere).unwrap(), None);
+        assert_eq!(listener_uid(local, peer).unwrap(), Some(me));
+        assert_eq!(proc_listener_uid(peer).unwrap(), Some(me));
+        drop(listener);
+        assert_eq!(listener_uid(local, peer).unwrap(), None);
+        assert_eq!(proc_listener_uid(peer).unwrap(), None);
+    }
+
+    /// As root: a listener made by another uid is that uid's, though root connects to it.
+    #[test]
+    fn another_uids_listener_that_never_accepts_is_that_uids() {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let script = "import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(8)\nprint(s.getsockname()[1], flush=True)\ninput()\n";
+        let mut other = std::process::Command::new("python3")
+            .args(["-c", script])
+            .uid(65534)
+            .gid(65534)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(other.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port: u16 = line.trim().parse().unwrap();
+        let conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (local, peer) = (conn.local_addr().unwrap(), conn.peer_addr().unwrap());
+        let found = (listener_uid(local, peer), proc_listener_uid(peer));
+        let _ = other.kill();
+        let _ = other.wait();
+        assert_eq!(
+            (found.0.unwrap(), found.1.unwrap()),
+            (Some(65534), Some(65534))
+        );
     }
 
     #[test]
@@ -226,7 +273,7 @@ mod tests {
         assert!(matches!(diag(local, nobody).unwrap(), Diag::Unknown));
         // With no connection of that remote, the listener that would take it answers.
         match diag(nobody, peer).unwrap() {
-            Diag::Found(state, uid) => assert_eq!((state, uid), (10, me)), // LISTEN
+            Diag::Found(state, uid) => assert_eq!((state, uid), (LISTEN, me)),
             Diag::Unknown => panic!("no listener found"),
         }
     }
@@ -247,28 +294,52 @@ mod tests {
     }
 
     #[test]
-    fn a_dual_stack_listener_is_found_by_its_v4_mapped_address() {
+    fn a_dual_stack_listener_is_found_for_its_ipv4_loopback() {
         let Ok(listener) = std::net::TcpListener::bind("[::]:0") else {
             return; // no IPv6 here
         };
         let port = listener.local_addr().unwrap().port();
         let conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let me = nix::unistd::geteuid().as_raw();
-        let found = uid(conn.local_addr().unwrap(), conn.peer_addr().unwrap()).unwrap();
-        assert_eq!(found, Some(me));
+        let (local, peer) = (conn.local_addr().unwrap(), conn.peer_addr().unwrap());
+        assert_eq!(listener_uid(local, peer).unwrap(), Some(me));
+        assert_eq!(proc_listener_uid(peer).unwrap(), Some(me));
     }
 
     #[test]
-    fn the_kernels_lines_are_read_as_it_prints_them() {
-        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   \
-            0: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000 300001        0 12345 1 0 20 4 30 10 -1\n   \
-            1: 0100007F:1F90 0100007F:D432 06 00000000:00000000 03:00001234 00000000     0        0 0 3 0\n";
-        let local = |p| SocketAddr::from(([127, 0, 0, 1], p));
-        assert_eq!(find(tcp, local(0xD431), local(0x1F90)), Some(300001));
-        // TIME_WAIT's uid is the kernel's 0, not an owner's.
-        assert_eq!(find(tcp, local(0xD432), local(0x1F90)), None);
-        let tcp6 = "  sl  local_address                         remote_address                        st\n   \
-            0: 0000000000000000FFFF00000100007F:1F90 0000000000000000FFFF00000100007F:D433 01 00000000:00000000 00:00000000 00000000    65534        0 1 1\n";
-        assert_eq!(find(tcp6, local(0xD433), local(0x1F90)), Some(65534));
+    fn the_kernels_lines_are_read_as_it_prints_them_and_chosen_as_it_chooses() {
+        let head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n";
+        let line = |addr: &str, st: &str, uid: u32| {
+            format!("   0: {addr} 00000000:0000 {st} 00000000:00000000 00:00000000 00000000 {uid:>6}        0 1 1\n")
+        };
+        let at = SocketAddr::from(([127, 0, 0, 1], 0x1F90));
+        // A wildcard listener of one uid and an exact one of another: the exact one takes it.
+        let tcp = format!(
+            "{head}{}{}{}",
+            line("00000000:1F90", "0A", 300001),
+            line("0100007F:1F90", "0A", 65534),
+            line("0100007F:1F90", "01", 7),
+        );
+        let best = |v: Vec<(u8, u32)>| v.into_iter().max().map(|(_, uid)| uid);
+        assert_eq!(best(listeners(&tcp, at, true)), Some(65534));
+        // Another port, another address, or no LISTEN: nothing.
+        let other = format!(
+            "{head}{}{}",
+            line("0100007F:1F91", "0A", 1),
+            line("0200007F:1F90", "0A", 2)
+        );
+        assert_eq!(best(listeners(&other, at, true)), None);
+        // An IPv4 wildcard is taken over a dual-stack one; a v4-mapped exact one over both.
+        let v6_any = line("00000000000000000000000000000000:1F90", "0A", 3);
+        let v6_mapped = line("0000000000000000FFFF00000100007F:1F90", "0A", 4);
+        let v4_any = listeners(
+            &format!("{head}{}", line("00000000:1F90", "0A", 5)),
+            at,
+            true,
+        );
+        let v6 = listeners(&format!("{head}{v6_any}"), at, false);
+        assert_eq!(best([v4_any.clone(), v6].concat()), Some(5));
+        let mapped = listeners(&format!("{head}{v6_mapped}"), at, false);
+        assert_eq!(best([v4_any, mapped].concat()), Some(4));
     }
 }

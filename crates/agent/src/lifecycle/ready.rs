@@ -23,21 +23,24 @@ pub(crate) enum Ready {
     Foreign(String),
 }
 
-/// Whether a socket of `uid` took `conn`: `Ok(false)` when the kernel lists no live far end,
-/// `Err` saying whose it is (or why that cannot be told) otherwise.
+/// Whether the listener that took `conn` is `uid`'s: `Ok(false)` when nothing listens there any
+/// more (the next look tells), `Err` saying why not otherwise. The reason reaches the client
+/// that waits for the start, so whose listener it was and on which port go to the log only.
 fn accepted_by(conn: &tokio::net::TcpStream, uid: u32) -> Result<bool, String> {
     let ends = conn.local_addr().and_then(|l| Ok((l, conn.peer_addr()?)));
-    let found = ends.and_then(|(local, peer)| super::peer_owner::uid(local, peer));
+    let port = ends.as_ref().map(|(_, p)| p.port()).unwrap_or_default();
+    let found = ends.and_then(|(local, peer)| super::peer_owner::listener_uid(local, peer));
     match found {
         Ok(Some(u)) if u == uid => Ok(true),
-        Ok(Some(u)) => Err(format!(
-            "its port {} was taken by a process of uid {u}, not the instance's uid {uid}, before the app listened on it; the instance is stopped and no request went to that listener",
-            conn.peer_addr().map(|a| a.port()).unwrap_or_default()
-        )),
+        Ok(Some(u)) => {
+            tracing::warn!(port, listener_uid = u, instance_uid = uid, "another user's process listens on the port an instance was told; the start is stopped");
+            Err("its port was taken by another user's process before the app listened on it; the instance is stopped and no request went there".into())
+        }
         Ok(None) => Ok(false),
-        Err(e) => Err(format!(
-            "cannot tell whose socket accepted its connection (/proc/net/tcp: {e}); no request goes to a listener warden cannot vouch for"
-        )),
+        Err(e) => {
+            tracing::warn!(port, error = %e, "cannot tell whose listener took an instance's connection; the start is stopped");
+            Err("warden cannot tell whose process listens on its port; the instance is stopped and no request went there".into())
+        }
     }
 }
 
