@@ -63,7 +63,7 @@ pub enum AgentError {
     },
     /// A connection to the instance's port was accepted by another uid's socket: a process of
     /// the node bound the port before the app. Not the app's fault, and no request went there.
-    #[error("app {app:?} was not started: {why}")]
+    #[error("app {app:?} was not started: {why} (the app's listener must be its own; a process of the node bound the port first), and no request went there")]
     NotOwnListener {
         /// App name.
         app: String,

@@ -374,8 +374,10 @@ impl Instances for Agent {
     /// an exit behind), and its address is the one dialled (a gone instance's port may be
     /// another's by now).
     async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<InstanceStream> {
-        let addr = match self.inner.life.record(&instance.id) {
-            Some(r) if r.label == instance.label && r.user == instance.user => r.addr,
+        let (addr, owner) = match self.inner.life.dial(&instance.id) {
+            Some((r, owner)) if r.label == instance.label && r.user == instance.user => {
+                (r.addr, owner)
+            }
             _ => {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::ConnectionRefused,
@@ -386,9 +388,28 @@ impl Instances for Agent {
                 ))
             }
         };
-        warden_sandbox::connect(&addr)
-            .await
-            .map(InstanceStream::Tcp)
+        let stream = warden_sandbox::connect(&addr).await?;
+        // A `process` instance's port is the host's: whoever listens there now must be the
+        // instance (`lifecycle::peer_owner`). Refused, the request goes to another instance.
+        if let Some(uid) = owner {
+            let refused = |why: String| {
+                std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    format!("instance {}: {why}", instance.id),
+                )
+            };
+            match lifecycle::peer_owner::listener_is(&stream, uid) {
+                Ok(true) => {}
+                Ok(false) => return Err(refused("nothing listens on its port".into())),
+                // Its port is not its own any more: it cannot serve again, and a new instance
+                // takes another port.
+                Err(why) => {
+                    self.inner.life.kill_soon(instance.id.clone());
+                    return Err(refused(why));
+                }
+            }
+        }
+        Ok(InstanceStream::Tcp(stream))
     }
 
     /// Nothing to do here: the monitor of a local instance sees its exit itself. A cluster

@@ -8,7 +8,7 @@
 mod drain;
 mod handout;
 mod health;
-mod peer_owner;
+pub(crate) mod peer_owner;
 pub(crate) mod ready;
 mod start;
 mod table;
@@ -68,6 +68,9 @@ struct Running {
     /// It holds a socket to its app's database, logged in at its label's role: a taint must
     /// stop it rather than raise its label (its connections at the old label could write down).
     data: bool,
+    /// The uid whose listener its TCP port must have (`Started::owner`), checked again for
+    /// every connection: a port the app left (a crash) may be another's before its exit is seen.
+    listener_uid: Option<u32>,
 }
 
 #[derive(Default)]
@@ -427,6 +430,15 @@ impl Lifecycle {
     /// The record of a running instance.
     pub(crate) fn record(&self, id: &str) -> Option<InstanceRecord> {
         lock(&self.table).running.get(id).map(|r| r.record.clone())
+    }
+
+    /// A running instance's record and the uid its port's listener must have, if checked.
+    pub(crate) fn dial(&self, id: &str) -> Option<(InstanceRecord, Option<u32>)> {
+        let table = lock(&self.table);
+        table
+            .running
+            .get(id)
+            .map(|r| (r.record.clone(), r.listener_uid))
     }
 
     /// Instances running on this node, ordered by app, label and id.

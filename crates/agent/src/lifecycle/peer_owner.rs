@@ -6,9 +6,12 @@
 //! any process on the host may bind the port first; an app that retries a taken port, as
 //! gunicorn does, then starts beside it, and the agent's readiness connection would reach the
 //! other listener. The kernel records which uid made a socket, so the agent asks it whose
-//! listener takes the port's connections instead of trusting the port. The listener, not the
-//! connection it accepted: before Linux 6.17 a connection still in the accept queue (gunicorn
-//! listens before its workers accept) is shown as uid 0, having no file yet.
+//! listener takes the port's connections instead of trusting the port, at the start and for
+//! every connection after (a port the app leaves is anyone's). The listener first: before Linux
+//! 6.17 a connection still in the accept queue (gunicorn listens before its workers accept) is
+//! shown as uid 0, having no file yet; and then, once a process has accepted the connection,
+//! that process's uid, so that a listener closed after it took the connection cannot hide
+//! behind the instance's new one.
 //!
 //! The question goes to `sock_diag` (netlink), which looks the listener up as a packet to the
 //! port would be (the same choice between an exact and a wildcard address): its cost does not
@@ -19,29 +22,83 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether `sock_diag` was seen to answer for TCP here.
+static DIAG_ANSWERS: AtomicBool = AtomicBool::new(false);
 
 /// The uid of the listener that takes connections to `peer` from `local`, asked while the
 /// connection `local` → `peer` is open; `None` when nothing listens there any more.
 pub(crate) fn listener_uid(local: SocketAddr, peer: SocketAddr) -> io::Result<Option<u32>> {
     // Our own end exists while the connection is open: if it is not found, `sock_diag` does
-    // not know TCP here (or netlink is refused us), and /proc must answer.
-    if !matches!(diag(peer, local), Ok(Diag::Found(..))) {
-        return proc_listener_uid(peer);
+    // not know TCP here (or netlink is refused us), and /proc must answer. Once it has
+    // answered, it is not asked again.
+    if !DIAG_ANSWERS.load(Ordering::Relaxed) {
+        if !matches!(diag(peer, local), Ok(Diag::Found(..))) {
+            return proc_listener_uid(peer);
+        }
+        DIAG_ANSWERS.store(true, Ordering::Relaxed);
     }
     // No connection comes from port 0: the lookup falls through to the listeners, as the
     // kernel's own for a new connection does.
     let anyone = SocketAddr::new(local.ip(), 0);
     match diag(anyone, peer) {
-        Ok(Diag::Found(LISTEN, uid)) => Ok(Some(uid)),
+        Ok(Diag::Found(LISTEN, uid, _)) => Ok(Some(uid)),
         Ok(_) => Ok(None),
         Err(_) => proc_listener_uid(peer),
     }
 }
 
+/// The uid of the process that accepted the connection `local` → `peer`, when one has and
+/// `sock_diag` says so: a listener that is the instance's now may not be the one that took this
+/// connection (another's, closed since, its connection already accepted). `None` while the
+/// connection waits in the accept queue, where the listener's uid is what counts.
+fn acceptor_uid(local: SocketAddr, peer: SocketAddr) -> Option<u32> {
+    if !DIAG_ANSWERS.load(Ordering::Relaxed) {
+        return None;
+    }
+    match diag(local, peer) {
+        Ok(Diag::Found(_, uid, inode)) if inode != 0 => Some(uid),
+        _ => None,
+    }
+}
+
+/// Whether the listener that took `conn` is `uid`'s: `Ok(false)` when nothing listens there any
+/// more (the next look tells), `Err` saying why not otherwise. The reason reaches the client
+/// that waits for the start, so whose listener it was and on which port go to the log only.
+pub(crate) fn listener_is(conn: &tokio::net::TcpStream, uid: u32) -> Result<bool, String> {
+    let ends = conn.local_addr().and_then(|l| Ok((l, conn.peer_addr()?)));
+    let port = ends.as_ref().map(|(_, p)| p.port()).unwrap_or_default();
+    let found = ends.and_then(|(local, peer)| {
+        let listener = listener_uid(local, peer)?;
+        Ok(match acceptor_uid(local, peer) {
+            Some(acceptor) if acceptor != uid => Some(acceptor),
+            _ => listener,
+        })
+    });
+    match found {
+        Ok(Some(u)) if u == uid => Ok(true),
+        Ok(Some(u)) => {
+            tracing::warn!(
+                port,
+                listener_uid = u,
+                instance_uid = uid,
+                "another user's process listens on an instance's port; nothing is sent there"
+            );
+            Err("another user's process listens on its port".into())
+        }
+        Ok(None) => Ok(false),
+        Err(e) => {
+            tracing::warn!(port, error = %e, "cannot tell whose process listens on an instance's port; nothing is sent there");
+            Err("warden cannot tell whose process listens on its port".into())
+        }
+    }
+}
+
 /// What `sock_diag` said of one socket.
 enum Diag {
-    /// Its TCP state and uid.
-    Found(u8, u32),
+    /// Its TCP state, uid and inode (0: no file yet, a connection not yet accepted).
+    Found(u8, u32, u32),
     /// No such socket, or no `inet_diag` to ask.
     Unknown,
 }
@@ -125,7 +182,8 @@ fn read_answer(buf: &[u8]) -> io::Result<Diag> {
         return Err(short());
     }
     let uid = u32::from_ne_bytes(word(NLMSG_HDR + MSG_UID)?);
-    Ok(Diag::Found(body[1], uid))
+    let inode = u32::from_ne_bytes(word(NLMSG_HDR + MSG_UID + 4)?);
+    Ok(Diag::Found(body[1], uid, inode))
 }
 
 fn v6(ip: IpAddr) -> Ipv6Addr {
@@ -256,6 +314,48 @@ mod tests {
         );
     }
 
+    /// As root: another uid's listener that accepted our connection and closed, the port then
+    /// listened on by the instance's uid, is still not the instance: the acceptor says.
+    #[tokio::test]
+    async fn a_connection_another_uid_accepted_is_not_the_instances_though_its_listener_now_is() {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let script = "import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('127.0.0.1', 0))\ns.listen(8)\nprint(s.getsockname()[1], flush=True)\nc, _ = s.accept()\ns.close()\nprint('accepted', flush=True)\ntime.sleep(60)\n";
+        let mut other = std::process::Command::new("python3")
+            .args(["-c", script])
+            .uid(65534)
+            .gid(65534)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(other.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let port: u16 = line.trim().parse().unwrap();
+        let conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "accepted");
+        let me = nix::unistd::geteuid().as_raw();
+        let mine = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let (local, peer) = (conn.local_addr().unwrap(), conn.peer_addr().unwrap());
+        conn.set_nonblocking(true).unwrap();
+        let conn = tokio::net::TcpStream::from_std(conn).unwrap();
+        let said = (listener_uid(local, peer).unwrap(), listener_is(&conn, me));
+        let _ = other.kill();
+        let _ = other.wait();
+        drop(mine);
+        assert_eq!(
+            said.0,
+            Some(me),
+            "the port's listener is the instance's now"
+        );
+        assert!(said.1.is_err(), "{:?}", said.1);
+    }
+
     #[test]
     fn sock_diag_answers_here_for_both_ends_and_says_when_there_is_none() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -265,7 +365,11 @@ mod tests {
         let me = nix::unistd::geteuid().as_raw();
         for (remote, own) in [(local, peer), (peer, local)] {
             match diag(remote, own).unwrap() {
-                Diag::Found(state, uid) => assert_eq!((state, uid), (1, me)), // ESTABLISHED
+                // ESTABLISHED, with a file: accepted.
+                Diag::Found(state, uid, inode) => {
+                    assert_eq!((state, uid), (1, me));
+                    assert_ne!(inode, 0);
+                }
                 Diag::Unknown => panic!("sock_diag did not find {own} -> {remote}"),
             }
         }
@@ -273,7 +377,7 @@ mod tests {
         assert!(matches!(diag(local, nobody).unwrap(), Diag::Unknown));
         // With no connection of that remote, the listener that would take it answers.
         match diag(nobody, peer).unwrap() {
-            Diag::Found(state, uid) => assert_eq!((state, uid), (LISTEN, me)),
+            Diag::Found(state, uid, _) => assert_eq!((state, uid), (LISTEN, me)),
             Diag::Unknown => panic!("no listener found"),
         }
     }

@@ -23,27 +23,6 @@ pub(crate) enum Ready {
     Foreign(String),
 }
 
-/// Whether the listener that took `conn` is `uid`'s: `Ok(false)` when nothing listens there any
-/// more (the next look tells), `Err` saying why not otherwise. The reason reaches the client
-/// that waits for the start, so whose listener it was and on which port go to the log only.
-fn accepted_by(conn: &tokio::net::TcpStream, uid: u32) -> Result<bool, String> {
-    let ends = conn.local_addr().and_then(|l| Ok((l, conn.peer_addr()?)));
-    let port = ends.as_ref().map(|(_, p)| p.port()).unwrap_or_default();
-    let found = ends.and_then(|(local, peer)| super::peer_owner::listener_uid(local, peer));
-    match found {
-        Ok(Some(u)) if u == uid => Ok(true),
-        Ok(Some(u)) => {
-            tracing::warn!(port, listener_uid = u, instance_uid = uid, "another user's process listens on the port an instance was told; the start is stopped");
-            Err("its port was taken by another user's process before the app listened on it; the instance is stopped and no request went there".into())
-        }
-        Ok(None) => Ok(false),
-        Err(e) => {
-            tracing::warn!(port, error = %e, "cannot tell whose listener took an instance's connection; the start is stopped");
-            Err("warden cannot tell whose process listens on its port; the instance is stopped and no request went there".into())
-        }
-    }
-}
-
 /// How long an instance that listens on nothing must keep running to count as started: long
 /// enough that a command that fails at once (a typo, a missing module) is seen to fail.
 const SETTLE: Duration = Duration::from_millis(500);
@@ -151,7 +130,7 @@ pub(crate) async fn wait_ready(
             false => None,
         };
         let conn = match (conn, owner) {
-            (Some(conn), Some(uid)) => match accepted_by(&conn, uid) {
+            (Some(conn), Some(uid)) => match super::peer_owner::listener_is(&conn, uid) {
                 Err(why) => return Ready::Foreign(why),
                 Ok(true) => Some(conn),
                 // The far end is gone already: the next look tells.

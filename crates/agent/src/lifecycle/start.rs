@@ -278,6 +278,7 @@ impl Lifecycle {
                 stopping: stopping.clone(),
                 log: log.clone(),
                 data: spec.data,
+                listener_uid,
             },
         );
         let driver = spec.driver_on(self.deps.drivers.default().0);

@@ -125,6 +125,7 @@ pub(super) fn add_running(life: &Lifecycle, record: &InstanceRecord) {
             stopping: Arc::new(AtomicBool::new(false)),
             log: PathBuf::new(),
             data: false,
+            listener_uid: None,
         },
     );
 }

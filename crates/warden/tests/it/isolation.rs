@@ -195,6 +195,7 @@ while True:
 const TAKES_A_PORT: &str = r#"
 import socket, sys
 s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1", int(sys.argv[1])))
 s.listen(16)
 print("listening", flush=True)
@@ -207,6 +208,47 @@ while True:
     c.close()
 "#;
 
+/// [`TAKES_A_PORT`] run as `nobody`, killed however the test ends.
+struct Taker(Option<std::process::Child>);
+
+impl Taker {
+    /// Listening on `port` once this returns.
+    fn listen(port: &str) -> Self {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", TAKES_A_PORT, port])
+            .uid(65534)
+            .gid(65534)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "listening");
+        Self(Some(child))
+    }
+
+    /// Stops it; the requests that reached it, one `GOT` line each.
+    fn requests(mut self) -> String {
+        let mut child = self.0.take().unwrap();
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Taker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// A `process` instance is told a free loopback port and binds it itself, so any process of the
 /// node may bind it first; an app that retries a taken port (gunicorn does) then waits beside
 /// it while the agent's readiness connection reaches the other listener. The agent asks the
@@ -215,8 +257,6 @@ while True:
 /// another port, serves.
 #[test]
 fn a_process_instances_port_taken_by_another_user_before_the_app_gets_no_request() {
-    use std::io::{BufRead, BufReader};
-    use std::os::unix::process::CommandExt;
     if !nix::unistd::geteuid().is_root() {
         // Instances run as the tester's own uid then, as would the other listener.
         return;
@@ -246,32 +286,15 @@ fn a_process_instances_port_taken_by_another_user_before_the_app_gets_no_request
     let port = wait_until("the app to say its port", Duration::from_secs(30), || {
         std::fs::read_to_string(out.path().join("port")).ok()
     });
-    /// Killed however the test ends.
-    struct Taker(std::process::Child);
-    impl Drop for Taker {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut taker = Taker(
-        std::process::Command::new("python3")
-            .args(["-c", TAKES_A_PORT, port.trim()])
-            .uid(65534)
-            .gid(65534)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut said = BufReader::new(taker.0.stdout.take().unwrap());
-    let mut line = String::new();
-    said.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "listening");
+    let taker = Taker::listen(port.trim());
     std::fs::write(out.path().join("go"), "").unwrap();
     let first = first.join().unwrap();
     // The start is stopped with why (503), unless the gateway's retry already served it.
     assert!(
-        first.status == 503 && first.text().contains("taken by another user's process")
+        first.status == 503
+            && first
+                .text()
+                .contains("another user's process listens on its port")
             || (first.status, first.text().as_str()) == (200, "OWN"),
         "{} {}",
         first.status,
@@ -280,14 +303,71 @@ fn a_process_instances_port_taken_by_another_user_before_the_app_gets_no_request
     // Whether the gateway's retry answered or the start's failure did, the app served next.
     let next = get();
     assert_eq!((next.status, next.text()), (200, "OWN".to_owned()));
-    drop(taker);
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut said, &mut rest).unwrap();
-    assert!(
-        !rest.contains("GOT"),
-        "a request reached the other listener: {rest}"
-    );
+    assert_eq!(taker.requests(), "", "a request reached the other listener");
     // Whose listener it was is the operator's to read, not the client's.
     assert!(w.stderr().contains("listener_uid=65534"), "{}", w.stderr());
     assert!(!first.text().contains("65534"), "{}", first.text());
+}
+
+/// An app that answers one request `OWN`, then closes its listener and keeps running, saying
+/// its port in `$OUT/left`.
+const LEAVES_ITS_PORT: &str = r#"
+import os, socket, time
+port = int(os.environ["PORT"])
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do
+s.bind(("127.0.0.1", port))
+s.listen(16)
+while True:
+    c, _ = s.accept()
+    if c.recv(65536):  # the agent's readiness connections send nothing
+        break
+    c.close()
+c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nOWN")
+c.close()
+s.close()
+out = os.environ["OUT"]
+with open(os.path.join(out, "left.tmp"), "w") as f:
+    f.write(str(port))
+os.rename(os.path.join(out, "left.tmp"), os.path.join(out, "left"))
+time.sleep(600)
+"#;
+
+/// The check is made again for every connection, not only at the start: a port the app left
+/// while it still runs (or crashed, before its exit is seen) and another user's process took
+/// gets no request.
+#[test]
+fn a_port_a_running_instance_left_and_another_user_took_gets_no_request() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let w = Warden::demo(BIN);
+    let out = crate::open_dir();
+    let spec = json!({
+        "name": "leaver",
+        "driver": "process",
+        "command": ["python3", "-c", LEAVES_ITS_PORT],
+        "env": { "OUT": out.path().display().to_string() },
+        // No second instance is started beside the one that left its port.
+        "max_instances": 1,
+    });
+    assert_eq!(
+        w.api("POST", "/v1/apps", Some(spec)).status,
+        201,
+        "{}",
+        w.api("GET", "/v1/apps/leaver", None).text()
+    );
+    let alice = w.password("alice");
+    let get = || w.get_as("alice", &alice, "/apps/leaver/");
+    let first = get();
+    assert_eq!((first.status, first.text()), (200, "OWN".to_owned()));
+    let port = wait_until("the app to leave its port", Duration::from_secs(30), || {
+        std::fs::read_to_string(out.path().join("left")).ok()
+    });
+    let taker = Taker::listen(port.trim());
+    // The instance whose port is another's is stopped; a new one, on another port, serves.
+    let second = get();
+    assert_eq!((second.status, second.text()), (200, "OWN".to_owned()));
+    assert_eq!(taker.requests(), "", "a request reached the other listener");
+    assert!(w.stderr().contains("listener_uid=65534"), "{}", w.stderr());
 }
