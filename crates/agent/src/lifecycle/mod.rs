@@ -68,8 +68,7 @@ struct Running {
     /// It holds a socket to its app's database, logged in at its label's role: a taint must
     /// stop it rather than raise its label (its connections at the old label could write down).
     data: bool,
-    /// The uid whose listener its TCP port must have (`Started::owner`), checked again for
-    /// every connection: a port the app left (a crash) may be another's before its exit is seen.
+    /// The uid its TCP port's listener must have (`Started::owner`), checked per connection.
     listener_uid: Option<u32>,
 }
 
@@ -435,10 +434,8 @@ impl Lifecycle {
     /// A running instance's record and the uid its port's listener must have, if checked.
     pub(crate) fn dial(&self, id: &str) -> Option<(InstanceRecord, Option<u32>)> {
         let table = lock(&self.table);
-        table
-            .running
-            .get(id)
-            .map(|r| (r.record.clone(), r.listener_uid))
+        let r = table.running.get(id)?;
+        Some((r.record.clone(), r.listener_uid))
     }
 
     /// Instances running on this node, ordered by app, label and id.
