@@ -398,12 +398,14 @@ impl Instances for Agent {
                     format!("instance {}: {why}", instance.id),
                 )
             };
-            match lifecycle::peer_owner::listener_is(&stream, uid) {
-                Ok(true) => {}
-                Ok(false) => return Err(refused("nothing listens on its port".into())),
+            use lifecycle::peer_owner::{check, Check};
+            match check(&stream, uid) {
+                Check::Own => {}
+                Check::Gone => return Err(refused("nothing listens on its port".into())),
+                Check::Unknown(why) => return Err(refused(why)),
                 // Its port is not its own any more: it cannot serve again, and a new instance
                 // takes another port.
-                Err(why) => {
+                Check::Foreign(why) => {
                     self.inner.life.kill_soon(instance.id.clone());
                     return Err(refused(why));
                 }

@@ -14,8 +14,9 @@
 //! behind the instance's new one.
 //!
 //! The question goes to `sock_diag` (netlink), which looks the listener up as a packet to the
-//! port would be (the same choice between an exact and a wildcard address): its cost does not
-//! grow with the node's connections. `/proc/net/tcp{,6}` lists every socket of the host (116 ms
+//! port would be (the same choice between an exact and a wildcard address, and loopback's
+//! device index, so a listener bound to `lo` is found too): its cost does not grow with the
+//! node's connections. `/proc/net/tcp{,6}` lists every socket of the host (116 ms
 //! for 20,000 here), so it is read only where `sock_diag` cannot answer (a kernel without
 //! `inet_diag`, netlink refused), and the kernel's choice is made again from it.
 
@@ -27,70 +28,89 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Whether `sock_diag` was seen to answer for TCP here.
 static DIAG_ANSWERS: AtomicBool = AtomicBool::new(false);
 
-/// The uid of the listener that takes connections to `peer` from `local`, asked while the
-/// connection `local` → `peer` is open; `None` when nothing listens there any more.
-pub(crate) fn listener_uid(local: SocketAddr, peer: SocketAddr) -> io::Result<Option<u32>> {
+/// Who the kernel says is at the other end of an open connection to a `process` instance's
+/// port.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Owners {
+    /// The uid of the listener a new connection to the port reaches now; `None` when nothing
+    /// listens there any more.
+    listener: Option<u32>,
+    /// The uid of the process that accepted this connection, once one has: a listener that is
+    /// the instance's now may not be the one that took it (another's, closed since). `None`
+    /// while it waits in the accept queue, where the listener's uid is what counts.
+    acceptor: Option<u32>,
+}
+
+/// [`Owners`] of the connection `local` → `peer`.
+fn owners(local: SocketAddr, peer: SocketAddr) -> io::Result<Owners> {
     // Our own end exists while the connection is open: if it is not found, `sock_diag` does
     // not know TCP here (or netlink is refused us), and /proc must answer. Once it has
     // answered, it is not asked again.
     if !DIAG_ANSWERS.load(Ordering::Relaxed) {
         if !matches!(diag(peer, local), Ok(Diag::Found(..))) {
-            return proc_listener_uid(peer);
+            return proc_owners(local, peer);
         }
         DIAG_ANSWERS.store(true, Ordering::Relaxed);
     }
     // No connection comes from port 0: the lookup falls through to the listeners, as the
     // kernel's own for a new connection does.
     let anyone = SocketAddr::new(local.ip(), 0);
-    match diag(anyone, peer) {
-        Ok(Diag::Found(LISTEN, uid, _)) => Ok(Some(uid)),
-        Ok(_) => Ok(None),
-        Err(_) => proc_listener_uid(peer),
-    }
-}
-
-/// The uid of the process that accepted the connection `local` → `peer`, when one has and
-/// `sock_diag` says so: a listener that is the instance's now may not be the one that took this
-/// connection (another's, closed since, its connection already accepted). `None` while the
-/// connection waits in the accept queue, where the listener's uid is what counts.
-fn acceptor_uid(local: SocketAddr, peer: SocketAddr) -> Option<u32> {
-    if !DIAG_ANSWERS.load(Ordering::Relaxed) {
-        return None;
-    }
-    match diag(local, peer) {
+    let listener = match diag(anyone, peer) {
+        Ok(Diag::Found(LISTEN, uid, _)) => Some(uid),
+        Ok(_) => None,
+        Err(_) => return proc_owners(local, peer),
+    };
+    let acceptor = match diag(local, peer) {
         Ok(Diag::Found(_, uid, inode)) if inode != 0 => Some(uid),
-        _ => None,
-    }
+        Ok(_) => None,
+        Err(_) => return proc_owners(local, peer),
+    };
+    Ok(Owners { listener, acceptor })
 }
 
-/// Whether the listener that took `conn` is `uid`'s: `Ok(false)` when nothing listens there any
-/// more (the next look tells), `Err` saying why not otherwise. The reason reaches the client
-/// that waits for the start, so whose listener it was and on which port go to the log only.
-pub(crate) fn listener_is(conn: &tokio::net::TcpStream, uid: u32) -> Result<bool, String> {
-    let ends = conn.local_addr().and_then(|l| Ok((l, conn.peer_addr()?)));
-    let port = ends.as_ref().map(|(_, p)| p.port()).unwrap_or_default();
-    let found = ends.and_then(|(local, peer)| {
-        let listener = listener_uid(local, peer)?;
-        Ok(match acceptor_uid(local, peer) {
-            Some(acceptor) if acceptor != uid => Some(acceptor),
-            _ => listener,
-        })
-    });
-    match found {
-        Ok(Some(u)) if u == uid => Ok(true),
-        Ok(Some(u)) => {
-            tracing::warn!(
-                port,
-                listener_uid = u,
-                instance_uid = uid,
-                "another user's process listens on an instance's port; nothing is sent there"
-            );
-            Err("another user's process listens on its port".into())
-        }
-        Ok(None) => Ok(false),
+/// What [`check`] found.
+pub(crate) enum Check {
+    /// The listener (and the acceptor, if any) is the instance's.
+    Own,
+    /// Nothing listens on the port any more, or the connection is gone: the next look tells.
+    Gone,
+    /// Another uid's process listens there, or accepted the connection; the reason, for the
+    /// client (whose it was and on which port go to the log only).
+    Foreign(String),
+    /// The kernel could not be asked (out of descriptors, /proc unreadable): nothing is sent
+    /// there, but nothing is known against the instance either.
+    Unknown(String),
+}
+
+/// Whether `conn`, just opened to an instance's port, reached a process of `uid`, the
+/// instance's.
+pub(crate) fn check(conn: &tokio::net::TcpStream, uid: u32) -> Check {
+    // An unaccepted connection the app reset (its listener closed) has no peer any more.
+    let Ok((local, peer)) = conn.local_addr().and_then(|l| Ok((l, conn.peer_addr()?))) else {
+        return Check::Gone;
+    };
+    let port = peer.port();
+    match owners(local, peer) {
+        Ok(o) => match [o.acceptor, o.listener]
+            .into_iter()
+            .flatten()
+            .find(|&u| u != uid)
+        {
+            Some(other) => {
+                tracing::warn!(
+                    port,
+                    other_uid = other,
+                    instance_uid = uid,
+                    "another user's process listens on an instance's port; nothing is sent there"
+                );
+                Check::Foreign("another user's process listens on its port".into())
+            }
+            None if o.listener.is_none() => Check::Gone,
+            None => Check::Own,
+        },
         Err(e) => {
             tracing::warn!(port, error = %e, "cannot tell whose process listens on an instance's port; nothing is sent there");
-            Err("warden cannot tell whose process listens on its port".into())
+            Check::Unknown("warden cannot tell whose process listens on its port".into())
         }
     }
 }
@@ -152,6 +172,15 @@ fn diag(remote: SocketAddr, own: SocketAddr) -> io::Result<Diag> {
     };
     r[12..12 + own_ip.len()].copy_from_slice(&own_ip);
     r[28..28 + remote_ip.len()].copy_from_slice(&remote_ip);
+    // A socket bound to a device is found only by that device's index, and loopback's is 1
+    // in every network namespace (`LOOPBACK_IFINDEX`); an unbound socket matches any.
+    if own.ip().is_loopback()
+        || v6(own.ip())
+            .to_ipv4_mapped()
+            .is_some_and(|v4| v4.is_loopback())
+    {
+        r[44..48].copy_from_slice(&1u32.to_ne_bytes());
+    }
     r[48..56].copy_from_slice(&[0xff; 8]);
     let kernel = socket::NetlinkAddr::new(0, 0);
     socket::sendto(fd.as_raw_fd(), &req, &kernel, MsgFlags::empty())?;
@@ -193,10 +222,10 @@ fn v6(ip: IpAddr) -> Ipv6Addr {
     }
 }
 
-/// [`listener_uid`] from `/proc/net/tcp` and `/proc/net/tcp6`, which list every socket of
-/// the host.
-fn proc_listener_uid(addr: SocketAddr) -> io::Result<Option<u32>> {
+/// [`owners`] from `/proc/net/tcp` and `/proc/net/tcp6`, which list every socket of the host.
+fn proc_owners(local: SocketAddr, peer: SocketAddr) -> io::Result<Owners> {
     let mut best: Option<(u8, u32)> = None;
+    let mut acceptor = None;
     for (table, v4) in [("/proc/net/tcp", true), ("/proc/net/tcp6", false)] {
         let text = match std::fs::read_to_string(table) {
             Ok(t) => t,
@@ -204,13 +233,31 @@ fn proc_listener_uid(addr: SocketAddr) -> io::Result<Option<u32>> {
             Err(e) if e.kind() == io::ErrorKind::NotFound && !v4 => continue,
             Err(e) => return Err(e),
         };
-        for (score, uid) in listeners(&text, addr, v4) {
+        for (score, uid) in listeners(&text, peer, v4) {
             if best.is_none_or(|(s, _)| score > s) {
                 best = Some((score, uid));
             }
         }
+        acceptor = acceptor.or_else(|| proc_acceptor(&text, local, peer));
     }
-    Ok(best.map(|(_, uid)| uid))
+    Ok(Owners {
+        listener: best.map(|(_, uid)| uid),
+        acceptor,
+    })
+}
+
+/// In one table's text, the uid of the socket that accepted `local` → `peer` (its own address
+/// `peer`, its remote `local`), if it has a file (inode): accepted, and not a TIME_WAIT one.
+fn proc_acceptor(text: &str, local: SocketAddr, peer: SocketAddr) -> Option<u32> {
+    text.lines().skip(1).find_map(|line| {
+        let mut f = line.split_whitespace();
+        let _slot = f.next()?;
+        let own = address(f.next()?)?;
+        let remote = address(f.next()?)?;
+        let uid: u32 = f.nth(4)?.parse().ok()?;
+        let inode: u64 = f.nth(1)?.parse().ok()?;
+        (own == peer && remote == local && inode != 0).then_some(uid)
+    })
 }
 
 /// In one table's text, the listeners that could take a connection to `addr`, each with its
@@ -274,11 +321,11 @@ mod tests {
         let conn = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (local, peer) = (conn.local_addr().unwrap(), conn.peer_addr().unwrap());
         let me = nix::unistd::geteuid().as_raw();
-        assert_eq!(listener_uid(local, peer).unwrap(), Some(me));
-        assert_eq!(proc_listener_uid(peer).unwrap(), Some(me));
+        assert_eq!(owners(local, peer).unwrap().listener, Some(me));
+        assert_eq!(proc_owners(local, peer).unwrap().listener, Some(me));
         drop(listener);
-        assert_eq!(listener_uid(local, peer).unwrap(), None);
-        assert_eq!(proc_listener_uid(peer).unwrap(), None);
+        assert_eq!(owners(local, peer).unwrap().listener, None);
+        assert_eq!(proc_owners(local, peer).unwrap().listener, None);
     }
 
     /// As root: a listener made by another uid is that uid's, though root connects to it.
@@ -289,29 +336,37 @@ mod tests {
         if !nix::unistd::geteuid().is_root() {
             return;
         }
-        let script = "import socket\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen(8)\nprint(s.getsockname()[1], flush=True)\ninput()\n";
-        let mut other = std::process::Command::new("python3")
-            .args(["-c", script])
-            .uid(65534)
-            .gid(65534)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(other.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port: u16 = line.trim().parse().unwrap();
-        let conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        let (local, peer) = (conn.local_addr().unwrap(), conn.peer_addr().unwrap());
-        let found = (listener_uid(local, peer), proc_listener_uid(peer));
-        let _ = other.kill();
-        let _ = other.wait();
-        assert_eq!(
-            (found.0.unwrap(), found.1.unwrap()),
-            (Some(65534), Some(65534))
-        );
+        // Plain, and bound to the loopback device (any user may, since Linux 5.7), which a
+        // lookup without the device's index does not find.
+        for bind_to_lo in [
+            "",
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b'lo')\n",
+        ] {
+            let script = format!("import socket\ns = socket.socket()\n{bind_to_lo}s.bind(('127.0.0.1', 0))\ns.listen(8)\nprint(s.getsockname()[1], flush=True)\ninput()\n");
+            let mut other = std::process::Command::new("python3")
+                .args(["-c", &script])
+                .uid(65534)
+                .gid(65534)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(other.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            let port: u16 = line.trim().parse().unwrap();
+            let conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let (local, peer) = (conn.local_addr().unwrap(), conn.peer_addr().unwrap());
+            let found = (owners(local, peer), proc_owners(local, peer));
+            let _ = other.kill();
+            let _ = other.wait();
+            assert_eq!(
+                (found.0.unwrap().listener, found.1.unwrap().listener),
+                (Some(65534), Some(65534)),
+                "{bind_to_lo}"
+            );
+        }
     }
 
     /// As root: another uid's listener that accepted our connection and closed, the port then
@@ -344,16 +399,21 @@ mod tests {
         let (local, peer) = (conn.local_addr().unwrap(), conn.peer_addr().unwrap());
         conn.set_nonblocking(true).unwrap();
         let conn = tokio::net::TcpStream::from_std(conn).unwrap();
-        let said = (listener_uid(local, peer).unwrap(), listener_is(&conn, me));
+        let said = (
+            owners(local, peer).unwrap(),
+            proc_owners(local, peer).unwrap(),
+        );
+        let checked = check(&conn, me);
         let _ = other.kill();
         let _ = other.wait();
         drop(mine);
-        assert_eq!(
-            said.0,
-            Some(me),
-            "the port's listener is the instance's now"
-        );
-        assert!(said.1.is_err(), "{:?}", said.1);
+        // Both ways of asking find the port's listener the instance's now, and the acceptor not.
+        let want = Owners {
+            listener: Some(me),
+            acceptor: Some(65534),
+        };
+        assert_eq!((&said.0, &said.1), (&want, &want));
+        assert!(matches!(checked, Check::Foreign(_)));
     }
 
     #[test]
@@ -362,6 +422,10 @@ mod tests {
         let conn = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let _accepted = listener.accept().unwrap();
         let (local, peer) = (conn.local_addr().unwrap(), conn.peer_addr().unwrap());
+        if !matches!(diag(peer, local), Ok(Diag::Found(..))) {
+            eprintln!("no sock_diag for TCP here (a kernel without inet_diag): /proc answers");
+            return;
+        }
         let me = nix::unistd::geteuid().as_raw();
         for (remote, own) in [(local, peer), (peer, local)] {
             match diag(remote, own).unwrap() {
@@ -406,8 +470,8 @@ mod tests {
         let conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let me = nix::unistd::geteuid().as_raw();
         let (local, peer) = (conn.local_addr().unwrap(), conn.peer_addr().unwrap());
-        assert_eq!(listener_uid(local, peer).unwrap(), Some(me));
-        assert_eq!(proc_listener_uid(peer).unwrap(), Some(me));
+        assert_eq!(owners(local, peer).unwrap().listener, Some(me));
+        assert_eq!(proc_owners(local, peer).unwrap().listener, Some(me));
     }
 
     #[test]
@@ -425,6 +489,14 @@ mod tests {
             line("0100007F:1F90", "01", 7),
         );
         let best = |v: Vec<(u8, u32)>| v.into_iter().max().map(|(_, uid)| uid);
+        // The accepted end of 127.0.0.1:54321 -> :8080 (its inode nonzero), and one not yet.
+        let ends = format!(
+            "{head}   0: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000 300001        0 12345 1\n   \
+             1: 0100007F:1F90 0100007F:D432 01 00000000:00000000 00:00000000 00000000     0        0 0 1\n"
+        );
+        let from = |p| SocketAddr::from(([127, 0, 0, 1], p));
+        assert_eq!(proc_acceptor(&ends, from(0xD431), at), Some(300001));
+        assert_eq!(proc_acceptor(&ends, from(0xD432), at), None);
         assert_eq!(best(listeners(&tcp, at, true)), Some(65534));
         // Another port, another address, or no LISTEN: nothing.
         let other = format!(

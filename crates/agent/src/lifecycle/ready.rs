@@ -8,6 +8,7 @@ use tokio::sync::watch;
 use warden_core::InstanceAddr;
 
 use super::health;
+use super::peer_owner::Check;
 
 /// How long readiness is polled every millisecond before the polls back off.
 const FAST_POLL: Duration = Duration::from_millis(100);
@@ -130,11 +131,12 @@ pub(crate) async fn wait_ready(
             false => None,
         };
         let conn = match (conn, owner) {
-            (Some(conn), Some(uid)) => match super::peer_owner::listener_is(&conn, uid) {
-                Err(why) => return Ready::Foreign(why),
-                Ok(true) => Some(conn),
-                // The far end is gone already: the next look tells.
-                Ok(false) => None,
+            (Some(conn), Some(uid)) => match super::peer_owner::check(&conn, uid) {
+                Check::Own => Some(conn),
+                Check::Foreign(why) => return Ready::Foreign(why),
+                // Nothing listens there any more, or who does cannot be told now: the next
+                // look tells.
+                Check::Gone | Check::Unknown(_) => None,
             },
             (conn, _) => conn,
         };

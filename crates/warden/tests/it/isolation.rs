@@ -305,7 +305,7 @@ fn a_process_instances_port_taken_by_another_user_before_the_app_gets_no_request
     assert_eq!((next.status, next.text()), (200, "OWN".to_owned()));
     assert_eq!(taker.requests(), "", "a request reached the other listener");
     // Whose listener it was is the operator's to read, not the client's.
-    assert!(w.stderr().contains("listener_uid=65534"), "{}", w.stderr());
+    assert!(w.stderr().contains("other_uid=65534"), "{}", w.stderr());
     assert!(!first.text().contains("65534"), "{}", first.text());
 }
 
@@ -369,5 +369,5 @@ fn a_port_a_running_instance_left_and_another_user_took_gets_no_request() {
     let second = get();
     assert_eq!((second.status, second.text()), (200, "OWN".to_owned()));
     assert_eq!(taker.requests(), "", "a request reached the other listener");
-    assert!(w.stderr().contains("listener_uid=65534"), "{}", w.stderr());
+    assert!(w.stderr().contains("other_uid=65534"), "{}", w.stderr());
 }
