@@ -55,12 +55,15 @@ fn owners(local: SocketAddr, peer: SocketAddr) -> io::Result<Owners> {
     // No connection comes from port 0: the lookup falls through to the listeners, as the
     // kernel's own for a new connection does.
     let anyone = SocketAddr::new(local.ip(), 0);
-    let listener = match diag(anyone, peer) {
+    let Ok(fd) = diag_socket() else {
+        return proc_owners(local, peer);
+    };
+    let listener = match ask(&fd, anyone, peer) {
         Ok(Diag::Found(LISTEN, uid, _)) => Some(uid),
         Ok(_) => None,
         Err(_) => return proc_owners(local, peer),
     };
-    let acceptor = match diag(local, peer) {
+    let acceptor = match ask(&fd, local, peer) {
         Ok(Diag::Found(_, uid, inode)) if inode != 0 => Some(uid),
         Ok(_) => None,
         Err(_) => return proc_owners(local, peer),
@@ -136,7 +139,12 @@ const MSG_UID: usize = 64;
 /// Asks `sock_diag` for the TCP socket whose own address is `own` and whose remote is
 /// `remote` (a listener of `own`, when no connection matches).
 fn diag(remote: SocketAddr, own: SocketAddr) -> io::Result<Diag> {
-    use nix::sys::socket::{self, sockopt, AddressFamily, MsgFlags, SockFlag, SockProtocol};
+    ask(&diag_socket()?, remote, own)
+}
+
+/// A netlink socket to ask `sock_diag` on, one question after the other.
+fn diag_socket() -> io::Result<std::os::fd::OwnedFd> {
+    use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockProtocol};
     let fd = socket::socket(
         AddressFamily::Netlink,
         socket::SockType::Datagram,
@@ -147,6 +155,12 @@ fn diag(remote: SocketAddr, own: SocketAddr) -> io::Result<Diag> {
     // not.
     let wait = nix::sys::time::TimeVal::new(1, 0);
     socket::setsockopt(&fd, sockopt::ReceiveTimeout, &wait)?;
+    Ok(fd)
+}
+
+/// [`diag`] on `fd`.
+fn ask(fd: &std::os::fd::OwnedFd, remote: SocketAddr, own: SocketAddr) -> io::Result<Diag> {
+    use nix::sys::socket::{self, MsgFlags};
     let mut req = [0u8; NLMSG_HDR + REQ_LEN];
     req[0..4].copy_from_slice(&((NLMSG_HDR + REQ_LEN) as u32).to_ne_bytes());
     req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
