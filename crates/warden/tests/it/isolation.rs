@@ -208,6 +208,20 @@ while True:
     c.close()
 "#;
 
+/// Registers `name`, a `process` app running the Python `script` with `$OUT` set to `out`,
+/// at most `max_instances` at once (0: no limit of its own).
+fn python_app(w: &Warden, name: &str, script: &str, out: &Path, max_instances: u32) {
+    let spec = json!({
+        "name": name,
+        "driver": "process",
+        "command": ["python3", "-c", script],
+        "env": { "OUT": out.display().to_string() },
+        "max_instances": max_instances,
+    });
+    let r = w.api("POST", "/v1/apps", Some(spec));
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
 /// [`TAKES_A_PORT`] run as `nobody`, killed however the test ends.
 struct Taker(Option<std::process::Child>);
 
@@ -252,7 +266,7 @@ impl Drop for Taker {
 /// A `process` instance is told a free loopback port and binds it itself, so any process of the
 /// node may bind it first; an app that retries a taken port (gunicorn does) then waits beside
 /// it while the agent's readiness connection reaches the other listener. The agent asks the
-/// kernel whose socket accepted its connection: another uid's is no instance of the app, so the
+/// kernel whose listener took its connection: another uid's is no instance of the app, so the
 /// start is stopped and no request, with its user's identity, goes to it; the next start, on
 /// another port, serves.
 #[test]
@@ -263,13 +277,7 @@ fn a_process_instances_port_taken_by_another_user_before_the_app_gets_no_request
     }
     let w = Warden::demo(BIN);
     let out = crate::open_dir();
-    let spec = json!({
-        "name": "ported",
-        "driver": "process",
-        "command": ["python3", "-c", RETRIES_ITS_PORT],
-        "env": { "OUT": out.path().display().to_string() },
-    });
-    assert_eq!(w.api("POST", "/v1/apps", Some(spec)).status, 201);
+    python_app(&w, "ported", RETRIES_ITS_PORT, out.path(), 0);
     let (gateway, alice) = (w.gateway.clone(), w.password("alice"));
     let get = move || {
         warden_test_support::request(
@@ -343,20 +351,8 @@ fn a_port_a_running_instance_left_and_another_user_took_gets_no_request() {
     }
     let w = Warden::demo(BIN);
     let out = crate::open_dir();
-    let spec = json!({
-        "name": "leaver",
-        "driver": "process",
-        "command": ["python3", "-c", LEAVES_ITS_PORT],
-        "env": { "OUT": out.path().display().to_string() },
-        // No second instance is started beside the one that left its port.
-        "max_instances": 1,
-    });
-    assert_eq!(
-        w.api("POST", "/v1/apps", Some(spec)).status,
-        201,
-        "{}",
-        w.api("GET", "/v1/apps/leaver", None).text()
-    );
+    // One instance: no second one is started beside the one that left its port.
+    python_app(&w, "leaver", LEAVES_ITS_PORT, out.path(), 1);
     let alice = w.password("alice");
     let get = || w.get_as("alice", &alice, "/apps/leaver/");
     let first = get();
