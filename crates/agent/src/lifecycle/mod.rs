@@ -11,6 +11,7 @@ mod health;
 pub(crate) mod peer_owner;
 pub(crate) mod ready;
 mod start;
+mod stop;
 mod table;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -19,7 +20,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use warden_core::{
     keys, Activity, AppSpec, InstanceError, InstanceRecord, InstanceState, Lifetime, Owner,
@@ -35,7 +35,6 @@ use crate::restarts::{Admission, Restarts, Ticket};
 use crate::sync::lock;
 use crate::{logs, AgentError};
 use warden_cluster::node::Node;
-use warden_sandbox::process::signal_group;
 
 pub(crate) use drain::Kept;
 pub(crate) use start::Purpose;
@@ -309,48 +308,6 @@ impl Lifecycle {
     /// its record has now, not the one `r` says.
     pub(crate) fn serve_if_free(&self, r: &InstanceRecord) {
         lock(&self.table).serve_if_free(&r.id);
-    }
-
-    /// Stops an instance: SIGTERM to its process group, SIGKILL after a grace period. Returns
-    /// once it has exited and its record is gone.
-    pub(crate) async fn kill(&self, id: &str) -> Result<(), AgentError> {
-        let (pid, mut exited) = self
-            .mark_stopping(id)
-            .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
-        signal_group(pid, Signal::SIGTERM);
-        if tokio::time::timeout(STOP_GRACE, exited.wait_for(|e| *e))
-            .await
-            .is_err()
-        {
-            signal_group(pid, Signal::SIGKILL);
-            let _ = exited.wait_for(|e| *e).await;
-        }
-        Ok(())
-    }
-
-    /// Stops `id` in the background.
-    pub(crate) fn kill_soon(self: &Arc<Self>, id: String) {
-        let me = self.clone();
-        tokio::spawn(async move {
-            let _ = me.kill(&id).await;
-        });
-    }
-
-    /// Stops a per-request instance after its request, in the background. It is killed at
-    /// once: it has served the one request it was for.
-    pub(crate) fn retire(&self, id: &str) {
-        if let Some((pid, _)) = self.mark_stopping(id) {
-            signal_group(pid, Signal::SIGKILL);
-        }
-    }
-
-    /// Marks an instance as stopped by the agent (so its exit is no crash); its pid and exit
-    /// signal, or None if it is not running here.
-    fn mark_stopping(&self, id: &str) -> Option<(u32, watch::Receiver<bool>)> {
-        let table = lock(&self.table);
-        let r = table.running.get(id)?;
-        r.stopping.store(true, Ordering::Relaxed);
-        Some((r.record.pid, r.exited.clone()))
     }
 
     /// The activity handle of a local instance, for the gateway to mark requests in flight.
