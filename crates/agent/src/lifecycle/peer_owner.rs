@@ -533,3 +533,26 @@ mod tests {
         assert_eq!(best([v4_any, mapped].concat()), Some(4));
     }
 }
+
+/// The figure in docs/BENCHMARKS.md ("Who listens on a `process` instance's port"): run with
+/// `cargo test --release -p warden-agent --lib peer_owner::timing -- --ignored --nocapture`.
+#[cfg(test)]
+mod timing {
+    #[tokio::test]
+    #[ignore = "a measurement, not a check: run it by name"]
+    async fn cost_of_one_check() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let conn = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let _accepted = listener.accept().unwrap();
+        conn.set_nonblocking(true).unwrap();
+        let conn = tokio::net::TcpStream::from_std(conn).unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        for round in 0..3 {
+            let began = std::time::Instant::now();
+            for _ in 0..10_000 {
+                assert!(matches!(super::check(&conn, me), super::Check::Own));
+            }
+            eprintln!("round {round}: {:?} per check", began.elapsed() / 10_000);
+        }
+    }
+}
