@@ -15,12 +15,13 @@
 //!   the opened directories, the writable data directory, a private /tmp, a few device nodes,
 //!   a new /proc), pivots into it and brings loopback up (and, in network mode `bridged`, the
 //!   veth end the helper moved in: see [`crate::bridge`]). It then takes on no new privileges,
-//!   the emptied capability sets and the seccomp filters itself, for the app to inherit. The
-//!   sandbox is now prepared: init says so on stdin (the agent's control socket) and waits
-//!   there for the start message, the rest of the app's environment. A slot of the slot pool
-//!   waits here until a request needs it; a JIT start sends the message at once. Then init
-//!   forks the app. The app gets rlimits (those the instance's cgroups do not already enforce:
-//!   see [`crate::cgroup`]) and execs, which leaves it no capabilities. Init stays to hand
+//!   the emptied capability sets and the seccomp filters itself, for the app to inherit, and
+//!   forks the app's process, which waits on a pipe. The sandbox is now prepared: init says so
+//!   on stdin (the agent's control socket) and waits there for the start message, the rest of
+//!   the app's environment. A slot of the slot pool waits here until a request needs it; a JIT
+//!   start sends the message at once. Then init passes the environment on to the app's
+//!   process, which takes rlimits (those the instance's cgroups do not already enforce: see
+//!   [`crate::cgroup`]) and execs the app, which leaves it no capabilities. Init stays to hand
 //!   out connections to the app (see [`crate::connect`]) and to reap; when the app exits, init
 //!   exits with its status and the kernel kills whatever is left in the namespace.
 //!
@@ -319,7 +320,7 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
     // app's own start for the request: the kernel's preparation of a filter took 0.3 ms of
     // each slot start (perf trace). The app's process inherits all of it across fork and
     // exec, as it would have had it from its own calls; init needs none of what they take
-    // away (it reads the start message, forks, hands connections over and reaps), and keeps
+    // away (it forks, reads the start message, hands connections over and reaps), and keeps
     // its capabilities in the namespace, which only an exec would drop.
     let filters = match crate::seccomp::filters(plan.io_uring) {
         Ok(f) => f,
@@ -328,34 +329,64 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
     if let Err(e) = privileges::confine(&filters) {
         return fail("cannot confine the sandbox", e);
     }
+    // The app's process is forked now, before the start message, and waits for the rest of
+    // its environment on a pipe: a fork of init took 0.3 ms of each slot start (perf), which a
+    // prepared slot has then done before any request comes.
+    let (env_r, env_w) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => return fail("pipe", e),
+    };
+    // SAFETY: single-threaded.
+    let app = match unsafe { fork() } {
+        Err(e) => return fail("fork", e),
+        Ok(ForkResult::Child) => {
+            drop((listener, env_w));
+            std::process::exit(app_process(plan, env_r))
+        }
+        Ok(ForkResult::Parent { child }) => child,
+    };
+    drop(env_r);
     // The sandbox is prepared: everything from here on is the app's own start.
     let (env, control) = match await_go() {
         Ok(Some(go)) => go,
-        // The agent let go of an unused slot.
+        // The agent let go of an unused slot. Init is pid 1: its exit ends the waiting app
+        // process too.
         Ok(None) => return 0,
         Err(e) => return fail("cannot read the start message", e),
     };
+    // A write the app process cannot take (it is gone) shows as its exit, which `serve` reaps.
+    let _ = std::fs::File::from(env_w).write_all(&serde_json::to_vec(&env).unwrap_or_default());
     // The control socket was descriptor 0 and is closed now: /dev/null takes its place, so
-    // that no socket init or the app opens later becomes a stdin.
+    // that no socket init opens later becomes a stdin.
     if let Err(e) = privileges::stdin_from_dev_null() {
         return fail("cannot give the sandbox a stdin", e);
     }
-    // SAFETY: single-threaded.
-    match unsafe { fork() } {
-        Err(e) => fail("fork", e),
-        Ok(ForkResult::Child) => {
-            drop((listener, control));
-            let e = privileges::exec_app(plan, env);
-            eprintln!("warden-sandbox: cannot start {}: {e}", plan.argv[0]);
-            std::process::exit(127)
-        }
-        Ok(ForkResult::Parent { child }) => {
-            let announce = control
-                .filter(|_| plan.announce_listening)
-                .map(handover::Announce::new);
-            handover::serve(listener, child, plan.port, announce)
-        }
+    let announce = control
+        .filter(|_| plan.announce_listening)
+        .map(handover::Announce::new);
+    handover::serve(listener, app, plan.port, announce)
+}
+
+/// The app's process, forked from init before the start message: waits on `env` for the rest
+/// of its environment (init's copy of the start message's), then execs the app. Exits 0
+/// without a word when the pipe closes empty: the slot was let go of, or init failed and said
+/// why.
+fn app_process(plan: &Plan, env: OwnedFd) -> i32 {
+    // Descriptor 0 is still the control socket here: the app must never hold it.
+    if let Err(e) = privileges::stdin_from_dev_null() {
+        return fail("cannot give the sandbox a stdin", e);
     }
+    let mut buf = Vec::new();
+    if std::fs::File::from(env).read_to_end(&mut buf).is_err() || buf.is_empty() {
+        return 0;
+    }
+    let env: BTreeMap<String, String> = match serde_json::from_slice(&buf) {
+        Ok(env) => env,
+        Err(e) => return fail("cannot read the start message", e),
+    };
+    let e = privileges::exec_app(plan, env);
+    eprintln!("warden-sandbox: cannot start {}: {e}", plan.argv[0]);
+    127
 }
 
 /// Tells the agent over stdin (its control socket) that the sandbox is prepared, then waits for
