@@ -184,6 +184,14 @@ pub(crate) async fn wait_ready(
                     l.said().await;
                 }
             }, if listening.is_some() => {
+                // Init's word comes from a connection to the app's port inside the sandbox,
+                // which is what a poll through init would make: with nothing more to ask (no
+                // health path, no owner to check), a poll would only hand a connection over
+                // and close it, on the request's path.
+                let told = listening.as_ref().is_some_and(|l| l.told());
+                if told && health.is_none() && owner.is_none() && !*exited.borrow() {
+                    return Ready::Yes;
+                }
                 listening = None;
                 poll_now = true;
             }
