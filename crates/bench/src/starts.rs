@@ -46,6 +46,11 @@ pub(crate) struct Args {
     /// docs/BENCHMARKS.md records
     #[arg(long)]
     check: bool,
+    /// Before each measured request, start an instance of another app the same way through
+    /// the same warden: the measured request then finds warden's own code and data warm, as
+    /// on a warden that has served before, instead of a process started a moment ago
+    #[arg(long)]
+    warm_up: bool,
 }
 
 const USER: &str = "alice";
@@ -134,7 +139,8 @@ pub(crate) fn run(args: &Args) -> anyhow::Result<()> {
     {
         let mut samples = Vec::new();
         for run in 0..runs {
-            let s = sample(warden, path).with_context(|| format!("{} run {run}", path.name()))?;
+            let s = sample(warden, path, args.warm_up)
+                .with_context(|| format!("{} run {run}", path.name()))?;
             rows.push(format!(
                 "{},{run},{:.3},{:.3},{:.3},{},{:.3},{:.3}",
                 path.name(),
@@ -269,61 +275,75 @@ fn stats(v: &[f64]) -> String {
     )
 }
 
-/// One fresh warden, one app with `path`, one timed first request and one second request.
-fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
+/// One fresh warden, one app with `path`, one timed first request and one second request;
+/// with `warm_up`, a first request to another app of the same spec before them.
+fn sample(warden: &Path, path: Start, warm_up: bool) -> anyhow::Result<Sample> {
     let mut launch = Launch::new(warden).log("info");
     if path == Start::JitRlimits {
         launch = launch.arg("--cgroups").arg("off");
     }
     let w = launch.start();
-    let mut spec = json!({
-        "name": APP,
-        "command": [instance_image(warden), "demo-app"],
-        "driver": "sandbox",
-        "start": path.metric_path(),
-    });
-    match path {
-        Start::Jit | Start::JitRlimits => {}
-        Start::Slot => spec["slots"] = json!(1),
-        Start::Warm => spec["warm"] = json!({ LABEL: 1 }),
-    }
-    let r = w.api("POST", "/v1/apps", Some(spec));
-    if r.status != 201 {
-        bail!("creating the app: {}", r.text());
+    let apps: &[&str] = if warm_up { &[WARM_UP, APP] } else { &[APP] };
+    for app in apps {
+        let mut spec = json!({
+            "name": app,
+            "command": [instance_image(warden), "demo-app"],
+            "driver": "sandbox",
+            "start": path.metric_path(),
+        });
+        match path {
+            Start::Jit | Start::JitRlimits => {}
+            Start::Slot => spec["slots"] = json!(1),
+            Start::Warm => spec["warm"] = json!({ LABEL: 1 }),
+        }
+        let r = w.api("POST", "/v1/apps", Some(spec));
+        if r.status != 201 {
+            bail!("creating the app: {}", r.text());
+        }
     }
     let token = crate::gateway::login(&w, USER)?;
-    let pool = match path {
-        Start::Jit | Start::JitRlimits => None,
-        Start::Slot => Some(format!(
-            "warden_agent_pool_ready{{app=\"{APP}\",kind=\"slot\",label=\"\"}}"
-        )),
-        Start::Warm => Some(format!(
-            "warden_agent_pool_ready{{app=\"{APP}\",kind=\"spare\",label=\"{LABEL}\"}}"
-        )),
-    };
-    if let Some(gauge) = pool {
-        wait_until("the pool to fill", WAIT, || {
-            (metric(&w, &gauge) >= Some(1.0)).then_some(())
-        });
-    }
-    let url = format!("{}/apps/{APP}/", w.gateway);
     let auth = format!("Bearer {token}");
     let headers = [("authorization", auth.as_str())];
+    let pools_full = || {
+        for app in apps {
+            let pool = match path {
+                Start::Jit | Start::JitRlimits => None,
+                Start::Slot => Some(format!(
+                    "warden_agent_pool_ready{{app=\"{app}\",kind=\"slot\",label=\"\"}}"
+                )),
+                Start::Warm => Some(format!(
+                    "warden_agent_pool_ready{{app=\"{app}\",kind=\"spare\",label=\"{LABEL}\"}}"
+                )),
+            };
+            if let Some(gauge) = pool {
+                wait_until("the pool to fill", WAIT, || {
+                    (metric(&w, &gauge) >= Some(1.0)).then_some(())
+                });
+            }
+        }
+    };
+    pools_full();
+    if warm_up {
+        let r = request(
+            "GET",
+            &format!("{}/apps/{WARM_UP}/", w.gateway),
+            &headers,
+            b"",
+        );
+        if r.status != 200 {
+            bail!("the warm-up request answered {}: {}", r.status, r.text());
+        }
+        // The warm-up app's pool fills again first: that work must not share the machine
+        // with the measured request.
+        pools_full();
+    }
+    let url = format!("{}/apps/{APP}/", w.gateway);
+    let before = Counters::read(&w, path);
     let t = Instant::now();
     let first = request("GET", &url, &headers, b"");
     let first_ms = t.elapsed().as_secs_f64() * 1e3;
     // Read before the second request adds to them.
-    let phase = |p: &str| {
-        metric(
-            &w,
-            &format!("warden_gateway_phase_seconds_sum{{phase=\"{p}\"}}"),
-        )
-        .map(|s| s * 1e3)
-        .with_context(|| format!("the gateway reported no {p} phase"))
-    };
-    let gateway_start_ms = phase("start")?;
-    let gateway_upstream_ms = phase("upstream")?;
-    let told = metric(&w, "warden_agent_ready_seen_total{how=\"told\"}").unwrap_or(0.0) >= 1.0;
+    let after = Counters::read(&w, path);
     let t = Instant::now();
     let second = request("GET", &url, &headers, b"");
     let second_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -335,18 +355,10 @@ fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
             first.text()
         );
     }
-    let start = |p: &str| {
-        let sum = metric(
-            &w,
-            &format!("warden_agent_start_seconds_sum{{path=\"{p}\"}}"),
-        );
-        let n = metric(
-            &w,
-            &format!("warden_agent_start_seconds_count{{path=\"{p}\"}}"),
-        );
-        sum.zip(n).map(|(s, n)| s / n * 1e3)
-    };
-    let start_ms = start(path.metric_path()).context("the agent reported no start")?;
+    let d = after.since(&before);
+    if d.starts < 1.0 {
+        bail!("the agent reported no start for the measured request");
+    }
     let prepare_ms = (path == Start::Slot)
         .then(|| {
             let sum = metric(&w, "warden_agent_slot_prepare_seconds_sum")?;
@@ -357,12 +369,48 @@ fn sample(warden: &Path, path: Start) -> anyhow::Result<Sample> {
     Ok(Sample {
         first_ms,
         second_ms,
-        start_ms,
+        start_ms: d.start_s / d.starts * 1e3,
         prepare_ms,
-        gateway_start_ms,
-        gateway_upstream_ms,
-        told,
+        gateway_start_ms: d.phase_start_s * 1e3,
+        gateway_upstream_ms: d.phase_upstream_s * 1e3,
+        told: d.told >= 1.0,
     })
+}
+
+/// The app started first with `--warm-up`.
+const WARM_UP: &str = "bench-warm-up";
+
+/// The counters a sample reads around its measured request; absent ones count as 0.
+struct Counters {
+    phase_start_s: f64,
+    phase_upstream_s: f64,
+    start_s: f64,
+    starts: f64,
+    told: f64,
+}
+
+impl Counters {
+    fn read(w: &Warden, path: Start) -> Self {
+        let m = |name: &str| metric(w, name).unwrap_or(0.0);
+        let p = path.metric_path();
+        Self {
+            phase_start_s: m("warden_gateway_phase_seconds_sum{phase=\"start\"}"),
+            phase_upstream_s: m("warden_gateway_phase_seconds_sum{phase=\"upstream\"}"),
+            start_s: m(&format!("warden_agent_start_seconds_sum{{path=\"{p}\"}}")),
+            starts: m(&format!("warden_agent_start_seconds_count{{path=\"{p}\"}}")),
+            told: m("warden_agent_ready_seen_total{how=\"told\"}"),
+        }
+    }
+
+    fn since(&self, before: &Self) -> Self {
+        Self {
+            phase_start_s: self.phase_start_s - before.phase_start_s,
+            phase_upstream_s: self.phase_upstream_s - before.phase_upstream_s,
+            start_s: self.start_s - before.start_s,
+            starts: self.starts - before.starts,
+            told: self.told - before.told,
+        }
+    }
 }
 
 fn metric(w: &Warden, name_and_labels: &str) -> Option<f64> {
