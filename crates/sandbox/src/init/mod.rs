@@ -332,7 +332,7 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
     // The app's process is forked now, before the start message, and waits for the rest of
     // its environment on a pipe: a fork of init took 0.3 ms of each slot start (perf), which a
     // prepared slot has then done before any request comes.
-    let (env_r, env_w) = match nix::unistd::pipe() {
+    let (env_r, env_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
         Ok(p) => p,
         Err(e) => return fail("pipe", e),
     };
@@ -347,15 +347,19 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
     };
     drop(env_r);
     // The sandbox is prepared: everything from here on is the app's own start.
-    let (env, control) = match await_go() {
+    let (env, control) = match await_go(&env_w) {
         Ok(Some(go)) => go,
         // The agent let go of an unused slot. Init is pid 1: its exit ends the waiting app
         // process too.
         Ok(None) => return 0,
         Err(e) => return fail("cannot read the start message", e),
     };
-    // A write the app process cannot take (it is gone) shows as its exit, which `serve` reaps.
-    let _ = std::fs::File::from(env_w).write_all(&serde_json::to_vec(&env).unwrap_or_default());
+    if let Err(e) =
+        std::fs::File::from(env_w).write_all(&serde_json::to_vec(&env).unwrap_or_default())
+    {
+        // The app's process is gone (its exit, reaped by `serve`, ends the sandbox).
+        eprintln!("warden-sandbox: cannot pass the environment to the app's process: {e}");
+    }
     // The control socket was descriptor 0 and is closed now: /dev/null takes its place, so
     // that no socket init opens later becomes a stdin.
     if let Err(e) = privileges::stdin_from_dev_null() {
@@ -377,7 +381,10 @@ fn app_process(plan: &Plan, env: OwnedFd) -> i32 {
         return fail("cannot give the sandbox a stdin", e);
     }
     let mut buf = Vec::new();
-    if std::fs::File::from(env).read_to_end(&mut buf).is_err() || buf.is_empty() {
+    if let Err(e) = std::fs::File::from(env).read_to_end(&mut buf) {
+        return fail("cannot read the environment from init", e);
+    }
+    if buf.is_empty() {
         return 0;
     }
     let env: BTreeMap<String, String> = match serde_json::from_slice(&buf) {
@@ -393,9 +400,13 @@ fn app_process(plan: &Plan, env: OwnedFd) -> i32 {
 /// the start message: the rest of the app's environment, and the control socket moved off
 /// descriptor 0 (close-on-exec, so the app never holds it), for saying when the app listens;
 /// `None` for the socket if it could not be kept. `None` if the agent closed the socket
-/// without a message.
+/// without a message. An error if the app's process, which reads `env` (the pipe's other
+/// end), ends meanwhile (killed from outside): init then exits, and the agent sees the slot
+/// gone instead of handing out a sandbox that cannot start its app.
 #[allow(clippy::type_complexity)]
-fn await_go() -> Result<Option<(BTreeMap<String, String>, Option<std::fs::File>)>, SetupError> {
+fn await_go(
+    env: &OwnedFd,
+) -> Result<Option<(BTreeMap<String, String>, Option<std::fs::File>)>, SetupError> {
     // SAFETY: fd 0 is the control socket the agent gave sandbox-init as stdin; nothing else in
     // this process owns it.
     let mut control = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(0) });
@@ -405,6 +416,7 @@ fn await_go() -> Result<Option<(BTreeMap<String, String>, Option<std::fs::File>)
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
+        app_process_waits(&control, env)?;
         match control.read(&mut chunk) {
             Ok(0) => break,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
@@ -427,6 +439,30 @@ fn await_go() -> Result<Option<(BTreeMap<String, String>, Option<std::fs::File>)
     // std duplicates with F_DUPFD_CLOEXEC; descriptor 0 closes when `control` drops here.
     let kept = control.try_clone().ok();
     Ok(Some((go.env, kept)))
+}
+
+/// Waits until `control` can be read, or fails if the app's process ended: the write end of
+/// a pipe whose reader is gone polls as an error.
+fn app_process_waits(control: &std::fs::File, env: &OwnedFd) -> Result<(), SetupError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    loop {
+        let mut fds = [
+            PollFd::new(control.as_fd(), PollFlags::POLLIN),
+            PollFd::new(env.as_fd(), PollFlags::empty()),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(SetupError::sys("poll the control socket", e)),
+            Ok(_) => {}
+        }
+        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+            return Err(SetupError::Exec(
+                "the app's process ended before the start message came".into(),
+            ));
+        }
+        return Ok(());
+    }
 }
 
 /// The sandbox's host name and network: loopback, and in network mode `bridged` the inner end
