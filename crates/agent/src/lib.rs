@@ -374,9 +374,9 @@ impl Instances for Agent {
     /// an exit behind), and its address is the one dialled (a gone instance's port may be
     /// another's by now).
     async fn connect(&self, instance: &InstanceRecord) -> std::io::Result<InstanceStream> {
-        let (addr, owner) = match self.inner.life.dial(&instance.id) {
-            Some((r, owner)) if r.label == instance.label && r.user == instance.user => {
-                (r.addr, owner)
+        let (addr, owner, first) = match self.inner.life.dial(&instance.id) {
+            Some((r, owner, first)) if r.label == instance.label && r.user == instance.user => {
+                (r.addr, owner, first)
             }
             _ => {
                 return Err(std::io::Error::new(
@@ -388,7 +388,14 @@ impl Instances for Agent {
                 ))
             }
         };
-        let stream = warden_sandbox::connect(&addr).await?;
+        let stream = match first {
+            // Made by the sandbox's init while the instance started, for this request.
+            Some(conn) => {
+                conn.set_nonblocking(true)?;
+                tokio::net::TcpStream::from_std(conn)?
+            }
+            None => warden_sandbox::connect(&addr).await?,
+        };
         // A `process` instance's port is the host's: whoever listens there now must be the
         // instance (`lifecycle::peer_owner`). Refused, the request goes to another instance.
         if let Some(uid) = owner {

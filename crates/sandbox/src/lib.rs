@@ -40,7 +40,7 @@ mod seccomp;
 pub mod spawn;
 mod spread;
 
-pub use net::connect;
+pub use net::{connect, control_byte};
 
 /// The port an app listens on inside its own network namespace: every sandbox has its own
 /// loopback, so there is no port to race for.
@@ -105,7 +105,8 @@ pub const PREPARED: u8 = b'r';
 
 /// Byte init writes on the control socket once the app accepts connections on its port (with
 /// [`Plan::announce_listening`]). It never comes if the app exits first or does not accept
-/// within [`init::ANNOUNCE_FOR`]; the agent's own slower polls see such an app.
+/// within [`init::ANNOUNCE_FOR`]; the agent's own slower polls see such an app. It comes with
+/// the connection init's probe made to the app (SCM_RIGHTS; [`control_byte`] reads both).
 pub const LISTENING: u8 = b'l';
 
 /// Name of the plan file in the instance directory.

@@ -46,10 +46,27 @@ pub async fn connect(addr: &InstanceAddr) -> io::Result<TcpStream> {
     }
 }
 
-/// Receives one reply: the socket, or the errno the init process met connecting.
-fn receive(fd: RawFd) -> io::Result<OwnedFd> {
-    let mut buf = [0u8; 2];
-    let mut iov = [IoSliceMut::new(&mut buf)];
+/// Reads one byte init writes on an instance's control socket, with the descriptor sent beside
+/// it if any: init sends [`crate::LISTENING`] with the connection its probe made to the app
+/// (see `init/handover.rs`). `None` once the socket ended.
+pub async fn control_byte(control: &UnixStream) -> io::Result<Option<(u8, Option<OwnedFd>)>> {
+    loop {
+        control.readable().await?;
+        let read = control.try_io(Interest::READABLE, || {
+            let mut buf = [0u8; 1];
+            let (n, fd) = receive_with_fd(control.as_raw_fd(), &mut buf)?;
+            Ok((n == 1).then_some((buf[0], fd)))
+        });
+        match read {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            other => return other,
+        }
+    }
+}
+
+/// Receives into `buf` and the first descriptor sent beside it (others are closed).
+fn receive_with_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = [IoSliceMut::new(buf)];
     let mut space = nix::cmsg_space!([RawFd; 1]);
     let msg = recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
         .map_err(io::Error::from)?;
@@ -64,7 +81,13 @@ fn receive(fd: RawFd) -> io::Result<OwnedFd> {
             }
         }
     }
-    let n = msg.bytes;
+    Ok((msg.bytes, handed))
+}
+
+/// Receives one reply: the socket, or the errno the init process met connecting.
+fn receive(fd: RawFd) -> io::Result<OwnedFd> {
+    let mut buf = [0u8; 2];
+    let (n, handed) = receive_with_fd(fd, &mut buf)?;
     match (n, buf[0], handed) {
         (_, HANDED, Some(fd)) => Ok(fd),
         (2, b'e', _) => Err(io::Error::from_raw_os_error(i32::from(buf[1]))),

@@ -69,6 +69,9 @@ struct Running {
     data: bool,
     /// The uid its TCP port's listener must have (`Started::owner`), checked per connection.
     listener_uid: Option<u32>,
+    /// A connection to the app made while it started, for the request that waited for the
+    /// start (`start.rs::keep_first`); taken by [`Lifecycle::dial`].
+    first: Option<std::net::TcpStream>,
 }
 
 #[derive(Default)]
@@ -388,11 +391,15 @@ impl Lifecycle {
         lock(&self.table).running.get(id).map(|r| r.record.clone())
     }
 
-    /// A running instance's record and the uid its port's listener must have, if checked.
-    pub(crate) fn dial(&self, id: &str) -> Option<(InstanceRecord, Option<u32>)> {
-        let table = lock(&self.table);
-        let r = table.running.get(id)?;
-        Some((r.record.clone(), r.listener_uid))
+    /// A running instance's record, the uid its port's listener must have (if checked), and,
+    /// once, the connection kept from its start for the request that waited for it.
+    pub(crate) fn dial(
+        &self,
+        id: &str,
+    ) -> Option<(InstanceRecord, Option<u32>, Option<std::net::TcpStream>)> {
+        let mut table = lock(&self.table);
+        let r = table.running.get_mut(id)?;
+        Some((r.record.clone(), r.listener_uid, r.first.take()))
     }
 
     /// Instances running on this node, ordered by app, label and id.

@@ -62,6 +62,9 @@ const POLL_WHILE_TOLD: Duration = Duration::from_millis(50);
 pub(crate) struct Listening {
     control: tokio::net::UnixStream,
     told: bool,
+    /// The connection init's probe made to the app, sent with its word: kept only when that
+    /// word ends the wait (see [`wait_ready`]).
+    first: Option<std::net::TcpStream>,
 }
 
 impl Listening {
@@ -72,6 +75,7 @@ impl Listening {
         Some(Self {
             control,
             told: false,
+            first: None,
         })
     }
 
@@ -80,20 +84,24 @@ impl Listening {
         self.told
     }
 
+    /// The connection to the app that came with init's word, once.
+    pub(crate) fn take_first(&mut self) -> Option<std::net::TcpStream> {
+        self.first.take()
+    }
+
     /// Returns once init said the app accepts, or the socket ended (the whole sandbox is gone:
     /// its outer processes hold the socket too, so an init that stops looking after
     /// `ANNOUNCE_FOR` ends nothing, and the 50 ms polls carry on). Other bytes (the "prepared"
     /// byte of a sandbox started at once) are skipped, a few at most: init writes no more.
     async fn said(&mut self) {
-        use tokio::io::AsyncReadExt;
-        let mut byte = [0u8; 1];
         for _ in 0..8 {
-            match self.control.read(&mut byte).await {
-                Ok(1) if byte[0] == warden_sandbox::LISTENING => {
+            match warden_sandbox::control_byte(&self.control).await {
+                Ok(Some((warden_sandbox::LISTENING, conn))) => {
                     self.told = true;
+                    self.first = conn.map(std::net::TcpStream::from);
                     return;
                 }
-                Ok(1) => {}
+                Ok(Some(_)) => {}
                 _ => return,
             }
         }
@@ -103,8 +111,10 @@ impl Listening {
 /// Waits until the app at `addr` is ready, the process exits, or `timeout` passes. Ready means
 /// accepting a TCP connection and, when the app names a health path, answering it 2xx or 3xx.
 /// With `listening` (a sandbox's init looking for the app to accept), the polls wait for its
-/// word instead of asking every millisecond. With `owner`, a connection counts only if the
-/// kernel says a socket of that uid accepted it (see `peer_owner.rs`).
+/// word instead of asking every millisecond, and with nothing more to ask (no health path, no
+/// owner) that word is the answer: `listening` then holds the connection init's probe made
+/// ([`Listening::take_first`]). With `owner`, a connection counts only if the kernel says a
+/// socket of that uid accepted it (see `peer_owner.rs`).
 pub(crate) async fn wait_ready(
     addr: &InstanceAddr,
     owner: Option<u32>,
@@ -192,6 +202,9 @@ pub(crate) async fn wait_ready(
                 if told && health.is_none() && owner.is_none() && !*exited.borrow() {
                     return Ready::Yes;
                 }
+                // Not held while the polls ask: an app with one worker per connection would
+                // wait on it and answer no health check.
+                drop(listening.as_mut().and_then(|l| l.take_first()));
                 listening = None;
                 poll_now = true;
             }

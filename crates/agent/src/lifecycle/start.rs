@@ -41,6 +41,12 @@ pub(crate) enum Purpose {
     Spare,
 }
 
+/// How long the connection that came with a new instance's readiness waits for the request
+/// that waits for that start (`Lifecycle::keep_first`). That request connects within a
+/// millisecond or so; on a loaded machine it may take longer, and a request that went away
+/// holds an app with one worker per connection no longer than this.
+const FIRST_KEPT: Duration = Duration::from_secs(1);
+
 /// A launched instance, before it is ready.
 struct Launched {
     id: String,
@@ -279,6 +285,7 @@ impl Lifecycle {
                 log: log.clone(),
                 data: spec.data,
                 listener_uid,
+                first: None,
             },
         );
         let driver = spec.driver_on(self.deps.drivers.default().0);
@@ -306,7 +313,7 @@ impl Lifecycle {
         } else {
             self.publish_or_stop(&key, &record).await?;
         }
-        let ready = self
+        let (ready, first) = self
             .wait_started(spec, &addr, listener_uid, listening, exit_rx)
             .await;
         match ready {
@@ -345,6 +352,9 @@ impl Lifecycle {
             InstanceState::Ready
         };
         self.finish(&key, &record, &log, behind).await?;
+        if let Some(first) = first.filter(|_| behind) {
+            self.keep_first(&id, first);
+        }
         tracing::info!(ms = began.elapsed().as_millis() as u64, path = ?path, spare, "instance ready");
         Ok(record)
     }
@@ -357,19 +367,40 @@ impl Lifecycle {
         owner: Option<u32>,
         listening: Option<std::os::unix::net::UnixStream>,
         exited: watch::Receiver<bool>,
-    ) -> Ready {
+    ) -> (Ready, Option<std::net::TcpStream>) {
         let timeout = Duration::from_millis(spec.start_timeout_ms);
         if !spec.listens() {
-            return wait_running(exited, timeout).await;
+            return (wait_running(exited, timeout).await, None);
         }
         let mut listening = listening.and_then(Listening::new);
         let health = spec.health_path.as_deref();
         let ready = wait_ready(addr, owner, health, exited, timeout, listening.as_mut()).await;
+        let mut first = None;
         if matches!(ready, Ready::Yes) {
             let told = listening.as_ref().is_some_and(Listening::told);
             self.deps.metrics.seen_ready(told);
+            first = listening.as_mut().and_then(Listening::take_first);
         }
-        ready
+        (ready, first)
+    }
+
+    /// Keeps `first`, the connection to a new instance that came with its init's word, for the
+    /// request that waits for the start ([`Lifecycle::dial`] hands it out once): that request
+    /// then needs no hand-over through init. Dropped after [`FIRST_KEPT`] if no request took
+    /// it (the request went elsewhere or away), since an app with one worker per connection
+    /// serves nothing else while it is held.
+    fn keep_first(self: &Arc<Self>, id: &str, first: std::net::TcpStream) {
+        match lock(&self.table).running.get_mut(id) {
+            Some(r) => r.first = Some(first),
+            None => return,
+        }
+        let (me, id) = (self.clone(), id.to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep(FIRST_KEPT).await;
+            if let Some(r) = lock(&me.table).running.get_mut(&id) {
+                r.first = None;
+            }
+        });
     }
 
     /// Makes a ready instance (or spare) the running record, unless it exited meanwhile, and

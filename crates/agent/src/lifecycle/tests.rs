@@ -126,6 +126,7 @@ pub(super) fn add_running(life: &Lifecycle, record: &InstanceRecord) {
             log: PathBuf::new(),
             data: false,
             listener_uid: None,
+            first: None,
         },
     );
 }

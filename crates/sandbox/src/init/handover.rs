@@ -20,7 +20,9 @@ pub const ANNOUNCE_FOR: Duration = Duration::from_secs(30);
 /// for the app's first 20 ms, every millisecond until a second, then every 10 ms. A probe is a
 /// non-blocking connect on the sandbox's own loopback, which the kernel answers at once (a
 /// refused connect costs a few microseconds), so a start is seen within 100 µs of its
-/// `listen` instead of at the agent's next poll through this process.
+/// `listen` instead of at the agent's next poll through this process. The probe that sees
+/// the app accept is sent with the word, and left open: the agent gives it to the request
+/// that waits for the start.
 pub(super) struct Announce {
     control: std::fs::File,
     began: Instant,
@@ -45,7 +47,7 @@ impl Announce {
     /// Probes the port if a probe is due. True once there is nothing more to do: the agent was
     /// told, or [`ANNOUNCE_FOR`] passed.
     fn probe(&mut self, port: u16) -> bool {
-        use nix::sys::socket::{send, MsgFlags};
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
         let now = Instant::now();
         if now < self.next {
             return false;
@@ -54,12 +56,20 @@ impl Announce {
         if age >= ANNOUNCE_FOR {
             return true;
         }
-        if accepting(port) {
-            // An agent that went away makes this fail; nothing is left to tell then.
-            let _ = send(
+        if let Some(conn) = accepting(port) {
+            // The probe's connection goes with the word: the agent may hand it to the request
+            // that waits for this start, which then needs no hand-over of its own (see
+            // `ready.rs::Listening`). An agent that went away makes this fail; nothing is left
+            // to tell then.
+            let fds = [conn.as_raw_fd()];
+            let iov = [std::io::IoSlice::new(&[crate::LISTENING])];
+            let cmsg = [ControlMessage::ScmRights(&fds)];
+            let _ = sendmsg::<()>(
                 self.control.as_raw_fd(),
-                &[crate::LISTENING],
+                &iov,
+                &cmsg,
                 MsgFlags::MSG_NOSIGNAL,
+                None,
             );
             return true;
         }
@@ -75,17 +85,16 @@ impl Announce {
     }
 }
 
-/// Whether the app accepts connections on `port` now. A connect still in progress (which
-/// loopback hardly ever leaves) counts as not yet: the next probe asks again.
-fn accepting(port: u16) -> bool {
+/// A connection to the app on `port` if it accepts connections now. A connect still in
+/// progress (which loopback hardly ever leaves) counts as not yet: the next probe asks again.
+fn accepting(port: u16) -> Option<OwnedFd> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use nix::sys::socket::{getsockopt, sockopt::SocketError};
-    let Ok(fd) = connect_nonblocking(port) else {
-        return false;
-    };
+    let fd = connect_nonblocking(port).ok()?;
     let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLOUT)];
-    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1))
-        && matches!(getsockopt(&fd, SocketError), Ok(0))
+    let connected = matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1))
+        && matches!(getsockopt(&fd, SocketError), Ok(0));
+    connected.then_some(fd)
 }
 
 /// Serves hand-overs until the app exits, telling the agent on the way when the app accepts

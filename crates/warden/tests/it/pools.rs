@@ -362,3 +362,122 @@ fn a_sandboxs_init_says_when_its_app_accepts_and_a_process_is_polled() {
     assert_eq!(get(&w, "alice", "/apps/polled/")["app"], "polled");
     assert!(seen("polled") >= polled + 1.0);
 }
+
+/// An app with one worker, as gunicorn's default is: it answers each request with how many
+/// connections it has accepted, and closes the connection.
+const COUNTING_APP: &str = r#"
+import os, socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(os.environ["PORT"])))
+s.listen(16)
+n = 0
+while True:
+    c, _ = s.accept()
+    n += 1
+    head = b""
+    while b"\r\n\r\n" not in head:
+        part = c.recv(4096)
+        if not part:
+            break
+        head += part
+    if head:
+        body = str(n).encode()
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+    c.close()
+"#;
+
+#[test]
+fn the_first_request_of_a_sandboxed_start_goes_over_the_connection_init_saw_it_accept_on() {
+    // Init's probe is the app's first connection; the request that waited for the start is
+    // sent on it, not on a second connection handed over through init (and no other
+    // connection comes between: the agent takes init's word that the app accepts).
+    let w = Warden::demo(BIN);
+    for (name, extra) in [
+        ("count-jit", json!({})),
+        ("count-slot", json!({ "start": "slot", "slots": 1 })),
+    ] {
+        let mut spec = json!({
+            "name": name,
+            "command": ["python3", "-c", COUNTING_APP],
+            "driver": "sandbox",
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        let r = w.api("POST", "/v1/apps", Some(spec));
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let ready = "warden_agent_pool_ready{app=\"count-slot\",kind=\"slot\",label=\"\"}";
+    wait_until("a prepared slot", WAIT, || {
+        (metric(&w, ready) == Some(1.0)).then_some(())
+    });
+    for app in ["count-jit", "count-slot"] {
+        let path = format!("/apps/{app}/");
+        let answers: Vec<(u16, String)> = (0..2)
+            .map(|_| {
+                let r = w.get_as("alice", &w.password("alice"), &path);
+                (r.status, r.text())
+            })
+            .collect();
+        assert_eq!(
+            answers,
+            [(200, "1".to_owned()), (200, "2".to_owned())],
+            "{app}"
+        );
+    }
+}
+
+/// The processes below `pid`, each with its depth (1 for a child).
+fn descendants(pid: u32) -> Vec<(u32, usize)> {
+    let mut out = Vec::new();
+    let mut next = vec![(pid, 0)];
+    while let Some((p, depth)) = next.pop() {
+        let children =
+            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+        for c in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+            out.push((c, depth + 1));
+            next.push((c, depth + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_slot_whose_waiting_app_process_was_killed_is_thrown_away_not_handed_out() {
+    // A prepared slot holds the app's process forked ahead (helper, its child, init, then
+    // that process). Killed from outside before any request, the slot must not be handed out
+    // (its app could never start): the request is served all the same.
+    let w = Warden::demo(BIN);
+    create_app(
+        &w,
+        "slotted",
+        json!({ "driver": "sandbox", "start": "slot", "slots": 1 }),
+    );
+    let ready = "warden_agent_pool_ready{app=\"slotted\",kind=\"slot\",label=\"\"}";
+    wait_until("a prepared slot", WAIT, || {
+        (metric(&w, ready) == Some(1.0)).then_some(())
+    });
+    let slot = slot_dirs(&w).into_iter().next().unwrap();
+    let record =
+        std::fs::read_to_string(w.dir.join("instances").join(format!("{slot}.pid"))).unwrap();
+    let helper: u32 = record.split_whitespace().next().unwrap().parse().unwrap();
+    let waiting = wait_until("the app's process forked ahead", WAIT, || {
+        descendants(helper)
+            .into_iter()
+            .find(|(_, depth)| *depth == 3)
+            .map(|(pid, _)| pid)
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(waiting as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Its init ends the sandbox: the pool sees it dead and throws it away at the next take.
+    wait_until("the slot's sandbox to end", WAIT, || {
+        (!process_alive(helper)).then_some(())
+    });
+    let served = get(&w, "alice", "/apps/slotted/");
+    assert_eq!(served["label"], "SECRET");
+    assert_ne!(served["instance"].as_str(), Some(slot.as_str()));
+}
