@@ -45,6 +45,21 @@ fn metric(w: &Warden, name_and_labels: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
 }
 
+/// Registers app `slotted` (the demo app, one slot) and waits until its slot is prepared;
+/// returns the gauge of its prepared slots.
+fn slotted_app(w: &Warden) -> String {
+    create_app(
+        w,
+        "slotted",
+        json!({ "driver": "sandbox", "start": "slot", "slots": 1 }),
+    );
+    let ready = "warden_agent_pool_ready{app=\"slotted\",kind=\"slot\",label=\"\"}";
+    wait_until("a prepared slot", WAIT, || {
+        (metric(w, ready) == Some(1.0)).then_some(())
+    });
+    ready.to_owned()
+}
+
 fn slot_dirs(w: &Warden) -> BTreeSet<String> {
     std::fs::read_dir(w.dir.join("instances"))
         .map(|d| {
@@ -184,15 +199,7 @@ fn spares_serve_no_request_until_handed_out_and_a_killed_spare_is_replaced() {
 #[test]
 fn a_slot_pool_starts_the_app_in_a_prepared_sandbox() {
     let w = Warden::demo(BIN);
-    create_app(
-        &w,
-        "slotted",
-        json!({ "driver": "sandbox", "start": "slot", "slots": 1 }),
-    );
-    let ready = "warden_agent_pool_ready{app=\"slotted\",kind=\"slot\",label=\"\"}";
-    wait_until("a prepared slot", WAIT, || {
-        (metric(&w, ready) == Some(1.0)).then_some(())
-    });
+    let ready = &slotted_app(&w);
     // The slot's directory is named after the instance it will become.
     let before = slot_dirs(&w);
     assert_eq!(before.len(), 1, "{before:?}");
@@ -449,15 +456,7 @@ fn a_slot_whose_waiting_app_process_was_killed_is_thrown_away_not_handed_out() {
     // that process). Killed from outside before any request, the slot must not be handed out
     // (its app could never start): the request is served all the same.
     let w = Warden::demo(BIN);
-    create_app(
-        &w,
-        "slotted",
-        json!({ "driver": "sandbox", "start": "slot", "slots": 1 }),
-    );
-    let ready = "warden_agent_pool_ready{app=\"slotted\",kind=\"slot\",label=\"\"}";
-    wait_until("a prepared slot", WAIT, || {
-        (metric(&w, ready) == Some(1.0)).then_some(())
-    });
+    slotted_app(&w);
     let slot = slot_dirs(&w).into_iter().next().unwrap();
     let record =
         std::fs::read_to_string(w.dir.join("instances").join(format!("{slot}.pid"))).unwrap();
