@@ -40,7 +40,7 @@ mod seccomp;
 pub mod spawn;
 mod spread;
 
-pub use net::{connect, control_byte};
+pub use net::{connect, control_byte, drain_control};
 
 /// The port an app listens on inside its own network namespace: every sandbox has its own
 /// loopback, so there is no port to race for.

@@ -64,6 +64,15 @@ pub async fn control_byte(control: &UnixStream) -> io::Result<Option<(u8, Option
     }
 }
 
+/// Reads and drops whatever init wrote on the control socket `fd` (non-blocking) and nobody
+/// read: above all a probe's connection sent with [`crate::LISTENING`] after the agent saw the
+/// app ready by itself, which, left in flight, would hold the app's accepted connection open
+/// for as long as the socket lives.
+pub fn drain_control(fd: RawFd) {
+    let mut buf = [0u8; 64];
+    while matches!(receive_with_fd(fd, &mut buf), Ok((n, _)) if n > 0) {}
+}
+
 /// Receives into `buf` and the first descriptor sent beside it (others are closed).
 fn receive_with_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
     let mut iov = [IoSliceMut::new(buf)];

@@ -51,8 +51,11 @@ pub(crate) async fn wait_running(mut exited: watch::Receiver<bool>, timeout: Dur
     }
 }
 
-/// How often readiness is polled while the sandbox's init is looking for the app to accept
-/// (see [`Listening`]): only in case its word is lost.
+/// How often readiness is polled once the sandbox's init stopped looking for the app to accept
+/// (see [`Listening`]): after `warden_sandbox::init::ANNOUNCE_FOR`. Not before: a poll hands
+/// a connection over through init and closes it, on the start's path, and one that meets the
+/// app's first `accept` takes the place of init's probe (whose connection the request that
+/// waits would use) in an app with one worker.
 const POLL_WHILE_TOLD: Duration = Duration::from_millis(50);
 
 /// A sandbox's control socket, on which init says when the app accepts connections
@@ -82,6 +85,12 @@ impl Listening {
     /// Whether init said the app accepts.
     pub(crate) fn told(&self) -> bool {
         self.told
+    }
+
+    /// Drops what init wrote and nobody read (see `warden_sandbox::drain_control`).
+    pub(crate) fn drain(&self) {
+        use std::os::fd::AsRawFd;
+        warden_sandbox::drain_control(self.control.as_raw_fd());
     }
 
     /// The connection to the app that came with init's word, once.
@@ -179,10 +188,14 @@ pub(crate) async fn wait_ready(
             };
             return Ready::TimedOut(missing);
         }
-        let wait = if listening.is_some() {
-            POLL_WHILE_TOLD
-        } else {
-            pause
+        let wait = match listening {
+            Some(_) => {
+                let announced = started + warden_sandbox::init::ANNOUNCE_FOR;
+                announced
+                    .saturating_duration_since(tokio::time::Instant::now())
+                    .max(POLL_WHILE_TOLD)
+            }
+            None => pause,
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => poll_now = true,

@@ -375,6 +375,12 @@ impl Lifecycle {
         let mut listening = listening.and_then(Listening::new);
         let health = spec.health_path.as_deref();
         let ready = wait_ready(addr, owner, health, exited, timeout, listening.as_mut()).await;
+        // Init's word (with its probe's connection) may have come after a poll of the agent's
+        // own saw the app ready: nobody will read it, and the socket lives as long as the
+        // instance.
+        if let Some(l) = &listening {
+            l.drain();
+        }
         let mut first = None;
         if matches!(ready, Ready::Yes) {
             let told = listening.as_ref().is_some_and(Listening::told);

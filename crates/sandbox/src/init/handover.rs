@@ -45,8 +45,11 @@ impl Announce {
     }
 
     /// Probes the port if a probe is due. True once there is nothing more to do: the agent was
-    /// told, or [`ANNOUNCE_FOR`] passed.
-    fn probe(&mut self, port: u16) -> bool {
+    /// told, or [`ANNOUNCE_FOR`] passed. With `pass` the probe's connection goes with the
+    /// word; without (a connection was handed over already, so the agent's own poll may have
+    /// seen the app ready and will not read the word) it is closed, so that no connection the
+    /// app accepted waits unread on the control socket, taking an app's only worker.
+    fn probe(&mut self, port: u16, pass: bool) -> bool {
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
         let now = Instant::now();
         if now < self.next {
@@ -64,10 +67,11 @@ impl Announce {
             let fds = [conn.as_raw_fd()];
             let iov = [std::io::IoSlice::new(&[crate::LISTENING])];
             let cmsg = [ControlMessage::ScmRights(&fds)];
+            let cmsg: &[ControlMessage] = if pass { &cmsg } else { &[] };
             let _ = sendmsg::<()>(
                 self.control.as_raw_fd(),
                 &iov,
-                &cmsg,
+                cmsg,
                 MsgFlags::MSG_NOSIGNAL,
                 None,
             );
@@ -118,6 +122,8 @@ pub(super) fn serve(
         Err(e) => return fail("signalfd", e),
     };
     let _ = listener.set_nonblocking(true);
+    // Whether a connection to the app was handed over: then the probe's is not passed on.
+    let mut handed = false;
     loop {
         // Reap everything that has exited; the app's end is the sandbox's end.
         loop {
@@ -139,7 +145,7 @@ pub(super) fn serve(
                 Ok(_) => {}
             }
         }
-        if announce.as_mut().is_some_and(|a| a.probe(port)) {
+        if announce.as_mut().is_some_and(|a| a.probe(port, !handed)) {
             announce = None;
         }
         let mut fds = [
@@ -156,7 +162,7 @@ pub(super) fn serve(
         }
         while sfd.read_signal().ok().flatten().is_some() {}
         while let Ok((conn, _)) = listener.accept() {
-            hand_over(&conn, port);
+            handed |= hand_over(&conn, port);
         }
     }
 }
@@ -166,8 +172,9 @@ pub(super) fn serve(
 /// The connect does not block: on loopback it usually completes at once, but with the app's
 /// accept queue full the kernel retries the handshake for seconds, and init, which serves every
 /// hand-over of the sandbox in turn, must not wait for it. The caller waits for the socket to
-/// become writable and reads its error, as for any non-blocking connect.
-fn hand_over(conn: &std::os::unix::net::UnixStream, port: u16) {
+/// become writable and reads its error, as for any non-blocking connect. True if the connect
+/// did not fail at once (the app may have accepted it).
+fn hand_over(conn: &std::os::unix::net::UnixStream, port: u16) -> bool {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let _ = conn.set_nonblocking(false);
     match connect_nonblocking(port) {
@@ -177,10 +184,12 @@ fn hand_over(conn: &std::os::unix::net::UnixStream, port: u16) {
             let iov = [std::io::IoSlice::new(&payload)];
             let cmsg = [ControlMessage::ScmRights(&fds)];
             let _ = sendmsg::<()>(conn.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None);
+            true
         }
         Err(errno) => {
             let payload = [b'e', u8::try_from(errno as i32).unwrap_or(u8::MAX)];
             let _ = (&*conn).write_all(&payload);
+            false
         }
     }
 }
