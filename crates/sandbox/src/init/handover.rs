@@ -12,8 +12,8 @@ use nix::unistd::Pid;
 
 use super::{exit_code, fail};
 
-/// How long init looks for the app to accept before it stops looking; the agent's own slower
-/// polls (which never stop) see an app slower than that.
+/// How long init looks for the app to accept before it stops looking; the agent polls through
+/// init only from then on (every 50 ms), and sees an app slower than that.
 pub const ANNOUNCE_FOR: Duration = Duration::from_secs(30);
 
 /// Telling the agent when the app accepts connections: probes of the app's port, every 100 µs
