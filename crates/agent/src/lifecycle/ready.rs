@@ -101,8 +101,8 @@ impl Listening {
     /// Returns once init said the app accepts, or the socket ended (the whole sandbox is gone:
     /// its outer processes hold the socket too, so an init that stops looking after
     /// `ANNOUNCE_FOR` ends nothing, and the agent's polls, which begin then, carry on). Other
-    /// bytes (the "prepared"
-    /// byte of a sandbox started at once) are skipped, a few at most: init writes no more.
+    /// bytes (the "prepared" byte of a sandbox started at once) are skipped, a few at most:
+    /// init writes no more.
     async fn said(&mut self) {
         for _ in 0..8 {
             match warden_sandbox::control_byte(&self.control).await {
