@@ -126,8 +126,9 @@ fn io_uring() {
     }
 }
 
-/// Reports every descriptor beyond stdin, stdout and stderr: none may be left over from
-/// whoever started warden.
+/// Reports every descriptor beyond stdin, stdout and stderr (none may be left over from
+/// whoever started warden), and a stdin that is not /dev/null (such as the sandbox's control
+/// socket, which the app must never hold).
 fn inherited_descriptors() {
     let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
         println!("probe inherited-fds: unknown (no /proc/self/fd)");
@@ -144,8 +145,16 @@ fn inherited_descriptors() {
             extra.push(format!("{fd} -> {}", target.display()));
         }
     }
+    let stdin = std::fs::read_link("/proc/self/fd/0").unwrap_or_default();
+    if stdin != std::path::Path::new("/dev/null") {
+        extra.push(format!("stdin -> {}", stdin.display()));
+    }
     let escaped = (!extra.is_empty()).then(|| extra.join(", "));
-    report("inherited-fds", escaped, "only 0, 1 and 2 are open");
+    report(
+        "inherited-fds",
+        escaped,
+        "only 0, 1 and 2 are open, and 0 is /dev/null",
+    );
 }
 
 /// mount(2) called as system call `nr` with a file-system type it cannot read: the errno it

@@ -16,12 +16,13 @@
 //!   a new /proc), pivots into it and brings loopback up (and, in network mode `bridged`, the
 //!   veth end the helper moved in: see [`crate::bridge`]). It then takes on no new privileges,
 //!   the emptied capability sets and the seccomp filters itself, for the app to inherit, and
-//!   forks the app's process, which waits on a pipe. The sandbox is now prepared: init says so
-//!   on stdin (the agent's control socket) and waits there for the start message, the rest of
-//!   the app's environment. A slot of the slot pool waits here until a request needs it; a JIT
-//!   start sends the message at once. Then init passes the environment on to the app's
-//!   process, which takes rlimits (those the instance's cgroups do not already enforce: see
-//!   [`crate::cgroup`]) and execs the app, which leaves it no capabilities. Init stays to hand
+//!   forks the app's process, which takes rlimits (those the instance's cgroups do not already
+//!   enforce: see [`crate::cgroup`]), its stdin and working directory. The sandbox is now
+//!   prepared: init says so on stdin (the agent's control socket), and the app's process waits
+//!   there for the start message, the rest of the app's environment. A slot of the slot pool
+//!   waits here until a request needs it; a JIT start sends the message at once. The app's
+//!   process reads it itself and execs the app, which leaves it no capabilities; a pipe closed
+//!   on exec tells init, which from then on says when the app listens. Init stays to hand
 //!   out connections to the app (see [`crate::connect`]) and to reap; when the app exits, init
 //!   exits with its status and the kernel kills whatever is left in the namespace.
 //!
@@ -36,7 +37,6 @@ mod privileges;
 pub use handover::ANNOUNCE_FOR;
 pub use privileges::host_ids;
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
@@ -320,7 +320,7 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
     // app's own start for the request: the kernel's preparation of a filter took 0.3 ms of
     // each slot start (perf trace). The app's process inherits all of it across fork and
     // exec, as it would have had it from its own calls; init needs none of what they take
-    // away (it forks, reads the start message, hands connections over and reaps), and keeps
+    // away (it forks, hands connections over and reaps), and keeps
     // its capabilities in the namespace, which only an exec would drop.
     let filters = match crate::seccomp::filters(plan.io_uring) {
         Ok(f) => f,
@@ -329,10 +329,12 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
     if let Err(e) = privileges::confine(&filters) {
         return fail("cannot confine the sandbox", e);
     }
-    // The app's process is forked now, before the start message, and waits for the rest of
-    // its environment on a pipe: a fork of init took 0.3 ms of each slot start (perf), which a
-    // prepared slot has then done before any request comes.
-    let (env_r, env_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+    // The app's process is forked now, before the start message, and reads that message
+    // itself: a fork of init took 0.3 ms of each slot start (perf), and init passing the
+    // message on to it a further 0.3 ms (init's wake, its read, a pipe, the process's wake),
+    // which a prepared slot has then done without. The pipe tells init when the process
+    // execs or ends: its write end is the process's, closed on exec.
+    let (exec_r, exec_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
         Ok(p) => p,
         Err(e) => return fail("pipe", e),
     };
@@ -340,89 +342,76 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
     let app = match unsafe { fork() } {
         Err(e) => return fail("fork", e),
         Ok(ForkResult::Child) => {
-            drop((listener, env_w));
-            std::process::exit(app_process(plan, env_r))
+            drop((listener, exec_r));
+            std::process::exit(app_process(plan, exec_w))
         }
         Ok(ForkResult::Parent { child }) => child,
     };
-    drop(env_r);
-    // The sandbox is prepared: everything from here on is the app's own start.
-    let (env, control) = match await_go(&env_w) {
-        Ok(Some(go)) => go,
-        // The agent let go of an unused slot. Init is pid 1: its exit ends the waiting app
-        // process too.
-        Ok(None) => return 0,
-        Err(e) => return fail("cannot read the start message", e),
-    };
-    if let Err(e) =
-        std::fs::File::from(env_w).write_all(&serde_json::to_vec(&env).unwrap_or_default())
-    {
-        // The app's process is gone (its exit, reaped by `serve`, ends the sandbox).
-        eprintln!("warden-sandbox: cannot pass the environment to the app's process: {e}");
+    drop(exec_w);
+    // SAFETY: fd 0 is the control socket the agent gave sandbox-init as stdin; nothing else in
+    // this process owns it.
+    let control = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(0) });
+    // The sandbox is prepared: everything from here on is the app's own start. An agent that
+    // already sent its message and closed its end makes this fail; the message is still there.
+    let _ = (&control).write_all(&[PREPARED]);
+    if let Err(e) = app_process_goes(&exec_r) {
+        return fail("cannot wait for the app's process", e);
     }
-    // The control socket was descriptor 0 and is closed now: /dev/null takes its place, so
-    // that no socket init opens later becomes a stdin.
+    // The app runs now, or its process ended (the agent let go of an unused slot, a bad
+    // message, a kill from outside): `serve` reaps it first and ends the sandbox with it.
+    // std duplicates with F_DUPFD_CLOEXEC; descriptor 0 closes when `control` drops here.
+    let kept = control.try_clone().ok();
+    drop(control);
+    // /dev/null takes descriptor 0, so that no socket init opens later becomes a stdin.
     if let Err(e) = privileges::stdin_from_dev_null() {
         return fail("cannot give the sandbox a stdin", e);
     }
-    let announce = control
+    let announce = kept
         .filter(|_| plan.announce_listening)
         .map(handover::Announce::new);
     handover::serve(listener, app, plan.port, announce)
 }
 
-/// The app's process, forked from init before the start message: waits on `env` for the rest
-/// of its environment (init's copy of the start message's), then execs the app. Exits 0
-/// without a word when the pipe closes empty: the slot was let go of, or init failed and said
-/// why.
-fn app_process(plan: &Plan, env: OwnedFd) -> i32 {
-    // Descriptor 0 is still the control socket here: the app must never hold it.
-    if let Err(e) = privileges::stdin_from_dev_null() {
-        return fail("cannot give the sandbox a stdin", e);
-    }
-    let mut buf = Vec::new();
-    if let Err(e) = std::fs::File::from(env).read_to_end(&mut buf) {
-        return fail("cannot read the environment from init", e);
-    }
-    if buf.is_empty() {
-        return 0;
-    }
-    let env: BTreeMap<String, String> = match serde_json::from_slice(&buf) {
-        Ok(env) => env,
+/// The app's process, forked from init before the start message: gets ready to exec, reads
+/// the start message (the rest of its environment) from the control socket, then execs the
+/// app, which closes `exec` and so tells init. Exits 0 without a word when the agent closes
+/// the socket without a message: the slot was let go of.
+fn app_process(plan: &Plan, exec: OwnedFd) -> i32 {
+    let _exec = exec;
+    // Descriptor 0 is the control socket: a copy closed on exec is read, and 0 becomes the
+    // app's stdin, since the app must never hold the socket.
+    let stdin = std::io::stdin();
+    let control = match nix::fcntl::fcntl(&stdin, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)) {
+        // SAFETY: the descriptor was just made, and nothing else owns it.
+        Ok(fd) => std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }),
+        Err(e) => return fail("cannot keep the control socket", e),
+    };
+    let exec = match privileges::ExecReady::new(plan) {
+        Ok(e) => e,
+        Err(e) => return fail("cannot start the app", e),
+    };
+    let env = match read_go(control) {
+        Ok(Some(go)) => go.env,
+        Ok(None) => return 0,
         Err(e) => return fail("cannot read the start message", e),
     };
-    let e = privileges::exec_app(plan, env);
+    let e = exec.exec(plan, env);
     eprintln!("warden-sandbox: cannot start {}: {e}", plan.argv[0]);
     127
 }
 
-/// Tells the agent over stdin (its control socket) that the sandbox is prepared, then waits for
-/// the start message: the rest of the app's environment, and the control socket moved off
-/// descriptor 0 (close-on-exec, so the app never holds it), for saying when the app listens;
-/// `None` for the socket if it could not be kept. `None` if the agent closed the socket
-/// without a message. An error if the app's process, which reads `env` (the pipe's other
-/// end), ends meanwhile (killed from outside): init then exits, and the agent sees the slot
-/// gone instead of handing out a sandbox that cannot start its app.
-#[allow(clippy::type_complexity)]
-fn await_go(
-    env: &OwnedFd,
-) -> Result<Option<(BTreeMap<String, String>, Option<std::fs::File>)>, SetupError> {
-    // SAFETY: fd 0 is the control socket the agent gave sandbox-init as stdin; nothing else in
-    // this process owns it.
-    let mut control = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(0) });
-    // An agent that already sent its message and closed its end makes this fail; the message
-    // is still there to read.
-    let _ = control.write_all(&[PREPARED]);
+/// Reads the start message up to the agent's end of writing; `None` if the agent closed the
+/// socket without one.
+fn read_go(mut control: std::fs::File) -> Result<Option<Go>, SetupError> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
-        app_process_waits(&control, env)?;
         match control.read(&mut chunk) {
             Ok(0) => break,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            // An agent that closed its end with our "prepared" byte unread resets the socket
-            // after its message arrived: the message is whole.
+            // An agent that closed its end with init's "prepared" byte unread resets the
+            // socket after its message arrived: the message is whole.
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && !buf.is_empty() => break,
             Err(source) => {
                 return Err(SetupError::Io {
@@ -435,33 +424,21 @@ fn await_go(
     if buf.is_empty() {
         return Ok(None);
     }
-    let go: Go = serde_json::from_slice(&buf)?;
-    // std duplicates with F_DUPFD_CLOEXEC; descriptor 0 closes when `control` drops here.
-    let kept = control.try_clone().ok();
-    Ok(Some((go.env, kept)))
+    Ok(Some(serde_json::from_slice(&buf)?))
 }
 
-/// Waits until `control` can be read, or fails if the app's process ended: the write end of
-/// a pipe whose reader is gone polls as an error.
-fn app_process_waits(control: &std::fs::File, env: &OwnedFd) -> Result<(), SetupError> {
+/// Waits until the app's process execs or ends: both close the pipe's write end, its one
+/// holder, which polls the read end as hung up.
+fn app_process_goes(exec: &OwnedFd) -> Result<(), SetupError> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
     loop {
-        let mut fds = [
-            PollFd::new(control.as_fd(), PollFlags::POLLIN),
-            PollFd::new(env.as_fd(), PollFlags::empty()),
-        ];
+        let mut fds = [PollFd::new(exec.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, PollTimeout::NONE) {
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(SetupError::sys("poll the control socket", e)),
-            Ok(_) => {}
+            Err(e) => return Err(SetupError::sys("poll the app's process", e)),
+            Ok(_) => return Ok(()),
         }
-        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
-            return Err(SetupError::Exec(
-                "the app's process ended before the start message came".into(),
-            ));
-        }
-        return Ok(());
     }
 }
 

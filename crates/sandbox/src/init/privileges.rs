@@ -61,33 +61,47 @@ fn cstr(what: &str, s: &str) -> Result<CString, SetupError> {
     CString::new(s).map_err(|_| SetupError::Exec(format!("{what} holds a NUL byte")))
 }
 
-/// In the app's process: limits and exec, under what init took on in [`confine`] and the app
-/// inherits. Returns only on failure.
-pub(super) fn exec_app(plan: &Plan, extra_env: BTreeMap<String, String>) -> SetupError {
-    match prepare_exec(plan) {
-        Ok(()) => {}
-        Err(e) => return e,
-    }
-    let argv: Result<Vec<CString>, _> = plan.argv.iter().map(|a| cstr("an argument", a)).collect();
-    let mut env = plan.env.clone();
-    env.extend(extra_env);
-    let env: Result<Vec<CString>, _> = env
-        .iter()
-        .map(|(k, v)| cstr(&format!("variable {k:?}"), &format!("{k}={v}")))
-        .collect();
-    let (argv, env) = match (argv, env) {
-        (Ok(a), Ok(e)) => (a, e),
-        (Err(e), _) | (_, Err(e)) => return e,
-    };
-    let Some(program) = argv.first() else {
-        return SetupError::sys("execve", nix::errno::Errno::ENOENT);
-    };
-    match nix::unistd::execve(program, &argv, &env) {
-        Err(nix::errno::Errno::ENOENT) if let Some(why) = not_visible(&plan.argv[0]) => {
-            SetupError::Exec(why)
+/// The app's process made ready to exec, before the start message: its limits, stdin and
+/// working directory set, its arguments made (under what init took on in [`confine`], which
+/// it inherits). What is left for the message is its environment and the exec.
+pub(super) struct ExecReady {
+    argv: Vec<CString>,
+}
+
+impl ExecReady {
+    pub(super) fn new(plan: &Plan) -> Result<Self, SetupError> {
+        prepare_exec(plan)?;
+        let argv = plan
+            .argv
+            .iter()
+            .map(|a| cstr("an argument", a))
+            .collect::<Result<Vec<CString>, _>>()?;
+        if argv.is_empty() {
+            return Err(SetupError::sys("execve", nix::errno::Errno::ENOENT));
         }
-        Err(e) => SetupError::sys(format!("execve {}", plan.argv[0]), e),
-        Ok(never) => match never {},
+        Ok(Self { argv })
+    }
+
+    /// Execs the app with the plan's environment and `extra_env` over it. Returns only on
+    /// failure.
+    pub(super) fn exec(self, plan: &Plan, extra_env: BTreeMap<String, String>) -> SetupError {
+        let mut env = plan.env.clone();
+        env.extend(extra_env);
+        let env: Result<Vec<CString>, _> = env
+            .iter()
+            .map(|(k, v)| cstr(&format!("variable {k:?}"), &format!("{k}={v}")))
+            .collect();
+        let env = match env {
+            Ok(e) => e,
+            Err(e) => return e,
+        };
+        match nix::unistd::execve(&self.argv[0], &self.argv, &env) {
+            Err(nix::errno::Errno::ENOENT) if let Some(why) = not_visible(&plan.argv[0]) => {
+                SetupError::Exec(why)
+            }
+            Err(e) => SetupError::sys(format!("execve {}", plan.argv[0]), e),
+            Ok(never) => match never {},
+        }
     }
 }
 
@@ -130,7 +144,8 @@ pub(super) fn confine(filters: &[seccompiler::BpfProgram]) -> Result<(), SetupEr
     Ok(())
 }
 
-/// Everything the app's process does to itself before exec; [`confine`] came before, in init.
+/// Everything the app's process does to itself before exec, before the start message comes;
+/// [`confine`] came before, in init.
 fn prepare_exec(plan: &Plan) -> Result<(), SetupError> {
     use nix::sys::resource::{setrlimit, Resource};
     use nix::sys::signal::{signal, SigHandler};
