@@ -45,6 +45,14 @@ impl Slot {
                 source,
             });
         }
+        // The app's process, woken by the message, is queued on this thread's CPU (a socket
+        // write wakes its reader as one the writer is about to hand the CPU to), and would
+        // wait there until this thread blocks: 0.15 ms of a slot start, as the start goes on
+        // here with its records, log line and tasks (perf trace). Giving way lets it read the
+        // message and exec now, and the kernel moves it to the idlest CPU at its exec; this
+        // thread is back within about 0.1 ms. Message to exec: 0.27 -> 0.11-0.14 ms
+        // (docs/BENCHMARKS.md).
+        std::thread::yield_now();
         // Init's word that the app accepts comes on the control socket, once the slot's own
         // watch has read the "prepared" byte there (a slot taken before that is polled).
         let listening = self
