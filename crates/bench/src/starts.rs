@@ -285,44 +285,12 @@ fn sample(warden: &Path, path: Start, warm_up: bool) -> anyhow::Result<Sample> {
     let w = launch.start();
     let apps: &[&str] = if warm_up { &[WARM_UP, APP] } else { &[APP] };
     for app in apps {
-        let mut spec = json!({
-            "name": app,
-            "command": [instance_image(warden), "demo-app"],
-            "driver": "sandbox",
-            "start": path.metric_path(),
-        });
-        match path {
-            Start::Jit | Start::JitRlimits => {}
-            Start::Slot => spec["slots"] = json!(1),
-            Start::Warm => spec["warm"] = json!({ LABEL: 1 }),
-        }
-        let r = w.api("POST", "/v1/apps", Some(spec));
-        if r.status != 201 {
-            bail!("creating the app: {}", r.text());
-        }
+        create_app(&w, path, app, warden)?;
     }
     let token = crate::gateway::login(&w, USER)?;
     let auth = format!("Bearer {token}");
     let headers = [("authorization", auth.as_str())];
-    let pools_full = || {
-        for app in apps {
-            let pool = match path {
-                Start::Jit | Start::JitRlimits => None,
-                Start::Slot => Some(format!(
-                    "warden_agent_pool_ready{{app=\"{app}\",kind=\"slot\",label=\"\"}}"
-                )),
-                Start::Warm => Some(format!(
-                    "warden_agent_pool_ready{{app=\"{app}\",kind=\"spare\",label=\"{LABEL}\"}}"
-                )),
-            };
-            if let Some(gauge) = pool {
-                wait_until("the pool to fill", WAIT, || {
-                    (metric(&w, &gauge) >= Some(1.0)).then_some(())
-                });
-            }
-        }
-    };
-    pools_full();
+    pools_full(&w, path, apps);
     if warm_up {
         let r = request(
             "GET",
@@ -335,7 +303,7 @@ fn sample(warden: &Path, path: Start, warm_up: bool) -> anyhow::Result<Sample> {
         }
         // The warm-up app's pool fills again first: that work must not share the machine
         // with the measured request.
-        pools_full();
+        pools_full(&w, path, apps);
     }
     let url = format!("{}/apps/{APP}/", w.gateway);
     let before = Counters::read(&w, path);
@@ -375,6 +343,44 @@ fn sample(warden: &Path, path: Start, warm_up: bool) -> anyhow::Result<Sample> {
         gateway_upstream_ms: d.phase_upstream_s * 1e3,
         told: d.told >= 1.0,
     })
+}
+
+/// Creates `app`, the bench's demo app on `path`'s start path.
+fn create_app(w: &Warden, path: Start, app: &str, warden: &Path) -> anyhow::Result<()> {
+    let mut spec = json!({
+        "name": app,
+        "command": [instance_image(warden), "demo-app"],
+        "driver": "sandbox",
+        "start": path.metric_path(),
+    });
+    match path {
+        Start::Jit | Start::JitRlimits => {}
+        Start::Slot => spec["slots"] = json!(1),
+        Start::Warm => spec["warm"] = json!({ LABEL: 1 }),
+    }
+    let r = w.api("POST", "/v1/apps", Some(spec));
+    if r.status != 201 {
+        bail!("creating the app: {}", r.text());
+    }
+    Ok(())
+}
+
+/// Waits until the pool of each of `apps` on `path` holds its slot or spare.
+fn pools_full(w: &Warden, path: Start, apps: &[&str]) {
+    for app in apps {
+        let gauge = match path {
+            Start::Jit | Start::JitRlimits => continue,
+            Start::Slot => {
+                format!("warden_agent_pool_ready{{app=\"{app}\",kind=\"slot\",label=\"\"}}")
+            }
+            Start::Warm => {
+                format!("warden_agent_pool_ready{{app=\"{app}\",kind=\"spare\",label=\"{LABEL}\"}}")
+            }
+        };
+        wait_until("the pool to fill", WAIT, || {
+            (metric(w, &gauge) >= Some(1.0)).then_some(())
+        });
+    }
 }
 
 /// The app started first with `--warm-up`.
