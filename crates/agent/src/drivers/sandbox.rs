@@ -272,8 +272,8 @@ impl SandboxDriver {
             mut held,
         } = self.prepare_with(l, stdio)?;
         // Everything is known now: the message waits in the socket until the app's process
-        // (forked by init, see `warden_sandbox::init`) reads it. It is
-        // far smaller than a socket buffer, so this write does not block.
+        // (forked by init, see `warden_sandbox::init`) reads it. It is far smaller than a
+        // socket buffer, so this write does not block.
         control
             .write_all(&go_message(BTreeMap::new()))
             .and_then(|()| control.shutdown(std::net::Shutdown::Write))

@@ -320,8 +320,8 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
     // app's own start for the request: the kernel's preparation of a filter took 0.3 ms of
     // each slot start (perf trace). The app's process inherits all of it across fork and
     // exec, as it would have had it from its own calls; init needs none of what they take
-    // away (it forks, hands connections over and reaps), and keeps
-    // its capabilities in the namespace, which only an exec would drop.
+    // away (it forks, hands connections over and reaps), and keeps its capabilities in the
+    // namespace, which only an exec would drop.
     let filters = match crate::seccomp::filters(plan.io_uring) {
         Ok(f) => f,
         Err(e) => return fail("cannot build the seccomp filter", e),
@@ -374,10 +374,9 @@ fn init(plan: &Plan, shown: Vec<Shown>, listener: UnixListener) -> i32 {
 
 /// The app's process, forked from init before the start message: gets ready to exec, reads
 /// the start message (the rest of its environment) from the control socket, then execs the
-/// app, which closes `exec` and so tells init. Exits 0 without a word when the agent closes
-/// the socket without a message: the slot was let go of.
-fn app_process(plan: &Plan, exec: OwnedFd) -> i32 {
-    let _exec = exec;
+/// app, which closes `_exec` (held until then) and so tells init. Exits 0 without a word when
+/// the agent closes the socket without a message: the slot was let go of.
+fn app_process(plan: &Plan, _exec: OwnedFd) -> i32 {
     // Descriptor 0 is the control socket: a copy closed on exec is read, and 0 becomes the
     // app's stdin, since the app must never hold the socket.
     let stdin = std::io::stdin();
