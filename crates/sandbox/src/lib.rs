@@ -37,6 +37,7 @@ mod net;
 pub mod process;
 
 mod seccomp;
+pub mod sock_diag;
 pub mod spawn;
 mod spread;
 

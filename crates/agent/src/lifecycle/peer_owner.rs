@@ -22,8 +22,9 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use warden_sandbox::sock_diag::{ask, socket as diag_socket, Diag, LISTEN};
 
 /// Whether `sock_diag` was seen to answer for TCP here.
 static DIAG_ANSWERS: AtomicBool = AtomicBool::new(false);
@@ -118,122 +119,10 @@ pub(crate) fn check(conn: &tokio::net::TcpStream, uid: u32) -> Check {
     }
 }
 
-/// What `sock_diag` said of one socket.
-enum Diag {
-    /// Its TCP state, uid and inode (0: no file yet, a connection not yet accepted).
-    Found(u8, u32, u32),
-    /// No such socket, or no `inet_diag` to ask.
-    Unknown,
-}
-
-/// The kernel's TCP_LISTEN.
-const LISTEN: u8 = 10;
-/// `SOCK_DIAG_BY_FAMILY` of `linux/sock_diag.h`.
-const SOCK_DIAG_BY_FAMILY: u16 = 20;
-/// `struct nlmsghdr`, `struct inet_diag_req_v2` and the offset of `idiag_uid` in `struct
-/// inet_diag_msg` (`linux/inet_diag.h`).
-const NLMSG_HDR: usize = 16;
-const REQ_LEN: usize = 56;
-const MSG_UID: usize = 64;
-
 /// Asks `sock_diag` for the TCP socket whose own address is `own` and whose remote is
 /// `remote` (a listener of `own`, when no connection matches).
 fn diag(remote: SocketAddr, own: SocketAddr) -> io::Result<Diag> {
     ask(&diag_socket()?, remote, own)
-}
-
-/// A netlink socket to ask `sock_diag` on, one question after the other.
-fn diag_socket() -> io::Result<std::os::fd::OwnedFd> {
-    use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockProtocol};
-    let fd = socket::socket(
-        AddressFamily::Netlink,
-        socket::SockType::Datagram,
-        SockFlag::SOCK_CLOEXEC,
-        SockProtocol::NetlinkSockDiag,
-    )?;
-    // The kernel answers while it takes the request; never wait long on a kernel that does
-    // not.
-    let wait = nix::sys::time::TimeVal::new(1, 0);
-    socket::setsockopt(&fd, sockopt::ReceiveTimeout, &wait)?;
-    Ok(fd)
-}
-
-/// [`diag`] on `fd`.
-fn ask(fd: &std::os::fd::OwnedFd, remote: SocketAddr, own: SocketAddr) -> io::Result<Diag> {
-    use nix::sys::socket::{self, MsgFlags};
-    let mut req = [0u8; NLMSG_HDR + REQ_LEN];
-    req[0..4].copy_from_slice(&((NLMSG_HDR + REQ_LEN) as u32).to_ne_bytes());
-    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    req[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
-    let (family, own_ip, remote_ip) = match (own.ip(), remote.ip()) {
-        (IpAddr::V4(o), IpAddr::V4(r)) => (libc::AF_INET, o.to_ipv6_mapped(), r.to_ipv6_mapped()),
-        (o, r) => (libc::AF_INET6, v6(o), v6(r)),
-    };
-    let r = &mut req[NLMSG_HDR..];
-    r[0] = family as u8;
-    r[1] = libc::IPPROTO_TCP as u8;
-    r[4..8].copy_from_slice(&u32::MAX.to_ne_bytes()); // every state
-                                                      // `struct inet_diag_sockid`: ports and addresses in network order, no cookie.
-    r[8..10].copy_from_slice(&own.port().to_be_bytes());
-    r[10..12].copy_from_slice(&remote.port().to_be_bytes());
-    let (own_ip, remote_ip) = match family {
-        libc::AF_INET => (
-            own_ip.octets()[12..].to_vec(),
-            remote_ip.octets()[12..].to_vec(),
-        ),
-        _ => (own_ip.octets().to_vec(), remote_ip.octets().to_vec()),
-    };
-    r[12..12 + own_ip.len()].copy_from_slice(&own_ip);
-    r[28..28 + remote_ip.len()].copy_from_slice(&remote_ip);
-    // A socket bound to a device is found only by that device's index, and loopback's is 1
-    // in every network namespace (`LOOPBACK_IFINDEX`); an unbound socket matches any.
-    if own.ip().is_loopback()
-        || v6(own.ip())
-            .to_ipv4_mapped()
-            .is_some_and(|v4| v4.is_loopback())
-    {
-        r[44..48].copy_from_slice(&1u32.to_ne_bytes());
-    }
-    r[48..56].copy_from_slice(&[0xff; 8]);
-    let kernel = socket::NetlinkAddr::new(0, 0);
-    socket::sendto(fd.as_raw_fd(), &req, &kernel, MsgFlags::empty())?;
-    let mut buf = [0u8; 8192];
-    let n = socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
-    read_answer(&buf[..n])
-}
-
-/// One answer of `sock_diag`: a socket's `inet_diag_msg`, or an error (`ENOENT`: none).
-fn read_answer(buf: &[u8]) -> io::Result<Diag> {
-    let short = || io::Error::new(io::ErrorKind::InvalidData, "a short sock_diag answer");
-    let word = |at: usize| -> io::Result<[u8; 4]> {
-        buf.get(at..at + 4)
-            .and_then(|w| w.try_into().ok())
-            .ok_or_else(short)
-    };
-    let [k0, k1, ..] = word(4)?;
-    let kind = u16::from_ne_bytes([k0, k1]);
-    let body = buf.get(NLMSG_HDR..).ok_or_else(short)?;
-    if kind == libc::NLMSG_ERROR as u16 {
-        let errno = -i32::from_ne_bytes(word(NLMSG_HDR)?);
-        return match errno {
-            libc::ENOENT => Ok(Diag::Unknown),
-            e => Err(io::Error::from_raw_os_error(e)),
-        };
-    }
-    if kind != SOCK_DIAG_BY_FAMILY {
-        return Err(short());
-    }
-    let uid = u32::from_ne_bytes(word(NLMSG_HDR + MSG_UID)?);
-    let inode = u32::from_ne_bytes(word(NLMSG_HDR + MSG_UID + 4)?);
-    Ok(Diag::Found(body[1], uid, inode))
-}
-
-fn v6(ip: IpAddr) -> Ipv6Addr {
-    match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        IpAddr::V6(v6) => v6,
-    }
 }
 
 /// [`owners`] from `/proc/net/tcp` and `/proc/net/tcp6`, which list every socket of the host.
@@ -458,21 +347,6 @@ mod tests {
             Diag::Found(state, uid, _) => assert_eq!((state, uid), (LISTEN, me)),
             Diag::Unknown => panic!("no listener found"),
         }
-    }
-
-    #[test]
-    fn an_answer_of_the_wrong_shape_is_an_error_not_an_owner() {
-        let mut error = vec![0u8; NLMSG_HDR + 4];
-        error[4..6].copy_from_slice(&(libc::NLMSG_ERROR as u16).to_ne_bytes());
-        error[NLMSG_HDR..].copy_from_slice(&(-libc::ENOENT).to_ne_bytes());
-        assert!(matches!(read_answer(&error), Ok(Diag::Unknown)));
-        error[NLMSG_HDR..].copy_from_slice(&(-libc::EPERM).to_ne_bytes());
-        assert!(read_answer(&error).is_err());
-        // A message cut before its uid.
-        let mut short = vec![0u8; NLMSG_HDR + MSG_UID];
-        short[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-        assert!(read_answer(&short).is_err());
-        assert!(read_answer(&[0u8; 3]).is_err());
     }
 
     #[test]
