@@ -90,7 +90,10 @@ pub fn ask(fd: &OwnedFd, remote: SocketAddr, own: SocketAddr) -> io::Result<Diag
     r[48..56].copy_from_slice(&[0xff; 8]);
     let kernel = socket::NetlinkAddr::new(0, 0);
     socket::sendto(fd.as_raw_fd(), &req, &kernel, MsgFlags::empty())?;
-    let mut buf = [0u8; 8192];
+    // One socket's answer: a header and an `inet_diag_msg` (88 bytes), with no attributes
+    // asked for. Small, since a sandbox's init asks on its own stack, which stays as deep as
+    // it ever went for the sandbox's life.
+    let mut buf = [0u8; 512];
     let n = socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
     read_answer(&buf[..n])
 }
