@@ -5,6 +5,7 @@
 # `listen` and init's `sendmsg` (its word to the agent), and the median and mean of the time
 # between them. Needs perf and root (system-wide tracepoints).
 #   WARDEN=DIR/warden bash bench/listen-word.sh [N]   (default 30; without WARDEN= it builds)
+# DELAY=S makes the app wait S seconds before it listens (a long start: heavy imports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-30}
@@ -15,7 +16,8 @@ fi
 work=$(mktemp -d /tmp/listen-word.XXXXXX)
 chmod 755 "$work"
 cat > "$work/app.py" <<'EOF'
-import http.server, os
+import http.server, os, time
+time.sleep(float(os.environ.get("DELAY", "0")))
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.send_header("content-length", "2"); self.end_headers()
@@ -35,7 +37,7 @@ password=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['alic
   || grep -m1 'curl -u alice' "$work/out.log" | sed 's/.*-u alice:\([^ ]*\) .*/\1/')
 curl -sf -o /dev/null -X POST -H "Authorization: Bearer $(cat "$work/data/admin-token")" \
   -H 'content-type: application/json' "$api/v1/apps" \
-  -d "{\"name\":\"py\",\"command\":[\"/usr/bin/python3\",\"app.py\"],\"workdir\":\"$work\",\"lifetime\":\"per_request\",\"driver\":\"sandbox\"}"
+  -d "{\"name\":\"py\",\"command\":[\"/usr/bin/python3\",\"app.py\"],\"workdir\":\"$work\",\"lifetime\":\"per_request\",\"driver\":\"sandbox\",\"env\":{\"DELAY\":\"${DELAY:-0}\"}}"
 perf record -q -a -o "$work/p.perf" -e 'syscalls:sys_exit_listen,syscalls:sys_enter_sendmsg' --exclude-perf -- \
   bash -c "for i in \$(seq $n); do curl -sf -o /dev/null -u 'alice:$password' '$gateway/apps/py/' || echo failed; done"
 # Init's process name is its argv[0], a digit; the word is its first sendmsg after the app's listen.
