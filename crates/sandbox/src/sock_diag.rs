@@ -90,12 +90,73 @@ pub fn ask(fd: &OwnedFd, remote: SocketAddr, own: SocketAddr) -> io::Result<Diag
     r[48..56].copy_from_slice(&[0xff; 8]);
     let kernel = socket::NetlinkAddr::new(0, 0);
     socket::sendto(fd.as_raw_fd(), &req, &kernel, MsgFlags::empty())?;
-    // One socket's answer: a header and an `inet_diag_msg` (88 bytes), with no attributes
-    // asked for. Small, since a sandbox's init asks on its own stack, which stays as deep as
-    // it ever went for the sandbox's life.
+    // The kernel answers within the `sendto`, so the answer is there now: never wait for one
+    // (a sandbox's init serves its hand-overs from the same loop). One socket's answer is a
+    // header, an `inet_diag_msg` and the few attributes always sent, about 150 bytes, and
+    // only its first 88 are read. Small, since a sandbox's init asks on its own stack, which
+    // stays as deep as it ever went for the sandbox's life.
     let mut buf = [0u8; 512];
-    let n = socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
+    let n = socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT)?;
     read_answer(&buf[..n])
+}
+
+/// Whether `sock_diag` answers for TCP on `fd` at all. A kernel without `inet_diag` (or
+/// without its TCP part) says `ENOENT` to every question, as it does of a socket that does
+/// not exist, so a "no" from [`listens`] means nothing there. A dump of the listeners ends
+/// with `NLMSG_DONE` where the kernel can answer, and with that error where it cannot.
+pub fn answers_for_tcp(fd: &OwnedFd) -> bool {
+    use nix::sys::socket::{self, MsgFlags};
+    let mut req = [0u8; NLMSG_HDR + REQ_LEN];
+    req[0..4].copy_from_slice(&((NLMSG_HDR + REQ_LEN) as u32).to_ne_bytes());
+    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
+    req[6..8].copy_from_slice(&flags.to_ne_bytes());
+    req[8..12].copy_from_slice(&2u32.to_ne_bytes());
+    let r = &mut req[NLMSG_HDR..];
+    r[0] = libc::AF_INET as u8;
+    r[1] = libc::IPPROTO_TCP as u8;
+    r[4..8].copy_from_slice(&(1u32 << LISTEN).to_ne_bytes());
+    r[48..56].copy_from_slice(&[0xff; 8]);
+    let kernel = socket::NetlinkAddr::new(0, 0);
+    if socket::sendto(fd.as_raw_fd(), &req, &kernel, MsgFlags::empty()).is_err() {
+        return false;
+    }
+    // A dump comes in datagrams, each of whole messages, read as the reader asks; a
+    // namespace's listeners fit in a few. Bounded: a sandbox's app may open many.
+    let mut buf = [0u8; 4096];
+    for _ in 0..64 {
+        let Ok(n) = socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()) else {
+            return false;
+        };
+        match dump_end(&buf[..n]) {
+            Some(answers) => return answers,
+            None if n == 0 => return false,
+            None => {}
+        }
+    }
+    false
+}
+
+/// In one datagram of a dump, whether it ended and how: `Some(true)` at `NLMSG_DONE` with no
+/// error, `Some(false)` at an error, `None` if the dump goes on.
+fn dump_end(mut buf: &[u8]) -> Option<bool> {
+    while buf.len() >= NLMSG_HDR {
+        let len = u32::from_ne_bytes(buf[0..4].try_into().ok()?) as usize;
+        let kind = i32::from(u16::from_ne_bytes(buf[4..6].try_into().ok()?));
+        let error = buf
+            .get(NLMSG_HDR..NLMSG_HDR + 4)
+            .and_then(|w| w.try_into().ok())
+            .map_or(0, i32::from_ne_bytes);
+        match kind {
+            libc::NLMSG_DONE => return Some(error == 0),
+            libc::NLMSG_ERROR => return Some(false),
+            _ => {}
+        }
+        // Messages are padded to 4 bytes.
+        let step = (len.max(NLMSG_HDR) + 3) & !3;
+        buf = buf.get(step..)?;
+    }
+    None
 }
 
 /// One answer of `sock_diag`: a socket's `inet_diag_msg`, or an error (`ENOENT`: none).
@@ -147,9 +208,7 @@ mod tests {
     fn listens_is_true_only_while_a_listener_takes_the_port() {
         use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, SockaddrIn};
         let fd = super::socket().expect("a sock_diag socket");
-        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = free.local_addr().unwrap().port();
-        drop(free);
+        assert!(answers_for_tcp(&fd), "sock_diag answers for TCP here");
         // Bound and not listening yet: what a starting app has first.
         let sock = socket::socket(
             AddressFamily::Inet,
@@ -158,7 +217,10 @@ mod tests {
             None,
         )
         .unwrap();
-        socket::bind(sock.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, port)).unwrap();
+        socket::bind(sock.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0)).unwrap();
+        let port = socket::getsockname::<SockaddrIn>(sock.as_raw_fd())
+            .unwrap()
+            .port();
         assert!(!listens(&fd, port).unwrap(), "bound, not listening");
         socket::listen(&sock, Backlog::new(8).unwrap()).unwrap();
         assert!(listens(&fd, port).unwrap(), "listening");
@@ -179,5 +241,32 @@ mod tests {
         short[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
         assert!(read_answer(&short).is_err());
         assert!(read_answer(&[0u8; 3]).is_err());
+    }
+
+    #[test]
+    fn a_dump_ends_where_the_kernel_says_done_and_not_at_an_error() {
+        let message = |kind: i32, error: i32| {
+            let mut m = vec![0u8; NLMSG_HDR + 4];
+            m[0..4].copy_from_slice(&((NLMSG_HDR + 4) as u32).to_ne_bytes());
+            m[4..6].copy_from_slice(&(kind as u16).to_ne_bytes());
+            m[NLMSG_HDR..].copy_from_slice(&error.to_ne_bytes());
+            m
+        };
+        assert_eq!(dump_end(&message(libc::NLMSG_DONE, 0)), Some(true));
+        // What a kernel without `inet_diag`'s TCP part ends a dump with.
+        assert_eq!(
+            dump_end(&message(libc::NLMSG_DONE, -libc::ENOENT)),
+            Some(false)
+        );
+        assert_eq!(
+            dump_end(&message(libc::NLMSG_ERROR, -libc::ENOENT)),
+            Some(false)
+        );
+        // A listener's message first, then the end, in one datagram.
+        let mut both = message(i32::from(SOCK_DIAG_BY_FAMILY), 0);
+        both.extend(message(libc::NLMSG_DONE, 0));
+        assert_eq!(dump_end(&both), Some(true));
+        assert_eq!(dump_end(&message(i32::from(SOCK_DIAG_BY_FAMILY), 0)), None);
+        assert_eq!(dump_end(&[0u8; 3]), None);
     }
 }

@@ -59,7 +59,8 @@ pub(crate) async fn wait_running(mut exited: watch::Receiver<bool>, timeout: Dur
 const POLL_WHILE_TOLD: Duration = Duration::from_millis(50);
 
 /// A sandbox's control socket, on which init says when the app accepts connections
-/// (`warden_sandbox::LISTENING`), which it sees within 100 µs of the app's `listen`: far sooner
+/// (`warden_sandbox::LISTENING`), which it sees within 100 µs of the app's `listen` in the
+/// app's first 20 ms, within 250 µs until a second (`init/handover.rs::Announce`): far sooner
 /// than a poll through init every millisecond would, and without a poll's cost to a start
 /// that shares the machine's cores.
 pub(crate) struct Listening {

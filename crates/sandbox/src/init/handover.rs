@@ -19,14 +19,13 @@ pub const ANNOUNCE_FOR: Duration = Duration::from_secs(30);
 /// Telling the agent when the app accepts connections: probes of the app's port, every 100 µs
 /// for the app's first 20 ms, then every 250 µs until a second, every millisecond until 10 s
 /// and every 10 ms after ([`interval`]), so a start is seen soon after its `listen` instead of
-/// at the agent's next poll through this process.
-/// A probe asks `sock_diag` whether a listener takes the port: one netlink round trip, about
-/// half the CPU of a connect the port refuses (SYN, reset, close), so the probes can come
-/// four times as often as connects did once the app takes longer than 20 ms (an interpreter's
-/// imports) for the same CPU. Once a listener is there, a non-blocking connect on the
-/// sandbox's own loopback is made, and sent with the word, left open: the agent gives it to
-/// the request that waits for the start. Where netlink does not answer, every probe connects,
-/// every millisecond after the first 20 ms and every 10 ms after a second.
+/// at the agent's next poll through this process. A probe asks `sock_diag` whether a listener
+/// takes the port: one netlink round trip, about half the CPU of a connect the port refuses
+/// (SYN, reset, close). Once a listener is there, a non-blocking connect on the sandbox's own
+/// loopback is made, and sent with the word, left open: the agent gives it to the request that
+/// waits for the start. Where the kernel cannot answer for TCP (no `inet_diag`, netlink
+/// refused), every probe connects, every millisecond after the first 20 ms and every 10 ms
+/// after a second.
 pub(super) struct Announce {
     control: std::fs::File,
     began: Instant,
@@ -49,7 +48,11 @@ impl Announce {
             control,
             began: now,
             next: now,
-            diag: crate::sock_diag::socket().ok(),
+            // Where the kernel has no `inet_diag` for TCP, it says "no such socket" to every
+            // question: a "nothing listens" would never end, and no word would come.
+            diag: crate::sock_diag::socket()
+                .ok()
+                .filter(crate::sock_diag::answers_for_tcp),
             warm: false,
         }
     }
@@ -123,9 +126,9 @@ impl Announce {
 }
 
 /// The interval between probes at `age`, asking `sock_diag` first (`diag`) or connecting
-/// alone: with `sock_diag`, a probe costs about 2.4 µs of CPU, so one every 250 µs (every
-/// millisecond after a second, for an app with a long start: 0.24% of a core) costs what a
-/// connect every millisecond did.
+/// alone. A `sock_diag` probe costs about 2.4 µs of CPU and a refused connect 4.9 (on the
+/// machine of docs/BENCHMARKS.md): one every 250 µs until a second is about 1% of a core while
+/// an app starts (connects every millisecond: 0.5%), one every millisecond until 10 s 0.24%.
 fn interval(age: Duration, diag: bool) -> Duration {
     let ms = Duration::from_millis;
     match (age, diag) {
