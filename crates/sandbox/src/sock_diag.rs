@@ -52,21 +52,14 @@ pub fn socket() -> io::Result<OwnedFd> {
 /// listener alone, since no connection comes from port 0).
 pub fn ask(fd: &OwnedFd, remote: SocketAddr, own: SocketAddr) -> io::Result<Diag> {
     use nix::sys::socket::{self, MsgFlags};
-    let mut req = [0u8; NLMSG_HDR + REQ_LEN];
-    req[0..4].copy_from_slice(&((NLMSG_HDR + REQ_LEN) as u32).to_ne_bytes());
-    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    req[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
     let (family, own_ip, remote_ip) = match (own.ip(), remote.ip()) {
         (IpAddr::V4(o), IpAddr::V4(r)) => (libc::AF_INET, o.to_ipv6_mapped(), r.to_ipv6_mapped()),
         (o, r) => (libc::AF_INET6, v6(o), v6(r)),
     };
-    let r = &mut req[NLMSG_HDR..];
-    r[0] = family as u8;
-    r[1] = libc::IPPROTO_TCP as u8;
     // Every state.
-    r[4..8].copy_from_slice(&u32::MAX.to_ne_bytes());
-    // `struct inet_diag_sockid`: ports and addresses in network order, no cookie.
+    let mut req = request(libc::NLM_F_REQUEST, family, u32::MAX);
+    let r = &mut req[NLMSG_HDR..];
+    // `struct inet_diag_sockid`: ports and addresses in network order.
     r[8..10].copy_from_slice(&own.port().to_be_bytes());
     r[10..12].copy_from_slice(&remote.port().to_be_bytes());
     let (own_ip, remote_ip) = match family {
@@ -87,7 +80,6 @@ pub fn ask(fd: &OwnedFd, remote: SocketAddr, own: SocketAddr) -> io::Result<Diag
     {
         r[44..48].copy_from_slice(&1u32.to_ne_bytes());
     }
-    r[48..56].copy_from_slice(&[0xff; 8]);
     let kernel = socket::NetlinkAddr::new(0, 0);
     socket::sendto(fd.as_raw_fd(), &req, &kernel, MsgFlags::empty())?;
     // The kernel answers within the `sendto`, so the answer is there now: never wait for one
@@ -106,17 +98,11 @@ pub fn ask(fd: &OwnedFd, remote: SocketAddr, own: SocketAddr) -> io::Result<Diag
 /// with `NLMSG_DONE` where the kernel can answer, and with that error where it cannot.
 pub fn answers_for_tcp(fd: &OwnedFd) -> bool {
     use nix::sys::socket::{self, MsgFlags};
-    let mut req = [0u8; NLMSG_HDR + REQ_LEN];
-    req[0..4].copy_from_slice(&((NLMSG_HDR + REQ_LEN) as u32).to_ne_bytes());
-    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
-    req[6..8].copy_from_slice(&flags.to_ne_bytes());
-    req[8..12].copy_from_slice(&2u32.to_ne_bytes());
-    let r = &mut req[NLMSG_HDR..];
-    r[0] = libc::AF_INET as u8;
-    r[1] = libc::IPPROTO_TCP as u8;
-    r[4..8].copy_from_slice(&(1u32 << LISTEN).to_ne_bytes());
-    r[48..56].copy_from_slice(&[0xff; 8]);
+    let req = request(
+        libc::NLM_F_REQUEST | libc::NLM_F_DUMP,
+        libc::AF_INET,
+        1 << LISTEN,
+    );
     let kernel = socket::NetlinkAddr::new(0, 0);
     if socket::sendto(fd.as_raw_fd(), &req, &kernel, MsgFlags::empty()).is_err() {
         return false;
@@ -157,6 +143,23 @@ fn dump_end(mut buf: &[u8]) -> Option<bool> {
         buf = buf.get(step..)?;
     }
     None
+}
+
+/// A `SOCK_DIAG_BY_FAMILY` request for TCP sockets of `family` in `states` (a bit per TCP
+/// state): the `nlmsghdr` and an `inet_diag_req_v2` whose socket id is empty but for its cookie
+/// ("none"), for the caller to fill.
+fn request(flags: libc::c_int, family: libc::c_int, states: u32) -> [u8; NLMSG_HDR + REQ_LEN] {
+    let mut req = [0u8; NLMSG_HDR + REQ_LEN];
+    req[0..4].copy_from_slice(&((NLMSG_HDR + REQ_LEN) as u32).to_ne_bytes());
+    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req[6..8].copy_from_slice(&(flags as u16).to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    let r = &mut req[NLMSG_HDR..];
+    r[0] = family as u8;
+    r[1] = libc::IPPROTO_TCP as u8;
+    r[4..8].copy_from_slice(&states.to_ne_bytes());
+    r[48..56].copy_from_slice(&[0xff; 8]);
+    req
 }
 
 /// One answer of `sock_diag`: a socket's `inet_diag_msg`, or an error (`ENOENT`: none).

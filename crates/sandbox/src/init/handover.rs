@@ -70,7 +70,7 @@ impl Announce {
             .map(|fd| crate::sock_diag::listens(fd, port))
         {
             Some(Ok(listens)) => !listens,
-            // A kernel without `inet_diag`, or netlink refused: connects tell from now on.
+            // Netlink failing (out of memory, refused): connects tell from now on.
             Some(Err(_)) => {
                 self.diag = None;
                 false
