@@ -227,17 +227,31 @@ impl Lifecycle {
                         // leave a half-started instance behind.
                         let (me, owner, spec) = (self.clone(), owner.clone(), spec.clone());
                         tokio::spawn(async move {
-                            let result = me.start(&spec, &key.1, &owner, Purpose::Serve).await;
-                            if let Err(e) = &result {
-                                me.count_start_failure(&key.0, &key.1, &key.2, e);
+                            // The waiting requests have the instance as soon as it is ready,
+                            // before the start's bookkeeping behind them (`start::OnReady`).
+                            let ticket = Mutex::new(Some(ticket));
+                            let tell = |r: &InstanceRecord| {
+                                me.settle_and_tell(&key, &tx, Ok(r.clone()));
+                                lock(&ticket).take();
+                            };
+                            let result = me
+                                .start_telling(
+                                    &spec,
+                                    &key.1,
+                                    &owner,
+                                    Purpose::Serve,
+                                    Some(Box::new(tell)),
+                                )
+                                .await;
+                            // Not told: the start failed, or handed out a spare. A failure is
+                            // counted before the ticket goes, so the next start waits it out.
+                            if tx.borrow().is_none() {
+                                if let Err(e) = &result {
+                                    me.count_start_failure(&key.0, &key.1, &key.2, e);
+                                }
+                                me.settle_and_tell(&key, &tx, result.map_err(InstanceError::from));
+                                lock(&ticket).take();
                             }
-                            let result = result.map_err(InstanceError::from);
-                            if result.is_ok() {
-                                me.deps.restarts.started(&key.0, &key.1, &key.2);
-                            }
-                            me.settle(key, &result);
-                            drop(ticket);
-                            let _ = tx.send(Some(result));
                         });
                         break rx;
                     }
@@ -293,6 +307,21 @@ impl Lifecycle {
                 .restarts
                 .crashed(app, label, owner, "", &e.to_string(), "");
         }
+    }
+
+    /// After a start for `key`: a success counts for its restarts, the start is settled
+    /// ([`Lifecycle::settle`]), and the requests waiting on `tx` have the result.
+    fn settle_and_tell(
+        &self,
+        key: &ServeKey,
+        tx: &watch::Sender<StartResult>,
+        result: Result<InstanceRecord, InstanceError>,
+    ) {
+        if result.is_ok() {
+            self.deps.restarts.started(&key.0, &key.1, &key.2);
+        }
+        self.settle(key.clone(), &result);
+        let _ = tx.send(Some(result));
     }
 
     /// After a start, `key` is free of the start, and the instance serves what its record says

@@ -47,9 +47,17 @@ pub(crate) enum Purpose {
 /// holds an app with one worker per connection no longer than this.
 const FIRST_KEPT: Duration = Duration::from_secs(1);
 
+/// Told the moment a start a request waits for is ready, with the instance's record: the
+/// instance is in the table as ready, and the connection that came with its readiness is kept
+/// for the request. [`Lifecycle::ensure`] hands the instance to the waiting request from it,
+/// and that request runs next on the same thread, before the start's bookkeeping behind it.
+pub(crate) type OnReady<'a> = Box<dyn FnOnce(&InstanceRecord) + Send + 'a>;
+
 /// A launched instance, before it is ready.
 struct Launched {
     id: String,
+    /// When the start began (before its database socket, if any, and its launch).
+    began: Instant,
     path: metrics::Path,
     started: Started,
     /// The instance's socket to its app's database, held as long as the instance runs.
@@ -76,6 +84,22 @@ impl Lifecycle {
         owner: &Owner,
         purpose: Purpose,
     ) -> Result<InstanceRecord, AgentError> {
+        self.start_telling(spec, label, owner, purpose, None).await
+    }
+
+    /// [`Lifecycle::start`], and for a start a request waits for (`Purpose::Serve`), `ready`
+    /// is called with the instance the moment it is ready and routable (see [`OnReady`]); this
+    /// then returns only once the start's bookkeeping behind the request is done (its record
+    /// written: see [`Lifecycle::publish_behind`]). Not called when the start fails or a spare
+    /// is handed out instead.
+    pub(crate) async fn start_telling(
+        self: &Arc<Self>,
+        spec: &AppSpec,
+        label: &str,
+        owner: &Owner,
+        purpose: Purpose,
+        ready: Option<OnReady<'_>>,
+    ) -> Result<InstanceRecord, AgentError> {
         if purpose == Purpose::Serve && spec.start == StartPath::Warm {
             if let Some(r) = self.take_spare(spec, label, owner) {
                 return Ok(r);
@@ -94,7 +118,7 @@ impl Lifecycle {
         self.reserve(spec)?;
         let began = Instant::now();
         let prepared = self.prepare_data(spec, label, owner).await;
-        let launched = match prepared.and_then(|d| self.launch(spec, label, purpose, d)) {
+        let launched = match prepared.and_then(|d| self.launch(spec, label, purpose, d, began)) {
             Ok(l) => l,
             Err((id, source)) => {
                 self.release(&spec.name);
@@ -113,7 +137,7 @@ impl Lifecycle {
         };
         let span =
             tracing::info_span!("instance", app = %spec.name, label, instance = %launched.id);
-        self.run(spec, label, owner, purpose, launched, began)
+        self.run(spec, label, owner, purpose, launched, ready)
             .instrument(span)
             .await
     }
@@ -126,6 +150,7 @@ impl Lifecycle {
         label: &str,
         purpose: Purpose,
         data: Option<DataPrepared>,
+        began: Instant,
     ) -> Result<Launched, (String, LaunchError)> {
         let slot = match (spec.start, purpose, &data) {
             (StartPath::Slot, Purpose::Serve | Purpose::Replace | Purpose::Kept, None) => {
@@ -139,6 +164,7 @@ impl Lifecycle {
             return match slot.go(env) {
                 Ok(started) => Ok(Launched {
                     id,
+                    began,
                     path: metrics::Path::Slot,
                     started,
                     data: None,
@@ -184,6 +210,7 @@ impl Lifecycle {
         match started {
             Ok(started) => Ok(Launched {
                 id,
+                began,
                 path: metrics::Path::Jit,
                 started,
                 data: socket,
@@ -238,10 +265,11 @@ impl Lifecycle {
         owner: &Owner,
         purpose: Purpose,
         launched: Launched,
-        began: Instant,
+        ready_hook: Option<OnReady<'_>>,
     ) -> Result<InstanceRecord, AgentError> {
         let Launched {
             id,
+            began,
             path,
             started,
             data,
@@ -352,11 +380,41 @@ impl Lifecycle {
             InstanceState::Ready
         };
         self.finish(&key, &record, &log, behind).await?;
-        if let Some(first) = first.filter(|_| behind) {
-            self.keep_first(&id, first);
-        }
+        let kept = behind && first.is_some_and(|first| self.keep_first(&id, first));
         tracing::info!(ms = began.elapsed().as_millis() as u64, path = ?path, spare, "instance ready");
+        if !behind {
+            return Ok(record);
+        }
+        let behind = self.clone().behind(id, kept);
+        match ready_hook {
+            // The request told is now this thread's next task (tokio's LIFO slot), and runs as
+            // soon as this task waits in `behind`'s first sleep. A spawn here instead would
+            // push that request to where the runtime's other worker takes it: a wake of that
+            // worker, 0.1-0.2 ms on this machine, before the request could go on
+            // (docs/BENCHMARKS.md, "The waiting request told first").
+            Some(tell) => {
+                tell(&record);
+                behind.await;
+            }
+            None => {
+                tokio::spawn(behind.in_current_span());
+            }
+        }
         Ok(record)
+    }
+
+    /// What follows a start a request waited for, behind that request: the instance's record
+    /// written ([`Lifecycle::publish_behind`]) and, if a connection was `kept` for the request
+    /// ([`Lifecycle::keep_first`]), that connection dropped after [`FIRST_KEPT`] if no request
+    /// took it.
+    async fn behind(self: Arc<Self>, id: String, kept: bool) {
+        let expire = async {
+            if kept {
+                tokio::time::sleep(FIRST_KEPT).await;
+                self.drop_first(&id);
+            }
+        };
+        tokio::join!(self.clone().publish_behind(id.clone()), expire);
     }
 
     /// Waits until a started instance is ready (see `ready.rs`), counting how it was seen.
@@ -392,27 +450,31 @@ impl Lifecycle {
 
     /// Keeps `first`, the connection to a new instance that came with its init's word, for the
     /// request that waits for the start ([`Lifecycle::dial`] hands it out once): that request
-    /// then needs no hand-over through init. Dropped after [`FIRST_KEPT`] if no request took
-    /// it (the request went elsewhere or away), since an app with one worker per connection
-    /// serves nothing else while it is held.
-    fn keep_first(self: &Arc<Self>, id: &str, first: std::net::TcpStream) {
+    /// then needs no hand-over through init. `run` drops it after [`FIRST_KEPT`] if no request
+    /// took it (the request went elsewhere or away), since an app with one worker per
+    /// connection serves nothing else while it is held. Says whether it was kept (the instance
+    /// may have exited meanwhile).
+    fn keep_first(&self, id: &str, first: std::net::TcpStream) -> bool {
         match lock(&self.table).running.get_mut(id) {
-            Some(r) => r.first = Some(first),
-            None => return,
-        }
-        let (me, id) = (self.clone(), id.to_owned());
-        tokio::spawn(async move {
-            tokio::time::sleep(FIRST_KEPT).await;
-            if let Some(r) = lock(&me.table).running.get_mut(&id) {
-                r.first = None;
+            Some(r) => {
+                r.first = Some(first);
+                true
             }
-        });
+            None => false,
+        }
+    }
+
+    /// Drops the connection [`Lifecycle::keep_first`] kept, if no request took it.
+    fn drop_first(&self, id: &str) {
+        if let Some(r) = lock(&self.table).running.get_mut(id) {
+            r.first = None;
+        }
     }
 
     /// Makes a ready instance (or spare) the running record, unless it exited meanwhile, and
-    /// publishes it: a spare before it can be handed out, an instance a request waits for
-    /// (`behind`) after that request (see [`Lifecycle::publish_behind`]), any other before
-    /// this returns.
+    /// publishes it: a spare before it can be handed out, any other before this returns but
+    /// an instance a request waits for (`behind`), which `run` publishes after that request
+    /// has it (see [`Lifecycle::publish_behind`]).
     async fn finish(
         self: &Arc<Self>,
         key: &str,
@@ -450,10 +512,9 @@ impl Lifecycle {
                 log_tail: logs::tail(log, logs::TAIL_LINES),
             });
         }
-        if !spare && behind {
-            let (me, id) = (self.clone(), record.id.clone());
-            tokio::spawn(async move { me.publish_behind(id).await }.in_current_span());
-        } else if !spare {
+        // One handed to a waiting request (`behind`) is published by the caller, after that
+        // request has it.
+        if !spare && !behind {
             self.publish_or_stop(key, record).await?;
         }
         Ok(())
