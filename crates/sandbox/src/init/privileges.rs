@@ -85,13 +85,7 @@ impl ExecReady {
     /// Execs the app with the plan's environment and `extra_env` over it. Returns only on
     /// failure.
     pub(super) fn exec(self, plan: &Plan, extra_env: BTreeMap<String, String>) -> SetupError {
-        let mut env = plan.env.clone();
-        env.extend(extra_env);
-        let env: Result<Vec<CString>, _> = env
-            .iter()
-            .map(|(k, v)| cstr(&format!("variable {k:?}"), &format!("{k}={v}")))
-            .collect();
-        let env = match env {
+        let env = match environment(plan, extra_env) {
             Ok(e) => e,
             Err(e) => return e,
         };
@@ -103,6 +97,18 @@ impl ExecReady {
             Ok(never) => match never {},
         }
     }
+}
+
+/// The app's environment: the plan's, with `extra_env` over it.
+pub(super) fn environment(
+    plan: &Plan,
+    extra_env: BTreeMap<String, String>,
+) -> Result<Vec<CString>, SetupError> {
+    let mut env = plan.env.clone();
+    env.extend(extra_env);
+    env.iter()
+        .map(|(k, v)| cstr(&format!("variable {k:?}"), &format!("{k}={v}")))
+        .collect()
 }
 
 /// Why `program` cannot be run in here although the agent found it on the host: it links out
