@@ -25,7 +25,7 @@ pub const ANNOUNCE_FOR: Duration = Duration::from_secs(30);
 /// loopback is made, and sent with the word, left open: the agent gives it to the request that
 /// waits for the start. Where the kernel cannot answer for TCP (no `inet_diag`, netlink
 /// refused), every probe connects, every millisecond after the first 20 ms and every 10 ms
-/// after a second.
+/// after a second; so do the probes of a listener that takes no connection (its backlog full).
 pub(super) struct Announce {
     control: std::fs::File,
     began: Instant,
@@ -99,10 +99,8 @@ impl Announce {
         if age >= ANNOUNCE_FOR {
             return true;
         }
-        if let Some(conn) = (!self.nothing_listens(port))
-            .then(|| accepting(port))
-            .flatten()
-        {
+        let listens = !self.nothing_listens(port);
+        if let Some(conn) = listens.then(|| accepting(port)).flatten() {
             // The probe's connection goes with the word: the agent may hand it to the request
             // that waits for this start, which then needs no hand-over of its own (see
             // `ready.rs::Listening`). An agent that went away makes this fail; nothing is left
@@ -120,7 +118,10 @@ impl Announce {
             );
             return true;
         }
-        self.next = now + interval(age, self.diag.is_some());
+        // A listener that took no connection (its backlog full: loopback drops the SYN) makes
+        // every probe a connect, so the probes come as connects alone do, not four times as
+        // often as that.
+        self.next = now + interval(age, self.diag.is_some() && !listens);
         false
     }
 }
@@ -278,5 +279,39 @@ mod tests {
         assert_eq!(interval(ms(3_000), true), ms(1));
         assert_eq!(interval(ms(3_000), false), ms(10));
         assert_eq!(interval(ms(10_000), true), ms(10));
+    }
+
+    #[test]
+    fn a_listener_that_takes_no_connection_is_probed_as_seldom_as_connects_alone_are() {
+        // Backlog 0 holds one connection not yet accepted; the next connect's SYN is dropped,
+        // and it stays in progress: `sock_diag` says "listens", and the connect does not
+        // complete.
+        let fd = nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Inet,
+            nix::sys::socket::SockType::Stream,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let any = nix::sys::socket::SockaddrIn::new(127, 0, 0, 1, 0);
+        nix::sys::socket::bind(fd.as_raw_fd(), &any).unwrap();
+        nix::sys::socket::listen(&fd, nix::sys::socket::Backlog::new(0).unwrap()).unwrap();
+        let bound: nix::sys::socket::SockaddrIn =
+            nix::sys::socket::getsockname(fd.as_raw_fd()).unwrap();
+        let port = bound.port();
+        let _queued = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (control, _agent) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut announce = Announce::new(std::fs::File::from(OwnedFd::from(control)));
+        assert!(announce.diag.is_some(), "sock_diag answers here");
+        announce.warm = true;
+        // Three seconds into the app's start: a `sock_diag` probe would come every millisecond.
+        announce.began = Instant::now() - Duration::from_secs(3);
+        let before = Instant::now();
+        assert!(!announce.probe(port, true), "no word: nothing was accepted");
+        assert!(
+            announce.next >= before + Duration::from_millis(10),
+            "the next probe comes in {:?}: a connect every millisecond",
+            announce.next - before
+        );
     }
 }
