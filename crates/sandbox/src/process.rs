@@ -59,15 +59,37 @@ impl Children {
         self.ending.load(Ordering::Relaxed)
     }
 
+    /// Sends `signal` to process group `pgid` if it is the group of a child of this registry
+    /// whose leader has not exited: then its id cannot be another process's. Says whether it
+    /// was sent.
+    ///
+    /// For callers that hold a child's id but not its handle (the agent's table of instances):
+    /// a raw `killpg` on an id read before the child's exit could reach whatever took the id
+    /// after the child was reaped. Here the check and the signal are one step under the
+    /// registry's lock, and [`Process::wait`] marks a child as exited under that lock before
+    /// it reaps it.
+    pub fn signal(&self, pgid: u32, signal: Signal) -> bool {
+        let live = crate::lock(&self.live);
+        let alive = live.values().any(|e| e.pgid == pgid && !e.reaped);
+        if alive {
+            signal_group(pgid, signal);
+        }
+        alive
+    }
+
     /// Ends every child: SIGTERM to each process group not yet reaped, then waits until every
     /// handle is dropped (its owner done) or `grace` has passed, and sends SIGKILL to the
     /// groups still unreaped. Returns how many handles there were.
     pub async fn end_all(&self, grace: Duration) -> usize {
         self.ending.store(true, Ordering::Relaxed);
-        let entries: Vec<Entry> = crate::lock(&self.live).values().copied().collect();
-        for e in entries.iter().filter(|e| !e.reaped) {
-            signal_group(e.pgid, Signal::SIGTERM);
-        }
+        let entries = {
+            // Signalled under the lock, as in `signal`: none is reaped meanwhile.
+            let live = crate::lock(&self.live);
+            for e in live.values().filter(|e| !e.reaped) {
+                signal_group(e.pgid, Signal::SIGTERM);
+            }
+            live.len()
+        };
         let all_gone = async {
             loop {
                 // Registered before the check: a child leaving in between still wakes us.
@@ -84,7 +106,7 @@ impl Children {
                 signal_group(e.pgid, Signal::SIGKILL);
             }
         }
-        entries.len()
+        entries
     }
 
     fn add(&self, pgid: u32) -> u64 {
@@ -115,6 +137,9 @@ impl Children {
 pub struct Process {
     child: Child,
     pid: Option<u32>,
+    /// A pidfd of the child, readable once it has exited, before it is reaped (see
+    /// [`Process::wait`]); `None` where the kernel has no `pidfd_open` (before Linux 5.3).
+    pidfd: Option<std::os::fd::OwnedFd>,
     reaped: bool,
     /// The registry it is known to.
     children: Arc<Children>,
@@ -127,23 +152,36 @@ impl Process {
     pub(crate) fn new(child: Child, children: &Arc<Children>) -> Self {
         let pid = child.id();
         let key = pid.map(|pgid| children.add(pgid));
+        // Before anything can reap the child (only its handle does): the pidfd is its own.
+        let pidfd = pid.and_then(pidfd_open);
+        if pid.is_some() && pidfd.is_none() {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!("pidfd_open failed (a kernel before Linux 5.3?): a child's exit is marked only once it is reaped, so stopping an instance at that moment could signal a process that took its id")
+            });
+        }
         Self {
             child,
             pid,
+            pidfd,
             reaped: pid.is_none(),
             children: children.clone(),
             key,
         }
     }
 
-    /// The process id, which is also its group's; `None` once it is reaped.
+    /// The process id, which is also its group's; `None` once it has exited (see
+    /// [`Process::wait`]).
     pub fn id(&self) -> Option<u32> {
         self.pid.filter(|_| !self.reaped)
     }
 
     /// Waits for the child to exit and reaps it; the group is left alone from then on (its id
-    /// may be handed out again).
+    /// may be handed out again). The exit is marked in the registry before the reap (seen on
+    /// the pidfd, while the child is a zombie that still holds its id), so that
+    /// [`Children::signal`] never reaches a process that took the id after it.
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        self.exited().await;
         let status = self.child.wait().await;
         if status.is_ok() {
             self.reaped();
@@ -151,8 +189,31 @@ impl Process {
         status
     }
 
-    /// The child's exit status if it has exited (reaping it), `None` while it runs.
+    /// Waits until the child has exited, without reaping it (a zombie, it still holds its id),
+    /// and marks it exited. Returns at once where there is no pidfd; the caller's reap then
+    /// marks it.
+    async fn exited(&mut self) {
+        use std::os::fd::AsFd;
+        use tokio::io::{unix::AsyncFd, Interest};
+        let Some(fd) = &self.pidfd else { return };
+        // SAFETY: the pidfd is owned by `self` and borrowed for as long as the registration
+        // lives (this block), so it stays open and the same description throughout.
+        let gone = match unsafe { AsyncFd::register_with_interest(fd.as_fd(), Interest::READABLE) }
+        {
+            Ok(exit) => exit.readable().await.is_ok(),
+            Err(_) => false,
+        };
+        if gone {
+            self.reaped();
+        }
+    }
+
+    /// The child's exit status if it has exited (reaping it, marked first as in
+    /// [`Process::wait`]), `None` while it runs.
     pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        if self.pidfd.as_ref().is_some_and(exited_now) {
+            self.reaped();
+        }
         let status = self.child.try_wait();
         if let Ok(Some(_)) = status {
             self.reaped();
@@ -172,6 +233,7 @@ impl Process {
         self.children.ending()
     }
 
+    /// Marks the child as gone: exited (seen on its pidfd, about to be reaped) or reaped.
     fn reaped(&mut self) {
         self.reaped = true;
         if let Some(key) = self.key {
@@ -191,6 +253,25 @@ impl Drop for Process {
             self.children.remove(key);
         }
     }
+}
+
+/// Whether the process of `pidfd` has exited (its pidfd is readable), without waiting.
+fn exited_now(pidfd: &std::os::fd::OwnedFd) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1))
+}
+
+/// A pidfd of `pid` (close-on-exec, as every pidfd), or `None` where the kernel has none.
+fn pidfd_open(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = i32::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+    // SAFETY: the descriptor was just made, and nothing else owns it.
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
 /// Sends `signal` to the instance's whole process group.
@@ -258,6 +339,59 @@ mod tests {
         .expect("command");
         let p = crate::spawn::spawn(cmd, &instance, children).expect("spawn");
         (p, dir)
+    }
+
+    #[test]
+    fn the_registry_signals_a_group_only_while_its_leader_has_not_exited() {
+        use std::os::unix::process::CommandExt;
+        // A stand-in for a process that took the id of a child after that child was reaped.
+        let mut stand_in = std::process::Command::new("sleep")
+            .arg("300")
+            .process_group(0)
+            .spawn()
+            .expect("sleep");
+        let pgid = stand_in.id();
+        let children = Children::new();
+        assert!(!children.signal(pgid, Signal::SIGCONT), "no child of ours");
+        let key = children.add(pgid);
+        assert!(
+            children.signal(pgid, Signal::SIGCONT),
+            "a child of ours, running"
+        );
+        children.reaped(key);
+        assert!(
+            !children.signal(pgid, Signal::SIGKILL),
+            "its leader has exited"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let status = stand_in.try_wait().expect("try_wait");
+        let _ = stand_in.kill();
+        let _ = stand_in.wait();
+        assert_eq!(status, None, "the group that took the id was signalled");
+    }
+
+    #[tokio::test]
+    async fn an_exited_child_is_marked_before_it_is_reaped_and_never_signalled_after() {
+        let children = Children::new();
+        let (mut p, _dir) = start(&children, "exit 3");
+        let pgid = p.id().expect("pid");
+        assert!(p.pidfd.is_some(), "pidfd_open works here");
+        p.exited().await;
+        // Still a zombie: its id is not free yet, and the registry already refuses it.
+        let stat = std::fs::read_to_string(format!("/proc/{pgid}/stat")).expect("stat");
+        assert!(
+            stat.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z'),
+            "not a zombie: {stat}"
+        );
+        assert!(!children.signal(pgid, Signal::SIGCONT), "marked as exited");
+        let status = p.wait().await.expect("wait");
+        assert_eq!(status.code(), Some(3));
+        assert_eq!(p.id(), None);
+        assert!(!children.signal(pgid, Signal::SIGCONT));
     }
 
     #[tokio::test]

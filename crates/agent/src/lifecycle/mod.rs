@@ -230,8 +230,12 @@ impl Lifecycle {
                             // The waiting requests have the instance as soon as it is ready,
                             // before the start's bookkeeping behind them (`start::OnReady`).
                             let ticket = Mutex::new(Some(ticket));
+                            // Not read off `tx`: with no request left waiting, the send keeps
+                            // no value, and the start must not be settled twice.
+                            let told = AtomicBool::new(false);
                             let tell = |r: &InstanceRecord| {
                                 me.settle_and_tell(&key, &tx, Ok(r.clone()));
+                                told.store(true, Ordering::Relaxed);
                                 lock(&ticket).take();
                             };
                             let result = me
@@ -245,7 +249,7 @@ impl Lifecycle {
                                 .await;
                             // Not told: the start failed, or handed out a spare. A failure is
                             // counted before the ticket goes, so the next start waits it out.
-                            if tx.borrow().is_none() {
+                            if !told.load(Ordering::Relaxed) {
                                 if let Err(e) = &result {
                                     me.count_start_failure(&key.0, &key.1, &key.2, e);
                                 }

@@ -1,12 +1,12 @@
 //! Stopping an instance: marked as stopped by the agent (so its exit is no crash), then
-//! signalled by its process group.
+//! signalled by its process group, through the registry of the node's children, which never
+//! signals a group whose leader has exited (its id may be another process's by then).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
-use warden_sandbox::process::signal_group;
 
 use super::{Lifecycle, STOP_GRACE};
 use crate::sync::lock;
@@ -19,12 +19,13 @@ impl Lifecycle {
         let (pid, mut exited) = self
             .mark_stopping(id)
             .ok_or_else(|| AgentError::UnknownInstance(id.to_owned()))?;
-        signal_group(pid, Signal::SIGTERM);
+        let children = self.deps.drivers.children();
+        children.signal(pid, Signal::SIGTERM);
         if tokio::time::timeout(STOP_GRACE, exited.wait_for(|e| *e))
             .await
             .is_err()
         {
-            signal_group(pid, Signal::SIGKILL);
+            children.signal(pid, Signal::SIGKILL);
             let _ = exited.wait_for(|e| *e).await;
         }
         Ok(())
@@ -42,7 +43,7 @@ impl Lifecycle {
     /// once: it has served the one request it was for.
     pub(crate) fn retire(&self, id: &str) {
         if let Some((pid, _)) = self.mark_stopping(id) {
-            signal_group(pid, Signal::SIGKILL);
+            self.deps.drivers.children().signal(pid, Signal::SIGKILL);
         }
     }
 

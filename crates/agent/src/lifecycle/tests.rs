@@ -289,3 +289,31 @@ fn a_relabel_is_told_to_this_processs_gateway_whoever_asked() {
         ]
     );
 }
+
+#[test]
+fn retiring_an_instance_never_signals_a_group_its_id_no_longer_leads() {
+    // The table still names an instance whose process is gone (its monitor has not removed it
+    // yet), and another process group now has its id: a stand-in here, which no child
+    // registry of this node knows. Retiring the instance must leave the stand-in alone.
+    use std::os::unix::process::CommandExt;
+    let rt = idle_runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let life = lifecycle(&rt, dir.path());
+    let mut stand_in = std::process::Command::new("sleep")
+        .arg("300")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut gone = record("i1");
+    gone.pid = stand_in.id();
+    add_running(&life, &gone);
+    life.retire("i1");
+    std::thread::sleep(Duration::from_millis(100));
+    let status = stand_in.try_wait().unwrap();
+    let _ = stand_in.kill();
+    let _ = stand_in.wait();
+    assert_eq!(
+        status, None,
+        "the process group that took the id was signalled"
+    );
+}
