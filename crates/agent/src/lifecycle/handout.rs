@@ -1,15 +1,17 @@
-//! Handing an instance to the request waiting for it: a spare of the warm pool taken, and the
-//! record of a handed-out instance (a spare taken, a start that became ready) written behind
-//! the request rather than before it.
+//! Handing an instance to the request waiting for it: a spare of the warm pool taken; a start
+//! that became ready settled and told to the requests waiting for it; the connection init's
+//! probe made kept for that request; and the record of a handed-out instance (a spare taken, a
+//! start that became ready) written behind the request rather than before it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use warden_core::{keys, AppSpec, InstanceRecord, InstanceState, Owner};
+use tokio::sync::watch;
+use warden_core::{keys, AppSpec, InstanceError, InstanceRecord, InstanceState, Owner};
 use warden_store::{put_json, StoreError};
 
-use super::{Lifecycle, Table};
+use super::{Lifecycle, ServeKey, Serving, StartResult, Table};
 use crate::metrics;
 use crate::sync::lock;
 
@@ -180,4 +182,78 @@ pub(super) fn take_spare_from(
     r.record.user = owner.reserved_for();
     r.activity.touch();
     Some(r.record.clone())
+}
+
+/// How long the connection that came with a new instance's readiness waits for the request
+/// that waits for that start (`Lifecycle::keep_first`). That request connects within a
+/// millisecond or so; on a loaded machine it may take longer, and a request that went away
+/// holds an app with one worker per connection no longer than this.
+pub(super) const FIRST_KEPT: Duration = Duration::from_secs(1);
+
+// === impl Lifecycle (the waiting request) ===
+
+impl Lifecycle {
+    /// What follows a start a request waited for, behind that request: the instance's record
+    /// written ([`Lifecycle::publish_behind`]) and, if a connection was `kept` for the request
+    /// ([`Lifecycle::keep_first`]), that connection dropped after [`FIRST_KEPT`] if no request
+    /// took it.
+    pub(super) async fn behind(self: Arc<Self>, id: String, kept: bool) {
+        let expire = async {
+            if kept {
+                tokio::time::sleep(FIRST_KEPT).await;
+                self.drop_first(&id);
+            }
+        };
+        tokio::join!(self.clone().publish_behind(id.clone()), expire);
+    }
+
+    /// Keeps `first`, the connection to a new instance that came with its init's word, for the
+    /// request that waits for the start ([`Lifecycle::dial`] hands it out once): that request
+    /// then needs no hand-over through init. `run` drops it after [`FIRST_KEPT`] if no request
+    /// took it (the request went elsewhere or away), since an app with one worker per
+    /// connection serves nothing else while it is held. Says whether it was kept (the instance
+    /// may have exited meanwhile).
+    pub(super) fn keep_first(&self, id: &str, first: std::net::TcpStream) -> bool {
+        match lock(&self.table).running.get_mut(id) {
+            Some(r) => {
+                r.first = Some(first);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops the connection [`Lifecycle::keep_first`] kept, if no request took it.
+    fn drop_first(&self, id: &str) {
+        if let Some(r) = lock(&self.table).running.get_mut(id) {
+            r.first = None;
+        }
+    }
+
+    /// After a start for `key`: a success counts for its restarts, the start is settled
+    /// ([`Lifecycle::settle`]), and the requests waiting on `tx` have the result.
+    pub(super) fn settle_and_tell(
+        &self,
+        key: &ServeKey,
+        tx: &watch::Sender<StartResult>,
+        result: Result<InstanceRecord, InstanceError>,
+    ) {
+        if result.is_ok() {
+            self.deps.restarts.started(&key.0, &key.1, &key.2);
+        }
+        self.settle(key.clone(), &result);
+        let _ = tx.send(Some(result));
+    }
+
+    /// After a start, `key` is free of the start, and the instance serves what its record says
+    /// now (a taint may have raised its label meanwhile) if it still runs and that is free.
+    pub(super) fn settle(&self, key: ServeKey, result: &Result<InstanceRecord, InstanceError>) {
+        let mut table = lock(&self.table);
+        if matches!(table.serving.get(&key), Some(Serving::Starting(_))) {
+            table.serving.remove(&key);
+        }
+        if let Ok(r) = result {
+            table.serve_if_free(&r.id);
+        }
+    }
 }

@@ -2,12 +2,14 @@
 //! readiness, records in the store, and stop. This module owns the table of running instances,
 //! the instance each (app, label, owner) is served by, and the node's and apps' instance counts.
 //!
-//! [`start`] holds the start path, [`ready`] the readiness wait. Pools and restarts are other
+//! [`start`] holds the start path, [`ready`] the readiness wait, [`handout`] what hands an
+//! instance to the request waiting for it, [`monitor`] a started process's end. Pools and restarts are other
 //! modules' state; this one takes slots from the pools and reports crashes to the restarts.
 
 mod drain;
 mod handout;
 mod health;
+mod monitor;
 pub(crate) mod peer_owner;
 pub(crate) mod ready;
 mod start;
@@ -70,7 +72,7 @@ struct Running {
     /// The uid its TCP port's listener must have (`Started::owner`), checked per connection.
     listener_uid: Option<u32>,
     /// A connection to the app made while it started, for the request that waited for the
-    /// start (`start.rs::keep_first`); taken by [`Lifecycle::dial`].
+    /// start (`handout.rs::keep_first`); taken by [`Lifecycle::dial`].
     first: Option<std::net::TcpStream>,
 }
 
@@ -310,33 +312,6 @@ impl Lifecycle {
             self.deps
                 .restarts
                 .crashed(app, label, owner, "", &e.to_string(), "");
-        }
-    }
-
-    /// After a start for `key`: a success counts for its restarts, the start is settled
-    /// ([`Lifecycle::settle`]), and the requests waiting on `tx` have the result.
-    fn settle_and_tell(
-        &self,
-        key: &ServeKey,
-        tx: &watch::Sender<StartResult>,
-        result: Result<InstanceRecord, InstanceError>,
-    ) {
-        if result.is_ok() {
-            self.deps.restarts.started(&key.0, &key.1, &key.2);
-        }
-        self.settle(key.clone(), &result);
-        let _ = tx.send(Some(result));
-    }
-
-    /// After a start, `key` is free of the start, and the instance serves what its record says
-    /// now (a taint may have raised its label meanwhile) if it still runs and that is free.
-    fn settle(&self, key: ServeKey, result: &Result<InstanceRecord, InstanceError>) {
-        let mut table = lock(&self.table);
-        if matches!(table.serving.get(&key), Some(Serving::Starting(_))) {
-            table.serving.remove(&key);
-        }
-        if let Ok(r) = result {
-            table.serve_if_free(&r.id);
         }
     }
 

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,9 +17,10 @@ use warden_core::{
 };
 use warden_store::put_json;
 
+use super::monitor::Monitor;
 use super::ready::{wait_ready, wait_running, Listening, Ready};
 use super::{record_key, Lifecycle, Running, KEEP_EXITED_LOGS};
-use crate::drivers::launch::{Held, Started};
+use crate::drivers::launch::Started;
 use crate::drivers::{Launch, LaunchError};
 use crate::metrics;
 use crate::sync::lock;
@@ -40,12 +40,6 @@ pub(crate) enum Purpose {
     /// The warm pool wants it.
     Spare,
 }
-
-/// How long the connection that came with a new instance's readiness waits for the request
-/// that waits for that start (`Lifecycle::keep_first`). That request connects within a
-/// millisecond or so; on a loaded machine it may take longer, and a request that went away
-/// holds an app with one worker per connection no longer than this.
-const FIRST_KEPT: Duration = Duration::from_secs(1);
 
 /// Told the moment a start a request waits for is ready, with the instance's record: the
 /// instance is in the table as ready, and the connection that came with its readiness is kept
@@ -403,20 +397,6 @@ impl Lifecycle {
         Ok(record)
     }
 
-    /// What follows a start a request waited for, behind that request: the instance's record
-    /// written ([`Lifecycle::publish_behind`]) and, if a connection was `kept` for the request
-    /// ([`Lifecycle::keep_first`]), that connection dropped after [`FIRST_KEPT`] if no request
-    /// took it.
-    async fn behind(self: Arc<Self>, id: String, kept: bool) {
-        let expire = async {
-            if kept {
-                tokio::time::sleep(FIRST_KEPT).await;
-                self.drop_first(&id);
-            }
-        };
-        tokio::join!(self.clone().publish_behind(id.clone()), expire);
-    }
-
     /// Waits until a started instance is ready (see `ready.rs`), counting how it was seen.
     async fn wait_started(
         &self,
@@ -446,29 +426,6 @@ impl Lifecycle {
             first = listening.as_mut().and_then(Listening::take_first);
         }
         (ready, first)
-    }
-
-    /// Keeps `first`, the connection to a new instance that came with its init's word, for the
-    /// request that waits for the start ([`Lifecycle::dial`] hands it out once): that request
-    /// then needs no hand-over through init. `run` drops it after [`FIRST_KEPT`] if no request
-    /// took it (the request went elsewhere or away), since an app with one worker per
-    /// connection serves nothing else while it is held. Says whether it was kept (the instance
-    /// may have exited meanwhile).
-    fn keep_first(&self, id: &str, first: std::net::TcpStream) -> bool {
-        match lock(&self.table).running.get_mut(id) {
-            Some(r) => {
-                r.first = Some(first);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Drops the connection [`Lifecycle::keep_first`] kept, if no request took it.
-    fn drop_first(&self, id: &str) {
-        if let Some(r) = lock(&self.table).running.get_mut(id) {
-            r.first = None;
-        }
     }
 
     /// Makes a ready instance (or spare) the running record, unless it exited meanwhile, and
@@ -572,7 +529,11 @@ impl Lifecycle {
 
     /// Drops every trace of an exited instance but its log, which stays readable for a while;
     /// returns the state it was in.
-    async fn forget(&self, record: &InstanceRecord, status: &str) -> Option<InstanceState> {
+    pub(super) async fn forget(
+        &self,
+        record: &InstanceRecord,
+        status: &str,
+    ) -> Option<InstanceState> {
         let id = &record.id;
         let gone = {
             let mut table = lock(&self.table);
@@ -603,56 +564,5 @@ impl Lifecycle {
             tracing::warn!(error = %e, "could not remove the instance record; its lease will");
         }
         gone.map(|r| r.record.state)
-    }
-}
-
-/// Owns an instance's process: reaps it and cleans up whenever it exits.
-struct Monitor {
-    record: InstanceRecord,
-    child: warden_sandbox::process::Process,
-    held: Option<Box<dyn Held>>,
-    stopping: Arc<AtomicBool>,
-    status: oneshot::Sender<String>,
-    exited: watch::Sender<bool>,
-    /// The instance's database socket: dropped with the monitor once the instance is reaped,
-    /// which closes it and every connection made through it.
-    _data: Option<DataSocket>,
-}
-
-impl Monitor {
-    async fn run(mut self, life: Arc<Lifecycle>) {
-        let r = &self.record;
-        let (mut status, clean) = match self.child.wait().await {
-            Ok(s) => (s.to_string(), s.success()),
-            Err(e) => (format!("wait failed: {e}"), false),
-        };
-        let log: PathBuf = life.deps.paths.log(&r.app, &r.id);
-        // A kill by the out-of-memory killer is told where the operator looks.
-        if let Some(oom) = self.held.as_ref().and_then(|h| h.oom_note()) {
-            logs::append(&log, &format!("warden: {oom}"));
-            tracing::warn!("{oom}");
-            life.deps.metrics.oom_killed(&r.app);
-            status = format!("{status}; {oom}");
-        }
-        let _ = self.status.send(status.clone());
-        let state = life.forget(r, &status).await;
-        // Unroutable now: its address may be handed out again and its cgroups go (which can
-        // wait for the kernel), before anyone waiting for the exit hears of it.
-        if let Some(held) = self.held {
-            held.release().await;
-        }
-        // Every exit the agent did not ask for is a crash of the instance's (app, label,
-        // owner), whoever started it: the next start for it waits out the backoff. But for a
-        // per-request instance that served and ended cleanly: it may end with its request.
-        let served_its_request = r.lifetime == warden_core::Lifetime::PerRequest
-            && clean
-            && state == Some(InstanceState::Ready);
-        if !self.stopping.load(Ordering::Relaxed) && !served_its_request {
-            let tail = logs::tail(&log, logs::TAIL_LINES);
-            life.deps
-                .restarts
-                .crashed(&r.app, &r.label, r.user_key(), &r.id, &status, &tail);
-        }
-        let _ = self.exited.send(true);
     }
 }
