@@ -317,3 +317,37 @@ fn retiring_an_instance_never_signals_a_group_its_id_no_longer_leads() {
         "the process group that took the id was signalled"
     );
 }
+
+#[test]
+fn a_connection_kept_for_a_request_that_never_takes_it_is_closed_after_a_second() {
+    // The connection init's probe made waits in the table for the request that waited for the
+    // start; if that request never takes it, an app with one worker must not be held by it.
+    use std::io::Read;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let life = lifecycle(&rt, dir.path());
+    add_running(&life, &record("i1"));
+    let app = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let kept = std::net::TcpStream::connect(app.local_addr().unwrap()).unwrap();
+    let (mut apps_end, _) = app.accept().unwrap();
+    assert!(life.keep_first("i1", kept));
+    let behind = life.clone().behind("i1".into(), true);
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), behind).await })
+        .expect("the bookkeeping behind the request ends");
+    assert!(
+        lock(&life.table).running["i1"].first.is_none(),
+        "still kept"
+    );
+    apps_end
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 1];
+    assert_eq!(
+        apps_end.read(&mut buf).unwrap(),
+        0,
+        "the app's end sees the connection closed"
+    );
+}
