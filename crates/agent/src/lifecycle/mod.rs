@@ -231,13 +231,12 @@ impl Lifecycle {
                         tokio::spawn(async move {
                             // The waiting requests have the instance as soon as it is ready,
                             // before the start's bookkeeping behind them (`start::OnReady`).
+                            // The ticket is let go when the requests are told, so whether it
+                            // is still here says whether they were (not `tx`: with no request
+                            // left waiting, its send keeps no value).
                             let ticket = Mutex::new(Some(ticket));
-                            // Not read off `tx`: with no request left waiting, the send keeps
-                            // no value, and the start must not be settled twice.
-                            let told = AtomicBool::new(false);
                             let tell = |r: &InstanceRecord| {
                                 me.settle_and_tell(&key, &tx, Ok(r.clone()));
-                                told.store(true, Ordering::Relaxed);
                                 lock(&ticket).take();
                             };
                             let result = me
@@ -251,12 +250,13 @@ impl Lifecycle {
                                 .await;
                             // Not told: the start failed, or handed out a spare. A failure is
                             // counted before the ticket goes, so the next start waits it out.
-                            if !told.load(Ordering::Relaxed) {
+                            let untold = lock(&ticket).take();
+                            if let Some(ticket) = untold {
                                 if let Err(e) = &result {
                                     me.count_start_failure(&key.0, &key.1, &key.2, e);
                                 }
                                 me.settle_and_tell(&key, &tx, result.map_err(InstanceError::from));
-                                lock(&ticket).take();
+                                drop(ticket);
                             }
                         });
                         break rx;

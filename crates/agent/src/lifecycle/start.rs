@@ -379,7 +379,7 @@ impl Lifecycle {
         if !behind {
             return Ok(record);
         }
-        let behind = self.clone().behind(id, kept);
+        let bookkeeping = self.clone().behind(id, kept);
         match ready_hook {
             // The request told is now this thread's next task (tokio's LIFO slot), and runs as
             // soon as this task waits in `behind`'s first sleep. A spawn here instead would
@@ -388,10 +388,10 @@ impl Lifecycle {
             // (docs/BENCHMARKS.md, "The waiting request told first").
             Some(tell) => {
                 tell(&record);
-                behind.await;
+                bookkeeping.await;
             }
             None => {
-                tokio::spawn(behind.in_current_span());
+                tokio::spawn(bookkeeping.in_current_span());
             }
         }
         Ok(record)
