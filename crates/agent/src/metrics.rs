@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
 /// Buckets from 100 µs to 30 s: a warm hand-out is sub-millisecond, a sandbox start is
@@ -17,11 +17,14 @@ const BUCKETS: &[f64] = &[
 /// The agent's metrics, in their own registry.
 pub(crate) struct Metrics {
     registry: Registry,
-    starts: HistogramVec,
+    /// `start_seconds` of each start path, resolved once: a start counts itself before its
+    /// request goes on, so the label lookup stays off that path.
+    starts: [Histogram; 3],
     pub(crate) slot_prepare: Histogram,
     pub(crate) pool: IntGaugeVec,
     oom_kills: IntCounterVec,
-    seen_ready: IntCounterVec,
+    /// `ready_seen_total` told, then polled.
+    seen_ready: [IntCounter; 2],
 }
 
 /// How a new instance came to be.
@@ -76,6 +79,8 @@ impl Metrics {
         registry.register(Box::new(slot_prepare.clone()))?;
         registry.register(Box::new(pool.clone()))?;
         registry.register(Box::new(oom_kills.clone()))?;
+        let starts = ["jit", "slot", "warm"].map(|p| starts.with_label_values(&[p]));
+        let seen_ready = ["told", "polled"].map(|h| seen_ready.with_label_values(&[h]));
         Ok(Self {
             registry,
             starts,
@@ -88,19 +93,16 @@ impl Metrics {
 
     /// A started instance was seen accepting: `told` by its sandbox's init, else polled.
     pub(crate) fn seen_ready(&self, told: bool) {
-        let how = if told { "told" } else { "polled" };
-        self.seen_ready.with_label_values(&[how]).inc();
+        self.seen_ready[usize::from(!told)].inc();
     }
 
     pub(crate) fn started(&self, path: Path, took: Duration) {
-        let label = match path {
-            Path::Jit => "jit",
-            Path::Slot => "slot",
-            Path::Warm => "warm",
+        let i = match path {
+            Path::Jit => 0,
+            Path::Slot => 1,
+            Path::Warm => 2,
         };
-        self.starts
-            .with_label_values(&[label])
-            .observe(took.as_secs_f64());
+        self.starts[i].observe(took.as_secs_f64());
     }
 
     pub(crate) fn oom_killed(&self, app: &str) {

@@ -196,15 +196,24 @@ impl Lifecycle {
     /// What follows a start a request waited for, behind that request: the instance's record
     /// written ([`Lifecycle::publish_behind`]) and, if a connection was `kept` for the request
     /// ([`Lifecycle::keep_first`]), that connection dropped after [`FIRST_KEPT`] if no request
-    /// took it.
-    pub(super) async fn behind(self: Arc<Self>, id: String, kept: bool) {
+    /// took it; and `then` (what else the request need not wait for) after [`PUBLISH_BEHIND`].
+    pub(super) async fn behind(
+        self: Arc<Self>,
+        id: String,
+        kept: bool,
+        then: impl FnOnce() + Send + 'static,
+    ) {
         let expire = async {
             if kept {
                 tokio::time::sleep(FIRST_KEPT).await;
                 self.drop_first(&id);
             }
         };
-        tokio::join!(self.clone().publish_behind(id.clone()), expire);
+        let then = async {
+            tokio::time::sleep(PUBLISH_BEHIND).await;
+            then();
+        };
+        tokio::join!(self.clone().publish_behind(id.clone()), expire, then);
     }
 
     /// Keeps `first`, the connection to a new instance that came with its init's word, for the

@@ -322,6 +322,7 @@ fn retiring_an_instance_never_signals_a_group_its_id_no_longer_leads() {
 fn a_connection_kept_for_a_request_that_never_takes_it_is_closed_after_a_second() {
     // The connection init's probe made waits in the table for the request that waited for the
     // start; if that request never takes it, an app with one worker must not be held by it.
+    // What else comes behind the request (the start's log line) runs too.
     use std::io::Read;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -334,9 +335,17 @@ fn a_connection_kept_for_a_request_that_never_takes_it_is_closed_after_a_second(
     let kept = std::net::TcpStream::connect(app.local_addr().unwrap()).unwrap();
     let (mut apps_end, _) = app.accept().unwrap();
     assert!(life.keep_first("i1", kept));
-    let behind = life.clone().behind("i1".into(), true);
+    let then = Arc::new(AtomicBool::new(false));
+    let ran = then.clone();
+    let behind = life
+        .clone()
+        .behind("i1".into(), true, move || ran.store(true, Ordering::SeqCst));
     rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), behind).await })
         .expect("the bookkeeping behind the request ends");
+    assert!(
+        then.load(Ordering::SeqCst),
+        "what comes behind the request ran"
+    );
     assert!(
         lock(&life.table).running["i1"].first.is_none(),
         "still kept"

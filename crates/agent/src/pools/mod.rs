@@ -83,7 +83,8 @@ impl Pools {
     }
 
     /// A prepared slot of `spec`'s app, if one is waiting. Slots whose sandbox died or that were
-    /// prepared from another spec are thrown away on the way. A take asks for a refill.
+    /// prepared from another spec are thrown away on the way. The caller asks for the refill
+    /// ([`Pools::refill_soon`]) once the slot has its start message.
     pub(crate) fn take_slot(&self, spec: &AppSpec) -> Option<Slot> {
         let fp = fingerprint(spec);
         let mut stale = Vec::new();
@@ -102,9 +103,6 @@ impl Pools {
         };
         for s in stale {
             self.discard(s);
-        }
-        if found.is_some() {
-            self.refill_soon(&spec.name);
         }
         found
     }
