@@ -19,6 +19,9 @@ pub struct Metrics {
     /// The phases every forwarded request observes, looked up once.
     phase_auth: Histogram,
     phase_upstream: Histogram,
+    /// And those of a request that waits: for a start, for its turn at a password check.
+    phase_start: Histogram,
+    phase_queue: Histogram,
     cache: IntCounterVec,
     pub(crate) throttled: IntCounter,
     pub(crate) connections: IntGauge,
@@ -149,6 +152,8 @@ impl Metrics {
             app_seconds,
             phase_auth: phases.with_label_values(&["auth"]),
             phase_upstream: phases.with_label_values(&["upstream"]),
+            phase_start: phases.with_label_values(&["start"]),
+            phase_queue: phases.with_label_values(&["queue"]),
             phases,
             cache,
             throttled,
@@ -183,6 +188,8 @@ impl Metrics {
         match phase {
             "auth" => self.phase_auth.observe(d.as_secs_f64()),
             "upstream" => self.phase_upstream.observe(d.as_secs_f64()),
+            "start" => self.phase_start.observe(d.as_secs_f64()),
+            "queue" => self.phase_queue.observe(d.as_secs_f64()),
             _ => self
                 .phases
                 .with_label_values(&[phase])
