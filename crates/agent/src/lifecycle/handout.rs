@@ -76,10 +76,15 @@ impl Lifecycle {
     /// backing off up to [`RETRY_MAX`], for as long as the instance runs. Until it lands, other
     /// nodes route around the instance and a release's rollout counts it as serving.
     pub(super) async fn publish_behind(self: Arc<Self>, id: String) {
+        tokio::time::sleep(PUBLISH_BEHIND).await;
+        self.publish_now(id).await;
+    }
+
+    /// [`Lifecycle::publish_behind`] once its delay is over.
+    async fn publish_now(self: Arc<Self>, id: String) {
         let Some(key) = self.record(&id).map(|r| keys::instance(&r.app, &id)) else {
             return;
         };
-        tokio::time::sleep(PUBLISH_BEHIND).await;
         let mut pause = RETRY_FIRST;
         while let Err(e) = self.write_current(&id).await {
             // Shutting down: the records go with the node's lease.
@@ -203,17 +208,16 @@ impl Lifecycle {
         kept: bool,
         then: impl FnOnce() + Send + 'static,
     ) {
+        // One timer, and nothing else, before this first waits: the request told runs then.
+        tokio::time::sleep(PUBLISH_BEHIND).await;
+        then();
         let expire = async {
             if kept {
-                tokio::time::sleep(FIRST_KEPT).await;
+                tokio::time::sleep(FIRST_KEPT.saturating_sub(PUBLISH_BEHIND)).await;
                 self.drop_first(&id);
             }
         };
-        let then = async {
-            tokio::time::sleep(PUBLISH_BEHIND).await;
-            then();
-        };
-        tokio::join!(self.clone().publish_behind(id.clone()), expire, then);
+        tokio::join!(self.clone().publish_now(id.clone()), expire);
     }
 
     /// Keeps `first`, the connection to a new instance that came with its init's word, for the
