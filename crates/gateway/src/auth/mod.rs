@@ -31,7 +31,7 @@ use tokio::sync::OnceCell;
 
 use crate::audit::Recorder;
 use crate::error::GatewayError;
-use crate::metrics::Metrics;
+use crate::metrics::{CacheResult, Metrics};
 use crate::views::{Shared, User};
 
 /// Tuning of authentication.
@@ -221,7 +221,7 @@ impl Authenticator {
         let key = self.cache.key(name, &password);
         let cached = self.cache.lookup(&key, &fingerprint);
         if cached == Some(true) {
-            m.cache("hit");
+            m.cache(CacheResult::Hit);
             let outcome = if user.is_some() { "ok" } else { "failed" };
             self.audit.sign_in(shown, peer, method, outcome);
             return user.ok_or(GatewayError::Unauthenticated);
@@ -234,12 +234,12 @@ impl Authenticator {
             });
         }
         if cached == Some(false) {
-            m.cache("negative");
+            m.cache(CacheResult::Negative);
             self.audit.sign_in(shown, peer, method, "failed");
             self.throttle.fail(name, peer);
             return Err(GatewayError::Unauthenticated);
         }
-        m.cache("miss");
+        m.cache(CacheResult::Miss);
         let cell = self
             .inflight_lock()
             .entry(key)
