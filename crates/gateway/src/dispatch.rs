@@ -15,6 +15,7 @@ use warden_core::model::Balance;
 use warden_core::{AppSpec, InstanceError, InstanceRecord, Instances, Owner};
 
 use crate::error::{Fault, GatewayError, Retry, Stage};
+use crate::metrics::Phase;
 use crate::state::State;
 use crate::upstream::{Answer, Exchange};
 
@@ -93,7 +94,7 @@ async fn dispatch(
                 starts += 1;
                 let t = Instant::now();
                 let r = start_other_than(state, spec, label, owner, &tried).await?;
-                m.phase("start", t.elapsed());
+                m.phase(Phase::Start, t.elapsed());
                 let Some(r) = r else {
                     return Err(none_left(spec, failures, last));
                 };
@@ -108,7 +109,7 @@ async fn dispatch(
         let signer = inflight.0.signer(&state.config.identity);
         match send(state, spec, instance, signer, x).await {
             Ok(mut answer) => {
-                m.phase("upstream", t.elapsed());
+                m.phase(Phase::Upstream, t.elapsed());
                 let bytes = x.bytes.len() as u64 + answer.body_len();
                 state.audit.access(x.user, instance, label, bytes);
                 served(state, spec, x, &answer, &instance.id, label, t);
@@ -262,7 +263,7 @@ async fn one_off(
     let m = &state.metrics;
     let t = Instant::now();
     let r = start(state, spec, label, &Owner::Request).await?;
-    m.phase("start", t.elapsed());
+    m.phase(Phase::Start, t.elapsed());
     let retire = Retire {
         instances: state.instances.clone(),
         id: r.id.clone(),
@@ -275,7 +276,7 @@ async fn one_off(
     let signer = state.config.identity.signer(&r.id);
     match send(state, spec, &r, &signer, &single).await {
         Ok(mut answer) => {
-            m.phase("upstream", t.elapsed());
+            m.phase(Phase::Upstream, t.elapsed());
             let bytes = x.bytes.len() as u64 + answer.body_len();
             state.audit.access_once(x.user, &r, label, bytes);
             served(state, spec, x, &answer, &r.id, label, t);

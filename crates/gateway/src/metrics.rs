@@ -15,13 +15,8 @@ pub struct Metrics {
     /// Whole request time summed per app: with `requests`, each app's mean latency (the
     /// dashboard's metrics page); a sum, not a histogram, so a request costs one lookup more.
     app_seconds: CounterVec,
-    phases: HistogramVec,
-    /// The phases every forwarded request observes, looked up once.
-    phase_auth: Histogram,
-    phase_upstream: Histogram,
-    /// And those of a request that waits: for a start, for its turn at a password check.
-    phase_start: Histogram,
-    phase_queue: Histogram,
+    /// `phase_seconds` by [`Phase`], looked up once: every forwarded request observes some.
+    phases: [Histogram; 4],
     /// `credential_cache_total` by [`CacheResult`], looked up once: every signed-in request
     /// counts one.
     cache: [IntCounter; 3],
@@ -31,6 +26,19 @@ pub struct Metrics {
     pub(crate) request_seconds: Histogram,
     pub(crate) conn_phase: ConnPhases,
     pub(crate) tls: TlsCounters,
+}
+
+/// A phase of a request in the gateway (`phase_seconds`'s label).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Phase {
+    /// Signing the request in.
+    Auth,
+    /// From the instance picked until the app's answer.
+    Upstream,
+    /// Waiting for an instance to start.
+    Start,
+    /// Waiting for a turn at a password check.
+    Queue,
 }
 
 /// What the credential cache said of a password check (`credential_cache_total`'s label).
@@ -163,11 +171,7 @@ impl Metrics {
             registry,
             requests,
             app_seconds,
-            phase_auth: phases.with_label_values(&["auth"]),
-            phase_upstream: phases.with_label_values(&["upstream"]),
-            phase_start: phases.with_label_values(&["start"]),
-            phase_queue: phases.with_label_values(&["queue"]),
-            phases,
+            phases: ["auth", "upstream", "start", "queue"].map(|p| phases.with_label_values(&[p])),
             cache: ["hit", "negative", "miss"].map(|r| cache.with_label_values(&[r])),
             throttled,
             connections,
@@ -197,17 +201,8 @@ impl Metrics {
         self.app_seconds.with_label_values(&[app]).inc_by(seconds);
     }
 
-    pub(crate) fn phase(&self, phase: &str, d: Duration) {
-        match phase {
-            "auth" => self.phase_auth.observe(d.as_secs_f64()),
-            "upstream" => self.phase_upstream.observe(d.as_secs_f64()),
-            "start" => self.phase_start.observe(d.as_secs_f64()),
-            "queue" => self.phase_queue.observe(d.as_secs_f64()),
-            _ => self
-                .phases
-                .with_label_values(&[phase])
-                .observe(d.as_secs_f64()),
-        }
+    pub(crate) fn phase(&self, phase: Phase, d: Duration) {
+        self.phases[phase as usize].observe(d.as_secs_f64());
     }
 
     pub(crate) fn cache(&self, result: CacheResult) {

@@ -31,7 +31,7 @@ use tokio::sync::OnceCell;
 
 use crate::audit::Recorder;
 use crate::error::GatewayError;
-use crate::metrics::{CacheResult, Metrics};
+use crate::metrics::{CacheResult, Metrics, Phase};
 use crate::views::{Shared, User};
 
 /// Tuning of authentication.
@@ -291,7 +291,7 @@ impl Authenticator {
         let queued = Instant::now();
         // A request that goes away while queued gives its place back (see `fair`).
         let slot = self.pool.acquire(fair::Source::from(peer)).await;
-        m.phase("queue", queued.elapsed());
+        m.phase(Phase::Queue, queued.elapsed());
         let Some(_slot) = slot else {
             return Verdict::Busy;
         };

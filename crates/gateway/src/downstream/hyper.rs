@@ -18,6 +18,7 @@ use crate::client::Client;
 use crate::dispatch;
 use crate::error::GatewayError;
 use crate::hygiene::{self, Identity, Signed};
+use crate::metrics::Phase;
 use crate::phases::{Clock, Timed};
 use crate::response::{Ask, Body, TIMEOUT_408};
 use crate::route::{admit, app_route, static_path};
@@ -235,7 +236,7 @@ async fn to_app(
         .authenticate(&state.views, req.headers(), client.ip, m)
         .await
         .map_err(|e| refused(e, None))?;
-    m.phase("auth", t.elapsed());
+    m.phase(Phase::Auth, t.elapsed());
     let name = Some(user.record.name.as_str());
     let spec = state.views.read().apps.get(app).cloned();
     let spec = spec.ok_or_else(|| {

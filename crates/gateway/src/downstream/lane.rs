@@ -35,6 +35,7 @@ use crate::client::Client;
 use crate::dispatch::{self, Forwarded};
 use crate::error::GatewayError;
 use crate::hygiene::{self, Identity};
+use crate::metrics::Phase;
 use crate::phases::Clock;
 use crate::response::{Ask, TIMEOUT_408};
 use crate::route::{admit, app_route, static_path};
@@ -464,7 +465,7 @@ async fn to_app(
             return Reply::Refused(e);
         }
     };
-    m.phase("auth", t.elapsed());
+    m.phase(Phase::Auth, t.elapsed());
     let spec = &lane.spec;
     if let Err(e) = admit(spec, &user) {
         let (name, app) = (Some(user.record.name.as_str()), Some(spec.name.as_str()));
