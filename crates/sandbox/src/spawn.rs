@@ -134,7 +134,28 @@ fn close_on_exec_from_3() {
 /// recorded beside `dir`, so that an agent started after this one died ends what is left of it
 /// (see [`crate::leftovers`]). The child is returned in its handle, known to `children`.
 pub fn spawn(cmd: Command, dir: &Path, children: &Arc<Children>) -> std::io::Result<Process> {
-    let mut child = on_forking_thread(with_death_signal(cmd))?;
+    recorded(on_forking_thread(with_death_signal(cmd))?, dir, children)
+}
+
+/// Spawns `warden-instance sandbox-init` (`cmd`) for the instance in `dir` as [`spawn`] does,
+/// but with nothing to run between fork and exec: the image ties itself to the agent's life
+/// and closes every descriptor it was given past stdio ([`crate::init::main`]), so the C
+/// library starts it without copying warden (`posix_spawn`, a `vfork`). A fork of warden
+/// copies its page tables with its memory map locked (0.5 to 0.75 ms for a warden just
+/// started, more as it grows) and leaves every page of warden write-protected: the first
+/// write to each, afterwards, takes a fault, 17 to 38 of them on the path of a slot start's
+/// request (docs/BENCHMARKS.md, "Sandboxes started without a fork of warden").
+pub fn spawn_self_tied(
+    cmd: Command,
+    dir: &Path,
+    children: &Arc<Children>,
+) -> std::io::Result<Process> {
+    recorded(on_forking_thread(cmd)?, dir, children)
+}
+
+/// `child`, spawned for the instance in `dir`, recorded beside it and known to `children`; or,
+/// if it cannot be recorded, killed.
+fn recorded(mut child: Child, dir: &Path, children: &Arc<Children>) -> std::io::Result<Process> {
     if let Some(pid) = child.id() {
         if let Err(e) = crate::leftovers::record(dir, pid) {
             // Unrecorded, it could outlive a crash of the agent unseen: not started at all.

@@ -242,7 +242,7 @@ impl SandboxDriver {
             cmd.stdout(std::process::Stdio::from(io.stdout))
                 .stderr(std::process::Stdio::from(io.stderr));
         }
-        let child = spawn::spawn(cmd, l.dir, &self.children).map_err(spawn_error)?;
+        let child = spawn::spawn_self_tied(cmd, l.dir, &self.children).map_err(spawn_error)?;
         Ok(Prepared {
             child,
             addr: warden_core::InstanceAddr::fd_unix(l.dir.join(CONN_SOCKET)),

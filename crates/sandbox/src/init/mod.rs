@@ -116,7 +116,16 @@ fn fail(what: &str, e: impl std::fmt::Display) -> i32 {
 }
 
 /// Runs the helper; returns the exit code of the app (or of a failed setup).
+///
+/// The agent starts this with nothing run between its fork and this image's exec (see
+/// [`crate::spawn::spawn_self_tied`]), so the helper's first steps are what such a step would
+/// have done: it closes every descriptor past stdio, so that none the agent opened without
+/// close-on-exec reaches init, which never execs; and it ties itself to the agent's life.
 pub fn main(dir: &Path) -> i32 {
+    close_past_stdio();
+    if let Err(code) = tie_to_agent() {
+        return code;
+    }
     let plan_path = dir.join(PLAN_FILE);
     let plan: Plan = match std::fs::read(&plan_path)
         .map_err(|e| e.to_string())
@@ -295,6 +304,36 @@ fn child(
             exit_code(waitpid(child, None))
         }
     }
+}
+
+/// Closes every descriptor above stderr. The helper is given stdin (the control socket),
+/// stdout and stderr and nothing else; anything past them was left open by mistake.
+fn close_past_stdio() {
+    // SAFETY: close_range(2) takes plain integers and touches only the descriptor table; this
+    // process is single-threaded and holds no descriptor of its own past stderr yet.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            0,
+        );
+    }
+}
+
+/// Asks for SIGKILL when the agent dies, as [`die_with`] does for the helper: the agent is the
+/// peer of stdin, the control socket it made and handed over.
+fn tie_to_agent() -> Result<(), i32> {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    // SAFETY: fd 0 is this process's stdin, open for its whole life; it is only borrowed here.
+    let stdin = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
+    let agent = getsockopt(&stdin, PeerCredentials).map_err(|e| {
+        fail(
+            "stdin is not the agent's control socket; sandbox-init is started by the warden agent",
+            e,
+        )
+    })?;
+    die_with(nix::unistd::Pid::from_raw(agent.pid()))
 }
 
 /// Asks for SIGKILL when the parent dies, and exits if `parent` is already gone (it died
@@ -491,4 +530,42 @@ fn loopback_up() -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the agent opened without close-on-exec, and so could hand the helper, is closed
+    /// before anything else runs: init, which never execs, would keep it for the sandbox's life.
+    #[test]
+    fn the_helper_keeps_no_descriptor_past_stdio() {
+        let dir = std::fs::File::open("/").unwrap();
+        // A copy without close-on-exec, far above the lowest free descriptor.
+        // SAFETY: F_DUPFD duplicates a descriptor this test owns; the copy is closed below.
+        let fd = unsafe { libc::fcntl(dir.as_raw_fd(), libc::F_DUPFD, 100) };
+        assert!(fd >= 100);
+        // SAFETY: the kernel just returned this descriptor to this test, which owns it now.
+        let _leaked = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: the child calls only async-signal-safe functions (close_range, fcntl, _exit)
+        // before it exits, as a child of a multi-threaded process must.
+        match unsafe { libc::fork() } {
+            0 => {
+                close_past_stdio();
+                // SAFETY: as above.
+                let open = |fd| unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1;
+                let ok = !open(fd) && open(0) && open(2);
+                // SAFETY: as above.
+                unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+            }
+            -1 => panic!("fork: {}", std::io::Error::last_os_error()),
+            pid => {
+                let status = waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
+                assert_eq!(
+                    status,
+                    WaitStatus::Exited(nix::unistd::Pid::from_raw(pid), 0)
+                );
+            }
+        }
+    }
 }
