@@ -93,7 +93,11 @@ fn end_recorded(instances: &Path, before: u64) -> usize {
         let Ok(text) = std::fs::read_to_string(&path) else {
             continue;
         };
-        if recorded_start(&text).is_some_and(|start| start >= before) {
+        if let Some(start) = recorded_start(&text).filter(|start| *start >= before) {
+            eprintln!(
+                "warden reaper: left {} alone: its group started at tick {start}, not before {before}",
+                path.display()
+            );
             continue;
         }
         if let Some(pgid) = still_ours(&text) {

@@ -36,10 +36,22 @@ pub async fn connect(addr: &InstanceAddr) -> io::Result<TcpStream> {
     };
     let std = std::net::TcpStream::from(fd);
     std.set_nonblocking(true)?;
-    let tcp = TcpStream::from_std(std)?;
     // The socket may still be connecting (init does not wait): writable means the handshake
-    // ended, and the socket's error says how.
-    tcp.writable().await?;
+    // ended, and the socket's error says how. On loopback it nearly always has ended by now,
+    // which the kernel says at once; tokio, new to the socket, would say so only after a turn
+    // of its I/O driver.
+    let ended = {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut fds = [PollFd::new(
+            std::os::fd::AsFd::as_fd(&std),
+            PollFlags::POLLOUT,
+        )];
+        matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1))
+    };
+    let tcp = TcpStream::from_std(std)?;
+    if !ended {
+        tcp.writable().await?;
+    }
     match tcp.take_error()? {
         Some(e) => Err(e),
         None => Ok(tcp),
@@ -108,5 +120,81 @@ fn receive(fd: RawFd) -> io::Result<OwnedFd> {
             io::ErrorKind::InvalidData,
             "the sandbox sent a malformed connection hand-over",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What init does for each connection (`init/handover.rs::hand_over`): a non-blocking
+    /// connect to `port`, its socket handed over on the next connection to `socket`.
+    fn fake_init(path: &std::path::Path, port: u16) -> std::thread::JoinHandle<()> {
+        use nix::sys::socket::{
+            connect, sendmsg, socket, AddressFamily, ControlMessage, SockFlag, SockType, SockaddrIn,
+        };
+        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+        std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            let tcp = socket(
+                AddressFamily::Inet,
+                SockType::Stream,
+                SockFlag::SOCK_NONBLOCK,
+                None,
+            )
+            .unwrap();
+            let _ = connect(tcp.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, port));
+            let fds = [tcp.as_raw_fd()];
+            let payload = [HANDED, 0];
+            let iov = [std::io::IoSlice::new(&payload)];
+            let cmsg = [ControlMessage::ScmRights(&fds)];
+            sendmsg::<()>(conn.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None).unwrap();
+        })
+    }
+
+    /// A handed-over socket is returned once its handshake has ended, whether it had when it
+    /// came (as on loopback nearly always) or not yet (the app's accept queue was full).
+    #[tokio::test]
+    async fn a_handed_over_connection_is_returned_connected() {
+        let dir = tempfile::tempdir().unwrap();
+        let app = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = app.local_addr().unwrap().port();
+        let socket = dir.path().join("ready.sock");
+        let init = fake_init(&socket, port);
+        let tcp = connect(&InstanceAddr::fd_unix(socket)).await.unwrap();
+        assert_eq!(tcp.peer_addr().unwrap().port(), port);
+        init.join().unwrap();
+
+        // Backlog 0 holds one connection not yet accepted; the next SYN is dropped, and the
+        // kernel sends it again after a second.
+        let full = nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Inet,
+            nix::sys::socket::SockType::Stream,
+            nix::sys::socket::SockFlag::empty(),
+            None,
+        )
+        .unwrap();
+        let any = nix::sys::socket::SockaddrIn::new(127, 0, 0, 1, 0);
+        nix::sys::socket::bind(full.as_raw_fd(), &any).unwrap();
+        nix::sys::socket::listen(&full, nix::sys::socket::Backlog::new(0).unwrap()).unwrap();
+        let full = std::net::TcpListener::from(full);
+        let port = full.local_addr().unwrap().port();
+        let queued = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let socket = dir.path().join("full.sock");
+        let init = fake_init(&socket, port);
+        let accepting = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let first = full.accept().unwrap();
+            let second = full.accept().unwrap();
+            (first, second, queued)
+        });
+        let tcp = connect(&InstanceAddr::fd_unix(socket)).await.unwrap();
+        assert_eq!(
+            tcp.peer_addr().unwrap().port(),
+            port,
+            "returned while its handshake was still under way"
+        );
+        init.join().unwrap();
+        accepting.join().unwrap();
     }
 }
