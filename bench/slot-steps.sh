@@ -18,7 +18,7 @@ fi
 work=$(mktemp -d /tmp/slot-steps.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 events=syscalls:sys_enter_sendto,syscalls:sys_enter_execve,syscalls:sys_exit_listen
-events=$events,syscalls:sys_exit_recvmsg,syscalls:sys_enter_writev
+events=$events,syscalls:sys_exit_recvmsg,syscalls:sys_enter_writev,syscalls:sys_enter_sendmsg
 perf record -q -a -o "$work/p.perf" -e "$events" --exclude-perf -- \
   "$DIR/warden-bench" starts --warden "$DIR/warden" --paths slot --runs "$n" --idle 0 \
   > "$work/bench.out" 2>&1
@@ -43,8 +43,8 @@ for k, (comm, pid, tid, t, ev, rest) in enumerate(events):
         if (w == "listen" and e[4].endswith("sys_exit_listen") and e[1] == pid) or \
            (w == "word" and e[4].endswith("sys_exit_recvmsg") and e[5].strip() == "0x1"
             and e[0].startswith("tokio")) or \
-           (w == "writev" and e[4].endswith("sys_enter_writev") and "vlen: 0x00000003" in e[5]
-            and e[0].startswith("tokio")):
+           (w == "writev" and e[0].startswith("tokio") and (e[4].endswith("sys_enter_sendmsg")
+            or (e[4].endswith("sys_enter_writev") and "vlen: 0x00000003" in e[5]))):
             marks.append(float(e[3]))
             want.pop(0)
     if msg is not None and not want:
