@@ -12,6 +12,10 @@ use nix::unistd::Pid;
 
 use super::{exit_code, fail};
 
+/// How long into the app's start every probe connects rather than asking `sock_diag` first
+/// (see [`Announce`]).
+const CONNECT_FIRST: Duration = Duration::from_millis(20);
+
 /// How long init looks for the app to accept before it stops looking; the agent polls through
 /// init only from then on (every 50 ms), and sees an app slower than that.
 pub const ANNOUNCE_FOR: Duration = Duration::from_secs(30);
@@ -19,23 +23,23 @@ pub const ANNOUNCE_FOR: Duration = Duration::from_secs(30);
 /// Telling the agent when the app accepts connections: probes of the app's port, every 100 µs
 /// for the app's first 20 ms, then every 250 µs until a second, every millisecond until 10 s
 /// and every 10 ms after ([`interval`]), so a start is seen soon after its `listen` instead of
-/// at the agent's next poll through this process. A probe asks `sock_diag` whether a listener
-/// takes the port: one netlink round trip, about half the CPU of a connect the port refuses
-/// (SYN, reset, close). Once a listener is there, a non-blocking connect on the sandbox's own
-/// loopback is made, and sent with the word, left open: the agent gives it to the request that
-/// waits for the start. Where the kernel cannot answer for TCP (no `inet_diag`, netlink
-/// refused), every probe connects, every millisecond after the first 20 ms and every 10 ms
-/// after a second; so do the probes of a listener that takes no connection (its backlog full).
+/// at the agent's next poll through this process. In the first 20 ms ([`CONNECT_FIRST`]) every
+/// probe is a non-blocking connect on the sandbox's own loopback: an app that listens this
+/// soon is one a request waits for, and the connect that sees it comes at once, in a namespace
+/// its refused predecessors kept warm (the first connect in a new namespace costs about 35 µs
+/// more). After that, a probe first asks `sock_diag` whether a listener takes the port: one
+/// netlink round trip, about half the CPU of a connect the port refuses (SYN, reset, close),
+/// and connects once one does. The connection is sent with the word, left open: the agent
+/// gives it to the request that waits for the start. Where the kernel cannot answer for TCP
+/// (no `inet_diag`, netlink refused), every probe connects, every millisecond after the first
+/// 20 ms and every 10 ms after a second; so do the probes of a listener that takes no
+/// connection (its backlog full).
 pub(super) struct Announce {
     control: std::fs::File,
     began: Instant,
     next: Instant,
     /// A `sock_diag` socket; `None` where netlink does not answer (connects alone tell then).
     diag: Option<OwnedFd>,
-    /// Whether a connect was made in the sandbox's network namespace yet. The first one in a
-    /// new namespace costs about 35 µs more (its route and socket caches cold), so the first
-    /// probe connects, when the app cannot listen yet, rather than the one the word waits for.
-    warm: bool,
 }
 
 impl Announce {
@@ -53,15 +57,13 @@ impl Announce {
             diag: crate::sock_diag::socket()
                 .ok()
                 .filter(crate::sock_diag::answers_for_tcp),
-            warm: false,
         }
     }
 
-    /// Whether `sock_diag` says that nothing listens on `port` yet, so a probe need not
-    /// connect.
-    fn nothing_listens(&mut self, port: u16) -> bool {
-        if !self.warm {
-            self.warm = true;
+    /// Whether `sock_diag` says that nothing listens on `port` yet, so a probe at `age` need
+    /// not connect; never asked in the first phase, where every probe connects.
+    fn nothing_listens(&mut self, port: u16, age: Duration) -> bool {
+        if age < CONNECT_FIRST {
             return false;
         }
         match self
@@ -99,7 +101,7 @@ impl Announce {
         if age >= ANNOUNCE_FOR {
             return true;
         }
-        let listens = !self.nothing_listens(port);
+        let listens = !self.nothing_listens(port, age);
         if let Some(conn) = listens.then(|| accepting(port)).flatten() {
             // The probe's connection goes with the word: the agent may hand it to the request
             // that waits for this start, which then needs no hand-over of its own (see
@@ -303,7 +305,6 @@ mod tests {
         let (control, _agent) = std::os::unix::net::UnixStream::pair().unwrap();
         let mut announce = Announce::new(std::fs::File::from(OwnedFd::from(control)));
         assert!(announce.diag.is_some(), "sock_diag answers here");
-        announce.warm = true;
         // Three seconds into the app's start: a `sock_diag` probe would come every millisecond.
         announce.began = Instant::now() - Duration::from_secs(3);
         let before = Instant::now();
@@ -312,6 +313,38 @@ mod tests {
             announce.next >= before + Duration::from_millis(10),
             "the next probe comes in {:?}: a connect every millisecond",
             announce.next - before
+        );
+    }
+
+    /// In the app's first 20 ms a probe connects without asking `sock_diag`; after, it asks
+    /// first, and connects only once something listens.
+    #[test]
+    fn sock_diag_is_asked_only_after_the_first_phase() {
+        // A port nothing listens on: bound, never listening.
+        let idle = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let fd = nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Inet,
+            nix::sys::socket::SockType::Stream,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let port = idle.local_addr().unwrap().port();
+        nix::sys::socket::bind(
+            fd.as_raw_fd(),
+            &nix::sys::socket::SockaddrIn::new(127, 0, 0, 1, port),
+        )
+        .unwrap();
+        let (control, _agent) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut announce = Announce::new(std::fs::File::from(OwnedFd::from(control)));
+        assert!(announce.diag.is_some(), "sock_diag answers here");
+        let ms = Duration::from_millis;
+        assert!(!announce.nothing_listens(port, ms(0)), "a connect decides");
+        assert!(!announce.nothing_listens(port, ms(19)), "a connect decides");
+        assert!(announce.nothing_listens(port, ms(20)), "sock_diag says so");
+        assert!(
+            announce.nothing_listens(port, ms(3_000)),
+            "sock_diag says so"
         );
     }
 }
