@@ -283,11 +283,8 @@ mod tests {
         assert_eq!(interval(ms(10_000), true), ms(10));
     }
 
-    #[test]
-    fn a_listener_that_takes_no_connection_is_probed_as_seldom_as_connects_alone_are() {
-        // Backlog 0 holds one connection not yet accepted; the next connect's SYN is dropped,
-        // and it stays in progress: `sock_diag` says "listens", and the connect does not
-        // complete.
+    /// A TCP socket bound to a free port of 127.0.0.1, not listening, and that port.
+    fn bound_tcp() -> (OwnedFd, u16) {
         let fd = nix::sys::socket::socket(
             nix::sys::socket::AddressFamily::Inet,
             nix::sys::socket::SockType::Stream,
@@ -297,10 +294,18 @@ mod tests {
         .unwrap();
         let any = nix::sys::socket::SockaddrIn::new(127, 0, 0, 1, 0);
         nix::sys::socket::bind(fd.as_raw_fd(), &any).unwrap();
-        nix::sys::socket::listen(&fd, nix::sys::socket::Backlog::new(0).unwrap()).unwrap();
         let bound: nix::sys::socket::SockaddrIn =
             nix::sys::socket::getsockname(fd.as_raw_fd()).unwrap();
-        let port = bound.port();
+        (fd, bound.port())
+    }
+
+    #[test]
+    fn a_listener_that_takes_no_connection_is_probed_as_seldom_as_connects_alone_are() {
+        // Backlog 0 holds one connection not yet accepted; the next connect's SYN is dropped,
+        // and it stays in progress: `sock_diag` says "listens", and the connect does not
+        // complete.
+        let (fd, port) = bound_tcp();
+        nix::sys::socket::listen(&fd, nix::sys::socket::Backlog::new(0).unwrap()).unwrap();
         let _queued = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (control, _agent) = std::os::unix::net::UnixStream::pair().unwrap();
         let mut announce = Announce::new(std::fs::File::from(OwnedFd::from(control)));
@@ -321,20 +326,7 @@ mod tests {
     #[test]
     fn sock_diag_is_asked_only_after_the_first_phase() {
         // A port nothing listens on: bound, never listening.
-        let idle = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        let fd = nix::sys::socket::socket(
-            nix::sys::socket::AddressFamily::Inet,
-            nix::sys::socket::SockType::Stream,
-            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .unwrap();
-        let port = idle.local_addr().unwrap().port();
-        nix::sys::socket::bind(
-            fd.as_raw_fd(),
-            &nix::sys::socket::SockaddrIn::new(127, 0, 0, 1, port),
-        )
-        .unwrap();
+        let (_fd, port) = bound_tcp();
         let (control, _agent) = std::os::unix::net::UnixStream::pair().unwrap();
         let mut announce = Announce::new(std::fs::File::from(OwnedFd::from(control)));
         assert!(announce.diag.is_some(), "sock_diag answers here");
